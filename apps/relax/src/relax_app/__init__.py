@@ -1,0 +1,1 @@
+"""The relax command and the CPU demo."""

@@ -1,0 +1,3 @@
+"""relax_core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""relax_multimodal."""
+
+__version__ = "0.1.0"

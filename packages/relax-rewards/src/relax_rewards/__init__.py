@@ -1,0 +1,3 @@
+"""relax_rewards."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""relax_rollout."""
+
+__version__ = "0.1.0"

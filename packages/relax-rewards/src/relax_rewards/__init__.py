@@ -1,3 +1,37 @@
-"""relax_rewards."""
+"""relax_rewards: the Relax reward hub.
+
+A reward is a plain function ``fn(response, label, metadata=None) -> float | RewardResult``
+registered by name; :class:`Scorer` runs one over a batch concurrently with per-call time-outs.
+
+Importing this package is cheap on purpose (no torch, Ray or sympy): rollout workers and data
+tools import it everywhere. Built-in rewards register on the first :func:`get_reward` call, and
+sympy loads only when a math comparison needs it.
+"""
+
+from relax_rewards.registry import (
+    ENTRY_POINT_GROUP,
+    REWARDS,
+    get_reward,
+    list_rewards,
+    register,
+    resolve_reward_type,
+)
+from relax_rewards.scorer import Scorer
+from relax_rewards.types import RewardFn, RewardResult, as_result, is_async_reward
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "REWARDS",
+    "RewardFn",
+    "RewardResult",
+    "Scorer",
+    "__version__",
+    "as_result",
+    "get_reward",
+    "is_async_reward",
+    "list_rewards",
+    "register",
+    "resolve_reward_type",
+]

@@ -1,0 +1,53 @@
+"""The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`.
+
+With no config and no --prompt-data, `relax train` runs the CPU demo (a real RL run in minutes).
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
+
+  relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
+  relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
+  relax train --help                every flag with its default and meaning
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command != "train":
+        print(f"relax: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    if any(a in ("-h", "--help") for a in rest):
+        from relax_core.cli_config import help_text
+
+        print(USAGE + help_text())
+        return 0
+    from relax_core.cli_config import ConfigError, build_config
+
+    yaml_path = rest[0] if rest and not rest[0].startswith("--") else None
+    overrides = rest[1:] if yaml_path else rest
+    try:
+        defaults = None
+        if yaml_path is None and not any(a.startswith("--prompt-data") for a in overrides):
+            from relax_app.demo.defaults import DEMO_DEFAULTS
+
+            defaults = DEMO_DEFAULTS
+        cfg = build_config(yaml_path, overrides, defaults=defaults)
+    except ConfigError as exc:
+        print(f"relax: {exc}", file=sys.stderr)
+        return 2
+    from relax_app.train import train
+
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The end-of-run summary (JSON + console) and the reward / held-out accuracy plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from relax_core.config import RelaxConfig
+from relax_core.controller import RunResult
+
+
+def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None) -> dict:
+    out = Path(cfg.run.output_dir)
+    curve = result.eval_curve
+    rewards = [(h["step"], h["rollout/reward_mean"]) for h in result.history if "rollout/reward_mean" in h]
+    summary = {
+        "mode": result.mode,
+        "max_staleness": result.max_staleness,
+        "steps": cfg.train.num_rollout,
+        "samples_trained": result.samples,
+        "rl_wall_s": round(result.rl_wall_s, 2),
+        "total_wall_s": round(result.wall_s, 2),
+        "samples_per_s": round(result.samples / max(result.rl_wall_s, 1e-9), 2),
+        "heldout_accuracy_before": curve[0][1] if curve else None,
+        "heldout_accuracy_after": curve[-1][1] if curve else None,
+        "reward_first": rewards[0][1] if rewards else None,
+        "reward_last": rewards[-1][1] if rewards else None,
+        "staleness_max": max((h.get("train/staleness_max", 0) for h in result.history), default=0),
+        "bus_dropped_stale": result.bus_stats.get("dropped_stale", 0),
+        "reward_failures": result.rollout_stats.get("failures", {}),
+        "skipped_rows": result.rollout_stats.get("skipped_rows", 0),
+        "output_dir": str(out),
+        **(extra or {}),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
+    summary["plot"] = str(out / "curves.png")
+    return summary
+
+
+def _plot(path: Path, rewards, curve, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if rewards:
+        ax.plot(*zip(*rewards), label="rollout reward (mean)", color="tab:blue")
+    if curve:
+        ax.plot(*zip(*curve), "o-", label="held-out greedy accuracy", color="tab:orange")
+    ax.set_xlabel("RL step")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Relax demo ({title})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

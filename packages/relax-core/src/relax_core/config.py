@@ -1,0 +1,192 @@
+"""Typed run configuration.
+
+One pydantic model per concern (model, data, rollout, train, algorithm, run), every field documented,
+bounded and validated before anything starts, so a bad value fails in a second instead of after an hour
+of cluster start-up. Field names match the flags users of upstream Relax and slime know: every leaf field
+``foo_bar`` is also the command-line flag ``--foo-bar`` (see :mod:`relax_core.cli_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    hf_checkpoint: str | None = None
+    """Directory of the policy: an HF checkpoint (config.json, safetensors, tokenizer). None with no
+    --prompt-data runs the built-in CPU demo, which builds its own tiny model."""
+    ref_checkpoint: str | None = None
+    """Reference model for the KL term; defaults to --hf-checkpoint (the starting policy)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for rollout and training. float32 on CPU."""
+
+
+class DataConfig(_Section):
+    prompt_data: str | None = None
+    """Training prompts: a local .jsonl or .parquet file, one prompt per row."""
+    input_key: str = "prompt"
+    """Column holding the prompt text."""
+    label_key: str = "label"
+    """Column holding the reference answer given to the reward."""
+    metadata_key: str | None = None
+    """Optional column holding a dict of per-sample metadata (e.g. rm_type) for the reward."""
+    eval_data: str | None = None
+    """Held-out prompts (same format) for greedy evaluation; None disables evaluation."""
+    eval_max_samples: int = Field(500, ge=1)
+    """Evaluate on at most this many held-out rows."""
+    apply_chat_template: bool = False
+    """Wrap each prompt with the tokenizer's chat template before tokenising."""
+    rollout_shuffle: bool = True
+    """Shuffle prompts each epoch (seeded by --seed)."""
+
+
+class RolloutConfig(_Section):
+    rollout_backend: Literal["torch", "sglang", "external"] = "torch"
+    """Inference engine: torch (CPU / small runs), sglang (GPU server), external (a running server)."""
+    rollout_batch_size: int = Field(16, ge=1)
+    """Prompts per rollout step; each yields --n-samples-per-prompt responses."""
+    n_samples_per_prompt: int = Field(8, ge=1)
+    """Responses sampled per prompt (the GRPO group size)."""
+    rollout_max_response_len: int = Field(8, ge=1)
+    """Maximum new tokens per response."""
+    rollout_temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs are computed at this temperature by every role."""
+    rollout_top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold (1.0 disables it)."""
+    rm_type: str = "math"
+    """Reward name in the relax-rewards registry (or a dotted path 'pkg.mod:fn'); a sample's own
+    metadata rm_type overrides it."""
+    reward_timeout_s: float = Field(10.0, gt=0.0)
+    """Per-call reward time-out; a reward that exceeds it scores the fallback and is counted."""
+    reward_concurrency: int = Field(8, ge=1)
+    """Reward calls run concurrently per rollout batch, at most this many at once."""
+    reward_delay_s: float = Field(0.0, ge=0.0)
+    """Extra latency added to every reward call, to emulate a remote judge (benchmarks)."""
+    long_tail_min_tokens: int = Field(0, ge=0)
+    """Benchmark knob: if > 0, each response is forced to a minimum length drawn from a long-tailed
+    distribution with this scale (EOS suppressed until then), emulating long-tail generation."""
+
+
+class TrainConfig(_Section):
+    train_backend: Literal["torch", "megatron"] = "torch"
+    """Training backend: torch (HF model; CPU or small GPU runs) or megatron (megatron-core on GPU)."""
+    num_rollout: int = Field(40, ge=1)
+    """Number of RL steps (rollout batches trained on)."""
+    global_batch_size: int | None = Field(None, ge=1)
+    """Samples per optimizer step; default = rollout-batch-size × n-samples-per-prompt (one step per
+    rollout). Must divide that product."""
+    micro_batch_size: int = Field(32, ge=1)
+    """Samples per forward/backward pass (gradient accumulation up to the global batch)."""
+    lr: float = Field(2e-4, gt=0.0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.99, ge=0.0, lt=1.0)
+    """AdamW beta2."""
+    clip_grad: float = Field(1.0, gt=0.0)
+    """Gradient-norm clipping threshold."""
+    save: str | None = None
+    """Directory to write checkpoints to."""
+    save_interval: int | None = Field(None, ge=1)
+    """Checkpoint every N steps (and always at the end when --save is set)."""
+    load: str | None = None
+    """Checkpoint directory to resume from."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+
+
+class AlgoConfig(_Section):
+    advantage_estimator: str = "grpo"
+    """Advantage estimator name in relax-train's registry (grpo, ...)."""
+    normalize_advantages_std: bool = True
+    """GRPO: divide group-centred rewards by the group's std (False = Dr.GRPO-style centring only)."""
+    eps_clip: float = Field(0.2, gt=0.0)
+    """PPO clip range below 1 (ratio >= 1 - eps_clip)."""
+    eps_clip_high: float | None = Field(None, gt=0.0)
+    """PPO clip range above 1 (clip-higher, DAPO); defaults to --eps-clip."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """KL-to-reference loss coefficient (k3 estimator); > 0 starts the Reference role."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus coefficient."""
+    use_actor_fwd: bool = True
+    """Recompute log-probs with the trainer's weights (the proximal policy) in the ActorFwd role;
+    False uses the rollout engine's log-probs as the old policy."""
+
+
+class RunConfig(_Section):
+    mode: Literal["colocate", "fully_async"] = "colocate"
+    """colocate: rollout fills a batch, then training (time-shared devices). fully_async: every role
+    is an independent Ray service exchanging data over the bus. Flags: --colocate / --fully-async."""
+    max_staleness: int = Field(0, ge=0)
+    """Staleness of a sample = (trainer version when it is trained on) - (policy version that generated
+    it). Every trained sample satisfies staleness <= max-staleness: 0 is strict on-policy, 1
+    near-on-policy, k >= 2 fully asynchronous. Only fully_async mode can exceed 0."""
+    staleness_policy: Literal["wait", "drop"] = "wait"
+    """wait: rollout blocks until the trainer catches up; drop: stale samples are discarded and counted."""
+    bus_capacity: int = Field(8192, ge=1)
+    """Maximum live samples on the bus; a full bus applies back-pressure to rollout."""
+    output_dir: str = "runs/relax"
+    """Where TensorBoard logs, metrics.jsonl, the plot and the summary are written."""
+    eval_interval: int | None = Field(10, ge=1)
+    """Evaluate held-out greedy accuracy every N steps (and before the first and after the last)."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs given to the local Ray cluster (default: all)."""
+    torch_threads: int | None = Field(None, ge=1)
+    """torch intra-op threads per role process (default: 2 in colocate, 1 per role when fully async)."""
+    verify_weight_sync: bool = False
+    """Record a checksum of every engine's weights after each sync (tests, debugging); costs a hash per
+    step."""
+    tensorboard: bool = True
+    """Write TensorBoard event files under output_dir/tensorboard."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+class RelaxConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    algo: AlgoConfig = AlgoConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RelaxConfig:
+        per_rollout = self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+        gbs = self.train.global_batch_size
+        if gbs is not None and per_rollout % gbs != 0:
+            raise ValueError(
+                f"--global-batch-size ({gbs}) must divide --rollout-batch-size × --n-samples-per-prompt "
+                f"({self.rollout.rollout_batch_size} × {self.rollout.n_samples_per_prompt} = {per_rollout})"
+            )
+        if self.run.mode == "colocate" and self.run.max_staleness > 0:
+            raise ValueError(
+                f"--max-staleness {self.run.max_staleness} needs --fully-async: colocate mode is strictly "
+                "on-policy (staleness 0)"
+            )
+        if (self.data.prompt_data is None) != (self.model.hf_checkpoint is None):
+            raise ValueError(
+                "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
+                "for the built-in CPU demo"
+            )
+        return self
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        return self.train.global_batch_size or self.samples_per_rollout
+
+    @property
+    def is_demo(self) -> bool:
+        return self.data.prompt_data is None

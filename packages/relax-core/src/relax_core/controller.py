@@ -1,0 +1,242 @@
+"""The Controller: builds the roles and runs the RL loop in colocate or fully-async mode.
+
+Roles are named in a plain registry of dotted paths and imported when built, so relax-core itself
+depends on neither torch nor the rollout/train packages. In colocate mode the roles run in this process
+and take turns; in fully-async mode each role is a Ray actor running its own loop, and the only things
+connecting them are the bus (data) and DCS (weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relax_core.config import RelaxConfig
+
+ROLES: dict[str, str] = {
+    "rollout": "relax_rollout.worker:RolloutWorker",
+    "actor": "relax_train.workers:ActorWorker",
+    "forward": "relax_train.workers:ForwardWorker",
+    "advantages": "relax_train.workers:AdvantagesWorker",
+}
+
+
+def role_class(name: str) -> type:
+    module, _, attr = ROLES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class RunInputs:
+    model_path: str
+    prompt_path: str
+    eval_path: str | None = None
+    ref_model_path: str | None = None
+
+
+@dataclass
+class RunResult:
+    history: list[dict[str, Any]]
+    wall_s: float
+    rl_wall_s: float
+    samples: int
+    mode: str
+    max_staleness: int
+    rollout_stats: dict[str, Any] = field(default_factory=dict)
+    bus_stats: dict[str, Any] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)
+    """Per-consumer consumed ids, trained ids, weight checksums per version (for tests)."""
+
+    @property
+    def eval_curve(self) -> list[tuple[int, float]]:
+        return [(int(h["step"]), float(h["eval/accuracy"])) for h in self.history if "eval/accuracy" in h]
+
+
+def bus_config(cfg: RelaxConfig):
+    from relax_bus import BusConfig, ConsumerSpec
+
+    consumers = {"advantages": ConsumerSpec(required_fields=["reward"], sampler="group")}
+    required = ["advantages"]
+    if cfg.algo.use_actor_fwd:
+        consumers["actor_fwd"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
+        required.append("log_probs")
+    if cfg.algo.kl_coef > 0:
+        consumers["reference"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
+        required.append("ref_log_probs")
+    consumers["actor_train"] = ConsumerSpec(required_fields=required, sampler="group", enforce_staleness=True)
+    return BusConfig(consumers=consumers, capacity=max(cfg.run.bus_capacity, cfg.samples_per_rollout),
+                     max_staleness=cfg.run.max_staleness, staleness_policy=cfg.run.staleness_policy,
+                     group_size=cfg.rollout.n_samples_per_prompt)
+
+
+def _latest_checkpoint(path: str) -> str:
+    p = Path(path)
+    if (p / "meta.json").is_file():
+        return str(p)
+    steps = sorted(p.glob("step_*/meta.json"))
+    if not steps:
+        raise FileNotFoundError(f"--load {path}: no checkpoint found (expected meta.json or step_*/meta.json)")
+    return str(steps[-1].parent)
+
+
+class Controller:
+    def __init__(self, cfg: RelaxConfig, inputs: RunInputs) -> None:
+        self.cfg, self.inputs = cfg, inputs
+
+    def run(self) -> RunResult:
+        return self._run_colocate() if self.cfg.run.mode == "colocate" else self._run_fully_async()
+
+    # -- colocate ------------------------------------------------------------------------------
+    def _run_colocate(self) -> RunResult:
+        from relax_bus import DataBus
+
+        cfg, inp = self.cfg, self.inputs
+        t_start = time.perf_counter()
+        threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
+        bus = DataBus(bus_config(cfg))
+        actor = role_class("actor")(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
+        rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+        helpers = [role_class("advantages")(cfg, bus)]
+        if cfg.algo.use_actor_fwd:
+            helpers.insert(0, role_class("forward")(cfg, bus, "actor_fwd", inp.model_path, backend=actor.backend))
+        if cfg.algo.kl_coef > 0:
+            helpers.insert(0, role_class("forward")(cfg, bus, "reference", inp.ref_model_path or inp.model_path))
+        actor.publish = lambda named, v: rollout.set_weights(dict(named), v)
+        start = 0
+        if cfg.train.load:
+            start = int(actor.backend.load_checkpoint(_latest_checkpoint(cfg.train.load))["version"])
+            bus.set_trainer_version(start)
+        actor.publish_weights()
+        actor.eval_now(start)
+        t_rl = time.perf_counter()
+        bar = _progress(cfg, start)
+        for step in range(start, cfg.train.num_rollout):
+            rollout.produce(step)
+            for h in helpers:
+                h.drain()
+            m = actor.train(step)
+            _bar_update(bar, m)
+        rl_wall = time.perf_counter() - t_rl
+        if bar is not None:
+            bar.close()
+        self._final_eval(actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
+        if cfg.train.save:
+            actor.save()
+        audit = {"trained_ids": actor.get_trained_ids(), "trainer_weights": actor.get_weight_log(),
+                 "rollout_weights": rollout.get_weight_log(),
+                 "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers}}
+        result = RunResult(actor.history, time.perf_counter() - t_start, rl_wall,
+                           len(audit["trained_ids"]), "colocate", 0, rollout.get_stats(), bus.stats(), audit)
+        actor.close()
+        return result
+
+    # -- fully async ---------------------------------------------------------------------------
+    def _run_fully_async(self) -> RunResult:
+        import ray
+        from relax_bus.ray_backend import RayBus
+
+        from relax_core.dcs import free_port
+
+        cfg, inp = self.cfg, self.inputs
+        t_start = time.perf_counter()
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=True, configure_logging=False)
+        threads = cfg.run.torch_threads or 1
+        try:
+            bus = RayBus.create(bus_config(cfg))
+
+            def actor_of(name: str, **kw):
+                return ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8, **kw)
+
+            actor = actor_of("actor").remote(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
+            rollout = actor_of("rollout").remote(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+            loops = {"advantages": actor_of("advantages").remote(cfg, bus)}
+            receivers = [rollout]
+            if cfg.algo.use_actor_fwd:
+                loops["actor_fwd"] = actor_of("forward").remote(cfg, bus, "actor_fwd", inp.model_path,
+                                                                torch_threads=threads)
+                receivers.append(loops["actor_fwd"])
+            if cfg.algo.kl_coef > 0:
+                loops["reference"] = actor_of("forward").remote(cfg, bus, "reference",
+                                                                inp.ref_model_path or inp.model_path,
+                                                                torch_threads=threads)
+            init = f"tcp://127.0.0.1:{free_port()}"
+            world = 1 + len(receivers)
+            ray.get([actor.connect_dcs.remote(init, world)]
+                    + [r.connect_dcs.remote(init, world, i + 1) for i, r in enumerate(receivers)])
+            start = 0
+            if cfg.train.load:
+                start = ray.get(actor.load.remote(_latest_checkpoint(cfg.train.load)))
+                bus.set_trainer_version(start)
+            ray.get(actor.publish_weights.remote())
+            ray.get(actor.eval_now.remote(start))
+            t_rl = time.perf_counter()
+            futures = {"rollout": rollout.run.remote(start)}
+            futures.update({name: a.run.remote() for name, a in loops.items()})
+            done = actor.run.remote(start, cfg.train.num_rollout)
+            bar = _progress(cfg, start)
+            seen = start
+            while True:
+                ready, _ = ray.wait([done], timeout=0.5)
+                failed, _ = ray.wait(list(futures.values()), timeout=0)
+                for f in failed:
+                    ray.get(f)  # a role loop ended before the trainer: re-raise its error
+                    raise RuntimeError("a role loop stopped before training finished")
+                if bar is not None:
+                    cur = ray.get(actor.progress.remote())
+                    bar.update(cur - seen)
+                    seen = cur
+                if ready:
+                    break
+            history = ray.get(done)
+            rl_wall = time.perf_counter() - t_rl
+            if bar is not None:
+                bar.close()
+            bus.close()
+            stats = ray.get(futures["rollout"])
+            ray.get([futures[n] for n in loops])
+            self._final_eval(history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
+            history = ray.get(actor.get_history.remote())
+            if cfg.train.save:
+                ray.get(actor.save.remote())
+            audit = {"trained_ids": ray.get(actor.get_trained_ids.remote()),
+                     "trainer_weights": ray.get(actor.get_weight_log.remote()),
+                     "rollout_weights": ray.get(rollout.get_weight_log.remote()),
+                     "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers}}
+            bus_stats = bus.stats()
+            ray.get([actor.close.remote(), rollout.close.remote()]
+                    + [a.close.remote() for n, a in loops.items() if n != "advantages"])
+            return RunResult(history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
+                             "fully_async", cfg.run.max_staleness, stats, bus_stats, audit)
+        finally:
+            if started_ray:
+                ray.shutdown()
+
+    def _final_eval(self, history: list[dict[str, Any]], do_eval) -> None:
+        last = [h for h in history if "eval/accuracy" in h]
+        if self.inputs.eval_path and (not last or last[-1]["step"] != self.cfg.train.num_rollout):
+            do_eval()
+
+
+def _progress(cfg: RelaxConfig, start: int):
+    if not cfg.run.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.train.num_rollout, initial=start, desc=f"RL ({cfg.run.mode})", unit="step")
+
+
+def _bar_update(bar, metrics: dict[str, Any]) -> None:
+    if bar is None:
+        return
+    post = {"reward": f"{metrics['rollout/reward_mean']:.3f}"}
+    if "eval/accuracy" in metrics:
+        post["eval"] = f"{metrics['eval/accuracy']:.3f}"
+    bar.set_postfix(post)
+    bar.update(1)

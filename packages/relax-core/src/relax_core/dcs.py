@@ -1,0 +1,345 @@
+"""DCS weight sync: the trainer publishes its weights to rollout engines and other roles after every step.
+
+Why it looks like this:
+
+- **Versioned.** Every publication carries the policy version (the trainer step). An engine records the
+  version it generated a sample with, so the bus can enforce ``max_staleness`` and the loss can correct
+  for off-policy samples. Versions must strictly increase; receivers see them in order.
+- **Bucketed.** Parameters are packed into flat buffers of at most ``bucket_bytes`` (one tensor larger
+  than that gets a bucket of its own), so sending a 70B model never needs a second full copy in memory,
+  and each bucket is one collective instead of one per parameter. Buckets hold a single dtype, so every
+  tensor sits at an aligned offset and is recovered as a zero-copy view of the bucket; on the wire a
+  bucket is raw bytes (``uint8``), which every backend supports (gloo lacks some dtypes).
+- **Control plane in the store, data plane in the collective.** Waiting for the next version takes a
+  whole training step, which has no upper bound, so it must not sit inside a collective with a timeout.
+  The sender writes a small JSON header (version, number of buckets, and the parameter layout when it
+  changed, i.e. on the first call) to the rendezvous ``TCPStore``; receivers poll for it, then join the
+  bucket broadcasts, which therefore only wait for a transfer. ``close()`` publishes a shutdown header
+  (version -1) and waits for receivers to acknowledge it before tearing the store down.
+- **A dedicated process group.** Sender and receivers build a standalone gloo/NCCL group from their own
+  ``TCPStore`` and never touch ``torch.distributed``'s default group, so DCS coexists with a trainer that
+  already runs FSDP or Megatron collectives in the same process. ``connect()`` is a rendezvous: call it
+  on every rank concurrently (each in its own process or Ray actor).
+
+torch is imported inside functions only: relax-core does not depend on torch at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_VERSION = -1
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for ``init_method=f"tcp://127.0.0.1:{port}"``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over (name, dtype, shape, raw bytes) of every tensor, sorted by name (iteration order is
+    irrelevant). Equal checksums mean bitwise-equal weights."""
+    items = sorted(named_tensors, key=lambda kv: kv[0])
+    h = hashlib.sha256()
+    for name, t in items:
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(_as_bytes(t).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class SyncStats:
+    version: int
+    num_bytes: int
+    num_buckets: int
+    seconds: float
+
+
+def _parse_tcp(init_method: str) -> tuple[str, int]:
+    url = urlparse(init_method)
+    if url.scheme != "tcp" or not url.hostname or not url.port:
+        raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
+    return url.hostname, url.port
+
+
+class _Endpoint:
+    """Store + standalone process group shared by sender and receivers."""
+
+    def __init__(
+        self, init_method: str, world_size: int, rank: int, backend: str, timeout_s: float, group_name: str
+    ):
+        if world_size < 2:
+            raise ValueError(
+                f"world_size must be ≥ 2: one sender plus at least one receiver (got {world_size})"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}) (got {rank})")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
+        self.host, self.port = _parse_tcp(init_method)
+        self.world_size, self.rank, self.backend = world_size, rank, backend
+        self.timeout = timedelta(seconds=timeout_s)
+        self.group_name = group_name
+        self.store: Any = None
+        self.pg: Any = None
+
+    def connect(self) -> None:
+        import torch.distributed as dist
+
+        if self.pg is not None:
+            return
+        store = dist.TCPStore(
+            self.host, self.port, self.world_size, self.rank == 0, self.timeout, wait_for_workers=False
+        )
+        self.store = dist.PrefixStore(f"{self.group_name}/ctl/", store)
+        pg_store = dist.PrefixStore(f"{self.group_name}/pg/", store)
+        if self.backend == "gloo":
+            self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, self.timeout)
+        else:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
+        self._root_store = store
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.backend == "gloo" else "cuda"
+
+    def bcast(self, t: torch.Tensor) -> None:
+        self.pg.broadcast([t]).wait()
+
+    def close(self) -> None:
+        if self.pg is not None and self.backend == "nccl":
+            self.pg.shutdown()
+        self.pg = self.store = self._root_store = None
+
+
+def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[dict]:
+    """Buckets of one dtype, ≤ bucket_bytes each (a larger tensor gets its own)."""
+    by_dtype: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in items:
+        by_dtype.setdefault(str(t.dtype).removeprefix("torch."), []).append((name, t))
+    buckets: list[dict] = []
+    for dtype, group in by_dtype.items():
+        cur: dict | None = None
+        for name, t in group:
+            n = t.numel() * t.element_size()
+            if cur is None or (cur["nbytes"] + n > bucket_bytes and cur["params"]):
+                cur = {"dtype": dtype, "nbytes": 0, "params": []}
+                buckets.append(cur)
+            cur["params"].append([name, list(t.shape), n])
+            cur["nbytes"] += n
+    return buckets
+
+
+class WeightSender:
+    """Rank 0, in the trainer process: ``connect()`` once, ``broadcast(model.named_parameters(), step)``
+    after every step, ``close()`` at the end."""
+
+    def __init__(
+        self,
+        init_method: str,
+        world_size: int,
+        backend: str = "gloo",
+        bucket_bytes: int = 32 << 20,
+        timeout_s: float = 300.0,
+        group_name: str = "relax_dcs",
+    ):
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0 (got {bucket_bytes})")
+        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name)
+        self.bucket_bytes = bucket_bytes
+        self._layout: list[dict] | None = None
+        self._seq = 0
+        self._last_version: int | None = None
+        self._unacked: list[int] = []
+
+    def connect(self) -> None:
+        self._ep.connect()
+
+    def _publish(self, header: dict) -> int:
+        store = self._ep.store
+        for seq in list(self._unacked):  # drop headers every receiver has read
+            if store.add(f"ack/{seq}", 0) >= self._ep.world_size - 1:
+                store.delete_key(f"hdr/{seq}")
+                store.delete_key(f"ack/{seq}")
+                self._unacked.remove(seq)
+        self._seq += 1
+        store.set(f"hdr/{self._seq}", json.dumps(header))
+        self._unacked.append(self._seq)
+        return self._seq
+
+    def broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncStats:
+        import torch
+
+        if self._ep.pg is None:
+            raise RuntimeError("WeightSender.broadcast() before connect()")
+        if version < 0 or (self._last_version is not None and version <= self._last_version):
+            raise ValueError(f"version must be ≥ 0 and increase (got {version} after {self._last_version})")
+        t0 = time.perf_counter()
+        items = list(named_tensors)
+        names = [n for n, _ in items]
+        if len(set(names)) != len(names):
+            raise ValueError("named_tensors has duplicate names")
+        tensors = dict(items)
+        layout = _layout(items, self.bucket_bytes)
+        changed = layout != self._layout
+        self._layout = layout
+        self._publish({"version": version, "num_buckets": len(layout), "layout": layout if changed else None})
+        num_bytes = 0
+        for bucket in layout:
+            with torch.no_grad():
+                parts = [_as_bytes(tensors[name]).to(self._ep.device) for name, _, _ in bucket["params"]]
+                flat = torch.cat(parts) if len(parts) > 1 else parts[0]  # root only reads it
+            self._ep.bcast(flat)
+            num_bytes += flat.numel()
+        self._last_version = version
+        return SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Tell receivers to stop (version -1), wait for their acknowledgement, destroy the group."""
+        if self._ep.pg is None:
+            return
+        seq = self._publish({"version": SHUTDOWN_VERSION, "num_buckets": 0, "layout": None})
+        deadline = time.monotonic() + self._ep.timeout.total_seconds()
+        while self._ep.store.add(f"ack/{seq}", 0) < self._ep.world_size - 1:
+            if time.monotonic() > deadline:
+                logger.warning("DCS close: not every receiver acknowledged the shutdown; closing anyway")
+                break
+            time.sleep(0.01)
+        self._ep.close()
+
+
+class WeightReceiver:
+    """Ranks 1..world_size-1, in an engine or ActorFwd process: ``receive()`` blocks for the next version,
+    or ``start_background(on_weights)`` applies every version from a daemon thread."""
+
+    def __init__(
+        self,
+        init_method: str,
+        world_size: int,
+        rank: int,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+        group_name: str = "relax_dcs",
+    ):
+        if rank == 0:
+            raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
+        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name)
+        self._layout: list[dict] | None = None
+        self._seq = 0
+        self._latest = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_stats: SyncStats | None = None
+
+    def connect(self) -> None:
+        self._ep.connect()
+
+    @property
+    def latest_version(self) -> int:
+        """Version of the last weights received (-1 before the first)."""
+        return self._latest
+
+    def _wait_header(self) -> dict | None:
+        key = f"hdr/{self._seq + 1}"
+        delay = 0.001
+        while not self._ep.store.check([key]):
+            if self._stop.is_set():
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        self._seq += 1
+        header = json.loads(self._ep.store.get(key))
+        self._ep.store.add(f"ack/{self._seq}", 1)
+        return header
+
+    def receive(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """Block for the next version; ``(version, tensors)``, or None once the sender closed.
+
+        Tensors are fresh each call but those of one bucket are views of one buffer: copy them into the
+        model (``param.copy_(t)``) rather than keeping them around piecemeal."""
+        import torch
+
+        if self._ep.pg is None:
+            raise RuntimeError("WeightReceiver.receive() before connect()")
+        header = self._wait_header()
+        if header is None or header["version"] == SHUTDOWN_VERSION:
+            return None
+        t0 = time.perf_counter()
+        if header["layout"] is not None:
+            self._layout = header["layout"]
+        if self._layout is None or len(self._layout) != header["num_buckets"]:
+            raise RuntimeError("DCS protocol error: no parameter layout for this version")
+        out: dict[str, torch.Tensor] = {}
+        num_bytes = 0
+        for bucket in self._layout:
+            flat = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self._ep.device)
+            self._ep.bcast(flat)
+            dtype = getattr(torch, bucket["dtype"])
+            offset = 0
+            for name, shape, n in bucket["params"]:
+                out[name] = flat[offset : offset + n].view(dtype).reshape(shape)
+                offset += n
+            num_bytes += flat.numel()
+        self._latest = header["version"]
+        self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
+        return self._latest, out
+
+    def start_background(self, on_weights: Callable[[int, dict[str, torch.Tensor]], None]) -> None:
+        """Loop ``receive()`` on a daemon thread, calling ``on_weights(version, tensors)`` for each
+        version; an exception stops the loop and is re-raised by ``check()``."""
+        if self._thread is not None:
+            raise RuntimeError("start_background() was already called")
+
+        def loop() -> None:
+            try:
+                while (got := self.receive()) is not None:
+                    on_weights(*got)
+            except BaseException as e:  # surfaced through check()
+                self._error = e
+
+        self._thread = threading.Thread(target=loop, name="relax-dcs-receiver", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def check(self) -> None:
+        """Re-raise the background thread's exception, if any."""
+        if self._error is not None:
+            raise RuntimeError("DCS background receiver failed") from self._error
+
+    def close(self) -> None:
+        self._stop.set()
+        self.join(timeout=self._ep.timeout.total_seconds())
+        self._ep.close()

@@ -1,0 +1,202 @@
+import multiprocessing as mp
+import sys
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum, free_port  # noqa: E402
+
+VERSIONS = [1, 2, 5]
+BUCKET_BYTES = 1024  # small: forces several buckets per dtype
+
+
+def make_params(version: int) -> list[tuple[str, "torch.Tensor"]]:
+    """Mixed dtypes; version 5 adds a buffer, so the layout (metadata) changes mid-stream."""
+    g = torch.Generator().manual_seed(version)
+    params = [
+        ("layer.0.weight", torch.randn(16, 33, generator=g)),  # 2112 B: a bucket of its own
+        ("layer.0.bias", torch.randn(33, generator=g)),
+        ("embed.weight", torch.randn(40, 16, generator=g).to(torch.bfloat16)),
+        ("norm.scale", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("num_batches_tracked", torch.tensor(version * 1000, dtype=torch.int64)),
+        ("position_ids", torch.arange(50, dtype=torch.int64) * version),
+        ("layer.1.weight", torch.randn(8, 8, generator=g).t()),  # non-contiguous
+    ]
+    if version >= 5:
+        params.append(("extra.buffer", torch.full((3, 3), float(version))))
+    return params
+
+
+def _receiver_main(init_method: str, world_size: int, rank: int, background: bool, queue) -> None:
+    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60)
+    recv.connect()
+    results: list[tuple[int, str]] = []
+    if background:
+
+        def on_weights(version, tensors):
+            results.append((version, checksum(tensors.items())))
+
+        recv.start_background(on_weights)
+        recv.join(timeout=60)
+        recv.check()
+        shutdown_clean = not recv.running
+    else:
+        while (got := recv.receive()) is not None:
+            version, tensors = got
+            results.append((version, checksum(tensors.items())))
+        shutdown_clean = True
+    latest = recv.latest_version
+    recv.close()
+    queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean})
+
+
+@pytest.fixture(scope="module")
+def exchange():
+    """One sender (this process) and two spawned receivers: rank 1 calls receive(), rank 2 runs in
+    background mode."""
+    ctx = mp.get_context("spawn")
+    init_method, world_size = f"tcp://127.0.0.1:{free_port()}", 3
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue))
+        for rank in (1, 2)
+    ]
+    for p in procs:
+        p.start()
+    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+    sender.connect()  # rendezvous with the receivers connecting concurrently
+    sent, stats = [], []
+    for v in VERSIONS:
+        params = make_params(v)
+        stats.append(sender.broadcast(params, version=v))
+        sent.append((v, checksum(params)))
+    sender.close()
+    got = {}
+    for _ in procs:
+        r = queue.get(timeout=60)
+        got[r["rank"]] = r
+    for p in procs:
+        p.join(timeout=30)
+    return {"sent": sent, "stats": stats, "got": got, "exitcodes": [p.exitcode for p in procs]}
+
+
+def test_receivers_get_bitwise_equal_weights_in_order(exchange):
+    assert exchange["got"][1]["results"] == exchange["sent"]
+    assert [v for v, _ in exchange["got"][1]["results"]] == VERSIONS
+    assert exchange["got"][1]["latest"] == VERSIONS[-1]
+
+
+def test_background_mode_calls_on_weights_per_version(exchange):
+    assert exchange["got"][2]["results"] == exchange["sent"]
+    assert exchange["got"][2]["latest"] == VERSIONS[-1]
+
+
+def test_buckets_and_stats(exchange):
+    for st, v in zip(exchange["stats"], VERSIONS):
+        assert isinstance(st, SyncStats) and st.version == v
+        assert st.num_buckets >= 4  # float32 split + bfloat16 + int64
+        expected = sum(t.numel() * t.element_size() for _, t in make_params(v))
+        assert st.num_bytes == expected
+
+
+def test_clean_shutdown(exchange):
+    assert exchange["exitcodes"] == [0, 0]
+    assert all(r["clean"] for r in exchange["got"].values())
+
+
+def test_checksum_order_independent_and_sensitive():
+    params = make_params(1)
+    assert checksum(params) == checksum(list(reversed(params)))
+    assert checksum(params) == checksum(dict(params).items())
+    changed = [(n, t.clone()) for n, t in params]
+    changed[2][1][3, 4] += 1
+    assert checksum(changed) != checksum(params)
+    # dtype and shape are part of the hash, not only the bytes
+    x = torch.zeros(4, dtype=torch.int32)
+    assert checksum([("x", x)]) != checksum([("x", x.view(torch.float32))])
+    assert checksum([("x", x)]) != checksum([("x", x.reshape(2, 2))])
+
+
+def test_in_process_threads_and_version_checks():
+    """A standalone group per endpoint: sender and receiver can even share one process."""
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    recv = WeightReceiver(init_method, 2, 1, timeout_s=30)
+    sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=30)
+    t = threading.Thread(target=recv.connect)
+    t.start()
+    sender.connect()
+    t.join()
+    seen = []
+    recv.start_background(lambda v, ts: seen.append((v, checksum(ts.items()))))
+    sender.broadcast(make_params(3), version=3)
+    with pytest.raises(ValueError, match="increase"):
+        sender.broadcast(make_params(2), version=2)
+    sender.close()
+    recv.join(timeout=30)
+    recv.check()
+    assert seen == [(3, checksum(make_params(3)))]
+    recv.close()
+
+
+def test_bad_arguments_say_what_to_fix():
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        WeightSender("env://", 2)
+    with pytest.raises(ValueError, match="world_size"):
+        WeightSender("tcp://127.0.0.1:1234", 1)
+    with pytest.raises(ValueError, match="rank 0"):
+        WeightReceiver("tcp://127.0.0.1:1234", 2, 0)
+    with pytest.raises(RuntimeError, match="connect"):
+        WeightSender("tcp://127.0.0.1:1234", 2).broadcast([], version=0)
+
+
+@pytest.mark.integration
+def test_sync_between_ray_actors(monkeypatch):
+    # workers share this venv: skip Ray's `uv run` hook, which would rebuild the workspace per job
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    ray = pytest.importorskip("ray")
+    # the actors below use this module's helpers, which Ray workers cannot import by name
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    @ray.remote(num_cpus=1)
+    class Trainer:
+        def __init__(self, init_method):
+            self.sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+
+        def connect(self):
+            self.sender.connect()
+
+        def step(self, version):
+            params = make_params(version)
+            self.sender.broadcast(params, version)
+            return checksum(params)
+
+        def close(self):
+            self.sender.close()
+
+    @ray.remote(num_cpus=1)
+    class Engine:
+        def __init__(self, init_method):
+            self.recv = WeightReceiver(init_method, 2, 1, timeout_s=60)
+            self.seen = []
+
+        def connect(self):
+            self.recv.connect()
+            self.recv.start_background(lambda v, ts: self.seen.append((v, checksum(ts.items()))))
+
+        def wait_done(self):
+            self.recv.join(timeout=60)
+            self.recv.check()
+            return self.seen
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        trainer, engine = Trainer.remote(init_method), Engine.remote(init_method)
+        ray.get([trainer.connect.remote(), engine.connect.remote()])
+        sent = [(v, ray.get(trainer.step.remote(v))) for v in VERSIONS]
+        ray.get(trainer.close.remote())
+        assert ray.get(engine.wait_done.remote()) == sent
+    finally:
+        ray.shutdown()

@@ -1,0 +1,67 @@
+"""The rollout-engine protocol, its registry and factory.
+
+Engines are looked up by name in a plain dict of dotted paths and imported only when built, so choosing
+``torch`` never imports SGLang and vice versa.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample. Log-probs are always of the distribution actually sampled from (logits / T)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    min_new_tokens: int | list[int] = 0
+    """Suppress EOS until this many tokens (one int, or one per prompt)."""
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class GenerateOutput:
+    token_ids: list[int]
+    """Generated tokens, including the EOS/stop token when one was produced."""
+    log_probs: list[float]
+    """Per generated token, log p(token | prefix) under the sampling distribution."""
+    finish_reason: str
+    """"stop" (EOS/stop token) or "length" (max_new_tokens reached)."""
+    weight_version: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the rollout manager needs from an inference engine."""
+
+    weight_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]: ...
+
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None: ...
+
+    def weights_checksum(self) -> str: ...
+
+
+ENGINES: dict[str, str] = {
+    "torch": "relax_rollout.engines.torch_engine:TorchEngine",
+}
+
+
+def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
+    """Build the engine registered as ``name``; heavy backends are imported here, not before."""
+    if name not in ENGINES:
+        raise ValueError(
+            f"unknown --rollout-backend {name!r}; available: {sorted(ENGINES)}"
+            + (" (the sglang engine needs `pip install 'relax-rollout[sglang]'` and a GPU)" if name == "sglang" else "")
+        )
+    module, _, attr = ENGINES[name].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    return cls(**kwargs)

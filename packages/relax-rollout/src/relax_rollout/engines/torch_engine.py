@@ -1,0 +1,162 @@
+"""A batched sampling engine on plain torch + an HF causal LM, with a KV cache.
+
+Why our own loop instead of ``model.generate``: we need the log-prob of every sampled token under the
+exact distribution sampled from, per-prompt minimum lengths, a weight version, and in-place weight
+updates between batches — and the positions must match the trainer's recomputation bit for bit, so we
+control padding (left) and ``position_ids`` ourselves.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+
+
+class TorchEngine:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        model: torch.nn.Module | None = None,
+        eos_token_ids: list[int] | None = None,
+        pad_token_id: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_batch_size: int = 512,
+    ) -> None:
+        if model is None:
+            if model_path is None:
+                raise ValueError("TorchEngine needs model_path or model")
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(device).eval()
+        cfg = self.model.config
+        eos = eos_token_ids if eos_token_ids is not None else cfg.eos_token_id
+        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (cfg.pad_token_id or 0)
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.weight_version = 0
+        self._lock = threading.Lock()
+
+    # -- weights -------------------------------------------------------------------------------
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None:
+        """Copy ``tensors`` (HF names) into the model; called between generation batches."""
+        with self._lock, torch.no_grad():
+            params = dict(self.model.named_parameters())
+            params.update(dict(self.model.named_buffers()))
+            missing = [n for n in tensors if n not in params]
+            if missing:
+                raise KeyError(f"weight update names unknown to the engine: {missing[:5]}")
+            for name, value in tensors.items():
+                params[name].copy_(torch.as_tensor(value))
+            self.weight_version = version
+
+    def named_weights(self):
+        return list(self.model.named_parameters())
+
+    def weights_checksum(self) -> str:
+        from relax_core.dcs import checksum
+
+        return checksum(self.named_weights())
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+        if not prompts:
+            return []
+        out: list[GenerateOutput] = []
+        min_new = params.min_new_tokens
+        for start in range(0, len(prompts), self.max_batch_size):
+            chunk = prompts[start : start + self.max_batch_size]
+            mins = min_new[start : start + len(chunk)] if isinstance(min_new, list) else [min_new] * len(chunk)
+            with self._lock:
+                out.extend(self._generate_chunk(chunk, params, mins))
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], p: SamplingParams, mins: list[int]) -> list[GenerateOutput]:
+        bsz = len(prompts)
+        max_len = max(len(x) for x in prompts)
+        ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((bsz, max_len), dtype=torch.long)
+        for i, x in enumerate(prompts):
+            ids[i, max_len - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[i, max_len - len(x) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        gen = torch.Generator(device=self.device)
+        if p.seed is not None:
+            gen.manual_seed(p.seed)
+        else:
+            gen.seed()
+        eos = torch.tensor(self.eos_token_ids + list(p.stop_token_ids), dtype=torch.long, device=self.device)
+        min_t = torch.tensor(mins, dtype=torch.long, device=self.device)
+
+        tokens = torch.zeros((bsz, p.max_new_tokens), dtype=torch.long, device=self.device)
+        logps = torch.zeros((bsz, p.max_new_tokens), dtype=torch.float32, device=self.device)
+        done = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        lengths = torch.full((bsz,), p.max_new_tokens, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        step_ids, step_pos = ids, positions
+        for t in range(p.max_new_tokens):
+            outputs = self.model(
+                input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
+            )
+            cache = outputs.past_key_values
+            logits = outputs.logits[:, -1, :].float()
+            if t < int(min_t.max()):
+                block = (min_t > t).unsqueeze(1) & torch.isin(
+                    torch.arange(logits.shape[-1], device=self.device), eos
+                ).unsqueeze(0)
+                logits = logits.masked_fill(block, float("-inf"))
+            nxt, lp = self._sample(logits, p, gen)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
+            tokens[:, t] = nxt
+            logps[:, t] = torch.where(done, torch.zeros_like(lp), lp)
+            hit = torch.isin(nxt, eos) & ~done
+            lengths = torch.where(hit, torch.full_like(lengths, t + 1), lengths)
+            stopped |= hit
+            done |= hit
+            if bool(done.all()):
+                break
+            step_ids = nxt.unsqueeze(1)
+            step_pos = step_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=self.device)], dim=1)
+
+        results = []
+        for i in range(bsz):
+            n = int(lengths[i])
+            results.append(
+                GenerateOutput(
+                    token_ids=tokens[i, :n].tolist(),
+                    log_probs=logps[i, :n].tolist(),
+                    finish_reason="stop" if bool(stopped[i]) else "length",
+                    weight_version=self.weight_version,
+                )
+            )
+        return results
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if p.greedy:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            nxt = logits.argmax(-1)
+            return nxt, logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+        scaled = logits / p.temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        probs = logprobs.exp()
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p
+            filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+            probs = filtered / filtered.sum(-1, keepdim=True)
+        nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        return nxt, logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)

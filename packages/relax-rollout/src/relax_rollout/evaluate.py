@@ -1,0 +1,33 @@
+"""Held-out greedy evaluation with the torch engine on a given model (the trainer's, in place)."""
+
+from __future__ import annotations
+
+from relax_core.config import RelaxConfig
+from relax_core.data import load_prompts
+
+from relax_rollout.engines import SamplingParams
+from relax_rollout.engines.torch_engine import TorchEngine
+from relax_rollout.rewards import build_scorer
+
+
+class GreedyEvaluator:
+    def __init__(self, cfg: RelaxConfig, tokenizer_path: str, eval_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        rows = load_prompts(eval_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key).rows
+        self.rows = rows[: cfg.data.eval_max_samples]
+        self.prompts = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in self.rows]
+        self.scorer = build_scorer(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"reward_delay_s": 0.0})}))
+
+    def __call__(self, model) -> float:
+        was_training = model.training
+        engine = TorchEngine(model=model, eos_token_ids=[self.tokenizer.eos_token_id],
+                             pad_token_id=self.tokenizer.pad_token_id)
+        params = SamplingParams(max_new_tokens=self.cfg.rollout.rollout_max_response_len, greedy=True)
+        outs = engine.generate(self.prompts, params)
+        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        res = self.scorer.score_batch(texts, [r.label for r in self.rows], [r.metadata for r in self.rows])
+        model.train(was_training)
+        return float(sum(x.score > 0 for x in res)) / max(len(res), 1)

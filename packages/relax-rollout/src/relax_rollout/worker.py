@@ -1,0 +1,156 @@
+"""The Rollout role: n samples per prompt from the current policy, scored, written to the bus.
+
+The same class runs in-process (colocate: the controller calls :meth:`produce` step by step) and as a
+Ray actor (fully async: :meth:`run` loops, gated by the bus's staleness admission, while weights arrive
+in the background over DCS). Every sample carries the policy version that generated it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from relax_core.config import RelaxConfig
+from relax_core.data import PromptIterator, load_prompts
+
+from relax_rollout.engines import SamplingParams, build_engine
+from relax_rollout.rewards import build_scorer
+
+
+class RolloutWorker:
+    role = "rollout"
+
+    def __init__(self, cfg: RelaxConfig, bus: Any, model_path: str, prompt_path: str, torch_threads: int | None = None):
+        import torch
+        from transformers import AutoTokenizer
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.cfg, self.bus = cfg, bus
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.engine = build_engine(cfg.rollout.rollout_backend, model_path=model_path, dtype=cfg.model.dtype,
+                                   eos_token_ids=[self.tokenizer.eos_token_id],
+                                   pad_token_id=self.tokenizer.pad_token_id)
+        ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key)
+        self.skipped_rows = ds.skipped
+        self.prompts = PromptIterator(ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed)
+        self.scorer = build_scorer(cfg)
+        self._cond = threading.Condition()
+        self._receiver = None
+        self.weight_log: dict[int, str] = {}
+        self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
+        self._token_cache: dict[str, list[int]] = {}
+
+    # -- weights -------------------------------------------------------------------------------
+    def set_weights(self, tensors: dict[str, Any], version: int) -> None:
+        self.engine.update_weights(tensors, version)
+        if self.cfg.run.verify_weight_sync:
+            self.weight_log[version] = self.engine.weights_checksum()
+        with self._cond:
+            self._cond.notify_all()
+
+    def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
+        from relax_core.dcs import WeightReceiver
+
+        self._receiver = WeightReceiver(init_method, world_size, rank)
+        self._receiver.connect()
+        self._receiver.start_background(lambda v, t: self.set_weights(t, v))
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def weights_checksum(self) -> str:
+        return self.engine.weights_checksum()
+
+    def get_weight_log(self) -> dict[int, str]:
+        return dict(self.weight_log)
+
+    # -- producing -----------------------------------------------------------------------------
+    def _encode(self, prompt: str) -> list[int]:
+        if prompt not in self._token_cache:
+            text = prompt
+            if self.cfg.data.apply_chat_template:
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+                )
+            self._token_cache[prompt] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._token_cache[prompt]
+
+    def produce(self, step: int) -> dict[str, float]:
+        """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
+        r = self.cfg.rollout
+        rows = self.prompts.next_batch()
+        n = r.n_samples_per_prompt
+        prompts = [self._encode(row.prompt) for row in rows for _ in range(n)]
+        mins: int | list[int] = 0
+        if r.long_tail_min_tokens:
+            rng = np.random.default_rng(self.cfg.train.seed * 7919 + step)
+            draw = (rng.pareto(1.5, size=len(prompts)) * r.long_tail_min_tokens).astype(int)
+            mins = [int(min(d, r.rollout_max_response_len)) for d in draw]
+        params = SamplingParams(max_new_tokens=r.rollout_max_response_len, temperature=r.rollout_temperature,
+                                top_p=r.rollout_top_p, min_new_tokens=mins,
+                                seed=self.cfg.train.seed * 1_000_003 + step)
+        t0 = time.perf_counter()
+        outs = self.engine.generate(prompts, params)
+        t1 = time.perf_counter()
+        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        labels = [row.label for row in rows for _ in range(n)]
+        metas = [row.metadata for row in rows for _ in range(n)]
+        results = self.scorer.score_batch(texts, labels, metas)
+        t2 = time.perf_counter()
+        samples = []
+        for i, (o, res) in enumerate(zip(outs, results)):
+            row = rows[i // n]
+            p = prompts[i]
+            samples.append({
+                "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
+                "prompt_len": len(p),
+                "response_len": len(o.token_ids),
+                "loss_mask": np.ones(len(o.token_ids), dtype=np.float32),
+                "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
+                "reward": float(res.score),
+                "reward_failure": res.failure or "",
+                "policy_version": int(o.weight_version),
+                "group_id": f"{step}:{i // n}",
+                "prompt_id": row.row_id,
+                "rollout_step": step,
+                "finish_reason": o.finish_reason,
+                "response_text": texts[i],
+            })
+        self.bus.put(samples, partition=f"step{step}")
+        self.stats["samples"] += len(samples)
+        self.stats["generate_s"] += t1 - t0
+        self.stats["reward_s"] += t2 - t1
+        return {"generate_s": t1 - t0, "reward_s": t2 - t1}
+
+    def run(self, start_step: int = 0) -> dict[str, float]:
+        """Fully-async loop: admission by staleness, wait for fresh-enough weights, produce; until closed."""
+        from relax_bus import BusClosed
+
+        s = self.cfg.run.max_staleness
+        wait_policy = self.cfg.run.staleness_policy == "wait"
+        step = start_step
+        while True:
+            t0 = time.perf_counter()
+            try:
+                self.bus.admit(step)
+                need = max(0, step - s) if wait_policy else 0
+                with self._cond:
+                    while self.engine.weight_version < need:
+                        if self._receiver is not None:
+                            self._receiver.check()
+                        self._cond.wait(0.5)
+                self.stats["wait_s"] += time.perf_counter() - t0
+                self.produce(step)
+            except BusClosed:
+                return self.get_stats()
+            step += 1
+
+    def get_stats(self) -> dict[str, Any]:
+        return {**self.stats, "skipped_rows": len(self.skipped_rows), **self.scorer.stats()}
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()

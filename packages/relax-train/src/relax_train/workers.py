@@ -1,0 +1,254 @@
+"""The ActorFwd, Reference, Advantages and Actor roles.
+
+Each role reads what it needs from the bus, writes what it computes back, and acknowledges; nothing
+else connects the roles. The classes run in-process (colocate) or as Ray actors (fully async), where
+:meth:`run` loops until the bus closes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from relax_core.config import RelaxConfig
+
+from relax_train.algorithms import compute_advantages
+
+
+def _set_threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+class _BusLoop:
+    """Shared loop: take what is ready (partial batches), process, ack; stop when the bus closes."""
+
+    consumer: str
+    bus: Any
+    batch_size: int = 64
+
+    def process(self, timeout: float | None = 0.0) -> int:
+        batch = self.bus.get(self.consumer, n=self.batch_size, partial=True, timeout=timeout)
+        self.handle(batch)
+        self.bus.ack(self.consumer, batch.lease_id)
+        return len(batch)
+
+    def drain(self) -> int:
+        """Process everything ready now (colocate)."""
+        from relax_bus import BusTimeout
+
+        total = 0
+        while True:
+            try:
+                total += self.process(timeout=0.0)
+            except BusTimeout:
+                return total
+
+    def run(self) -> int:
+        from relax_bus import BusClosed, BusTimeout
+
+        total = 0
+        while True:
+            try:
+                total += self.process(timeout=1.0)
+            except BusTimeout:
+                continue
+            except BusClosed:
+                return total
+
+    def handle(self, batch) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ForwardWorker(_BusLoop):
+    """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
+
+    def __init__(self, cfg: RelaxConfig, bus: Any, role: str, model_path: str, backend: Any = None,
+                 torch_threads: int | None = None) -> None:
+        _set_threads(torch_threads)
+        if role not in ("actor_fwd", "reference"):
+            raise ValueError(f"ForwardWorker role must be actor_fwd or reference, got {role!r}")
+        self.cfg, self.bus, self.consumer = cfg, bus, role
+        self.field = "log_probs" if role == "actor_fwd" else "ref_log_probs"
+        self.batch_size = cfg.train.micro_batch_size
+        if backend is None:
+            from relax_train.backends import build_backend
+
+            backend = build_backend(cfg.train.train_backend, config=cfg, model_path=model_path, trainable=False)
+        self.backend = backend
+        self._receiver = None
+
+    def handle(self, batch) -> None:
+        lp = self.backend.compute_log_probs(batch.data)
+        self.bus.add_fields(batch.ids, {self.field: lp, f"{self.field}_version": [self.backend.version] * len(lp)})
+
+    def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
+        from relax_core.dcs import WeightReceiver
+
+        self._receiver = WeightReceiver(init_method, world_size, rank)
+        self._receiver.connect()
+        self._receiver.start_background(lambda v, t: self.backend.load_weights(t, v))
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+
+
+class AdvantagesWorker(_BusLoop):
+    """Group-normalised advantages; CPU only, whole groups at a time."""
+
+    def __init__(self, cfg: RelaxConfig, bus: Any) -> None:
+        self.cfg, self.bus, self.consumer = cfg, bus, "advantages"
+        self.batch_size = cfg.samples_per_rollout
+
+    def handle(self, batch) -> None:
+        d = batch.data
+        adv = compute_advantages(self.cfg.algo.advantage_estimator, d["group_id"], d["reward"], d["response_len"],
+                                 self.cfg.algo.normalize_advantages_std)
+        self.bus.add_fields(batch.ids, {"advantages": adv})
+
+
+class ActorWorker:
+    """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
+
+    def __init__(self, cfg: RelaxConfig, bus: Any, model_path: str, eval_path: str | None = None,
+                 evaluator: str = "relax_rollout.evaluate:GreedyEvaluator", torch_threads: int | None = None) -> None:
+        _set_threads(torch_threads)
+        from relax_train.backends import build_backend
+
+        self.cfg, self.bus = cfg, bus
+        self.backend = build_backend(cfg.train.train_backend, config=cfg, model_path=model_path, trainable=True)
+        self.evaluate = None
+        if eval_path is not None:
+            module, _, attr = evaluator.partition(":")
+            self.evaluate = getattr(importlib.import_module(module), attr)(cfg, model_path, eval_path)
+        self.publish: Callable[[list, int], None] | None = None
+        self._sender = None
+        self.history: list[dict[str, Any]] = []
+        self.weight_log: dict[int, str] = {}
+        self.trained_ids: list[int] = []
+        self._tb = None
+        self.out = Path(cfg.run.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.run.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.out / "tensorboard"))
+        self._metrics_file = open(self.out / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
+        self.required = ["advantages"]
+        if cfg.algo.use_actor_fwd:
+            self.required.append("log_probs")
+        if cfg.algo.kl_coef > 0:
+            self.required.append("ref_log_probs")
+
+    # -- weights -------------------------------------------------------------------------------
+    def connect_dcs(self, init_method: str, world_size: int) -> None:
+        from relax_core.dcs import WeightSender
+
+        self._sender = WeightSender(init_method, world_size)
+        self._sender.connect()
+        self.publish = lambda named, v: self._sender.broadcast(named, v)
+
+    def publish_weights(self) -> None:
+        named = self.backend.named_weights()
+        if self.cfg.run.verify_weight_sync:
+            from relax_core.dcs import checksum
+
+            self.weight_log[self.backend.version] = checksum(named)
+        if self.publish is not None:
+            self.publish(named, self.backend.version)
+
+    # -- one step ------------------------------------------------------------------------------
+    def train(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch = self.bus.get("actor_train", n=self.cfg.samples_per_rollout, fields=None, trainer_version=step)
+        t1 = time.perf_counter()
+        d = batch.data
+        metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+        self.bus.ack("actor_train", batch.lease_id)
+        self.trained_ids.extend(batch.ids)
+        t2 = time.perf_counter()
+        self.publish_weights()
+        self.bus.set_trainer_version(self.backend.version)
+        t3 = time.perf_counter()
+        staleness = [step - int(v) for v in d["policy_version"]]
+        metrics.update({
+            "step": step + 1,
+            "rollout/reward_mean": float(np.mean(d["reward"])),
+            "rollout/response_len_mean": float(np.mean(d["response_len"])),
+            "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
+            "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
+            "train/staleness_mean": float(np.mean(staleness)),
+            "train/staleness_max": float(np.max(staleness)),
+            "perf/wait_for_data_s": t1 - t0,
+            "perf/train_s": t2 - t1,
+            "perf/weight_sync_s": t3 - t2,
+            "perf/samples": float(len(batch)),
+            "time": time.time(),
+        })
+        if "log_probs" in d:
+            diffs = [np.mean(np.abs(a - b)) for a, b in zip(d["log_probs"], d["rollout_log_probs"])]
+            metrics["train/rollout_vs_fwd_logp_absdiff"] = float(np.mean(diffs))
+        if self.evaluate is not None and self.cfg.run.eval_interval and (step + 1) % self.cfg.run.eval_interval == 0:
+            metrics["eval/accuracy"] = self.evaluate(self.backend.model)
+        if self.cfg.train.save and self.cfg.train.save_interval and (step + 1) % self.cfg.train.save_interval == 0:
+            self.save()
+        self.log(metrics)
+        return metrics
+
+    def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
+        for step in range(start_step, num_steps):
+            self.train(step)
+        return self.history
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def eval_now(self, step: int) -> float | None:
+        if self.evaluate is None:
+            return None
+        acc = self.evaluate(self.backend.model)
+        self.log({"step": step, "eval/accuracy": acc, "time": time.time()})
+        return acc
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self.history.append(metrics)
+        self._metrics_file.write(json.dumps(metrics) + "\n")
+        self._metrics_file.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if "/" in k and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, metrics["step"])
+            self._tb.flush()
+
+    def save(self, path: str | None = None) -> None:
+        target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
+        self.backend.save_checkpoint(target, extra={"trained_ids": len(self.trained_ids)})
+
+    def load(self, path: str) -> int:
+        """Resume from a checkpoint; returns the step to continue from."""
+        return int(self.backend.load_checkpoint(path)["version"])
+
+    def progress(self) -> int:
+        return self.backend.version
+
+    def get_history(self) -> list[dict[str, Any]]:
+        return self.history
+
+    def get_weight_log(self) -> dict[int, str]:
+        return dict(self.weight_log)
+
+    def get_trained_ids(self) -> list[int]:
+        return list(self.trained_ids)
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+        if self._tb is not None:
+            self._tb.close()
+        self._metrics_file.close()

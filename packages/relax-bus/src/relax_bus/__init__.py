@@ -1,3 +1,28 @@
-"""relax_bus."""
+"""relax_bus: a streaming data bus for RL with per-sample policy versions and exact staleness control.
+
+Imports neither torch nor ray; the Ray backend imports ray only when used.
+"""
+
+from relax_bus.config import BusConfig, ConsumerSpec
+from relax_bus.core import DataBus
+from relax_bus.errors import BusClosed, BusError, BusTimeout, StaleSampleError
+from relax_bus.ray_backend import RayBus
+from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
+from relax_bus.state import Batch
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "BusClosed",
+    "BusConfig",
+    "BusError",
+    "BusTimeout",
+    "ConsumerSpec",
+    "DataBus",
+    "RayBus",
+    "SAMPLERS",
+    "SampleRef",
+    "StaleSampleError",
+    "register_sampler",
+]

@@ -43,6 +43,11 @@ def _is_bool_field(section: str, name: str) -> bool:
     return ann is bool
 
 
+def _is_str_field(section: str, name: str) -> bool:
+    ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
+    return ann is str or ann == (str | None)
+
+
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
     """Turn ``--flag value`` / ``--flag=value`` / bare boolean flags into {leaf: value}."""
     index = flag_index()
@@ -81,7 +86,9 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"{_flag(leaf)} needs a value")
             raw = argv[i + 1]
             i += 2
-        out[leaf] = _scalar(raw)
+        # a text flag keeps its text even when it looks like a number (--output-dir 2024)
+        keep_text = _is_str_field(section, name) and raw.lower() not in ("none", "null")
+        out[leaf] = raw if keep_text else _scalar(raw)
     return out
 
 

@@ -143,6 +143,8 @@ class Controller:
 
         cfg, inp = self.cfg, self.inputs
         t_start = time.perf_counter()
+        # Under `uv run`, Ray would rebuild the environment for every worker; ours is already complete.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         started_ray = not ray.is_initialized()
         if started_ray:
             ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,

@@ -111,13 +111,13 @@ class TorchBackend:
                 if a.kl_coef > 0:
                     kl = kl_k3(logp, self._padded(samples["ref_log_probs"], idx, logp.shape[1]))
                     tok_loss = tok_loss + a.kl_coef * kl
-                    sums["kl"] += float((kl * lmask).sum())
+                    sums["kl"] += float((kl.detach() * lmask).sum())
                 if ent is not None:
                     tok_loss = tok_loss - a.entropy_coef * ent
                     sums["entropy"] += float((ent.detach() * lmask).sum())
                 loss = (tok_loss * lmask).sum() / total_tokens
                 loss.backward()
-                sums["loss"] += float(loss) * total_tokens
+                sums["loss"] += float(loss.detach()) * total_tokens
                 sums["pg_loss"] += float((pg.detach() * lmask).sum())
                 sums["clipfrac"] += float((st["clipped"] * lmask).sum())
                 sums["ratio_mean"] += float((st["ratio"] * lmask).sum())
@@ -137,7 +137,7 @@ class TorchBackend:
     def _padded(values: list, idx: list[int], width: int) -> torch.Tensor:
         out = torch.zeros((len(idx), width), dtype=torch.float32)
         for row, i in enumerate(idx):
-            v = torch.as_tensor(np.asarray(values[i], dtype=np.float32))[:width]
+            v = torch.tensor(np.asarray(values[i], dtype=np.float32))[:width]
             out[row, : len(v)] = v
         return out
 

@@ -1,0 +1,71 @@
+"""Plain records behind :class:`~relax_bus.DataBus`: a sample, a consumer's view, a lease, a batch.
+
+Kept apart from the bus logic so a later backend (Ray storage units, snapshot/restore) can reuse and
+serialise them; they hold no locks and no behaviour beyond bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_bus.config import ConsumerSpec
+
+
+@dataclass(slots=True)
+class Sample:
+    """One live sample: its fields and the consumers that have not acknowledged (or dropped) it yet."""
+
+    id: int
+    partition: str
+    fields: dict[str, Any]
+    waiting: set[str]
+    group_id: Hashable | None = None
+    group_size: int | None = None
+    version: int | None = None
+
+
+@dataclass(slots=True)
+class ConsumerState:
+    """Per-consumer bookkeeping; ``available`` holds live ids this consumer has not taken yet."""
+
+    spec: ConsumerSpec
+    available: set[int] = field(default_factory=set)
+    dropped_groups: set[Hashable] = field(default_factory=set)
+    acked_ids: list[int] = field(default_factory=list)
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dropped_stale: int = 0
+    gets: int = 0
+
+
+@dataclass(slots=True)
+class Lease:
+    """Samples handed to ``consumer`` and not yet acked; ``deadline`` is a time.monotonic() value or None."""
+
+    consumer: str
+    ids: list[int]
+    deadline: float | None
+
+
+@dataclass
+class Batch:
+    """What ``get`` returns.
+
+    ``data[field][i]`` belongs to sample ``ids[i]``, which lives in partition ``partitions[i]``. Values are the
+    bus's own objects (not copies): treat them as read-only. Pass ``lease_id`` to ``ack`` (done) or ``nack``
+    (give back).
+    """
+
+    ids: list[int]
+    data: dict[str, list[Any]]
+    lease_id: int
+    consumer: str
+    partitions: list[str]
+    trainer_version: int | None = None
+    """The trainer version staleness was checked against (consumers with enforce_staleness), else None."""
+
+    def __len__(self) -> int:
+        return len(self.ids)

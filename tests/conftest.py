@@ -1,0 +1,26 @@
+"""Shared fixtures for cross-package tests: a tiny task, tokenizer and Qwen3 model built locally."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+@pytest.fixture(scope="session")
+def tiny_run_inputs(tmp_path_factory):
+    """A small arithmetic task and an untrained tiny Qwen3 checkpoint (enough to exercise every path)."""
+    from relax_app.demo.model import build_tiny_qwen3
+    from relax_app.demo.task import make_arithmetic_task, read_jsonl
+    from relax_app.demo.tokenizer import train_tokenizer
+    from relax_core.controller import RunInputs
+
+    root = tmp_path_factory.mktemp("tiny")
+    files = make_arithmetic_task(root / "task", max_operand=20, n_eval=20)
+    rows = read_jsonl(files.train_path)
+    tok = train_tokenizer([r["prompt"] + r["label"] for r in rows], root / "model")
+    build_tiny_qwen3(tok, out_dir=root / "model", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                     head_dim=16, intermediate_size=64)
+    return RunInputs(str(root / "model"), str(files.train_path), str(files.eval_path))

@@ -1,6 +1,7 @@
 import multiprocessing as mp
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -8,48 +9,8 @@ torch = pytest.importorskip("torch")
 
 from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum, free_port  # noqa: E402
 
-VERSIONS = [1, 2, 5]
-BUCKET_BYTES = 1024  # small: forces several buckets per dtype
-
-
-def make_params(version: int) -> list[tuple[str, "torch.Tensor"]]:
-    """Mixed dtypes; version 5 adds a buffer, so the layout (metadata) changes mid-stream."""
-    g = torch.Generator().manual_seed(version)
-    params = [
-        ("layer.0.weight", torch.randn(16, 33, generator=g)),  # 2112 B: a bucket of its own
-        ("layer.0.bias", torch.randn(33, generator=g)),
-        ("embed.weight", torch.randn(40, 16, generator=g).to(torch.bfloat16)),
-        ("norm.scale", torch.randn(7, generator=g).to(torch.bfloat16)),
-        ("num_batches_tracked", torch.tensor(version * 1000, dtype=torch.int64)),
-        ("position_ids", torch.arange(50, dtype=torch.int64) * version),
-        ("layer.1.weight", torch.randn(8, 8, generator=g).t()),  # non-contiguous
-    ]
-    if version >= 5:
-        params.append(("extra.buffer", torch.full((3, 3), float(version))))
-    return params
-
-
-def _receiver_main(init_method: str, world_size: int, rank: int, background: bool, queue) -> None:
-    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60)
-    recv.connect()
-    results: list[tuple[int, str]] = []
-    if background:
-
-        def on_weights(version, tensors):
-            results.append((version, checksum(tensors.items())))
-
-        recv.start_background(on_weights)
-        recv.join(timeout=60)
-        recv.check()
-        shutdown_clean = not recv.running
-    else:
-        while (got := recv.receive()) is not None:
-            version, tensors = got
-            results.append((version, checksum(tensors.items())))
-        shutdown_clean = True
-    latest = recv.latest_version
-    recv.close()
-    queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean})
+sys.path.insert(0, str(Path(__file__).parent))
+from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +119,7 @@ def test_sync_between_ray_actors(monkeypatch):
     ray = pytest.importorskip("ray")
     # the actors below use this module's helpers, which Ray workers cannot import by name
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(sys.modules["dcs_workers"])
 
     @ray.remote(num_cpus=1)
     class Trainer:

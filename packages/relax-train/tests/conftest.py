@@ -21,9 +21,19 @@ def build_tiny_checkpoint(path) -> str:
 
     torch.manual_seed(0)
     cfg = Qwen3Config(
-        vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-        pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False, initializer_range=0.2,
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
     )
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return str(path)

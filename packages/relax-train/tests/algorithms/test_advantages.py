@@ -64,7 +64,9 @@ def test_constant_group_gives_zero():
 
 def test_single_sample_group_is_zero_and_finite():
     for normalize in (True, False):
-        out = compute_advantages("grpo", ["solo", "x", "x"], [1.0, 0.0, 1.0], [4, 1, 1], normalize_std=normalize)
+        out = compute_advantages(
+            "grpo", ["solo", "x", "x"], [1.0, 0.0, 1.0], [4, 1, 1], normalize_std=normalize
+        )
         assert out[0].tolist() == [0.0] * 4
         assert all(np.isfinite(a).all() for a in out)
 

@@ -48,7 +48,9 @@ def test_asymmetric_clip_bounds():
 
 def test_ppo_gradient_zero_when_clipped_and_signed_otherwise():
     logp = torch.tensor([math.log(2.0), 0.0], dtype=torch.float64, requires_grad=True)
-    loss, _ = ppo_clip_loss(logp, torch.zeros(2, dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64), 0.2)
+    loss, _ = ppo_clip_loss(
+        logp, torch.zeros(2, dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64), 0.2
+    )
     loss.sum().backward()
     assert logp.grad[0] == 0.0  # ratio 2 > 1.2 with positive advantage: clipped, no gradient
     assert logp.grad[1] == pytest.approx(-1.0)  # descending the loss raises the log-prob

@@ -16,8 +16,11 @@ SEQS = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8, 12, 9, 13], [10]), ([4, 13], [3
 
 def make_cfg(**kw) -> RelaxConfig:
     t = {"micro_batch_size": kw.pop("micro_batch_size", 2), "lr": kw.pop("lr", 1e-3)}
-    r = {"rollout_temperature": kw.pop("temperature", 1.0), "rollout_batch_size": 1,
-         "n_samples_per_prompt": kw.pop("n", len(SEQS))}
+    r = {
+        "rollout_temperature": kw.pop("temperature", 1.0),
+        "rollout_batch_size": 1,
+        "n_samples_per_prompt": kw.pop("n", len(SEQS)),
+    }
     return RelaxConfig.model_validate({"train": t, "rollout": r, "algo": kw})
 
 
@@ -50,7 +53,9 @@ def weights(backend):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("mbs", [1, 2, 8])
 def test_compute_log_probs_equals_manual(tiny_model_dir, temperature, mbs):
-    be = TorchBackend(make_cfg(temperature=temperature, micro_batch_size=mbs), tiny_model_dir, trainable=False)
+    be = TorchBackend(
+        make_cfg(temperature=temperature, micro_batch_size=mbs), tiny_model_dir, trainable=False
+    )
     got = be.compute_log_probs(make_samples())
     ref = manual_log_probs(be.model, SEQS, temperature)
     assert len(got) == len(SEQS)
@@ -82,8 +87,12 @@ def test_train_step_changes_weights_and_returns_finite_metrics(tiny_model_dir):
 
 
 def test_global_batch_size_splits_optimizer_steps(tiny_model_dir):
-    cfg = RelaxConfig.model_validate({"train": {"micro_batch_size": 1, "global_batch_size": 2},
-                                      "rollout": {"rollout_batch_size": 2, "n_samples_per_prompt": 2}})
+    cfg = RelaxConfig.model_validate(
+        {
+            "train": {"micro_batch_size": 1, "global_batch_size": 2},
+            "rollout": {"rollout_batch_size": 2, "n_samples_per_prompt": 2},
+        }
+    )
     be = TorchBackend(cfg, tiny_model_dir)
     seqs = SEQS + [([5, 13], [6, 1])]
     samples = make_samples(seqs, advantages=[1.0, -1.0, 0.5, -0.5])

@@ -1,0 +1,194 @@
+"""build_config: YAML (nested or flat) < command line, and every error names the flag to fix."""
+
+import pytest
+from relax_core.cli_config import ConfigError, build_config, flag_index, help_text, parse_overrides
+from relax_core.config import RelaxConfig
+
+
+def test_no_arguments_gives_defaults():
+    assert build_config(argv=[]) == RelaxConfig()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--max-staleness", "-1"], "--max-staleness"),
+        (["--rollout-batch-size", "0"], "--rollout-batch-size"),
+        (["--n-samples-per-prompt", "0"], "--n-samples-per-prompt"),
+        (["--rollout-temperature", "0"], "--rollout-temperature"),
+        (["--rollout-top-p", "1.5"], "--rollout-top-p"),
+        (["--lr", "-1e-3"], "--lr"),
+        (["--adam-beta1", "1.0"], "--adam-beta1"),
+        (["--eps-clip", "0"], "--eps-clip"),
+        (["--kl-coef", "-0.1"], "--kl-coef"),
+        (["--micro-batch-size", "0"], "--micro-batch-size"),
+        (["--mode", "sync"], "--mode"),
+        (["--staleness-policy", "skip"], "--staleness-policy"),
+        (["--rollout-backend", "vllm"], "--rollout-backend"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--num-rollout", "many"], "--num-rollout"),
+        (["--bus-capacity", "0"], "--bus-capacity"),
+    ],
+)
+def test_invalid_value_names_its_flag(argv, flag):
+    with pytest.raises(ConfigError) as exc:
+        build_config(argv=argv)
+    assert flag in str(exc.value)
+    assert repr(argv[1]) in str(exc.value) or argv[1] in str(exc.value)
+
+
+def test_staleness_with_colocate_rejected():
+    with pytest.raises(ConfigError, match="--max-staleness"):
+        build_config(argv=["--colocate", "--max-staleness", "1"])
+    cfg = build_config(argv=["--fully-async", "--max-staleness", "1"])
+    assert cfg.run.mode == "fully_async" and cfg.run.max_staleness == 1
+
+
+def test_global_batch_must_divide():
+    with pytest.raises(ConfigError, match="--global-batch-size"):
+        build_config(
+            argv=["--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--global-batch-size", "4"]
+        )
+    cfg = build_config(
+        argv=["--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--global-batch-size", "3"]
+    )
+    assert cfg.train.global_batch_size == 3
+
+
+def test_prompt_data_without_checkpoint_rejected():
+    with pytest.raises(ConfigError, match="--hf-checkpoint"):
+        build_config(argv=["--prompt-data", "train.jsonl"])
+
+
+def test_mode_shorthands():
+    assert build_config(argv=["--fully-async"]).run.mode == "fully_async"
+    assert build_config(argv=["--fully-async", "--colocate"]).run.mode == "colocate"
+    assert build_config(argv=["--mode", "fully_async"]).run.mode == "fully_async"
+
+
+def test_boolean_flags():
+    assert build_config(argv=["--no-tensorboard"]).run.tensorboard is False
+    assert build_config(argv=["--tensorboard"]).run.tensorboard is True
+    assert build_config(argv=["--tensorboard", "false"]).run.tensorboard is False
+    assert build_config(argv=["--tensorboard=false"]).run.tensorboard is False
+    cfg = build_config(argv=["--no-rollout-shuffle", "--apply-chat-template", "--lr", "1e-5"])
+    assert cfg.data.rollout_shuffle is False
+    assert cfg.data.apply_chat_template is True
+    assert cfg.train.lr == pytest.approx(1e-5)
+
+
+def test_flag_equals_value():
+    cfg = build_config(
+        argv=["--lr=0.001", "--rollout-batch-size=4", "--output-dir=/tmp/x", "--eps-clip-high=0.28"]
+    )
+    assert cfg.train.lr == pytest.approx(0.001)
+    assert cfg.rollout.rollout_batch_size == 4
+    assert cfg.run.output_dir == "/tmp/x"
+    assert cfg.algo.eps_clip_high == pytest.approx(0.28)
+
+
+def test_none_value_and_numeric_looking_strings():
+    assert build_config(argv=["--eval-interval", "none"]).run.eval_interval is None
+    # a string-typed flag keeps its text even when it looks like a number
+    cfg = build_config(argv=["--output-dir", "2024", "--input-key", "1"])
+    assert cfg.run.output_dir == "2024"
+    assert cfg.data.input_key == "1"
+
+
+def test_missing_value_names_flag():
+    with pytest.raises(ConfigError, match="--lr"):
+        parse_overrides(["--lr"])
+
+
+def test_unknown_flag_rejected_with_name():
+    with pytest.raises(ConfigError, match="--learning-rate"):
+        build_config(argv=["--learning-rate", "1"])
+    with pytest.raises(ConfigError, match="positional"):
+        build_config(argv=["positional"])
+
+
+def test_yaml_nested(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        "train:\n  lr: 0.001\n  seed: 7\nrollout:\n  n_samples_per_prompt: 4\nrun:\n  tensorboard: false\n"
+    )
+    cfg = build_config(path)
+    assert cfg.train.lr == pytest.approx(0.001)
+    assert cfg.train.seed == 7
+    assert cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.run.tensorboard is False
+
+
+def test_yaml_flat_with_dashes_and_mode_shorthand(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("lr: 0.002\nmicro-batch-size: 4\nfully_async: true\nmax_staleness: 2\n")
+    cfg = build_config(path)
+    assert cfg.train.lr == pytest.approx(0.002)
+    assert cfg.train.micro_batch_size == 4
+    assert cfg.run.mode == "fully_async"
+    assert cfg.run.max_staleness == 2
+
+
+def test_cli_overrides_yaml(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("train:\n  lr: 0.001\n  seed: 7\n")
+    cfg = build_config(path, argv=["--lr", "0.5"])
+    assert cfg.train.lr == pytest.approx(0.5)
+    assert cfg.train.seed == 7
+
+
+def test_defaults_lowest_priority(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("seed: 3\n")
+    cfg = build_config(path, argv=["--num-rollout", "5"], defaults={"seed": 1, "num_rollout": 2, "lr": 0.25})
+    assert (cfg.train.seed, cfg.train.num_rollout, cfg.train.lr) == (3, 5, 0.25)
+
+
+def test_unknown_yaml_key_rejected_with_name(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("train:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="learning_rate") as exc:
+        build_config(path)
+    assert str(path) in str(exc.value)
+    path.write_text("bogus_key: 1\n")
+    with pytest.raises(ConfigError, match="bogus_key"):
+        build_config(path)
+
+
+def test_yaml_invalid_value_names_flag(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("run:\n  max_staleness: -3\n")
+    with pytest.raises(ConfigError, match="--max-staleness"):
+        build_config(path)
+
+
+def test_yaml_missing_or_not_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        build_config(tmp_path / "absent.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        build_config(path)
+
+
+def test_empty_yaml_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert build_config(path) == RelaxConfig()
+
+
+def test_flag_names_are_unique_leaves():
+    index = flag_index()
+    n_fields = sum(len(info.annotation.model_fields) for info in RelaxConfig.model_fields.values())
+    assert len(index) == n_fields
+    assert index["max_staleness"] == ("run", "max_staleness")
+    assert index["lr"] == ("train", "lr")
+
+
+def test_help_text_lists_every_flag():
+    text = help_text()
+    for leaf in flag_index():
+        assert "--" + leaf.replace("_", "-") in text, leaf
+    assert "--colocate" in text and "--fully-async" in text
+    # docstrings are shown
+    assert "Staleness of a sample" in text

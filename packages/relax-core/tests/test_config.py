@@ -1,0 +1,60 @@
+"""RelaxConfig: defaults are valid, bounds hold, and cross-field rules reject bad combinations."""
+
+import pytest
+from pydantic import ValidationError
+from relax_core.config import RelaxConfig
+
+
+def test_defaults_are_valid_demo_config():
+    cfg = RelaxConfig()
+    assert cfg.is_demo
+    assert cfg.run.mode == "colocate"
+    assert cfg.run.max_staleness == 0
+    assert cfg.samples_per_rollout == 16 * 8
+    assert cfg.effective_global_batch_size == cfg.samples_per_rollout
+
+
+def test_negative_staleness_rejected():
+    with pytest.raises(ValidationError):
+        RelaxConfig.model_validate({"run": {"max_staleness": -1}})
+
+
+def test_staleness_needs_fully_async():
+    with pytest.raises(ValidationError, match="--max-staleness"):
+        RelaxConfig.model_validate({"run": {"max_staleness": 1}})
+    cfg = RelaxConfig.model_validate({"run": {"max_staleness": 2, "mode": "fully_async"}})
+    assert cfg.run.max_staleness == 2
+
+
+def test_global_batch_must_divide_rollout_samples():
+    ok = RelaxConfig.model_validate(
+        {"rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 3}, "train": {"global_batch_size": 6}}
+    )
+    assert ok.effective_global_batch_size == 6
+    with pytest.raises(ValidationError, match="--global-batch-size"):
+        RelaxConfig.model_validate(
+            {
+                "rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 3},
+                "train": {"global_batch_size": 5},
+            }
+        )
+
+
+def test_prompt_data_and_checkpoint_go_together():
+    with pytest.raises(ValidationError, match="--hf-checkpoint"):
+        RelaxConfig.model_validate({"data": {"prompt_data": "x.jsonl"}})
+    with pytest.raises(ValidationError, match="--prompt-data"):
+        RelaxConfig.model_validate({"model": {"hf_checkpoint": "/m"}})
+    cfg = RelaxConfig.model_validate({"data": {"prompt_data": "x.jsonl"}, "model": {"hf_checkpoint": "/m"}})
+    assert not cfg.is_demo
+
+
+def test_unknown_field_rejected():
+    with pytest.raises(ValidationError):
+        RelaxConfig.model_validate({"train": {"learning_rate": 1e-3}})
+
+
+def test_assignment_is_validated():
+    cfg = RelaxConfig()
+    with pytest.raises(ValidationError):
+        cfg.train.lr = -1.0

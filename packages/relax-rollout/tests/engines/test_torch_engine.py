@@ -1,0 +1,172 @@
+"""TorchEngine: greedy equals a naive argmax loop, sampled log-probs equal the trainer's recomputation
+(left padding and temperature included), stop/length, min_new_tokens and weight updates."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from relax_rollout.engines import ENGINES, SamplingParams, build_engine  # noqa: E402
+from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+
+EOS = 1
+# prompts of different lengths, so the batch is left-padded
+PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13]]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    torch.set_num_threads(1)
+    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+
+
+def naive_greedy(model, prompt, max_new, eos=EOS):
+    """No cache, no padding: recompute the whole sequence and take the argmax, token by token."""
+    seq = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(max_new):
+            nxt = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(nxt)
+            seq.append(nxt)
+            if nxt == eos:
+                break
+    return out
+
+
+def test_greedy_is_deterministic_and_equals_naive_loop(engine):
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    first = engine.generate(PROMPTS, params)
+    second = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+    for prompt, out in zip(PROMPTS, first):
+        assert out.token_ids == naive_greedy(engine.model, prompt, 12)
+        assert len(out.log_probs) == len(out.token_ids)
+        assert out.finish_reason == ("stop" if out.token_ids[-1] == EOS else "length")
+    # each prompt alone (no padding) gives the same tokens as in the padded batch
+    for prompt, out in zip(PROMPTS, first):
+        assert engine.generate([prompt], params)[0].token_ids == out.token_ids
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_log_probs_equal_trainer_recomputation(engine, tiny_model_dir, temperature):
+    from relax_core.config import RelaxConfig
+    from relax_train.backends.torch_backend import TorchBackend
+
+    prompts = PROMPTS * 2
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=temperature, seed=3))
+    cfg = RelaxConfig.model_validate(
+        {"rollout": {"rollout_temperature": temperature}, "train": {"micro_batch_size": 8}}
+    )
+    backend = TorchBackend(cfg, tiny_model_dir, trainable=False)
+    samples = {
+        "tokens": [np.asarray(p + o.token_ids) for p, o in zip(prompts, outs)],
+        "prompt_len": [len(p) for p in prompts],
+    }
+    recomputed = backend.compute_log_probs(samples)
+    assert len({len(o.token_ids) for o in outs}) > 1 or any(o.finish_reason == "length" for o in outs)
+    for o, r in zip(outs, recomputed):
+        assert len(o.log_probs) == len(o.token_ids) == len(r)
+        assert np.max(np.abs(np.asarray(o.log_probs) - r)) <= 1e-4
+        assert all(lp <= 0.0 for lp in o.log_probs)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    params = SamplingParams(max_new_tokens=8, seed=11)
+    a = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    b = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    assert a == b
+
+
+def test_finish_reason_stop_and_length(engine):
+    greedy_first = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=1, greedy=True))[0].token_ids[
+        0
+    ]
+    stopped = engine.generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=5, greedy=True, stop_token_ids=(greedy_first,))
+    )[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == [greedy_first]  # the stop token is included
+
+    # EOS suppressed for the whole budget: every response runs to the length limit
+    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, min_new_tokens=6, seed=0))
+    for o in outs:
+        assert o.finish_reason == "length"
+        assert len(o.token_ids) == 6 and EOS not in o.token_ids
+
+
+def test_min_new_tokens_suppresses_stop_tokens(engine):
+    prompt = PROMPTS[1]
+    first = engine.generate([prompt], SamplingParams(max_new_tokens=1, greedy=True))[0].token_ids[0]
+    keep = next(t for t in range(2, 64) if t != first)
+    stops = tuple(t for t in range(64) if t != keep)  # every token but `keep` ends the response
+
+    free = engine.generate([prompt], SamplingParams(max_new_tokens=8, greedy=True, stop_token_ids=stops))[0]
+    assert free.token_ids == [first] and free.finish_reason == "stop"
+
+    outs = engine.generate(
+        [prompt, prompt],
+        SamplingParams(max_new_tokens=8, greedy=True, stop_token_ids=stops, min_new_tokens=[0, 3]),
+    )
+    assert outs[0].token_ids == [first]
+    assert outs[1].token_ids[:3] == [keep, keep, keep]
+    assert len(outs[1].token_ids) >= 4 or outs[1].finish_reason == "length"
+
+
+def test_min_new_tokens_never_emits_eos_early(engine):
+    outs = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=8, min_new_tokens=5, seed=1))
+    for o in outs:
+        assert EOS not in o.token_ids[:5]
+
+
+def test_update_weights_changes_outputs_and_version(tiny_model_dir):
+    eng = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    before = eng.generate(PROMPTS, params)
+    assert eng.weight_version == 0 and all(o.weight_version == 0 for o in before)
+    checksum = eng.weights_checksum()
+
+    g = torch.Generator().manual_seed(123)
+    new = {n: torch.randn(p.shape, generator=g) for n, p in eng.named_weights() if n.startswith("lm_head")}
+    eng.update_weights(new, version=4)
+    after = eng.generate(PROMPTS, params)
+    assert eng.weight_version == 4 and all(o.weight_version == 4 for o in after)
+    assert eng.weights_checksum() != checksum
+    assert [o.token_ids for o in after] != [o.token_ids for o in before]
+    assert torch.equal(dict(eng.named_weights())["lm_head.weight"], new["lm_head.weight"])
+
+
+def test_update_weights_unknown_name_raises(tiny_model_dir):
+    eng = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS])
+    with pytest.raises(KeyError, match="not.a.weight"):
+        eng.update_weights({"not.a.weight": torch.zeros(1)}, version=1)
+    assert eng.weight_version == 0
+
+
+def test_empty_prompt_list(engine):
+    assert engine.generate([], SamplingParams(max_new_tokens=3)) == []
+
+
+def test_chunks_by_max_batch_size(engine, tiny_model_dir):
+    small = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], max_batch_size=3)
+    params = SamplingParams(max_new_tokens=5, greedy=True, min_new_tokens=[0, 1, 2, 5])
+    outs = small.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in engine.generate(PROMPTS, params)]
+    assert len(outs[3].token_ids) == 5  # the 4th prompt's minimum reached the second chunk
+
+
+def test_build_engine(tiny_model_dir):
+    eng = build_engine("torch", model_path=tiny_model_dir)
+    assert isinstance(eng, TorchEngine)
+    with pytest.raises(ValueError, match="'nope'") as exc:
+        build_engine("nope")
+    for name in ENGINES:
+        assert name in str(exc.value)
+    with pytest.raises(ValueError, match="relax-rollout\\[sglang\\]"):
+        build_engine("sglang")
+
+
+def test_engine_needs_a_model():
+    with pytest.raises(ValueError, match="model_path or model"):
+        TorchEngine()

@@ -12,6 +12,14 @@ MODULES = [
     "relax_rewards.math_equiv",
     "relax_rewards._sympy_parse",
     "relax_rewards.scorer",
+    "relax_rewards.choice",
+    "relax_rewards.f1",
+    "relax_rewards.format",
+    "relax_rewards.ifeval",
+    "relax_rewards.genrm",
+    "relax_rewards.group",
+    "relax_rewards.code",
+    "relax_rewards.sandbox",
 ]
 
 

@@ -24,3 +24,14 @@ def test_registry_lookup_and_string_match_do_not_need_sympy():
         "print(r.score, 'sympy' in sys.modules, 'torch' in sys.modules, 'ray' in sys.modules)"
     )
     assert _run(code) == "1.0 False False False"
+
+
+def test_every_builtin_reward_module_imports_without_heavy_deps():
+    code = (
+        "import sys, relax_rewards\n"
+        "names = relax_rewards.list_rewards()\n"
+        "import relax_rewards.isolation, relax_rewards.group\n"
+        "print(sorted(m for m in ('torch', 'ray', 'sympy', 'httpx', 'requests') if m in sys.modules), len(names))"
+    )
+    heavy, count = _run(code).split(" ")[0:-1], _run(code).split(" ")[-1]
+    assert " ".join(heavy) == "[]" and int(count) >= 12

@@ -25,7 +25,8 @@ MAX_EXPONENT = 1000  # constant exponents
 MAX_SYMBOLIC_EXPONENT = 40  # exponents on expressions with free symbols (expand cost)
 MAX_DIGITS = 5000  # size of an integer power result
 MAX_FACTORIAL = 200
-MAX_FUNC_ARG = 1e6
+MAX_FUNC_ARG = 1e6  # |argument| of sin, log, exp, ...
+MAX_SQRT_ARG = 1e15  # sqrt only extracts square factors: cheap well past 1e6 (898*sqrt(2) = sqrt(1612808))
 
 _FUNCS = {
     "sqrt": sympy.sqrt,
@@ -40,6 +41,10 @@ _FUNCS = {
 _CONSTS = {"pi": sympy.pi, "infty": sympy.oo, "oo": sympy.oo, "e": sympy.E}
 _MULTI = sorted([*_FUNCS, "pi", "infty"], key=len, reverse=True)
 _TOKEN_RE = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|([a-zA-Z]+)|(\*\*|[-+*/()!^]))")
+
+
+_TRIG_POWER_RE = re.compile(r"\\(sin|cos|tan|log|ln)\^\{?(\d)\}?\s*([a-zA-Z0-9]|\([^()]*\))")
+_ABS_RE = re.compile(r"\|([^|]+)\|")
 
 
 class _Refuse(Exception):
@@ -59,6 +64,9 @@ def safe_sympify(text: str) -> sympy.Expr | None:
     if not text or len(text) > MAX_LEN:
         return None
     try:
+        text = _TRIG_POWER_RE.sub(r"(\\\1(\3))^{\2}", text)  # \sin^2 x → (\sin(x))^{2}
+        text = re.sub(r"\\[lr]vert|\\[lr]Vert|\\mid", "|", text)
+        text = _ABS_RE.sub(r"\\abs{\1}", text)
         tokens = _tokenize(_latex_to_plain(text))
         parser = _Parser(tokens)
         expr = parser.expr()
@@ -102,8 +110,28 @@ def _latex_to_plain(s: str) -> str:
             else:
                 arg, i = _braced(s, i)
                 out.append(f"sqrt({_latex_to_plain(arg)})")
+        elif s.startswith("\\binom", i):
+            n, i = _braced(s, i + 6)
+            k, i = _braced(s, i)
+            if not (n.isdigit() and k.isdigit() and int(n) <= 10_000):
+                raise _Refuse("binomial of non-constant or huge arguments")
+            out.append(str(math.comb(int(n), int(k))))
         elif s[i] == "\\":
             m = re.match(r"\\([a-zA-Z]+)", s[i:])
+            if m and m.group(1) not in _FUNCS and m.group(1) not in _CONSTS and m.group(1) != "div":
+                # "\pir^2" (spaces removed by normalize): take the longest known command prefix
+                known = next(
+                    (
+                        w
+                        for w in sorted([*_FUNCS, *_CONSTS], key=len, reverse=True)
+                        if m.group(1).startswith(w) and len(w) > 1
+                    ),
+                    None,
+                )
+                if known:
+                    out.append(f" {known} ")
+                    i += 1 + len(known)
+                    continue
             if not m or (m.group(1) not in _FUNCS and m.group(1) not in _CONSTS and m.group(1) != "div"):
                 raise _Refuse(f"unsupported command at {s[i : i + 12]!r}")
             out.append(" / " if m.group(1) == "div" else f" {m.group(1)} ")
@@ -224,12 +252,13 @@ class _Parser:
         if kind == "NUM":
             return sympy.Rational(text) if "." in text else sympy.Integer(text)
         if kind == "SYM":
-            return sympy.Symbol(text)
+            return sympy.Symbol(text, real=True)  # competition answers live in the reals
         if kind == "CONST":
             return _CONSTS[text]
         if kind == "FUNC":
             arg = self.postfix() if self._peek() != ("OP", "(") else self.atom()
-            if not arg.free_symbols and arg.is_number and abs(complex(sympy.N(arg, 15))) > MAX_FUNC_ARG:
+            limit = MAX_SQRT_ARG if text == "sqrt" else MAX_FUNC_ARG
+            if not arg.free_symbols and arg.is_number and abs(complex(sympy.N(arg, 15))) > limit:
                 raise _Refuse("function argument too large")
             return _FUNCS[text](arg)
         if text == "(":

@@ -20,7 +20,6 @@ microseconds. sympy is imported inside :func:`symbolic_equal` so ``import relax_
 
 from __future__ import annotations
 
-import math
 import re
 from fractions import Fraction
 
@@ -45,10 +44,12 @@ _NUMBER_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$", re.IGNO
 _THOUSANDS_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _FRAC_RE = re.compile(r"^([+-]?)\\frac\{([^{}]+)\}\{([^{}]+)\}$")
 _SLASH_RE = re.compile(r"^([+-]?\d+)\s*/\s*([+-]?\d+)$")
+_REPEATING_RE = re.compile(r"([+-]?\d*)\.(\d*)\\overline\{(\d{1,20})\}")
+_MIXED_RE = re.compile(r"^([+-]?)(\d+)\\frac\{(\d+)\}\{(\d+)\}$")
 _SCI_LATEX_RE = re.compile(r"([\d.]+)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*([+-]?\d+)\s*\}?")
 
 
-def normalize(text: str) -> str:
+def normalize(text: str, strip_variable: bool = True) -> str:
     r"""Canonical string form of an answer: LaTeX noise, units and wrappers removed.
 
     >>> normalize(r"\$1{,}000 \text{ dollars}")
@@ -75,8 +76,12 @@ def normalize(text: str) -> str:
     s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac{1}2
     s = re.sub(r"\\sqrt\s*(\d|[a-zA-Z])", r"\\sqrt{\1}", s)  # \sqrt2
     s = s.replace(r"\%", "%").replace(r"\cdot", "*").replace(r"\times", "*")
-    s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
-    s = re.sub(r"^[a-zA-Z]\s*=\s*(?=\S)", "", s)  # "x = 5" → "5"
+    s = s.replace(r"\varnothing", r"\emptyset").replace(r"\dots", "").replace(r"\ldots", "")
+    s = re.sub(r"\s+", " ", s).strip().rstrip(".,;").strip()
+    s = re.sub(r"(?i)^(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)?\s*", "", s)  # \text{the answer is } 12
+    s = re.sub(r"^\(?[A-E]\)\s+(?=[-\d\\])", "", s)  # AMC style "(C) 12" → "12"
+    if strip_variable:
+        s = re.sub(r"^[a-zA-Z]\s*=\s*(?=\S)", "", s)  # "x = 5" → "5"
     s = _strip_units(s)
     if _THOUSANDS_RE.match(s.replace(" ", "")):
         s = s.replace(",", "").replace(" ", "")
@@ -110,6 +115,15 @@ def parse_number(s: str) -> tuple[Fraction, bool] | None:
     s = s.strip()
     if not s or len(s) > MAX_NUMBER_DIGITS:
         return None
+    m = _REPEATING_RE.fullmatch(s)
+    if m:  # 0.1\overline{6} = 1/6
+        whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
+        sign = -1 if whole.startswith("-") else 1
+        base = Fraction(abs(int(whole.lstrip("+-") or 0))) + (
+            Fraction(int(fixed), 10 ** len(fixed)) if fixed else 0
+        )
+        base += Fraction(int(rep), (10 ** len(rep) - 1) * 10 ** len(fixed))
+        return sign * base, True
     m = _SCI_LATEX_RE.fullmatch(s)
     if m:
         s = f"{m.group(1)}e{m.group(2)}"
@@ -120,6 +134,10 @@ def parse_number(s: str) -> tuple[Fraction, bool] | None:
                 return None
             is_exact = "." not in s and "e" not in s.lower()
             return Fraction(s), is_exact
+        m = _MIXED_RE.match(s)
+        if m and int(m.group(3)) < int(m.group(4)):  # 2\frac{1}{3} is the mixed number 7/3
+            value = int(m.group(2)) + Fraction(int(m.group(3)), int(m.group(4)))
+            return (-value if m.group(1) == "-" else value), True
         m = _FRAC_RE.match(s) or _SLASH_RE.match(s)
         if m:
             groups = m.groups()
@@ -137,7 +155,9 @@ def parse_number(s: str) -> tuple[Fraction, bool] | None:
 def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
     if a[1] and b[1]:
         return a[0] == b[0]
-    return a[0] == b[0] or math.isclose(float(a[0]), float(b[0]), rel_tol=REL_TOL, abs_tol=1e-12)
+    # Exact Fraction arithmetic: float() overflows past 1e308 and the inputs may be huge.
+    diff = abs(a[0] - b[0])
+    return diff <= Fraction(REL_TOL) * max(abs(a[0]), abs(b[0]))
 
 
 def _split_top_level(s: str) -> list[str]:
@@ -181,10 +201,17 @@ def is_equiv(pred: str | None, label: object, *, symbolic: bool = True) -> bool:
         return False
     if a == b:
         return True
+    ea, eb = normalize(pred, strip_variable=False), normalize(str(label), strip_variable=False)
+    if _is_equation(ea) and _is_equation(eb):
+        return _equations_equiv(ea, eb) if symbolic else False
+    a, b = _expand_pm(a), _expand_pm(b)
+    if _looks_like_interval(a) or _looks_like_interval(b):
+        return _intervals_equiv(a, b, symbolic)
     # Tuples, lists and sets: compare element-wise (sets and bare lists also unordered).
     (ka, ia), (kb, ib) = _strip_brackets(a), _strip_brackets(b)
     pa, pb = _split_top_level(ia), _split_top_level(ib)
     if len(pa) > 1 or len(pb) > 1:
+        pa, pb = [_strip_var(x) for x in pa], [_strip_var(y) for y in pb]
         if len(pa) != len(pb) or (ka and kb and ka != kb):
             return False
         if all(_atom_equiv(x, y, symbolic) for x, y in zip(pa, pb)):
@@ -199,6 +226,77 @@ def is_equiv(pred: str | None, label: object, *, symbolic: bool = True) -> bool:
             return True
         return False
     return _atom_equiv(a, b, symbolic)
+
+
+def _strip_var(s: str) -> str:
+    return re.sub(r"^[a-zA-Z]=(?=\S)", "", s)
+
+
+def _expand_pm(s: str) -> str:
+    r"""``1\pm\sqrt{2}`` → ``1+\sqrt{2},1-\sqrt{2}`` (one top-level ``\pm`` only)."""
+    if s.count(r"\pm") != 1 or "," in s:
+        return s
+    head, tail = s.split(r"\pm")
+    return f"{head}+{tail},{head}-{tail}" if head else f"{tail},-{tail}"
+
+
+_INTERVAL_RE = re.compile(r"^([(\[])([^,()\[\]]+(?:\([^()]*\))?[^,()\[\]]*),([^,\[\]]+?)([)\]])$")
+
+
+def _looks_like_interval(s: str) -> bool:
+    return r"\cup" in s or (s[:1] + s[-1:] in ("(]", "[)") and _INTERVAL_RE.match(s) is not None)
+
+
+def _intervals_equiv(a: str, b: str, symbolic: bool) -> bool:
+    """Unions of intervals: same pieces (in any order), same bracket kinds, equal end points."""
+    pa, pb = a.split(r"\cup"), b.split(r"\cup")
+    if len(pa) != len(pb):
+        return False
+    parsed_a = [_INTERVAL_RE.match(p) for p in pa]
+    parsed_b = [_INTERVAL_RE.match(p) for p in pb]
+    if not all(parsed_a) or not all(parsed_b):
+        return False
+
+    def same(x: re.Match, y: re.Match) -> bool:
+        return (
+            x.group(1) == y.group(1)
+            and x.group(4) == y.group(4)
+            and _atom_equiv(x.group(2), y.group(2), symbolic)
+            and _atom_equiv(x.group(3), y.group(3), symbolic)
+        )
+
+    remaining = list(parsed_b)
+    for x in parsed_a:
+        match = next((y for y in remaining if same(x, y)), None)
+        if match is None:
+            return False
+        remaining.remove(match)
+    return True
+
+
+def _is_equation(s: str) -> bool:
+    return s.count("=") == 1 and "," not in s and not re.search(r"[<>]|\\[lg]eq?", s)
+
+
+def _equations_equiv(a: str, b: str) -> bool:
+    """``x^2-1=0`` ~ ``x^2=1`` ~ ``1=x^2``: (lhs - rhs) agree up to a non-zero constant factor."""
+    from relax_rewards._sympy_parse import safe_sympify
+
+    sides = [safe_sympify(side) for eq in (a, b) for side in eq.split("=")]
+    if any(x is None for x in sides) or not all(
+        sides[i].free_symbols or sides[i + 1].free_symbols for i in (0, 2)
+    ):
+        return False
+    import sympy
+
+    try:
+        da, db = sympy.expand(sides[0] - sides[1]), sympy.expand(sides[2] - sides[3])
+        if da == 0 or db == 0:
+            return False
+        ratio = sympy.simplify(da / db)
+        return bool(ratio.is_number and ratio != 0)
+    except Exception:
+        return False
 
 
 def _atom_equiv(a: str, b: str, symbolic: bool) -> bool:

@@ -39,7 +39,16 @@ REWARDS: dict[str, Callable] = {}
 """Name → reward function. Filled by ``@register`` as reward modules are imported."""
 
 # Modules whose import registers the built-in rewards; imported on the first lookup.
-_BUILTIN_MODULES: tuple[str, ...] = ("relax_rewards.math",)
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "relax_rewards.math",
+    "relax_rewards.choice",
+    "relax_rewards.f1",
+    "relax_rewards.format",
+    "relax_rewards.ifeval",
+    "relax_rewards.code",
+    "relax_rewards.remote",
+    "relax_rewards.genrm",
+)
 _builtins_loaded = False
 
 

@@ -11,8 +11,13 @@ are joined at interpreter exit, so one reward stuck in an infinite loop would ha
 shutdown. We start one daemon thread per call (cheap next to any real reward), keep at most
 ``max_concurrency`` running, and on a timeout we simply stop waiting for it.
 
-Process isolation (a reward that segfaults, leaks memory, or must be killed) is the next step; it
-plugs in by overriding :meth:`Scorer._submit`, which returns a ``concurrent.futures.Future``.
+Process isolation (``isolation="process"``): for CPU-heavy or untrusted rewards, calls run in pooled
+worker processes (:mod:`relax_rewards.isolation`). A timed-out call's worker is killed at the
+deadline, and a worker that dies mid-call (``os._exit``, a signal, a segfault) yields the fallback
+with a ``crashed`` failure; the rest of the batch carries on either way.
+
+Group rewards: ``group_reward=`` names a hook from :mod:`relax_rewards.group` that sees the n
+responses of one prompt together (``score_groups``), e.g. majority voting.
 """
 
 from __future__ import annotations
@@ -27,7 +32,20 @@ from typing import Any
 from relax_rewards.registry import get_reward, resolve_reward_type
 from relax_rewards.types import RewardResult, as_result, is_async_reward
 
-__all__ = ["Scorer"]
+__all__ = ["Scorer", "call_reward"]
+
+ISOLATIONS = ("thread", "process")
+
+
+def call_reward(fn: Callable | str, response: str, label: Any, metadata: dict | None) -> Any:
+    """Call a reward (a callable or a registered name), running it to completion if it is async."""
+    if isinstance(fn, str):
+        fn = get_reward(fn)
+    if is_async_reward(fn):
+        import asyncio
+
+        return asyncio.run(fn(response, label, metadata))
+    return fn(response, label, metadata)
 
 
 class Scorer:
@@ -38,6 +56,11 @@ class Scorer:
         timeout_s: seconds one call may run before it is abandoned and scored ``fallback_score``.
         max_concurrency: calls running at once.
         fallback_score: score given to a call that raised, timed out or returned garbage.
+        isolation: ``"thread"`` (default, cheapest) or ``"process"`` (killable worker processes,
+            for CPU-heavy or untrusted rewards; the reward and its inputs must be picklable).
+        memory_limit_mb: with ``isolation="process"``, each worker's address-space limit.
+        group_reward: optional group hook (name in :data:`relax_rewards.group.GROUP_REWARDS` or a
+            callable) applied by :meth:`score_groups`.
 
     >>> scorer = Scorer("math", timeout_s=5.0)
     >>> [r.score for r in scorer.score_batch([r"\\boxed{2}", "no idea"], ["2", "3"])]
@@ -52,6 +75,10 @@ class Scorer:
         timeout_s: float = 10.0,
         max_concurrency: int = 8,
         fallback_score: float = 0.0,
+        *,
+        isolation: str = "thread",
+        memory_limit_mb: int | None = None,
+        group_reward: str | Callable | None = None,
     ):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
@@ -62,8 +89,22 @@ class Scorer:
         self.timeout_s = float(timeout_s)
         self.max_concurrency = int(max_concurrency)
         self.fallback_score = float(fallback_score)
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS} (got {isolation!r})")
+        self.isolation = isolation
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._pool = None
+        if isolation == "process":
+            from relax_rewards.isolation import ProcessPool
+
+            self._pool = ProcessPool(memory_limit_mb=memory_limit_mb)
+            self._pool.prestart(self.max_concurrency)
+        self.group_reward = None
+        if group_reward is not None:
+            from relax_rewards.group import get_group_reward
+
+            self.group_reward = get_group_reward(group_reward)
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -112,6 +153,7 @@ class Scorer:
             for fut, (i, start) in list(running.items()):
                 if now - start >= self.timeout_s and not fut.done():
                     del running[fut]  # abandon: the daemon thread finishes (or not) on its own
+                    self._abandon(fut)
                     results[i] = self._failed("timeout", f"timeout after {self.timeout_s:g} s")
         with self._lock:
             self._counts["scored"] += n
@@ -128,27 +170,74 @@ class Scorer:
 
         return await asyncio.to_thread(self.score_batch, responses, labels, metadatas)
 
+    def score_groups(
+        self,
+        responses: Sequence[str],
+        labels: Sequence[Any],
+        metadatas: Sequence[dict | None] | None = None,
+        group_size: int = 1,
+    ) -> list[RewardResult]:
+        """Score per sample, then let ``group_reward`` rescore each run of ``group_size`` samples
+        (the n responses of one prompt, consecutive). Without a group hook this is score_batch."""
+        results = self.score_batch(responses, labels, metadatas)
+        if self.group_reward is None or group_size <= 1:
+            return results
+        if len(results) % group_size:
+            raise ValueError(f"batch of {len(results)} is not a whole number of groups of {group_size}")
+        metas = list(metadatas) if metadatas is not None else [None] * len(results)
+        out: list[RewardResult] = []
+        for start in range(0, len(results), group_size):
+            sl = slice(start, start + group_size)
+            try:
+                rescored = [
+                    as_result(r)
+                    for r in self.group_reward(list(responses[sl]), list(labels[sl]), metas[sl], results[sl])
+                ]
+                if len(rescored) != group_size:
+                    raise ValueError(f"group reward returned {len(rescored)} results for {group_size}")
+            except Exception as exc:  # noqa: BLE001 - keep the per-sample scores
+                self._failed(f"group_raised:{type(exc).__name__}", str(exc))
+                rescored = list(results[sl])
+            out.extend(rescored)
+        return out
+
+    def close(self) -> None:
+        """Stop worker processes (``isolation="process"``); a no-op for threads."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
     def stats(self) -> dict[str, int]:
         """Counts since creation: ``scored`` (samples) and ``failed``, plus one key per failure
-        reason (``timeout``, ``raised:ValueError``, ``bad_return``, ``unknown_reward``)."""
+        reason (``timeout``, ``raised:ValueError``, ``bad_return``, ``unknown_reward``, ``crashed``)."""
         with self._lock:
             return dict(self._counts)
 
     # -- extension points ------------------------------------------------------------------------
 
     def _submit(self, fn: Callable, response: str, label: Any, metadata: dict | None) -> Future:
-        """Start one reward call and return its future. Override for process isolation."""
+        """Start one reward call and return its future (a daemon thread, or a pooled process)."""
+        if self._pool is not None:
+            # Send registered rewards by name: cheaper to pickle, and works for any registered fn.
+            name = self.reward if fn is self.default_fn and isinstance(self.reward, str) else None
+            return self._pool.submit(name or fn, response, label, metadata)
         future: Future = Future()
         future.set_running_or_notify_cancel()
 
         def target() -> None:
             try:
-                if is_async_reward(fn):
-                    import asyncio
-
-                    value = asyncio.run(fn(response, label, metadata))
-                else:
-                    value = fn(response, label, metadata)
+                value = call_reward(fn, response, label, metadata)
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 future.set_exception(exc)
             else:
@@ -156,6 +245,11 @@ class Scorer:
 
         threading.Thread(target=target, name="relax-reward", daemon=True).start()
         return future
+
+    def _abandon(self, future: Future) -> None:
+        """A call ran past its time-out: kill its worker process (threads cannot be stopped)."""
+        if self._pool is not None:
+            self._pool.abandon(future)
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -171,6 +265,12 @@ class Scorer:
     def _collect(self, fut: Future) -> RewardResult:
         exc = fut.exception()
         if exc is not None:
+            from relax_rewards.isolation import RewardProcessDied, RewardRaised
+
+            if isinstance(exc, RewardProcessDied):
+                return self._failed("crashed", str(exc))
+            if isinstance(exc, RewardRaised):
+                return self._failed(f"raised:{exc.type_name}", f"raised {exc.type_name}: {exc}")
             return self._failed(f"raised:{type(exc).__name__}", f"raised {type(exc).__name__}: {exc}")
         try:
             return as_result(fut.result())

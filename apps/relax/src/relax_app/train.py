@@ -19,7 +19,7 @@ def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
 
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"), seed=cfg.train.seed)
     info = {"warm_start_accuracy": assets.sft_accuracy, "warm_start_cached": assets.cached,
-            "model": assets.sft_model_dir, "train_data": str(assets.train_path), "eval_data": str(assets.eval_path)}
+            "model": str(assets.sft_model_dir), "train_data": str(assets.train_path), "eval_data": str(assets.eval_path)}
     return RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path)), info
 
 

@@ -85,7 +85,13 @@ def _latest_checkpoint(path: str) -> str:
 
 class Controller:
     def __init__(self, cfg: RelaxConfig, inputs: RunInputs) -> None:
-        self.cfg, self.inputs = cfg, inputs
+        # absolute paths: Ray workers do not share our working directory
+        absolute = {k: os.path.abspath(v) if isinstance(v, str) else v for k, v in vars(inputs).items()}
+        run = cfg.run.model_copy(update={"output_dir": os.path.abspath(cfg.run.output_dir)})
+        train = cfg.train.model_copy(update={k: os.path.abspath(v) for k in ("save", "load")
+                                             if isinstance(v := getattr(cfg.train, k), str)})
+        self.cfg = cfg.model_copy(update={"run": run, "train": train})
+        self.inputs = RunInputs(**absolute)
 
     def run(self) -> RunResult:
         return self._run_colocate() if self.cfg.run.mode == "colocate" else self._run_fully_async()
@@ -136,6 +142,9 @@ class Controller:
 
     # -- fully async ---------------------------------------------------------------------------
     def _run_fully_async(self) -> RunResult:
+        # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
+        # worker; ours is already complete. Must be set before Ray is imported.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         import ray
         from relax_bus.ray_backend import RayBus
 
@@ -143,8 +152,6 @@ class Controller:
 
         cfg, inp = self.cfg, self.inputs
         t_start = time.perf_counter()
-        # Under `uv run`, Ray would rebuild the environment for every worker; ours is already complete.
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         started_ray = not ray.is_initialized()
         if started_ray:
             ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,

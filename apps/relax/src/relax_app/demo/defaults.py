@@ -1,15 +1,15 @@
 """Run settings of the CPU demo (`relax train` with no config); any flag still overrides them."""
 
 DEMO_DEFAULTS: dict[str, object] = {
-    "rollout_batch_size": 16,
+    "rollout_batch_size": 32,
     "n_samples_per_prompt": 8,
     "rollout_max_response_len": 6,
     "rollout_temperature": 1.0,
-    "num_rollout": 40,
+    "num_rollout": 100,
     "micro_batch_size": 64,
     "lr": 2e-4,
     "eps_clip": 0.2,
     "eps_clip_high": 0.28,
-    "eval_interval": 5,
+    "eval_interval": 10,
     "output_dir": "runs/demo",
 }

@@ -80,6 +80,9 @@ class RolloutWorker:
 
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
+        return self._finish(self._generate(step))
+
+    def _generate(self, step: int) -> dict[str, Any]:
         r = self.cfg.rollout
         rows = self.prompts.next_batch()
         n = r.n_samples_per_prompt
@@ -94,12 +97,20 @@ class RolloutWorker:
                                 seed=self.cfg.train.seed * 1_000_003 + step)
         t0 = time.perf_counter()
         outs = self.engine.generate(prompts, params)
+        gen_s = time.perf_counter() - t0
+        self.stats["generate_s"] += gen_s
+        return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s}
+
+    def _finish(self, pending: dict[str, Any]) -> dict[str, float]:
+        """Score a generated batch and put it on the bus."""
+        step, rows, prompts, outs = pending["step"], pending["rows"], pending["prompts"], pending["outs"]
+        n = self.cfg.rollout.n_samples_per_prompt
         t1 = time.perf_counter()
         texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
         labels = [row.label for row in rows for _ in range(n)]
         metas = [row.metadata for row in rows for _ in range(n)]
         results = self.scorer.score_batch(texts, labels, metas)
-        t2 = time.perf_counter()
+        reward_s = time.perf_counter() - t1
         samples = []
         for i, (o, res) in enumerate(zip(outs, results)):
             row = rows[i // n]
@@ -121,20 +132,40 @@ class RolloutWorker:
             })
         self.bus.put(samples, partition=f"step{step}")
         self.stats["samples"] += len(samples)
-        self.stats["generate_s"] += t1 - t0
-        self.stats["reward_s"] += t2 - t1
-        return {"generate_s": t1 - t0, "reward_s": t2 - t1}
+        self.stats["reward_s"] += reward_s
+        return {"generate_s": pending["generate_s"], "reward_s": reward_s}
 
     def run(self, start_step: int = 0) -> dict[str, float]:
-        """Fully-async loop: admission by staleness, wait for fresh-enough weights, produce; until closed."""
+        """Fully-async loop until the bus closes: admission by staleness, wait for fresh-enough
+        weights, generate; scoring and the bus write of batch k run in a background thread while batch
+        k+1 generates, so a slow (remote) reward overlaps generation instead of idling the engine. The
+        staleness bound is unaffected: each batch is admitted, and tagged with its version, before it
+        is generated."""
+        import queue
+
         from relax_bus import BusClosed
 
         s = self.cfg.run.max_staleness
         wait_policy = self.cfg.run.staleness_policy == "wait"
+        handoff: queue.Queue = queue.Queue(maxsize=1)
+        failure: list[BaseException] = []
+
+        def finisher() -> None:
+            while (pending := handoff.get()) is not None:
+                try:
+                    self._finish(pending)
+                except BusClosed:
+                    return
+                except BaseException as exc:  # surfaced by the generating loop
+                    failure.append(exc)
+                    return
+
+        thread = threading.Thread(target=finisher, name="rollout-finisher", daemon=True)
+        thread.start()
         step = start_step
-        while True:
-            t0 = time.perf_counter()
-            try:
+        try:
+            while not failure:
+                t0 = time.perf_counter()
                 self.bus.admit(step)
                 need = max(0, step - s) if wait_policy else 0
                 with self._cond:
@@ -143,10 +174,24 @@ class RolloutWorker:
                             self._receiver.check()
                         self._cond.wait(0.5)
                 self.stats["wait_s"] += time.perf_counter() - t0
-                self.produce(step)
-            except BusClosed:
-                return self.get_stats()
-            step += 1
+                pending = self._generate(step)
+                while thread.is_alive():
+                    try:
+                        handoff.put(pending, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                step += 1
+        except BusClosed:
+            pass
+        finally:
+            try:
+                handoff.put_nowait(None)
+            except queue.Full:
+                pass
+        if failure:
+            raise failure[0]
+        return self.get_stats()
 
     def get_stats(self) -> dict[str, Any]:
         return {**self.stats, "skipped_rows": len(self.skipped_rows), **self.scorer.stats()}

@@ -219,8 +219,9 @@ class Controller:
                      "rollout_weights": ray.get(rollout.get_weight_log.remote()),
                      "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers}}
             bus_stats = bus.stats()
-            ray.get([actor.close.remote(), rollout.close.remote()]
-                    + [a.close.remote() for n, a in loops.items() if n != "advantages"])
+            # the sender first: receivers still listening acknowledge its shutdown, then they close
+            ray.get(actor.close.remote())
+            ray.get([rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"])
             return RunResult(history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
                              "fully_async", cfg.run.max_staleness, stats, bus_stats, audit)
         finally:

@@ -2,6 +2,7 @@
 (pytest's importlib mode gives test modules names a child process cannot import)."""
 
 import torch
+
 from relax_core.dcs import WeightReceiver, checksum
 
 VERSIONS = [1, 2, 5]

@@ -1,6 +1,7 @@
 """build_config: YAML (nested or flat) < command line, and every error names the flag to fix."""
 
 import pytest
+
 from relax_core.cli_config import ConfigError, build_config, flag_index, help_text, parse_overrides
 from relax_core.config import RelaxConfig
 

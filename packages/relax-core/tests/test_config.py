@@ -2,6 +2,7 @@
 
 import pytest
 from pydantic import ValidationError
+
 from relax_core.config import RelaxConfig
 
 

@@ -1,6 +1,7 @@
 """Prompt loading (jsonl / parquet, bad rows skipped and named) and the resumable PromptIterator."""
 
 import pytest
+
 from relax_core.data import PromptIterator, PromptRow, load_prompts
 
 

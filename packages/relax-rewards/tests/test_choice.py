@@ -1,6 +1,7 @@
 """``multiple_choice`` / ``gpqa``: letters written many ways, and the option-text fallback."""
 
 import pytest
+
 from relax_rewards.choice import extract_choice, gpqa_reward, multiple_choice_reward
 
 LETTERS = [

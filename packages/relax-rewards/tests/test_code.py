@@ -4,6 +4,7 @@ import socket
 import time
 
 import pytest
+
 from relax_rewards.code import code_reward, extract_code, parse_tests
 from relax_rewards.sandbox import network_namespace_available, run_python
 

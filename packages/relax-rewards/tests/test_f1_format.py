@@ -1,6 +1,7 @@
 """``f1``, the format helpers and ``openr1mm``."""
 
 import pytest
+
 from relax_rewards.f1 import f1_reward, normalize_answer, token_f1
 from relax_rewards.format import (
     extract_tag,

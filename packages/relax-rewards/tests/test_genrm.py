@@ -1,6 +1,7 @@
 """``genrm`` against real OpenAI-style and SGLang-style HTTP servers on 127.0.0.1."""
 
 import pytest
+
 from relax_rewards import Scorer, get_reward
 from relax_rewards.genrm import GenRM
 

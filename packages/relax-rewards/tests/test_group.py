@@ -1,6 +1,7 @@
 """The group reward hook: ``Scorer(group_reward=...)`` and ``score_groups``."""
 
 import pytest
+
 from relax_rewards import RewardResult, Scorer
 from relax_rewards.group import GROUP_REWARDS, get_group_reward, register_group
 

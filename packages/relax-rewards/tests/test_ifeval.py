@@ -1,6 +1,7 @@
 """``ifeval``: every constraint kind, satisfied and violated, plus IFEval ids and scoring."""
 
 import pytest
+
 from relax_rewards.ifeval import CONSTRAINTS, check_constraint, ifeval_reward
 
 KINDS = [  # (spec, passing response, failing response)

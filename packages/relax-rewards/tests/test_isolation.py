@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+
 from relax_rewards import Scorer
 
 # Fixed allowance on top of limit * 1.10: waking the scorer's wait() and SIGKILL-ing the worker.

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+
 from relax_rewards.math import (
     dapo_reward,
     deepscaler_reward,

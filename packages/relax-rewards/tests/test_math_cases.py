@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from math_cases import CASES, MATH_VERIFY_WRONG  # noqa: E402
+
 from relax_rewards.math import math_reward  # noqa: E402
 
 

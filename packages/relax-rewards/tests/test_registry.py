@@ -5,6 +5,7 @@ import types
 from importlib.metadata import EntryPoint
 
 import pytest
+
 import relax_rewards.registry as registry
 from relax_rewards import REWARDS, get_reward, list_rewards, register, resolve_reward_type
 from relax_rewards.math import dapo_reward, deepscaler_reward, math_reward

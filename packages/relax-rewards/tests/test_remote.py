@@ -3,6 +3,7 @@
 import socket
 
 import pytest
+
 from relax_rewards import Scorer, get_reward
 from relax_rewards._http import HTTPRewardError
 from relax_rewards.remote import RemoteReward

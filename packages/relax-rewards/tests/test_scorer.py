@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+
 from relax_rewards import REWARDS, RewardResult, Scorer, register
 
 

@@ -5,6 +5,7 @@ import functools
 import math
 
 import pytest
+
 from relax_rewards.types import RewardResult, as_result, is_async_reward
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from relax_app.demo.task import make_arithmetic_task, read_jsonl
 from relax_app.demo.tokenizer import train_tokenizer
 

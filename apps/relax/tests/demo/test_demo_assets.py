@@ -1,7 +1,8 @@
 import json
 
-from relax_app.demo import DemoSettings, prepare_demo
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax_app.demo import DemoSettings, prepare_demo
 
 TINY = dict(
     max_operand=9,

@@ -1,6 +1,7 @@
 import torch
-from relax_app.demo.model import build_tiny_qwen3, count_parameters
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax_app.demo.model import build_tiny_qwen3, count_parameters
 
 
 def test_default_model_is_small_qwen3(tokenizer):

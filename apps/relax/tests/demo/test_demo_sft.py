@@ -1,10 +1,11 @@
 import json
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from relax_app.demo.evaluate import answer_text, sampled_accuracy
 from relax_app.demo.model import build_tiny_qwen3
 from relax_app.demo.sft import encode_examples, greedy_accuracy, sft_warm_start, train_sft
 from relax_app.demo.task import read_jsonl
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def test_loss_mask_covers_answer_and_eos_only(tokenizer):

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from relax_app.demo.task import make_arithmetic_task, read_jsonl, split_pairs
 
 

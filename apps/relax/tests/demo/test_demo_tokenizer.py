@@ -1,5 +1,6 @@
-from relax_app.demo.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 from transformers import AutoTokenizer
+
+from relax_app.demo.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 
 
 def test_round_trip_and_single_digit_tokens(tokenizer):

@@ -146,8 +146,8 @@ class Controller:
         # worker; ours is already complete. Must be set before Ray is imported.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         import ray
-        from relax_bus.ray_backend import RayBus
 
+        from relax_bus.ray_backend import RayBus
         from relax_core.dcs import free_port
 
         cfg, inp = self.cfg, self.inputs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from relax_core.config import RelaxConfig
 from relax_core.data import load_prompts
-
 from relax_rollout.engines import SamplingParams
 from relax_rollout.engines.torch_engine import TorchEngine
 from relax_rollout.rewards import build_scorer

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import numpy as np
+
 from relax_core.config import RelaxConfig
 from relax_core.data import PromptIterator, load_prompts
-
 from relax_rollout.engines import SamplingParams, build_engine
 from relax_rollout.rewards import build_scorer
 

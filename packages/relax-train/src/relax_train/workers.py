@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from relax_core.config import RelaxConfig
 
+from relax_core.config import RelaxConfig
 from relax_train.algorithms import compute_advantages
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from relax_train.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from relax_core.config import RelaxConfig
 
+from relax_core.config import RelaxConfig
 from relax_train.algorithms.losses import entropy_from_logits, kl_k3, ppo_clip_loss
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from relax_bus import BusConfig, ConsumerSpec, DataBus
 
 

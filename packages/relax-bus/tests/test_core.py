@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+
 from relax_bus import (
     BusClosed,
     BusConfig,

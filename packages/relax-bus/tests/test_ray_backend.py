@@ -4,6 +4,7 @@ import sys
 import time
 
 import pytest
+
 from relax_bus import BusConfig, BusTimeout, ConsumerSpec, RayBus
 
 

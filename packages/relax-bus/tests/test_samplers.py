@@ -1,4 +1,5 @@
 import pytest
+
 from relax_bus import SAMPLERS, BusError, SampleRef, register_sampler
 from relax_bus.samplers import complete_groups, group, in_order
 

@@ -2,41 +2,7 @@
 
 import pytest
 
-PAD, EOS = "<|endoftext|>", "<|im_end|>"
-# 64 tokens: the two specials, digits, '+', '=', and letters as filler so every model id decodes
-VOCAB = [PAD, EOS, *"0123456789+=", *"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWX"]
-
-
-def build_tiny_checkpoint(path) -> str:
-    """Write a ~40k-parameter Qwen3 model and a matching tokenizer to ``path``; returns the path."""
-    import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=PAD))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
-    hf_tok.save_pretrained(path)
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=len(VOCAB),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-    )
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
+from relax_core.testing import build_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

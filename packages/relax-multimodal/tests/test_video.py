@@ -1,0 +1,106 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mm_media import ffmpeg_or_skip, write_tone, write_video
+
+from relax_multimodal import MediaError, process_video, sample_indices
+from relax_multimodal.specs import MODELS
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    ffmpeg_or_skip()
+    return write_video(tmp_path_factory.mktemp("v") / "clip.mp4", n_frames=40, fps=10.0, size=(64, 48))
+
+
+def test_sampling_at_target_fps(video):
+    v = process_video(video, "qwen2_5_vl", fps=2.0)
+    assert v.video_fps == pytest.approx(10.0)
+    assert len(v.indices) == 8  # 4 s at 2 fps
+    assert v.indices == sample_indices(40, 10.0, fps=2.0)
+    assert v.timestamps == pytest.approx([i / 10.0 for i in v.indices])
+    assert v.frames.shape[0] == 8 and v.frames.dtype == np.uint8
+    h, w = v.frames.shape[1:3]
+    assert h % 28 == 0 and w % 28 == 0
+    assert v.grid_thw == (4, h // 14, w // 14)
+    assert v.num_tokens == 4 * (h // 14) * (w // 14) // 4
+    assert v.sample_fps == pytest.approx(2.0)
+    assert v.second_per_grid_t == pytest.approx(1.0)
+
+
+def test_min_max_frames_nframes_and_clip(video):
+    assert len(process_video(video, fps=0.1).indices) == 4  # min_frames
+    assert len(process_video(video, fps=10.0, max_frames=6).indices) == 6
+    assert len(process_video(video, nframes=7).indices) == 8  # rounded to the frame factor
+    assert len(process_video(video, nframes=5).indices) == 4  # round half to even, as qwen-vl-utils
+    clip = process_video(video, fps=2.0, video_start=1.0, video_end=3.0)
+    assert clip.indices[0] >= 10 and clip.indices[-1] <= 30
+    assert clip.timestamps[0] >= 1.0 and clip.timestamps[-1] <= 3.0
+    with pytest.raises(MediaError, match="too_short"):
+        process_video(video, video_start=3.0, video_end=1.0)
+
+
+def test_pixel_budgets(video):
+    spec = MODELS["qwen2_5_vl"]
+    small = process_video(video, fps=2.0, min_pixels=4 * 28 * 28, max_pixels=4 * 28 * 28)
+    assert small.frames.shape[1] * small.frames.shape[2] <= 4 * 28 * 28
+    total = process_video(video, fps=2.0, min_pixels=28 * 28, total_pixels=8 * 28 * 28 * 2)
+    # the total budget spread over 8 frames, times the frame factor 2: ≤ 4 merged patches per frame
+    assert total.frames.shape[1] * total.frames.shape[2] <= 8 * 28 * 28 * 2 / 8 * 2
+    q3 = process_video(video, "qwen3_vl", fps=2.0)
+    assert q3.frames.shape[1] % 32 == 0 and q3.grid_thw[1] == q3.frames.shape[1] // 16
+    assert spec.factor == 28
+
+
+def test_bytes_input_and_grid_timestamps(video):
+    v = process_video(Path(video).read_bytes(), fps=2.0)
+    assert len(v.indices) == 8
+    assert v.grid_timestamps() == pytest.approx(
+        [(a + b) / 2 for a, b in zip(v.timestamps[::2], v.timestamps[1::2])]
+    )
+
+
+def test_use_audio_in_video(tmp_path):
+    ffmpeg_or_skip()
+    p = write_video(tmp_path / "av.mp4", n_frames=20, fps=10.0, audio_hz=440.0)
+    v = process_video(p, "qwen2_5_omni", fps=2.0, use_audio_in_video=True)
+    assert v.audio is not None and v.audio.rate == 16000
+    assert v.audio.seconds == pytest.approx(2.0, abs=0.1)
+    assert v.audio.num_tokens == MODELS["qwen2_5_omni"].audio_tokens(v.audio.frames)
+    silent = write_video(tmp_path / "silent.mp4", n_frames=20)
+    with pytest.raises(MediaError, match="empty"):
+        process_video(silent, "qwen2_5_omni", use_audio_in_video=True)
+
+
+def test_bad_videos(tmp_path, video):
+    with pytest.raises(MediaError, match="missing"):
+        process_video(str(tmp_path / "none.mp4"))
+    data = Path(video).read_bytes()
+    trunc = tmp_path / "trunc.mp4"
+    trunc.write_bytes(data[: len(data) // 3])
+    with pytest.raises(MediaError, match="no_frames") as e:
+        process_video(str(trunc))
+    assert "trunc.mp4" in str(e.value)
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 500)
+    with pytest.raises(MediaError, match="no_frames"):
+        process_video(str(junk))
+    audio_only = write_tone(tmp_path / "tone.wav", seconds=0.5)
+    with pytest.raises(MediaError, match="no_frames"):
+        process_video(audio_only)
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    with pytest.raises(MediaError, match="empty"):
+        process_video(str(empty))
+    one = write_video(tmp_path / "one.mp4", n_frames=1)
+    with pytest.raises(MediaError, match="too_short"):
+        process_video(one)
+
+
+def test_audio_track_without_ffmpeg_says_what_to_install(tmp_path, monkeypatch):
+    ffmpeg_or_skip()
+    p = write_video(tmp_path / "av.mp4", n_frames=20, fps=10.0, audio_hz=440.0)
+    monkeypatch.setattr("relax_multimodal.audio.ffmpeg_exe", lambda: None)
+    with pytest.raises(MediaError, match=r"no_decoder.*pip install imageio-ffmpeg"):
+        process_video(p, "qwen2_5_omni", use_audio_in_video=True)

@@ -83,3 +83,109 @@ def test_unknown_estimator_lists_available():
     assert "'reinforce++'" in str(exc.value)
     for name in ADVANTAGE_ESTIMATORS:
         assert name in str(exc.value)
+
+
+# --- estimators TRL's GRPOTrainer lacks: float64 references written from each paper's formula ----------
+
+
+def _batch(seed, n_groups=4, size=5):
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=n_groups * size)
+    gids = [f"g{i % n_groups}" for i in range(n_groups * size)]  # interleaved groups
+    lens = rng.integers(0, 7, size=n_groups * size).tolist()
+    return rewards, gids, lens
+
+
+def _members(gids):
+    out = {}
+    for i, g in enumerate(gids):
+        out.setdefault(g, []).append(i)
+    return out
+
+
+def reference_rloo(rewards, gids):
+    """Ahmadian et al. 2024: A_i = r_i - (1/(n-1)) Σ_{j≠i} r_j."""
+    out = [0.0] * len(rewards)
+    for idx in _members(gids).values():
+        for i in idx:
+            others = [float(rewards[j]) for j in idx if j != i]
+            out[i] = float(rewards[i]) - sum(others) / len(others) if others else 0.0
+    return out
+
+
+def reference_token_whiten(values, lens):
+    """REINFORCE++ (Hu 2025) global whitening, over every token of the batch (OpenRLHF)."""
+    toks = [float(v) for v, n in zip(values, lens) for _ in range(n)]
+    mean = sum(toks) / len(toks)
+    var = sum((t - mean) ** 2 for t in toks) / len(toks)
+    return [(float(v) - mean) / max(var, 1e-8) ** 0.5 for v in values]
+
+
+def reference_group_centre(rewards, gids):
+    out = [0.0] * len(rewards)
+    for idx in _members(gids).values():
+        mean = sum(float(rewards[i]) for i in idx) / len(idx)
+        for i in idx:
+            out[i] = float(rewards[i]) - mean
+    return out
+
+
+def _scalars(name, rewards, gids, lens, normalize=True):
+    out = compute_advantages(name, gids, rewards, lens, normalize_std=normalize)
+    for a, n in zip(out, lens):
+        assert a.dtype == np.float32 and a.shape == (n,) and np.all(a == a[0] if n else True)
+    # zero-length responses carry no tokens; recover their scalar through a length-1 query
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rloo_dr_grpo_rpp_match_references(seed):
+    rewards, gids, lens = _batch(seed)
+    ones = [1] * len(rewards)
+    cases = {
+        "rloo": (ones, reference_rloo(rewards, gids)),
+        "dr_grpo": (ones, reference_group_centre(rewards, gids)),
+        "reinforce_plus_plus": (lens, reference_token_whiten(rewards, lens)),
+        "reinforce_plus_plus_baseline": (
+            lens,
+            reference_token_whiten(reference_group_centre(rewards, gids), lens),
+        ),
+    }
+    for name, (ls, ref) in cases.items():
+        out = _scalars(name, rewards, gids, ls)
+        for a, r in zip(out, ref):
+            if len(a):
+                assert abs(float(a[0]) - r) <= 1e-6, name
+
+
+def test_rpp_whitening_is_global_not_per_group():
+    # two groups with different reward levels: per-group normalisation would erase the gap, REINFORCE++ keeps it
+    out = compute_advantages("reinforce_plus_plus", [0, 0, 1, 1], [1.0, 1.0, 0.0, 0.0], [2, 2, 2, 2])
+    assert [float(a[0]) for a in out] == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-6)
+    base = compute_advantages("reinforce_plus_plus_baseline", [0, 0, 1, 1], [1.0, 1.0, 0.0, 0.0], [2] * 4)
+    assert all(np.all(a == 0.0) for a in base)  # every group constant: no signal after the group baseline
+
+
+def test_rloo_is_scaled_grpo_centring_and_singletons_are_zero():
+    r = np.array([0.3, 1.0, -2.0, 0.5])
+    out = compute_advantages("rloo", [0] * 4, r, [1] * 4)
+    np.testing.assert_allclose([a[0] for a in out], 4 / 3 * (r - r.mean()), atol=1e-6)
+    solo = compute_advantages("rloo", ["a", "b"], [1.0, 2.0], [3, 3])
+    assert all(np.all(a == 0.0) for a in solo)
+
+
+def test_new_estimators_are_registered_and_finite_on_edge_cases():
+    assert {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(
+        ADVANTAGE_ESTIMATORS
+    )
+    for name in ADVANTAGE_ESTIMATORS:
+        for normalize in (True, False):
+            out = compute_advantages(name, [0, 0, 1], [1.0, 1.0, 1.0], [0, 0, 0], normalize_std=normalize)
+            assert [a.shape for a in out] == [(0,), (0,), (0,)]
+            out = compute_advantages(name, [0, 0, 1], [2.0, 2.0, 2.0], [3, 1, 2], normalize_std=normalize)
+            assert all(np.isfinite(a).all() and np.all(a == 0.0) for a in out), name
+
+
+def test_mismatched_lengths_say_what_to_fix():
+    with pytest.raises(ValueError, match="one entry per sample"):
+        compute_advantages("grpo", [0, 0], [1.0, 0.0], [1])

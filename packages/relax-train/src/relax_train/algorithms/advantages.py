@@ -1,8 +1,15 @@
 """Advantage estimators: plain numpy functions in a name → function registry.
 
 They run in the Advantages role, which needs no accelerator, so nothing here imports torch.
-An estimator takes the rewards of one group (the n responses of one prompt) and returns one scalar
-advantage per response; :func:`compute_advantages` broadcasts it over each response's tokens.
+Every estimator sees the whole batch — ``rewards`` (one scalar per response), ``groups`` (index arrays,
+one per prompt) and ``lens`` (response lengths in tokens) — because REINFORCE++ whitens over the global
+batch rather than within a group. It returns one scalar advantage per response;
+:func:`compute_advantages` broadcasts it over that response's tokens.
+
+Why these and not more: they are the outcome-reward estimators the field trains with today (GRPO and its
+unbiased Dr.GRPO form, RLOO, REINFORCE++ with and without a group baseline). Token-level returns with the
+KL folded into the reward (REINFORCE++'s full form) come later; with outcome rewards only, the token-level
+return equals the sequence reward at every token, which is what these produce.
 """
 
 from __future__ import annotations
@@ -11,12 +18,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Estimator = Callable[[np.ndarray, bool], np.ndarray]
+# (rewards [N], groups: index arrays, lens [N], normalize_std) -> advantages [N]
+Estimator = Callable[[np.ndarray, list[np.ndarray], np.ndarray, bool], np.ndarray]
 
 
 def grpo(rewards: np.ndarray, normalize_std: bool = True) -> np.ndarray:
-    """Group-relative advantage: (r - mean) / (std + 1e-6), std unbiased as in TRL; centring only
-    when ``normalize_std`` is False (Dr.GRPO).
+    """Group-relative advantage of one group: (r - mean) / (std + 1e-6), std unbiased as in TRL; centring
+    only when ``normalize_std`` is False.
+
+    Source: Shao et al. 2024, *DeepSeekMath* (arXiv:2402.03300) §4.1.2, outcome supervision
+    Â_i = (r_i - mean(r)) / std(r); the +1e-6 and the unbiased std follow TRL's GRPOTrainer.
 
     >>> grpo(np.array([1.0, 0.0, 0.0, 1.0])).round(3).tolist()
     [0.866, -0.866, -0.866, 0.866]
@@ -28,7 +39,96 @@ def grpo(rewards: np.ndarray, normalize_std: bool = True) -> np.ndarray:
     return centred / (std + 1e-6)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {"grpo": grpo}
+def dr_grpo(rewards: np.ndarray) -> np.ndarray:
+    """Dr.GRPO advantage of one group: r - mean(r), never divided by the std (which biases towards
+    groups whose rewards barely differ).
+
+    Source: Liu et al. 2025, *Understanding R1-Zero-Like Training: A Critical Perspective*
+    (arXiv:2503.20783) §3.1, Eq. 3.
+
+    >>> dr_grpo(np.array([3.0, 0.0, 0.0])).tolist()
+    [2.0, -1.0, -1.0]
+    """
+    return rewards - rewards.mean()
+
+
+def rloo(rewards: np.ndarray) -> np.ndarray:
+    """REINFORCE leave-one-out advantage of one group: r_i - mean_{j≠i} r_j = n/(n-1) · (r_i - mean(r));
+    zero for a group of one (there is no other sample to form a baseline from).
+
+    Source: Ahmadian et al. 2024, *Back to Basics: Revisiting REINFORCE Style Optimization for Learning from
+    Human Feedback in LLMs* (arXiv:2402.14740) §3.2; Kool et al. 2019, *Buy 4 REINFORCE Samples, Get a
+    Baseline for Free!*.
+
+    >>> rloo(np.array([1.0, 0.0, 0.0, 1.0])).round(4).tolist()
+    [0.6667, -0.6667, -0.6667, 0.6667]
+    """
+    n = len(rewards)
+    if n < 2:
+        return np.zeros_like(rewards)
+    return rewards - (rewards.sum() - rewards) / (n - 1)
+
+
+def whiten_over_tokens(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Global batch whitening of per-response values, weighting each response by its token count (each
+    token carries the value), as OpenRLHF whitens REINFORCE++ returns over all action tokens:
+    (x - mean) / sqrt(max(var, 1e-8)), population variance.
+
+    >>> whiten_over_tokens(np.array([1.0, 0.0]), np.array([3, 1])).round(4).tolist()
+    [0.5774, -1.7321]
+    """
+    w = lens.astype(np.float64)
+    total = w.sum()
+    if total == 0:
+        return np.zeros_like(values)
+    mean = (values * w).sum() / total
+    var = (((values - mean) ** 2) * w).sum() / total
+    return (values - mean) / np.sqrt(max(var, 1e-8))
+
+
+def _reinforce_plus_plus(rewards, groups, lens, normalize_std):
+    """REINFORCE++: the return (here the outcome reward at every token) whitened over the global batch.
+
+    Source: Hu 2025, *REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both Prompt and Reward
+    Models* (arXiv:2501.03262) §3, "advantage normalization" A_norm = (A - mean_batch) / std_batch;
+    the token weighting and the 1e-8 floor follow OpenRLHF. ``normalize_std`` False only centres.
+    """
+    if not normalize_std:
+        w = lens.astype(np.float64)
+        return rewards - ((rewards * w).sum() / w.sum() if w.sum() else 0.0)
+    return whiten_over_tokens(rewards, lens)
+
+
+def _reinforce_plus_plus_baseline(rewards, groups, lens, normalize_std):
+    """REINFORCE++-baseline: subtract each group's mean reward, then whiten over the global batch.
+
+    Source: Hu 2025 (arXiv:2501.03262, v3+) §3, "REINFORCE++-Baseline" for reasoning tasks; as in
+    OpenRLHF's ``reinforce_baseline``. ``normalize_std`` False skips the global whitening.
+    """
+    centred = rewards.copy()
+    for idx in groups:
+        centred[idx] = dr_grpo(rewards[idx])
+    return whiten_over_tokens(centred, lens) if normalize_std else centred
+
+
+def _per_group(fn: Callable[..., np.ndarray], pass_std: bool) -> Estimator:
+    def estimator(rewards, groups, lens, normalize_std):
+        out = np.zeros_like(rewards)
+        for idx in groups:
+            out[idx] = fn(rewards[idx], normalize_std) if pass_std else fn(rewards[idx])
+        return out
+
+    estimator.__doc__ = fn.__doc__
+    return estimator
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
+    "grpo": _per_group(grpo, pass_std=True),
+    "dr_grpo": _per_group(dr_grpo, pass_std=False),
+    "rloo": _per_group(rloo, pass_std=False),
+    "reinforce_plus_plus": _reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
+}
 
 
 def compute_advantages(
@@ -38,15 +138,23 @@ def compute_advantages(
     response_lens: Sequence[int],
     normalize_std: bool = True,
 ) -> list[np.ndarray]:
-    """Per-sample token advantages (float32, one per response token), grouping by ``group_ids``."""
+    """Per-sample token advantages (float32, one per response token), grouping by ``group_ids``.
+
+    >>> [a.tolist() for a in compute_advantages("rloo", ["p", "p", "q"], [1.0, 0.0, 5.0], [2, 1, 1])]
+    [[1.0, 1.0], [-1.0], [0.0]]
+    """
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown --advantage-estimator {name!r}; available: {sorted(ADVANTAGE_ESTIMATORS)}")
-    fn = ADVANTAGE_ESTIMATORS[name]
     r = np.asarray(rewards, dtype=np.float64)
-    scalar = np.zeros_like(r)
-    groups: dict[object, list[int]] = {}
+    lens = np.asarray(response_lens, dtype=np.int64).reshape(-1)
+    if len(lens) != len(r) or len(group_ids) != len(r):
+        raise ValueError(
+            f"rewards, group_ids and response_lens must have one entry per sample "
+            f"(got {len(r)}, {len(group_ids)}, {len(lens)})"
+        )
+    by_group: dict[object, list[int]] = {}
     for i, g in enumerate(group_ids):
-        groups.setdefault(g, []).append(i)
-    for idx in groups.values():
-        scalar[idx] = fn(r[idx], normalize_std)
-    return [np.full(int(n), scalar[i], dtype=np.float32) for i, n in enumerate(response_lens)]
+        by_group.setdefault(g, []).append(i)
+    groups = [np.asarray(idx, dtype=np.int64) for idx in by_group.values()]
+    scalar = ADVANTAGE_ESTIMATORS[name](r, groups, lens, normalize_std)
+    return [np.full(int(n), scalar[i], dtype=np.float32) for i, n in enumerate(lens)]

@@ -1,0 +1,20 @@
+"""Run the algorithm modules' doctests (the examples in the docstrings are part of the contract)."""
+
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "relax_train.algorithms.advantages",
+        "relax_train.algorithms.losses",
+        "relax_train.algorithms.aggregation",
+        "relax_train.algorithms.correction",
+    ],
+)
+def test_doctests(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0

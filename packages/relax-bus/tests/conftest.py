@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from relax_bus import BusConfig, ConsumerSpec, DataBus
@@ -8,3 +10,14 @@ def simple_bus():
     return DataBus(
         BusConfig(consumers={"a": ConsumerSpec(), "b": ConsumerSpec(required_fields=["x"])}, capacity=8)
     )
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for every Ray test of the session (starting one costs seconds)."""
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # under `uv run`, workers reuse this venv as is
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -1,18 +1,22 @@
 """relax_bus: a streaming data bus for RL with per-sample policy versions and exact staleness control.
 
-Imports neither torch nor ray; the Ray backend imports ray only when used.
+Imports neither torch nor ray; the Ray backend imports ray only when used, the loader torch only if present.
 """
 
+from relax_bus.aio import AsyncBus, AsyncDataBus
 from relax_bus.config import BusConfig, ConsumerSpec
 from relax_bus.core import DataBus
 from relax_bus.errors import BusClosed, BusError, BusTimeout, StaleSampleError
+from relax_bus.loader import StreamingDataLoader, collate
 from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
-from relax_bus.state import Batch
+from relax_bus.state import Batch, ManualClock
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "AsyncBus",
+    "AsyncDataBus",
     "Batch",
     "BusClosed",
     "BusConfig",
@@ -20,9 +24,12 @@ __all__ = [
     "BusTimeout",
     "ConsumerSpec",
     "DataBus",
+    "ManualClock",
     "RayBus",
     "SAMPLERS",
     "SampleRef",
     "StaleSampleError",
+    "StreamingDataLoader",
+    "collate",
     "register_sampler",
 ]

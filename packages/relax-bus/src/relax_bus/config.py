@@ -6,11 +6,11 @@ nests directly into the engine's top-level config. Every field carries its own d
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from relax_bus.samplers import SAMPLERS
+from relax_bus.samplers import LENGTH_SAMPLERS, SAMPLERS
 
 
 class ConsumerSpec(BaseModel):
@@ -22,7 +22,16 @@ class ConsumerSpec(BaseModel):
     """A sample is ready for this consumer only once all of these fields are written (by put or add_fields)."""
 
     sampler: str = "in_order"
-    """How a get picks ready samples: "in_order" (by id) or "group" (whole groups of one prompt, never split)."""
+    """How a get picks ready samples: "in_order" (by id), "group" (whole groups of one prompt, never split),
+    "token_budget" (as many as fit in sampler_options["max_tokens"]) or "seq_balanced" (n samples ordered so
+    that sampler_options["dp_size"] equal slices carry balanced token counts)."""
+
+    sampler_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the sampler, e.g. {"max_tokens": 8192} or {"dp_size": 4, "grouped": True}."""
+
+    length_field: str | None = None
+    """Field whose length (first dimension, len, or int value) counts as a sample's tokens for the token_budget
+    and seq_balanced samplers; required by them."""
 
     enforce_staleness: bool = False
     """Apply the max_staleness guarantee to this consumer (set it for the trainer); samples need policy_version."""
@@ -35,6 +44,14 @@ class ConsumerSpec(BaseModel):
                 f"unknown sampler {v!r}; known: {sorted(SAMPLERS)} (add one with register_sampler)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _sampler_needs(self) -> ConsumerSpec:
+        if self.sampler in LENGTH_SAMPLERS and self.length_field is None:
+            raise ValueError(f"sampler {self.sampler!r} needs length_field (e.g. 'input_ids')")
+        if self.sampler == "token_budget" and int(self.sampler_options.get("max_tokens", 0)) < 1:
+            raise ValueError("sampler 'token_budget' needs sampler_options={'max_tokens': N} with N >= 1")
+        return self
 
 
 class BusConfig(BaseModel):
@@ -62,6 +79,13 @@ class BusConfig(BaseModel):
 
     lease_timeout_s: float | None = Field(default=None, gt=0)
     """A taken batch not acked within this many seconds is delivered again to the same consumer; None = never."""
+
+    fields: list[str] | None = None
+    """If set, the only field names a put or add_fields may write (reserved fields are always allowed);
+    None accepts any name. Either way a field's type, dtype and rank are fixed by its first write."""
+
+    max_sample_bytes: int | None = Field(default=None, ge=1)
+    """Refuse a put or add_fields that would make one sample larger than this many bytes; None = no limit."""
 
     @field_validator("consumers")
     @classmethod

@@ -1,23 +1,27 @@
-"""Ray backend: one DataBus hosted in a threaded Ray actor, driven through a picklable handle.
+"""RayBus: the DataBus API over a controller actor and storage units (design: ``ray_actors.py``).
 
-Why an actor with ``max_concurrency=64``: the hosted DataBus blocks on a ``threading.Condition``; a threaded
-actor runs each call on its own thread, so a consumer blocked in ``get`` never blocks a producer's ``put``
-(up to 64 concurrent calls). This is the first Ray backend; a later version adds storage units so sample data
-travels through the object store instead of the controller actor.
+A RayBus is a small picklable handle: pass it to any Ray task or actor, or attach by name from any process
+of the cluster with :meth:`RayBus.from_name`. Validation runs in the calling process (errors are raised
+before anything is shipped); payloads above ``inline_bytes`` per call are packed into one columnar block that
+goes through the object store (owned by a storage unit, or by the producer: ``payload_owner``), smaller ones
+ride inline with the metadata straight to the controller (one hop).
 
 Ray is an optional extra and imported only inside functions.
 """
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
 from typing import Any
 
 from relax_bus.config import BusConfig
-from relax_bus.core import DataBus
+from relax_bus.prepare import Row, prepare_fields, prepare_samples
 from relax_bus.state import Batch
 
 _INSTALL = "the Ray backend needs ray: pip install 'relax-bus[ray]'"
-_ACTOR_CLS = None
+_CLASSES: dict[str, Any] = {}
+INLINE_BYTES = 64 * 1024
 
 
 def _ray():
@@ -28,65 +32,137 @@ def _ray():
     return ray
 
 
-class _BusActor:
-    """Hosts a DataBus; each public method runs on an actor thread."""
+def _actor(kind: str) -> Any:
+    if kind not in _CLASSES:
+        from relax_bus import ray_actors
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        self._bus = DataBus(BusConfig.model_validate(config))
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._bus, method)(*args, **kwargs)
-
-    def trainer_version(self) -> int:
-        return self._bus.trainer_version
-
-
-def _actor_cls():
-    global _ACTOR_CLS
-    if _ACTOR_CLS is None:
-        _ACTOR_CLS = _ray().remote(max_concurrency=64)(_BusActor)
-    return _ACTOR_CLS
+        ray = _ray()
+        _CLASSES["controller"] = ray.remote(max_concurrency=256)(ray_actors.Controller)
+        _CLASSES["unit"] = ray.remote(max_concurrency=64)(ray_actors.StorageUnit)
+    return _CLASSES[kind]
 
 
 class RayBus:
-    """Same methods as :class:`~relax_bus.DataBus`, forwarded to a Ray actor. Pass it to other actors/tasks."""
+    """Same methods as :class:`~relax_bus.DataBus`, backed by Ray actors. Picklable."""
 
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
+    def __init__(self, controller: Any, units: list[Any], config: dict[str, Any], inline_bytes: int = INLINE_BYTES,
+                 payload_owner: str = "unit") -> None:  # fmt: skip
+        if payload_owner not in ("unit", "producer"):
+            raise ValueError(f"payload_owner must be 'unit' or 'producer' (got {payload_owner!r})")
+        self._controller = controller
+        self._units = units
+        self._config_dict = config
+        self.config = BusConfig.model_validate(config)
+        self.inline_bytes = inline_bytes
+        self.payload_owner = payload_owner
+        self._rr = itertools.count()
+
+    def __reduce__(self):
+        return (
+            RayBus,
+            (self._controller, self._units, self._config_dict, self.inline_bytes, self.payload_owner),
+        )
 
     @classmethod
     def create(
-        cls, config: BusConfig | dict[str, Any], name: str | None = None, **actor_options: Any
+        cls,
+        config: BusConfig | dict[str, Any],
+        name: str | None = None,
+        num_storage_units: int = 2,
+        inline_bytes: int = INLINE_BYTES,
+        manual_clock: bool = False,
+        namespace: str | None = None,
+        payload_owner: str = "unit",
+        **actor_options: Any,
     ) -> RayBus:
-        """Start the bus actor (call ``ray.init`` first). ``name`` makes it findable with :meth:`from_name`."""
+        """Start the controller and ``num_storage_units`` storage units (call ``ray.init`` first).
+
+        ``name`` makes the bus findable with :meth:`from_name`; ``actor_options`` go to the controller
+        (e.g. ``lifetime="detached"``). ``payload_owner="unit"`` (default): payloads are owned by a storage
+        unit and survive the producer's process; ``"producer"``: the producer owns them (one actor hop and
+        one copy fewer per put, but a producer that dies takes its not-yet-evicted payloads with it).
+        ``manual_clock`` is for tests (see ``advance_clock``).
+        """
         cfg = config if isinstance(config, BusConfig) else BusConfig.model_validate(config)
+        if num_storage_units < 1:
+            raise ValueError(f"num_storage_units must be >= 1 (got {num_storage_units})")
+        unit_opts = {"num_cpus": 0, **({"namespace": namespace} if namespace else {})}
+        if "lifetime" in actor_options:
+            unit_opts["lifetime"] = actor_options["lifetime"]
+        units = [_actor("unit").options(**unit_opts).remote() for _ in range(num_storage_units)]
         options = {"num_cpus": 0, **actor_options}
         if name is not None:
             options["name"] = name
-        return cls(_actor_cls().options(**options).remote(cfg.model_dump()))
+        if namespace is not None:
+            options["namespace"] = namespace
+        controller = _actor("controller").options(**options).remote(cfg.model_dump(), units, manual_clock)
+        bus = cls(controller, units, cfg.model_dump(), inline_bytes, payload_owner)
+        _ray().get([u.attach.remote(controller) for u in units])
+        return bus
 
     @classmethod
-    def from_name(cls, name: str, namespace: str | None = None) -> RayBus:
-        """Attach to a bus actor started with ``create(..., name=name)``."""
-        return cls(_ray().get_actor(name, namespace=namespace))
+    def from_name(cls, name: str, namespace: str | None = None, payload_owner: str = "unit") -> RayBus:
+        """Attach to a bus started with ``create(..., name=name)`` from any process of the cluster."""
+        ray = _ray()
+        controller = ray.get_actor(name, namespace=namespace)
+        config, units = ray.get(controller.handles.remote())
+        return cls(controller, units, config, payload_owner=payload_owner)
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    @classmethod
+    def restore(cls, path: str | Path, name: str | None = None, **create_options: Any) -> RayBus:
+        """A new Ray bus with the state saved by ``snapshot`` (of either backend)."""
+        from relax_bus import snapshot as _snapshot
+
+        state = _snapshot.read(path)
+        bus = cls.create(state["config"], name=name, **create_options)
+        bus._wait(bus._controller.load.remote(str(Path(path).resolve()), bus.inline_bytes))
+        return bus
+
+    # ------------------------------------------------------------------ plumbing
+    def _wait(self, ref: Any) -> Any:
         ray = _ray()
         try:
-            return ray.get(self._handle.call.remote(method, *args, **kwargs))
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, Exception):
                 raise cause from None
             raise
 
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._wait(self._controller.call.remote(method, *args, **kwargs))
+
+    def _ship(
+        self, rows: list[Row], head: tuple, unit_method: str, controller_method: str, tail: tuple
+    ) -> Any:
+        """Send prepared rows (and their block, if large) by the configured route; returns the result."""
+        from relax_bus.blocks import pack
+
+        block, rows, where = pack(rows, self.inline_bytes)
+        if block is None:
+            ref = getattr(self._controller, controller_method).remote(*head, rows, where, None, *tail)
+        elif self.payload_owner == "producer":
+            refs = [_ray().put(block)]
+            ref = getattr(self._controller, controller_method).remote(*head, rows, where, refs, *tail)
+        else:
+            unit = self._units[next(self._rr) % len(self._units)]
+            ref = getattr(unit, unit_method).remote(*head, rows, where, block, *tail)
+        return self._wait(ref)
+
+    # ------------------------------------------------------------------ the DataBus API
     def put(
-        self, samples: list[dict[str, Any]], partition: str = "default", timeout: float | None = None
+        self,
+        samples: list[dict[str, Any]],
+        partition: str = "default",
+        timeout: float | None = None,
+        ids: list[int] | None = None,
     ) -> list[int]:
-        return self._call("put", samples, partition=partition, timeout=timeout)
+        rows = prepare_samples(self.config, samples)
+        return self._ship(rows, (), "put", "put_block", (partition, timeout, ids))
 
     def add_fields(self, ids: list[int], fields: dict[str, list[Any]]) -> None:
-        return self._call("add_fields", ids, fields)
+        ids = list(ids)
+        return self._ship(prepare_fields(ids, fields), (ids,), "add", "add_block", ())
 
     def get(
         self,
@@ -97,15 +173,13 @@ class RayBus:
         partial: bool = False,
         trainer_version: int | None = None,
     ) -> Batch:
-        return self._call(
-            "get",
-            consumer,
-            n,
-            fields=fields,
-            timeout=timeout,
-            partial=partial,
-            trainer_version=trainer_version,
-        )
+        from relax_bus.blocks import from_wire
+        from relax_bus.ray_actors import fetch
+
+        batch, where, refs = self._wait(self._controller.get.remote(
+            consumer, n, fields=fields, timeout=timeout, partial=partial, trainer_version=trainer_version))  # fmt: skip
+        from_wire(batch.data, where, fetch(refs))
+        return batch
 
     def ack(self, consumer: str, lease_id: int) -> None:
         return self._call("ack", consumer, lease_id)
@@ -113,12 +187,15 @@ class RayBus:
     def nack(self, consumer: str, lease_id: int) -> None:
         return self._call("nack", consumer, lease_id)
 
+    def reset_consumer(self, consumer: str) -> int:
+        return self._call("reset_consumer", consumer)
+
     def set_trainer_version(self, version: int) -> None:
         return self._call("set_trainer_version", version)
 
     @property
     def trainer_version(self) -> int:
-        return _ray().get(self._handle.trainer_version.remote())
+        return self._wait(self._controller.trainer_version.remote())
 
     def admit(self, step: int, timeout: float | None = None) -> int:
         return self._call("admit", step, timeout=timeout)
@@ -126,8 +203,29 @@ class RayBus:
     def close(self) -> None:
         return self._call("close")
 
+    @property
+    def closed(self) -> bool:
+        return self._call("stats")["closed"]
+
     def stats(self) -> dict[str, Any]:
         return self._call("stats")
 
+    def metrics(self, prefix: str = "bus/") -> dict[str, float]:
+        return self._call("metrics", prefix)
+
     def consumed_ids(self, consumer: str) -> list[int]:
         return self._call("consumed_ids", consumer)
+
+    def snapshot(self, path: str | Path) -> Path:
+        """Write the bus state to ``path`` (a directory on the controller's node; same format as DataBus)."""
+        return Path(self._wait(self._controller.snapshot.remote(str(Path(path).resolve()))))
+
+    def advance_clock(self, seconds: float) -> None:
+        """Tests only: move lease deadlines (bus created with ``manual_clock=True``)."""
+        self._wait(self._controller.advance_clock.remote(seconds))
+
+    def kill(self) -> None:
+        """Stop the controller and storage units (frees every payload)."""
+        ray = _ray()
+        for a in [self._controller, *self._units]:
+            ray.kill(a)

@@ -24,6 +24,8 @@ class Sample:
     group_id: Hashable | None = None
     group_size: int | None = None
     version: int | None = None
+    lengths: dict[str, int] = field(default_factory=dict)
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -48,6 +50,19 @@ class Lease:
     consumer: str
     ids: list[int]
     deadline: float | None
+
+
+class ManualClock:
+    """A clock for tests: lease deadlines move only when :meth:`advance` is called."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass

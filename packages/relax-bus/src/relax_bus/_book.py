@@ -1,0 +1,193 @@
+"""Bookkeeping behind :class:`~relax_bus.DataBus`, every method called with the bus lock held.
+
+Split from ``core.py`` so the public methods read as the contract (what each call waits for, what it changes)
+while the mechanics live here: waiting, readiness, leases, staleness drops, eviction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from relax_bus.errors import BusClosed, BusError, BusTimeout
+from relax_bus.prepare import Row
+from relax_bus.samplers import SampleRef
+from relax_bus.state import ConsumerState, Lease, Sample
+
+
+class _Book:
+    # attributes set by DataBus.__init__ / from_state
+    _samples: dict[int, Sample]
+    _consumers: dict[str, ConsumerState]
+    _leases: dict[int, Lease]
+    _groups: dict[Hashable, list[int]]
+    _depth: dict[str, int]
+
+    def _check_groups(self, rows: list[Row]) -> None:
+        if not self._grouped:
+            return
+        counts: dict[Hashable, int] = {}
+        sizes: dict[Hashable, int] = {}
+        for index, row in enumerate(rows):
+            gid = row.fields["group_id"]
+            live = self._groups.get(gid, [])
+            if gid not in sizes:  # a group's size is set by its first sample
+                first = self._samples[live[0]].group_size if live else row.fields.get("group_size")
+                sizes[gid] = first or self.config.group_size
+            counts[gid] = counts.get(gid, len(live)) + 1
+            if counts[gid] > sizes[gid]:
+                raise BusError(
+                    f"sample {index}: group_id {gid!r} would have more than group_size={sizes[gid]} samples"
+                )
+
+    def _check_ids(self, ids: list[int] | None, n: int) -> list[int]:
+        if ids is None:
+            return list(range(self._next_id, self._next_id + n))
+        ids = list(ids)
+        if len(ids) != n:
+            raise BusError(f"put: {len(ids)} ids for {n} samples")
+        seen: set[int] = set()
+        for k, sid in enumerate(ids):
+            if not isinstance(sid, int) or isinstance(sid, bool) or sid < 0:
+                raise BusError(f"sample {k} of the put: id must be an int >= 0, got {sid!r}")
+            if sid in seen or sid < self._next_id:
+                raise BusError(
+                    f"sample {k} of the put: duplicate id {sid} (already used on this bus; explicit ids must be "
+                    f"unique and >= {self._next_id})"
+                )
+            seen.add(sid)
+        return ids
+
+    def _wait_for(self, pred: Callable[[], bool], timeout: float | None, kind: str, what: str) -> bool:
+        """Wait (releasing the lock) until ``pred()``; True if it had to wait at all."""
+        self._check_open()
+        if pred():
+            return False
+        start = self._time()
+        deadline = None if timeout is None else start + timeout
+        self._waiting[kind] += 1
+        self._counts[f"{kind}_waits"] += 1
+        try:
+            while True:
+                self._check_open()
+                if pred():
+                    return True
+                now = self._time()
+                wait = None if deadline is None else deadline - now
+                if wait is not None and wait <= 0:
+                    raise BusTimeout(f"{what} timed out after {timeout}s")
+                self._expire_leases()  # else an expired lease would wake this loop every millisecond
+                lease_deadlines = [ls.deadline for ls in self._leases.values() if ls.deadline is not None]
+                if lease_deadlines:  # wake up to redeliver expired leases
+                    until_lease = max(min(lease_deadlines) - self._clock(), 0.0) + 1e-3
+                    wait = until_lease if wait is None else min(wait, until_lease)
+                self._cond.wait(wait)
+        finally:
+            self._waiting[kind] -= 1
+            self._wait_s[kind] += self._time() - start
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BusClosed("the bus is closed")
+
+    def _consumer(self, name: str) -> ConsumerState:
+        try:
+            return self._consumers[name]
+        except (KeyError, TypeError):
+            raise BusError(f"unknown consumer {name!r}; configured: {sorted(self._consumers)}") from None
+
+    def _live(self, sid: int) -> Sample:
+        s = self._samples.get(sid)
+        if s is None:
+            state = "already evicted" if isinstance(sid, int) and 0 <= sid < self._next_id else "unknown"
+            raise BusError(f"sample id {sid!r} is {state}")
+        return s
+
+    def _ready_refs(self, st: ConsumerState, limit: int | None = None) -> list[SampleRef]:
+        """Ready samples of a consumer in id order (the first ``limit`` only, when given)."""
+        req, lf = st.spec.required_fields, st.spec.length_field
+        refs = []
+        samples = self._samples
+        for sid in sorted(st.available):
+            s = samples[sid]
+            if all(f in s.fields for f in req):
+                refs.append(SampleRef(sid, s.group_id, s.group_size, s.lengths.get(lf, 0) if lf else 0))
+                if limit is not None and len(refs) >= limit:
+                    break
+        return refs
+
+    def _drop_stale(self, name: str, st: ConsumerState, t: int) -> None:
+        limit = self.config.max_staleness
+        grouped = name in self._grouped
+        stale = set()
+        for sid in st.available:
+            s = self._samples[sid]
+            if t - s.version > limit:
+                stale.add(sid)
+                if grouped:
+                    st.dropped_groups.add(s.group_id)
+        if grouped and st.dropped_groups:
+            stale.update(sid for sid in st.available if self._samples[sid].group_id in st.dropped_groups)
+        for sid in stale:
+            st.available.discard(sid)
+            st.dropped_stale += 1
+            self._counts["dropped_stale"] += 1
+            self._release(sid, name)
+        if stale:
+            self._cond.notify_all()
+
+    def _columns(self, samples: list[Sample], fields: list[str] | None) -> dict[str, list[Any]]:
+        if fields is None:
+            names = list(dict.fromkeys(f for s in samples for f in s.fields))
+            return {f: [s.fields.get(f) for s in samples] for f in names}
+        for f in fields:
+            for s in samples:
+                if f not in s.fields:
+                    raise BusError(
+                        f"field {f!r} is not written on sample id {s.id}; add it to this consumer's "
+                        "required_fields so get waits for it"
+                    )
+        return {f: [s.fields[f] for s in samples] for f in fields}
+
+    def _take_lease(self, consumer: str, lease_id: int) -> Lease:
+        self._consumer(consumer)
+        self._expire_leases()
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.consumer != consumer:
+            raise BusError(
+                f"unknown lease {lease_id!r} for consumer {consumer!r} "
+                "(already acked or nacked, or expired after lease_timeout_s and redelivered)"
+            )
+        del self._leases[lease_id]
+        return lease
+
+    def _redeliver(self, lease: Lease) -> None:
+        st = self._consumers[lease.consumer]
+        st.available.update(lease.ids)
+        st.redelivered += len(lease.ids)
+
+    def _expire_leases(self) -> None:
+        if self.config.lease_timeout_s is None or not self._leases:
+            return
+        now = self._clock()
+        expired = [k for k, ls in self._leases.items() if ls.deadline is not None and ls.deadline <= now]
+        for k in expired:
+            self._redeliver(self._leases.pop(k))
+        if expired:
+            self._counts["leases_expired"] += len(expired)
+            self._cond.notify_all()
+
+    def _release(self, sid: int, consumer: str) -> None:
+        s = self._samples[sid]
+        s.waiting.discard(consumer)
+        if s.waiting:
+            return
+        del self._samples[sid]
+        self._depth[s.partition] -= 1
+        if not self._depth[s.partition]:
+            del self._depth[s.partition]  # partition cleared
+        members = self._groups.get(s.group_id)
+        if members is not None:
+            members.remove(sid)
+            if not members:
+                del self._groups[s.group_id]

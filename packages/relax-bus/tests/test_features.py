@@ -1,0 +1,191 @@
+"""Samplers by tokens, bad input, async API, streaming loader, snapshot/restore, metrics (in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from relax_bus import (
+    AsyncBus,
+    BusConfig,
+    BusError,
+    BusTimeout,
+    ConsumerSpec,
+    DataBus,
+    ManualClock,
+    SampleRef,
+    StreamingDataLoader,
+)
+from relax_bus.samplers import seq_balanced, token_budget
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_token_budget_sampler():
+    ready = [SampleRef(i, None, None, n) for i, n in enumerate([3, 4, 5, 9])]
+    assert token_budget(ready, 10, False, 1, max_tokens=8) == [0, 1]  # 3+4, next would overflow
+    assert token_budget(ready[3:], 10, False, 1, max_tokens=8) == [3]  # oversized alone, never stuck
+    assert token_budget(ready[:1], 10, False, 1, max_tokens=8) == []  # could still grow
+    assert token_budget(ready[:1], 10, True, 1, max_tokens=8) == [0]
+    grouped = [SampleRef(i, i // 2, None, 2) for i in range(6)]
+    assert token_budget(grouped, 10, False, 2, max_tokens=8, grouped=True) == [0, 1, 2, 3]
+
+
+def test_seq_balanced_sampler():
+    ready = [SampleRef(i, None, None, n) for i, n in enumerate([10, 1, 1, 10, 5, 5, 2, 2])]
+    ids = seq_balanced(ready, 8, False, 1, dp_size=2)
+    length = {r.id: r.length for r in ready}
+    assert sorted(ids) == list(range(8))
+    loads = [sum(length[i] for i in ids[:4]), sum(length[i] for i in ids[4:])]
+    assert abs(loads[0] - loads[1]) <= 2, loads
+
+
+def test_token_budget_consumer_on_bus():
+    bus = DataBus(BusConfig(consumers={"t": ConsumerSpec(sampler="token_budget", length_field="input_ids",
+                                                         sampler_options={"max_tokens": 10})}))  # fmt: skip
+    bus.put([{"input_ids": np.zeros(n, np.int64)} for n in (4, 4, 4, 9)])
+    assert bus.get("t", 100).ids == [0, 1]
+    assert bus.get("t", 100).ids == [2]
+    with pytest.raises(ValueError, match="length_field"):
+        ConsumerSpec(sampler="seq_balanced")
+
+
+def test_bad_input_names_field_and_sample_and_changes_nothing():
+    bus = DataBus(
+        BusConfig(consumers={"c": ConsumerSpec()}, fields=["input_ids", "reward"], max_sample_bytes=1000)
+    )
+    bus.put([{"input_ids": np.zeros(4, np.int64), "reward": 1.0}])
+    before = bus.stats()
+    cases = [
+        ([{"input_ids": np.zeros(4, np.float32)}], "field 'input_ids' of sample 0: dtype mismatch"),
+        ([{"input_ids": np.zeros((4, 2), np.int64)}], "field 'input_ids' of sample 0: shape mismatch"),
+        ([{"input_ids": np.zeros(4, np.int64), "reward": "high"}], "field 'reward' of sample 0"),
+        ([{"input_ids": np.zeros(4, np.int64), "oops": 1}], "unknown field 'oops' on sample 0"),
+        (
+            [{"input_ids": np.zeros(400, np.int64)}],
+            "sample 0 would be 3200 bytes, over BusConfig.max_sample_bytes",
+        ),
+        ([{"input_ids": np.zeros(1, np.int64)}, {"input_ids": np.zeros(1, np.int32)}], "sample 1: dtype"),
+    ]
+    for samples, msg in cases:
+        with pytest.raises(BusError, match=msg):
+            bus.put(samples)
+    with pytest.raises(BusError, match="duplicate id 0"):
+        bus.put([{"reward": 0.0}], ids=[0])
+    with pytest.raises(BusError, match="duplicate id 7"):
+        bus.put([{"reward": 0.0}] * 2, ids=[7, 7])
+    with pytest.raises(BusError, match="duplicate sample id 0"):
+        bus.add_fields([0, 0], {"reward": [1.0, 2.0]})
+    assert bus.stats() == before
+    assert bus.put([{"reward": 0.0}], ids=[9]) == [9] and bus.put([{"reward": 0.0}]) == [10]
+
+
+def test_async_api_and_cancel_gives_back():
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}))
+    abus = AsyncBus(bus, slice_s=0.02)
+
+    async def main():
+        waiter = asyncio.create_task(abus.get("c", 2))
+        await asyncio.sleep(0.05)
+        assert await abus.put([{"x": 1}, {"x": 2}]) == [0, 1]
+        b = await waiter
+        await abus.ack("c", b.lease_id)
+        cancelled = asyncio.create_task(abus.get("c", 1))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        await abus.put([{"x": 3}])
+        with pytest.raises(BusTimeout):
+            await abus.get("c", 5, timeout=0.05)
+        await asyncio.sleep(0.05)
+        again = await abus.get("c", 1, timeout=2)
+        return b.ids, again.ids
+
+    assert asyncio.run(main()) == ([0, 1], [2])
+
+
+def test_streaming_loader_pads_and_acks():
+    bus = DataBus(BusConfig(consumers={"t": ConsumerSpec()}))
+    bus.put([{"input_ids": np.arange(n), "reward": float(n)} for n in (1, 3, 2, 2)])
+    mbs = list(StreamingDataLoader(bus, "t", micro_batch_size=2, total=4, to_torch=False))
+    assert [m["ids"] for m in mbs] == [[0, 1], [2, 3]]
+    assert mbs[0]["input_ids"].tolist() == [[0, 0, 0], [0, 1, 2]] and mbs[0][
+        "input_ids_lengths"
+    ].tolist() == [1, 3]
+    assert mbs[0]["reward"].tolist() == [1.0, 3.0]
+    assert bus.stats()["consumers"]["t"]["acked"] == 4
+    bus.put([{"input_ids": np.arange(2)}] * 2)
+    (packed,) = StreamingDataLoader(bus, "t", 2, total=2, collate_mode="pack", to_torch=False)
+    assert packed["input_ids"].tolist() == [0, 1, 0, 1] and packed["input_ids_cu_seqlens"].tolist() == [
+        0,
+        2,
+        4,
+    ]
+
+
+def test_streaming_loader_torch_tensors():
+    torch = pytest.importorskip("torch")
+    bus = DataBus(BusConfig(consumers={"t": ConsumerSpec()}))
+    bus.put([{"input_ids": np.arange(3)}])
+    (mb,) = StreamingDataLoader(bus, "t", 1, total=1)
+    assert isinstance(mb["input_ids"], torch.Tensor) and mb["input_ids"].shape == (1, 3)
+
+
+def test_snapshot_restore_redelivers_in_flight_only(tmp_path):
+    clock = ManualClock()
+    bus = DataBus(
+        BusConfig(consumers={"a": ConsumerSpec(), "b": ConsumerSpec()}, lease_timeout_s=1), clock=clock
+    )
+    bus.put([{"x": np.full(2, i)} for i in range(6)], partition="p0")
+    done = bus.get("a", 2)
+    bus.ack("a", done.lease_id)
+    bus.get("a", 2)  # in flight when the snapshot is taken
+    bus.set_trainer_version(3)
+    bus.snapshot(tmp_path / "s")
+    bus.snapshot(tmp_path / "s")  # overwriting is atomic and fine
+    r = DataBus.restore(tmp_path / "s")
+    assert r.trainer_version == 3 and r.consumed_ids("a") == [0, 1]
+    assert r.get("a", 4).ids == [2, 3, 4, 5] and r.get("b", 6).ids == list(range(6))
+    assert r.stats()["depth"] == {"p0": 6}
+    with pytest.raises(BusError, match="no bus snapshot"):
+        DataBus.restore(tmp_path / "nothing")
+
+
+def test_metrics_flatten():
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}))
+    bus.put([{"x": np.zeros(4, np.float32)}], partition="s0")
+    b = bus.get("c", 1)
+    m = bus.metrics()
+    assert m["bus/depth/s0"] == 1 and m["bus/bytes_in"] == 16 and m["bus/bytes_out"] == 16
+    assert m["bus/consumers/c/in_flight"] == 1 and "bus/get_wait_s" in m
+    bus.ack("c", b.lease_id)
+
+
+def test_lease_expiry_and_consumer_death_redeliver():
+    clock = ManualClock()
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, lease_timeout_s=10), clock=clock)
+    bus.put([{"x": i} for i in range(4)])
+    first = bus.get("c", 2)
+    second = bus.get("c", 2)
+    clock.advance(11)
+    assert bus.get("c", 4).ids == [0, 1, 2, 3] and bus.stats()["leases_expired"] == 2
+    with pytest.raises(BusError, match="unknown lease"):
+        bus.ack("c", first.lease_id)
+    assert bus.reset_consumer("c") == 4 and second.lease_id != first.lease_id
+    assert bus.get("c", 4).ids == [0, 1, 2, 3]
+
+
+def test_example_runs():
+    from pathlib import Path
+
+    ex = Path(__file__).parents[1] / "examples" / "plain_torch_rl.py"
+    pytest.importorskip("torch")
+    out = subprocess.run(
+        [sys.executable, str(ex), "--steps", "3"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "step 2" in out.stdout

@@ -21,6 +21,14 @@ def tiny_run_inputs(tmp_path_factory):
     files = make_arithmetic_task(root / "task", max_operand=20, n_eval=20)
     rows = read_jsonl(files.train_path)
     tok = train_tokenizer([r["prompt"] + r["label"] for r in rows], root / "model")
-    build_tiny_qwen3(tok, out_dir=root / "model", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                     head_dim=16, intermediate_size=64)
+    build_tiny_qwen3(
+        tok,
+        out_dir=root / "model",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+    )
     return RunInputs(str(root / "model"), str(files.train_path), str(files.eval_path))

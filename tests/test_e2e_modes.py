@@ -13,13 +13,36 @@ STEPS = 4
 
 
 def _run(inputs, tmp_path, *flags):
-    cfg = build_config(None, [
-        "--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-        "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "2",
-        "--kl-coef", "0.01", "--verify-weight-sync", "--torch-threads", "1", "--no-progress",
-        "--output-dir", str(tmp_path / "out"), *flags,
-    ])
+    cfg = build_config(
+        None,
+        [
+            "--prompt-data",
+            inputs.prompt_path,
+            "--hf-checkpoint",
+            inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            str(STEPS),
+            "--micro-batch-size",
+            "8",
+            "--eval-interval",
+            "2",
+            "--kl-coef",
+            "0.01",
+            "--verify-weight-sync",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(tmp_path / "out"),
+            *flags,
+        ],
+    )
     return cfg, Controller(cfg, inputs).run()
 
 

@@ -152,7 +152,9 @@ def test_sync_between_ray_actors(monkeypatch):
             self.recv.check()
             return self.seen
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    started = not ray.is_initialized()  # another test module may already hold a cluster
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False)
     try:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         trainer, engine = Trainer.remote(init_method), Engine.remote(init_method)
@@ -161,4 +163,5 @@ def test_sync_between_ray_actors(monkeypatch):
         ray.get(trainer.close.remote())
         assert ray.get(engine.wait_done.remote()) == sent
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()

@@ -21,3 +21,72 @@ def _single_thread_torch():
     except ImportError:
         return
     torch.set_num_threads(1)
+
+
+def http(url: str, path: str, body=None, token: str | None = None, timeout: float = 60.0):
+    """(status, parsed JSON or None) — HTTP errors are returned, not raised."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url + path, data=data, headers=headers, method="GET" if body is None else "POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, code = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        raw, code = e.read(), e.code
+    return code, (json.loads(raw) if raw else None)
+
+
+def start_server(model_dir: str, *extra: str):
+    """Start ``python -m relax_rollout.server`` on a free port; returns (process, base URL) once healthy."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relax_rollout.server", "--model", model_dir, "--port", "0", "--torch-threads", "1",
+         *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    url = None
+    while url is None:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"engine server exited with {proc.returncode}")
+        if "listening on" in line:
+            url = line.strip().rsplit(" ", 1)[-1]
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError("engine server did not start")
+    while http(url, "/health")[0] != 200:
+        time.sleep(0.05)
+    return proc, url
+
+
+@pytest.fixture(scope="session")
+def engine_server(tiny_model_dir):
+    """One served TorchEngine shared by the server and external-engine tests (they restore its weights)."""
+    proc, url = start_server(tiny_model_dir)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def call():
+    """The ``http`` helper as a fixture (test modules cannot import conftest)."""
+    return http
+
+
+@pytest.fixture(scope="session")
+def launch():
+    """``start_server`` as a fixture."""
+    return start_server

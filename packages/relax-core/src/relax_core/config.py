@@ -68,9 +68,26 @@ class RolloutConfig(_Section):
     """Reward calls run concurrently per rollout batch, at most this many at once."""
     reward_delay_s: float = Field(0.0, ge=0.0)
     """Extra latency added to every reward call, to emulate a remote judge (benchmarks)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no gradient) and
+    generate more prompts until the batch holds --rollout-batch-size informative groups."""
+    dynamic_sampling_max_rounds: int = Field(8, ge=1)
+    """Dynamic sampling: at most this many extra generation rounds per batch; if the batch is still short,
+    it is filled with uninformative groups (counted in the metrics) so training never stalls."""
     long_tail_min_tokens: int = Field(0, ge=0)
     """Benchmark knob: if > 0, each response is forced to a minimum length drawn from a long-tailed
     distribution with this scale (EOS suppressed until then), emulating long-tail generation."""
+    rollout_external_urls: list[str] = []
+    """Base URLs (``http://host:port``) of running SGLang-compatible engine servers, e.g. SGLang or
+    ``python -m relax_rollout.server``; required by (and only used with) --rollout-backend external."""
+
+    @model_validator(mode="after")
+    def _check_external(self) -> RolloutConfig:
+        if self.rollout_backend == "external" and not self.rollout_external_urls:
+            raise ValueError(
+                "--rollout-backend external needs --rollout-external-urls (the engine servers' URLs)"
+            )
+        return self
 
 
 class TrainConfig(_Section):
@@ -105,20 +122,81 @@ class TrainConfig(_Section):
 
 class AlgoConfig(_Section):
     advantage_estimator: str = "grpo"
-    """Advantage estimator name in relax-train's registry (grpo, ...)."""
+    """Advantage estimator name in relax-train's registry (grpo, dr_grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline)."""
     normalize_advantages_std: bool = True
     """GRPO: divide group-centred rewards by the group's std (False = Dr.GRPO-style centring only)."""
+    policy_loss: Literal["ppo", "gspo", "sapo", "cispo"] = "ppo"
+    """Policy loss in relax-train's POLICY_LOSSES registry: ppo (clipped surrogate, clip-higher and
+    dual-clip), gspo (sequence-level ratio; use a tiny clip range, ~3e-4/4e-4), sapo (soft gate with
+    --sapo-tau-pos/--sapo-tau-neg), cispo (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses reduce to the scalar: token-mean (every token of the optimizer batch alike),
+    seq-mean-token-mean (every response alike), seq-mean-token-sum, seq-mean-token-sum-norm (Dr.GRPO: sum
+    divided by --rollout-max-response-len). Denominators are global over the optimizer batch, so
+    micro-batching does not change the gradient."""
     eps_clip: float = Field(0.2, gt=0.0)
-    """PPO clip range below 1 (ratio >= 1 - eps_clip)."""
+    """PPO / GSPO clip range below 1 (ratio >= 1 - eps_clip)."""
     eps_clip_high: float | None = Field(None, gt=0.0)
-    """PPO clip range above 1 (clip-higher, DAPO); defaults to --eps-clip."""
+    """PPO / GSPO clip range above 1 (clip-higher, DAPO); defaults to --eps-clip."""
+    eps_clip_c: float | None = Field(None, gt=1.0)
+    """Dual-clip bound (typically 3): the loss of a negative-advantage token is capped at -A·eps_clip_c;
+    None disables it. ppo and gspo only."""
+    sapo_tau_pos: float = Field(1.0, gt=0.0)
+    """SAPO gate temperature for tokens with advantage > 0 (larger = sharper, closer to a hard clip)."""
+    sapo_tau_neg: float = Field(1.05, gt=0.0)
+    """SAPO gate temperature for tokens with advantage <= 0."""
+    cispo_ratio_max: float = Field(5.0, gt=0.0)
+    """CISPO: upper truncation of the stop-gradient importance weight (ScaleRL recommends 5)."""
     kl_coef: float = Field(0.0, ge=0.0)
-    """KL-to-reference loss coefficient (k3 estimator); > 0 starts the Reference role."""
+    """KL-to-reference coefficient β; > 0 starts the Reference role. Applied as a loss term
+    (--use-kl-loss) or as reward shaping (--kl-in-reward)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL(π || π_ref) estimator (Schulman 2020): k1 = log-ratio (unbiased, noisy), k2 = ½ log-ratio²,
+    k3 = exp(-d) + d - 1 (unbiased, low variance, >= 0)."""
+    use_kl_loss: bool = True
+    """With --kl-coef > 0: add β·KL per token to the loss, aggregated like the policy loss (GRPO)."""
+    kl_in_reward: bool = False
+    """With --kl-coef > 0: subtract β·Σ_t KL_t (rollout log-probs vs reference, no gradient) from each
+    response's reward before the advantage estimator (InstructGPT / REINFORCE++ reward shaping). Exclusive
+    with --use-kl-loss."""
     entropy_coef: float = Field(0.0, ge=0.0)
-    """Entropy bonus coefficient."""
+    """Entropy bonus coefficient (token-mean entropy, whatever --loss-agg-mode)."""
     use_actor_fwd: bool = True
     """Recompute log-probs with the trainer's weights (the proximal policy) in the ActorFwd role;
     False uses the rollout engine's log-probs as the old policy."""
+    decoupled_ppo: bool = False
+    """Decoupled PPO (Hilton et al. 2022): the ratio is clipped against the proximal policy (ActorFwd
+    log-probs) and each token's loss is weighted by π_prox / π_behaviour, the behaviour policy being the
+    rollout engine's log-probs. The weight is truncated or masked by --tis-mode (none: used as is).
+    Needs --use-actor-fwd."""
+    tis_mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    """Truncated importance sampling of the rollout-vs-trainer mismatch: weight each token's loss by
+    π_prox / π_rollout (token level, or the product over the response at sequence level), clamped to
+    --tis-cap (truncate) or zeroed above it (mask). Needs --use-actor-fwd."""
+    tis_cap: float = Field(2.0, gt=0.0)
+    """Upper bound of the truncated importance-sampling weight."""
+
+    @model_validator(mode="after")
+    def _check_algo(self) -> AlgoConfig:
+        if self.kl_coef > 0 and self.kl_in_reward and self.use_kl_loss:
+            raise ValueError(
+                "--kl-in-reward and --use-kl-loss are exclusive (the KL would count twice); add --no-use-kl-loss"
+            )
+        if (self.tis_mode != "none" or self.decoupled_ppo) and not self.use_actor_fwd:
+            flag = "--decoupled-ppo" if self.decoupled_ppo else f"--tis-mode {self.tis_mode}"
+            raise ValueError(
+                f"{flag} needs --use-actor-fwd: the importance weight is π_prox / π_rollout, and π_prox comes "
+                "from the ActorFwd role"
+            )
+        return self
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the Reference role runs (a KL term in the loss or in the reward)."""
+        return self.kl_coef > 0 and (self.use_kl_loss or self.kl_in_reward)
 
 
 class RunConfig(_Section):
@@ -166,6 +244,11 @@ class RelaxConfig(_Section):
             raise ValueError(
                 f"--global-batch-size ({gbs}) must divide --rollout-batch-size × --n-samples-per-prompt "
                 f"({self.rollout.rollout_batch_size} × {self.rollout.n_samples_per_prompt} = {per_rollout})"
+            )
+        if self.rollout.dynamic_sampling and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                "--dynamic-sampling needs --n-samples-per-prompt >= 2: a group of one response never has "
+                f"differing rewards (got {self.rollout.n_samples_per_prompt})"
             )
         if self.run.mode == "colocate" and self.run.max_staleness > 0:
             raise ValueError(

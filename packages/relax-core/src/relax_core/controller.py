@@ -59,18 +59,26 @@ class RunResult:
 def bus_config(cfg: RelaxConfig):
     from relax_bus import BusConfig, ConsumerSpec
 
-    consumers = {"advantages": ConsumerSpec(required_fields=["reward"], sampler="group")}
+    a = cfg.algo
+    # KL in the reward: advantages wait for the reference log-probs; KL as a loss: the trainer does
+    adv_fields = ["reward", "ref_log_probs"] if a.uses_reference and a.kl_in_reward else ["reward"]
+    consumers = {"advantages": ConsumerSpec(required_fields=adv_fields, sampler="group")}
     required = ["advantages"]
-    if cfg.algo.use_actor_fwd:
+    if a.use_actor_fwd:
         consumers["actor_fwd"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
         required.append("log_probs")
-    if cfg.algo.kl_coef > 0:
+    if a.uses_reference:
         consumers["reference"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
-        required.append("ref_log_probs")
+        if a.use_kl_loss:
+            required.append("ref_log_probs")
     consumers["actor_train"] = ConsumerSpec(required_fields=required, sampler="group", enforce_staleness=True)
-    return BusConfig(consumers=consumers, capacity=max(cfg.run.bus_capacity, cfg.samples_per_rollout),
-                     max_staleness=cfg.run.max_staleness, staleness_policy=cfg.run.staleness_policy,
-                     group_size=cfg.rollout.n_samples_per_prompt)
+    return BusConfig(
+        consumers=consumers,
+        capacity=max(cfg.run.bus_capacity, cfg.samples_per_rollout),
+        max_staleness=cfg.run.max_staleness,
+        staleness_policy=cfg.run.staleness_policy,
+        group_size=cfg.rollout.n_samples_per_prompt,
+    )
 
 
 def _latest_checkpoint(path: str) -> str:
@@ -79,7 +87,9 @@ def _latest_checkpoint(path: str) -> str:
         return str(p)
     steps = sorted(p.glob("step_*/meta.json"))
     if not steps:
-        raise FileNotFoundError(f"--load {path}: no checkpoint found (expected meta.json or step_*/meta.json)")
+        raise FileNotFoundError(
+            f"--load {path}: no checkpoint found (expected meta.json or step_*/meta.json)"
+        )
     return str(steps[-1].parent)
 
 
@@ -88,8 +98,11 @@ class Controller:
         # absolute paths: Ray workers do not share our working directory
         absolute = {k: os.path.abspath(v) if isinstance(v, str) else v for k, v in vars(inputs).items()}
         run = cfg.run.model_copy(update={"output_dir": os.path.abspath(cfg.run.output_dir)})
-        train = cfg.train.model_copy(update={k: os.path.abspath(v) for k in ("save", "load")
-                                             if isinstance(v := getattr(cfg.train, k), str)})
+        train = cfg.train.model_copy(
+            update={
+                k: os.path.abspath(v) for k in ("save", "load") if isinstance(v := getattr(cfg.train, k), str)
+            }
+        )
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
 
@@ -108,9 +121,13 @@ class Controller:
         rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
         helpers = [role_class("advantages")(cfg, bus)]
         if cfg.algo.use_actor_fwd:
-            helpers.insert(0, role_class("forward")(cfg, bus, "actor_fwd", inp.model_path, backend=actor.backend))
-        if cfg.algo.kl_coef > 0:
-            helpers.insert(0, role_class("forward")(cfg, bus, "reference", inp.ref_model_path or inp.model_path))
+            helpers.insert(
+                0, role_class("forward")(cfg, bus, "actor_fwd", inp.model_path, backend=actor.backend)
+            )
+        if cfg.algo.uses_reference:
+            helpers.insert(
+                0, role_class("forward")(cfg, bus, "reference", inp.ref_model_path or inp.model_path)
+            )
         actor.publish = lambda named, v: rollout.set_weights(dict(named), v)
         start = 0
         if cfg.train.load:
@@ -132,11 +149,23 @@ class Controller:
         self._final_eval(actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
         if cfg.train.save:
             actor.save()
-        audit = {"trained_ids": actor.get_trained_ids(), "trainer_weights": actor.get_weight_log(),
-                 "rollout_weights": rollout.get_weight_log(),
-                 "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers}}
-        result = RunResult(actor.history, time.perf_counter() - t_start, rl_wall,
-                           len(audit["trained_ids"]), "colocate", 0, rollout.get_stats(), bus.stats(), audit)
+        audit = {
+            "trained_ids": actor.get_trained_ids(),
+            "trainer_weights": actor.get_weight_log(),
+            "rollout_weights": rollout.get_weight_log(),
+            "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers},
+        }
+        result = RunResult(
+            actor.history,
+            time.perf_counter() - t_start,
+            rl_wall,
+            len(audit["trained_ids"]),
+            "colocate",
+            0,
+            rollout.get_stats(),
+            bus.stats(),
+            audit,
+        )
         actor.close()
         return result
 
@@ -154,8 +183,12 @@ class Controller:
         t_start = time.perf_counter()
         started_ray = not ray.is_initialized()
         if started_ray:
-            ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=True, configure_logging=False)
+            ray.init(
+                num_cpus=cfg.run.num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=True,
+                configure_logging=False,
+            )
         threads = cfg.run.torch_threads or 1
         try:
             bus = RayBus.create(bus_config(cfg))
@@ -164,21 +197,26 @@ class Controller:
                 return ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8, **kw)
 
             actor = actor_of("actor").remote(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
-            rollout = actor_of("rollout").remote(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+            rollout = actor_of("rollout").remote(
+                cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads
+            )
             loops = {"advantages": actor_of("advantages").remote(cfg, bus)}
             receivers = [rollout]
             if cfg.algo.use_actor_fwd:
-                loops["actor_fwd"] = actor_of("forward").remote(cfg, bus, "actor_fwd", inp.model_path,
-                                                                torch_threads=threads)
+                loops["actor_fwd"] = actor_of("forward").remote(
+                    cfg, bus, "actor_fwd", inp.model_path, torch_threads=threads
+                )
                 receivers.append(loops["actor_fwd"])
-            if cfg.algo.kl_coef > 0:
-                loops["reference"] = actor_of("forward").remote(cfg, bus, "reference",
-                                                                inp.ref_model_path or inp.model_path,
-                                                                torch_threads=threads)
+            if cfg.algo.uses_reference:
+                loops["reference"] = actor_of("forward").remote(
+                    cfg, bus, "reference", inp.ref_model_path or inp.model_path, torch_threads=threads
+                )
             init = f"tcp://127.0.0.1:{free_port()}"
             world = 1 + len(receivers)
-            ray.get([actor.connect_dcs.remote(init, world)]
-                    + [r.connect_dcs.remote(init, world, i + 1) for i, r in enumerate(receivers)])
+            ray.get(
+                [actor.connect_dcs.remote(init, world)]
+                + [r.connect_dcs.remote(init, world, i + 1) for i, r in enumerate(receivers)]
+            )
             start = 0
             if cfg.train.load:
                 start = ray.get(actor.load.remote(_latest_checkpoint(cfg.train.load)))
@@ -214,16 +252,29 @@ class Controller:
             history = ray.get(actor.get_history.remote())
             if cfg.train.save:
                 ray.get(actor.save.remote())
-            audit = {"trained_ids": ray.get(actor.get_trained_ids.remote()),
-                     "trainer_weights": ray.get(actor.get_weight_log.remote()),
-                     "rollout_weights": ray.get(rollout.get_weight_log.remote()),
-                     "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers}}
+            audit = {
+                "trained_ids": ray.get(actor.get_trained_ids.remote()),
+                "trainer_weights": ray.get(actor.get_weight_log.remote()),
+                "rollout_weights": ray.get(rollout.get_weight_log.remote()),
+                "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers},
+            }
             bus_stats = bus.stats()
             # the sender first: receivers still listening acknowledge its shutdown, then they close
             ray.get(actor.close.remote())
-            ray.get([rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"])
-            return RunResult(history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
-                             "fully_async", cfg.run.max_staleness, stats, bus_stats, audit)
+            ray.get(
+                [rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"]
+            )
+            return RunResult(
+                history,
+                time.perf_counter() - t_start,
+                rl_wall,
+                len(audit["trained_ids"]),
+                "fully_async",
+                cfg.run.max_staleness,
+                stats,
+                bus_stats,
+                audit,
+            )
         finally:
             if started_ray:
                 ray.shutdown()

@@ -41,3 +41,14 @@ def build_tiny_checkpoint(path) -> str:
     )
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return str(path)
+
+
+def parity_reward(response: str, label, metadata=None) -> float:
+    """1 when the response has an even number of characters: on an untrained model's samples it splits
+    most groups and leaves some all-equal, which is what a dynamic-sampling test needs. Importable in every
+    Ray worker, unlike a function defined in a test file.
+
+    >>> parity_reward("ab", "x")
+    1.0
+    """
+    return float(len(response) % 2 == 0)

@@ -22,7 +22,9 @@ from relax_rollout.rewards import build_scorer
 class RolloutWorker:
     role = "rollout"
 
-    def __init__(self, cfg: RelaxConfig, bus: Any, model_path: str, prompt_path: str, torch_threads: int | None = None):
+    def __init__(
+        self, cfg: RelaxConfig, bus: Any, model_path: str, prompt_path: str, torch_threads: int | None = None
+    ):
         import torch
         from transformers import AutoTokenizer
 
@@ -30,12 +32,22 @@ class RolloutWorker:
             torch.set_num_threads(torch_threads)
         self.cfg, self.bus = cfg, bus
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = build_engine(cfg.rollout.rollout_backend, model_path=model_path, dtype=cfg.model.dtype,
-                                   eos_token_ids=[self.tokenizer.eos_token_id],
-                                   pad_token_id=self.tokenizer.pad_token_id)
+        extra = (
+            {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
+        )
+        self.engine = build_engine(
+            cfg.rollout.rollout_backend,
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            eos_token_ids=[self.tokenizer.eos_token_id],
+            pad_token_id=self.tokenizer.pad_token_id,
+            **extra,
+        )
         ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key)
         self.skipped_rows = ds.skipped
-        self.prompts = PromptIterator(ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed)
+        self.prompts = PromptIterator(
+            ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed
+        )
         self.scorer = build_scorer(cfg)
         self._cond = threading.Condition()
         self._receiver = None
@@ -80,56 +92,125 @@ class RolloutWorker:
 
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
-        return self._finish(self._generate(step))
+        return self._finish(self._collect(step))
 
-    def _generate(self, step: int) -> dict[str, Any]:
+    def _collect(self, step: int) -> dict[str, Any]:
+        """One batch generated (and, with dynamic sampling, scored and filtered)."""
+        return self._generate_filtered(step) if self.cfg.rollout.dynamic_sampling else self._generate(step)
+
+    def _generate_filtered(self, step: int) -> dict[str, Any]:
+        """DAPO dynamic sampling: keep only groups whose rewards differ, generating further rounds of
+        --rollout-batch-size prompts until --rollout-batch-size such groups are found or
+        --dynamic-sampling-max-rounds extra rounds are spent; a batch still short is topped up with
+        uninformative groups (counted) rather than stalling training. Scoring runs inline here because the
+        filter needs the rewards; the bus write still overlaps the next batch's generation."""
+        r = self.cfg.rollout
+        n, want = r.n_samples_per_prompt, r.rollout_batch_size
+        kept: list[tuple] = []  # (row, prompts, outs, results, texts) per informative group
+        spare: list[tuple] = []
+        dropped, rounds, gen_s, reward_s = 0, 0, 0.0, 0.0
+        while len(kept) < want and rounds <= r.dynamic_sampling_max_rounds:
+            pending = self._generate(step, round_=rounds)
+            results, secs = self._score(pending)
+            gen_s, reward_s, rounds = gen_s + pending["generate_s"], reward_s + secs, rounds + 1
+            for g, row in enumerate(pending["rows"]):
+                sl = slice(g * n, (g + 1) * n)
+                group = (row, pending["prompts"][sl], pending["outs"][sl], results[sl], pending["texts"][sl])
+                if len({float(x.score) for x in group[3]}) > 1:
+                    kept.append(group)
+                else:
+                    dropped += 1
+                    spare.append(group)
+        unfilled = max(0, want - len(kept))
+        groups = kept[:want] + spare[:unfilled]
+        counters = {
+            "ds_dropped_groups": dropped,
+            "ds_extra_rounds": rounds - 1,
+            "ds_unfilled_groups": unfilled,
+        }
+        for k, v in counters.items():
+            self.stats[k] = self.stats.get(k, 0) + v
+        return {
+            "step": step,
+            "rows": [g[0] for g in groups],
+            "prompts": [p for g in groups for p in g[1]],
+            "outs": [o for g in groups for o in g[2]],
+            "results": [x for g in groups for x in g[3]],
+            "texts": [t for g in groups for t in g[4]],
+            "generate_s": gen_s,
+            "reward_s": reward_s,
+            "extra": counters,
+        }
+
+    def _generate(self, step: int, round_: int = 0) -> dict[str, Any]:
         r = self.cfg.rollout
         rows = self.prompts.next_batch()
         n = r.n_samples_per_prompt
         prompts = [self._encode(row.prompt) for row in rows for _ in range(n)]
         mins: int | list[int] = 0
         if r.long_tail_min_tokens:
-            rng = np.random.default_rng(self.cfg.train.seed * 7919 + step)
+            base = self.cfg.train.seed * 7919 + step
+            rng = np.random.default_rng(base if round_ == 0 else (base, round_))
             draw = (rng.pareto(1.5, size=len(prompts)) * r.long_tail_min_tokens).astype(int)
             mins = [int(min(d, r.rollout_max_response_len)) for d in draw]
-        params = SamplingParams(max_new_tokens=r.rollout_max_response_len, temperature=r.rollout_temperature,
-                                top_p=r.rollout_top_p, min_new_tokens=mins,
-                                seed=self.cfg.train.seed * 1_000_003 + step)
+        params = SamplingParams(
+            max_new_tokens=r.rollout_max_response_len,
+            temperature=r.rollout_temperature,
+            top_p=r.rollout_top_p,
+            min_new_tokens=mins,
+            seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
+        )
         t0 = time.perf_counter()
         outs = self.engine.generate(prompts, params)
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s}
 
-    def _finish(self, pending: dict[str, Any]) -> dict[str, float]:
-        """Score a generated batch and put it on the bus."""
-        step, rows, prompts, outs = pending["step"], pending["rows"], pending["prompts"], pending["outs"]
+    def _score(self, pending: dict[str, Any]) -> tuple[list, float]:
+        """Rewards of a generated batch (and its decoded texts, kept in ``pending``), and the seconds spent."""
+        rows, outs = pending["rows"], pending["outs"]
         n = self.cfg.rollout.n_samples_per_prompt
         t1 = time.perf_counter()
-        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        texts = pending["texts"] = [
+            self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs
+        ]
         labels = [row.label for row in rows for _ in range(n)]
         metas = [row.metadata for row in rows for _ in range(n)]
         results = self.scorer.score_batch(texts, labels, metas)
-        reward_s = time.perf_counter() - t1
+        return results, time.perf_counter() - t1
+
+    def _finish(self, pending: dict[str, Any]) -> dict[str, float]:
+        """Score a generated batch (unless dynamic sampling already did) and put it on the bus."""
+        step, rows, prompts, outs = pending["step"], pending["rows"], pending["prompts"], pending["outs"]
+        n = self.cfg.rollout.n_samples_per_prompt
+        if "results" in pending:
+            results, reward_s = pending["results"], pending["reward_s"]
+        else:
+            results, reward_s = self._score(pending)
+        texts = pending["texts"]
+        extra = pending.get("extra", {})
         samples = []
         for i, (o, res) in enumerate(zip(outs, results)):
             row = rows[i // n]
             p = prompts[i]
-            samples.append({
-                "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
-                "prompt_len": len(p),
-                "response_len": len(o.token_ids),
-                "loss_mask": np.ones(len(o.token_ids), dtype=np.float32),
-                "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
-                "reward": float(res.score),
-                "reward_failure": res.failure or "",
-                "policy_version": int(o.weight_version),
-                "group_id": f"{step}:{i // n}",
-                "prompt_id": row.row_id,
-                "rollout_step": step,
-                "finish_reason": o.finish_reason,
-                "response_text": texts[i],
-            })
+            samples.append(
+                {
+                    "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
+                    "prompt_len": len(p),
+                    "response_len": len(o.token_ids),
+                    "loss_mask": np.ones(len(o.token_ids), dtype=np.float32),
+                    "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
+                    "reward": float(res.score),
+                    "reward_failure": res.failure or "",
+                    "policy_version": int(o.weight_version),
+                    "group_id": f"{step}:{i // n}",
+                    "prompt_id": row.row_id,
+                    "rollout_step": step,
+                    "finish_reason": o.finish_reason,
+                    "response_text": texts[i],
+                    **extra,
+                }
+            )
         self.bus.put(samples, partition=f"step{step}")
         self.stats["samples"] += len(samples)
         self.stats["reward_s"] += reward_s
@@ -174,7 +255,7 @@ class RolloutWorker:
                             self._receiver.check()
                         self._cond.wait(0.5)
                 self.stats["wait_s"] += time.perf_counter() - t0
-                pending = self._generate(step)
+                pending = self._collect(step)
                 while thread.is_alive():
                     try:
                         handoff.put(pending, timeout=0.5)

@@ -70,8 +70,15 @@ class _BusLoop:
 class ForwardWorker(_BusLoop):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
 
-    def __init__(self, cfg: RelaxConfig, bus: Any, role: str, model_path: str, backend: Any = None,
-                 torch_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        bus: Any,
+        role: str,
+        model_path: str,
+        backend: Any = None,
+        torch_threads: int | None = None,
+    ) -> None:
         _set_threads(torch_threads)
         if role not in ("actor_fwd", "reference"):
             raise ValueError(f"ForwardWorker role must be actor_fwd or reference, got {role!r}")
@@ -81,13 +88,17 @@ class ForwardWorker(_BusLoop):
         if backend is None:
             from relax_train.backends import build_backend
 
-            backend = build_backend(cfg.train.train_backend, config=cfg, model_path=model_path, trainable=False)
+            backend = build_backend(
+                cfg.train.train_backend, config=cfg, model_path=model_path, trainable=False
+            )
         self.backend = backend
         self._receiver = None
 
     def handle(self, batch) -> None:
         lp = self.backend.compute_log_probs(batch.data)
-        self.bus.add_fields(batch.ids, {self.field: lp, f"{self.field}_version": [self.backend.version] * len(lp)})
+        self.bus.add_fields(
+            batch.ids, {self.field: lp, f"{self.field}_version": [self.backend.version] * len(lp)}
+        )
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         from relax_core.dcs import WeightReceiver
@@ -101,6 +112,31 @@ class ForwardWorker(_BusLoop):
             self._receiver.close()
 
 
+def kl_shaped_sequence_rewards(rewards, rollout_logp, ref_logp, beta: float, estimator: str) -> np.ndarray:
+    """KL in the reward for outcome-reward estimators: r - β·Σ_t kl_t per response, kl_t estimated from the
+    behaviour (rollout) log-probs against the reference. With outcome rewards, the return at every token of
+    per-token shaped rewards (InstructGPT Eq. 2) summed to the end; here the whole response's sum, since the
+    estimators work on one scalar per response. numpy, like the estimators: this role needs no torch.
+
+    >>> kl_shaped_sequence_rewards([1.0], [np.array([-1.0, -2.0])], [np.array([-1.0, -1.0])], 0.5, "k1").tolist()
+    [0.5]
+    """
+    out = np.asarray(rewards, dtype=np.float64).copy()
+    for i, (lp, ref) in enumerate(zip(rollout_logp, ref_logp)):
+        d = np.asarray(lp, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+        if estimator == "k1":
+            kl = d
+        elif estimator == "k2":
+            kl = 0.5 * d * d
+        elif estimator == "k3":
+            e = np.clip(-d, -20.0, 20.0)
+            kl = np.exp(e) - e - 1.0
+        else:
+            raise ValueError(f"unknown --kl-estimator {estimator!r}; available: ['k1', 'k2', 'k3']")
+        out[i] -= beta * float(kl.sum())
+    return out
+
+
 class AdvantagesWorker(_BusLoop):
     """Group-normalised advantages; CPU only, whole groups at a time."""
 
@@ -110,21 +146,39 @@ class AdvantagesWorker(_BusLoop):
 
     def handle(self, batch) -> None:
         d = batch.data
-        adv = compute_advantages(self.cfg.algo.advantage_estimator, d["group_id"], d["reward"], d["response_len"],
-                                 self.cfg.algo.normalize_advantages_std)
-        self.bus.add_fields(batch.ids, {"advantages": adv})
+        a = self.cfg.algo
+        rewards = d["reward"]
+        fields: dict[str, Any] = {}
+        if a.uses_reference and a.kl_in_reward:
+            rewards = kl_shaped_sequence_rewards(
+                d["reward"], d["rollout_log_probs"], d["ref_log_probs"], a.kl_coef, a.kl_estimator
+            )
+            fields["shaped_reward"] = [float(r) for r in rewards]
+        fields["advantages"] = compute_advantages(
+            a.advantage_estimator, d["group_id"], rewards, d["response_len"], a.normalize_advantages_std
+        )
+        self.bus.add_fields(batch.ids, fields)
 
 
 class ActorWorker:
     """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
 
-    def __init__(self, cfg: RelaxConfig, bus: Any, model_path: str, eval_path: str | None = None,
-                 evaluator: str = "relax_rollout.evaluate:GreedyEvaluator", torch_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        bus: Any,
+        model_path: str,
+        eval_path: str | None = None,
+        evaluator: str = "relax_rollout.evaluate:GreedyEvaluator",
+        torch_threads: int | None = None,
+    ) -> None:
         _set_threads(torch_threads)
         from relax_train.backends import build_backend
 
         self.cfg, self.bus = cfg, bus
-        self.backend = build_backend(cfg.train.train_backend, config=cfg, model_path=model_path, trainable=True)
+        self.backend = build_backend(
+            cfg.train.train_backend, config=cfg, model_path=model_path, trainable=True
+        )
         self.evaluate = None
         if eval_path is not None:
             module, _, attr = evaluator.partition(":")
@@ -145,7 +199,7 @@ class ActorWorker:
         self.required = ["advantages"]
         if cfg.algo.use_actor_fwd:
             self.required.append("log_probs")
-        if cfg.algo.kl_coef > 0:
+        if cfg.algo.uses_reference and cfg.algo.use_kl_loss:
             self.required.append("ref_log_probs")
 
     # -- weights -------------------------------------------------------------------------------
@@ -179,26 +233,45 @@ class ActorWorker:
         self.bus.set_trainer_version(self.backend.version)
         t3 = time.perf_counter()
         staleness = [step - int(v) for v in d["policy_version"]]
-        metrics.update({
-            "step": step + 1,
-            "rollout/reward_mean": float(np.mean(d["reward"])),
-            "rollout/response_len_mean": float(np.mean(d["response_len"])),
-            "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
-            "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
-            "train/staleness_mean": float(np.mean(staleness)),
-            "train/staleness_max": float(np.max(staleness)),
-            "perf/wait_for_data_s": t1 - t0,
-            "perf/train_s": t2 - t1,
-            "perf/weight_sync_s": t3 - t2,
-            "perf/samples": float(len(batch)),
-            "time": time.time(),
-        })
+        metrics.update(
+            {
+                "step": step + 1,
+                "rollout/reward_mean": float(np.mean(d["reward"])),
+                "rollout/response_len_mean": float(np.mean(d["response_len"])),
+                "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
+                "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
+                "train/staleness_mean": float(np.mean(staleness)),
+                "train/staleness_max": float(np.max(staleness)),
+                "perf/wait_for_data_s": t1 - t0,
+                "perf/train_s": t2 - t1,
+                "perf/weight_sync_s": t3 - t2,
+                "perf/samples": float(len(batch)),
+                "time": time.time(),
+            }
+        )
+        by_group: dict[str, list[float]] = {}
+        for g, r in zip(d["group_id"], d["reward"]):
+            by_group.setdefault(str(g), []).append(float(r))
+        metrics["rollout/groups"] = float(len(by_group))
+        # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
+        metrics["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
+        for key in ("ds_dropped_groups", "ds_extra_rounds", "ds_unfilled_groups"):
+            if key in d:  # dynamic sampling: one value per rollout step, repeated on its samples
+                metrics[f"rollout/{key}"] = float(np.mean(d[key]))
         if "log_probs" in d:
             diffs = [np.mean(np.abs(a - b)) for a, b in zip(d["log_probs"], d["rollout_log_probs"])]
             metrics["train/rollout_vs_fwd_logp_absdiff"] = float(np.mean(diffs))
-        if self.evaluate is not None and self.cfg.run.eval_interval and (step + 1) % self.cfg.run.eval_interval == 0:
+        if (
+            self.evaluate is not None
+            and self.cfg.run.eval_interval
+            and (step + 1) % self.cfg.run.eval_interval == 0
+        ):
             metrics["eval/accuracy"] = self.evaluate(self.backend.model)
-        if self.cfg.train.save and self.cfg.train.save_interval and (step + 1) % self.cfg.train.save_interval == 0:
+        if (
+            self.cfg.train.save
+            and self.cfg.train.save_interval
+            and (step + 1) % self.cfg.train.save_interval == 0
+        ):
             self.save()
         self.log(metrics)
         return metrics

@@ -32,7 +32,8 @@ class GenerateOutput:
     log_probs: list[float]
     """Per generated token, log p(token | prefix) under the sampling distribution."""
     finish_reason: str
-    """"stop" (EOS/stop token) or "length" (max_new_tokens reached)."""
+    """"stop" (EOS/stop token), "length" (max_new_tokens reached) or "abort" (aborted by the caller,
+    e.g. a server's /abort_request or /pause_generation; the tokens so far are kept)."""
     weight_version: int
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -52,6 +53,7 @@ class RolloutEngine(Protocol):
 
 ENGINES: dict[str, str] = {
     "torch": "relax_rollout.engines.torch_engine:TorchEngine",
+    "external": "relax_rollout.engines.external:ExternalEngine",
 }
 
 
@@ -60,7 +62,11 @@ def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
     if name not in ENGINES:
         raise ValueError(
             f"unknown --rollout-backend {name!r}; available: {sorted(ENGINES)}"
-            + (" (the sglang engine needs `pip install 'relax-rollout[sglang]'` and a GPU)" if name == "sglang" else "")
+            + (
+                " (the sglang engine needs `pip install 'relax-rollout[sglang]'` and a GPU)"
+                if name == "sglang"
+                else ""
+            )
         )
     module, _, attr = ENGINES[name].partition(":")
     cls = getattr(importlib.import_module(module), attr)

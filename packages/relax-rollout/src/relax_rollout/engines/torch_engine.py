@@ -9,6 +9,7 @@ control padding (left) and ``position_ids`` ourselves.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,20 +66,49 @@ class TorchEngine:
         return checksum(self.named_weights())
 
     # -- generation ----------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_step: Callable[[int], set[int] | None] | None = None,
+    ) -> list[GenerateOutput]:
+        """Sample a response per prompt.
+
+        ``on_step(t)`` (optional, used by the HTTP server for pause/abort) runs before every decode step
+        with the engine lock released — it may block (an in-place pause) while weights are updated — and
+        returns the indices (into ``prompts``) to abort now; those end with finish_reason "abort" and
+        keep the tokens generated so far."""
         if not prompts:
             return []
         out: list[GenerateOutput] = []
         min_new = params.min_new_tokens
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = prompts[start : start + self.max_batch_size]
-            mins = min_new[start : start + len(chunk)] if isinstance(min_new, list) else [min_new] * len(chunk)
+            mins = (
+                min_new[start : start + len(chunk)] if isinstance(min_new, list) else [min_new] * len(chunk)
+            )
+            hook = None
+            if on_step is not None:
+                hook = self._chunk_hook(on_step, start, len(chunk))
             with self._lock:
-                out.extend(self._generate_chunk(chunk, params, mins))
+                out.extend(self._generate_chunk(chunk, params, mins, hook))
         return out
 
+    def _chunk_hook(self, on_step: Callable[[int], set[int] | None], start: int, n: int):
+        def hook(t: int) -> list[int]:
+            self._lock.release()  # let a weight update in while the caller pauses
+            try:
+                rows = on_step(t) or set()
+            finally:
+                self._lock.acquire()
+            return [i - start for i in rows if start <= i < start + n]
+
+        return hook
+
     @torch.no_grad()
-    def _generate_chunk(self, prompts: list[list[int]], p: SamplingParams, mins: list[int]) -> list[GenerateOutput]:
+    def _generate_chunk(
+        self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None
+    ) -> list[GenerateOutput]:
         bsz = len(prompts)
         max_len = max(len(x) for x in prompts)
         ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long)
@@ -101,14 +131,28 @@ class TorchEngine:
         done = torch.zeros(bsz, dtype=torch.bool, device=self.device)
         lengths = torch.full((bsz,), p.max_new_tokens, dtype=torch.long, device=self.device)
         stopped = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+        aborted = torch.zeros(bsz, dtype=torch.bool, device=self.device)
 
         from transformers import DynamicCache
 
         cache = DynamicCache()
         step_ids, step_pos = ids, positions
         for t in range(p.max_new_tokens):
+            if hook is not None and (rows := hook(t)):
+                hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
+                hit[rows] = True
+                hit &= ~done
+                lengths = torch.where(hit, torch.full_like(lengths, t), lengths)
+                aborted |= hit
+                done |= hit
+                if bool(done.all()):
+                    break
             outputs = self.model(
-                input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
             )
             cache = outputs.past_key_values
             logits = outputs.logits[:, -1, :].float()
@@ -138,14 +182,16 @@ class TorchEngine:
                 GenerateOutput(
                     token_ids=tokens[i, :n].tolist(),
                     log_probs=logps[i, :n].tolist(),
-                    finish_reason="stop" if bool(stopped[i]) else "length",
+                    finish_reason="abort" if bool(aborted[i]) else "stop" if bool(stopped[i]) else "length",
                     weight_version=self.weight_version,
                 )
             )
         return results
 
     @staticmethod
-    def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(
+        logits: torch.Tensor, p: SamplingParams, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if p.greedy:
             logprobs = torch.log_softmax(logits, dim=-1)
             nxt = logits.argmax(-1)

@@ -1,4 +1,5 @@
-"""The torch training backend: an HF causal LM, AdamW, micro-batches, PPO-family losses.
+"""The torch training backend: an HF causal LM, AdamW, micro-batches, the policy losses of
+:mod:`relax_train.algorithms` chosen by config.
 
 The same class serves three roles: ``actor`` (trains), ``actor_fwd`` (recomputes log-probs with the
 latest trainer weights) and ``reference`` (frozen). Log-probs are computed on right-padded
@@ -16,7 +17,9 @@ import numpy as np
 import torch
 
 from relax_core.config import RelaxConfig
-from relax_train.algorithms.losses import entropy_from_logits, kl_k3, ppo_clip_loss
+from relax_train.algorithms.aggregation import aggregate_loss
+from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
+from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_from_logits, kl_penalty
 
 
 class TorchBackend:
@@ -25,7 +28,9 @@ class TorchBackend:
 
         self.cfg = config
         torch.manual_seed(config.train.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.model.dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, config.model.dtype)
+        )
         self.pad_token_id = self.model.config.pad_token_id or 0
         self.temperature = config.rollout.rollout_temperature
         self.trainable = trainable
@@ -33,7 +38,10 @@ class TorchBackend:
         if trainable:
             t = config.train
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+                self.model.parameters(),
+                lr=t.lr,
+                betas=(t.adam_beta1, t.adam_beta2),
+                weight_decay=t.weight_decay,
             )
             self.model.train()
         else:
@@ -41,7 +49,9 @@ class TorchBackend:
             self.model.requires_grad_(False)
 
     # -- forward -------------------------------------------------------------------------------
-    def _pad(self, samples: dict[str, list], idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    def _pad(
+        self, samples: dict[str, list], idx: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
         seqs = [np.asarray(samples["tokens"][i]) for i in idx]
         plens = [int(samples["prompt_len"][i]) for i in idx]
         rlens = [len(s) - p for s, p in zip(seqs, plens)]
@@ -83,18 +93,52 @@ class TorchBackend:
         return out
 
     # -- training ------------------------------------------------------------------------------
+    def _loss_params(self) -> LossParams:
+        a = self.cfg.algo
+        return LossParams(
+            eps_clip=a.eps_clip,
+            eps_clip_high=a.eps_clip_high,
+            clip_ratio_c=a.eps_clip_c,
+            tau_pos=a.sapo_tau_pos,
+            tau_neg=a.sapo_tau_neg,
+            cispo_ratio_max=a.cispo_ratio_max,
+        )
+
+    def _behaviour_weights(
+        self, prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """π_prox / π_behaviour per token ([B, T]) or per response ([B, 1]); None when no correction is on."""
+        a = self.cfg.algo
+        if a.tis_mode == "none":
+            if not a.decoupled_ppo:
+                return None
+            return truncated_is_weights(prox, behav, mask, "token", "mask", None, None)  # untruncated
+        level, mode = a.tis_mode.split("_")
+        return truncated_is_weights(prox, behav, mask, level, mode, None, a.tis_cap)
+
     def train_step(self, samples: dict[str, list]) -> dict[str, float]:
-        """One rollout batch: one or more optimizer steps of --global-batch-size samples each."""
+        """One rollout batch: one or more optimizer steps of --global-batch-size samples each.
+
+        Per micro-batch: the chosen policy loss against the proximal policy (ActorFwd log-probs, or the
+        rollout's without ActorFwd), times the behaviour weight (decoupled PPO / TIS) if on, plus β·KL if
+        the KL is a loss, aggregated with the optimizer batch's token and sequence counts, so accumulating
+        micro-batches gives exactly the full-batch gradient. Entropy is a token-mean bonus on top.
+        """
         if not self.trainable:
             raise RuntimeError("this backend was built frozen (actor_fwd/reference); it cannot train")
         a = self.cfg.algo
+        loss_fn, params = POLICY_LOSSES[a.policy_loss], self._loss_params()
         n = len(samples["tokens"])
         gbs = min(self.cfg.effective_global_batch_size, n)
         mbs = self.cfg.train.micro_batch_size
-        old_key = "log_probs" if "log_probs" in samples else "rollout_log_probs"
-        sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0,
-                                  "ratio_mean": 0.0, "grad_norm": 0.0, "tokens": 0.0}
-        n_opt = 0
+        has_prox = "log_probs" in samples
+        old_key = "log_probs" if has_prox else "rollout_log_probs"
+        has_behav = "rollout_log_probs" in samples
+        kl_loss = a.uses_reference and a.use_kl_loss and "ref_log_probs" in samples
+        sums: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "tokens": 0.0}
+        counts: dict[str, float] = {}  # fractions of tokens: clipped, dual-clipped, ...
+        loss_total, grad_norm, n_opt = 0.0, 0.0, 0
+        keep: dict[str, list[torch.Tensor]] = {"ratio": [], "train": [], "rollout": [], "tis": []}
         self.model.train()
         for gstart in range(0, n, gbs):
             gidx = list(range(gstart, min(n, gstart + gbs)))
@@ -103,34 +147,94 @@ class TorchBackend:
             for mstart in range(0, len(gidx), mbs):
                 idx = gidx[mstart : mstart + mbs]
                 logp, valid, rlens, ent = self._response_logp(samples, idx, with_entropy=a.entropy_coef > 0)
-                old = self._padded(samples[old_key], idx, logp.shape[1])
-                adv = self._padded(samples["advantages"], idx, logp.shape[1])
-                lmask = self._padded(samples["loss_mask"], idx, logp.shape[1]) * valid
-                pg, st = ppo_clip_loss(logp, old, adv, a.eps_clip, a.eps_clip_high)
+                width = logp.shape[1]
+                old = self._padded(samples[old_key], idx, width)
+                behav = self._padded(samples["rollout_log_probs"], idx, width) if has_behav else old
+                adv = self._padded(samples["advantages"], idx, width)
+                lmask = self._padded(samples["loss_mask"], idx, width) * valid
+                pg, st = loss_fn(logp, old, adv, lmask, params)
                 tok_loss = pg
-                if a.kl_coef > 0:
-                    kl = kl_k3(logp, self._padded(samples["ref_log_probs"], idx, logp.shape[1]))
+                w = self._behaviour_weights(old, behav, lmask) if has_prox and has_behav else None
+                if w is not None:
+                    tok_loss = tok_loss * w
+                    keep["tis"].append(w.expand_as(logp)[lmask.bool()])
+                if kl_loss:
+                    kl = kl_penalty(logp, self._padded(samples["ref_log_probs"], idx, width), a.kl_estimator)
                     tok_loss = tok_loss + a.kl_coef * kl
                     sums["kl"] += float((kl.detach() * lmask).sum())
+                loss = aggregate_loss(
+                    tok_loss,
+                    lmask,
+                    a.loss_agg_mode,
+                    global_tokens=total_tokens,
+                    global_seqs=len(gidx),
+                    max_len=self.cfg.rollout.rollout_max_response_len,
+                )
                 if ent is not None:
-                    tok_loss = tok_loss - a.entropy_coef * ent
+                    loss = loss - a.entropy_coef * (ent * lmask).sum() / total_tokens
                     sums["entropy"] += float((ent.detach() * lmask).sum())
-                loss = (tok_loss * lmask).sum() / total_tokens
                 loss.backward()
-                sums["loss"] += float(loss.detach()) * total_tokens
+                loss_total += float(loss.detach())
+                sel = lmask.bool()
                 sums["pg_loss"] += float((pg.detach() * lmask).sum())
-                sums["clipfrac"] += float((st["clipped"] * lmask).sum())
-                sums["ratio_mean"] += float((st["ratio"] * lmask).sum())
                 sums["tokens"] += float(lmask.sum())
+                for key in ("clipped", "dual_clipped", "gate"):
+                    if key in st:
+                        counts[key] = counts.get(key, 0.0) + float((st[key] * lmask).sum())
+                if a.policy_loss in ("ppo", "gspo"):
+                    high = a.eps_clip if a.eps_clip_high is None else a.eps_clip_high
+                    r = st["ratio"]
+                    low_c = ((r < 1.0 - a.eps_clip) & (adv < 0)).float()
+                    high_c = ((r > 1.0 + high) & (adv > 0)).float()
+                    counts["clipped_low"] = counts.get("clipped_low", 0.0) + float((low_c * lmask).sum())
+                    counts["clipped_high"] = counts.get("clipped_high", 0.0) + float((high_c * lmask).sum())
+                keep["ratio"].append(st["ratio"][sel])
+                if has_behav:
+                    keep["train"].append(logp.detach()[sel])
+                    keep["rollout"].append(behav[sel])
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
-            sums["grad_norm"] += float(gn)
+            grad_norm += float(gn)
             self.optimizer.step()
             n_opt += 1
         self.version += 1
+        return self._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
+
+    @staticmethod
+    def _step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:
         tokens = sums.pop("tokens") or 1.0
-        metrics = {k: v / tokens for k, v in sums.items() if k != "grad_norm"}
-        metrics["grad_norm"] = sums["grad_norm"] / max(n_opt, 1)
+        names = {
+            "clipped": "clipfrac",
+            "dual_clipped": "dual_clipfrac",
+            "gate": "sapo_gate_mean",
+            "clipped_low": "clipfrac_low",
+            "clipped_high": "clipfrac_high",
+        }
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics.update({names[k]: v / tokens for k, v in counts.items()})
+        metrics["loss"] = loss_total / max(n_opt, 1)
+        metrics["grad_norm"] = grad_norm / max(n_opt, 1)
         metrics["optimizer_steps"] = float(n_opt)
+        ratio = torch.cat(keep["ratio"]) if keep["ratio"] else torch.ones(1)
+        if ratio.numel():
+            metrics.update(
+                ratio_mean=float(ratio.mean()),
+                ratio_min=float(ratio.min()),
+                ratio_max=float(ratio.max()),
+                ratio_std=float(ratio.std()) if ratio.numel() > 1 else 0.0,
+            )
+        if keep["train"]:
+            train, rollout = torch.cat(keep["train"]), torch.cat(keep["rollout"])
+            mm = mismatch_metrics(train, rollout, torch.ones_like(train, dtype=torch.bool))
+            metrics.update({"rollout_" + k.removeprefix("mismatch/"): v for k, v in mm.items()})
+        if keep["tis"]:
+            w = torch.cat(keep["tis"])
+            if w.numel():
+                metrics.update(
+                    tis_weight_mean=float(w.mean()),
+                    tis_weight_min=float(w.min()),
+                    tis_weight_max=float(w.max()),
+                    tis_zero_frac=float((w == 0).float().mean()),
+                )
         return metrics
 
     @staticmethod
@@ -156,8 +260,12 @@ class TorchBackend:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model")
-        state = {"optimizer": self.optimizer.state_dict() if self.trainable else None,
-                 "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(), "np_rng": np.random.get_state()}
+        state = {
+            "optimizer": self.optimizer.state_dict() if self.trainable else None,
+            "torch_rng": torch.get_rng_state(),
+            "py_rng": random.getstate(),
+            "np_rng": np.random.get_state(),
+        }
         torch.save(state, path / "trainer_state.pt")
         (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
 

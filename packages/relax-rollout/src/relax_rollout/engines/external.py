@@ -1,0 +1,209 @@
+"""An engine that drives already-running SGLang-compatible servers over HTTP (``--rollout-backend external``).
+
+Why: engines started elsewhere — a real SGLang server on a GPU node, or ``python -m relax_rollout.server``
+in another process — join a run by URL, and the rollout manager sees the same ``RolloutEngine`` protocol
+as for the in-process torch engine. Only the standard library is used (urllib), so relax-rollout gains no
+HTTP dependency. A batch is split into contiguous chunks, one per server, sent concurrently; connection
+errors (a server restarting) are retried with back-off, HTTP errors are raised with the server's message.
+
+Weights: ``update_weights`` writes the tensors as safetensors to a temporary directory and calls
+``/update_weights_from_disk`` on every server (same host or shared filesystem; fine for small CPU
+models). For large models, ``connect_dcs`` makes every server join the trainer's DCS broadcast through
+``/init_weights_update_group`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+
+
+class ServerError(RuntimeError):
+    """The server answered with an HTTP error; ``status`` and ``body`` carry its reply."""
+
+    def __init__(self, url: str, status: int, body: Any):
+        msg = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{url} answered HTTP {status}: {msg}")
+        self.status, self.body = status, body
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):  # SGLang's default weight_version is "default"
+        return 0
+
+
+class ExternalEngine:
+    def __init__(
+        self,
+        urls: list[str] | str | None = None,
+        token: str | None = None,
+        timeout_s: float = 600.0,
+        retries: int = 5,
+        retry_backoff_s: float = 0.5,
+        **_ignored: Any,  # model_path, dtype, eos/pad ids: the servers own their model
+    ) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        if not urls:
+            raise ValueError("the external engine needs server URLs: set --rollout-external-urls")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.token, self.timeout_s = token, timeout_s
+        self.retries, self.retry_backoff_s = retries, retry_backoff_s
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, len(self.urls)), thread_name_prefix="relax-external"
+        )
+        self._lock = threading.Lock()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def request(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        """GET (body None) or POST JSON; retries connection errors; raises :class:`ServerError`."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(
+                url + path, data=data, headers=headers, method="GET" if data is None else "POST"
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
+                    raw = resp.read()
+                    return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as e:
+                raw = e.read()
+                try:
+                    payload = json.loads(raw) if raw else None
+                except json.JSONDecodeError:
+                    payload = raw.decode(errors="replace")
+                raise ServerError(url + path, e.code, payload) from None
+            except (urllib.error.URLError, ConnectionError) as e:
+                if attempt == self.retries:
+                    raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e
+                time.sleep(self.retry_backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
+        futs = [self._pool.submit(self.request, u, path, body, timeout_s) for u in self.urls]
+        return [f.result() for f in futs]
+
+    # -- RolloutEngine ---------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        """The lowest version any server holds (what a new request may be generated with)."""
+        return min(_version(r["weight_version"]) for r in self._all("/get_model_info"))
+
+    @staticmethod
+    def _sampling(p: SamplingParams, min_new: int) -> dict:
+        sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
+              "top_p": p.top_p, "min_new_tokens": min_new}  # fmt: skip
+        if p.stop_token_ids:
+            sp["stop_token_ids"] = list(p.stop_token_ids)
+        if p.seed is not None:
+            sp["sampling_seed"] = p.seed
+        return sp
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+        if not prompts:
+            return []
+        mins = params.min_new_tokens
+        mins = list(mins) if isinstance(mins, list) else [mins] * len(prompts)
+        n = len(self.urls)
+        size = -(-len(prompts) // n)
+        chunks = [(u, i, i + size) for u, i in zip(self.urls, range(0, len(prompts), size))]
+
+        def run(url: str, lo: int, hi: int) -> list[dict]:
+            sps = [self._sampling(params, m) for m in mins[lo:hi]]
+            body = {"input_ids": prompts[lo:hi], "sampling_params": sps if len(set(mins[lo:hi])) > 1 else sps[0],
+                    "return_logprob": True}  # fmt: skip
+            return self.request(url, "/generate", body)
+
+        futs = [self._pool.submit(run, *c) for c in chunks]
+        outs: list[GenerateOutput] = []
+        for f in futs:
+            for r in f.result():
+                meta = r["meta_info"]
+                lps = meta.get("output_token_logprobs") or []
+                outs.append(
+                    GenerateOutput(
+                        token_ids=list(r["output_ids"]),
+                        log_probs=[float(x[0]) for x in lps],
+                        finish_reason=meta["finish_reason"]["type"],
+                        weight_version=_version(meta.get("weight_version")),
+                        extra={"rid": meta.get("id")},
+                    )
+                )
+        return outs
+
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        with self._lock, tempfile.TemporaryDirectory(prefix="relax-weights-") as d:
+            flat = {k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in tensors.items()}
+            save_file(flat, f"{d}/model.safetensors")
+            self._all("/update_weights_from_disk", {"model_path": d, "weight_version": str(version)})
+
+    def weights_checksum(self) -> str:
+        """The servers' checksum (a relax extension); servers must agree."""
+        try:
+            sums = {r["checksum"] for r in self._all("/weights_checksum")}
+        except ServerError as e:
+            if e.status == 404:
+                raise NotImplementedError(
+                    "this server has no /weights_checksum (not a relax engine server)"
+                ) from e
+            raise
+        if len(sums) != 1:
+            raise RuntimeError(f"external engines hold different weights: {sorted(sums)}")
+        return sums.pop()
+
+    # -- extras ----------------------------------------------------------------------------------
+    def connect_dcs(self, init_method: str, world_size: int, rank: int, backend: str = "gloo") -> None:
+        """Make server k join the trainer's DCS group as rank ``rank + k`` (returns after the rendezvous,
+        so call it concurrently with the sender's ``connect()``)."""
+        from urllib.parse import urlparse
+
+        u = urlparse(init_method)
+        bodies = [
+            {
+                "master_address": u.hostname,
+                "master_port": u.port,
+                "rank_offset": rank + k,
+                "world_size": world_size,
+                "backend": backend,
+                "group_name": "relax_dcs",
+            }  # fmt: skip
+            for k in range(len(self.urls))
+        ]
+        futs = [
+            self._pool.submit(self.request, url, "/init_weights_update_group", b)
+            for url, b in zip(self.urls, bodies)
+        ]
+        for f in futs:
+            f.result()
+
+    def pause(self, mode: str = "abort") -> None:
+        self._all("/pause_generation", {"mode": mode})
+
+    def resume(self) -> None:
+        self._all("/continue_generation", {})
+
+    def health(self) -> list[bool]:
+        ok = []
+        for u in self.urls:
+            try:
+                self.request(u, "/health")
+                ok.append(True)
+            except (ConnectionError, ServerError):
+                ok.append(False)
+        return ok

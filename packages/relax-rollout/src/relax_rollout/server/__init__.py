@@ -1,0 +1,50 @@
+"""Serve any rollout engine as its own process over HTTP, speaking SGLang's native API and OpenAI's.
+
+``python -m relax_rollout.server --model DIR [--port P] [--host 127.0.0.1] [--token T]``
+
+Why: the rollout manager, the elastic-scaling API and the ``external`` engine drive engines over HTTP, so
+the same client code runs against a real SGLang server on a GPU and against our CPU ``TorchEngine`` here.
+The wire formats therefore follow SGLang exactly where we implement an endpoint; read from
+sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, response bodies),
+``python/sglang/srt/managers/io_struct.py`` (request dataclasses), ``managers/schedule_batch.py``
+(finish reasons), ``managers/tokenizer_manager.py`` (``meta_info``) and docs.sglang.io
+"Sampling Parameters":
+
+- ``POST /generate``: ``text`` or ``input_ids`` (one prompt or a batch), ``sampling_params`` (one dict or
+  one per prompt: ``max_new_tokens`` (default 128), ``temperature`` (0 = greedy), ``top_p``,
+  ``min_new_tokens``, ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``), ``return_logprob``, ``rid``.
+  Returns ``{"text", "output_ids", "meta_info"}`` (a list for a batch); ``meta_info`` has ``id``,
+  ``finish_reason`` (``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}``,
+  ``{"type": "abort", "message"}``), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
+  ``weight_version`` (a string, as SGLang's ``server_args.weight_version``), ``e2e_latency`` and, with
+  ``return_logprob``, ``output_token_logprobs`` = ``[[logprob, token_id, None], ...]`` (text is None as
+  without ``return_text_in_logprobs``). ``input_token_logprobs`` is not computed.
+- ``GET /health`` (200, empty body), ``GET /get_model_info`` (``model_path``, ``tokenizer_path``,
+  ``is_generation``, ``preferred_sampling_params``, ``weight_version``), ``GET /get_weight_version``.
+- Weights: ``POST /update_weights_from_disk`` (``model_path``, ``weight_version``, ``abort_all_requests``
+  → ``{"success", "message", "num_paused_requests"}``); ``POST /init_weights_update_group``
+  (``master_address``, ``master_port``, ``rank_offset``, ``world_size``, ``group_name``, ``backend``) joins
+  a relax DCS ``WeightSender`` as a ``WeightReceiver`` that applies every version it receives;
+  ``POST /update_weights_from_distributed`` (``names``/``dtypes``/``shapes`` accepted,
+  ``weight_version``) then returns once that version is applied — with DCS the sender pushes and the
+  receiver polls, so this call waits rather than triggers; ``POST /destroy_weights_update_group``.
+  ``/update_weights_from_tensor`` is not offered: SGLang's payload is a pickled CUDA-IPC handle.
+- ``POST /pause_generation`` (``mode``: ``abort`` (default) aborts in-flight requests, which return with
+  finish reason abort; ``in_place``/``retract`` hold them at the next decode step, weights may be
+  updated meanwhile) — new requests wait until ``POST /continue_generation``, as in SGLang's tokenizer
+  manager. Bodies ``{"message": "Generation paused successfully.", "status": "ok"}``.
+- ``POST /abort_request`` (``rid`` or ``abort_all``) → 200, empty body.
+- Errors: 400 with ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
+  ``ErrorResponse``; ``param`` names the bad field).
+- OpenAI: ``GET /v1/models``, ``POST /v1/chat/completions`` (the tokenizer's chat template, ChatML when it
+  has none). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
+  ``prompt_token_ids`` (vLLM's names), and ``weight_version``.
+- Relax extension: ``GET /weights_checksum`` (for weight-sync verification).
+
+Security: binds 127.0.0.1 by default. Another ``--host`` requires ``--token``; with a token, control
+endpoints (weights, pause/continue, abort) need ``Authorization: Bearer <token>`` (401 otherwise).
+"""
+
+from relax_rollout.server.app import EngineServer, make_server
+
+__all__ = ["EngineServer", "make_server"]

@@ -1,0 +1,52 @@
+"""``python -m relax_rollout.server --model DIR``: load a TorchEngine (or ``--engine NAME``) and serve it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m relax_rollout.server", description=__doc__)
+    ap.add_argument("--model", required=True, help="HF checkpoint directory (weights + tokenizer)")
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --token)")
+    ap.add_argument("--port", type=int, default=30000, help="port (0 = any free port; printed on start)")
+    ap.add_argument("--token", default=None, help="bearer token required by control endpoints")
+    ap.add_argument("--engine", default="torch", help="engine name in relax_rollout.engines.ENGINES")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--torch-threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    from relax_rollout.server.app import EngineServer, is_loopback, make_server
+
+    if not is_loopback(args.host) and not args.token:
+        ap.error(f"--host {args.host} is not a loopback address: give --token (control endpoints need it)")
+    import torch
+    from transformers import AutoTokenizer
+
+    from relax_rollout.engines import build_engine
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    engine = build_engine(args.engine, model_path=args.model, dtype=args.dtype,
+                          eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)  # fmt: skip
+    state = EngineServer(engine, tok, args.model, args.served_model_name or args.model, args.token)
+    httpd = make_server(state, args.host, args.port)
+    host, port = httpd.server_address[:2]
+    print(f"relax engine server listening on http://{host}:{port}", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        state.destroy_group()
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""The engine server: state (pause gate, in-flight requests, weight receiver) and the HTTP handler."""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import ipaddress
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.server import protocol
+from relax_rollout.server.protocol import BadRequest
+
+logger = logging.getLogger(__name__)
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CONTROL_PATHS = {
+    "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
+    "/destroy_weights_update_group", "/pause_generation", "/continue_generation", "/abort_request",
+}  # fmt: skip
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Req:
+    rid: str
+    aborted: bool = False
+
+
+@dataclass
+class EngineServer:
+    """Everything an HTTP handler needs; independent of the transport so it is unit-testable."""
+
+    engine: Any
+    tokenizer: Any = None
+    model_path: str = ""
+    served_model_name: str = "default"
+    token: str | None = None
+    paused: bool = False
+    pause_mode: str = "abort"
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _reqs: dict[str, _Req] = field(default_factory=dict)
+    _receiver: Any = None
+
+    def __post_init__(self) -> None:
+        try:
+            self._hook_ok = "on_step" in inspect.signature(self.engine.generate).parameters
+        except (AttributeError, TypeError, ValueError):
+            self._hook_ok = False
+        if self.tokenizer is not None and not getattr(self.tokenizer, "chat_template", None):
+            self.tokenizer.chat_template = CHATML
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str]
+    ) -> list[GenerateOutput]:
+        reqs = [_Req(r) for r in rids]
+        with self._cond:
+            for r in reqs:
+                self._reqs[r.rid] = r
+        try:
+            with self._cond:  # SGLang holds new requests while paused, until continue_generation
+                self._cond.wait_for(lambda: not self.paused or all(r.aborted for r in reqs))
+            results: list[GenerateOutput | None] = [None] * len(prompts)
+            groups: dict[SamplingParams, list[int]] = {}
+            for i, p in enumerate(params):  # one engine call per distinct params (min_new_tokens may vary)
+                groups.setdefault(SamplingParams(**{**p.__dict__, "min_new_tokens": 0}), []).append(i)
+            for base, idx in groups.items():
+                live = [i for i in idx if not reqs[i].aborted]
+                for i in set(idx) - set(live):
+                    results[i] = GenerateOutput([], [], "abort", self.engine.weight_version)
+                if not live:
+                    continue
+                p = SamplingParams(
+                    **{**base.__dict__, "min_new_tokens": [params[i].min_new_tokens for i in live]}
+                )
+                sub = [reqs[i] for i in live]
+                kwargs = {"on_step": self._hook(sub)} if self._hook_ok else {}
+                outs = self.engine.generate([prompts[i] for i in live], p, **kwargs)
+                for i, r, o in zip(live, sub, outs):
+                    if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
+                        o.finish_reason = "abort"
+                    results[i] = o
+            return results  # type: ignore[return-value]
+        finally:
+            with self._cond:
+                for r in reqs:
+                    self._reqs.pop(r.rid, None)
+
+    def _hook(self, reqs: list[_Req]):
+        def on_step(t: int) -> set[int]:
+            with self._cond:  # in_place / retract: in-flight requests wait here, weights may change
+                self._cond.wait_for(
+                    lambda: not self.paused or self.pause_mode == "abort" or all(r.aborted for r in reqs)
+                )
+                return {i for i, r in enumerate(reqs) if r.aborted}
+
+        return on_step
+
+    def pause(self, mode: str) -> None:
+        with self._cond:
+            self.paused, self.pause_mode = True, mode
+            if mode == "abort":  # SGLang: abort and return every request being processed
+                for r in self._reqs.values():
+                    r.aborted = True
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self.paused = False
+            self._cond.notify_all()
+
+    def abort(self, rid: str, abort_all: bool) -> int:
+        with self._cond:
+            hit = [r for r in self._reqs.values() if abort_all or r.rid == rid]
+            for r in hit:
+                r.aborted = True
+            self._cond.notify_all()
+            return len(hit)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _next_version(self, requested: Any, field_name: str = "weight_version") -> int:
+        if requested is None:
+            return self.engine.weight_version + 1
+        try:
+            return int(requested)
+        except (TypeError, ValueError):
+            raise BadRequest(field_name, f"must be an integer version (got {requested!r})") from None
+
+    def update_from_disk(self, model_path: str, version: Any) -> int:
+        import torch
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise BadRequest("model_path", f"no *.safetensors files in {model_path!r}")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        v = self._next_version(version)
+        try:
+            self.engine.update_weights(tensors, v)
+        except KeyError as e:
+            raise BadRequest("model_path", f"checkpoint does not match the served model: {e}") from None
+        return v
+
+    def init_group(self, body: dict) -> None:
+        from relax_core.dcs import WeightReceiver
+
+        for key in ("master_address", "master_port", "rank_offset", "world_size"):
+            if key not in body:
+                raise BadRequest(key, "is required")
+        for key in ("master_port", "rank_offset", "world_size"):
+            if not isinstance(body[key], int) or isinstance(body[key], bool):
+                raise BadRequest(key, f"must be an integer (got {body[key]!r})")
+        backend = body.get("backend", "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise BadRequest("backend", f"must be 'gloo' or 'nccl' (got {backend!r})")
+        if self._receiver is not None:
+            raise BadRequest("group_name", "a weight update group is already initialised; destroy it first")
+        try:
+            rcv = WeightReceiver(
+                f"tcp://{body['master_address']}:{body['master_port']}",
+                body["world_size"],
+                body["rank_offset"],
+                backend=backend,
+                group_name=body.get("group_name", "weight_update_group"),
+            )
+        except ValueError as e:
+            raise BadRequest("rank_offset", str(e)) from None
+        rcv.connect()  # rendezvous with the trainer's WeightSender
+        rcv.start_background(lambda v, t: self.engine.update_weights(t, v))
+        self._receiver = rcv
+
+    def wait_for_version(self, version: Any, timeout_s: float) -> int:
+        """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""
+        if self._receiver is None:
+            raise BadRequest("group_name", "no weight update group: call /init_weights_update_group first")
+        want = self._next_version(version)
+        deadline = time.monotonic() + timeout_s
+        while self.engine.weight_version < want:
+            self._receiver.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight version {want} not received within {timeout_s}s")
+            time.sleep(0.01)
+        return self.engine.weight_version
+
+    def destroy_group(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "relax-engine-server"
+    protocol_version = "HTTP/1.1"
+    state: EngineServer  # set on the subclass built by make_server
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        logger.debug("%s " + fmt, self.address_string(), *args)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _send(self, code: int, body: Any = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise BadRequest("body", f"is not valid JSON ({e.msg})") from None
+
+    def _authorised(self, path: str) -> bool:
+        token = self.state.token
+        if token is None or path not in CONTROL_PATHS:
+            return True
+        got = self.headers.get("Authorization", "")
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        route = ROUTES.get((method, path))
+        if route is None:
+            self._send(404, {"object": "error", "message": f"no route {method} {path}", "code": 404})
+            return
+        if not self._authorised(path):
+            self._send(401, {"object": "error", "message": "missing or wrong bearer token", "code": 401})
+            return
+        try:
+            body = self._body() if method == "POST" else {}
+            code, out = route(self.state, body)
+            self._send(code, out)
+        except BadRequest as e:
+            self._send(400, e.body())
+        except TimeoutError as e:
+            self._send(504, {"object": "error", "message": str(e), "code": 504})
+        except Exception as e:  # noqa: BLE001 — report, keep serving
+            logger.exception("request %s failed", path)
+            self._send(500, {"object": "error", "message": f"{type(e).__name__}: {e}", "code": 500})
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+
+# -- routes: (state, body) -> (status, json) ----------------------------------------------------------
+def _health(s: EngineServer, _: dict):
+    return 200, None
+
+
+def _model_info(s: EngineServer, _: dict):
+    return 200, {
+        "model_path": s.model_path,
+        "tokenizer_path": s.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": str(s.engine.weight_version),
+    }
+
+
+def _weight_version(s: EngineServer, _: dict):
+    return 200, {"weight_version": str(s.engine.weight_version)}
+
+
+def _checksum(s: EngineServer, _: dict):
+    return 200, {"checksum": s.engine.weights_checksum(), "weight_version": str(s.engine.weight_version)}
+
+
+def _decode(s: EngineServer, ids: list[int]) -> str:
+    return s.tokenizer.decode(ids, skip_special_tokens=True) if s.tokenizer is not None else ""
+
+
+def _generate(s: EngineServer, body: dict):
+    req = protocol.parse_generate(body, s.tokenizer)
+    t0 = time.perf_counter()
+    outs = s.generate(req.prompts, req.params, req.rids)
+    dt = time.perf_counter() - t0
+    res = [
+        protocol.generate_response(o, p, rid, len(x), req.return_logprob, _decode(s, o.token_ids), dt)
+        for o, p, rid, x in zip(outs, req.params, req.rids, req.prompts)
+    ]
+    return 200, res[0] if req.single else res
+
+
+def _update_from_disk(s: EngineServer, body: dict):
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+        raise BadRequest("model_path", "is required (a directory of *.safetensors)")
+    if body.get("abort_all_requests"):
+        s.abort("", abort_all=True)
+    v = s.update_from_disk(path, body.get("weight_version"))
+    return 200, {"success": True, "message": f"Succeeded to update model weights. Weight version {v}.",
+                 "num_paused_requests": 0}  # fmt: skip
+
+
+def _init_group(s: EngineServer, body: dict):
+    s.init_group(body)
+    return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
+
+
+def _update_from_distributed(s: EngineServer, body: dict):
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if names is not None and not isinstance(names, list):
+        raise BadRequest("names", "must be a list of parameter names")
+    if names is not None and (len(dtypes or []) != len(names) or len(shapes or []) != len(names)):
+        raise BadRequest("dtypes", "names, dtypes and shapes must have the same length")
+    timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
+    v = s.wait_for_version(body.get("weight_version"), timeout)
+    return 200, {"success": True, "message": f"Succeeded to update parameter online. Weight version {v}."}
+
+
+def _destroy_group(s: EngineServer, body: dict):
+    s.destroy_group()
+    return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
+
+
+def _pause(s: EngineServer, body: dict):
+    mode = body.get("mode", "abort")
+    if mode not in ("abort", "retract", "in_place"):
+        raise BadRequest("mode", f"must be one of 'abort', 'retract', 'in_place' (got {mode!r})")
+    s.pause(mode)
+    return 200, {"message": "Generation paused successfully.", "status": "ok"}
+
+
+def _continue(s: EngineServer, body: dict):
+    s.resume()
+    return 200, {"message": "Generation continued successfully.", "status": "ok"}
+
+
+def _abort(s: EngineServer, body: dict):
+    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+    if not isinstance(rid, str):
+        raise BadRequest("rid", f"must be a string (got {rid!r})")
+    if not isinstance(abort_all, bool):
+        raise BadRequest("abort_all", f"must be a boolean (got {abort_all!r})")
+    if not rid and not abort_all:
+        raise BadRequest("rid", "give a request id, or abort_all: true")
+    s.abort(rid, abort_all)
+    return 200, None
+
+
+def _models(s: EngineServer, _: dict):
+    card = {"id": s.served_model_name, "object": "model", "created": 0, "owned_by": "relax",
+            "root": s.served_model_name}  # fmt: skip
+    return 200, {"object": "list", "data": [card]}
+
+
+def _chat(s: EngineServer, body: dict):
+    if s.tokenizer is None:
+        raise BadRequest("messages", "this server has no tokenizer, so no chat template")
+    messages, sp, logprobs = protocol.parse_chat(body)
+    text = s.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = s.tokenizer.encode(text, add_special_tokens=False)
+    params, min_new = protocol.parse_sampling(sp)
+    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    out = s.generate([prompt], [params], [rid])[0]
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": _decode(s, out.token_ids)},
+        "finish_reason": out.finish_reason,
+        "logprobs": None,
+        "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
+    }
+    if logprobs:
+        choice["logprobs"] = {"content": [
+            {"token": _decode(s, [t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(out.token_ids, out.log_probs)
+        ]}  # fmt: skip
+    n_out = len(out.token_ids)
+    return 200, {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": s.served_model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": n_out,
+            "total_tokens": len(prompt) + n_out,
+        },
+        "prompt_token_ids": prompt,  # extension: what the trainer should record as the prompt
+        "weight_version": str(out.weight_version),  # extension, as in SGLang's meta_info
+    }
+
+
+ROUTES = {
+    ("GET", "/health"): _health,
+    ("GET", "/health_generate"): _health,
+    ("GET", "/get_model_info"): _model_info,
+    ("GET", "/get_weight_version"): _weight_version,
+    ("GET", "/weights_checksum"): _checksum,
+    ("POST", "/generate"): _generate,
+    ("POST", "/update_weights_from_disk"): _update_from_disk,
+    ("POST", "/init_weights_update_group"): _init_group,
+    ("POST", "/update_weights_from_distributed"): _update_from_distributed,
+    ("POST", "/destroy_weights_update_group"): _destroy_group,
+    ("POST", "/pause_generation"): _pause,
+    ("POST", "/continue_generation"): _continue,
+    ("POST", "/abort_request"): _abort,
+    ("GET", "/v1/models"): _models,
+    ("POST", "/v1/chat/completions"): _chat,
+}
+
+
+def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """Bind (port 0 = any free port); a non-loopback host needs ``state.token``."""
+    if not is_loopback(host) and not state.token:
+        raise ValueError(
+            f"--host {host} is not a loopback address: give --token so control endpoints need it"
+        )
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    httpd = ThreadingHTTPServer((host, port), handler)
+    httpd.daemon_threads = True
+    return httpd

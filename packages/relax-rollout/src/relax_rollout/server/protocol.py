@@ -1,0 +1,237 @@
+"""Request parsing and response shapes of the SGLang-compatible API, kept apart from the HTTP plumbing.
+
+Every parser raises :class:`BadRequest` naming the offending field, which the server turns into a 400
+with SGLang's error body (``{"object": "error", "message", "type", "param", "code"}``, the shape of
+``sglang.srt.entrypoints.openai.protocol.ErrorResponse``; ``param`` carries the field name as in OpenAI).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+
+# SGLang ``SamplingParams`` keys we honour; presentation-only keys we accept and ignore.
+_SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "stop_token_ids", "ignore_eos"}
+_SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
+_IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n"}
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+
+
+class BadRequest(ValueError):
+    """A payload error: ``field`` is the dotted path of the bad field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+    def body(self) -> dict:
+        return {
+            "object": "error",
+            "message": str(self),
+            "type": "BadRequest",
+            "param": self.field,
+            "code": 400,
+        }
+
+
+def _num(
+    d: dict, key: str, where: str, kind: type, default: Any, lo: float | None = None, hi: float | None = None
+):
+    v = d.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+        raise BadRequest(
+            f"{where}.{key}", f"must be a{'n integer' if kind is int else ' number'} (got {v!r})"
+        )
+    v = kind(v)
+    if lo is not None and v < lo:
+        raise BadRequest(f"{where}.{key}", f"must be ≥ {lo} (got {v})")
+    if hi is not None and v > hi:
+        raise BadRequest(f"{where}.{key}", f"must be ≤ {hi} (got {v})")
+    return v
+
+
+def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingParams, int]:
+    """One SGLang sampling-params dict → (our SamplingParams with a scalar min_new_tokens, min_new_tokens)."""
+    if sp is None:
+        sp = {}
+    if not isinstance(sp, dict):
+        raise BadRequest(where, f"must be an object (got {type(sp).__name__})")
+    for key in sp:
+        if key not in _SAMPLING_KEYS and key not in _IGNORED_KEYS and key not in _SAMPLING_SEED_KEYS:
+            if key == "top_k" and sp[key] in (-1, 0, None):
+                continue
+            raise BadRequest(f"{where}.{key}", "is not supported by this server")
+    max_new = _num(sp, "max_new_tokens", where, int, DEFAULT_MAX_NEW_TOKENS, lo=1)
+    temperature = _num(sp, "temperature", where, float, 1.0, lo=0.0)
+    top_p = _num(sp, "top_p", where, float, 1.0, lo=0.0, hi=1.0)
+    if top_p <= 0.0:
+        raise BadRequest(f"{where}.top_p", f"must be in (0, 1] (got {top_p})")
+    min_new = _num(sp, "min_new_tokens", where, int, 0, lo=0)
+    if sp.get("ignore_eos"):
+        min_new = max_new
+    stops = sp.get("stop_token_ids") or []
+    if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
+        raise BadRequest(f"{where}.stop_token_ids", f"must be a list of integers (got {stops!r})")
+    seed = None
+    for key in _SAMPLING_SEED_KEYS:
+        if sp.get(key) is not None:
+            seed = _num(sp, key, where, int, None)
+    params = SamplingParams(
+        max_new_tokens=max_new,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_p=top_p,
+        greedy=temperature == 0.0,
+        stop_token_ids=tuple(stops),
+        seed=seed,
+    )
+    return params, min_new
+
+
+@dataclass
+class GenerateRequest:
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    """One per prompt (min_new_tokens folded in)."""
+    rids: list[str]
+    return_logprob: bool
+    single: bool
+
+
+def _token_list(v: Any, field: str) -> list[int]:
+    if not isinstance(v, list) or not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise BadRequest(field, "must be a non-empty list of token ids")
+    return v
+
+
+def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
+    """SGLang ``GenerateReqInput``: ``text`` or ``input_ids`` (single or batch), ``sampling_params`` (one
+    dict, or one per prompt), ``return_logprob``, ``rid``."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "must be a JSON object")
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise BadRequest("input_ids", "give exactly one of 'text' or 'input_ids'")
+    if body.get("stream"):
+        raise BadRequest("stream", "streaming is not supported by this server")
+    if ids is not None:
+        single = not (isinstance(ids, list) and ids and isinstance(ids[0], list))
+        prompts = (
+            [_token_list(ids, "input_ids")]
+            if single
+            else [_token_list(x, f"input_ids[{i}]") for i, x in enumerate(ids)]
+        )
+    else:
+        if tokenizer is None:
+            raise BadRequest("text", "this server has no tokenizer; send input_ids")
+        single = isinstance(text, str)
+        texts = [text] if single else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+            raise BadRequest("text", "must be a non-empty string or list of strings")
+        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    sp = body.get("sampling_params")
+    if isinstance(sp, list):
+        if len(sp) != len(prompts):
+            raise BadRequest("sampling_params", f"has {len(sp)} entries for {len(prompts)} prompts")
+        parsed = [parse_sampling(x, f"sampling_params[{i}]") for i, x in enumerate(sp)]
+    else:
+        parsed = [parse_sampling(sp)] * len(prompts)
+    params = [SamplingParams(**{**p.__dict__, "min_new_tokens": m}) for p, m in parsed]
+    rid = body.get("rid")
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in prompts]
+    elif single and isinstance(rid, str):
+        rids = [rid]
+    elif (
+        not single
+        and isinstance(rid, list)
+        and len(rid) == len(prompts)
+        and all(isinstance(r, str) for r in rid)
+    ):
+        rids = rid
+    else:
+        raise BadRequest("rid", "must be a string (one prompt) or a list of strings, one per prompt")
+    return_logprob = body.get("return_logprob", False)
+    if not isinstance(return_logprob, bool):
+        raise BadRequest("return_logprob", f"must be a boolean (got {return_logprob!r})")
+    return GenerateRequest(prompts, params, rids, return_logprob, single)
+
+
+def finish_reason(out: GenerateOutput, params: SamplingParams) -> dict:
+    """SGLang's ``FINISH_MATCHED_TOKEN`` / ``FINISH_LENGTH`` / ``FINISH_ABORT`` ``to_json()`` shapes."""
+    if out.finish_reason == "stop":
+        return {"type": "stop", "matched": out.token_ids[-1] if out.token_ids else None}
+    if out.finish_reason == "length":
+        return {"type": "length", "length": params.max_new_tokens}
+    return {"type": "abort", "message": "Abort request."}
+
+
+def generate_response(
+    out: GenerateOutput,
+    params: SamplingParams,
+    rid: str,
+    prompt_len: int,
+    return_logprob: bool,
+    text: str,
+    latency: float,
+) -> dict:
+    meta = {
+        "id": rid,
+        "finish_reason": finish_reason(out, params),
+        "prompt_tokens": prompt_len,
+        "completion_tokens": len(out.token_ids),
+        "cached_tokens": 0,
+        "weight_version": str(out.weight_version),
+        "e2e_latency": latency,
+    }
+    if return_logprob:
+        # SGLang: a list of (logprob, token_id, token_text) with text None unless return_text_in_logprobs
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.log_probs, out.token_ids)]
+    return {"text": text, "output_ids": list(out.token_ids), "meta_info": meta}
+
+
+def parse_chat(body: Any) -> tuple[list[dict], dict, bool]:
+    """OpenAI ``ChatCompletionRequest`` → (messages, SGLang sampling dict, logprobs)."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages", "must be a non-empty list of {role, content}")
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise BadRequest(f"messages[{i}]", "must be an object with string 'role' and 'content'")
+    if body.get("stream"):
+        raise BadRequest("stream", "streaming is not supported by this server")
+    if body.get("n", 1) != 1:
+        raise BadRequest("n", "only n=1 is supported; send several requests")
+    sp: dict[str, Any] = {}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        sp["max_new_tokens"] = max_tokens
+    for ours, theirs in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("min_new_tokens", "min_tokens"),
+        ("stop_token_ids", "stop_token_ids"),
+        ("sampling_seed", "seed"),
+    ):
+        if body.get(theirs) is not None:
+            sp[ours] = body[theirs]
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise BadRequest("logprobs", f"must be a boolean (got {logprobs!r})")
+    try:
+        parse_sampling(sp, "body")
+    except BadRequest as e:  # name the OpenAI field, not our internal one
+        names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
+        leaf = e.field.split(".")[-1]
+        raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
+    return messages, sp, logprobs

@@ -1,0 +1,309 @@
+"""The engine server in a subprocess: SGLang /generate equals the in-process TorchEngine, pause/continue,
+abort, weight updates from disk and over DCS, OpenAI chat, auth and 400s."""
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from relax_rollout.engines import SamplingParams  # noqa: E402
+from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+
+pytestmark = pytest.mark.integration
+EOS = 1
+PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13]]
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+
+
+def test_generate_greedy_equals_in_process_engine(engine_server, call, local):
+    # the served engine is shared: other tests update its weights (and restore them) before or after this one
+    _, served = call(engine_server, "/get_weight_version")
+    code, res = call(engine_server, "/generate", {
+        "input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "return_logprob": True,
+    })  # fmt: skip
+    assert code == 200 and isinstance(res, list) and len(res) == 3
+    want = local.generate(PROMPTS, SamplingParams(max_new_tokens=10, greedy=True))
+    for r, w in zip(res, want):
+        meta = r["meta_info"]
+        assert r["output_ids"] == w.token_ids
+        assert [x[1] for x in meta["output_token_logprobs"]] == w.token_ids
+        assert all(x[2] is None and len(x) == 3 for x in meta["output_token_logprobs"])
+        assert max(abs(x[0] - lp) for x, lp in zip(meta["output_token_logprobs"], w.log_probs)) < 1e-5
+        assert meta["completion_tokens"] == len(w.token_ids)
+        assert meta["finish_reason"]["type"] == w.finish_reason
+        assert meta["weight_version"] == served["weight_version"]
+        assert isinstance(r["text"], str)
+
+
+def test_generate_single_prompt_and_text(engine_server, call):
+    code, r = call(
+        engine_server, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 3}}
+    )
+    assert code == 200 and isinstance(r, dict) and "output_token_logprobs" not in r["meta_info"]
+    code, r = call(
+        engine_server, "/generate", {"text": "1+2=", "rid": "abc", "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert code == 200 and r["meta_info"]["id"] == "abc" and r["meta_info"]["prompt_tokens"] == 4
+
+
+def test_sampling_params_are_honoured(engine_server, call, local):
+    first = local.generate([PROMPTS[0]], SamplingParams(max_new_tokens=1, greedy=True))[0].token_ids[0]
+    _, r = call(engine_server, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {
+        "max_new_tokens": 5, "temperature": 0, "stop_token_ids": [first]}})  # fmt: skip
+    assert r["output_ids"] == [first] and r["meta_info"]["finish_reason"] == {
+        "type": "stop",
+        "matched": first,
+    }
+    _, r = call(engine_server, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {
+        "max_new_tokens": 6, "min_new_tokens": 6, "temperature": 0.8, "sampling_seed": 3}})  # fmt: skip
+    assert len(r["output_ids"]) == 6 and EOS not in r["output_ids"]
+    assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    body = {"input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 6, "top_p": 0.9, "sampling_seed": 7}}
+    a = [x["output_ids"] for x in call(engine_server, "/generate", body)[1]]
+    b = [x["output_ids"] for x in call(engine_server, "/generate", body)[1]]
+    assert a == b
+    # one sampling-params dict per prompt
+    _, res = call(
+        engine_server,
+        "/generate",
+        {
+            "input_ids": PROMPTS[:2],
+            "sampling_params": [
+                {"max_new_tokens": 4, "min_new_tokens": 4, "temperature": 0},
+                {"max_new_tokens": 2, "temperature": 0},
+            ],
+        },
+    )
+    assert len(res[0]["output_ids"]) == 4 and len(res[1]["output_ids"]) <= 2
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
+    ({"input_ids": [1, "x"]}, "input_ids"),
+    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"input_ids": [3, 4], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+    ({"input_ids": [3, 4], "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
+    ({"input_ids": [3, 4], "sampling_params": {"frequency_penalty": 1.0}}, "sampling_params.frequency_penalty"),
+    ({"input_ids": [3, 4], "sampling_params": {"stop_token_ids": "1"}}, "sampling_params.stop_token_ids"),
+    ({"input_ids": [3, 4], "return_logprob": "yes"}, "return_logprob"),
+])  # fmt: skip
+def test_bad_generate_payloads_are_400_naming_the_field(engine_server, call, body, field):
+    code, err = call(engine_server, "/generate", body)
+    assert code == 400 and err["param"] == field and field in err["message"] and err["object"] == "error"
+
+
+def test_other_400s(engine_server, call):
+    assert call(engine_server, "/pause_generation", {"mode": "nap"})[1]["param"] == "mode"
+    assert call(engine_server, "/abort_request", {})[1]["param"] == "rid"
+    assert call(engine_server, "/update_weights_from_disk", {})[1]["param"] == "model_path"
+    assert (
+        call(engine_server, "/init_weights_update_group", {"master_address": "127.0.0.1"})[1]["param"]
+        == "master_port"
+    )
+    code, err = call(engine_server, "/v1/chat/completions", {"messages": [{"role": "user"}]})
+    assert code == 400 and err["param"] == "messages[0]"
+    code, err = call(
+        engine_server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "1"}], "max_tokens": -1},
+    )
+    assert code == 400 and err["param"] == "max_tokens"
+    assert call(engine_server, "/nope")[0] == 404
+
+
+def _generate_in_thread(url, call, body):
+    box = {}
+    t = threading.Thread(target=lambda: box.update(res=call(url, "/generate", body)))
+    t.start()
+    return t, box
+
+
+def test_pause_blocks_new_requests_until_continue(engine_server, call):
+    assert call(engine_server, "/pause_generation", {})[1] == {"message": "Generation paused successfully.",
+                                                               "status": "ok"}  # fmt: skip
+    try:
+        t, box = _generate_in_thread(engine_server, call, {"input_ids": PROMPTS[0], "sampling_params": {
+            "max_new_tokens": 3, "temperature": 0}})  # fmt: skip
+        t.join(0.5)
+        assert t.is_alive()  # held, as SGLang holds requests while paused
+    finally:
+        assert call(engine_server, "/continue_generation", {})[1]["status"] == "ok"
+    t.join(30)
+    code, r = box["res"]
+    assert code == 200 and len(r["output_ids"]) >= 1
+
+
+def test_pause_abort_mode_aborts_in_flight(engine_server, call):
+    body = {"input_ids": [PROMPTS[1]] * 16, "sampling_params": {"max_new_tokens": 120, "min_new_tokens": 120}}
+    t, box = _generate_in_thread(engine_server, call, body)
+    time.sleep(0.1)
+    call(engine_server, "/pause_generation", {"mode": "in_place"})  # freeze it mid-flight (or at the gate)
+    t.join(0.3)
+    assert t.is_alive()
+    call(engine_server, "/pause_generation", {"mode": "abort"})  # SGLang's default mode: abort what runs
+    t.join(30)
+    call(engine_server, "/continue_generation", {})
+    code, res = box["res"]
+    assert code == 200
+    for r in res:
+        assert r["meta_info"]["finish_reason"]["type"] == "abort"
+        assert len(r["output_ids"]) < 120 and len(r["output_ids"]) == r["meta_info"]["completion_tokens"]
+
+
+def test_pause_in_place_resumes_in_flight(engine_server, call):
+    body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 60, "min_new_tokens": 60}}
+    t, box = _generate_in_thread(engine_server, call, body)
+    time.sleep(0.2)
+    call(engine_server, "/pause_generation", {"mode": "in_place"})
+    t.join(0.5)
+    still_running = t.is_alive()
+    call(engine_server, "/continue_generation", {})
+    t.join(30)
+    r = box["res"][1]
+    assert r["meta_info"]["finish_reason"]["type"] == "length" and len(r["output_ids"]) == 60
+    assert still_running or r  # a very fast machine may finish before the pause lands
+
+
+def test_abort_request_by_rid(engine_server, call):
+    long = {
+        "input_ids": PROMPTS[1],
+        "rid": "long-1",
+        "sampling_params": {"max_new_tokens": 120, "min_new_tokens": 120},
+    }
+    other = {**long, "rid": "other", "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    call(engine_server, "/pause_generation", {"mode": "in_place"})
+    t1, box1 = _generate_in_thread(engine_server, call, long)
+    t2, box2 = _generate_in_thread(engine_server, call, other)
+    time.sleep(0.2)
+    assert call(engine_server, "/abort_request", {"rid": "long-1"}) == (200, None)
+    t1.join(30)
+    call(engine_server, "/continue_generation", {})
+    t2.join(30)
+    r = box1["res"][1]
+    assert r["meta_info"]["id"] == "long-1" and r["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(r["output_ids"]) < 120
+    assert box2["res"][1]["meta_info"]["finish_reason"]["type"] != "abort"  # only that rid
+
+
+def test_update_weights_from_disk_changes_outputs_and_version(engine_server, call, tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    body = {"input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    before = call(engine_server, "/generate", body)[1]
+    v0 = int(call(engine_server, "/get_model_info")[1]["weight_version"])
+    sums0 = call(engine_server, "/weights_checksum")[1]["checksum"]
+    tensors = load_file(f"{tiny_model_dir}/model.safetensors")
+    g = torch.Generator().manual_seed(5)
+    tensors["lm_head.weight"] = torch.randn(tensors["lm_head.weight"].shape, generator=g)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    code, res = call(
+        engine_server,
+        "/update_weights_from_disk",
+        {"model_path": str(tmp_path), "weight_version": str(v0 + 7)},
+    )
+    assert code == 200 and res["success"] is True and "num_paused_requests" in res
+    after = call(engine_server, "/generate", body)[1]
+    assert [x["output_ids"] for x in after] != [x["output_ids"] for x in before]
+    assert all(x["meta_info"]["weight_version"] == str(v0 + 7) for x in after)
+    assert call(engine_server, "/get_weight_version")[1] == {"weight_version": str(v0 + 7)}
+    # restore (version defaults to current + 1)
+    assert call(engine_server, "/update_weights_from_disk", {"model_path": tiny_model_dir})[0] == 200
+    assert call(engine_server, "/get_model_info")[1]["weight_version"] == str(v0 + 8)
+    assert call(engine_server, "/weights_checksum")[1]["checksum"] == sums0
+    assert [x["output_ids"] for x in call(engine_server, "/generate", body)[1]] == [
+        x["output_ids"] for x in before
+    ]
+
+
+def test_update_weights_over_dcs(engine_server, call, local):
+    from relax_core.dcs import WeightSender, free_port
+
+    port = free_port()
+    sender = WeightSender(f"tcp://127.0.0.1:{port}", world_size=2)
+    v0 = int(call(engine_server, "/get_model_info")[1]["weight_version"])
+    t = threading.Thread(target=sender.connect)
+    t.start()
+    code, res = call(engine_server, "/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+        "backend": "gloo", "group_name": "relax_dcs"})  # fmt: skip
+    t.join(30)
+    assert code == 200 and res["success"], res
+    try:
+        box = {}
+        w = threading.Thread(target=lambda: box.update(res=call(engine_server, "/update_weights_from_distributed", {
+            "names": [], "dtypes": [], "shapes": [], "weight_version": str(v0 + 1)})))  # fmt: skip
+        w.start()
+        sender.broadcast(local.named_weights(), v0 + 1)  # the same weights the server started with
+        w.join(30)
+        assert box["res"][0] == 200 and box["res"][1]["success"]
+        assert call(engine_server, "/get_weight_version")[1]["weight_version"] == str(v0 + 1)
+        assert call(engine_server, "/weights_checksum")[1]["checksum"] == local.weights_checksum()
+    finally:
+        closer = threading.Thread(target=sender.close)
+        closer.start()
+        assert call(engine_server, "/destroy_weights_update_group", {})[0] == 200
+        closer.join(30)
+
+
+def test_openai_chat_completion_and_models(engine_server, call):
+    code, models = call(engine_server, "/v1/models")
+    assert code == 200 and models["object"] == "list" and len(models["data"]) == 1
+    name = models["data"][0]["id"]
+    code, r = call(engine_server, "/v1/chat/completions", {
+        "model": name, "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 5, "temperature": 0,
+        "logprobs": True})  # fmt: skip
+    assert code == 200 and r["object"] == "chat.completion"
+    ch = r["choices"][0]
+    assert isinstance(ch["message"]["content"], str) and ch["message"]["role"] == "assistant"
+    assert ch["finish_reason"] in ("stop", "length") and 1 <= len(ch["token_ids"]) <= 5
+    assert len(ch["logprobs"]["content"]) == len(ch["token_ids"])
+    u = r["usage"]
+    assert u["completion_tokens"] == len(ch["token_ids"]) and u["prompt_tokens"] == len(r["prompt_token_ids"])
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    # the prompt ids are the chat template applied to the messages
+    _, g = call(engine_server, "/generate", {"input_ids": r["prompt_token_ids"],
+                                             "sampling_params": {"max_new_tokens": 5, "temperature": 0}})  # fmt: skip
+    assert g["output_ids"] == ch["token_ids"]
+
+
+def test_token_required_for_control_endpoints(tiny_model_dir, call, local):
+    from relax_rollout.server import EngineServer, make_server
+
+    httpd = make_server(EngineServer(local, token="s3cret"), "127.0.0.1", 0)  # in-process: no start-up cost
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for path, body in [("/pause_generation", {}), ("/continue_generation", {}), ("/abort_request", {"abort_all": True}),
+                           ("/update_weights_from_disk", {"model_path": tiny_model_dir})]:  # fmt: skip
+            assert call(url, path, body)[0] == 401
+            assert call(url, path, body, token="wrong")[0] == 401
+            assert call(url, path, body, token="s3cret")[0] == 200, path
+        # generation and health stay open
+        assert call(url, "/health")[0] == 200
+        assert (
+            call(url, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 1}})[0] == 200
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_non_loopback_host_needs_a_token(tiny_model_dir):
+    import subprocess
+    import sys
+
+    from relax_rollout.server import EngineServer, make_server
+
+    r = subprocess.run([sys.executable, "-m", "relax_rollout.server", "--model", tiny_model_dir, "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode != 0 and "--token" in r.stderr
+    with pytest.raises(ValueError, match="--token"):
+        make_server(EngineServer(engine=object()), host="0.0.0.0")
+    httpd = make_server(EngineServer(engine=object(), token="t"), host="127.0.0.2")  # a token: allowed
+    httpd.server_close()

@@ -25,9 +25,8 @@ print("ok")
 """
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_wheel_in_clean_venv(tmp_path):
+def _wheel_and_venv(tmp_path):
+    """Build the relax-bus wheel and an empty venv; returns (uv, wheel, venv python)."""
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("uv not on PATH")
@@ -36,7 +35,13 @@ def test_wheel_in_clean_venv(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("relax_bus-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-    py = venv / "bin" / "python"
+    return uv, wheel, venv / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_wheel_in_clean_venv(tmp_path):
+    uv, wheel, py = _wheel_and_venv(tmp_path)
     subprocess.run([uv, "pip", "install", "-q", "--python", str(py), str(wheel)], check=True)
     out = subprocess.run([str(py), "-c", SMOKE], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
@@ -69,21 +74,14 @@ print("ok")
 @pytest.mark.timeout(300)
 def test_ray_extra_in_clean_venv(tmp_path):
     """relax-bus[ray] from the wheel: the extra pulls in ray (from the uv cache when it can) and RayBus works."""
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip("uv not on PATH")
-    subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)], check=True,
-                   capture_output=True)  # fmt: skip
-    (wheel,) = (tmp_path / "dist").glob("relax_bus-*.whl")
-    venv = tmp_path / "venv"
-    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
-    py = venv / "bin" / "python"
+    uv, wheel, py = _wheel_and_venv(tmp_path)
     req = f"relax-bus[ray] @ {wheel.resolve().as_uri()}"
     install = [uv, "pip", "install", "-q", "--python", str(py), req]
     if subprocess.run([*install, "--offline"], capture_output=True).returncode != 0:
         subprocess.run(install, check=True, capture_output=True, timeout=240)  # not cached: from the index
     frozen = subprocess.run([uv, "pip", "freeze", "--python", str(py)], capture_output=True, text=True).stdout
     assert "ray==" in frozen and "torch" not in frozen
+    venv = py.parent.parent
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), "VIRTUAL_ENV": str(venv),
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
     out = subprocess.run([str(py), "-c", RAY_SMOKE], capture_output=True, text=True, env=env, timeout=240)

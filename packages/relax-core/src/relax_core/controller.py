@@ -116,7 +116,8 @@ class Controller:
         cfg, inp = self.cfg, self.inputs
         t_start = time.perf_counter()
         threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
-        bus = DataBus(bus_config(cfg))
+        bcfg = bus_config(cfg)
+        bus = DataBus(bcfg)
         actor = role_class("actor")(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
         rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
         helpers = [role_class("advantages")(cfg, bus)]
@@ -153,7 +154,7 @@ class Controller:
             "trained_ids": actor.get_trained_ids(),
             "trainer_weights": actor.get_weight_log(),
             "rollout_weights": rollout.get_weight_log(),
-            "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers},
+            "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
         }
         result = RunResult(
             actor.history,
@@ -191,7 +192,8 @@ class Controller:
             )
         threads = cfg.run.torch_threads or 1
         try:
-            bus = RayBus.create(bus_config(cfg))
+            bcfg = bus_config(cfg)
+            bus = RayBus.create(bcfg)
 
             def actor_of(name: str, **kw):
                 return ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8, **kw)
@@ -256,7 +258,7 @@ class Controller:
                 "trained_ids": ray.get(actor.get_trained_ids.remote()),
                 "trainer_weights": ray.get(actor.get_weight_log.remote()),
                 "rollout_weights": ray.get(rollout.get_weight_log.remote()),
-                "consumed": {c: bus.consumed_ids(c) for c in bus_config(cfg).consumers},
+                "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
             }
             bus_stats = bus.stats()
             # the sender first: receivers still listening acknowledge its shutdown, then they close

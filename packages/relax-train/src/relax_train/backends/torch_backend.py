@@ -69,11 +69,12 @@ class TorchBackend:
         logits = self.model(input_ids=ids, attention_mask=mask).logits.float() / self.temperature
         rmax = max(rlens)
         rows = torch.arange(len(idx)).unsqueeze(1)
-        cols = torch.tensor([[p - 1 + j for j in range(rmax)] for p in plens]).clamp(max=ids.shape[1] - 2)
+        steps = torch.arange(rmax)
+        cols = (torch.tensor(plens).unsqueeze(1) - 1 + steps).clamp(max=ids.shape[1] - 2)
         resp_logits = logits[rows, cols]  # [B, Rmax, V]
         targets = ids[rows, cols + 1]
         logp = torch.log_softmax(resp_logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        valid = torch.tensor([[j < r for j in range(rmax)] for r in rlens])
+        valid = steps.unsqueeze(0) < torch.tensor(rlens).unsqueeze(1)
         ent = entropy_from_logits(resp_logits) if with_entropy else None
         return logp, valid, rlens, ent
 

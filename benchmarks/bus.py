@@ -6,8 +6,9 @@ Payloads: batches of 64 samples with input_ids int64[1024], log_probs float32[10
 (~0.79 MB); a large-tensor case of 4 samples with float32[2M] (32 MB). Put and get throughput (MB/s and
 samples/s, median of --reps repetitions with min-max spread) and a one-sample round trip (put + get + ack).
 TransferQueue runs in polling mode with one storage unit (its defaults hang on 2 CPUs). relax-bus Ray runs
-twice: payloads owned by storage units (the default, they survive the producer) and by the producer
-(``payload_owner="producer"``: one actor hop per put instead of two).
+twice: the default same-node fast path (Unix socket + shared-memory files), and with ``fast_local=False``
+(actor calls + the object store, the path a process on another node takes). Each backend gets one untimed
+put + get first (connection and actor start-up are not throughput).
 """
 
 from __future__ import annotations
@@ -66,18 +67,19 @@ class Memcpy:
 
 
 class RelaxBus:
-    def __init__(self, ray_backend: bool, owner: str = "unit"):
-        self.ray, self.owner = ray_backend, owner
+    def __init__(self, ray_backend: bool, fast_local: bool = True):
+        self.ray, self.fast_local = ray_backend, fast_local
         self.name = "relax-bus in-process"
         if ray_backend:
-            self.name = "relax-bus Ray" + (" (producer-owned payloads)" if owner == "producer" else "")
+            how = "same node: socket + shm" if fast_local else "actor calls + object store"
+            self.name = f"relax-bus Ray ({how})"
 
     def setup(self, kind):
         from relax_bus import BusConfig, ConsumerSpec, DataBus, RayBus
 
         cfg = BusConfig(consumers={"c": ConsumerSpec()}, capacity=100_000)
         self.bus = (
-            RayBus.create(cfg, num_storage_units=2, payload_owner=self.owner) if self.ray else DataBus(cfg)
+            RayBus.create(cfg, num_storage_units=2, fast_local=self.fast_local) if self.ray else DataBus(cfg)
         )
 
     def put(self, samples):
@@ -170,6 +172,8 @@ def measure(backend, kind: str, iters: int, reps: int) -> dict:
     puts, gets, rts = [], [], []
     for _ in range(reps):
         backend.setup(kind)
+        backend.put(batch(kind, -len(per)))  # warm-up (first-call set-up is not throughput), not timed
+        backend.get(len(per))
         data = [batch(kind, i * len(per)) for i in range(iters)]
         t = time.perf_counter()
         for d in data:
@@ -211,7 +215,7 @@ def main() -> None:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    backends = [Memcpy(), RelaxBus(False), RelaxBus(True), RelaxBus(True, "producer"), RayQueue()]
+    backends = [Memcpy(), RelaxBus(False), RelaxBus(True), RelaxBus(True, fast_local=False), RayQueue()]
     if "tq" not in args.skip:
         backends.append(TQ())
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "

@@ -155,12 +155,14 @@ def test_in_process_interleavings(policy, ops, tmp_path):
 # the example, so a hang there would stall CI; the thread method dumps every stack and ends the run instead
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("policy", ["wait", "drop"])
+@pytest.mark.parametrize("fast_local", [True, False], ids=["socket+shm", "actor-calls+object-store"])
 @settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])  # fmt: skip
 @given(ops=RAY_OPS)
-def test_ray_interleavings(ray_session, policy, ops, tmp_path):
+def test_ray_interleavings(ray_session, policy, fast_local, ops, tmp_path):
     made = []
-    opts = {"manual_clock": True, "num_storage_units": 1, "inline_bytes": 0}  # every payload through a block
+    # inline_bytes=0: every payload goes through a block (a shared-memory file, or an object)
+    opts = {"manual_clock": True, "num_storage_units": 1, "inline_bytes": 0, "fast_local": fast_local}
 
     def make(path=None):
         bus = RayBus.create(make_cfg(policy), **opts) if path is None else RayBus.restore(path, **opts)

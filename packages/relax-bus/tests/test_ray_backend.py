@@ -95,3 +95,82 @@ def test_large_payloads_go_through_object_store_and_snapshot(ray_session, tmp_pa
     assert bus.stats()["bytes_out"] > 16 * 4096 * 8
     again.kill()
     bus.kill()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_same_node_fast_path_and_ray_path_see_one_bus(ray_session):
+    """A handle on the controller's node uses the socket + shared-memory path; another handle forced onto
+    actor calls + the object store reads what the first wrote and the other way round; files go with the
+    samples and with the bus."""
+    import os
+
+    from relax_bus import local
+
+    cfg = BusConfig(consumers={"fwd": ConsumerSpec(), "train": ConsumerSpec(required_fields=["log_probs"])})
+    fast = RayBus.create(cfg, name="relax-bus-transports")
+    slow = RayBus.from_name("relax-bus-transports", fast_local=False)
+    assert (fast.transport, slow.transport) == ("local", "ray")
+    shm = fast._local_info["shm_dir"]
+    toks = [np.arange(4096, dtype=np.int64) + i for i in range(16)]  # 512 KiB: above inline_bytes
+    ids = fast.put([{"input_ids": t, "meta": {"k": i}} for i, t in enumerate(toks[:8])])
+    ids += slow.put([{"input_ids": t, "meta": {"k": i + 8}} for i, t in enumerate(toks[8:])])
+    assert len(os.listdir(shm)) == 1  # one file for the fast put; the slow one sits in the object store
+    got = slow.get("fwd", 8)  # written as a file, read through the object store
+    mine = fast.get("fwd", 8)  # written as an object, read as a file
+    for b in (got, mine):
+        assert [m["k"] for m in b.data["meta"]] == [ids.index(i) for i in b.ids]
+        assert all(np.array_equal(x, toks[ids.index(i)]) for i, x in zip(b.ids, b.data["input_ids"]))
+        assert not b.data["input_ids"][0].flags.writeable  # zero-copy views are read-only
+    fast.add_fields(got.ids, {"log_probs": [np.full(4096, 1.0, np.float32)] * 8})
+    slow.add_fields(mine.ids, {"log_probs": [np.full(4096, 2.0, np.float32)] * 8})
+    fast.ack("fwd", got.lease_id)
+    slow.ack("fwd", mine.lease_id)
+    train = fast.get("train", 16)
+    assert sorted(train.ids) == sorted(ids)
+    assert {float(lp[0]) for lp in train.data["log_probs"]} == {1.0, 2.0}
+    fast.ack("train", train.lease_id)
+    _wait_until(lambda: os.listdir(shm) == [])  # every sample acked by every consumer: files unlinked
+    assert np.array_equal(train.data["input_ids"][0], toks[ids.index(train.ids[0])])  # still mapped: valid
+    address = fast._local_info["address"]
+    fast.kill()
+    assert not os.path.exists(shm) and not os.path.exists(address)
+    assert local.remove_leftovers() == 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_fast_path_socket_needs_the_bus_secret(ray_session):
+    import os
+    import stat
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    bus = RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
+    address = bus._local_info["address"]
+    assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
+    with pytest.raises(AuthenticationError):
+        Client(address, family="AF_UNIX", authkey=b"not the secret")
+    bus.put([{"x": 1.0}])  # the server still serves its real clients
+    assert bus.get("c", 1).data["x"] == [1.0]
+    bus.kill()
+
+
+def test_leftovers_of_dead_controllers_are_removed(tmp_path, monkeypatch):
+    import os
+
+    from relax_bus import local
+
+    monkeypatch.setattr(local, "SHM_ROOT", tmp_path)
+    monkeypatch.setattr(local.tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone = tmp_path / f"relax-bus-{int(dead.stdout)}-abc"
+    (gone / "sub").mkdir(parents=True)
+    sock = tmp_path / f"relax-bus-{int(dead.stdout)}-abc.sock"
+    sock.write_text("")
+    alive = local.make_shm_dir()
+    assert local.remove_leftovers() == 2
+    assert not gone.exists() and not sock.exists() and alive.exists()
+    assert alive.name.startswith(f"relax-bus-{os.getpid()}-")

@@ -13,6 +13,7 @@ per value.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -33,44 +34,51 @@ def is_payload(value: Any) -> bool:
     return isinstance(value, str) and len(value) > 256
 
 
-def pack(rows: list[Row], inline_bytes: int) -> tuple[Block | None, list[Row], dict[str, list[int]]]:
-    """Split prepared rows into (block or None if small, rows without block values, field -> rows in block)."""
+def pack(
+    rows: list[Row], inline_bytes: int, concat: bool = True
+) -> tuple[Block | None, list[Row], dict[str, list[int]]]:
+    """Split prepared rows into (block or None if small, rows without block values, field -> rows in block).
+
+    The block's values are taken out of the rows' field dicts in place (those dicts belong to the rows).
+
+    ``concat=False`` leaves a ``"cat"`` column's data as the list of row arrays, for a writer that lays them
+    out back to back itself (``local.write_block``: one copy instead of two).
+    """
     if sum(r.size for r in rows) <= inline_bytes:
         return None, rows, {}
     where: dict[str, list[int]] = {}
+    moved: list[list[str]] = []  # per row: its fields that go into the block
+    by_sigs: dict[int, list[str]] = {}  # rows sharing one signature dict (prepare_*) move the same fields
     for k, r in enumerate(rows):
-        for f, v in r.fields.items():
-            if is_payload(v) and f not in RESERVED:  # the controller reads these (e.g. a tuple group_id)
-                where.setdefault(f, []).append(k)
+        mine = by_sigs.get(id(r.sigs))
+        if mine is None:
+            mine = [f for f, v in r.fields.items() if is_payload(v) and f not in RESERVED]
+            if not any(sig[0] == "str" for sig in r.sigs.values()):  # str: by length, per value
+                by_sigs[id(r.sigs)] = mine
+        moved.append(mine)  # (RESERVED: the controller reads those, e.g. a tuple group_id)
+        for f in mine:
+            where.setdefault(f, []).append(k)
     if not where:
         return None, rows, {}
     block: Block = {}
     n = len(rows)
     for f, ks in where.items():
         vals = [rows[k].fields[f] for k in ks]
-        first = vals[0]
-        if (
-            len(ks) == n
-            and isinstance(first, np.ndarray)
-            and first.ndim >= 1
-            and all(
-                isinstance(v, np.ndarray) and v.dtype == first.dtype and v.shape[1:] == first.shape[1:]
-                for v in vals
-            )
-        ):
+        sig = rows[ks[0]].sigs[f]
+        if len(ks) == n and sig[0] == "array" and sig[2] >= 1 and all(r.sigs[f] == sig for r in rows):
             starts = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([v.shape[0] for v in vals], out=starts[1:])
-            block[f] = ("cat", np.concatenate(vals), starts)
+            np.cumsum([r.lengths[f] for r in rows], out=starts[1:])
+            keep = concat or sig[1].endswith("O")  # object arrays are pickled, never laid out raw
+            block[f] = ("cat", np.concatenate(vals) if keep else vals, starts)
         else:
             col: list[Any] = [None] * n
             for k, v in zip(ks, vals):
                 col[k] = v
             block[f] = ("list", col)
-    out = []
-    for r in rows:
-        fields = {f: v for f, v in r.fields.items() if f not in where or not is_payload(v) or f in RESERVED}
-        out.append(r._replace(fields=fields))
-    return block, out, where
+    for r, mine in zip(rows, moved):  # the rows' field dicts are the caller's own (made by prepare_*)
+        for f in mine:
+            del r.fields[f]
+    return block, rows, where
 
 
 def value(block: Block, field: str, row: int) -> Any:
@@ -92,18 +100,26 @@ class Loc:
 
 
 class Holder:
-    """Keeps one block's ObjectRef alive: the object is freed when the last Loc pointing here is gone."""
+    """Keeps one block alive: its ObjectRef, or its shared-memory file (``local.py``), or both. The object is
+    freed, and the file unlinked, when the last Loc pointing here is gone."""
 
-    __slots__ = ("id", "ref")
+    __slots__ = ("id", "ref", "path")
 
-    def __init__(self, block_id: int, ref: Any) -> None:
-        self.id, self.ref = block_id, ref
+    def __init__(self, block_id: int, ref: Any = None, path: str | None = None) -> None:
+        self.id, self.ref, self.path = block_id, ref, path
+
+    def __del__(self) -> None:
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except (FileNotFoundError, TypeError):  # TypeError: interpreter shutdown
+                pass
 
 
-def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, tuple], dict[int, Any]]:
-    """Controller side of a get: (data with Locs as None, field -> (indices, block ids, rows), block refs)."""
+def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, tuple], dict[int, Holder]]:
+    """Controller side of a get: (data with Locs as None, field -> (indices, block ids, rows), holders)."""
     where: dict[str, tuple] = {}
-    refs: dict[int, Any] = {}
+    holders: dict[int, Holder] = {}
     out = {}
     for f, vals in data.items():
         ks, bids, rows = [], [], []
@@ -115,12 +131,12 @@ def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str,
                 ks.append(k)
                 bids.append(v.holder.id)
                 rows.append(v.row)
-                refs[v.holder.id] = v.holder.ref
+                holders[v.holder.id] = v.holder
                 col[k] = None
         out[f] = col
         if ks:
             where[f] = (ks, bids, rows)
-    return out, where, refs
+    return out, where, holders
 
 
 def from_wire(data: dict[str, list[Any]], where: dict[str, tuple], blocks: dict[int, Block]) -> None:

@@ -24,11 +24,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from relax_bus import local
 from relax_bus import snapshot as _snapshot
 from relax_bus.blocks import Holder, Loc, from_wire, pack, to_wire
 from relax_bus.config import BusConfig
 from relax_bus.core import DataBus
-from relax_bus.prepare import Row
+from relax_bus.prepare import Row, make_row
 from relax_bus.state import ManualClock
 
 
@@ -80,46 +81,87 @@ class StorageUnit:
 
 
 class Controller:
-    """Metadata of one bus. Every public DataBus method is reached through :meth:`call`."""
+    """Metadata of one bus. Every public DataBus method is reached through :meth:`call`; processes on this
+    node may also reach the same methods over the fast path's socket (``local.py``)."""
 
-    def __init__(self, config: dict[str, Any], units: list[Any], manual_clock: bool = False) -> None:
+    LOCAL_METHODS = frozenset({"call", "put_block", "add_block", "get_local", "trainer_version"})
+
+    def __init__(self, config: dict[str, Any], units: list[Any], manual_clock: bool = False,
+                 fast_local: bool = True) -> None:  # fmt: skip
+        import ray
+
         self.clock = ManualClock() if manual_clock else None
         self.bus = DataBus(BusConfig.model_validate(config), clock=self.clock)
         self.units = units
         self._block_ids = itertools.count()
         self._ids_lock = threading.Lock()
+        self.local: dict[str, Any] | None = None
+        if fast_local:
+            local.remove_leftovers()
+            self.server = local.Server(self, self.LOCAL_METHODS)
+            shm = local.make_shm_dir()
+            self.local = {"address": self.server.address, "authkey": self.server.authkey,
+                          "node_id": ray.get_runtime_context().get_node_id(), "shm_dir": shm and str(shm)}  # fmt: skip
 
-    def handles(self) -> tuple[dict[str, Any], list[Any]]:
-        return self.bus.config.model_dump(), self.units
+    def handles(self) -> tuple[dict[str, Any], list[Any], dict[str, Any] | None]:
+        return self.bus.config.model_dump(), self.units, self.local
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if method.startswith("_") or method in ("restore", "put_rows", "add_rows", "get"):
             raise AttributeError(f"RayBus has no method {method!r}")
         return getattr(self.bus, method)(*args, **kwargs)
 
-    def _located(self, rows: list[Row], where: dict[str, list[int]], refs: list[Any] | None) -> list[Row]:
+    def _located(self, rows: list[Row], where: dict[str, list[int]], payload: list | str | None) -> list[Row]:
+        """Point the block values of ``rows`` at one block: ``payload`` is ``[ObjectRef]`` or a file path."""
         if not where:
             return rows
         with self._ids_lock:
-            holder = Holder(next(self._block_ids), refs[0])
+            bid = next(self._block_ids)
+        holder = Holder(bid, path=payload) if isinstance(payload, str) else Holder(bid, ref=payload[0])
         for f, ks in where.items():
             for k in ks:
                 rows[k].fields[f] = Loc(holder, k)
         return rows
 
-    def put_block(self, rows: list[Row], where: dict, refs: list | None, partition: str, timeout: Any,
+    def put_block(self, rows: list[Row], where: dict, payload: list | str | None, partition: str, timeout: Any,
                   ids: Any) -> list[int]:  # fmt: skip
-        """put_rows whose payload values sit in one block (``where``: field -> rows); refs = [block ref]."""
-        return self.bus.put_rows(self._located(rows, where, refs), partition, timeout, ids)
+        """put_rows whose payload values sit in one block (``where``: field -> rows)."""
+        return self.bus.put_rows(self._located(rows, where, payload), partition, timeout, ids)
 
-    def add_block(self, ids: list[int], rows: list[Row], where: dict, refs: list | None) -> None:
-        return self.bus.add_rows(ids, self._located(rows, where, refs))
+    def add_block(self, ids: list[int], rows: list[Row], where: dict, payload: list | str | None) -> None:
+        return self.bus.add_rows(ids, self._located(rows, where, payload))
 
     def get(self, consumer: str, n: int, **kwargs: Any) -> tuple[Any, dict, dict]:
-        """A batch whose block values are replaced by locations, plus the refs of those blocks."""
+        """A batch whose block values are replaced by locations, plus the ObjectRefs of those blocks."""
         batch = self.bus.get(consumer, n, **kwargs)
-        batch.data, where, refs = to_wire(batch.data)
-        return batch, where, refs
+        batch.data, where, holders = to_wire(batch.data)
+        return batch, where, {bid: self._ref(h) for bid, h in holders.items()}
+
+    def get_local(self, consumer: str, n: int, **kwargs: Any) -> tuple[Any, dict, dict]:
+        """Fast-path get: like :meth:`get`, with block file paths instead of ObjectRefs."""
+        batch = self.bus.get(consumer, n, **kwargs)
+        batch.data, where, holders = to_wire(batch.data)
+        return batch, where, {bid: self._path(h) for bid, h in holders.items()}
+
+    def _ref(self, h: Holder) -> Any:
+        """The block as an object (a block that came by the fast path is put in the store on first demand)."""
+        import ray
+
+        if h.ref is None:
+            h.ref = ray.put(local.read_block(h.path))
+        return h.ref
+
+    def _path(self, h: Holder) -> str:
+        """The block as a file (a block that came through the object store is written out on first demand)."""
+        import ray
+
+        if h.path is None:
+            h.path = local.write_block(self.local["shm_dir"], ray.get(h.ref))
+        return h.path
+
+    def _blocks(self, holders: dict[int, Holder]) -> dict[int, Any]:
+        files = {bid: local.read_block(h.path) for bid, h in holders.items() if h.path}
+        return {**fetch({bid: h.ref for bid, h in holders.items() if not h.path}), **files}
 
     def trainer_version(self) -> int:
         return self.bus.trainer_version
@@ -136,8 +178,8 @@ class Controller:
             state = _snapshot.export_state(self.bus)
         names = list(dict.fromkeys(f for s in state["samples"] for f in s["fields"]))
         cols = {f: [s["fields"].get(f) for s in state["samples"]] for f in names}
-        cols, where, refs = to_wire(cols)
-        from_wire(cols, where, fetch(refs))
+        cols, where, holders = to_wire(cols)
+        from_wire(cols, where, self._blocks(holders))
         for k, s in enumerate(state["samples"]):
             s["fields"] = {f: cols[f][k] for f in s["fields"]}
         return str(_snapshot.write(path, state))
@@ -149,9 +191,11 @@ class Controller:
         chunk = 256
         for start in range(0, len(state["samples"]), chunk):
             part = state["samples"][start : start + chunk]
-            rows = [Row(dict(s["fields"]), {}, {}, s["size"]) for s in part]
+            rows = [make_row(dict(s["fields"]), "", None)._replace(size=s["size"]) for s in part]
             block, rows, where = pack(rows, inline_bytes)
-            if block is not None:
+            if block is not None and self.local and self.local["shm_dir"]:
+                rows = self._located(rows, where, local.write_block(self.local["shm_dir"], block))
+            elif block is not None:
                 unit = self.units[(start // chunk) % len(self.units)]
                 rows = self._located(rows, where, ray.get(unit.hold.remote(block)))
             for s, r in zip(part, rows):

@@ -12,8 +12,11 @@ Ray is an optional extra and imported only inside functions.
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from relax_bus.config import BusConfig
 from relax_bus.prepare import Row, prepare_fields, prepare_samples
@@ -46,7 +49,7 @@ class RayBus:
     """Same methods as :class:`~relax_bus.DataBus`, backed by Ray actors. Picklable."""
 
     def __init__(self, controller: Any, units: list[Any], config: dict[str, Any], inline_bytes: int = INLINE_BYTES,
-                 payload_owner: str = "unit") -> None:  # fmt: skip
+                 payload_owner: str = "unit", local_info: dict[str, Any] | None = None) -> None:  # fmt: skip
         if payload_owner not in ("unit", "producer"):
             raise ValueError(f"payload_owner must be 'unit' or 'producer' (got {payload_owner!r})")
         self._controller = controller
@@ -55,13 +58,27 @@ class RayBus:
         self.config = BusConfig.model_validate(config)
         self.inline_bytes = inline_bytes
         self.payload_owner = payload_owner
+        self._local_info = local_info
         self._rr = itertools.count()
 
     def __reduce__(self):
-        return (
-            RayBus,
-            (self._controller, self._units, self._config_dict, self.inline_bytes, self.payload_owner),
-        )
+        args = (self._controller, self._units, self._config_dict, self.inline_bytes, self.payload_owner)
+        return (RayBus, (*args, self._local_info))
+
+    @property
+    def _local(self) -> Any:
+        """This process's fast-path client (``local.py``), or None off the controller's node. Cached per process."""
+        from relax_bus import local
+
+        pid = getattr(self, "_local_pid", None)
+        if pid != os.getpid():
+            self._local_client, self._local_pid = local.client_for(self._local_info), os.getpid()
+        return self._local_client
+
+    @property
+    def transport(self) -> str:
+        """``"local"`` (socket + shared memory) in a process on the controller's node, else ``"ray"``."""
+        return "local" if self._local is not None else "ray"
 
     @classmethod
     def create(
@@ -73,6 +90,7 @@ class RayBus:
         manual_clock: bool = False,
         namespace: str | None = None,
         payload_owner: str = "unit",
+        fast_local: bool = True,
         **actor_options: Any,
     ) -> RayBus:
         """Start the controller and ``num_storage_units`` storage units (call ``ray.init`` first).
@@ -81,7 +99,9 @@ class RayBus:
         (e.g. ``lifetime="detached"``). ``payload_owner="unit"`` (default): payloads are owned by a storage
         unit and survive the producer's process; ``"producer"``: the producer owns them (one actor hop and
         one copy fewer per put, but a producer that dies takes its not-yet-evicted payloads with it).
-        ``manual_clock`` is for tests (see ``advance_clock``).
+        ``fast_local`` (default on): processes on the controller's node talk to it over a Unix socket and
+        pass payloads as shared-memory files (``local.py``); off, every process uses actor calls and the
+        object store. ``payload_owner`` applies to the object-store path. ``manual_clock`` is for tests.
         """
         cfg = config if isinstance(config, BusConfig) else BusConfig.model_validate(config)
         if num_storage_units < 1:
@@ -95,18 +115,23 @@ class RayBus:
             options["name"] = name
         if namespace is not None:
             options["namespace"] = namespace
-        controller = _actor("controller").options(**options).remote(cfg.model_dump(), units, manual_clock)
-        bus = cls(controller, units, cfg.model_dump(), inline_bytes, payload_owner)
+        controller = (
+            _actor("controller").options(**options).remote(cfg.model_dump(), units, manual_clock, fast_local)
+        )
         _ray().get([u.attach.remote(controller) for u in units])
-        return bus
+        local_info = _ray().get(controller.handles.remote())[2]
+        return cls(controller, units, cfg.model_dump(), inline_bytes, payload_owner, local_info)
 
     @classmethod
-    def from_name(cls, name: str, namespace: str | None = None, payload_owner: str = "unit") -> RayBus:
-        """Attach to a bus started with ``create(..., name=name)`` from any process of the cluster."""
+    def from_name(cls, name: str, namespace: str | None = None, payload_owner: str = "unit",
+                  fast_local: bool = True) -> RayBus:  # fmt: skip
+        """Attach to a bus started with ``create(..., name=name)`` from any process of the cluster
+        (``fast_local=False``: this handle uses actor calls and the object store even on the same node)."""
         ray = _ray()
         controller = ray.get_actor(name, namespace=namespace)
-        config, units = ray.get(controller.handles.remote())
-        return cls(controller, units, config, payload_owner=payload_owner)
+        config, units, local_info = ray.get(controller.handles.remote())
+        local_info = local_info if fast_local else None
+        return cls(controller, units, config, payload_owner=payload_owner, local_info=local_info)
 
     @classmethod
     def restore(cls, path: str | Path, name: str | None = None, **create_options: Any) -> RayBus:
@@ -130,6 +155,8 @@ class RayBus:
             raise
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._local is not None:
+            return self._local.call("call", method, *args, **kwargs)
         return self._wait(self._controller.call.remote(method, *args, **kwargs))
 
     def _ship(
@@ -138,7 +165,20 @@ class RayBus:
         """Send prepared rows (and their block, if large) by the configured route; returns the result."""
         from relax_bus.blocks import pack
 
-        block, rows, where = pack(rows, self.inline_bytes)
+        fast = self._local
+        block, rows, where = pack(rows, self.inline_bytes, concat=fast is None)
+        if fast is not None and block is None:
+            return fast.call(controller_method, *head, rows, where, None, *tail)
+        if fast is not None and self._local_info["shm_dir"]:
+            from relax_bus.local import write_block
+
+            # From here the controller owns the file: it unlinks it when the samples go, or at once if the
+            # call fails (the rows pointing at it are dropped); a file orphaned by a broken connection goes
+            # with the bus's directory at kill().
+            path = write_block(self._local_info["shm_dir"], block)
+            return fast.call(controller_method, *head, rows, where, path, *tail)
+        if fast is not None:  # no tmpfs on this node: the block takes the object store
+            block = {f: ("cat", np.concatenate(c[1]), c[2]) if c[0] == "cat" else c for f, c in block.items()}
         if block is None:
             ref = getattr(self._controller, controller_method).remote(*head, rows, where, None, *tail)
         elif self.payload_owner == "producer":
@@ -176,8 +216,19 @@ class RayBus:
         from relax_bus.blocks import from_wire
         from relax_bus.ray_actors import fetch
 
-        batch, where, refs = self._wait(self._controller.get.remote(
-            consumer, n, fields=fields, timeout=timeout, partial=partial, trainer_version=trainer_version))  # fmt: skip
+        kwargs = {
+            "fields": fields,
+            "timeout": timeout,
+            "partial": partial,
+            "trainer_version": trainer_version,
+        }
+        if self._local is not None:
+            from relax_bus.local import read_block
+
+            batch, where, paths = self._local.call("get_local", consumer, n, **kwargs)
+            from_wire(batch.data, where, {bid: read_block(p) for bid, p in paths.items()})
+            return batch
+        batch, where, refs = self._wait(self._controller.get.remote(consumer, n, **kwargs))
         from_wire(batch.data, where, fetch(refs))
         return batch
 
@@ -195,6 +246,8 @@ class RayBus:
 
     @property
     def trainer_version(self) -> int:
+        if self._local is not None:
+            return self._local.call("trainer_version")
         return self._wait(self._controller.trainer_version.remote())
 
     def admit(self, step: int, timeout: float | None = None) -> int:
@@ -225,7 +278,13 @@ class RayBus:
         self._wait(self._controller.advance_clock.remote(seconds))
 
     def kill(self) -> None:
-        """Stop the controller and storage units (frees every payload)."""
+        """Stop the controller and storage units (frees every payload; from the controller's node, also
+        removes the bus's shared-memory files and socket)."""
+        from relax_bus import local
+
         ray = _ray()
         for a in [self._controller, *self._units]:
             ray.kill(a)
+        if self._local is not None:
+            local.remove_dir(self._local_info["shm_dir"])
+            local.unlink(self._local_info["address"])

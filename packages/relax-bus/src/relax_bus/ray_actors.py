@@ -20,6 +20,7 @@ its blocking calls wait on a ``threading.Condition`` on their own actor thread, 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class Controller:
         self._block_ids = itertools.count()
         self._ids_lock = threading.Lock()
         self.local: dict[str, Any] | None = None
-        if fast_local:
+        if fast_local and hasattr(os, "pwritev"):  # no Unix sockets / pwritev (Windows): actor calls only
             local.remove_leftovers()
             self.server = local.Server(self, self.LOCAL_METHODS)
             shm = local.make_shm_dir()

@@ -66,11 +66,17 @@ def timed(fn, items):
     return time.perf_counter() - t, outs
 
 
+def fmt(vals: list[float]) -> str:
+    vals = sorted(vals)
+    return f"{vals[len(vals) // 2]:.1f} ({vals[0]:.1f}-{vals[-1]:.1f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--videos", type=int, default=8)
     ap.add_argument("--audio", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions; the table shows median (min-max)")
     args = ap.parse_args()
 
     from relax_multimodal import process_audio, process_image, process_video
@@ -86,30 +92,42 @@ def main() -> None:
     load = lambda: os.getloadavg()  # noqa: E731
     print(f"# machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"# load before: {load()}")
+    rates: dict[str, list[float]] = {}
+    notes: list[str] = []
+
+    def add(key: str, value: float) -> None:
+        rates.setdefault(key, []).append(value)
+
     with tempfile.TemporaryDirectory() as d:
         imgs, vids, auds = make_files(d, args.images, args.videos, args.audio)
-        rows = []
-        dt, outs = timed(lambda p: process_image(p, "qwen2_5_vl"), imgs)
-        ref = "n/a"
-        if fetch_image:
-            dt2, outs2 = timed(lambda p: fetch_image({"image": p}), imgs)
-            same = sum(o.array.shape[1::-1] == r.size for o, r in zip(outs, outs2))
-            ref = f"{len(imgs) / dt2:.1f} (same size: {same}/{len(imgs)})"
-        rows.append(("images/s (decode+resize)", f"{len(imgs) / dt:.1f}", ref))
-        if vids:
-            dt, outs = timed(lambda p: process_video(p, "qwen2_5_vl", fps=2.0), vids)
-            frames = sum(len(v.indices) for v in outs)
-            ref = "n/a"
-            if fetch_video:
-                dt2, outs2 = timed(lambda p: fetch_video({"video": p, "fps": 2.0}), vids)
-                ref = f"{sum(int(v.shape[0]) for v in outs2) / dt2:.1f}"
-            rows.append(("video frames/s (decode+sample+resize)", f"{frames / dt:.1f}", ref))
-        dt, outs = timed(lambda p: process_audio(p, "qwen2_5_omni"), auds)
-        rows.append(("audio seconds/s (decode+mono+16 kHz)", f"{sum(a.seconds for a in outs) / dt:.1f}", "—"))
+        for _ in range(args.reps):
+            dt, outs = timed(lambda p: process_image(p, "qwen2_5_vl"), imgs)
+            add("img", len(imgs) / dt)
+            if fetch_image:
+                dt2, outs2 = timed(lambda p: fetch_image({"image": p}), imgs)
+                add("img_ref", len(imgs) / dt2)
+                same = sum(o.array.shape[1::-1] == r.size for o, r in zip(outs, outs2))
+                notes.append(f"images of the same size: {same}/{len(imgs)}")
+            if vids:
+                dt, outs = timed(lambda p: process_video(p, "qwen2_5_vl", fps=2.0), vids)
+                add("vid", sum(len(v.indices) for v in outs) / dt)
+                if fetch_video:
+                    dt2, outs2 = timed(lambda p: fetch_video({"video": p, "fps": 2.0}), vids)
+                    add("vid_ref", sum(int(v.shape[0]) for v in outs2) / dt2)
+            dt, outs = timed(lambda p: process_audio(p, "qwen2_5_omni"), auds)
+            add("aud", sum(a.seconds for a in outs) / dt)
     print(f"# load after: {load()}")
-    print("\n| metric | relax-multimodal | qwen-vl-utils |\n|---|---:|---:|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    print(f"# {args.reps} repetitions: median (min-max); {sorted(set(notes))}")
+    print("\n| metric | relax-multimodal | qwen-vl-utils | ratio |\n|---|---:|---:|---:|")
+    for name, key in (("images/s (decode+resize)", "img"), ("video frames/s (decode+sample+resize)", "vid")):
+        if key not in rates:
+            continue
+        ref = rates.get(key + "_ref")
+        ratio = (
+            f"{sorted(rates[key])[len(rates[key]) // 2] / sorted(ref)[len(ref) // 2]:.2f}x" if ref else "-"
+        )
+        print(f"| {name} | {fmt(rates[key])} | {fmt(ref) if ref else 'n/a'} | {ratio} |")
+    print(f"| audio seconds/s (decode+mono+16 kHz) | {fmt(rates['aud'])} | - | - |")
     if qvu_err:
         print(f"\nqwen-vl-utils not importable ({qvu_err}); `uv pip install qwen-vl-utils torchvision`")
     subprocess.run(["uptime"], check=False)

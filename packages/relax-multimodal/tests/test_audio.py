@@ -65,6 +65,13 @@ def test_bad_audio(tmp_path):
         process_audio(str(junk))
     with pytest.raises(MediaError, match="NaN"):
         process_audio(np.array([0.0, np.nan] * 200, dtype=np.float32))
+    blip = tmp_path / "blip.wav"  # 11 ms: one mel frame, but too short for the feature extractor's padding
+    sf.write(str(blip), np.full(180, 0.1), 16000)
+    with pytest.raises(MediaError, match="more than 200.*short_audio") as e:
+        process_audio(str(blip))
+    assert "blip.wav" in str(e.value)
+    with pytest.raises(MediaError, match="gives 0 audio tokens"):  # 12.6 ms: features, but no token
+        process_audio(np.full(201, 0.1, dtype=np.float32))
 
 
 def test_features_match_whisper_extractor(tmp_path):

@@ -10,6 +10,8 @@ import sys
 USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
 
   relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
+  relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
+                                    audio multiple-choice questions mixed in every batch)
   relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
   relax train --help                every flag with its default and meaning
 """
@@ -33,9 +35,18 @@ def main(argv: list[str] | None = None) -> int:
 
     yaml_path = rest[0] if rest and not rest[0].startswith("--") else None
     overrides = rest[1:] if yaml_path else rest
+    omni = "--omni-demo" in overrides
+    overrides = [a for a in overrides if a != "--omni-demo"]
     try:
         defaults = None
-        if yaml_path is None and not any(a.startswith("--prompt-data") for a in overrides):
+        if omni:
+            import os
+
+            from relax_app.demo.omni import OMNI_DEFAULTS, prepare_omni_demo
+
+            model, data = prepare_omni_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
+            defaults = {**OMNI_DEFAULTS, "prompt_data": data, "hf_checkpoint": model}
+        elif yaml_path is None and not any(a.startswith("--prompt-data") for a in overrides):
             from relax_app.demo.defaults import DEMO_DEFAULTS
 
             defaults = DEMO_DEFAULTS

@@ -8,7 +8,7 @@ of cluster start-up. Field names match the flags users of upstream Relax and sli
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -44,6 +44,12 @@ class DataConfig(_Section):
     """Wrap each prompt with the tokenizer's chat template before tokenising."""
     rollout_shuffle: bool = True
     """Shuffle prompts each epoch (seeded by --seed)."""
+    multimodal_keys: dict[str, str] | None = None
+    """Media columns by modality, e.g. '{image: image_file, video: clip, audio: speech}' (upstream Relax's
+    --multimodal-keys); a column may hold one item or a list. Needs a Qwen-VL/Omni checkpoint; the prompt
+    marks where media go with <image>/<video>/<audio> (or the model's pad tokens)."""
+    multimodal_options: dict[str, Any] = Field(default_factory=dict)
+    """Extra relax_multimodal.MultimodalConfig settings, e.g. '{image_max_pixels: 65536, video_fps: 2}'."""
 
 
 class RolloutConfig(_Section):

@@ -19,6 +19,8 @@ class PromptRow:
     label: Any
     metadata: dict[str, Any]
     row_id: str
+    media: dict[str, Any] = field(default_factory=dict)
+    """Media columns of the row (those named by --multimodal-keys that it has), for relax-multimodal."""
 
 
 @dataclass
@@ -29,7 +31,11 @@ class PromptDataset:
 
 
 def load_prompts(
-    path: str | Path, input_key: str = "prompt", label_key: str = "label", metadata_key: str | None = None
+    path: str | Path,
+    input_key: str = "prompt",
+    label_key: str = "label",
+    metadata_key: str | None = None,
+    media_keys: dict[str, str] | None = None,
 ) -> PromptDataset:
     path = Path(path)
     if not path.is_file():
@@ -70,10 +76,13 @@ def load_prompts(
         if not isinstance(meta, dict):
             ds.skipped.append(f"{where}: --metadata-key column {metadata_key!r} must be an object")
             continue
-        ds.rows.append(PromptRow(prompt, rec[label_key], dict(meta), str(rec.get("id", i))))
+        media = {c: rec[c] for c in (media_keys or {}).values() if rec.get(c) not in (None, [], "")}
+        ds.rows.append(PromptRow(prompt, rec[label_key], dict(meta), str(rec.get("id", i)), media))
     if not ds.rows:
-        raise ValueError(f"--prompt-data {path}: no usable rows ({len(ds.skipped)} skipped; first: "
-                         f"{ds.skipped[0] if ds.skipped else 'file is empty'})")
+        raise ValueError(
+            f"--prompt-data {path}: no usable rows ({len(ds.skipped)} skipped; first: "
+            f"{ds.skipped[0] if ds.skipped else 'file is empty'})"
+        )
     return ds
 
 
@@ -91,9 +100,10 @@ class PromptIterator:
             random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
         return order
 
-    def next_batch(self) -> list[PromptRow]:
+    def next_batch(self, n: int | None = None) -> list[PromptRow]:
+        """The next ``n`` rows (default: the batch size), continuing into the next epoch when needed."""
         batch: list[PromptRow] = []
-        while len(batch) < self.batch_size:
+        while len(batch) < (self.batch_size if n is None else n):
             if self.pos >= len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._make_order()

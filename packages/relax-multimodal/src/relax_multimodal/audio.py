@@ -123,6 +123,9 @@ def resample(wave: np.ndarray, sr: int, rate: int) -> np.ndarray:
     return soxr.resample(wave, sr, rate, quality="HQ").astype(np.float32)
 
 
+N_FFT = 400  # Whisper's STFT window (the Qwen-Omni audio feature extractor)
+
+
 def process_audio(
     item: object,
     model: str | ModelSpec = "qwen2_5_omni",
@@ -154,6 +157,14 @@ def process_audio(
     frames = whisper_frames(len(wave), spec.hop_length)
     if frames < 1:
         raise MediaError("empty", f"audio is shorter than one {spec.hop_length}-sample hop", source=src.name)
+    tokens = spec.audio_tokens(frames) if spec.audio != "none" else frames
+    if len(wave) <= N_FFT // 2 or tokens < 1:  # the feature extractor reflect-pads by n_fft/2
+        raise MediaError(
+            "short_audio",
+            f"audio has {len(wave)} samples ({len(wave) / rate * 1000:.1f} ms), which gives {tokens} audio "
+            f"tokens; the feature extractor needs more than {N_FFT // 2} samples and the model at least one token",
+            source=src.name,
+        )
     return AudioItem(wave, rate, frames, spec.audio_tokens(frames), src.name, cut)
 
 

@@ -14,6 +14,7 @@ HINTS = {
     "bomb": "the image is larger than max_image_pixels; downscale it offline or raise max_image_pixels",
     "no_frames": "re-encode the video (e.g. `ffmpeg -i in.mp4 -c:v libx264 out.mp4`) or drop the sample",
     "too_short": "the clip has fewer frames than the model needs; widen video_start/video_end or drop it",
+    "short_audio": "the audio is too short to give the model any feature; drop the sample or pad it with silence",
     "unknown_key": "map the column to one of 'image', 'video', 'audio' in multimodal_keys",
     "bad_input": "pass a path, bytes, a base64 string, a data URI or a PIL image",
     "placeholders": "put one placeholder per media item in the prompt, or none to have them prepended",

@@ -43,7 +43,8 @@ class RolloutWorker:
             pad_token_id=self.tokenizer.pad_token_id,
             **extra,
         )
-        ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key)
+        ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key,
+                          cfg.data.multimodal_keys)  # fmt: skip
         self.skipped_rows = ds.skipped
         self.prompts = PromptIterator(
             ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed
@@ -54,6 +55,28 @@ class RolloutWorker:
         self.weight_log: dict[int, str] = {}
         self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
         self._token_cache: dict[str, list[int]] = {}
+        self.mm = self._media_processor(model_path) if cfg.data.multimodal_keys else None
+        self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
+        self.bad_media: list[str] = []
+
+    def _media_processor(self, model_path: str) -> Any:
+        from relax_core.models import mm_family
+
+        family = mm_family(model_path)
+        if family is None:
+            raise ValueError(
+                f"--multimodal-keys is set but {model_path} is a text-only model; use a Qwen-VL/Omni checkpoint"
+            )
+        try:
+            from relax_multimodal import MultimodalConfig, MultimodalProcessor
+        except ImportError as e:
+            raise ImportError(
+                "--multimodal-keys needs relax-multimodal: pip install 'relax-rollout[multimodal]'"
+            ) from e
+        mcfg = MultimodalConfig(model=family, multimodal_keys=dict(self.cfg.data.multimodal_keys),
+                                **self.cfg.data.multimodal_options)  # fmt: skip
+        self._mm_family = family
+        return MultimodalProcessor(mcfg, self.tokenizer)
 
     # -- weights -------------------------------------------------------------------------------
     def set_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -90,6 +113,46 @@ class RolloutWorker:
             self._token_cache[prompt] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self._token_cache[prompt]
 
+    def _encode_mm(self, row: Any) -> tuple[list[int], dict[str, Any] | None]:
+        """Prompt ids with media placeholders expanded, and the media tensors (cached per row).
+
+        Bad media raise ``MediaError`` naming the row and file; :meth:`_batch` skips and counts the row."""
+        if self.mm is None or not row.media:
+            return self._encode(row.prompt), None
+        if row.row_id not in self._mm_cache:
+            text = row.prompt
+            if self.cfg.data.apply_chat_template:
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
+                )
+            s = self.mm.process({"prompt": text, **row.media}, index=f"row {row.row_id}")
+            from relax_core.models import adapt_media
+
+            tensors = adapt_media(self._mm_family, s.tensors())
+            tensors["mm_token_type_ids"] = np.asarray(s.mm_token_type_ids, dtype=np.int64)
+            self._mm_cache[row.row_id] = (list(s.input_ids), tensors)
+        return self._mm_cache[row.row_id]
+
+    def _batch(self) -> tuple[list[Any], list[tuple[list[int], dict[str, Any] | None]]]:
+        """The next --rollout-batch-size usable rows and their encodings. A row whose media cannot be read
+        is skipped, counted (``bad_media_rows``) and replaced by the next one; the run goes on."""
+        from relax_multimodal import MediaError
+
+        rows, enc = [], []
+        budget = 10 * self.cfg.rollout.rollout_batch_size + 10
+        while len(rows) < self.cfg.rollout.rollout_batch_size:
+            for row in self.prompts.next_batch(self.cfg.rollout.rollout_batch_size - len(rows)):
+                try:
+                    enc.append(self._encode_mm(row))
+                    rows.append(row)
+                except MediaError as e:
+                    self.bad_media.append(str(e))
+                    self.stats["bad_media_rows"] = self.stats.get("bad_media_rows", 0) + 1
+                    budget -= 1
+                    if budget <= 0:
+                        raise RuntimeError(f"too many unreadable media rows in a row; last: {e}") from e
+        return rows, enc
+
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
         return self._finish(self._collect(step))
@@ -115,7 +178,15 @@ class RolloutWorker:
             gen_s, reward_s, rounds = gen_s + pending["generate_s"], reward_s + secs, rounds + 1
             for g, row in enumerate(pending["rows"]):
                 sl = slice(g * n, (g + 1) * n)
-                group = (row, pending["prompts"][sl], pending["outs"][sl], results[sl], pending["texts"][sl])
+                media = pending["media"][sl] if pending["media"] is not None else [None] * n
+                group = (
+                    row,
+                    pending["prompts"][sl],
+                    pending["outs"][sl],
+                    results[sl],
+                    pending["texts"][sl],
+                    media,
+                )
                 if len({float(x.score) for x in group[3]}) > 1:
                     kept.append(group)
                 else:
@@ -137,6 +208,7 @@ class RolloutWorker:
             "outs": [o for g in groups for o in g[2]],
             "results": [x for g in groups for x in g[3]],
             "texts": [t for g in groups for t in g[4]],
+            "media": [m for g in groups for m in g[5]],
             "generate_s": gen_s,
             "reward_s": reward_s,
             "extra": counters,
@@ -144,9 +216,14 @@ class RolloutWorker:
 
     def _generate(self, step: int, round_: int = 0) -> dict[str, Any]:
         r = self.cfg.rollout
-        rows = self.prompts.next_batch()
         n = r.n_samples_per_prompt
-        prompts = [self._encode(row.prompt) for row in rows for _ in range(n)]
+        if self.mm is None:
+            rows = self.prompts.next_batch()
+            prompts, media = [self._encode(row.prompt) for row in rows for _ in range(n)], None
+        else:
+            rows, enc = self._batch()
+            prompts = [ids for ids, _ in enc for _ in range(n)]
+            media = [mm for _, mm in enc for _ in range(n)]
         mins: int | list[int] = 0
         if r.long_tail_min_tokens:
             base = self.cfg.train.seed * 7919 + step
@@ -161,10 +238,11 @@ class RolloutWorker:
             seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
         )
         t0 = time.perf_counter()
-        outs = self.engine.generate(prompts, params)
+        outs = self.engine.generate(prompts, params, **({"mm": media} if media is not None else {}))
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
-        return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s}
+        return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s,
+                "media": media}  # fmt: skip
 
     def _score(self, pending: dict[str, Any]) -> tuple[list, float]:
         """Rewards of a generated batch (and its decoded texts, kept in ``pending``), and the seconds spent."""
@@ -189,12 +267,14 @@ class RolloutWorker:
             results, reward_s = self._score(pending)
         texts = pending["texts"]
         extra = pending.get("extra", {})
+        media = pending.get("media") or [None] * len(outs)
         samples = []
         for i, (o, res) in enumerate(zip(outs, results)):
             row = rows[i // n]
             p = prompts[i]
             samples.append(
                 {
+                    **({"mm": media[i]} if media[i] is not None else {}),
                     "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
                     "prompt_len": len(p),
                     "response_len": len(o.token_ids),
@@ -276,6 +356,10 @@ class RolloutWorker:
 
     def get_stats(self) -> dict[str, Any]:
         return {**self.stats, "skipped_rows": len(self.skipped_rows), **self.scorer.stats()}
+
+    def get_bad_media(self) -> list[str]:
+        """One message per skipped media row (sample, file, reason, what to do)."""
+        return list(self.bad_media)
 
     def close(self) -> None:
         if self._receiver is not None:

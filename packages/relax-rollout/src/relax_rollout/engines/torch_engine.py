@@ -31,9 +31,9 @@ class TorchEngine:
         if model is None:
             if model_path is None:
                 raise ValueError("TorchEngine needs model_path or model")
-            from transformers import AutoModelForCausalLM
+            from relax_core.models import load_model
 
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            model = load_model(model_path, dtype)
         self.model = model.to(device).eval()
         cfg = self.model.config
         eos = eos_token_ids if eos_token_ids is not None else cfg.eos_token_id
@@ -43,6 +43,9 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.weight_version = 0
         self._lock = threading.Lock()
+        from relax_core.models import media_token_ids
+
+        self.masked_token_ids = media_token_ids(self.model)  # never sampled (the trainer masks them too)
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -71,8 +74,13 @@ class TorchEngine:
         prompts: list[list[int]],
         params: SamplingParams,
         on_step: Callable[[int], set[int] | None] | None = None,
+        mm: list[dict[str, Any] | None] | None = None,
     ) -> list[GenerateOutput]:
         """Sample a response per prompt.
+
+        ``mm`` (multimodal models): per prompt, its media tensors and ``mm_token_type_ids`` (None for a
+        text-only prompt), as the rollout worker got them from relax-multimodal; the prompt's ids already
+        hold the expanded placeholders.
 
         ``on_step(t)`` (optional, used by the HTTP server for pause/abort) runs before every decode step
         with the engine lock released — it may block (an in-place pause) while weights are updated — and
@@ -90,8 +98,9 @@ class TorchEngine:
             hook = None
             if on_step is not None:
                 hook = self._chunk_hook(on_step, start, len(chunk))
+            chunk_mm = mm[start : start + len(chunk)] if mm is not None and any(mm) else None
             with self._lock:
-                out.extend(self._generate_chunk(chunk, params, mins, hook))
+                out.extend(self._generate_chunk(chunk, params, mins, hook, chunk_mm))
         return out
 
     def _chunk_hook(self, on_step: Callable[[int], set[int] | None], start: int, n: int):
@@ -107,7 +116,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None
+        self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None, mm=None
     ) -> list[GenerateOutput]:
         bsz = len(prompts)
         max_len = max(len(x) for x in prompts)
@@ -137,6 +146,7 @@ class TorchEngine:
 
         cache = DynamicCache()
         step_ids, step_pos = ids, positions
+        forward = self._cached_forward if mm is None else self._mm_forward(mm, [len(x) for x in prompts])
         for t in range(p.max_new_tokens):
             if hook is not None and (rows := hook(t)):
                 hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -147,15 +157,12 @@ class TorchEngine:
                 done |= hit
                 if bool(done.all()):
                     break
-            outputs = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = outputs.past_key_values
-            logits = outputs.logits[:, -1, :].float()
+            logits, cache = forward(step_ids, mask, step_pos, cache, ids)
+            logits = logits.float()
+            if self.masked_token_ids:
+                from relax_core.models import MASKED_LOGIT
+
+                logits[:, self.masked_token_ids] = MASKED_LOGIT
             if t < int(min_t.max()):
                 block = (min_t > t).unsqueeze(1) & torch.isin(
                     torch.arange(logits.shape[-1], device=self.device), eos
@@ -174,6 +181,8 @@ class TorchEngine:
             step_ids = nxt.unsqueeze(1)
             step_pos = step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            if mm is not None:  # the uncached multimodal forward re-reads the whole sequence
+                ids = torch.cat([ids, step_ids], dim=1)
 
         results = []
         for i in range(bsz):
@@ -187,6 +196,44 @@ class TorchEngine:
                 )
             )
         return results
+
+    def _cached_forward(self, step_ids, mask, step_pos, cache, ids):
+        """Text models: only the new tokens go through, with a KV cache and explicit positions."""
+        out = self.model(
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1, :], out.past_key_values
+
+    def _mm_forward(self, mm: list[dict[str, Any] | None], prompt_lens: list[int]):
+        """Multimodal models: the whole sequence (media included) goes through at every step, without a
+        cache. Why: the model then derives its M-RoPE positions from the media grids exactly as in the
+        trainer's single forward over the same sequence; the tiny CPU models make the recomputation cheap.
+        (SGLang does the cached version on GPUs.)"""
+        import inspect
+
+        import torch
+
+        from relax_core.mm import collate_mm, token_types
+
+        media = {k: v.to(self.device) for k, v in collate_mm(mm).items()}
+        width = max(prompt_lens)
+        types = None
+        if "mm_token_type_ids" in inspect.signature(self.model.forward).parameters:
+            types = token_types(mm, prompt_lens, width, left=True).to(self.device)  # prompts are left-padded
+
+        def forward(step_ids, mask, step_pos, cache, ids):
+            extra = dict(media)
+            if types is not None:
+                grown = ids.shape[1] - width  # generated tokens so far: text
+                extra["mm_token_type_ids"] = torch.nn.functional.pad(types, (0, grown))
+            out = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
+            return out.logits[:, -1, :], None
+
+        return forward
 
     @staticmethod
     def _sample(

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from relax_core.config import RelaxConfig
+from relax_core.models import MASKED_LOGIT
 from relax_train.algorithms.aggregation import aggregate_loss
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
 from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_from_logits, kl_penalty
@@ -24,14 +25,16 @@ from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_fro
 
 class TorchBackend:
     def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
-        from transformers import AutoModelForCausalLM
+        from relax_core.models import load_model, media_token_ids
 
         self.cfg = config
         torch.manual_seed(config.train.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=getattr(torch, config.model.dtype)
+        self.model = load_model(model_path, config.model.dtype)  # causal LM, or a Qwen-VL/Omni model
+        self.masked_token_ids = media_token_ids(self.model)
+        cfg = self.model.config  # multimodal configs keep text settings in text_config
+        self.pad_token_id = (
+            getattr(cfg, "pad_token_id", None) or getattr(cfg.get_text_config(), "pad_token_id", 0) or 0
         )
-        self.pad_token_id = self.model.config.pad_token_id or 0
         self.temperature = config.rollout.rollout_temperature
         self.trainable = trainable
         self.version = 0
@@ -63,10 +66,30 @@ class TorchBackend:
             mask[row, : len(s)] = 1
         return ids, mask, plens, rlens
 
+    def _media(self, samples: dict[str, list], idx: list[int], ids: torch.Tensor) -> dict[str, Any]:
+        """Multimodal inputs of a micro-batch (``mm`` field: media tensors + prompt token types), batched
+        as the rollout engine batches them (``relax_core.mm``); {} for text."""
+        items = [samples["mm"][i] for i in idx] if "mm" in samples else []
+        if not any(items):
+            return {}
+        import inspect
+
+        from relax_core.mm import collate_mm, token_types
+
+        extra = collate_mm(items)
+        if "mm_token_type_ids" in inspect.signature(self.model.forward).parameters:
+            lengths = [len(samples["tokens"][i]) for i in idx]
+            extra["mm_token_type_ids"] = token_types(items, lengths, ids.shape[1], left=False)
+        return extra
+
     def _response_logp(self, samples, idx, with_entropy=False):
         """Padded [B, Rmax] log-probs of each response token (and entropies), plus response lengths."""
         ids, mask, plens, rlens = self._pad(samples, idx)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits.float() / self.temperature
+        logits = self.model(input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)).logits
+        logits = logits.float()
+        if self.masked_token_ids:  # the rollout engine never samples these: same distribution here
+            logits[..., self.masked_token_ids] = MASKED_LOGIT
+        logits = logits / self.temperature
         rmax = max(rlens)
         rows = torch.arange(len(idx)).unsqueeze(1)
         steps = torch.arange(rmax)

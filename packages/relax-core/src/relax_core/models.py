@@ -1,0 +1,91 @@
+"""Loading a checkpoint as the right torch model, text-only or multimodal.
+
+Why not ``AutoModelForCausalLM`` everywhere: Qwen-VL and Qwen-Omni checkpoints are not causal-LM classes
+(``Qwen3VLForConditionalGeneration``, the Omni *thinker* ``Qwen3OmniMoeThinkerForConditionalGeneration``),
+and the Omni thinker is in no Auto mapping. The class named in ``config.json`` (``architectures[0]``) is the
+one that wrote the checkpoint, so the rollout engine and every trainer role load that same class.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MM_FAMILIES = {
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen2_5_omni_thinker": "qwen2_5_omni",
+    "qwen3_omni_moe_thinker": "qwen3_omni",
+}
+"""HF ``model_type`` -> relax-multimodal model family (placeholder tokens, patch size, audio rules)."""
+
+
+def architecture(path: str | Path) -> str:
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise ValueError(f"{path}/config.json names no 'architectures'; save the model with save_pretrained")
+    return archs[0]
+
+
+def load_model(path: str | Path, dtype: str = "float32") -> Any:
+    """The model class that saved ``path`` (causal LMs through ``AutoModelForCausalLM``)."""
+    import torch
+    import transformers
+
+    arch = architecture(path)
+    if arch.endswith("ForCausalLM"):
+        cls = transformers.AutoModelForCausalLM
+    else:
+        cls = getattr(transformers, arch, None)
+        if cls is None:
+            raise ValueError(
+                f"{path}: architecture {arch!r} is not in transformers {transformers.__version__}"
+            )
+    return cls.from_pretrained(str(path), dtype=getattr(torch, dtype))
+
+
+def mm_family(path: str | Path) -> str | None:
+    """The relax-multimodal family of the checkpoint at ``path``, or None for a text-only model."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    return MM_FAMILIES.get(cfg.get("model_type", ""))
+
+
+MEDIA_RENAMES: dict[str, dict[str, str | None]] = {
+    "qwen3_vl": {"second_per_grid_ts": None},  # time comes from the "<t seconds>" text instead
+    "qwen3_omni": {"second_per_grid_ts": "video_second_per_grid"},
+}
+"""Per family: relax-multimodal tensor name -> the model's forward argument (None: not passed)."""
+
+
+def adapt_media(family: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    """relax-multimodal's tensors under the names ``family``'s forward takes."""
+    renames = MEDIA_RENAMES.get(family, {})
+    out = {}
+    for k, v in tensors.items():
+        name = renames.get(k, k)
+        if name is not None:
+            out[name] = v
+    return out
+
+
+_MEDIA_TOKEN_FIELDS = (
+    "image_token_id", "video_token_id", "audio_token_id", "image_token_index", "video_token_index",
+    "audio_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
+    "audio_end_token_id",
+)  # fmt: skip
+MASKED_LOGIT = -1e9
+"""What a never-sampled token's logit is set to (finite, so entropies stay finite; its probability is 0)."""
+
+
+def media_token_ids(model: Any) -> list[int]:
+    """Token ids a multimodal model must never generate: media placeholders and their delimiters.
+
+    Why: a sampled ``<|vision_start|>`` with no media after it makes the next forward's M-RoPE indexing
+    fail (random-weight and early-training policies do sample them). The rollout engine and every trainer
+    role mask the same ids (``MASKED_LOGIT``), so the distribution sampled from and the one trained on stay
+    identical. Empty for text-only models."""
+    cfg = getattr(model, "config", model)
+    ids = {getattr(cfg, f, None) for f in _MEDIA_TOKEN_FIELDS}
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0)

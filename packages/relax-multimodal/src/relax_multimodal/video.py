@@ -10,6 +10,7 @@ clip's audio track with ffmpeg (see :mod:`relax_multimodal.audio`).
 from __future__ import annotations
 
 import io
+import subprocess
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,9 +145,7 @@ def process_video(
     try:
         raw = vr.get_batch(idx).asnumpy()
     except Exception as e:
-        raise MediaError(
-            "no_frames", f"cannot decode frames {idx[:4]}... ({_first_line(e)})", source=src.name
-        ) from None
+        raw = _decode_with_ffmpeg(src, vr, idx, f"cannot decode frames {idx[:4]}... ({_first_line(e)})")
     if raw.ndim != 4 or raw.shape[0] != len(idx) or raw.shape[-1] != 3:
         raise MediaError("no_frames", f"decoder returned frames of shape {raw.shape}", source=src.name)
     h, w = raw.shape[1:3]
@@ -180,6 +179,28 @@ def process_video(
         source=src.name,
         audio=audio,
     )
+
+
+def _decode_with_ffmpeg(src: Source, vr: object, idx: list[int], why: str) -> np.ndarray:
+    """Frames ``idx`` decoded by ffmpeg, for files decord opens but cannot batch-decode (it fails on
+    some frame widths, e.g. 48 px: a stride bug); raises the decord error when ffmpeg cannot help."""
+    from .audio import ffmpeg_exe
+
+    exe = ffmpeg_exe()
+    try:
+        h, w = vr[0].shape[:2]  # decord gets the size right even where its pixel layout is wrong
+    except Exception:
+        exe = None
+    if exe is None:
+        raise MediaError("no_frames", why, source=src.name)
+    cmd = [exe, "-nostdin", "-v", "error", "-i", src.path if src.data is None else "pipe:0"]
+    cmd += ["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
+    proc = subprocess.run(cmd, input=src.data, capture_output=True, timeout=600)
+    frames = np.frombuffer(proc.stdout, dtype=np.uint8)
+    if proc.returncode != 0 or frames.size == 0 or frames.size % (h * w * 3):
+        raise MediaError("no_frames", why, source=src.name)
+    frames = frames.reshape(-1, h, w, 3)
+    return frames[np.minimum(np.asarray(idx), len(frames) - 1)]
 
 
 def _first_line(e: BaseException) -> str:

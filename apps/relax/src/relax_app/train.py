@@ -14,13 +14,15 @@ def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
     """A user's files as given, or the demo's, built (and cached) on first use."""
     if not cfg.is_demo:
         return RunInputs(cfg.model.hf_checkpoint, cfg.data.prompt_data, cfg.data.eval_data,
-                         cfg.model.ref_checkpoint), {}
+                         cfg.model.ref_checkpoint, cfg.model.teacher_checkpoint), {}
     from relax_app.demo.assets import prepare_demo
 
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"), seed=cfg.train.seed)
     info = {"warm_start_accuracy": assets.sft_accuracy, "warm_start_cached": assets.cached,
             "model": str(assets.sft_model_dir), "train_data": str(assets.train_path), "eval_data": str(assets.eval_path)}
-    return RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path)), info
+    inputs = RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path),
+                       teacher_model_path=cfg.model.teacher_checkpoint)  # fmt: skip
+    return inputs, info
 
 
 def train(cfg: RelaxConfig) -> dict:

@@ -23,6 +23,10 @@ class ModelConfig(_Section):
     --prompt-data runs the built-in CPU demo, which builds its own tiny model."""
     ref_checkpoint: str | None = None
     """Reference model for the KL term; defaults to --hf-checkpoint (the starting policy)."""
+    teacher_checkpoint: str | None = None
+    """Teacher for on-policy distillation: starts the Teacher role, whose log-probs of the student's own
+    sampled tokens go on the bus (teacher_log_probs) and pull the student towards it (--distill-mode). Must
+    share the policy's tokenizer; may be a larger model."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for rollout and training. float32 on CPU."""
 
@@ -170,6 +174,12 @@ class AlgoConfig(_Section):
     with --use-kl-loss."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus coefficient (token-mean entropy, whatever --loss-agg-mode)."""
+    distill_mode: Literal["advantage", "loss"] = "advantage"
+    """With --teacher-checkpoint: 'advantage' adds β_d·(log π_teacher − log π_old) per token to the
+    advantages (a per-token reward: the negative reverse KL, no gradient through the teacher), 'loss' adds
+    β_d·KL(π || π_teacher) per token to the loss with --kl-estimator."""
+    distill_coef: float = Field(1.0, ge=0.0)
+    """β_d, the weight of the distillation term."""
     use_actor_fwd: bool = True
     """Recompute log-probs with the trainer's weights (the proximal policy) in the ActorFwd role;
     False uses the rollout engine's log-probs as the old policy."""
@@ -184,6 +194,11 @@ class AlgoConfig(_Section):
     --tis-cap (truncate) or zeroed above it (mask). Needs --use-actor-fwd."""
     tis_cap: float = Field(2.0, gt=0.0)
     """Upper bound of the truncated importance-sampling weight."""
+    routing_replay: bool = False
+    """Routing replay (R3) for MoE policies: the rollout engine records each token's top-k experts per
+    MoE layer (routed_experts on the bus) and every trainer forward routes tokens to exactly those, so
+    training scores the network that generated the sample; routing weights still come from the trainer's
+    router. Needs --rollout-backend torch and a Qwen3-MoE-style model."""
 
     @model_validator(mode="after")
     def _check_algo(self) -> AlgoConfig:
@@ -279,3 +294,8 @@ class RelaxConfig(_Section):
     @property
     def is_demo(self) -> bool:
         return self.data.prompt_data is None
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Whether the Teacher role runs (on-policy distillation)."""
+        return self.model.teacher_checkpoint is not None

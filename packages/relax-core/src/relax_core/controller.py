@@ -36,6 +36,7 @@ class RunInputs:
     prompt_path: str
     eval_path: str | None = None
     ref_model_path: str | None = None
+    teacher_model_path: str | None = None
 
 
 @dataclass
@@ -71,6 +72,9 @@ def bus_config(cfg: RelaxConfig):
         consumers["reference"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
         if a.use_kl_loss:
             required.append("ref_log_probs")
+    if cfg.uses_teacher:
+        consumers["teacher"] = ConsumerSpec(required_fields=["tokens"], sampler="in_order")
+        required.append("teacher_log_probs")
     consumers["actor_train"] = ConsumerSpec(required_fields=required, sampler="group", enforce_staleness=True)
     return BusConfig(
         consumers=consumers,
@@ -107,7 +111,22 @@ class Controller:
         self.inputs = RunInputs(**absolute)
 
     def run(self) -> RunResult:
+        if self.cfg.uses_teacher:
+            self._check_teacher_tokenizer()
         return self._run_colocate() if self.cfg.run.mode == "colocate" else self._run_fully_async()
+
+    def _check_teacher_tokenizer(self) -> None:
+        """Distillation compares log-probs token by token: the teacher must read the same token ids."""
+        from transformers import AutoTokenizer
+
+        student, teacher = self.inputs.model_path, self._teacher_path()
+        a, b = AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher)
+        if a.get_vocab() != b.get_vocab():
+            raise ValueError(
+                f"--teacher-checkpoint {teacher} has a different tokenizer from the policy {student} "
+                f"({len(b)} vs {len(a)} tokens); on-policy distillation compares log-probs token by token, "
+                "so both must share one tokenizer"
+            )
 
     # -- colocate ------------------------------------------------------------------------------
     def _run_colocate(self) -> RunResult:
@@ -129,6 +148,8 @@ class Controller:
             helpers.insert(
                 0, role_class("forward")(cfg, bus, "reference", inp.ref_model_path or inp.model_path)
             )
+        if cfg.uses_teacher:
+            helpers.insert(0, role_class("forward")(cfg, bus, "teacher", self._teacher_path()))
         actor.publish = lambda named, v: rollout.set_weights(dict(named), v)
         start = 0
         if cfg.train.load:
@@ -213,6 +234,10 @@ class Controller:
                 loops["reference"] = actor_of("forward").remote(
                     cfg, bus, "reference", inp.ref_model_path or inp.model_path, torch_threads=threads
                 )
+            if cfg.uses_teacher:
+                loops["teacher"] = actor_of("forward").remote(
+                    cfg, bus, "teacher", self._teacher_path(), torch_threads=threads
+                )
             init = f"tcp://127.0.0.1:{free_port()}"
             world = 1 + len(receivers)
             ray.get(
@@ -280,6 +305,10 @@ class Controller:
         finally:
             if started_ray:
                 ray.shutdown()
+
+    def _teacher_path(self) -> str:
+        path = self.inputs.teacher_model_path or self.cfg.model.teacher_checkpoint
+        return os.path.abspath(path)
 
     def _final_eval(self, history: list[dict[str, Any]], do_eval) -> None:
         last = [h for h in history if "eval/accuracy" in h]

@@ -21,6 +21,7 @@ __all__ = [
     "extract_tag",
     "format_reward",
     "has_think_answer_format",
+    "no_reward",
     "openr1mm_reward",
     "think_format_reward",
 ]
@@ -48,6 +49,17 @@ def extract_tag(response: str, tag: str) -> str | None:
     """
     m = re.findall(rf"<{tag}>(.*?)</{tag}>", response or "", re.DOTALL)
     return m[-1].strip() if m else None
+
+
+@register("none")
+def no_reward(response: str, label: Any = None, metadata: dict | None = None) -> float:
+    """Always 0.0: for runs whose only signal is another term, e.g. pure on-policy distillation
+    (``--rm-type none --teacher-checkpoint ...``), where every group's task advantage is then 0.
+
+    >>> no_reward("anything", "42")
+    0.0
+    """
+    return 0.0
 
 
 @register("format")

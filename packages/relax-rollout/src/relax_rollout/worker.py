@@ -35,6 +35,13 @@ class RolloutWorker:
         extra = (
             {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
         )
+        if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
+            if cfg.rollout.rollout_backend != "torch":
+                raise ValueError(
+                    f"--routing-replay needs --rollout-backend torch (only its engine records the experts "
+                    f"each token was routed to); got --rollout-backend {cfg.rollout.rollout_backend}"
+                )
+            extra["record_routing"] = True
         self.engine = build_engine(
             cfg.rollout.rollout_backend,
             model_path=model_path,
@@ -43,6 +50,8 @@ class RolloutWorker:
             pad_token_id=self.tokenizer.pad_token_id,
             **extra,
         )
+        if cfg.algo.routing_replay and self.engine.routing is None:
+            raise ValueError(f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks")
         ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key,
                           cfg.data.multimodal_keys)  # fmt: skip
         self.skipped_rows = ds.skipped
@@ -280,6 +289,7 @@ class RolloutWorker:
                     "response_len": len(o.token_ids),
                     "loss_mask": np.ones(len(o.token_ids), dtype=np.float32),
                     "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
+                    **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
                     "reward": float(res.score),
                     "reward_failure": res.failure or "",
                     "policy_version": int(o.weight_version),

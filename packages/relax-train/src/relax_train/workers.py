@@ -67,6 +67,12 @@ class _BusLoop:
         raise NotImplementedError
 
 
+FORWARD_FIELDS = {"actor_fwd": "log_probs", "reference": "ref_log_probs", "teacher": "teacher_log_probs"}
+"""Frozen forward roles and the bus field each writes: ActorFwd (latest trainer weights, the proximal
+policy), Reference (the starting policy, for KL) and Teacher (another, possibly larger model, for on-policy
+distillation; same tokenizer)."""
+
+
 class ForwardWorker(_BusLoop):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
 
@@ -80,10 +86,10 @@ class ForwardWorker(_BusLoop):
         torch_threads: int | None = None,
     ) -> None:
         _set_threads(torch_threads)
-        if role not in ("actor_fwd", "reference"):
-            raise ValueError(f"ForwardWorker role must be actor_fwd or reference, got {role!r}")
+        if role not in FORWARD_FIELDS:
+            raise ValueError(f"ForwardWorker role must be one of {sorted(FORWARD_FIELDS)}, got {role!r}")
         self.cfg, self.bus, self.consumer = cfg, bus, role
-        self.field = "log_probs" if role == "actor_fwd" else "ref_log_probs"
+        self.field = FORWARD_FIELDS[role]
         self.batch_size = cfg.train.micro_batch_size
         if backend is None:
             from relax_train.backends import build_backend
@@ -92,6 +98,8 @@ class ForwardWorker(_BusLoop):
                 cfg.train.train_backend, config=cfg, model_path=model_path, trainable=False
             )
         self.backend = backend
+        if role == "teacher":  # another model: the student's recorded MoE routing (R3) does not apply to it
+            self.backend.routing = None
         self._receiver = None
 
     def handle(self, batch) -> None:

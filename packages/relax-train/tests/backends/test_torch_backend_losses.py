@@ -110,3 +110,40 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny_model_dir, mode, loss
     assert full.keys() == split.keys()
     for n in full:
         torch.testing.assert_close(split[n], full[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def _distill_grads(tiny_model_dir, algo, with_teacher: bool, **replace):
+    be = TorchBackend(make_cfg(**algo), tiny_model_dir)
+    samples = _samples(be)
+    teacher = [x - 0.2 + 0.1 * np.arange(len(x), dtype=np.float32) for x in samples["log_probs"]]
+    if with_teacher:
+        samples["teacher_log_probs"] = teacher
+    for key, fn in replace.items():
+        samples[key] = fn(samples, teacher)
+    metrics = be.train_step(samples)
+    return {n: p.grad.clone() for n, p in be.model.named_parameters() if p.grad is not None}, metrics
+
+
+def test_distillation_in_advantage_mode_is_the_per_token_reverse_kl_reward(tiny_model_dir):
+    """β_d·(log π_T − log π_old) added to each token's advantage: the same update as training without a
+    teacher on those advantages."""
+    algo = {"policy_loss": "ppo", "distill_mode": "advantage", "distill_coef": 0.5}
+    got, m = _distill_grads(tiny_model_dir, algo, True)
+    shifted = lambda s, t: [a + 0.5 * (tl - lp) for a, tl, lp in zip(s["advantages"], t, s["log_probs"])]  # noqa: E731
+    want, _ = _distill_grads(tiny_model_dir, algo, False, advantages=shifted)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+    be = TorchBackend(make_cfg(**algo), tiny_model_dir)
+    lp = be.compute_log_probs(make_samples())
+    expect = float(np.mean(np.concatenate([0.2 - 0.1 * np.arange(len(x)) for x in lp])))  # old − teacher
+    assert m["distill_kl"] == pytest.approx(expect, abs=1e-5)
+
+
+def test_distillation_as_a_loss_is_a_kl_term_to_the_teacher(tiny_model_dir):
+    """β_d·KL(π ‖ π_T) per token in the loss: the same update as the reference-KL loss with the teacher's
+    log-probs in place of the reference's."""
+    got, _ = _distill_grads(tiny_model_dir, {"distill_mode": "loss", "distill_coef": 0.3, "kl_estimator": "k3"}, True)
+    as_ref = {"kl_coef": 0.3, "kl_estimator": "k3", "use_kl_loss": True}
+    want, _ = _distill_grads(tiny_model_dir, as_ref, False, ref_log_probs=lambda s, t: t)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)

@@ -27,6 +27,7 @@ class TorchEngine:
         dtype: str = "float32",
         device: str = "cpu",
         max_batch_size: int = 512,
+        record_routing: bool = False,
     ) -> None:
         if model is None:
             if model_path is None:
@@ -46,6 +47,11 @@ class TorchEngine:
         from relax_core.models import media_token_ids
 
         self.masked_token_ids = media_token_ids(self.model)  # never sampled (the trainer masks them too)
+        self.routing = None  # routing replay (R3): record each token's MoE experts, extra["routed_experts"]
+        if record_routing:
+            from relax_core.routing import install_routing
+
+            self.routing = install_routing(self.model)  # None for a dense model: nothing to record
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -146,7 +152,15 @@ class TorchEngine:
 
         cache = DynamicCache()
         step_ids, step_pos = ids, positions
+        if self.routing is not None and mm is not None:
+            raise ValueError(
+                "record_routing (--routing-replay) is not supported for multimodal prompts: the uncached "
+                "multimodal forward re-reads the whole sequence every step"
+            )
         forward = self._cached_forward if mm is None else self._mm_forward(mm, [len(x) for x in prompts])
+        rec = None
+        if self.routing is not None:
+            forward, rec = self._recorded(forward)
         for t in range(p.max_new_tokens):
             if hook is not None and (rows := hook(t)):
                 hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -184,6 +198,7 @@ class TorchEngine:
             if mm is not None:  # the uncached multimodal forward re-reads the whole sequence
                 ids = torch.cat([ids, step_ids], dim=1)
 
+        routed = self._routed_experts(rec, prompts, lengths.tolist()) if rec is not None else None
         results = []
         for i in range(bsz):
             n = int(lengths[i])
@@ -193,9 +208,45 @@ class TorchEngine:
                     log_probs=logps[i, :n].tolist(),
                     finish_reason="abort" if bool(aborted[i]) else "stop" if bool(stopped[i]) else "length",
                     weight_version=self.weight_version,
+                    extra={"routed_experts": routed[i]} if routed is not None else {},
                 )
             )
         return results
+
+    def _recorded(self, forward):
+        """``forward`` recording the experts of each call (in call order) into the returned Recording."""
+        rec = self.routing.new_recording()
+
+        def recorded(*args):
+            with self.routing.record(into=rec):
+                return forward(*args)
+
+        return recorded, rec
+
+    def _routed_experts(self, rec, prompts: list[list[int]], lengths: list[int]) -> list:
+        """Per sample, numpy [len(prompt) + n_generated - 1, n_moe_layers, k]: the experts of every token of
+        the sample that went through the model (prompt tokens from the prefill, then each fed generated
+        token; the last sampled token is never fed). Pad positions and the steps a finished row still ran
+        are dropped; entries never recorded (an abort before the prefill) are -1."""
+        import numpy as np
+
+        bsz, width = len(prompts), max(len(x) for x in prompts)
+        layers, k = self.routing.num_layers, self.routing.top_k
+        fwd = [rec.stacked(f).cpu() for f in range(len(rec.forwards))]
+        prefill = fwd[0].view(bsz, width, layers, k) if fwd else None
+        steps = torch.stack([f.view(bsz, layers, k) for f in fwd[1:]], dim=1) if len(fwd) > 1 else None
+        out = []
+        for i, (x, n) in enumerate(zip(prompts, lengths)):
+            total = max(len(x) + n - 1, 0)
+            arr = np.full((total, layers, k), -1, dtype=np.int16 if rec.dtype == torch.int16 else np.int32)
+            if prefill is not None:
+                m = min(len(x), total)
+                arr[:m] = prefill[i, width - len(x) : width - len(x) + m].numpy()
+            fed = total - len(x)  # generated tokens fed back: step t (t >= 1) feeds token t - 1
+            if steps is not None and fed > 0:
+                arr[len(x) :] = steps[i, :fed].numpy()
+            out.append(arr)
+        return out
 
     def _cached_forward(self, step_ids, mask, step_pos, cache, ids):
         """Text models: only the new tokens go through, with a KV cache and explicit positions."""

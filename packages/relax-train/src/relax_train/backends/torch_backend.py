@@ -8,6 +8,7 @@ prompt+response sequences at the rollout temperature, so they match the rollout 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -26,11 +27,14 @@ from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_fro
 class TorchBackend:
     def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
         from relax_core.models import load_model, media_token_ids
+        from relax_core.routing import install_routing
 
         self.cfg = config
         torch.manual_seed(config.train.seed)
         self.model = load_model(model_path, config.model.dtype)  # causal LM, or a Qwen-VL/Omni model
         self.masked_token_ids = media_token_ids(self.model)
+        self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
+        self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
         cfg = self.model.config  # multimodal configs keep text settings in text_config
         self.pad_token_id = (
             getattr(cfg, "pad_token_id", None) or getattr(cfg.get_text_config(), "pad_token_id", 0) or 0
@@ -85,7 +89,8 @@ class TorchBackend:
     def _response_logp(self, samples, idx, with_entropy=False):
         """Padded [B, Rmax] log-probs of each response token (and entropies), plus response lengths."""
         ids, mask, plens, rlens = self._pad(samples, idx)
-        logits = self.model(input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)).logits
+        with self._routing_replay(samples, idx, ids.shape[1]):
+            logits = self.model(input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)).logits
         logits = logits.float()
         if self.masked_token_ids:  # the rollout engine never samples these: same distribution here
             logits[..., self.masked_token_ids] = MASKED_LOGIT
@@ -100,6 +105,43 @@ class TorchBackend:
         valid = steps.unsqueeze(0) < torch.tensor(rlens).unsqueeze(1)
         ent = entropy_from_logits(resp_logits) if with_entropy else None
         return logp, valid, rlens, ent
+
+    @contextlib.contextmanager
+    def _routing_replay(self, samples: dict[str, list], idx: list[int], width: int):
+        """R3: the micro-batch's forward routes each token to the experts the rollout engine used
+        (``routed_experts``, [len(tokens) - 1, layers, k] per sample); positions without a record (each
+        sequence's last token, right padding) route normally. A no-op without --routing-replay."""
+        r = self.routing
+        if not (self.cfg.algo.routing_replay and "routed_experts" in samples and r is not None):
+            yield
+            return
+        experts = torch.full((len(idx), width, r.num_layers, r.top_k), -1, dtype=torch.long)
+        for row, i in enumerate(idx):
+            rec = torch.from_numpy(np.asarray(samples["routed_experts"][i]).astype(np.int64))[:width]
+            if rec.dim() != 3 or tuple(rec.shape[1:]) != (r.num_layers, r.top_k):
+                raise ValueError(
+                    f"routed_experts of sample {i} has shape {list(rec.shape)}; this model needs "
+                    f"[tokens, {r.num_layers}, {r.top_k}] (MoE layers, top-k): rollout and trainer models differ"
+                )
+            experts[row, : len(rec)] = rec
+        with r.replay(experts) as stats:
+            yield
+        if self.model.training:  # train_step's metrics (r3_*)
+            st = stats.as_dict()
+            self._r3_counts["replayed"] += st["replayed"]
+            self._r3_counts["differ"] += st["differ"]
+            self._r3_counts["expected"] += sum(len(samples["tokens"][i]) - 1 for i in idx) * r.num_layers
+
+    def _r3_metrics(self) -> dict[str, float]:
+        """Routing-replay metrics of the train_step forwards since the last call: the fraction of token-layer
+        pairs that had a record, and of those, the fraction whose own top-k set differs (what R3 fixed)."""
+        c, self._r3_counts = self._r3_counts, {k: 0.0 for k in self._r3_counts}
+        if not c["replayed"]:
+            return {}
+        return {
+            "r3_replayed_frac": c["replayed"] / max(c["expected"], 1.0),
+            "r3_expert_differ_frac": c["differ"] / c["replayed"],
+        }
 
     @torch.no_grad()
     def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
@@ -159,7 +201,10 @@ class TorchBackend:
         old_key = "log_probs" if has_prox else "rollout_log_probs"
         has_behav = "rollout_log_probs" in samples
         kl_loss = a.uses_reference and a.use_kl_loss and "ref_log_probs" in samples
+        distill = a.distill_mode if "teacher_log_probs" in samples else None
         sums: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "tokens": 0.0}
+        if distill:
+            sums["distill_kl"] = 0.0
         counts: dict[str, float] = {}  # fractions of tokens: clipped, dual-clipped, ...
         loss_total, grad_norm, n_opt = 0.0, 0.0, 0
         keep: dict[str, list[torch.Tensor]] = {"ratio": [], "train": [], "rollout": [], "tis": []}
@@ -176,6 +221,11 @@ class TorchBackend:
                 behav = self._padded(samples["rollout_log_probs"], idx, width) if has_behav else old
                 adv = self._padded(samples["advantages"], idx, width)
                 lmask = self._padded(samples["loss_mask"], idx, width) * valid
+                if distill:  # on-policy distillation: reverse KL to the teacher on the student's own tokens
+                    teacher = self._padded(samples["teacher_log_probs"], idx, width)
+                    sums["distill_kl"] += float(((old - teacher) * lmask).sum())  # k1 estimate
+                    if distill == "advantage":  # per-token reward log π_T − log π_old (no gradient)
+                        adv = adv + a.distill_coef * (teacher - old)
                 pg, st = loss_fn(logp, old, adv, lmask, params)
                 tok_loss = pg
                 w = self._behaviour_weights(old, behav, lmask) if has_prox and has_behav else None
@@ -186,6 +236,8 @@ class TorchBackend:
                     kl = kl_penalty(logp, self._padded(samples["ref_log_probs"], idx, width), a.kl_estimator)
                     tok_loss = tok_loss + a.kl_coef * kl
                     sums["kl"] += float((kl.detach() * lmask).sum())
+                if distill == "loss":
+                    tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, a.kl_estimator)
                 loss = aggregate_loss(
                     tok_loss,
                     lmask,
@@ -221,7 +273,7 @@ class TorchBackend:
             self.optimizer.step()
             n_opt += 1
         self.version += 1
-        return self._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
+        return {**self._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt), **self._r3_metrics()}
 
     @staticmethod
     def _step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:

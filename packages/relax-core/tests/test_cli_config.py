@@ -94,6 +94,9 @@ def test_none_value_and_numeric_looking_strings():
     cfg = build_config(argv=["--output-dir", "2024", "--input-key", "1"])
     assert cfg.run.output_dir == "2024"
     assert cfg.data.input_key == "1"
+    # "none" is None only where None is allowed; for a plain text flag it is the text (a reward's name)
+    assert build_config(argv=["--rm-type", "none"]).rollout.rm_type == "none"
+    assert build_config(argv=["--ref-checkpoint", "none"]).model.ref_checkpoint is None
 
 
 def test_missing_value_names_flag():

@@ -86,8 +86,10 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"{_flag(leaf)} needs a value")
             raw = argv[i + 1]
             i += 2
-        # a text flag keeps its text even when it looks like a number (--output-dir 2024)
-        keep_text = _is_str_field(section, name) and raw.lower() not in ("none", "null")
+        # a text flag keeps its text even when it looks like a number (--output-dir 2024); "none" means
+        # None only where None is allowed (--rm-type none names the no-reward reward)
+        ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
+        keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
         out[leaf] = raw if keep_text else _scalar(raw)
     return out
 

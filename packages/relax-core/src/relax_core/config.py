@@ -72,6 +72,9 @@ class RolloutConfig(_Section):
     rm_type: str = "math"
     """Reward name in the relax-rewards registry (or a dotted path 'pkg.mod:fn'); a sample's own
     metadata rm_type overrides it."""
+    eval_rm_type: str | None = None
+    """Reward that scores held-out evaluation; defaults to --rm-type. Set it when the training reward is
+    not the task's (e.g. --rm-type none for pure distillation: --eval-rm-type math)."""
     reward_timeout_s: float = Field(10.0, gt=0.0)
     """Per-call reward time-out; a reward that exceeds it scores the fallback and is counted."""
     reward_concurrency: int = Field(8, ge=1)

@@ -18,7 +18,9 @@ class GreedyEvaluator:
         rows = load_prompts(eval_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key).rows
         self.rows = rows[: cfg.data.eval_max_samples]
         self.prompts = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in self.rows]
-        self.scorer = build_scorer(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"reward_delay_s": 0.0})}))
+        r = cfg.rollout  # held-out accuracy is the task's reward (--eval-rm-type), with no emulated latency
+        upd = {"reward_delay_s": 0.0, "rm_type": r.eval_rm_type or r.rm_type}
+        self.scorer = build_scorer(cfg.model_copy(update={"rollout": r.model_copy(update=upd)}))
 
     def __call__(self, model) -> float:
         was_training = model.training

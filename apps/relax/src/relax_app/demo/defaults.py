@@ -11,5 +11,6 @@ DEMO_DEFAULTS: dict[str, object] = {
     "eps_clip": 0.2,
     "eps_clip_high": 0.28,
     "eval_interval": 10,
+    "eval_rm_type": "math",  # held-out accuracy is the task's, whatever --rm-type trains on
     "output_dir": "runs/demo",
 }

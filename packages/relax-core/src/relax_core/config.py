@@ -64,7 +64,17 @@ class RolloutConfig(_Section):
     n_samples_per_prompt: int = Field(8, ge=1)
     """Responses sampled per prompt (the GRPO group size)."""
     rollout_max_response_len: int = Field(8, ge=1)
-    """Maximum new tokens per response."""
+    """Maximum new tokens per response (per model turn in a multi-turn episode)."""
+    env_path: str | None = None
+    """Agentic multi-turn RL: an environment class 'pkg.mod:Class' (relax_core.env.Environment) built per
+    sample with its prompt, label and metadata; the model and the environment take turns until it is done."""
+    max_turns: int = Field(4, ge=1)
+    """With --env-path: at most this many model turns per episode."""
+    max_total_tokens: int = Field(256, ge=1)
+    """With --env-path: token budget of an episode's response (model and environment tokens after the first
+    prompt); reaching it ends the episode."""
+    env_step_timeout_s: float = Field(10.0, gt=0.0)
+    """With --env-path: an environment call taking longer ends that sample (recorded as env_timeout)."""
     rollout_temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; log-probs are computed at this temperature by every role."""
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -16,6 +16,7 @@ import numpy as np
 from relax_core.config import RelaxConfig
 from relax_core.data import PromptIterator, load_prompts
 from relax_rollout.engines import SamplingParams, build_engine
+from relax_rollout.engines.base import GenerateOutput
 from relax_rollout.rewards import build_scorer
 
 
@@ -226,6 +227,8 @@ class RolloutWorker:
     def _generate(self, step: int, round_: int = 0) -> dict[str, Any]:
         r = self.cfg.rollout
         n = r.n_samples_per_prompt
+        if r.env_path:
+            return self._generate_episodes(step, round_)
         if self.mm is None:
             rows = self.prompts.next_batch()
             prompts, media = [self._encode(row.prompt) for row in rows for _ in range(n)], None
@@ -253,17 +256,68 @@ class RolloutWorker:
         return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s,
                 "media": media}  # fmt: skip
 
+    def _generate_episodes(self, step: int, round_: int = 0) -> dict[str, Any]:
+        """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment."""
+        from relax_core.env import as_messages, build_env, resolve
+        from relax_rollout.multiturn import Episode, run_episodes
+
+        r = self.cfg.rollout
+        rows = self.prompts.next_batch()
+        episodes = []
+        for row in rows:
+            for _ in range(r.n_samples_per_prompt):
+                env = build_env(r.env_path, row.prompt, row.label, row.metadata)
+                history, info = [{"role": "user", "content": row.prompt}], {}
+                try:
+                    first = resolve(env.reset())
+                    if first is not None:
+                        history += as_messages(resolve(env.format_observation(first)))
+                except Exception as e:  # noqa: BLE001 - this sample ends after its first turn, recorded
+                    info["reset_error"] = f"{type(e).__name__}: {e}"
+                text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                episodes.append(Episode(env, history, list(ids), len(ids), info=info))
+        params = SamplingParams(
+            max_new_tokens=r.rollout_max_response_len,
+            temperature=r.rollout_temperature,
+            top_p=r.rollout_top_p,
+            seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
+        )
+        t0 = time.perf_counter()
+        run_episodes(self.engine, self.tokenizer, episodes, params, r.max_turns, r.max_total_tokens,
+                     r.env_step_timeout_s)  # fmt: skip
+        gen_s = time.perf_counter() - t0
+        self.stats["generate_s"] += gen_s
+        outs = []
+        for ep in episodes:
+            self.stats[f"stop/{ep.stop_reason}"] = self.stats.get(f"stop/{ep.stop_reason}", 0) + 1
+            extra = {"loss_mask": ep.mask, "turns": ep.turns, "env_reward": ep.info.get("reward"),
+                     "env_error": str(ep.info.get("error", ep.info.get("reset_error", "")))}  # fmt: skip
+            outs.append(
+                GenerateOutput(
+                    ep.tokens[ep.prompt_len :], ep.log_probs, ep.stop_reason, ep.weight_version, extra
+                )
+            )
+        return {"step": step, "rows": rows, "prompts": [ep.tokens[: ep.prompt_len] for ep in episodes],
+                "outs": outs, "generate_s": gen_s, "media": None,
+                "texts": [ep.model_text[-1] if ep.model_text else "" for ep in episodes]}  # fmt: skip
+
     def _score(self, pending: dict[str, Any]) -> tuple[list, float]:
         """Rewards of a generated batch (and its decoded texts, kept in ``pending``), and the seconds spent."""
         rows, outs = pending["rows"], pending["outs"]
         n = self.cfg.rollout.n_samples_per_prompt
         t1 = time.perf_counter()
-        texts = pending["texts"] = [
-            self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs
-        ]
+        if "texts" not in pending:  # (multi-turn: the last model turn, set by _generate_episodes)
+            pending["texts"] = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        texts = pending["texts"]
         labels = [row.label for row in rows for _ in range(n)]
         metas = [row.metadata for row in rows for _ in range(n)]
         results = self.scorer.score_batch(texts, labels, metas)
+        from relax_rewards import RewardResult
+
+        for i, o in enumerate(outs):  # an environment's own reward wins over --rm-type
+            if o.extra.get("env_reward") is not None:
+                results[i] = RewardResult(float(o.extra["env_reward"]))
         return results, time.perf_counter() - t1
 
     def _finish(self, pending: dict[str, Any]) -> dict[str, float]:
@@ -287,7 +341,9 @@ class RolloutWorker:
                     "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
                     "prompt_len": len(p),
                     "response_len": len(o.token_ids),
-                    "loss_mask": np.ones(len(o.token_ids), dtype=np.float32),
+                    "loss_mask": np.asarray(
+                        o.extra.get("loss_mask", [1.0] * len(o.token_ids)), dtype=np.float32
+                    ),
                     "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
                     **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
                     "reward": float(res.score),
@@ -297,6 +353,11 @@ class RolloutWorker:
                     "prompt_id": row.row_id,
                     "rollout_step": step,
                     "finish_reason": o.finish_reason,
+                    **(
+                        {"turns": o.extra["turns"], "env_error": o.extra["env_error"]}
+                        if "turns" in o.extra
+                        else {}
+                    ),
                     "response_text": texts[i],
                     **extra,
                 }

@@ -1,0 +1,225 @@
+"""Agentic multi-turn rollout: exact token trajectories, loss masks, every way an episode ends.
+
+A scripted engine (canned canonical replies) pins down the trajectory assembly against the chat template;
+the real torch engine and trainer check log-prob agreement on the model's tokens; the Controller runs RL on
+the calculator environment in both modes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from relax_core.env import check_environment
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.multiturn import Episode, run_episodes
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_run_inputs):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_run_inputs.model_path)
+
+
+class ScriptedEngine:
+    """Stands in for a model that says the given lines (canonical tokens + EOS), for exact assertions."""
+
+    weight_version = 3
+
+    def __init__(self, tok, lines, finish="stop"):
+        self.tok, self.lines, self.finish, self.calls = tok, list(lines), finish, 0
+
+    def generate(self, prompts, params):
+        line = self.lines[min(self.calls, len(self.lines) - 1)]
+        self.calls += 1
+        ids = self.tok(line, add_special_tokens=False)["input_ids"]
+        ids = ids + ([self.tok.eos_token_id] if self.finish == "stop" else [])
+        return [GenerateOutput(ids, [-0.5] * len(ids), self.finish, self.weight_version) for _ in prompts]
+
+
+class Env:
+    """Configurable test environment: answers ``n`` turns with an observation, then done (or misbehaves)."""
+
+    def __init__(self, prompt, label, metadata):
+        self.m, self.t, self.closed = metadata, 0, False
+
+    def reset(self):
+        if self.m.get("reset_raises"):
+            raise RuntimeError("no sandbox")
+        return None
+
+    def step(self, response):
+        self.t += 1
+        bad = self.m.get("bad")
+        if bad == "raise":
+            raise ValueError("boom")
+        if bad == "hang":
+            time.sleep(5)
+        if bad == "garbage":
+            return "not a tuple"
+        return (f"obs {self.t}", self.t >= self.m.get("turns", 2), {"reward": float(self.t)})
+
+    def format_observation(self, obs):
+        return [{"role": "user", "content": obs}]
+
+    def close(self):
+        self.closed = True
+
+
+def _episodes(tok, n=1, prompt="3+4=", **meta):
+    eps = []
+    for _ in range(n):
+        history = [{"role": "user", "content": prompt}]
+        text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        eps.append(Episode(Env(prompt, "7", meta), history, list(ids), len(ids)))
+    return eps
+
+
+def _run(tok, engine, eps, max_turns=5, budget=200, timeout=1.0):
+    return run_episodes(engine, tok, eps, SamplingParams(max_new_tokens=8), max_turns, budget, timeout)
+
+
+def test_trajectory_equals_the_template_rendering_and_masks_cover_the_model_tokens(tok):
+    lines = ["calc 3+4", "7"]
+    [ep] = _run(tok, ScriptedEngine(tok, lines), _episodes(tok, turns=2))
+    assert ep.stop_reason == "env_done" and ep.turns == 2 and ep.env.closed
+    convo = [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": lines[0]},
+             {"role": "user", "content": "obs 1"}, {"role": "assistant", "content": lines[1]}]  # fmt: skip
+    rendered = tok(tok.apply_chat_template(convo, tokenize=False), add_special_tokens=False)["input_ids"]
+    # the template ends a turn with EOS + "\n"; the trajectory stops at the model's EOS
+    assert ep.tokens == rendered[: len(ep.tokens)] and len(rendered) - len(ep.tokens) <= 1
+    model = [tok(x, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for x in lines]
+    resp, mask = ep.tokens[ep.prompt_len :], np.asarray(ep.mask)
+    assert len(mask) == len(resp) == len(ep.log_probs)
+    assert [t for t, m in zip(resp, mask) if m] == model[0] + model[1]
+    assert resp[: len(model[0])] == model[0] and resp[-len(model[1]) :] == model[1]  # env tokens in between
+    assert all(lp == -0.5 for lp, m in zip(ep.log_probs, mask) if m) and all(
+        lp == 0.0 for lp, m in zip(ep.log_probs, mask) if not m
+    )
+
+
+@pytest.mark.parametrize(
+    "meta,engine_finish,max_turns,budget,reason",
+    [
+        ({"turns": 2}, "stop", 5, 200, "env_done"),
+        ({"turns": 9}, "stop", 3, 200, "max_turns"),
+        ({"turns": 9}, "stop", 9, 20, "token_budget"),
+        ({"turns": 9}, "length", 5, 200, "engine_length"),
+        ({"bad": "raise"}, "stop", 5, 200, "env_error"),
+        ({"bad": "hang"}, "stop", 5, 200, "env_timeout"),
+        ({"bad": "garbage"}, "stop", 5, 200, "env_invalid"),
+    ],
+)
+def test_every_termination_path_is_recorded(tok, meta, engine_finish, max_turns, budget, reason):
+    eps = _episodes(tok, n=2, **meta)
+    t0 = time.monotonic()
+    out = _run(tok, ScriptedEngine(tok, ["12"], finish=engine_finish), eps, max_turns, budget, timeout=0.5)
+    assert [e.stop_reason for e in out] == [reason, reason]
+    assert all(e.env.closed for e in out) and all(e.response_len <= budget for e in out)
+    assert all(len(e.mask) == e.response_len == len(e.log_probs) for e in out)
+    if reason == "max_turns":
+        assert out[0].turns == max_turns
+    if reason.startswith("env_") and reason != "env_done":
+        assert out[0].info["error"] and out[0].turns == 1
+    assert time.monotonic() - t0 < 5  # a hung environment costs its time-out, not the run
+
+
+def test_a_broken_environment_ends_only_its_own_sample(tok):
+    good, bad = _episodes(tok, turns=2), _episodes(tok, bad="raise")
+    out = _run(tok, ScriptedEngine(tok, ["12"]), good + bad)
+    assert [e.stop_reason for e in out] == ["env_done", "env_error"] and out[0].turns == 2
+
+
+def test_calculator_environment_passes_the_contract():
+    from relax_app.demo.envs import CalculatorEnv, safe_arith
+
+    t = check_environment(CalculatorEnv, "3+4=", "7", responses=("calc: 3+4", "7"))
+    assert t[0][1] == "7" and not t[0][2] and t[1][2] and t[1][3]["reward"] == 1.0
+    for evil in ("__import__('os').system('x')", "2**99999999", "a+1", "1" * 100):
+        with pytest.raises(ValueError):
+            safe_arith(evil)
+
+
+@pytest.fixture(scope="module")
+def chatty(tiny_run_inputs, tmp_path_factory):
+    """The tiny checkpoint with its EOS logit raised, so untrained turns end early and episodes have
+    several turns (an untrained model almost never samples EOS within a few tokens)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("chatty")
+    shutil.copytree(tiny_run_inputs.model_path, out, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    ids = torch.randint(3, model.config.vocab_size, (16, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        h = model.model(input_ids=ids).last_hidden_state.reshape(-1, model.config.hidden_size).mean(0)
+        eos = model.config.eos_token_id
+        model.lm_head.weight[eos] = (
+            6.0 * h / h.dot(h)
+        )  # EOS logit ≈ 6 vs ≈ 0 for the 300 others: ~half the steps
+    model.save_pretrained(str(out))
+    return str(out)
+
+
+@pytest.mark.integration
+def test_model_tokens_log_probs_equal_the_trainers(tiny_run_inputs, chatty, tmp_path):
+    """Real engine, real trainer: on the model's tokens of multi-turn trajectories the rollout's log-probs
+    equal the trainer's recomputation (the env tokens in between shift nothing)."""
+    import torch
+
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+    from relax_train.backends.torch_backend import TorchBackend
+
+    torch.set_num_threads(1)
+    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, "--max-turns", "3", "--env-path", RETRY,
+                                    "--hf-checkpoint", chatty))  # fmt: skip
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, chatty, tiny_run_inputs.prompt_path)
+    worker.produce(0)
+    b = bus.get("c", 16, timeout=5)
+    assert max(b.data["turns"]) >= 2  # some episodes really had several turns
+    lp = TorchBackend(cfg, chatty, trainable=False).compute_log_probs(b.data)
+    for mine, theirs, mask in zip(b.data["rollout_log_probs"], lp, b.data["loss_mask"]):
+        on = mask > 0
+        assert on.any() and (~on).any() or len(mask) == on.sum()
+        np.testing.assert_allclose(mine[on], theirs[on], atol=1e-4, rtol=0)
+
+
+RETRY = "relax_app.demo.envs:RetryEnv"
+
+
+def _flags(inputs, tmp_path, *extra):
+    return ["--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
+            "--env-path", "relax_app.demo.envs:CalculatorEnv", "--apply-chat-template",
+            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
+            "--max-total-tokens", "40", "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
+            "--output-dir", str(tmp_path / "out"), *extra]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "mode", [["--colocate"], ["--fully-async", "--max-staleness", "1"]], ids=["colocate", "async"]
+)
+def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mode):
+    from relax_core.cli_config import build_config
+    from relax_core.controller import Controller, RunInputs
+
+    flags = _flags(tiny_run_inputs, tmp_path, *mode, "--num-rollout", "3", "--env-path", RETRY, "--hf-checkpoint", chatty,
+                   "--max-turns", "2", "--max-total-tokens", "60")  # fmt: skip
+    cfg = build_config(None, flags)
+    result = Controller(cfg, RunInputs(chatty, tiny_run_inputs.prompt_path, None)).run()
+    steps = [h for h in result.history if "train/loss" in h]
+    assert len(steps) == 3 and all(math.isfinite(h["train/loss"]) for h in steps)
+    stops = {k: v for k, v in result.rollout_stats.items() if k.startswith("stop/")}
+    n = sum(stops.values())  # every generated episode's end is recorded (async rollout may run ahead)
+    assert n >= 3 * cfg.samples_per_rollout and n % cfg.samples_per_rollout == 0
+    assert stops.get("stop/max_turns", 0) > 0  # wrong answers got more turns

@@ -139,7 +139,7 @@ def test_calculator_environment_passes_the_contract():
     from relax_app.demo.envs import CalculatorEnv, safe_arith
 
     t = check_environment(CalculatorEnv, "3+4=", "7", responses=("calc: 3+4", "7"))
-    assert t[0][1] == "7" and not t[0][2] and t[1][2] and t[1][3]["reward"] == 1.0
+    assert t[0][1]["content"] == "7" and not t[0][2] and t[1][2] and t[1][3]["reward"] == 1.0
     for evil in ("__import__('os').system('x')", "2**99999999", "a+1", "1" * 100):
         with pytest.raises(ValueError):
             safe_arith(evil)

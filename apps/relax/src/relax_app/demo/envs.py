@@ -13,6 +13,8 @@ import operator
 import re
 from typing import Any
 
+from relax_core.tools import ToolEnv
+
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _CALL = re.compile(r"calc:\s*(.+)", re.IGNORECASE)
 
@@ -41,29 +43,20 @@ def safe_arith(expr: str) -> float:
         raise ValueError(str(e)) from None
 
 
-class CalculatorEnv:
-    def __init__(self, prompt: str, label: Any, metadata: dict[str, Any] | None = None) -> None:
-        self.label = str(label).strip()
+class CalculatorEnv(ToolEnv):
+    """The arithmetic task with a calculator tool (``relax_core.tools.ToolEnv``): ``calc: <expression>``
+    or a Qwen-style ``<tool_call>{"name": "calc", "arguments": {"expr": ...}}</tool_call>`` gets the value
+    back as a tool message; a plain answer ends the episode, scored against the label."""
 
-    def reset(self) -> None:
-        return None
+    tools = {"calc": lambda expr: f"{safe_arith(str(expr)):g}"}
+    max_calls = 3
 
-    def step(self, response: str) -> tuple[Any, bool, dict[str, Any]]:
-        call = _CALL.search(response)
-        if call:
-            try:
-                value = safe_arith(call.group(1))
-                return (f"{value:g}", False, {"tool_calls": 1})
-            except ValueError as e:
-                return (f"error: {e}", False, {"tool_errors": 1})
-        answer = response.strip()
-        return (None, True, {"reward": 1.0 if answer == self.label else 0.0})
+    def parse(self, response: str) -> tuple[str, dict[str, Any]] | None:
+        m = _CALL.search(response)
+        return ("calc", {"expr": m.group(1)}) if m else super().parse(response)
 
-    def format_observation(self, observation: Any) -> list[dict[str, Any]]:
-        return [{"role": "user", "content": f"result: {observation}"}]
-
-    def close(self) -> None:
-        pass
+    def score(self, answer: str) -> float:
+        return 1.0 if answer.strip() == str(self.label).strip() else 0.0
 
 
 class RetryEnv:

@@ -19,27 +19,39 @@ def turn_suffix_ids(
     tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], model_ended: bool
 ) -> list[int]:
     """Token ids the chat template puts after the last assistant turn of ``history`` for ``new_messages``
-    and the next generation prompt.
+    and the next generation prompt (:func:`turn_suffix_text`, tokenised on its own)."""
+    text = turn_suffix_text(tokenizer, history, new_messages, model_ended)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    ``history`` ends with the assistant turn the model just produced (its text is only used to locate the
-    template's boundary). ``model_ended``: the model's tokens already end with the end-of-turn token (its
-    EOS); otherwise (cut by a length limit) the end-of-turn token is part of the suffix.
+
+def turn_suffix_text(
+    tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], model_ended: bool
+) -> str:
+    """The text the chat template puts after the last assistant turn of ``history`` for ``new_messages``
+    and the next generation prompt (multimodal observations expand its media markers before tokenising).
+
+    ``history`` ends with the assistant turn the model just produced (its text is not used: a marker stands
+    in for it to locate the template's boundary). ``model_ended``: the model's tokens already end with the
+    end-of-turn token (its EOS); otherwise (cut by a length limit) the end-of-turn token is in the suffix.
     """
     eos = tokenizer.eos_token
-    before = tokenizer.apply_chat_template(history, tokenize=False)
-    after = tokenizer.apply_chat_template(history + new_messages, tokenize=False, add_generation_prompt=True)
+    # the reply's own text is replaced by a marker: an empty reply, a reply that is a piece of the template
+    # ("d" of "<|im_end|>"), or one the template rewrites (think blocks) would hide the turn's end
+    marked = [*history[:-1], {**history[-1], "content": _MARK}]
+    before = tokenizer.apply_chat_template(marked, tokenize=False)
+    after = tokenizer.apply_chat_template(marked + new_messages, tokenize=False, add_generation_prompt=True)
     if not after.startswith(before):
         raise ValueError(
             "the chat template is not append-only for these messages (rendering more turns changed earlier "
             "text), so a conversation cannot be extended token by token; use a template without history edits"
         )
-    content = history[-1].get("content") or ""
-    end = before.rfind(content) + len(content) if content else -1
-    cut = before.find(eos, end) if eos and end >= 0 else -1
+    at = before.rfind(_MARK)
+    cut = before.find(eos, at + len(_MARK)) if eos and at >= 0 else -1
     if cut < 0:
-        raise ValueError(
-            f"cannot find the end-of-turn token {eos!r} after the last assistant turn in the template"
-        )
+        raise ValueError(f"cannot find the end-of-turn token {eos!r} after the last assistant turn in the template")
     if model_ended:
         cut += len(eos)
-    return tokenizer(after[cut:], add_special_tokens=False)["input_ids"]
+    return after[cut:]
+
+
+_MARK = "\u2063relax-turn\u2063"

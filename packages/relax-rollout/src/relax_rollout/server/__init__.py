@@ -40,9 +40,16 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
   has none). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
   ``prompt_token_ids`` (vLLM's names), and ``weight_version``.
 - Relax extension: ``GET /weights_checksum`` (for weight-sync verification).
+- Agents outside the engine (``trajectories``): a chat call naming a session (``X-Relax-Session`` header,
+  else OpenAI's ``user``) is recorded token in / token out; a later call repeating the history continues
+  from the recorded ids. ``GET /relax/trajectories`` (sessions and summaries),
+  ``GET /relax/trajectories/<session>[?index=N]`` (tokens, prompt_len, loss_mask, rollout_log_probs, ...),
+  ``POST /relax/trajectories/<session>/close`` (``{"reward": x}``); ``to_bus_sample`` makes a training
+  sample of one. Unknown session: 404.
 
 Security: binds 127.0.0.1 by default. Another ``--host`` requires ``--token``; with a token, control
-endpoints (weights, pause/continue, abort) need ``Authorization: Bearer <token>`` (401 otherwise).
+endpoints (weights, pause/continue, abort) and ``/relax/...`` need ``Authorization: Bearer <token>`` (401
+otherwise).
 """
 
 from relax_rollout.server.app import EngineServer, make_server

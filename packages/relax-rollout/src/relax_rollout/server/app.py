@@ -7,6 +7,7 @@ import inspect
 import ipaddress
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -14,10 +15,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.server import protocol
-from relax_rollout.server.protocol import BadRequest
+from relax_rollout.server import protocol, trajectories
+from relax_rollout.server.protocol import BadRequest, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,9 @@ CONTROL_PATHS = {
     "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
     "/destroy_weights_update_group", "/pause_generation", "/continue_generation", "/abort_request",
 }  # fmt: skip
+# Relax endpoints (recorded agent trajectories: other agents' conversations, and closing ends a trajectory)
+# need the token too; generation, health and model info stay open.
+CONTROL_PREFIXES = ("/relax/",)
 
 
 def is_loopback(host: str) -> bool:
@@ -47,6 +52,15 @@ class _Req:
 
 
 @dataclass
+class Request:
+    """What a route of ``REQUEST_ROUTES`` gets besides the body: headers, path and query parameters."""
+
+    headers: Any
+    params: dict[str, str]
+    query: dict[str, str]
+
+
+@dataclass
 class EngineServer:
     """Everything an HTTP handler needs; independent of the transport so it is unit-testable."""
 
@@ -60,6 +74,8 @@ class EngineServer:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _reqs: dict[str, _Req] = field(default_factory=dict)
     _receiver: Any = None
+    recorder: trajectories.TrajectoryRecorder | None = None
+    """Agent trajectories of chat sessions (built with the tokenizer)."""
 
     def __post_init__(self) -> None:
         try:
@@ -68,6 +84,12 @@ class EngineServer:
             self._hook_ok = False
         if self.tokenizer is not None and not getattr(self.tokenizer, "chat_template", None):
             self.tokenizer.chat_template = CHATML
+        if self.tokenizer is not None and self.recorder is None:
+            config = getattr(getattr(self.engine, "model", None), "config", None)
+            ctx = getattr(config, "max_position_embeddings", None)  # known for in-process engines
+            self.recorder = trajectories.TrajectoryRecorder(
+                self.tokenizer, ctx if isinstance(ctx, int) else None
+            )
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -240,14 +262,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorised(self, path: str) -> bool:
         token = self.state.token
-        if token is None or path not in CONTROL_PATHS:
+        if token is None or (path not in CONTROL_PATHS and not path.startswith(CONTROL_PREFIXES)):
             return True
         got = self.headers.get("Authorization", "")
         return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
 
     def _dispatch(self, method: str) -> None:
-        path = self.path.split("?", 1)[0]
-        route = ROUTES.get((method, path))
+        path, _, query = self.path.partition("?")
+        route, params = _match(method, path)
         if route is None:
             self._send(404, {"object": "error", "message": f"no route {method} {path}", "code": 404})
             return
@@ -256,10 +278,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self._body() if method == "POST" else {}
-            code, out = route(self.state, body)
+            if params is None:
+                code, out = route(self.state, body)
+            else:
+                code, out = route(self.state, body, Request(self.headers, params, dict(parse_qsl(query))))
             self._send(code, out)
         except BadRequest as e:
             self._send(400, e.body())
+        except NotFound as e:
+            self._send(404, e.body())
         except TimeoutError as e:
             self._send(504, {"object": "error", "message": str(e), "code": 504})
         except Exception as e:  # noqa: BLE001 — report, keep serving
@@ -375,19 +402,31 @@ def _models(s: EngineServer, _: dict):
     return 200, {"object": "list", "data": [card]}
 
 
-def _chat(s: EngineServer, body: dict):
-    if s.tokenizer is None:
+def _chat(s: EngineServer, body: dict, req: Request):
+    """OpenAI chat. With a session (``X-Relax-Session`` or ``user``) the prompt continues the session's
+    recorded token ids (see ``trajectories``), and the call is recorded."""
+    if s.tokenizer is None or s.recorder is None:
         raise BadRequest("messages", "this server has no tokenizer, so no chat template")
     messages, sp, logprobs = protocol.parse_chat(body)
-    text = s.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = s.tokenizer.encode(text, add_special_tokens=False)
+    session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
     params, min_new = protocol.parse_sampling(sp)
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    out = s.generate([prompt], [params], [rid])[0]
+    recorded = None
+    if session is None:
+        prompt = trajectories.render_prompt(s.tokenizer, messages)
+        out = s.generate([prompt], [params], [rid])[0]
+        reply = _decode(s, out.token_ids)
+    else:
+        with s.recorder.turn(session, messages) as turn:
+            # the session's recorded ids + the template's suffix: the model sees exactly its own tokens
+            prompt = turn.prompt_ids
+            out = s.generate([prompt], [params], [rid])[0]
+            reply = _decode(s, out.token_ids)
+            recorded = turn.record(out, reply)
     choice = {
         "index": 0,
-        "message": {"role": "assistant", "content": _decode(s, out.token_ids)},
+        "message": {"role": "assistant", "content": reply},
         "finish_reason": out.finish_reason,
         "logprobs": None,
         "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
@@ -398,7 +437,7 @@ def _chat(s: EngineServer, body: dict):
             for t, lp in zip(out.token_ids, out.log_probs)
         ]}  # fmt: skip
     n_out = len(out.token_ids)
-    return 200, {
+    res = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -412,6 +451,27 @@ def _chat(s: EngineServer, body: dict):
         "prompt_token_ids": prompt,  # extension: what the trainer should record as the prompt
         "weight_version": str(out.weight_version),  # extension, as in SGLang's meta_info
     }
+    if recorded:  # extension: which trajectory of the session this call extended
+        res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
+    return 200, res
+
+
+def _recorder(s: EngineServer) -> trajectories.TrajectoryRecorder:
+    if s.recorder is None:
+        raise NotFound("this server has no tokenizer, so it serves no chat and records no trajectories")
+    return s.recorder
+
+
+def _trajectory_list(s: EngineServer, body: dict, req: Request):
+    return 200, {"object": "list", "data": _recorder(s).sessions()}
+
+
+def _trajectory_get(s: EngineServer, body: dict, req: Request):
+    return 200, _recorder(s).get(req.params["session"], trajectories.parse_index(req.query))
+
+
+def _trajectory_close(s: EngineServer, body: dict, req: Request):
+    return 200, _recorder(s).close(req.params["session"], trajectories.parse_close(body))
 
 
 ROUTES = {
@@ -429,8 +489,26 @@ ROUTES = {
     ("POST", "/continue_generation"): _continue,
     ("POST", "/abort_request"): _abort,
     ("GET", "/v1/models"): _models,
-    ("POST", "/v1/chat/completions"): _chat,
 }
+# Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).
+REQUEST_ROUTES = [
+    ("POST", re.compile(r"/v1/chat/completions"), _chat),
+    ("GET", re.compile(r"/relax/trajectories"), _trajectory_list),
+    ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), _trajectory_get),
+    ("POST", re.compile(r"/relax/trajectories/(?P<session>[^/]+)/close"), _trajectory_close),
+]
+
+
+def _match(method: str, path: str) -> tuple[Any, dict[str, str] | None]:
+    """(route, None) for a plain route, (route, path parameters) for a request route, (None, None)."""
+    route = ROUTES.get((method, path))
+    if route is not None:
+        return route, None
+    for m, pattern, fn in REQUEST_ROUTES:
+        hit = pattern.fullmatch(path) if m == method else None
+        if hit:
+            return fn, {k: unquote(v) for k, v in hit.groupdict().items()}
+    return None, None
 
 
 def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:

@@ -37,6 +37,13 @@ class BadRequest(ValueError):
         }
 
 
+class NotFound(LookupError):
+    """A named resource (a session's trajectory) does not exist: the server answers 404."""
+
+    def body(self) -> dict:
+        return {"object": "error", "message": str(self), "type": "NotFound", "code": 404}
+
+
 def _num(
     d: dict, key: str, where: str, kind: type, default: Any, lo: float | None = None, hi: float | None = None
 ):

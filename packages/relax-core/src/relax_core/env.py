@@ -6,6 +6,12 @@ judges the answer and returns the next observation, ``format_observation`` turns
 chat messages that are appended to the conversation token by token (``relax_rollout.turns``). Methods may
 be ``async def``; the rollout role runs them either way. An environment that raises, hangs past
 ``--env-step-timeout-s`` or returns something malformed ends only its own sample, with the reason recorded.
+
+Multimodal (Qwen-VL/Omni models): a row's media (``--multimodal-keys``) reach the environment as
+``metadata["media"]`` (by modality: ``{"image": [path, ...]}``), and an observation's messages may carry new
+media next to ``<image>`` / ``<video>`` / ``<audio>`` markers in their content: ``{"role": "user", "content":
+"<image> the crop", "images": [PIL image | path | HxWx3 uint8 array]}`` (also ``"videos"``, ``"audio"``);
+the rollout role expands them as it does the prompt's (``relax_rollout.multiturn``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class Environment(Protocol):
 
     def format_observation(self, observation: Any) -> str | list[dict[str, Any]]:
         """Chat messages for an observation: a string (one user message) or a list of messages
-        (``{"role": "tool" | "user", "content": ...}``)."""
+        (``{"role": "tool" | "user", "content": ...}``, optionally with ``"images"`` / ``"videos"`` /
+        ``"audio"`` lists for a multimodal model)."""
 
     def close(self) -> None:
         """Release what the episode holds (processes, sandboxes); called once, however the episode ended."""

@@ -13,6 +13,16 @@ rollout log-probs exist only on the model's tokens. An episode ends, with its re
 - ``env_error`` / ``env_timeout`` / ``env_invalid``: the environment raised, took longer than
   --env-step-timeout-s, or returned something malformed (details in ``info["error"]``). The sample ends
   there; the batch and the run go on.
+
+Multimodal episodes (Qwen-VL/Omni models): the first prompt may hold the row's media, and an observation
+may bring new images / videos / audio: a message ``{"role": "user", "content": "<image> zoomed", "images":
+[PIL image | path | HxWx3 array]}`` (also ``"videos"``, ``"audio"``; a message with media but no marker gets
+its markers prepended). The template's new text is then expanded by relax-multimodal (:class:`EpisodeMedia`,
+the worker's model family and budgets) and the episode accumulates its media tensors and
+``mm_token_type_ids`` turn by turn (0 on the model's tokens and on text), so ``Episode.mm`` always lines up
+with ``Episode.tokens``: every engine call gets all media so far, and the trainer gets the whole trajectory's.
+An observation whose media do not fit in the token budget is dropped whole (never cut through a
+placeholder run), ending the episode with ``token_budget``. Text-only observations take the text path.
 """
 
 from __future__ import annotations
@@ -21,9 +31,16 @@ import concurrent.futures as cf
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from relax_core.env import as_messages, resolve
 from relax_rollout.engines.base import SamplingParams
-from relax_rollout.turns import turn_suffix_ids
+from relax_rollout.turns import turn_suffix_ids, turn_suffix_text
+
+MEDIA_FIELDS = {"images": "image", "image": "image", "videos": "video", "video": "video", "audio": "audio",
+                "audios": "audio"}  # fmt: skip
+"""Message keys that carry an observation's media, and their modality."""
+MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 
 
 @dataclass
@@ -39,10 +56,85 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     weight_version: int = 0
     model_text: list[str] = field(default_factory=list)
+    mm: dict[str, Any] | None = None
+    """Multimodal episodes: all media tensors so far + ``mm_token_type_ids`` over ``tokens`` (None: text)."""
 
     @property
     def response_len(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+
+def split_media(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list]]:
+    """The messages without their media fields (markers prepended to a message that has media but none),
+    and the media by modality, in message order ({} for text-only messages)."""
+    clean, media = [], {}
+    for m in messages:
+        found: dict[str, list] = {}
+        for key, modality in MEDIA_FIELDS.items():
+            if m.get(key) is not None:
+                v = m[key]
+                found.setdefault(modality, []).extend(list(v) if isinstance(v, list | tuple) else [v])
+        if not found:
+            clean.append(m)
+            continue
+        content = m["content"]
+        head = "".join(MARKERS[k] * len(v) for k, v in found.items() if MARKERS[k] not in content)
+        clean.append({**{k: v for k, v in m.items() if k not in MEDIA_FIELDS}, "content": head + content})
+        for k, v in found.items():
+            media.setdefault(k, []).extend(v)
+    return clean, media
+
+
+class EpisodeMedia:
+    """Expands the media markers of an episode's text with relax-multimodal (``MultimodalProcessor``, the
+    worker's model family and ``--multimodal-options`` budgets) into ids, the model's media tensors
+    (``relax_core.models.adapt_media``) and ``mm_token_type_ids``, as the worker's single-turn path does."""
+
+    def __init__(self, family: str, tokenizer: Any, options: dict[str, Any] | None = None) -> None:
+        self.family, self.tokenizer = family, tokenizer
+        skip = ("model", "multimodal_keys", "prompt_key")
+        self.options = {k: v for k, v in (options or {}).items() if k not in skip}
+        self._processors: dict[tuple[str, ...], Any] = {}
+
+    def encode(
+        self, text: str, media: dict[str, list], keys: tuple[str, ...] = (), index: Any = None
+    ) -> tuple[list[int], dict[str, Any]]:
+        """``text`` with ``media`` (by modality) expanded: (ids, tensors + ``mm_token_type_ids``). Markers of
+        a modality neither in ``media`` nor in ``keys`` stay plain text. Bad media raise ``MediaError``."""
+        from relax_core.models import adapt_media
+
+        modalities = tuple(m for m in MARKERS if m in keys or media.get(m))
+        proc = self._processors.get(modalities)
+        if proc is None:
+            from relax_multimodal import MultimodalConfig, MultimodalProcessor
+
+            cfg = MultimodalConfig(
+                model=self.family, multimodal_keys={m: m for m in modalities}, **self.options
+            )
+            proc = self._processors[modalities] = MultimodalProcessor(cfg, self.tokenizer)
+        s = proc.process({"prompt": text, **{m: list(media.get(m) or []) for m in modalities}}, index=index)
+        tensors = adapt_media(self.family, s.tensors())
+        tensors["mm_token_type_ids"] = np.asarray(s.mm_token_type_ids, dtype=np.int64)
+        return list(s.input_ids), tensors
+
+
+def _append(
+    ep: Episode, ids: list[int], mask: float, log_probs: list[float], new: dict | None = None
+) -> None:
+    """Extend the trajectory; a multimodal episode's ``mm`` grows with it (``new``: the ids' media)."""
+    if new is not None or ep.mm is not None:
+        old = ep.mm or {"mm_token_type_ids": np.zeros(len(ep.tokens), dtype=np.int64)}
+        types = new["mm_token_type_ids"] if new is not None else np.zeros(len(ids), dtype=np.int64)
+        merged = dict(old)
+        if new is not None and len(new) > 1:
+            from relax_core.mm import collate_mm
+
+            merged.update({k: v.numpy() for k, v in collate_mm([old, new]).items()})
+        merged["mm_token_type_ids"] = np.concatenate([old["mm_token_type_ids"], types])
+        ep.mm = merged
+    ep.tokens += ids
+    ep.mask += [mask] * len(ids)
+    ep.log_probs += log_probs
 
 
 def _call(pool: cf.ThreadPoolExecutor, timeout_s: float, fn: Any, *args: Any) -> Any:
@@ -63,18 +155,21 @@ def run_episodes(
     max_turns: int,
     max_total_tokens: int,
     step_timeout_s: float,
+    media: EpisodeMedia | None = None,
 ) -> list[Episode]:
-    """Drive ``episodes`` (already reset, ``tokens`` = their first prompt) to an end; returns them."""
+    """Drive ``episodes`` (already reset, ``tokens`` = their first prompt, ``mm`` its media) to an end;
+    returns them. ``media``: how observations' media are expanded (None: a text-only model)."""
     eos = tokenizer.eos_token_id
     pools = {id(ep): cf.ThreadPoolExecutor(1, thread_name_prefix="relax-env") for ep in episodes}
     try:
         active = list(episodes)
         while active:
-            outs = engine.generate([ep.tokens for ep in active], params)
+            mm = [ep.mm for ep in active]
+            extra = {"mm": mm} if any(m is not None for m in mm) else {}
+            outs = engine.generate([ep.tokens for ep in active], params, **extra)
             for ep, out in zip(active, outs):
-                _take_turn(
-                    ep, out, tokenizer, eos, max_turns, max_total_tokens, pools[id(ep)], step_timeout_s
-                )
+                _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pools[id(ep)],
+                           step_timeout_s, media)  # fmt: skip
             active = [ep for ep in active if ep.stop_reason is None]
     finally:
         for ep in episodes:
@@ -89,11 +184,9 @@ def run_episodes(
     return episodes
 
 
-def _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pool, timeout_s) -> None:
+def _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pool, timeout_s, media=None) -> None:
     ids = list(out.token_ids)[: max(0, max_total_tokens - ep.response_len)]
-    ep.tokens += ids
-    ep.mask += [1.0] * len(ids)
-    ep.log_probs += list(out.log_probs[: len(ids)])
+    _append(ep, ids, 1.0, list(out.log_probs[: len(ids)]))
     ep.turns += 1
     ep.weight_version = out.weight_version
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -132,11 +225,26 @@ def _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pool, timeo
         return _fail(ep, "env_timeout", f"format_observation took longer than {timeout_s}s")
     except Exception as e:  # noqa: BLE001
         return _fail(ep, "env_invalid" if isinstance(e, TypeError) else "env_error", e)
-    suffix = turn_suffix_ids(tokenizer, ep.history, messages, model_ended=bool(ids) and ids[-1] == eos)
+    ended = bool(ids) and ids[-1] == eos
+    messages, new_media = split_media(messages)
+    mm = None
+    if not new_media:
+        suffix = turn_suffix_ids(tokenizer, ep.history, messages, model_ended=ended)
+    elif media is None:
+        return _fail(
+            ep, "env_invalid", f"the observation carries {sorted(new_media)} but the model is text-only"
+        )
+    else:
+        text = turn_suffix_text(tokenizer, ep.history, messages, model_ended=ended)
+        try:
+            suffix, mm = media.encode(text, new_media, index=f"turn {ep.turns} observation")
+        except Exception as e:  # noqa: BLE001 - unreadable media, markers that don't match the media
+            return _fail(ep, "env_invalid", e)
     ep.history += messages
     room = max_total_tokens - ep.response_len
-    ep.tokens += suffix[:room]
-    ep.mask += [0.0] * len(suffix[:room])
-    ep.log_probs += [0.0] * len(suffix[:room])
+    if mm is not None and len(suffix) > room:  # never cut through a placeholder run: drop the observation
+        ep.stop_reason = "token_budget"
+        return
+    _append(ep, suffix[:room], 0.0, [0.0] * len(suffix[:room]), mm)
     if len(suffix) >= room:
         ep.stop_reason = "token_budget"

@@ -48,7 +48,9 @@ def turn_suffix_text(
     at = before.rfind(_MARK)
     cut = before.find(eos, at + len(_MARK)) if eos and at >= 0 else -1
     if cut < 0:
-        raise ValueError(f"cannot find the end-of-turn token {eos!r} after the last assistant turn in the template")
+        raise ValueError(
+            f"cannot find the end-of-turn token {eos!r} after the last assistant turn in the template"
+        )
     if model_ended:
         cut += len(eos)
     return after[cut:]

@@ -68,6 +68,7 @@ class RolloutWorker:
         self.mm = self._media_processor(model_path) if cfg.data.multimodal_keys else None
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
+        self.episode_media = self._episode_media(model_path) if cfg.rollout.env_path else None
 
     def _media_processor(self, model_path: str) -> Any:
         from relax_core.models import mm_family
@@ -87,6 +88,33 @@ class RolloutWorker:
                                 **self.cfg.data.multimodal_options)  # fmt: skip
         self._mm_family = family
         return MultimodalProcessor(mcfg, self.tokenizer)
+
+    def _episode_media(self, model_path: str) -> Any:
+        """Multi-turn on a Qwen-VL/Omni model: what expands the media of prompts and observations (None for a
+        text-only model, or without relax-multimodal: an observation with media then ends its episode)."""
+        import importlib.util
+
+        from relax_core.models import mm_family
+        from relax_rollout.multiturn import EpisodeMedia
+
+        try:
+            family = mm_family(model_path)
+        except (OSError, ValueError):
+            return None
+        if family is None or importlib.util.find_spec("relax_multimodal") is None:
+            return None
+        return EpisodeMedia(family, self.tokenizer, self.cfg.data.multimodal_options)
+
+    def _row_media(self, row: Any) -> dict[str, list]:
+        """The row's media (--multimodal-keys columns) by modality, each a list."""
+        out: dict[str, list] = {}
+        if self.mm is None:
+            return out
+        for modality, column in self.cfg.data.multimodal_keys.items():
+            if column in row.media:
+                v = row.media[column]
+                out[modality] = list(v) if isinstance(v, list | tuple) else [v]
+        return out
 
     # -- weights -------------------------------------------------------------------------------
     def set_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -257,26 +285,38 @@ class RolloutWorker:
                 "media": media}  # fmt: skip
 
     def _generate_episodes(self, step: int, round_: int = 0) -> dict[str, Any]:
-        """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment."""
+        """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment.
+        Multimodal rows: the first prompt holds the row's media, and the environment gets them as
+        ``metadata["media"]`` (by modality, e.g. ``{"image": [path]}``)."""
         from relax_core.env import as_messages, build_env, resolve
-        from relax_rollout.multiturn import Episode, run_episodes
+        from relax_rollout.multiturn import Episode, run_episodes, split_media
 
         r = self.cfg.rollout
-        rows = self.prompts.next_batch()
+        rows = self._batch()[0] if self.mm is not None else self.prompts.next_batch()
         episodes = []
         for row in rows:
+            row_media = self._row_media(row)
+            meta = {**row.metadata, "media": row_media} if row_media else row.metadata
             for _ in range(r.n_samples_per_prompt):
-                env = build_env(r.env_path, row.prompt, row.label, row.metadata)
-                history, info = [{"role": "user", "content": row.prompt}], {}
+                env = build_env(r.env_path, row.prompt, row.label, meta)
+                base, info = [{"role": "user", "content": row.prompt}], {}
+                history, media = list(base), {k: list(v) for k, v in row_media.items()}
                 try:
                     first = resolve(env.reset())
                     if first is not None:
-                        history += as_messages(resolve(env.format_observation(first)))
+                        msgs, first_media = split_media(as_messages(resolve(env.format_observation(first))))
+                        history += msgs
+                        for k, v in first_media.items():
+                            media.setdefault(k, []).extend(v)
                 except Exception as e:  # noqa: BLE001 - this sample ends after its first turn, recorded
                     info["reset_error"] = f"{type(e).__name__}: {e}"
-                text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                episodes.append(Episode(env, history, list(ids), len(ids), info=info))
+                try:
+                    ids, mm = self._episode_prompt(row, history, media)
+                except Exception as e:  # noqa: BLE001 - the reset's media: recorded, the row's prompt alone
+                    info.setdefault("reset_error", f"{type(e).__name__}: {e}")
+                    history = list(base)
+                    ids, mm = self._episode_prompt(row, history, row_media)
+                episodes.append(Episode(env, history, list(ids), len(ids), info=info, mm=mm))
         params = SamplingParams(
             max_new_tokens=r.rollout_max_response_len,
             temperature=r.rollout_temperature,
@@ -285,7 +325,7 @@ class RolloutWorker:
         )
         t0 = time.perf_counter()
         run_episodes(self.engine, self.tokenizer, episodes, params, r.max_turns, r.max_total_tokens,
-                     r.env_step_timeout_s)  # fmt: skip
+                     r.env_step_timeout_s, self.episode_media)  # fmt: skip
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         outs = []
@@ -298,9 +338,22 @@ class RolloutWorker:
                     ep.tokens[ep.prompt_len :], ep.log_probs, ep.stop_reason, ep.weight_version, extra
                 )
             )
+        media = [ep.mm for ep in episodes]
         return {"step": step, "rows": rows, "prompts": [ep.tokens[: ep.prompt_len] for ep in episodes],
-                "outs": outs, "generate_s": gen_s, "media": None,
+                "outs": outs, "generate_s": gen_s, "media": media if any(m is not None for m in media) else None,
                 "texts": [ep.model_text[-1] if ep.model_text else "" for ep in episodes]}  # fmt: skip
+
+    def _episode_prompt(
+        self, row: Any, history: list[dict[str, Any]], media: dict[str, list]
+    ) -> tuple[list[int], dict[str, Any] | None]:
+        """An episode's first prompt: the chat template over ``history``, its media expanded (ids, mm)."""
+        text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        if not any(media.values()):
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
+        if self.episode_media is None:
+            raise ValueError(f"the prompt carries {sorted(media)} but the model is text-only")
+        keys = tuple(self.cfg.data.multimodal_keys) if self.mm is not None else ()
+        return self.episode_media.encode(text, media, keys=keys, index=f"row {row.row_id}")
 
     def _score(self, pending: dict[str, Any]) -> tuple[list, float]:
         """Rewards of a generated batch (and its decoded texts, kept in ``pending``), and the seconds spent."""

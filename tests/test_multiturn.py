@@ -223,3 +223,22 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
     n = sum(stops.values())  # every generated episode's end is recorded (async rollout may run ahead)
     assert n >= 3 * cfg.samples_per_rollout and n % cfg.samples_per_rollout == 0
     assert stops.get("stop/max_turns", 0) > 0  # wrong answers got more turns
+
+
+def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_run_inputs, tmp_path):
+    """A model warm-started on raw prompts sees its first turn exactly as in single-turn rollout."""
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+
+    flags = [f for f in _flags(tiny_run_inputs, tmp_path) if f != "--apply-chat-template"]
+    cfg = build_config(None, flags)
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
+    worker.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
+    worker.produce(0)
+    b = bus.get("c", 16, timeout=5)
+    for tokens, plen, turns in zip(b.data["tokens"], b.data["prompt_len"], b.data["turns"]):
+        text = worker.tokenizer.decode(tokens[:plen])
+        assert "<|im_start|>" not in text and worker._encode(text) == list(tokens[:plen])
+        assert turns == 2  # the calculator's result came back as a templated turn

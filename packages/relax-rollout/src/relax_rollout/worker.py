@@ -346,7 +346,13 @@ class RolloutWorker:
     def _episode_prompt(
         self, row: Any, history: list[dict[str, Any]], media: dict[str, list]
     ) -> tuple[list[int], dict[str, Any] | None]:
-        """An episode's first prompt: the chat template over ``history``, its media expanded (ids, mm)."""
+        """An episode's first prompt: the chat template over ``history``, its media expanded (ids, mm).
+
+        Without --apply-chat-template a text prompt is used raw, as in single-turn rollout (a model
+        warm-started on raw prompts answers its first turn as it learned to); later turns still follow the
+        template (``turns.py``)."""
+        if not self.cfg.data.apply_chat_template and len(history) == 1 and not any(media.values()):
+            return list(self._encode(row.prompt)), None
         text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         if not any(media.values()):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -260,6 +260,20 @@ class RunConfig(_Section):
     """Write TensorBoard event files under output_dir/tensorboard."""
     progress: bool = True
     """Show a progress bar."""
+    trace: bool = True
+    """Write output_dir/trace.json: a timeline of every role's phases (generate, reward, forward,
+    advantages, train, weight sync, eval) in the Chrome trace format; open it in https://ui.perfetto.dev or
+    chrome://tracing to see which phases overlap. A few spans per step: negligible overhead."""
+    notify_urls: list[str] = []
+    """Apprise URLs (Slack, Discord, Telegram, ntfy, e-mail, a JSON webhook ``json://host:port/path``, ...)
+    told when the run starts, finishes (steps, samples, wall time, final reward and eval) or fails (the
+    error); e.g. '["slack://T/B/C", "json://127.0.0.1:8000/hook"]'. Needs relax-core[notify]; a
+    notification that cannot be delivered only logs a warning."""
+
+    @field_validator("notify_urls", mode="before")
+    @classmethod
+    def _one_url(cls, v: Any) -> Any:
+        return [] if v is None else [v] if isinstance(v, str) else v
 
 
 class RelaxConfig(_Section):

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.notify import Notifier
+from relax_core.trace import traced, write_trace
 
 ROLES: dict[str, str] = {
     "rollout": "relax_rollout.worker:RolloutWorker",
@@ -25,9 +27,20 @@ ROLES: dict[str, str] = {
 }
 
 
+ROLLOUT_PHASES = {"_generate": "generate", "_score": "reward"}
+"""Rollout methods traced from outside (the method -> its span name in trace.json)."""
+
+
 def role_class(name: str) -> type:
     module, _, attr = ROLES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def _rollout_class(cfg: RelaxConfig) -> type:
+    cls = role_class("rollout")
+    if not cfg.run.trace or hasattr(cls, "get_spans"):  # (a rollout that records its own spans)
+        return cls
+    return traced(cls, "rollout", ROLLOUT_PHASES)
 
 
 @dataclass
@@ -51,6 +64,8 @@ class RunResult:
     bus_stats: dict[str, Any] = field(default_factory=dict)
     audit: dict[str, Any] = field(default_factory=dict)
     """Per-consumer consumed ids, trained ids, weight checksums per version (for tests)."""
+    trace_path: str | None = None
+    """The run's Chrome-trace timeline (--trace), else None."""
 
     @property
     def eval_curve(self) -> list[tuple[int, float]]:
@@ -111,9 +126,33 @@ class Controller:
         self.inputs = RunInputs(**absolute)
 
     def run(self) -> RunResult:
-        if self.cfg.uses_teacher:
-            self._check_teacher_tokenizer()
-        return self._run_colocate() if self.cfg.run.mode == "colocate" else self._run_fully_async()
+        cfg = self.cfg
+        notifier = Notifier(cfg.run.notify_urls, run_name=Path(cfg.run.output_dir).name)
+        notifier.start(
+            {
+                "mode": cfg.run.mode
+                + (f" (max staleness {cfg.run.max_staleness})" if cfg.run.max_staleness else ""),
+                "steps": cfg.train.num_rollout,
+                "samples per step": cfg.samples_per_rollout,
+                "model": self.inputs.model_path,
+                "output": cfg.run.output_dir,
+            }
+        )
+        try:
+            if cfg.uses_teacher:
+                self._check_teacher_tokenizer()
+            result = self._run_colocate() if cfg.run.mode == "colocate" else self._run_fully_async()
+        except BaseException as exc:
+            notifier.failure(exc)
+            raise
+        notifier.finish(result)
+        return result
+
+    def _write_trace(self, role_spans: list[list[dict[str, Any]]]) -> str:
+        path = write_trace(
+            Path(self.cfg.run.output_dir) / "trace.json", [s for spans in role_spans for s in spans]
+        )
+        return str(path)
 
     def _check_teacher_tokenizer(self) -> None:
         """Distillation compares log-probs token by token: the teacher must read the same token ids."""
@@ -138,7 +177,7 @@ class Controller:
         bcfg = bus_config(cfg)
         bus = DataBus(bcfg)
         actor = role_class("actor")(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
-        rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+        rollout = _rollout_class(cfg)(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
         helpers = [role_class("advantages")(cfg, bus)]
         if cfg.algo.use_actor_fwd:
             helpers.insert(
@@ -188,6 +227,8 @@ class Controller:
             bus.stats(),
             audit,
         )
+        if cfg.run.trace:
+            result.trace_path = self._write_trace([r.get_spans() for r in [rollout, *helpers, actor]])
         actor.close()
         return result
 
@@ -220,8 +261,10 @@ class Controller:
                 return ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8, **kw)
 
             actor = actor_of("actor").remote(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
-            rollout = actor_of("rollout").remote(
-                cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads
+            rollout = (
+                ray.remote(_rollout_class(cfg))
+                .options(num_cpus=0.1, max_concurrency=8)
+                .remote(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
             )
             loops = {"advantages": actor_of("advantages").remote(cfg, bus)}
             receivers = [rollout]
@@ -286,6 +329,11 @@ class Controller:
                 "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
             }
             bus_stats = bus.stats()
+            trace_path = None
+            if cfg.run.trace:
+                trace_path = self._write_trace(
+                    ray.get([r.get_spans.remote() for r in [rollout, *loops.values(), actor]])
+                )
             # the sender first: receivers still listening acknowledge its shutdown, then they close
             ray.get(actor.close.remote())
             ray.get(
@@ -301,6 +349,7 @@ class Controller:
                 stats,
                 bus_stats,
                 audit,
+                trace_path,
             )
         finally:
             if started_ray:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from relax_core.config import RelaxConfig
+from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 
 
@@ -33,10 +34,14 @@ class _BusLoop:
     consumer: str
     bus: Any
     batch_size: int = 64
+    phase: str
+    """The span name of :meth:`handle` in the run's trace."""
+    tracer: Tracer
 
     def process(self, timeout: float | None = 0.0) -> int:
         batch = self.bus.get(self.consumer, n=self.batch_size, partial=True, timeout=timeout)
-        self.handle(batch)
+        with self.tracer.span(self.phase, n=len(batch), partitions=",".join(sorted(set(batch.partitions)))):
+            self.handle(batch)
         self.bus.ack(self.consumer, batch.lease_id)
         return len(batch)
 
@@ -66,6 +71,9 @@ class _BusLoop:
     def handle(self, batch) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def get_spans(self) -> list[dict[str, Any]]:
+        return self.tracer.get_spans()
+
 
 FORWARD_FIELDS = {"actor_fwd": "log_probs", "reference": "ref_log_probs", "teacher": "teacher_log_probs"}
 """Frozen forward roles and the bus field each writes: ActorFwd (latest trainer weights, the proximal
@@ -75,6 +83,8 @@ distillation; same tokenizer)."""
 
 class ForwardWorker(_BusLoop):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
+
+    phase = "forward"
 
     def __init__(
         self,
@@ -89,6 +99,7 @@ class ForwardWorker(_BusLoop):
         if role not in FORWARD_FIELDS:
             raise ValueError(f"ForwardWorker role must be one of {sorted(FORWARD_FIELDS)}, got {role!r}")
         self.cfg, self.bus, self.consumer = cfg, bus, role
+        self.tracer = Tracer(role, cfg.run.trace)
         self.field = FORWARD_FIELDS[role]
         self.batch_size = cfg.train.micro_batch_size
         if backend is None:
@@ -148,8 +159,11 @@ def kl_shaped_sequence_rewards(rewards, rollout_logp, ref_logp, beta: float, est
 class AdvantagesWorker(_BusLoop):
     """Group-normalised advantages; CPU only, whole groups at a time."""
 
+    phase = "advantages"
+
     def __init__(self, cfg: RelaxConfig, bus: Any) -> None:
         self.cfg, self.bus, self.consumer = cfg, bus, "advantages"
+        self.tracer = Tracer("advantages", cfg.run.trace)
         self.batch_size = cfg.samples_per_rollout
 
     def handle(self, batch) -> None:
@@ -184,6 +198,7 @@ class ActorWorker:
         from relax_train.backends import build_backend
 
         self.cfg, self.bus = cfg, bus
+        self.tracer = Tracer("actor", cfg.run.trace)
         self.backend = build_backend(
             cfg.train.train_backend, config=cfg, model_path=model_path, trainable=True
         )
@@ -230,15 +245,20 @@ class ActorWorker:
     # -- one step ------------------------------------------------------------------------------
     def train(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        batch = self.bus.get("actor_train", n=self.cfg.samples_per_rollout, fields=None, trainer_version=step)
+        with self.tracer.span("wait_for_data", step=step):
+            batch = self.bus.get(
+                "actor_train", n=self.cfg.samples_per_rollout, fields=None, trainer_version=step
+            )
         t1 = time.perf_counter()
         d = batch.data
-        metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+        with self.tracer.span("train", step=step, n=len(batch)):
+            metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
         self.bus.ack("actor_train", batch.lease_id)
         self.trained_ids.extend(batch.ids)
         t2 = time.perf_counter()
-        self.publish_weights()
-        self.bus.set_trainer_version(self.backend.version)
+        with self.tracer.span("weight_sync", step=step):
+            self.publish_weights()
+            self.bus.set_trainer_version(self.backend.version)
         t3 = time.perf_counter()
         staleness = [step - int(v) for v in d["policy_version"]]
         metrics.update(
@@ -274,7 +294,8 @@ class ActorWorker:
             and self.cfg.run.eval_interval
             and (step + 1) % self.cfg.run.eval_interval == 0
         ):
-            metrics["eval/accuracy"] = self.evaluate(self.backend.model)
+            with self.tracer.span("eval", step=step + 1):
+                metrics["eval/accuracy"] = self.evaluate(self.backend.model)
         if (
             self.cfg.train.save
             and self.cfg.train.save_interval
@@ -293,7 +314,8 @@ class ActorWorker:
     def eval_now(self, step: int) -> float | None:
         if self.evaluate is None:
             return None
-        acc = self.evaluate(self.backend.model)
+        with self.tracer.span("eval", step=step):
+            acc = self.evaluate(self.backend.model)
         self.log({"step": step, "eval/accuracy": acc, "time": time.time()})
         return acc
 
@@ -309,7 +331,8 @@ class ActorWorker:
 
     def save(self, path: str | None = None) -> None:
         target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
-        self.backend.save_checkpoint(target, extra={"trained_ids": len(self.trained_ids)})
+        with self.tracer.span("save", version=self.backend.version):
+            self.backend.save_checkpoint(target, extra={"trained_ids": len(self.trained_ids)})
 
     def load(self, path: str) -> int:
         """Resume from a checkpoint; returns the step to continue from."""
@@ -326,6 +349,9 @@ class ActorWorker:
 
     def get_trained_ids(self) -> list[int]:
         return list(self.trained_ids)
+
+    def get_spans(self) -> list[dict[str, Any]]:
+        return self.tracer.get_spans()
 
     def close(self) -> None:
         if self._sender is not None:

@@ -1,0 +1,147 @@
+"""A timeline of every role's phases, written as a Chrome trace (``<output_dir>/trace.json``).
+
+Metrics say how long each phase took; only a timeline shows what ran *at the same time*, which is what
+fully-async mode buys over colocate. Each role records a few spans per step with a :class:`Tracer`
+(``with tracer.span("generate", step=k): ...``); starts are wall-clock (``time.time_ns()``) so spans
+recorded in different processes line up, durations monotonic. The controller gathers every role's spans
+(``get_spans()``) and :func:`write_trace` merges them into the Chrome trace event format, which
+chrome://tracing and https://ui.perfetto.dev open: one process row per role, one thread row per lane
+(spans of a role that overlap, e.g. generation and scoring in two threads, go to separate lanes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROLE_ORDER = ("rollout", "actor_fwd", "reference", "teacher", "advantages", "actor")
+"""Rows top to bottom in the viewer: data flows down, from generation to training."""
+
+
+class Tracer:
+    """Records spans of one role; cheap enough to leave on (a few spans per step)."""
+
+    def __init__(self, role: str, enabled: bool = True) -> None:
+        self.role, self.enabled = role, enabled
+        self.spans: list[dict[str, Any]] = []
+
+    @contextmanager
+    def span(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
+        """Time the block; yields its ``args`` dict so the block can add figures known only inside."""
+        if not self.enabled:
+            yield args
+            return
+        start, t0 = time.time_ns(), time.perf_counter_ns()
+        try:
+            yield args
+        finally:
+            self.spans.append(
+                {
+                    "name": name,
+                    "role": self.role,
+                    "thread": threading.current_thread().name,
+                    "start_ns": start,
+                    "dur_ns": time.perf_counter_ns() - t0,
+                    "args": args,
+                }
+            )
+
+    def get_spans(self) -> list[dict[str, Any]]:
+        return list(self.spans)
+
+
+def traced(cls: type, role: str, phases: dict[str, str], enabled: bool = True) -> type:
+    """A subclass of ``cls`` whose methods named in ``phases`` (method -> span name) each record a span,
+    with a ``get_spans()`` method: traces a role from outside its source. A method ``cls`` lacks is skipped,
+    so the wrapper never breaks the role. The span's step is the first positional argument when it is an
+    int, or its ``"step"`` entry when it is a dict. Named ``Traced<cls>`` so Ray pickles it by value."""
+
+    def wrap(method_name: str, span_name: str):
+        original = getattr(cls, method_name)
+
+        @functools.wraps(original)
+        def method(self, *a, **kw):
+            first = a[0] if a else None
+            step = first if isinstance(first, int) else first.get("step") if isinstance(first, dict) else None
+            with self._relax_tracer.span(span_name, **({} if step is None else {"step": step})):
+                return original(self, *a, **kw)
+
+        return method
+
+    def __init__(self, *a, **kw):
+        self._relax_tracer = Tracer(role, enabled)
+        cls.__init__(self, *a, **kw)
+
+    body: dict[str, Any] = {m: wrap(m, s) for m, s in phases.items() if callable(getattr(cls, m, None))}
+    body["__init__"] = __init__
+    body["get_spans"] = lambda self: self._relax_tracer.get_spans()
+    name = f"Traced{cls.__name__}"
+    return type(name, (cls,), {**body, "__module__": __name__, "__qualname__": name})
+
+
+def _lanes(spans: list[dict[str, Any]]) -> list[int]:
+    """Per span, the lowest lane where it overlaps no other span: events on one row must not cross."""
+    ends: list[int] = []
+    lane_of = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: (spans[i]["start_ns"], -spans[i]["dur_ns"])):
+        s = spans[i]
+        lane = next((k for k, end in enumerate(ends) if end <= s["start_ns"]), len(ends))
+        if lane == len(ends):
+            ends.append(0)
+        ends[lane] = s["start_ns"] + s["dur_ns"]
+        lane_of[i] = lane
+    return lane_of
+
+
+def chrome_trace(spans: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Spans from any number of roles -> a Chrome trace (JSON object format)."""
+    spans = list(spans)
+    origin = min((s["start_ns"] for s in spans), default=0)
+    roles = sorted(
+        {s["role"] for s in spans}, key=lambda r: (ROLE_ORDER.index(r) if r in ROLE_ORDER else 99, r)
+    )
+    events: list[dict[str, Any]] = []
+    for pid, role in enumerate(roles, start=1):
+        mine = [s for s in spans if s["role"] == role]
+        lanes = _lanes(mine)
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": role}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
+        for lane in sorted(set(lanes)):
+            label = role if lane == 0 else f"{role} ({lane + 1})"
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": pid, "tid": lane, "args": {"name": label}}
+            )
+        for s, lane in zip(mine, lanes):
+            events.append(
+                {
+                    "name": s["name"],
+                    "cat": role,
+                    "ph": "X",
+                    "ts": (s["start_ns"] - origin) / 1000.0,
+                    "dur": max(s["dur_ns"], 0) / 1000.0,
+                    "pid": pid,
+                    "tid": lane,
+                    "args": {**_jsonable(s.get("args", {})), "thread": s.get("thread", "")},
+                }
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"origin_unix_ns": origin}}
+
+
+def _jsonable(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in args.items()}
+
+
+def write_trace(path: str | Path, spans: Iterable[dict[str, Any]]) -> Path:
+    """Write the merged timeline; returns its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(spans)))
+    return path

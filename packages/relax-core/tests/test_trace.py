@@ -1,0 +1,148 @@
+"""The span recorder and the Chrome-trace writer (no torch, no Ray)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from relax_core.trace import Tracer, chrome_trace, traced, write_trace
+
+
+def _span(role, name, start_ms, dur_ms, **args):
+    return {"name": name, "role": role, "thread": "t", "start_ns": int(start_ms * 1e6),
+            "dur_ns": int(dur_ms * 1e6), "args": args}  # fmt: skip
+
+
+def test_tracer_records_wall_clock_spans_with_args():
+    t = Tracer("actor")
+    before = time.time_ns()
+    with t.span("train", step=3) as args:
+        time.sleep(0.01)
+        args["n"] = 16
+    after = time.time_ns()
+    (s,) = t.get_spans()
+    assert (s["name"], s["role"], s["args"]) == ("train", "actor", {"step": 3, "n": 16})
+    assert before <= s["start_ns"] <= s["start_ns"] + s["dur_ns"] <= after
+    assert s["dur_ns"] >= 10_000_000
+    assert s["thread"] == threading.current_thread().name
+
+
+def test_span_of_a_failing_block_is_kept_and_the_error_propagates():
+    t = Tracer("rollout")
+    with pytest.raises(ZeroDivisionError), t.span("reward"):
+        1 / 0  # noqa: B018
+    assert [s["name"] for s in t.get_spans()] == ["reward"]
+
+
+def test_disabled_tracer_records_nothing():
+    t = Tracer("actor", enabled=False)
+    with t.span("train", step=0) as args:
+        args["n"] = 1
+    assert t.get_spans() == []
+
+
+def test_chrome_trace_format():
+    spans = [
+        _span("actor", "train", 100, 50, step=0),
+        _span("rollout", "generate", 0, 120, step=1),
+        _span("rollout", "reward", 90, 40, step=0),  # overlaps generate: a second lane
+        _span("advantages", "advantages", 95, 2, n=16),
+    ]
+    trace = chrome_trace(spans)
+    json.dumps(trace)  # plain JSON
+    events = trace["traceEvents"]
+    meta = {(e["pid"], e["name"]): e["args"] for e in events if e["ph"] == "M"}
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    # data flows top to bottom: rollout, advantages, actor
+    assert [names[p] for p in sorted(names)] == ["rollout", "advantages", "actor"]
+    x = [e for e in events if e["ph"] == "X"]
+    assert len(x) == 4
+    for e in x:
+        assert {"name", "ts", "dur", "pid", "tid", "args", "cat"} <= set(e)
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["dur"] >= 0
+        assert e["cat"] == names[e["pid"]]
+        assert (e["pid"], "process_sort_index") in meta
+    by_name = {e["name"]: e for e in x}
+    assert by_name["generate"]["ts"] == 0.0 and by_name["generate"]["dur"] == 120_000.0  # µs from the origin
+    assert by_name["train"]["ts"] == 100_000.0 and by_name["train"]["args"]["step"] == 0
+    assert by_name["generate"]["tid"] != by_name["reward"]["tid"]  # overlapping spans never share a row
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert sorted(threads.values()) == ["actor", "advantages", "rollout", "rollout (2)"]
+    assert trace["otherData"]["origin_unix_ns"] == 0
+
+
+def test_lanes_never_cross():
+    spans = [_span("r", f"s{i}", start, dur) for i, (start, dur) in enumerate(
+        [(0, 10), (5, 10), (10, 1), (12, 5), (14, 1), (20, 1), (0, 30)])]  # fmt: skip
+    x = [e for e in chrome_trace(spans)["traceEvents"] if e["ph"] == "X"]
+    for a in x:
+        for b in x:
+            if a is not b and a["tid"] == b["tid"]:
+                assert a["ts"] + a["dur"] <= b["ts"] or b["ts"] + b["dur"] <= a["ts"]
+
+
+def test_write_trace(tmp_path):
+    path = write_trace(tmp_path / "sub" / "trace.json", [_span("actor", "train", 0, 1)])
+    data = json.loads(path.read_text())
+    assert [e["name"] for e in data["traceEvents"] if e["ph"] == "X"] == ["train"]
+    assert json.loads(write_trace(tmp_path / "empty.json", []).read_text())["traceEvents"] == []
+
+
+class _Role:
+    def __init__(self, scale):
+        self.scale = scale
+
+    def _generate(self, step, round_=0):
+        return step * self.scale
+
+    def _score(self, pending):
+        return pending["step"] + 1
+
+    def untouched(self):
+        return "x"
+
+
+def test_traced_wraps_a_role_from_outside():
+    cls = traced(_Role, "rollout", {"_generate": "generate", "_score": "reward", "_missing": "never"})
+    role = cls(2)
+    assert isinstance(role, _Role) and cls.__name__ == "Traced_Role"
+    assert role._generate(3) == 6 and role._score({"step": 4}) == 5 and role.untouched() == "x"
+    spans = role.get_spans()
+    assert [(s["name"], s["role"], s["args"]) for s in spans] == [
+        ("generate", "rollout", {"step": 3}),
+        ("reward", "rollout", {"step": 4}),
+    ]
+    assert traced(_Role, "rollout", {"_generate": "g"}, enabled=False)(1).get_spans() == []
+
+
+def test_traced_class_pickles_by_value():
+    """Ray ships actor classes with cloudpickle; the traced subclass must survive the trip."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    cls = cloudpickle.loads(cloudpickle.dumps(traced(_Role, "rollout", {"_generate": "generate"})))
+    role = cls(5)
+    assert role._generate(2) == 10 and [s["name"] for s in role.get_spans()] == ["generate"]
+
+
+def test_spans_from_different_processes_line_up():
+    """Wall-clock starts: a span recorded in another process sits inside the parent's span around it."""
+    code = (
+        "import json, time\n"
+        "from relax_core.trace import Tracer\n"
+        "t = Tracer('actor')\n"
+        "with t.span('train'):\n"
+        "    time.sleep(0.05)\n"
+        "print(json.dumps(t.get_spans()))\n"
+    )
+    parent = Tracer("rollout")
+    with parent.span("generate"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    child = json.loads(out.stdout)
+    events = [e for e in chrome_trace(parent.get_spans() + child)["traceEvents"] if e["ph"] == "X"]
+    gen, train = sorted(events, key=lambda e: e["name"])
+    assert gen["name"] == "generate" and train["name"] == "train" and gen["pid"] != train["pid"]
+    assert gen["ts"] <= train["ts"] and train["ts"] + train["dur"] <= gen["ts"] + gen["dur"]

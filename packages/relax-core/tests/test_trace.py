@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from relax_core.trace import Tracer, chrome_trace, traced, write_trace
+from relax_core.trace import Tracer, chrome_trace, write_trace
 
 
 def _span(role, name, start_ms, dur_ms, **args):
@@ -91,41 +91,6 @@ def test_write_trace(tmp_path):
     data = json.loads(path.read_text())
     assert [e["name"] for e in data["traceEvents"] if e["ph"] == "X"] == ["train"]
     assert json.loads(write_trace(tmp_path / "empty.json", []).read_text())["traceEvents"] == []
-
-
-class _Role:
-    def __init__(self, scale):
-        self.scale = scale
-
-    def _generate(self, step, round_=0):
-        return step * self.scale
-
-    def _score(self, pending):
-        return pending["step"] + 1
-
-    def untouched(self):
-        return "x"
-
-
-def test_traced_wraps_a_role_from_outside():
-    cls = traced(_Role, "rollout", {"_generate": "generate", "_score": "reward", "_missing": "never"})
-    role = cls(2)
-    assert isinstance(role, _Role) and cls.__name__ == "Traced_Role"
-    assert role._generate(3) == 6 and role._score({"step": 4}) == 5 and role.untouched() == "x"
-    spans = role.get_spans()
-    assert [(s["name"], s["role"], s["args"]) for s in spans] == [
-        ("generate", "rollout", {"step": 3}),
-        ("reward", "rollout", {"step": 4}),
-    ]
-    assert traced(_Role, "rollout", {"_generate": "g"}, enabled=False)(1).get_spans() == []
-
-
-def test_traced_class_pickles_by_value():
-    """Ray ships actor classes with cloudpickle; the traced subclass must survive the trip."""
-    cloudpickle = pytest.importorskip("cloudpickle")
-    cls = cloudpickle.loads(cloudpickle.dumps(traced(_Role, "rollout", {"_generate": "generate"})))
-    role = cls(5)
-    assert role._generate(2) == 10 and [s["name"] for s in role.get_spans()] == ["generate"]
 
 
 def test_spans_from_different_processes_line_up():

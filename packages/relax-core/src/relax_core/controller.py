@@ -17,7 +17,7 @@ from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.notify import Notifier
-from relax_core.trace import traced, write_trace
+from relax_core.trace import write_trace
 
 ROLES: dict[str, str] = {
     "rollout": "relax_rollout.worker:RolloutWorker",
@@ -27,20 +27,9 @@ ROLES: dict[str, str] = {
 }
 
 
-ROLLOUT_PHASES = {"_generate": "generate", "_score": "reward"}
-"""Rollout methods traced from outside (the method -> its span name in trace.json)."""
-
-
 def role_class(name: str) -> type:
     module, _, attr = ROLES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def _rollout_class(cfg: RelaxConfig) -> type:
-    cls = role_class("rollout")
-    if not cfg.run.trace or hasattr(cls, "get_spans"):  # (a rollout that records its own spans)
-        return cls
-    return traced(cls, "rollout", ROLLOUT_PHASES)
 
 
 @dataclass
@@ -177,7 +166,7 @@ class Controller:
         bcfg = bus_config(cfg)
         bus = DataBus(bcfg)
         actor = role_class("actor")(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
-        rollout = _rollout_class(cfg)(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+        rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
         helpers = [role_class("advantages")(cfg, bus)]
         if cfg.algo.use_actor_fwd:
             helpers.insert(
@@ -262,7 +251,7 @@ class Controller:
 
             actor = actor_of("actor").remote(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
             rollout = (
-                ray.remote(_rollout_class(cfg))
+                ray.remote(role_class("rollout"))
                 .options(num_cpus=0.1, max_concurrency=8)
                 .remote(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
             )

@@ -11,7 +11,6 @@ chrome://tracing and https://ui.perfetto.dev open: one process row per role, one
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
@@ -54,35 +53,6 @@ class Tracer:
 
     def get_spans(self) -> list[dict[str, Any]]:
         return list(self.spans)
-
-
-def traced(cls: type, role: str, phases: dict[str, str], enabled: bool = True) -> type:
-    """A subclass of ``cls`` whose methods named in ``phases`` (method -> span name) each record a span,
-    with a ``get_spans()`` method: traces a role from outside its source. A method ``cls`` lacks is skipped,
-    so the wrapper never breaks the role. The span's step is the first positional argument when it is an
-    int, or its ``"step"`` entry when it is a dict. Named ``Traced<cls>`` so Ray pickles it by value."""
-
-    def wrap(method_name: str, span_name: str):
-        original = getattr(cls, method_name)
-
-        @functools.wraps(original)
-        def method(self, *a, **kw):
-            first = a[0] if a else None
-            step = first if isinstance(first, int) else first.get("step") if isinstance(first, dict) else None
-            with self._relax_tracer.span(span_name, **({} if step is None else {"step": step})):
-                return original(self, *a, **kw)
-
-        return method
-
-    def __init__(self, *a, **kw):
-        self._relax_tracer = Tracer(role, enabled)
-        cls.__init__(self, *a, **kw)
-
-    body: dict[str, Any] = {m: wrap(m, s) for m, s in phases.items() if callable(getattr(cls, m, None))}
-    body["__init__"] = __init__
-    body["get_spans"] = lambda self: self._relax_tracer.get_spans()
-    name = f"Traced{cls.__name__}"
-    return type(name, (cls,), {**body, "__module__": __name__, "__qualname__": name})
 
 
 def _lanes(spans: list[dict[str, Any]]) -> list[int]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from relax_core.config import RelaxConfig
 from relax_core.data import PromptIterator, load_prompts
+from relax_core.trace import Tracer
 from relax_rollout.engines import SamplingParams, build_engine
 from relax_rollout.engines.base import GenerateOutput
 from relax_rollout.rewards import build_scorer
@@ -32,6 +33,7 @@ class RolloutWorker:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.cfg, self.bus = cfg, bus
+        self.tracer = Tracer("rollout", cfg.run.trace)  # phases for trace.json
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         extra = (
             {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
@@ -278,7 +280,8 @@ class RolloutWorker:
             seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
         )
         t0 = time.perf_counter()
-        outs = self.engine.generate(prompts, params, **({"mm": media} if media is not None else {}))
+        with self.tracer.span("generate", step=step):
+            outs = self.engine.generate(prompts, params, **({"mm": media} if media is not None else {}))
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s,
@@ -324,8 +327,9 @@ class RolloutWorker:
             seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
         )
         t0 = time.perf_counter()
-        run_episodes(self.engine, self.tokenizer, episodes, params, r.max_turns, r.max_total_tokens,
-                     r.env_step_timeout_s, self.episode_media)  # fmt: skip
+        with self.tracer.span("generate", step=step):
+            run_episodes(self.engine, self.tokenizer, episodes, params, r.max_turns, r.max_total_tokens,
+                         r.env_step_timeout_s, self.episode_media)  # fmt: skip
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         outs = []
@@ -371,7 +375,8 @@ class RolloutWorker:
         texts = pending["texts"]
         labels = [row.label for row in rows for _ in range(n)]
         metas = [row.metadata for row in rows for _ in range(n)]
-        results = self.scorer.score_batch(texts, labels, metas)
+        with self.tracer.span("reward", step=pending["step"]):
+            results = self.scorer.score_batch(texts, labels, metas)
         from relax_rewards import RewardResult
 
         for i, o in enumerate(outs):  # an environment's own reward wins over --rm-type
@@ -490,6 +495,9 @@ class RolloutWorker:
     def get_bad_media(self) -> list[str]:
         """One message per skipped media row (sample, file, reason, what to do)."""
         return list(self.bad_media)
+
+    def get_spans(self) -> list[dict[str, Any]]:
+        return self.tracer.get_spans()
 
     def close(self) -> None:
         if self._receiver is not None:

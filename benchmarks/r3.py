@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relax_core.testing import experts_used
+
 LAYERS, EXPERTS, TOP_K = 4, 16, 4
 
 
@@ -88,19 +90,6 @@ def time_steps(cfg, ckpt: str, data: dict, reps: int) -> dict[str, list[float]]:
     return times
 
 
-def used_experts(trainer, data) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per sample, the experts the trainer's forwards used for its first len - 1 tokens; and its log-probs."""
-    with trainer.routing.record() as rec:
-        logp = trainer.compute_log_probs(data)
-    n, mbs, out = len(data["tokens"]), trainer.cfg.train.micro_batch_size, []
-    for f in range(len(rec.forwards)):
-        idx = range(f * mbs, min(n, (f + 1) * mbs))
-        width = max(len(data["tokens"][i]) for i in idx)
-        fw = rec.stacked(f).view(len(idx), width, LAYERS, TOP_K).numpy()
-        out.extend(fw[row, : len(data["tokens"][i]) - 1] for row, i in enumerate(idx))
-    return out, logp
-
-
 def mismatch(cfg, ckpt: str, data: dict, noise: float) -> dict[str, dict[str, float]]:
     from relax_train.backends.torch_backend import TorchBackend
 
@@ -114,7 +103,7 @@ def mismatch(cfg, ckpt: str, data: dict, noise: float) -> dict[str, dict[str, fl
     out = {}
     for mode in ("without", "with"):
         trainer.cfg.algo.routing_replay = mode == "with"
-        used, logp = used_experts(trainer, data)
+        used, logp = experts_used(trainer, data)
         differ = sum(int((u != r).any(-1).sum()) for u, r in zip(used, data["routed_experts"]))
         out[mode] = {"differ_frac": differ / pairs,
                      "mean_abs_dlogp": float(np.mean(np.abs(np.concatenate(logp) - rollout)))}  # fmt: skip

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from relax_core.cli_config import build_config
+from relax_core.testing import experts_used, tiny_moe
 
 torch = pytest.importorskip("torch")
 
@@ -22,8 +23,6 @@ LAYERS, TOP_K = 2, 2
 @pytest.fixture(scope="module")
 def moe_inputs(tmp_path_factory):
     """Arithmetic prompts (jsonl) and a tiny Qwen3-MoE checkpoint with a locally trained tokenizer."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     from relax_app.demo.task import make_arithmetic_task, read_jsonl
     from relax_app.demo.tokenizer import train_tokenizer
 
@@ -32,28 +31,10 @@ def moe_inputs(tmp_path_factory):
     files = make_arithmetic_task(root / "task", max_operand=20, n_eval=20)
     rows = read_jsonl(files.train_path)
     tok = train_tokenizer([r["prompt"] + r["label"] for r in rows], root / "model", vocab_size=300)
-    cfg = Qwen3MoeConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=TOP_K,
-        moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-        initializer_range=0.1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    Qwen3MoeForCausalLM(cfg).save_pretrained(root / "model")
+    tiny_moe(
+        LAYERS, TOP_K, vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    ).save_pretrained(root / "model")
     return str(root / "model"), str(files.train_path), root
-
-
-def used_experts(trainer, data):
-    """Per sample, the experts the trainer's forwards used for its first len - 1 tokens, and its log-probs."""
-    with trainer.routing.record() as rec:
-        logp = trainer.compute_log_probs(data)
-    n, mbs, out = len(data["tokens"]), trainer.cfg.train.micro_batch_size, []
-    for f in range(len(rec.forwards)):
-        idx = range(f * mbs, min(n, (f + 1) * mbs))
-        width = max(len(data["tokens"][i]) for i in idx)
-        fw = rec.stacked(f).view(len(idx), width, LAYERS, TOP_K).numpy()
-        out.extend(fw[row, : len(data["tokens"][i]) - 1] for row, i in enumerate(idx))
-    return out, logp
 
 
 def differing_pairs(used, data) -> int:
@@ -88,7 +69,7 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
     assert all(r.shape == (len(t) - 1, LAYERS, TOP_K) for t, r in zip(data["tokens"], data["routed_experts"]))
 
     trainer = TorchBackend(cfg, ckpt, trainable=False)
-    used, logp = used_experts(trainer, data)  # same weights: same experts, same log-probs
+    used, logp = experts_used(trainer, data)  # same weights: same experts, same log-probs
     assert differing_pairs(used, data) == 0
     for mine, theirs in zip(data["rollout_log_probs"], logp):
         np.testing.assert_allclose(mine, theirs, atol=1e-4, rtol=0)
@@ -97,9 +78,9 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
     with torch.no_grad():  # staleness: the trainer's weights have moved on since the rollout
         for p in trainer.model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.003)
-    with_r3, logp_r3 = used_experts(trainer, data)
+    with_r3, logp_r3 = experts_used(trainer, data)
     trainer.cfg.algo.routing_replay = False
-    without, logp_plain = used_experts(trainer, data)
+    without, logp_plain = experts_used(trainer, data)
 
     pairs = sum(r.shape[0] * LAYERS for r in data["routed_experts"])
     assert differing_pairs(with_r3, data) == 0

@@ -13,17 +13,10 @@ LAYERS, EXPERTS, TOP_K = 2, 8, 2
 
 
 def tiny_moe(norm_topk_prob=True, seed=0):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from relax_core import testing
 
     torch.set_num_threads(1)
-    cfg = Qwen3MoeConfig(
-        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=EXPERTS,
-        num_experts_per_tok=TOP_K, moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
-        norm_topk_prob=norm_topk_prob, initializer_range=0.1, pad_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    return Qwen3MoeForCausalLM(cfg).eval()
+    return testing.tiny_moe(LAYERS, TOP_K, seed, num_experts=EXPERTS, norm_topk_prob=norm_topk_prob).eval()
 
 
 @pytest.fixture(autouse=True)

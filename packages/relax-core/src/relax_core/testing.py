@@ -52,3 +52,34 @@ def parity_reward(response: str, label, metadata=None) -> float:
     1.0
     """
     return float(len(response) % 2 == 0)
+
+
+def tiny_moe(layers: int = 2, top_k: int = 2, seed: int = 0, **overrides):
+    """A tiny random ``Qwen3MoeForCausalLM`` (vocab 300, 8 experts; ``overrides`` go to the config).
+    ``initializer_range=0.1`` so the random router is not near-uniform and routing is meaningful."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(**{
+        "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts": 8,
+        "num_experts_per_tok": top_k, "moe_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "initializer_range": 0.1, "pad_token_id": 0, "eos_token_id": 1, **overrides,
+    })  # fmt: skip
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(cfg)
+
+
+def experts_used(trainer, data: dict):
+    """Per sample, the experts a TorchBackend's forwards routed its first len − 1 tokens to ([T, layers, k]),
+    and the log-probs of that pass: what R3 tests and ``benchmarks/r3.py`` compare with the rollout's."""
+    with trainer.routing.record() as rec:
+        logp = trainer.compute_log_probs(data)
+    n, mbs, out = len(data["tokens"]), trainer.cfg.train.micro_batch_size, []
+    for f in range(len(rec.forwards)):
+        idx = range(f * mbs, min(n, (f + 1) * mbs))
+        width = max(len(data["tokens"][i]) for i in idx)
+        stacked = rec.stacked(f)
+        fw = stacked.view(len(idx), width, *stacked.shape[1:]).numpy()
+        out.extend(fw[row, : len(data["tokens"][i]) - 1] for row, i in enumerate(idx))
+    return out, logp

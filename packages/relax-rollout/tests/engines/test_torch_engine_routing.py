@@ -18,16 +18,9 @@ PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13, 20, 21], [4, 13], [5, 5, 12, 6,
 
 
 def tiny_moe(seed=0):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from relax_core.testing import tiny_moe as build
 
-    cfg = Qwen3MoeConfig(
-        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=TOP_K,
-        moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-        initializer_range=0.1, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    return Qwen3MoeForCausalLM(cfg)
+    return build(LAYERS, TOP_K, seed)
 
 
 @pytest.fixture(scope="module")

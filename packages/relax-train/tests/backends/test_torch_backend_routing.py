@@ -18,18 +18,11 @@ SEQS = [([3, 12, 4, 13], [5, 6, 1, 40]), ([7, 12, 8, 12, 9, 13], [10]), ([4, 13]
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from relax_core.testing import tiny_moe
 
     torch.set_num_threads(1)
-    cfg = Qwen3MoeConfig(
-        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=TOP_K,
-        moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-        initializer_range=0.1, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    torch.manual_seed(0)
     path = tmp_path_factory.mktemp("moe")
-    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    tiny_moe(LAYERS, TOP_K).save_pretrained(path)
     return str(path)
 
 

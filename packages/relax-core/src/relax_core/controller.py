@@ -113,6 +113,8 @@ class Controller:
         )
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
+        self.interrupted_at: str | None = None
+        """The checkpoint written when a signal stopped the run early (None: it ran to the end)."""
 
     def run(self) -> RunResult:
         cfg = self.cfg
@@ -179,31 +181,47 @@ class Controller:
         if cfg.uses_teacher:
             helpers.insert(0, role_class("forward")(cfg, bus, "teacher", self._teacher_path()))
         actor.publish = lambda named, v: rollout.set_weights(dict(named), v)
+        actor.save_extra = lambda v: {"data": rollout.data_state(v)}
         start = 0
         if cfg.train.load:
-            start = int(actor.backend.load_checkpoint(_latest_checkpoint(cfg.train.load))["version"])
+            meta = actor.backend.load_checkpoint(_latest_checkpoint(cfg.train.load))
+            start = int(meta["version"])
+            if "data" in meta:  # the same prompts from here on as the run that wrote the checkpoint
+                rollout.load_data_state(meta["data"])
             bus.set_trainer_version(start)
         actor.publish_weights()
         actor.eval_now(start)
         t_rl = time.perf_counter()
         bar = _progress(cfg, start)
-        for step in range(start, cfg.train.num_rollout):
-            rollout.produce(step)
-            for h in helpers:
-                h.drain()
-            m = actor.train(step)
-            _bar_update(bar, m)
+        stop = _StopOnSignal()
+        with stop:
+            for step in range(start, cfg.train.num_rollout):
+                rollout.produce(step)
+                for h in helpers:
+                    h.drain()
+                m = actor.train(step)
+                _bar_update(bar, m)
+                if stop.requested:  # SIGTERM / SIGINT: finish this step, checkpoint, stop cleanly
+                    self.interrupted_at = actor.save(
+                        cfg.train.save or os.path.join(cfg.run.output_dir, "checkpoints")
+                    )
+                    print(
+                        f"[relax] stopped by signal after step {step}; resume with --load {self.interrupted_at}"
+                    )
+                    break
         rl_wall = time.perf_counter() - t_rl
         if bar is not None:
             bar.close()
-        self._final_eval(actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
-        if cfg.train.save:
-            actor.save()
+        if self.interrupted_at is None:
+            self._final_eval(actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
+            if cfg.train.save:
+                actor.save()
         audit = {
             "trained_ids": actor.get_trained_ids(),
             "trainer_weights": actor.get_weight_log(),
             "rollout_weights": rollout.get_weight_log(),
             "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
+            "prompt_log": rollout.get_prompt_log(),
         }
         result = RunResult(
             actor.history,
@@ -352,6 +370,38 @@ class Controller:
         last = [h for h in history if "eval/accuracy" in h]
         if self.inputs.eval_path and (not last or last[-1]["step"] != self.cfg.train.num_rollout):
             do_eval()
+
+
+class _StopOnSignal:
+    """While active, SIGTERM and SIGINT ask the run to stop after the current step (with a checkpoint)
+    instead of killing it; a second signal gets the previous handler (e.g. an immediate KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            prev = self._previous.get(signum)
+            if callable(prev):
+                prev(signum, frame)
+            return
+        self.requested = True
+
+    def __enter__(self) -> _StopOnSignal:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
 
 
 def _progress(cfg: RelaxConfig, start: int):

@@ -70,6 +70,8 @@ class RolloutWorker:
         self.mm = self._media_processor(model_path) if cfg.data.multimodal_keys else None
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
+        self.step_states: dict[int, dict[str, int]] = {}
+        self.prompt_log: list[tuple[int, list[str]]] = []
         self.episode_media = self._episode_media(model_path) if cfg.rollout.env_path else None
 
     def _media_processor(self, model_path: str) -> Any:
@@ -197,8 +199,21 @@ class RolloutWorker:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
         return self._finish(self._collect(step))
 
+    def data_state(self, step: int) -> dict[str, int]:
+        """Where the prompt iterator stood when step ``step`` began (now, if it has not begun): what a
+        checkpoint of trainer version ``step`` stores so a resumed run draws the same prompts."""
+        return dict(self.step_states.get(step, self.prompts.state_dict()))
+
+    def load_data_state(self, state: dict[str, int]) -> None:
+        self.prompts.load_state_dict(state)
+
+    def get_prompt_log(self) -> list[tuple[int, list[str]]]:
+        """(step, prompt row ids) of every batch put on the bus, in order."""
+        return list(self.prompt_log)
+
     def _collect(self, step: int) -> dict[str, Any]:
         """One batch generated (and, with dynamic sampling, scored and filtered)."""
+        self.step_states[step] = self.prompts.state_dict()
         return self._generate_filtered(step) if self.cfg.rollout.dynamic_sampling else self._generate(step)
 
     def _generate_filtered(self, step: int) -> dict[str, Any]:
@@ -427,6 +442,7 @@ class RolloutWorker:
                 }
             )
         self.bus.put(samples, partition=f"step{step}")
+        self.prompt_log.append((step, [row.row_id for row in rows]))
         self.stats["samples"] += len(samples)
         self.stats["reward_s"] += reward_s
         return {"generate_s": pending["generate_s"], "reward_s": reward_s}

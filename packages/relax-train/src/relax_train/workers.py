@@ -329,10 +329,17 @@ class ActorWorker:
                     self._tb.add_scalar(k, v, metrics["step"])
             self._tb.flush()
 
-    def save(self, path: str | None = None) -> None:
+    save_extra = None
+    """Set by the Controller: version -> extra checkpoint state from other roles (the rollout's data position)."""
+
+    def save(self, path: str | None = None) -> str:
         target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
+        extra = {"trained_ids": len(self.trained_ids)}
+        if self.save_extra is not None:
+            extra.update(self.save_extra(self.backend.version))
         with self.tracer.span("save", version=self.backend.version):
-            self.backend.save_checkpoint(target, extra={"trained_ids": len(self.trained_ids)})
+            self.backend.save_checkpoint(target, extra=extra)
+        return str(target)
 
     def load(self, path: str) -> int:
         """Resume from a checkpoint; returns the step to continue from."""

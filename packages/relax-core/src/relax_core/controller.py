@@ -260,6 +260,7 @@ class Controller:
                 configure_logging=False,
             )
         threads = cfg.run.torch_threads or 1
+        stop = _StopOnSignal()
         try:
             bcfg = bus_config(cfg)
             bus = RayBus.create(bcfg)
@@ -294,9 +295,13 @@ class Controller:
                 [actor.connect_dcs.remote(init, world)]
                 + [r.connect_dcs.remote(init, world, i + 1) for i, r in enumerate(receivers)]
             )
+            ray.get(actor.attach_rollout.remote(rollout))
             start = 0
             if cfg.train.load:
-                start = ray.get(actor.load.remote(_latest_checkpoint(cfg.train.load)))
+                meta = ray.get(actor.load.remote(_latest_checkpoint(cfg.train.load)))
+                start = int(meta["version"])
+                if "data" in meta:  # batches generated but never trained before the stop are drawn again
+                    ray.get(rollout.load_data_state.remote(meta["data"]))
                 bus.set_trainer_version(start)
             ray.get(actor.publish_weights.remote())
             ray.get(actor.eval_now.remote(start))
@@ -306,8 +311,15 @@ class Controller:
             done = actor.run.remote(start, cfg.train.num_rollout)
             bar = _progress(cfg, start)
             seen = start
+            stop.__enter__()
+            asked = False
             while True:
-                ready, _ = ray.wait([done], timeout=0.5)
+                if stop.requested and not asked:  # SIGTERM / SIGINT: the trainer checkpoints after its step
+                    actor.request_stop.remote(
+                        cfg.train.save or os.path.join(cfg.run.output_dir, "checkpoints")
+                    )
+                    asked = True
+                ready, _ = ray.wait([done], timeout=0.1)
                 failed, _ = ray.wait(list(futures.values()), timeout=0)
                 for f in failed:
                     ray.get(f)  # a role loop ended before the trainer: re-raise its error
@@ -319,21 +331,27 @@ class Controller:
                 if ready:
                     break
             history = ray.get(done)
+            stop.__exit__()  # (a signal from here on gets the default behaviour)
+            self.interrupted_at = ray.get(actor.get_interrupted.remote())
+            if self.interrupted_at:
+                print(f"[relax] stopped by signal; resume with --load {self.interrupted_at}")
             rl_wall = time.perf_counter() - t_rl
             if bar is not None:
                 bar.close()
             bus.close()
             stats = ray.get(futures["rollout"])
             ray.get([futures[n] for n in loops])
-            self._final_eval(history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
+            if self.interrupted_at is None:
+                self._final_eval(history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
+                if cfg.train.save:
+                    ray.get(actor.save.remote())
             history = ray.get(actor.get_history.remote())
-            if cfg.train.save:
-                ray.get(actor.save.remote())
             audit = {
                 "trained_ids": ray.get(actor.get_trained_ids.remote()),
                 "trainer_weights": ray.get(actor.get_weight_log.remote()),
                 "rollout_weights": ray.get(rollout.get_weight_log.remote()),
                 "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
+                "prompt_log": ray.get(rollout.get_prompt_log.remote()),
             }
             bus_stats = bus.stats()
             trace_path = None
@@ -359,6 +377,7 @@ class Controller:
                 trace_path,
             )
         finally:
+            stop.__exit__()
             if started_ray:
                 ray.shutdown()
 
@@ -402,6 +421,7 @@ class _StopOnSignal:
 
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
+        self._previous = {}
 
 
 def _progress(cfg: RelaxConfig, start: int):

@@ -308,7 +308,26 @@ class ActorWorker:
     def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
         for step in range(start_step, num_steps):
             self.train(step)
+            if self._stop_dir is not None and step + 1 < num_steps:  # asked to stop: checkpoint, end early
+                self.interrupted_at = self.save(self._stop_dir)
+                break
         return self.history
+
+    _stop_dir: str | None = None
+    interrupted_at: str | None = None
+
+    def request_stop(self, checkpoint_dir: str) -> None:
+        """Fully async: finish the current step, write a checkpoint under ``checkpoint_dir``, stop."""
+        self._stop_dir = checkpoint_dir
+
+    def get_interrupted(self) -> str | None:
+        return self.interrupted_at
+
+    def attach_rollout(self, rollout: Any) -> None:
+        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version."""
+        import ray
+
+        self.save_extra = lambda v: {"data": ray.get(rollout.data_state.remote(v))}
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def eval_now(self, step: int) -> float | None:
@@ -341,9 +360,9 @@ class ActorWorker:
             self.backend.save_checkpoint(target, extra=extra)
         return str(target)
 
-    def load(self, path: str) -> int:
-        """Resume from a checkpoint; returns the step to continue from."""
-        return int(self.backend.load_checkpoint(path)["version"])
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume from a checkpoint; returns its metadata (``version``: the step to continue from)."""
+        return self.backend.load_checkpoint(path)
 
     def progress(self) -> int:
         return self.backend.version

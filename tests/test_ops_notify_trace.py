@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
+from relax_core.testing import dead_json_url, json_webhook
 
 pytest.importorskip("apprise")
 
@@ -22,28 +20,11 @@ WORK = {"generate", "reward", "forward", "advantages", "train", "weight_sync"}
 
 @pytest.fixture
 def hook():
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            received.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"json://127.0.0.1:{server.server_address[1]}/hook", received
-    server.shutdown()
-    server.server_close()
+    with json_webhook() as (url, received):
+        yield url + "/hook", received
 
 
-def _dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"json://127.0.0.1:{s.getsockname()[1]}/nobody"
+_dead_url = dead_json_url
 
 
 def _config(inputs, out: Path, *flags):
@@ -103,10 +84,11 @@ def _check_tensorboard(out: Path, history: list[dict]) -> None:
 
 @pytest.mark.integration
 def test_colocate_notifies_traces_and_logs(tiny_run_inputs, tmp_path, hook):
-    url, received = hook
+    url, calls = hook
     out = tmp_path / "colo"
     cfg = _config(tiny_run_inputs, out, "--colocate", "--notify-urls", json.dumps([url, _dead_url()]))
     result = Controller(cfg, tiny_run_inputs).run()  # the dead URL does not break the run
+    received = [body for _, body in calls]
     assert [r["title"] for r in received] == ["Relax run colo started", "Relax run colo finished"]
     start, finish = received
     assert "mode: colocate" in start["message"] and f"steps: {STEPS}" in start["message"]
@@ -155,11 +137,12 @@ def test_fully_async_trace_shows_overlap(tiny_run_inputs, tmp_path):
 
 @pytest.mark.integration
 def test_a_failing_run_sends_the_failure_and_raises(tiny_run_inputs, tmp_path, hook):
-    url, received = hook
+    url, calls = hook
     bad = RunInputs(str(tmp_path / "no-such-model"), tiny_run_inputs.prompt_path)
     cfg = _config(bad, tmp_path / "bad", "--colocate", "--notify-urls", url)
     with pytest.raises(Exception) as e:
         Controller(cfg, bad).run()
+    received = [body for _, body in calls]
     assert [r["title"] for r in received] == ["Relax run bad started", "Relax run bad failed"]
     assert received[1]["message"].startswith(f"{type(e.value).__name__}: {e.value}")
     assert not (tmp_path / "bad" / "trace.json").exists()

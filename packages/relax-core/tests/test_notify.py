@@ -4,50 +4,26 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from relax_core.cli_config import ConfigError, build_config
 from relax_core.controller import Controller, RunInputs, RunResult
 from relax_core.notify import Notifier, summary_figures
+from relax_core.testing import dead_json_url, json_webhook
 
 pytest.importorskip("apprise")
 
 
 @pytest.fixture
 def hook():
-    """A local HTTP endpoint; yields (base json:// URL, list of received (path, JSON body))."""
-    received: list[tuple[str, dict]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            received.append((self.path, json.loads(body)))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"json://127.0.0.1:{server.server_address[1]}", received
-    server.shutdown()
-    server.server_close()
+    with json_webhook() as (url, received):
+        yield url, received
 
 
-def _dead_url() -> str:
-    """A json:// URL on a port nobody listens to."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"json://127.0.0.1:{port}/nobody"
+_dead_url = dead_json_url
 
 
 def _result(**kw) -> RunResult:

@@ -6,6 +6,8 @@ light; callers (relax-rollout's and relax-train's tests) have them installed.
 
 from __future__ import annotations
 
+import contextlib
+
 PAD, EOS = "<|endoftext|>", "<|im_end|>"
 # 64 tokens: the two specials, digits, '+', '=', and letters as filler so every model id decodes
 VOCAB = [PAD, EOS, *"0123456789+=", *"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWX"]
@@ -83,3 +85,41 @@ def experts_used(trainer, data: dict):
         fw = stacked.view(len(idx), width, *stacked.shape[1:]).numpy()
         out.extend(fw[row, : len(data["tokens"][i]) - 1] for row, i in enumerate(idx))
     return out, logp
+
+
+@contextlib.contextmanager
+def json_webhook():
+    """A local HTTP endpoint on 127.0.0.1 for notification tests: yields (``json://`` base URL, list of
+    received (path, JSON body)); Apprise's ``json://`` URLs POST there."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.append((self.path, json.loads(body)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"json://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def dead_json_url() -> str:
+    """A ``json://`` URL on a port nobody listens to."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"json://127.0.0.1:{s.getsockname()[1]}/nobody"

@@ -302,6 +302,8 @@ class ActorWorker:
             and (step + 1) % self.cfg.train.save_interval == 0
         ):
             self.save()
+        # the bus's own counters next to the roles' (per-partition depths left out: one series per step)
+        metrics.update({k: v for k, v in self.bus.metrics().items() if not k.startswith("bus/depth/")})
         self.log(metrics)
         return metrics
 

@@ -242,3 +242,23 @@ def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_
         text = worker.tokenizer.decode(tokens[:plen])
         assert "<|im_start|>" not in text and worker._encode(text) == list(tokens[:plen])
         assert turns == 2  # the calculator's result came back as a templated turn
+
+
+def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_run_inputs, tmp_path):
+    """``relax_core.env:BrokenEnv`` takes no prompt/label, so building it per sample raises: each sample ends
+    after its first turn as env_error with the reason, and the batch is still put on the bus."""
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+
+    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, "--env-path", "relax_core.env:BrokenEnv"))
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
+    worker.engine = ScriptedEngine(worker.tokenizer, ["12"])
+    worker.produce(0)
+    b = bus.get("c", 16, timeout=5)
+    assert b.data["finish_reason"] == ["env_error"] * 16 and b.data["turns"] == [1] * 16
+    assert all("constructing the environment failed: TypeError" in e for e in b.data["env_error"])
+    with pytest.raises(ValueError, match="cannot import"):  # a wrong path, though, is a config error
+        bad = build_config(None, _flags(tiny_run_inputs, tmp_path, "--env-path", "no_such_mod:Env"))
+        RolloutWorker(bad, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path).produce(1)

@@ -45,16 +45,20 @@ def resolve(result: Any) -> Any:
     return asyncio.run(result) if inspect.isawaitable(result) else result
 
 
-def build_env(path: str, prompt: str, label: Any, metadata: dict[str, Any]) -> Environment:
-    """Instantiate the environment class (or factory) named by ``path`` ("pkg.mod:Name") for one sample."""
+def env_factory(path: str) -> Any:
+    """The environment class (or factory) named by ``path`` ("pkg.mod:Name"); a bad path is a config error."""
     module, sep, name = path.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"--env-path {path!r}: expected 'package.module:ClassName'")
     try:
-        factory = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"--env-path {path!r}: cannot import it ({e})") from e
-    env = factory(prompt=prompt, label=label, metadata=metadata)
+
+
+def build_env(path: str, prompt: str, label: Any, metadata: dict[str, Any]) -> Environment:
+    """Instantiate the environment named by ``path`` for one sample (see :func:`env_factory`)."""
+    env = env_factory(path)(prompt=prompt, label=label, metadata=metadata)
     missing = [
         m for m in ("reset", "step", "format_observation", "close") if not callable(getattr(env, m, None))
     ]
@@ -63,6 +67,26 @@ def build_env(path: str, prompt: str, label: Any, metadata: dict[str, Any]) -> E
             f"--env-path {path!r}: the environment lacks {missing}; see relax_core.env.Environment"
         )
     return env
+
+
+class BrokenEnv:
+    """Stands in for an environment whose construction failed, so its sample ends with the reason recorded
+    (after the model's first turn) instead of stopping the batch."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def reset(self) -> None:
+        raise RuntimeError(self.error)
+
+    def step(self, response: str) -> tuple[Any, bool, dict[str, Any]]:
+        raise RuntimeError(self.error)
+
+    def format_observation(self, observation: Any) -> str:
+        return ""
+
+    def close(self) -> None:
+        pass
 
 
 def as_messages(formatted: Any) -> list[dict[str, Any]]:

@@ -306,17 +306,21 @@ class RolloutWorker:
         """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment.
         Multimodal rows: the first prompt holds the row's media, and the environment gets them as
         ``metadata["media"]`` (by modality, e.g. ``{"image": [path]}``)."""
-        from relax_core.env import as_messages, build_env, resolve
+        from relax_core.env import BrokenEnv, as_messages, build_env, env_factory, resolve
         from relax_rollout.multiturn import Episode, run_episodes, split_media
 
         r = self.cfg.rollout
+        env_factory(r.env_path)  # a wrong --env-path stops the run here, before any sample
         rows = self._batch()[0] if self.mm is not None else self.prompts.next_batch()
         episodes = []
         for row in rows:
             row_media = self._row_media(row)
             meta = {**row.metadata, "media": row_media} if row_media else row.metadata
             for _ in range(r.n_samples_per_prompt):
-                env = build_env(r.env_path, row.prompt, row.label, meta)
+                try:
+                    env = build_env(r.env_path, row.prompt, row.label, meta)
+                except Exception as e:  # noqa: BLE001 - this sample's environment is broken: recorded below
+                    env = BrokenEnv(f"constructing the environment failed: {type(e).__name__}: {e}")
                 base, info = [{"role": "user", "content": row.prompt}], {}
                 history, media = list(base), {k: list(v) for k, v in row_media.items()}
                 try:

@@ -21,8 +21,12 @@ MM_FAMILIES = {
 """HF ``model_type`` -> relax-multimodal model family (placeholder tokens, patch size, audio rules)."""
 
 
+def _config(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "config.json").read_text())
+
+
 def architecture(path: str | Path) -> str:
-    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg = _config(path)
     archs = cfg.get("architectures") or []
     if not archs:
         raise ValueError(f"{path}/config.json names no 'architectures'; save the model with save_pretrained")
@@ -48,8 +52,7 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
 
 def mm_family(path: str | Path) -> str | None:
     """The relax-multimodal family of the checkpoint at ``path``, or None for a text-only model."""
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    return MM_FAMILIES.get(cfg.get("model_type", ""))
+    return MM_FAMILIES.get(_config(path).get("model_type", ""))
 
 
 MEDIA_RENAMES: dict[str, dict[str, str | None]] = {

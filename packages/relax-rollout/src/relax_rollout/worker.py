@@ -67,14 +67,16 @@ class RolloutWorker:
         self.weight_log: dict[int, str] = {}
         self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
         self._token_cache: dict[str, list[int]] = {}
-        self.mm = self._media_processor(model_path) if cfg.data.multimodal_keys else None
+        self.mm = self._media(model_path) if cfg.data.multimodal_keys else None
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
         self.step_states: dict[int, dict[str, int]] = {}
         self.prompt_log: list[tuple[int, list[str]]] = []
-        self.episode_media = self._episode_media(model_path) if cfg.rollout.env_path else None
+        self.episode_media = (self.mm or self._episode_media(model_path)) if cfg.rollout.env_path else None
 
-    def _media_processor(self, model_path: str) -> Any:
+    def _media(self, model_path: str) -> Any:
+        """--multimodal-keys: the encoder of prompts with media (``multiturn.EpisodeMedia``, one for both
+        single-turn rows and episodes); the checkpoint must be a Qwen-VL/Omni model."""
         from relax_core.models import mm_family
 
         family = mm_family(model_path)
@@ -83,15 +85,14 @@ class RolloutWorker:
                 f"--multimodal-keys is set but {model_path} is a text-only model; use a Qwen-VL/Omni checkpoint"
             )
         try:
-            from relax_multimodal import MultimodalConfig, MultimodalProcessor
+            import relax_multimodal  # noqa: F401 - only to say what to install
         except ImportError as e:
             raise ImportError(
                 "--multimodal-keys needs relax-multimodal: pip install 'relax-rollout[multimodal]'"
             ) from e
-        mcfg = MultimodalConfig(model=family, multimodal_keys=dict(self.cfg.data.multimodal_keys),
-                                **self.cfg.data.multimodal_options)  # fmt: skip
-        self._mm_family = family
-        return MultimodalProcessor(mcfg, self.tokenizer)
+        from relax_rollout.multiturn import EpisodeMedia
+
+        return EpisodeMedia(family, self.tokenizer, self.cfg.data.multimodal_options)
 
     def _episode_media(self, model_path: str) -> Any:
         """Multi-turn on a Qwen-VL/Omni model: what expands the media of prompts and observations (None for a
@@ -167,12 +168,8 @@ class RolloutWorker:
                 text = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
                 )
-            s = self.mm.process({"prompt": text, **row.media}, index=f"row {row.row_id}")
-            from relax_core.models import adapt_media
-
-            tensors = adapt_media(self._mm_family, s.tensors())
-            tensors["mm_token_type_ids"] = np.asarray(s.mm_token_type_ids, dtype=np.int64)
-            self._mm_cache[row.row_id] = (list(s.input_ids), tensors)
+            keys = tuple(self.cfg.data.multimodal_keys)
+            self._mm_cache[row.row_id] = self.mm.encode(text, self._row_media(row), keys, f"row {row.row_id}")
         return self._mm_cache[row.row_id]
 
     def _batch(self) -> tuple[list[Any], list[tuple[list[int], dict[str, Any] | None]]]:

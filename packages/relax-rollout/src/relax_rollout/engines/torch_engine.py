@@ -8,12 +8,14 @@ control padding (left) and ``position_ids`` ourselves.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from relax_core.models import MASKED_LOGIT, media_token_ids
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 
 
@@ -44,9 +46,8 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.weight_version = 0
         self._lock = threading.Lock()
-        from relax_core.models import media_token_ids
-
         self.masked_token_ids = media_token_ids(self.model)  # never sampled (the trainer masks them too)
+        self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = None  # routing replay (R3): record each token's MoE experts, extra["routed_experts"]
         if record_routing:
             from relax_core.routing import install_routing
@@ -174,8 +175,6 @@ class TorchEngine:
             logits, cache = forward(step_ids, mask, step_pos, cache, ids)
             logits = logits.float()
             if self.masked_token_ids:
-                from relax_core.models import MASKED_LOGIT
-
                 logits[:, self.masked_token_ids] = MASKED_LOGIT
             if t < int(min_t.max()):
                 block = (min_t > t).unsqueeze(1) & torch.isin(
@@ -264,16 +263,12 @@ class TorchEngine:
         cache. Why: the model then derives its M-RoPE positions from the media grids exactly as in the
         trainer's single forward over the same sequence; the tiny CPU models make the recomputation cheap.
         (SGLang does the cached version on GPUs.)"""
-        import inspect
-
-        import torch
-
         from relax_core.mm import collate_mm, token_types
 
         media = {k: v.to(self.device) for k, v in collate_mm(mm).items()}
         width = max(prompt_lens)
         types = None
-        if "mm_token_type_ids" in inspect.signature(self.model.forward).parameters:
+        if self.takes_token_types:
             types = token_types(mm, prompt_lens, width, left=True).to(self.device)  # prompts are left-padded
 
         def forward(step_ids, mask, step_pos, cache, ids):

@@ -9,6 +9,7 @@ prompt+response sequences at the rollout temperature, so they match the rollout 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import random
 from pathlib import Path
@@ -33,6 +34,7 @@ class TorchBackend:
         torch.manual_seed(config.train.seed)
         self.model = load_model(model_path, config.model.dtype)  # causal LM, or a Qwen-VL/Omni model
         self.masked_token_ids = media_token_ids(self.model)
+        self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
         self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
         cfg = self.model.config  # multimodal configs keep text settings in text_config
@@ -76,12 +78,10 @@ class TorchBackend:
         items = [samples["mm"][i] for i in idx] if "mm" in samples else []
         if not any(items):
             return {}
-        import inspect
-
         from relax_core.mm import collate_mm, token_types
 
         extra = collate_mm(items)
-        if "mm_token_type_ids" in inspect.signature(self.model.forward).parameters:
+        if self.takes_token_types:
             lengths = [len(samples["tokens"][i]) for i in idx]
             extra["mm_token_type_ids"] = token_types(items, lengths, ids.shape[1], left=False)
         return extra

@@ -103,6 +103,21 @@ class RolloutConfig(_Section):
     rollout_external_urls: list[str] = []
     """Base URLs (``http://host:port``) of running SGLang-compatible engine servers, e.g. SGLang or
     ``python -m relax_rollout.server``; required by (and only used with) --rollout-backend external."""
+    rollout_engines: int = Field(0, ge=0)
+    """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
+    0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed
+    engine's requests are re-issued on the others and the engine is restarted, and the elastic API can add
+    or remove engines mid-run. Fully-async mode only."""
+    elastic_port: int | None = Field(None, ge=0, le=65535)
+    """Serve the elastic rollout REST API (scale out/in, operations, engines, /elastic/openapi.json) on this
+    port (0: any free port, written to output_dir/elastic.json); None: no API."""
+    elastic_host: str = "127.0.0.1"
+    """Bind address of the elastic API; anything but loopback needs --elastic-token."""
+    elastic_token: str | None = None
+    """Bearer token the elastic API requires (mandatory when --elastic-host is not loopback)."""
+    drain_timeout_s: float = Field(30.0, gt=0.0)
+    """Scale-in: how long a removed engine may finish its in-flight requests before they are aborted and
+    re-issued on the remaining engines."""
 
     @model_validator(mode="after")
     def _check_external(self) -> RolloutConfig:
@@ -270,6 +285,27 @@ class RunConfig(_Section):
     error); e.g. '["slack://T/B/C", "json://127.0.0.1:8000/hook"]'. Needs relax-core[notify]; a
     notification that cannot be delivered only logs a warning."""
 
+    wandb_project: str | None = None
+    """Also log metrics to Weights & Biases under this project (needs relax-core[wandb])."""
+    wandb_mode: Literal["online", "offline"] = "offline"
+    """W&B mode: offline writes output_dir/wandb for a later ``wandb sync``; online needs an account."""
+    clearml_project: str | None = None
+    """Also log metrics to ClearML under this project (needs relax-core[clearml])."""
+    clearml_offline: bool = True
+    """ClearML offline mode: the session is written locally (import it later with
+    ``clearml-task --import-offline-session``); False needs a ClearML server."""
+    health: bool = True
+    """Fully async: heartbeats from every role; a failed role is restarted in place, repeated failures
+    escalate to a global restart from the last checkpoint (restarting the trainer needs --save)."""
+    heartbeat_interval_s: float = Field(2.0, gt=0.0)
+    """How often the health manager asks every role for a heartbeat."""
+    heartbeat_timeout_s: float = Field(120.0, gt=0.0)
+    """A role whose loop made no progress for this long (or does not answer) counts as failed."""
+    max_restarts_per_role: int = Field(3, ge=0)
+    """In-place restarts allowed per role before the health manager escalates to a global restart."""
+    max_global_restarts: int = Field(1, ge=0)
+    """Global restarts (every role, from the last checkpoint) before the run stops with the reason."""
+
     @field_validator("notify_urls", mode="before")
     @classmethod
     def _one_url(cls, v: Any) -> Any:
@@ -302,6 +338,18 @@ class RelaxConfig(_Section):
             raise ValueError(
                 f"--max-staleness {self.run.max_staleness} needs --fully-async: colocate mode is strictly "
                 "on-policy (staleness 0)"
+            )
+        r = self.rollout
+        if (r.rollout_engines or r.elastic_port is not None) and self.run.mode != "fully_async":
+            raise ValueError(
+                "--rollout-engines / --elastic-port need --fully-async: engine processes and the elastic API "
+                "live on the Ray cluster"
+            )
+        if r.elastic_port is not None and r.elastic_host not in ("127.0.0.1", "localhost", "::1") and not (
+            r.elastic_token
+        ):
+            raise ValueError(
+                f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"
             )
         if (self.data.prompt_data is None) != (self.model.hf_checkpoint is None):
             raise ValueError(

@@ -13,6 +13,7 @@ from relax_bus import (
     AsyncBus,
     BusConfig,
     BusError,
+    DuplicateIds,
     BusTimeout,
     ConsumerSpec,
     DataBus,
@@ -74,7 +75,7 @@ def test_bad_input_names_field_and_sample_and_changes_nothing():
     for samples, msg in cases:
         with pytest.raises(BusError, match=msg):
             bus.put(samples)
-    with pytest.raises(BusError, match="duplicate id 0"):
+    with pytest.raises(DuplicateIds, match="duplicate id 0"):  # a restarted producer re-sending a batch
         bus.put([{"reward": 0.0}], ids=[0])
     with pytest.raises(BusError, match="duplicate id 7"):
         bus.put([{"reward": 0.0}] * 2, ids=[7, 7])
@@ -177,6 +178,30 @@ def test_lease_expiry_and_consumer_death_redeliver():
         bus.ack("c", first.lease_id)
     assert bus.reset_consumer("c") == 4 and second.lease_id != first.lease_id
     assert bus.get("c", 4).ids == [0, 1, 2, 3]
+
+
+def test_leases_tell_a_supervisor_what_a_dead_consumer_held():
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec(), "d": ConsumerSpec()}))
+    bus.put([{"x": i} for i in range(4)])
+    a, b = bus.get("c", 2), bus.get("c", 2)
+    assert bus.leases("c") == {a.lease_id: [0, 1], b.lease_id: [2, 3]} and bus.leases("d") == {}
+    bus.ack("c", a.lease_id)  # covered by the dead consumer's checkpoint
+    assert bus.leases("c") == {b.lease_id: [2, 3]}
+    assert bus.reset_consumer("c") == 2 and bus.leases("c") == {}
+    assert bus.get("c", 4, partial=True).ids == [2, 3]
+    with pytest.raises(BusError, match="unknown consumer"):
+        bus.leases("nobody")
+
+
+def test_reset_consumer_keeps_what_the_dead_consumer_already_wrote():
+    bus = DataBus(BusConfig(consumers={"fwd": ConsumerSpec(), "train": ConsumerSpec(required_fields=["lp"])}))
+    bus.put([{"x": i} for i in range(4)])
+    held = bus.get("fwd", 4)
+    bus.add_fields([0, 1], {"lp": [0.5, 0.25]})  # written, then the process died before acking
+    assert bus.reset_consumer("fwd", done_if_written=["lp"]) == 2
+    assert bus.consumed_ids("fwd") == [0, 1] and held.lease_id not in bus.leases("fwd")
+    assert bus.get("fwd", 4, partial=True).ids == [2, 3]  # only the unwritten ones come back
+    assert bus.get("train", 4, partial=True).ids == [0, 1]
 
 
 def test_example_runs():

@@ -101,6 +101,51 @@ def test_in_process_threads_and_version_checks():
     recv.close()
 
 
+def _connect_all(sender, receivers):
+    threads = [threading.Thread(target=r.connect) for r in receivers]
+    for t in threads:
+        t.start()
+    sender.connect()
+    for t in threads:
+        t.join()
+
+
+def test_a_dead_member_fails_fast_and_the_group_is_re_formed():
+    """What the health manager relies on: a broadcast to a dead receiver errors at once (no hang until the
+    time-out), a surviving receiver's loop ends with an error once the sender drops the group, and the
+    sender can form a new group and go on with the current weights."""
+    ctx = mp.get_context("spawn")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    queue = ctx.Queue()  # held: the children unpickle it after start()
+    kids = [
+        ctx.Process(target=_receiver_main, args=(init_method, 3, r, True, queue), daemon=True) for r in (1, 2)
+    ]
+    for k in kids:
+        k.start()
+    sender = WeightSender(init_method, 3, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+    sender.connect()
+    sender.broadcast(make_params(1), version=1)
+    kids[1].kill()
+    kids[1].join(timeout=30)
+    with pytest.raises(RuntimeError):
+        sender.broadcast(make_params(2), version=2)
+    sender.abandon()
+    kids[0].join(timeout=60)
+    assert kids[0].exitcode not in (0, None)  # the survivor saw the group fail (its check() raised)
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    newcomer = WeightReceiver(init_method, 2, 1, timeout_s=60)
+    sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+    _connect_all(sender, [newcomer])
+    got = []
+    newcomer.start_background(lambda v, ts: got.append((v, checksum(ts.items()))))
+    sender.broadcast(make_params(2), version=2)  # the version the failed broadcast carried
+    sender.close()
+    newcomer.join(timeout=30)
+    newcomer.check()
+    assert got == [(2, checksum(make_params(2)))]
+    newcomer.close()
+
+
 def test_bad_arguments_say_what_to_fix():
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
         WeightSender("env://", 2)

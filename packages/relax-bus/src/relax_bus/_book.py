@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from relax_bus.errors import BusClosed, BusError, BusTimeout
+from relax_bus.errors import BusClosed, BusError, BusTimeout, DuplicateIds
 from relax_bus.prepare import Row
 from relax_bus.samplers import SampleRef
 from relax_bus.state import ConsumerState, Lease, Sample
@@ -50,8 +50,10 @@ class _Book:
         for k, sid in enumerate(ids):
             if not isinstance(sid, int) or isinstance(sid, bool) or sid < 0:
                 raise BusError(f"sample {k} of the put: id must be an int >= 0, got {sid!r}")
-            if sid in seen or sid < self._next_id:
-                raise BusError(
+            if sid in seen:
+                raise BusError(f"sample {k} of the put: duplicate id {sid} within this put")
+            if sid < self._next_id:
+                raise DuplicateIds(
                     f"sample {k} of the put: duplicate id {sid} (already used on this bus; explicit ids must be "
                     f"unique and >= {self._next_id})"
                 )

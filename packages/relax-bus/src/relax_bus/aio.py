@@ -64,8 +64,8 @@ class AsyncBus:
     async def set_trainer_version(self, version: int) -> None:
         return await self._run(self.bus.set_trainer_version, version)
 
-    async def reset_consumer(self, consumer: str) -> int:
-        return await self._run(self.bus.reset_consumer, consumer)
+    async def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
+        return await self._run(self.bus.reset_consumer, consumer, done_if_written)
 
     async def stats(self) -> dict[str, Any]:
         return await self._run(self.bus.stats)

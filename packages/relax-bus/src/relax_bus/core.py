@@ -269,16 +269,37 @@ class DataBus(_Book):
             self._redeliver(self._take_lease(consumer, lease_id))
             self._cond.notify_all()
 
-    def reset_consumer(self, consumer: str) -> int:
-        """The consumer's process died: every batch it holds is delivered again. Returns how many samples."""
+    def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
+        """The consumer's process died: every batch it holds is delivered again. Returns how many samples.
+
+        ``done_if_written``: the fields this consumer writes. A held sample on which they are all written
+        already (the process died between writing and acking) counts as acked instead of coming back, so
+        a restarted consumer never computes it twice (fields are write-once)."""
         with self._cond:
             self._check_open()
-            self._consumer(consumer)
+            st = self._consumer(consumer)
             mine = [self._leases.pop(k) for k, ls in list(self._leases.items()) if ls.consumer == consumer]
+            again = 0
             for lease in mine:
-                self._redeliver(lease)
+                written = [bool(done_if_written) and all(f in self._samples[i].fields for f in done_if_written)
+                           for i in lease.ids]  # fmt: skip
+                done = [i for i, w in zip(lease.ids, written) if w]
+                redo = [i for i, w in zip(lease.ids, written) if not w]
+                st.acked += len(done)
+                st.acked_ids.extend(done)
+                for sid in done:
+                    self._release(sid, consumer)
+                self._redeliver(Lease(consumer, redo, None))
+                again += len(redo)
             self._cond.notify_all()
-            return sum(len(lease.ids) for lease in mine)
+            return again
+
+    def leases(self, consumer: str) -> dict[int, list[int]]:
+        """Batches ``consumer`` holds and has not acked: ``{lease_id: sample ids}``. After the consumer's
+        process died, a supervisor acks those its last checkpoint covers and resets the rest."""
+        with self._cond:
+            self._consumer(consumer)
+            return {k: list(ls.ids) for k, ls in self._leases.items() if ls.consumer == consumer}
 
     # ------------------------------------------------------------------ lifecycle and introspection
     def close(self) -> None:

@@ -17,6 +17,11 @@ class BusClosed(BusError):
     """The bus was closed; every waiter is woken with this and later calls raise it."""
 
 
+class DuplicateIds(BusError):
+    """A put named sample ids this bus already used: the batch landed before (a producer that restarted
+    re-sends it). Producers that give deterministic ids treat this as "already there"; nothing was written."""
+
+
 class BusTimeout(BusError, TimeoutError):
     """A blocking call (``put``, ``get``, ``admit``) ran past its ``timeout``; nothing was taken or written."""
 

@@ -238,8 +238,11 @@ class RayBus:
     def nack(self, consumer: str, lease_id: int) -> None:
         return self._call("nack", consumer, lease_id)
 
-    def reset_consumer(self, consumer: str) -> int:
-        return self._call("reset_consumer", consumer)
+    def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
+        return self._call("reset_consumer", consumer, done_if_written)
+
+    def leases(self, consumer: str) -> dict[int, list[int]]:
+        return self._call("leases", consumer)
 
     def set_trainer_version(self, version: int) -> None:
         return self._call("set_trainer_version", version)

@@ -219,6 +219,11 @@ class WeightSender:
         self._last_version = version
         return SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
 
+    def abandon(self) -> None:
+        """Drop the group without the shutdown handshake: a member died and the group is being re-formed
+        (receivers blocked in a broadcast see the connection close and give up)."""
+        self._ep.close()
+
     def close(self) -> None:
         """Tell receivers to stop (version -1), wait for their acknowledgement, destroy the group."""
         if self._ep.pg is None:
@@ -339,7 +344,13 @@ class WeightReceiver:
         if self._error is not None:
             raise RuntimeError("DCS background receiver failed") from self._error
 
-    def close(self) -> None:
+    @property
+    def failed(self) -> bool:
+        """The background loop stopped on an error (typically: the sender or another member died)."""
+        return self._error is not None
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the background loop (waiting up to ``timeout_s``, default the group's time-out) and leave."""
         self._stop.set()
-        self.join(timeout=self._ep.timeout.total_seconds())
+        self.join(timeout=self._ep.timeout.total_seconds() if timeout_s is None else timeout_s)
         self._ep.close()

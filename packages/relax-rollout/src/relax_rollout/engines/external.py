@@ -5,6 +5,8 @@ in another process — join a run by URL, and the rollout manager sees the same 
 as for the in-process torch engine. Only the standard library is used (urllib), so relax-rollout gains no
 HTTP dependency. A batch is split into contiguous chunks, one per server, sent concurrently; connection
 errors (a server restarting) are retried with back-off, HTTP errors are raised with the server's message.
+The request, body and reply helpers (``http_json``, ``generate_body``, ``parse_generate``,
+``save_safetensors``) are shared with the engine pool (``engines/pool.py``).
 
 Weights: ``update_weights`` writes the tensors as safetensors to a temporary directory and calls
 ``/update_weights_from_disk`` on every server (same host or shared filesystem; fine for small CPU
@@ -14,6 +16,7 @@ models). For large models, ``connect_dcs`` makes every server join the trainer's
 
 from __future__ import annotations
 
+import http.client
 import json
 import tempfile
 import threading
@@ -42,6 +45,100 @@ def _version(v: Any) -> int:
         return 0
 
 
+# -- shared helpers (also used by the engine pool, ``engines/pool.py``) ----------------------------------
+def http_json(
+    url: str,
+    path: str,
+    body: Any = None,
+    token: str | None = None,
+    timeout_s: float = 600.0,
+    retries: int = 0,
+    retry_backoff_s: float = 0.5,
+) -> Any:
+    """GET (``body`` None) or POST JSON to ``url + path``; the parsed reply (None when empty).
+
+    Connection errors (refused, reset, the reply cut short) are retried ``retries`` times with exponential
+    back-off, then raised as :class:`ConnectionError`; an HTTP error status is raised as
+    :class:`ServerError` at once; a reply not read within ``timeout_s`` raises :class:`TimeoutError`."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(
+            url + path, data=data, headers=headers, method="GET" if data is None else "POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                payload = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                payload = raw.decode(errors="replace")
+            raise ServerError(url + path, e.code, payload) from None
+        except (urllib.error.URLError, ConnectionError, http.client.HTTPException) as e:
+            if attempt == retries:
+                raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e
+            time.sleep(retry_backoff_s * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def sampling_dict(p: SamplingParams, min_new: int) -> dict:
+    """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""
+    sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
+          "top_p": p.top_p, "min_new_tokens": min_new}  # fmt: skip
+    if p.stop_token_ids:
+        sp["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        sp["sampling_seed"] = p.seed
+    return sp
+
+
+def min_tokens(params: SamplingParams, n: int) -> list[int]:
+    """``params.min_new_tokens`` as one value per prompt."""
+    mins = params.min_new_tokens
+    return list(mins) if isinstance(mins, list) else [mins] * n
+
+
+def generate_body(prompts: list[list[int]], params: SamplingParams, mins: list[int]) -> dict:
+    """A ``/generate`` request for a batch: one sampling dict, or one per prompt when the minima differ."""
+    sps = [sampling_dict(params, m) for m in mins]
+    return {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
+            "return_logprob": True}  # fmt: skip
+
+
+def parse_generate(results: list[dict]) -> list[GenerateOutput]:
+    """A batch ``/generate`` reply (``output_ids`` + ``meta_info``) as our outputs, in order."""
+    outs: list[GenerateOutput] = []
+    for r in results:
+        meta = r["meta_info"]
+        lps = meta.get("output_token_logprobs") or []
+        outs.append(
+            GenerateOutput(
+                token_ids=list(r["output_ids"]),
+                log_probs=[float(x[0]) for x in lps],
+                finish_reason=meta["finish_reason"]["type"],
+                weight_version=_version(meta.get("weight_version")),
+                extra={"rid": meta.get("id")},
+            )
+        )
+    return outs
+
+
+def save_safetensors(tensors: dict[str, Any], directory: str) -> str:
+    """Write ``tensors`` (CPU, contiguous) to ``directory/model.safetensors`` for /update_weights_from_disk."""
+    import torch
+    from safetensors.torch import save_file
+
+    flat = {k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in tensors.items()}
+    path = f"{directory}/model.safetensors"
+    save_file(flat, path)
+    return path
+
+
 class ExternalEngine:
     def __init__(
         self,
@@ -67,30 +164,9 @@ class ExternalEngine:
     # -- HTTP ------------------------------------------------------------------------------------
     def request(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         """GET (body None) or POST JSON; retries connection errors; raises :class:`ServerError`."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        for attempt in range(self.retries + 1):
-            req = urllib.request.Request(
-                url + path, data=data, headers=headers, method="GET" if data is None else "POST"
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
-                    raw = resp.read()
-                    return json.loads(raw) if raw else None
-            except urllib.error.HTTPError as e:
-                raw = e.read()
-                try:
-                    payload = json.loads(raw) if raw else None
-                except json.JSONDecodeError:
-                    payload = raw.decode(errors="replace")
-                raise ServerError(url + path, e.code, payload) from None
-            except (urllib.error.URLError, ConnectionError) as e:
-                if attempt == self.retries:
-                    raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e
-                time.sleep(self.retry_backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+        return http_json(
+            url, path, body, self.token, timeout_s or self.timeout_s, self.retries, self.retry_backoff_s
+        )
 
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
         futs = [self._pool.submit(self.request, u, path, body, timeout_s) for u in self.urls]
@@ -104,53 +180,25 @@ class ExternalEngine:
 
     @staticmethod
     def _sampling(p: SamplingParams, min_new: int) -> dict:
-        sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
-              "top_p": p.top_p, "min_new_tokens": min_new}  # fmt: skip
-        if p.stop_token_ids:
-            sp["stop_token_ids"] = list(p.stop_token_ids)
-        if p.seed is not None:
-            sp["sampling_seed"] = p.seed
-        return sp
+        return sampling_dict(p, min_new)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
         if not prompts:
             return []
-        mins = params.min_new_tokens
-        mins = list(mins) if isinstance(mins, list) else [mins] * len(prompts)
+        mins = min_tokens(params, len(prompts))
         n = len(self.urls)
         size = -(-len(prompts) // n)
         chunks = [(u, i, i + size) for u, i in zip(self.urls, range(0, len(prompts), size))]
 
         def run(url: str, lo: int, hi: int) -> list[dict]:
-            sps = [self._sampling(params, m) for m in mins[lo:hi]]
-            body = {"input_ids": prompts[lo:hi], "sampling_params": sps if len(set(mins[lo:hi])) > 1 else sps[0],
-                    "return_logprob": True}  # fmt: skip
-            return self.request(url, "/generate", body)
+            return self.request(url, "/generate", generate_body(prompts[lo:hi], params, mins[lo:hi]))
 
         futs = [self._pool.submit(run, *c) for c in chunks]
-        outs: list[GenerateOutput] = []
-        for f in futs:
-            for r in f.result():
-                meta = r["meta_info"]
-                lps = meta.get("output_token_logprobs") or []
-                outs.append(
-                    GenerateOutput(
-                        token_ids=list(r["output_ids"]),
-                        log_probs=[float(x[0]) for x in lps],
-                        finish_reason=meta["finish_reason"]["type"],
-                        weight_version=_version(meta.get("weight_version")),
-                        extra={"rid": meta.get("id")},
-                    )
-                )
-        return outs
+        return [o for f in futs for o in parse_generate(f.result())]
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
-        import torch
-        from safetensors.torch import save_file
-
         with self._lock, tempfile.TemporaryDirectory(prefix="relax-weights-") as d:
-            flat = {k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in tensors.items()}
-            save_file(flat, f"{d}/model.safetensors")
+            save_safetensors(tensors, d)
             self._all("/update_weights_from_disk", {"model_path": d, "weight_version": str(version)})
 
     def weights_checksum(self) -> str:

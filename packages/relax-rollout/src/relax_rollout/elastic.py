@@ -1,0 +1,859 @@
+"""The elastic rollout REST API: add and remove engines of an :class:`~relax_rollout.engines.pool.EnginePool`
+while a run goes on.
+
+Why: rollout throughput should follow the cluster — grow when GPUs free up, shrink when they are needed
+elsewhere — without stopping training. Scaling takes time (an engine starts, loads the current weights;
+another drains its requests), so every change is an asynchronous *operation* with an id and a status
+record, one at a time, idempotent by ``request_id`` and cancellable with rollback.
+
+Operations (JSON bodies; unknown fields are refused):
+
+- ``POST /elastic/scale_out`` — ``{"num_replicas": N}``: launch ``ray_native`` engines (through the
+  pool's launcher) until N engines are active; or ``{"engine_urls": [...]}``: join running
+  SGLang-compatible servers (each must answer ``/health`` and ``/get_model_info``; the op fails and
+  removes what it added otherwise). A new engine receives the current weights before it serves.
+- ``POST /elastic/scale_in`` — ``{"num_replicas": N}`` (target; victims newest first among non-protected
+  engines), ``{"engine_ids": [...]}`` or ``{"engine_urls": [...]}``; optional ``drain_timeout_s`` (how long
+  in-flight requests may finish; then, with ``force`` (default true), they are aborted and re-issued on
+  the remaining engines). Start-up engines are protected and never removed; the last engine neither.
+- Both take an optional ``request_id``: the same id returns the same operation (200) instead of starting
+  a new one (202); the same id with a different request is a 409.
+- ``GET /elastic/operations``, ``GET /elastic/operations/{id}``,
+  ``POST /elastic/operations/{id}/cancel`` (rolls back: a scale-out's engines are removed; a scale-in's
+  draining engines become active again, removed ones are re-launched or re-added; 200 once cancelled,
+  202 while the rollback runs, 409 for a finished operation), ``GET /elastic/engines``,
+  ``GET /elastic/openapi.json`` (OpenAPI 3.0). An operation that fails half-way is rolled back the same
+  way (all or nothing), with the reason in ``error``.
+
+Status codes: 200/202 as above; 400 a body that is not a JSON object, an unknown field, a wrong type or a
+request the pool cannot honour (the error's ``param`` names the field); 401 without the bearer token
+(when one is set); 404 an unknown route or operation; 409 another operation is pending or running.
+Error bodies have SGLang's shape ``{"object": "error", "message", "type", "param", "code"}``.
+
+Security: binds 127.0.0.1 by default; any other host needs a token, and with a token every route needs
+``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
+from relax_rollout.server.app import is_loopback
+from relax_rollout.server.protocol import BadRequest, NotFound
+
+logger = logging.getLogger(__name__)
+
+OP_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class Conflict(RuntimeError):
+    """Another operation is in progress, the operation is finished, or a request_id was reused."""
+
+    def __init__(self, message: str, operation: str | None = None):
+        super().__init__(message)
+        self.operation = operation
+
+    def body(self) -> dict:
+        return {"object": "error", "message": str(self), "type": "Conflict", "code": 409,
+                "operation": self.operation}  # fmt: skip
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    """"scale_out" or "scale_in"."""
+    request: dict
+    request_id: str | None = None
+    state: str = "pending"
+    engines_added: list[str] = field(default_factory=list)
+    engines_removed: list[str] = field(default_factory=list)
+    rollback: list[str] = field(default_factory=list)
+    """What a cancel (or a failed scale-out) undid, one line per engine."""
+    error: str | None = None
+    cancel_requested: bool = False
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    targets: list[str] = field(default_factory=list)
+    """Scale-in: the engines chosen when the request was accepted."""
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "request": self.request,
+            "request_id": self.request_id,
+            "state": self.state,
+            "engines_added": list(self.engines_added),
+            "engines_removed": list(self.engines_removed),
+            "targets": list(self.targets),
+            "rollback": list(self.rollback),
+            "error": self.error,
+            "cancel_requested": self.cancel_requested,
+            "created": self.created,
+            "started": self.started,
+            "finished": self.finished,
+        }
+
+
+# -- validation ---------------------------------------------------------------------------------------
+def _int(body: dict, key: str, lo: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(key, f"must be an integer (got {v!r})")
+    if v < lo:
+        raise BadRequest(key, f"must be ≥ {lo} (got {v})")
+    return v
+
+
+def _str_list(body: dict, key: str) -> list[str] | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        raise BadRequest(key, f"must be a non-empty list of strings (got {v!r})")
+    for i, x in enumerate(v):
+        if not isinstance(x, str) or not x:
+            raise BadRequest(f"{key}[{i}]", f"must be a non-empty string (got {x!r})")
+    if len(set(v)) != len(v):
+        raise BadRequest(key, f"lists an entry twice: {v}")
+    return v
+
+
+def _urls(body: dict, key: str = "engine_urls") -> list[str] | None:
+    v = _str_list(body, key)
+    if v is None:
+        return None
+    out = []
+    for i, u in enumerate(v):
+        try:
+            out.append(check_url(u))
+        except ValueError as e:
+            raise BadRequest(f"{key}[{i}]", str(e)) from None
+    if len(set(out)) != len(out):
+        raise BadRequest(key, f"lists an engine twice: {v}")
+    return out
+
+
+def _check_fields(body: Any, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(body, dict):
+        raise BadRequest("body", f"must be a JSON object (got {type(body).__name__})")
+    for key in body:
+        if key not in allowed:
+            raise BadRequest(key, f"is not a field of this request; allowed: {', '.join(allowed)}")
+    rid = body.get("request_id")
+    if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 200):
+        raise BadRequest("request_id", f"must be a non-empty string of at most 200 characters (got {rid!r})")
+    return body
+
+
+def _exactly_one(body: dict, keys: tuple[str, ...]) -> str:
+    given = [k for k in keys if body.get(k) is not None]
+    if len(given) != 1:
+        what = "both " + " and ".join(given) if given else "none"
+        raise BadRequest(
+            given[-1] if given else keys[0], f"give exactly one of {', '.join(keys)} (got {what})"
+        )
+    return given[0]
+
+
+SCALE_OUT_FIELDS = ("num_replicas", "engine_urls", "request_id")
+SCALE_IN_FIELDS = ("num_replicas", "engine_ids", "engine_urls", "drain_timeout_s", "force", "request_id")
+
+
+class ElasticService:
+    """Scaling operations on ``pool``, one at a time, each in its own thread. ``drain_timeout_s`` and
+    ``force`` are the scale-in defaults when a request does not give them; ``cancel_wait_s`` is how long a
+    cancel waits for the rollback before answering (202 instead of 200 when it is still running)."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        drain_timeout_s: float = 30.0,
+        force: bool = True,
+        cancel_wait_s: float = 10.0,
+        max_operations: int = 1000,
+    ) -> None:
+        self.pool = pool
+        self.drain_timeout_s, self.force, self.cancel_wait_s = drain_timeout_s, force, cancel_wait_s
+        self.max_operations = max_operations
+        self._lock = threading.RLock()
+        self._ops: dict[str, Operation] = {}
+        self._by_request: dict[str, str] = {}
+        self._current: Operation | None = None
+        self._ids = itertools.count(1)
+
+    # -- queries ---------------------------------------------------------------------------------
+    def operation(self, op_id: str) -> Operation:
+        with self._lock:
+            if op_id not in self._ops:
+                raise NotFound(f"no operation {op_id!r}; GET /elastic/operations lists them")
+            return self._ops[op_id]
+
+    def operations(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [op.to_dict() for op in self._ops.values()]
+
+    def engines(self, include_removed: bool = False) -> list[dict[str, Any]]:
+        return self.pool.members(include_removed)
+
+    def wait(self, op_id: str, timeout_s: float | None = None) -> Operation:
+        """Block until the operation is finished (or ``timeout_s``); returns it."""
+        op = self.operation(op_id)
+        op._done.wait(timeout_s)
+        return op
+
+    # -- requests --------------------------------------------------------------------------------
+    def scale_out(self, body: Any) -> tuple[Operation, bool]:
+        """Validate and start a scale-out; ``(operation, created)`` — created False for a known request_id."""
+        body = _check_fields(body, SCALE_OUT_FIELDS)
+        with self._lock:
+            if (known := self._known(body, "scale_out")) is not None:
+                return known, False
+            n, urls = _int(body, "num_replicas", 1), _urls(body)
+            _exactly_one(body, ("num_replicas", "engine_urls"))
+            self._check_free()
+            active = len(self.pool.active())
+            if n is not None:
+                if self.pool.launch is None:
+                    raise BadRequest(
+                        "num_replicas",
+                        "this run has no engine launcher (no --rollout-engines on Ray); add running servers "
+                        "with engine_urls instead",
+                    )
+                if n < active:
+                    raise BadRequest(
+                        "num_replicas", f"{n} is below the {active} active engines; use /elastic/scale_in"
+                    )
+            for i, u in enumerate(urls or []):
+                if (m := self.pool.find(u)) is not None and m.state != "failed":
+                    raise BadRequest(f"engine_urls[{i}]", f"{u} is already in the pool as {m.id} ({m.state})")
+            return self._start("scale_out", body, self._run_scale_out), True
+
+    def scale_in(self, body: Any) -> tuple[Operation, bool]:
+        """Validate and start a scale-in; ``(operation, created)``."""
+        body = _check_fields(body, SCALE_IN_FIELDS)
+        with self._lock:
+            if (known := self._known(body, "scale_in")) is not None:
+                return known, False
+            n, ids, urls = _int(body, "num_replicas", 1), _str_list(body, "engine_ids"), _urls(body)
+            if body.get("drain_timeout_s") is not None:
+                d = body["drain_timeout_s"]
+                if isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0:
+                    raise BadRequest("drain_timeout_s", f"must be a number of seconds ≥ 0 (got {d!r})")
+            if body.get("force") is not None and not isinstance(body["force"], bool):
+                raise BadRequest("force", f"must be true or false (got {body['force']!r})")
+            key = _exactly_one(body, ("num_replicas", "engine_ids", "engine_urls"))
+            self._check_free()
+            victims = self._victims(key, n, ids, urls)
+            op = self._start("scale_in", body, self._run_scale_in, start=False)
+            op.targets = [m.id for m in victims]
+            self._launch(op, self._run_scale_in)
+            return op, True
+
+    def _victims(
+        self, key: str, n: int | None, ids: list[str] | None, urls: list[str] | None
+    ) -> list[Member]:
+        active = self.pool.active()
+        if key == "num_replicas":
+            assert n is not None
+            if n > len(active):
+                raise BadRequest(
+                    "num_replicas", f"{n} is above the {len(active)} active engines; use /elastic/scale_out"
+                )
+            removable = sorted(
+                (m for m in active if not m.protected), key=lambda m: (m.created, int(m.id[1:]))
+            )
+            need = len(active) - n
+            if need > len(removable):
+                protected = [m.id for m in active if m.protected]
+                raise BadRequest(
+                    "num_replicas",
+                    f"{n} would remove protected start-up engines ({', '.join(protected)}); the lowest reachable "
+                    f"target is {len(active) - len(removable)}",
+                )
+            return removable[::-1][:need]  # newest first
+        victims: list[Member] = []
+        for i, x in enumerate(ids if key == "engine_ids" else urls or []):
+            where = f"{key}[{i}]"
+            if key == "engine_ids":
+                try:
+                    m = self.pool.get(x)
+                except PoolError:
+                    raise BadRequest(
+                        where, f"unknown engine {x!r}; GET /elastic/engines lists them"
+                    ) from None
+            else:
+                m = self.pool.find(x)
+                if m is None:
+                    raise BadRequest(where, f"no engine serves {x}; GET /elastic/engines lists them")
+            if m.state == "removed":
+                raise BadRequest(where, f"engine {m.id} is already removed")
+            if m.protected:
+                raise BadRequest(
+                    where, f"engine {m.id} is a protected start-up engine; scale-in never removes it"
+                )
+            victims.append(m)
+        if sum(m.state == "active" for m in victims) >= len(active):
+            raise BadRequest(
+                key, f"would leave no active engine ({len(active)} active); at least 1 must remain"
+            )
+        return victims
+
+    def _known(self, body: dict, kind: str) -> Operation | None:
+        rid = body.get("request_id")
+        if rid is None or rid not in self._by_request:
+            return None
+        op = self._ops[self._by_request[rid]]
+        if op.kind != kind or op.request != body:
+            raise Conflict(
+                f"request_id {rid!r} was already used by operation {op.id} ({op.kind} {op.request}); "
+                "use a new request_id for a different request",
+                op.id,
+            )
+        return op
+
+    def _check_free(self) -> None:
+        cur = self._current
+        if cur is not None and cur.state not in TERMINAL:
+            raise Conflict(
+                f"operation {cur.id} ({cur.kind}) is {cur.state}; wait for it to finish or cancel it "
+                f"(POST /elastic/operations/{cur.id}/cancel)",
+                cur.id,
+            )
+
+    def _start(
+        self, kind: str, body: dict, run: Callable[[Operation], None], start: bool = True
+    ) -> Operation:
+        op = Operation(
+            id=f"op-{next(self._ids)}", kind=kind, request=dict(body), request_id=body.get("request_id")
+        )
+        self._ops[op.id] = op
+        if op.request_id is not None:
+            self._by_request[op.request_id] = op.id
+        self._current = op
+        self._evict()
+        if start:
+            self._launch(op, run)
+        return op
+
+    def _launch(self, op: Operation, run: Callable[[Operation], None]) -> None:
+        threading.Thread(
+            target=self._body, args=(op, run), daemon=True, name=f"relax-elastic-{op.id}"
+        ).start()
+
+    def _evict(self) -> None:
+        done = [k for k, op in self._ops.items() if op.state in TERMINAL]
+        for k in done[: max(0, len(self._ops) - self.max_operations)]:
+            op = self._ops.pop(k)
+            if op.request_id is not None:
+                self._by_request.pop(op.request_id, None)
+
+    def cancel(self, op_id: str, wait_s: float | None = None) -> Operation:
+        """Stop the operation and roll it back; waits up to ``wait_s`` (default ``cancel_wait_s``) for the
+        rollback. 409 when it is already finished."""
+        with self._lock:
+            op = self.operation(op_id)
+            if op.state in TERMINAL:
+                raise Conflict(f"operation {op_id} is already {op.state}; there is nothing to cancel", op_id)
+            op.cancel_requested = True
+            op._cancel.set()
+        op._done.wait(self.cancel_wait_s if wait_s is None else wait_s)
+        return op
+
+    # -- running ---------------------------------------------------------------------------------
+    def _body(self, op: Operation, run: Callable[[Operation], None]) -> None:
+        with self._lock:
+            op.state, op.started = "running", time.time()
+        error: str | None = None
+        if not op._cancel.is_set():
+            try:
+                run(op)
+            except Exception as e:  # noqa: BLE001 — recorded on the operation
+                logger.warning("elastic %s %s failed: %s", op.kind, op.id, e)
+                error = f"{type(e).__name__}: {e}" if not isinstance(e, PoolError) else str(e)
+        with self._lock:
+            if error is None and not op._cancel.is_set():
+                self._finish(op, "succeeded")
+                return
+        try:  # cancelled (or a scale-out that failed half-way): undo what it did
+            self._rollback(op)
+        except Exception as e:  # noqa: BLE001
+            logger.exception("elastic %s %s: rollback failed", op.kind, op.id)
+            error = (error + "; " if error else "") + f"rollback failed: {e}"
+        with self._lock:
+            op.error = error
+            self._finish(op, "cancelled" if op._cancel.is_set() else "failed")
+
+    def _finish(self, op: Operation, state: str) -> None:
+        op.state, op.finished = state, time.time()
+        op._done.set()
+        logger.info("elastic %s %s %s (added %s, removed %s)", op.kind, op.id, state, op.engines_added,
+                    op.engines_removed)  # fmt: skip
+
+    def _run_scale_out(self, op: Operation) -> None:
+        urls = op.request.get("engine_urls")
+        if urls is not None:
+            for u in urls:
+                if op._cancel.is_set():
+                    return
+                m = self.pool.add(u, kind="external")
+                with self._lock:
+                    op.engines_added.append(m.id)
+            return
+        need = op.request["num_replicas"] - len(self.pool.active())
+        errors: list[str] = []
+
+        def one() -> None:
+            if op._cancel.is_set():
+                return
+            try:
+                m = self.pool.spawn("ray_native")
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{type(e).__name__}: {e}")
+                return
+            with self._lock:
+                op.engines_added.append(m.id)
+
+        if need > 0:
+            with ThreadPoolExecutor(
+                max_workers=min(need, 8), thread_name_prefix="relax-elastic-launch"
+            ) as ex:
+                for f in [ex.submit(one) for _ in range(need)]:
+                    f.result()
+        if errors:
+            raise PoolError(f"{len(errors)} of {need} engine launch(es) failed: {errors[0]}")
+
+    def _run_scale_in(self, op: Operation) -> None:
+        drain = float(op.request.get("drain_timeout_s", self.drain_timeout_s))
+        force = op.request.get("force", self.force)
+        errors: list[str] = []
+
+        def one(member_id: str) -> None:
+            try:
+                self.pool.remove(member_id, drain, force, cancel=op._cancel)
+            except Cancelled:  # the pool made it active again
+                with self._lock:
+                    op.rollback.append(f"{member_id} active again")
+                return
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{member_id}: {e}")
+                return
+            with self._lock:
+                op.engines_removed.append(member_id)
+
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(len(op.targets), 8)), thread_name_prefix="relax-elastic-drain"
+        ) as ex:
+            for f in [ex.submit(one, m) for m in op.targets]:
+                f.result()
+        if errors:
+            raise PoolError("; ".join(errors))
+
+    def _rollback(self, op: Operation) -> None:
+        if op.kind == "scale_out":
+            for mid in list(op.engines_added):
+                try:
+                    self.pool.remove(mid, self.drain_timeout_s, force=True)
+                    op.rollback.append(f"removed {mid}")
+                except PoolError as e:
+                    op.rollback.append(f"could not remove {mid}: {e}")
+            return
+        for mid in list(op.engines_removed):
+            old = self.pool.get(mid)
+            try:
+                if old.kind == "external":
+                    m = self.pool.add(old.url, kind="external")
+                elif self.pool.launch is not None:
+                    m = self.pool.spawn(old.kind)
+                else:
+                    op.rollback.append(f"could not bring {mid} back: no engine launcher")
+                    continue
+            except PoolError as e:
+                op.rollback.append(f"could not bring {mid} back: {e}")
+                continue
+            op.engines_added.append(m.id)
+            op.rollback.append(
+                f"{mid} replaced by {m.id}" if m.url != old.url else f"{mid} re-added as {m.id}"
+            )
+        for mid in op.targets:
+            if mid not in op.engines_removed and self.pool.get(mid).state == "draining":
+                self.pool.reactivate(mid)
+                op.rollback.append(f"{mid} active again")
+
+
+# -- HTTP ----------------------------------------------------------------------------------------------
+def _scale_out(svc: ElasticService, body: Any, _: dict):
+    op, created = svc.scale_out(body)
+    return (202 if created else 200), op.to_dict()
+
+
+def _scale_in(svc: ElasticService, body: Any, _: dict):
+    op, created = svc.scale_in(body)
+    return (202 if created else 200), op.to_dict()
+
+
+def _list_ops(svc: ElasticService, body: Any, _: dict):
+    return 200, {"object": "list", "data": svc.operations()}
+
+
+def _get_op(svc: ElasticService, body: Any, params: dict):
+    return 200, svc.operation(params["id"]).to_dict()
+
+
+def _cancel_op(svc: ElasticService, body: Any, params: dict):
+    op = svc.cancel(params["id"])
+    return (200 if op.state in TERMINAL else 202), op.to_dict()
+
+
+def _engines(svc: ElasticService, body: Any, params: dict):
+    everything = params.get("include_removed", "").lower() in ("1", "true", "yes")
+    data = svc.engines(everything)
+    return 200, {"object": "list", "data": data, "active": sum(m["state"] == "active" for m in data),
+                 "weight_version": svc.pool.weight_version, "stats": svc.pool.stats()}  # fmt: skip
+
+
+def _openapi(svc: ElasticService, body: Any, _: dict):
+    return 200, openapi()
+
+
+ROUTES: list[tuple[str, str, Callable]] = [
+    ("POST", "/elastic/scale_out", _scale_out),
+    ("POST", "/elastic/scale_in", _scale_in),
+    ("GET", "/elastic/operations", _list_ops),
+    ("GET", "/elastic/operations/{id}", _get_op),
+    ("POST", "/elastic/operations/{id}/cancel", _cancel_op),
+    ("GET", "/elastic/engines", _engines),
+    ("GET", "/elastic/openapi.json", _openapi),
+]
+
+
+def _pattern(template: str) -> re.Pattern:
+    """``/a/{id}/b`` → a regex with a named group per ``{name}`` (one path segment each)."""
+    parts = re.split(r"\{(\w+)\}", template)  # literal, name, literal, ...
+    return re.compile("".join(re.escape(x) if i % 2 == 0 else f"(?P<{x}>[^/]+)" for i, x in enumerate(parts)))
+
+
+_PATTERNS = [(m, _pattern(p), fn) for m, p, fn in ROUTES]
+
+
+def _route(method: str, path: str) -> tuple[Callable | None, dict[str, str]]:
+    for m, pattern, fn in _PATTERNS:
+        hit = pattern.fullmatch(path) if m == method else None
+        if hit:
+            return fn, {k: unquote(v) for k, v in hit.groupdict().items()}
+    return None, {}
+
+
+class ElasticHandler(BaseHTTPRequestHandler):
+    server_version = "relax-elastic"
+    protocol_version = "HTTP/1.1"
+    service: ElasticService
+    token: str | None = None
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        logger.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, message: str, kind: str) -> None:
+        self._send(code, {"object": "error", "message": message, "type": kind, "code": code})
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise BadRequest("body", f"is not valid JSON ({e.msg}); send a JSON object") from None
+
+    def _authorised(self) -> bool:
+        if self.token is None:
+            return True
+        got = self.headers.get("Authorization", "")
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), self.token.encode())
+
+    def _dispatch(self, method: str) -> None:
+        path, _, query = self.path.partition("?")
+        try:
+            body = self._body() if method == "POST" else {}
+        except BadRequest as e:
+            body = e
+        if not self._authorised():
+            self._error(401, "missing or wrong bearer token (Authorization: Bearer <token>)", "Unauthorized")
+            return
+        fn, params = _route(method, path)
+        if fn is None:
+            self._error(404, f"no route {method} {path}; GET /elastic/openapi.json lists them", "NotFound")
+            return
+        params.update({k: v for k, v in parse_qsl(query) if k not in params})
+        try:
+            if isinstance(body, BadRequest):
+                raise body
+            code, out = fn(self.service, body, params)
+            self._send(code, out)
+        except BadRequest as e:
+            self._send(400, e.body())
+        except NotFound as e:
+            self._send(404, e.body())
+        except Conflict as e:
+            self._send(409, e.body())
+        except Exception as e:  # noqa: BLE001 — report, keep serving
+            logger.exception("elastic request %s %s failed", method, path)
+            self._error(500, f"{type(e).__name__}: {e}", "InternalError")
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+
+def make_elastic_server(
+    service: ElasticService, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+) -> ThreadingHTTPServer:
+    """Bind the elastic API (port 0: any free port); call ``serve_forever`` (e.g. in a daemon thread). A
+    non-loopback ``host`` needs ``token``."""
+    if not is_loopback(host) and not token:
+        raise ValueError(
+            f"elastic API host {host} is not a loopback address: give a token (scaling changes the run)"
+        )
+    handler = type("BoundElasticHandler", (ElasticHandler,), {"service": service, "token": token})
+    httpd = ThreadingHTTPServer((host, port), handler)
+    httpd.daemon_threads = True
+    return httpd
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------------------
+def _err(description: str) -> dict:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _ok(description: str, schema: str) -> dict:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+    }
+
+
+def _body(schema: str) -> dict:
+    return {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+    }
+
+
+_UNAUTH = _err("Missing or wrong bearer token (only when the API has a token).")
+_ID = [
+    {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "Operation id.",
+    }
+]
+
+
+def openapi() -> dict:
+    """The API as an OpenAPI 3.0 document (``GET /elastic/openapi.json``)."""
+    str_list = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+    url_list = {**str_list, "items": {"type": "string", "format": "uri", "pattern": "^https?://"}}
+    request_id = {"type": "string", "minLength": 1, "maxLength": 200,
+                  "description": "Idempotency key: the same id returns the same operation (200)."}  # fmt: skip
+    schemas = {
+        "ScaleOutRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Exactly one of num_replicas or engine_urls.",
+            "properties": {
+                "num_replicas": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Target number of active engines; new ones are launched on Ray.",
+                },
+                "engine_urls": {**url_list, "description": "Running SGLang-compatible servers to join."},
+                "request_id": request_id,
+            },
+        },
+        "ScaleInRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Exactly one of num_replicas, engine_ids or engine_urls.",
+            "properties": {
+                "num_replicas": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Target number of active engines (newest non-protected removed first).",
+                },
+                "engine_ids": {
+                    **str_list,
+                    "description": "Engines to remove (never protected start-up ones).",
+                },
+                "engine_urls": {**url_list, "description": "Engines to remove, by URL."},
+                "drain_timeout_s": {
+                    "type": "number",
+                    "minimum": 0,
+                    "description": "How long in-flight requests may finish.",
+                },
+                "force": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "After the drain time-out, abort in-flight requests (re-issued elsewhere).",
+                },
+                "request_id": request_id,
+            },
+        },
+        "Operation": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "kind": {"type": "string", "enum": ["scale_out", "scale_in"]},
+                "request": {"type": "object"},
+                "request_id": {"type": "string", "nullable": True},
+                "state": {"type": "string", "enum": list(OP_STATES)},
+                "engines_added": {"type": "array", "items": {"type": "string"}},
+                "engines_removed": {"type": "array", "items": {"type": "string"}},
+                "targets": {"type": "array", "items": {"type": "string"}},
+                "rollback": {"type": "array", "items": {"type": "string"}},
+                "error": {"type": "string", "nullable": True},
+                "cancel_requested": {"type": "boolean"},
+                "created": {"type": "number"},
+                "started": {"type": "number", "nullable": True},
+                "finished": {"type": "number", "nullable": True},
+            },
+        },
+        "OperationList": {
+            "type": "object",
+            "properties": {
+                "object": {"type": "string"},
+                "data": {"type": "array", "items": {"$ref": "#/components/schemas/Operation"}},
+            },
+        },
+        "Engine": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "url": {"type": "string"},
+                "kind": {"type": "string", "enum": ["startup", "ray_native", "external"]},
+                "state": {"type": "string", "enum": ["joining", "active", "draining", "removed", "failed"]},
+                "protected": {"type": "boolean"},
+                "inflight": {"type": "integer"},
+                "weight_version": {"type": "integer", "nullable": True},
+                "created": {"type": "number"},
+                "served": {"type": "integer"},
+                "error": {"type": "string", "nullable": True},
+                "replaced_by": {"type": "string", "nullable": True},
+            },
+        },
+        "EngineList": {
+            "type": "object",
+            "properties": {
+                "object": {"type": "string"},
+                "data": {"type": "array", "items": {"$ref": "#/components/schemas/Engine"}},
+                "active": {"type": "integer"},
+                "weight_version": {"type": "integer"},
+                "stats": {"type": "object"},
+            },
+        },
+        "Error": {
+            "type": "object",
+            "properties": {
+                "object": {"type": "string", "enum": ["error"]},
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "description": "The offending field (400)."},
+                "code": {"type": "integer"},
+                "operation": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": "The conflicting operation (409).",
+                },
+            },
+        },
+    }
+    scale = {
+        "200": _ok("Known request_id: the operation it started.", "Operation"),
+        "202": _ok("Accepted: the operation started (poll GET /elastic/operations/{id}).", "Operation"),
+        "400": _err("Invalid body (param names the field) or a request the pool cannot honour."),
+        "401": _UNAUTH,
+        "409": _err(
+            "Another operation is pending or running, or the request_id was used for another request."
+        ),
+    }
+    paths = {
+        "/elastic/scale_out": {"post": {
+            "summary": "Add engines (launched on Ray, or running servers by URL)", "operationId": "scaleOut",
+            "requestBody": _body("ScaleOutRequest"), "responses": scale}},
+        "/elastic/scale_in": {"post": {
+            "summary": "Drain and remove engines", "operationId": "scaleIn",
+            "requestBody": _body("ScaleInRequest"), "responses": scale}},
+        "/elastic/operations": {"get": {
+            "summary": "Every operation, oldest first", "operationId": "listOperations",
+            "responses": {"200": _ok("The operations.", "OperationList"), "401": _UNAUTH}}},
+        "/elastic/operations/{id}": {"get": {
+            "summary": "One operation's status", "operationId": "getOperation", "parameters": _ID,
+            "responses": {"200": _ok("The operation.", "Operation"), "401": _UNAUTH,
+                          "404": _err("Unknown operation id.")}}},
+        "/elastic/operations/{id}/cancel": {"post": {
+            "summary": "Cancel an operation and roll it back", "operationId": "cancelOperation", "parameters": _ID,
+            "responses": {"200": _ok("Cancelled and rolled back.", "Operation"),
+                          "202": _ok("Cancel requested; the rollback is still running.", "Operation"),
+                          "401": _UNAUTH, "404": _err("Unknown operation id."),
+                          "409": _err("The operation is already finished.")}}},
+        "/elastic/engines": {"get": {
+            "summary": "The pool's engines", "operationId": "listEngines",
+            "parameters": [{"name": "include_removed", "in": "query", "required": False,
+                            "schema": {"type": "boolean"}, "description": "Also list removed engines."}],
+            "responses": {"200": _ok("The engines and the pool's counters.", "EngineList"), "401": _UNAUTH}}},
+        "/elastic/openapi.json": {"get": {
+            "summary": "This document", "operationId": "openapi",
+            "responses": {"200": {"description": "The OpenAPI 3.0 document.",
+                                  "content": {"application/json": {"schema": {"type": "object"}}}},
+                          "401": _UNAUTH}}},
+    }  # fmt: skip
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Relax elastic rollout API",
+            "version": "1",
+            "description": "Scale the rollout engine pool of a running Relax job. Asynchronous operations, one "
+            "at a time; unknown routes answer 404.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,175 @@
+"""Engine servers in their own processes on the Ray cluster (``ray_native`` members of the engine pool).
+
+Why: an engine in its own process can crash without taking the rollout role down; the pool re-issues its
+requests on the other engines and the health manager restarts it. Each engine is a Ray actor that builds a
+rollout engine and serves it with our SGLang-compatible HTTP server (``relax_rollout.server``) in a daemon
+thread; the pool then drives it over HTTP exactly like an external SGLang server.
+
+- :class:`ServedEngine`: any engine served in a thread of this process (the building block; also what the
+  tests use for real in-process servers). ``close(abrupt=True)`` drops the open connections as a dying
+  process would.
+- :class:`RayEngineServer`: the actor class (plain; the caller wraps it with ``ray.remote``).
+- :func:`ray_launcher`: the ``(launch, kill)`` pair an :class:`~relax_rollout.engines.pool.EnginePool` takes.
+
+Ray is imported lazily, only by the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class ServedEngine:
+    """Serve ``engine`` with :class:`~relax_rollout.server.EngineServer` on ``host:port`` (0: any free
+    port) in a daemon thread of this process."""
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any = None,
+        model_path: str = "",
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        from relax_rollout.server import EngineServer, make_server
+
+        self.state = EngineServer(engine, tokenizer, model_path, model_path or "default", token)
+        self.httpd = make_server(self.state, host, port)
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        process, finish = self.httpd.process_request, self.httpd.shutdown_request
+
+        def tracked(request: socket.socket, client_address: Any) -> None:  # remember open connections
+            with self._lock:
+                self._conns.add(request)
+            process(request, client_address)
+
+        def untracked(request: socket.socket) -> None:
+            with self._lock:
+                self._conns.discard(request)
+            finish(request)
+
+        self.httpd.process_request = tracked  # type: ignore[method-assign]
+        self.httpd.shutdown_request = untracked  # type: ignore[method-assign]
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, daemon=True, name="relax-engine-http"
+        )
+        self._thread.start()
+        self.closed = False
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        if host in ("0.0.0.0", "::"):  # reachable by the node's address, not the wildcard
+            host = _node_ip()
+        return f"http://{host}:{port}"
+
+    def close(self, abrupt: bool = False) -> None:
+        """Stop serving. ``abrupt``: also reset every open connection, so in-flight requests fail on the
+        client's side like those of a crashed engine process (their generation still finishes here)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if abrupt:
+            with self._lock:
+                conns = list(self._conns)
+            for c in conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.state.destroy_group()
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 — outside Ray: this host's name
+        return socket.gethostbyname(socket.gethostname())
+
+
+class RayEngineServer:
+    """One engine process: builds ``engine`` (a name of ``relax_rollout.engines.ENGINES``) on
+    ``model_path`` with its tokenizer and serves it over HTTP. Wrap with ``ray.remote`` (see
+    :func:`ray_launcher`); a non-loopback ``host`` needs ``token``."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        engine: str = "torch",
+        torch_threads: int | None = 1,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from relax_rollout.engines.base import build_engine
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        tok = AutoTokenizer.from_pretrained(model_path)
+        eng = build_engine(
+            engine,
+            model_path=model_path,
+            dtype=dtype,
+            eos_token_ids=[tok.eos_token_id],
+            pad_token_id=tok.pad_token_id,
+            **(engine_kwargs or {}),
+        )
+        self._served = ServedEngine(eng, tok, model_path, token, host, 0)
+
+    def url(self) -> str:
+        return self._served.url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self._served.close()
+
+
+def ray_launcher(
+    model_path: str,
+    dtype: str = "float32",
+    engine: str = "torch",
+    torch_threads: int | None = 1,
+    num_cpus: float = 0.1,
+    num_gpus: float = 0.0,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    start_timeout_s: float = 600.0,
+) -> tuple[Callable[[], tuple[str, Any]], Callable[[Any], None]]:
+    """``(launch, kill)`` for :class:`~relax_rollout.engines.pool.EnginePool`: ``launch()`` starts one
+    :class:`RayEngineServer` actor (call ``ray.init`` first) and returns ``(url, actor)`` once it serves;
+    ``kill(actor)`` ends its process."""
+
+    def launch() -> tuple[str, Any]:
+        import ray
+
+        cls = ray.remote(RayEngineServer).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
+        actor = cls.remote(model_path, dtype, engine, torch_threads, token, host)
+        try:
+            url = ray.get(actor.url.remote(), timeout=start_timeout_s)
+        except Exception:
+            ray.kill(actor, no_restart=True)
+            raise
+        return url, actor
+
+    def kill(actor: Any) -> None:
+        import ray
+
+        ray.kill(actor, no_restart=True)
+
+    return launch, kill

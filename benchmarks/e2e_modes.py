@@ -26,21 +26,38 @@ from relax_app.demo.defaults import DEMO_DEFAULTS
 from relax_core.cli_config import config_from_flat
 from relax_core.controller import Controller, RunInputs
 
-MODES = {"colocate": {"mode": "colocate"},
-         "async_s1": {"mode": "fully_async", "max_staleness": 1},
-         "async_s2": {"mode": "fully_async", "max_staleness": 2}}
-WORKLOADS = {"demo": {},
-             "judge": {"reward_delay_s": 0.05, "long_tail_min_tokens": 4, "rollout_max_response_len": 32}}
+MODES = {
+    "colocate": {"mode": "colocate"},
+    "async_s1": {"mode": "fully_async", "max_staleness": 1},
+    "async_s2": {"mode": "fully_async", "max_staleness": 2},
+}
+WORKLOADS = {
+    "demo": {},
+    "judge": {"reward_delay_s": 0.05, "long_tail_min_tokens": 4, "rollout_max_response_len": 32},
+}
 
 
 def run_once(assets, mode: str, workload: str, steps: int, out: Path) -> dict:
-    flat = {**DEMO_DEFAULTS, **MODES[mode], **WORKLOADS[workload], "num_rollout": steps, "eval_interval": None,
-            "tensorboard": False, "progress": False, "output_dir": str(out / f"{workload}_{mode}"),
-            "prompt_data": str(assets.train_path), "hf_checkpoint": str(assets.sft_model_dir)}
+    flat = {
+        **DEMO_DEFAULTS,
+        **MODES[mode],
+        **WORKLOADS[workload],
+        "num_rollout": steps,
+        "eval_interval": None,
+        "tensorboard": False,
+        "progress": False,
+        "output_dir": str(out / f"{workload}_{mode}"),
+        "prompt_data": str(assets.train_path),
+        "hf_checkpoint": str(assets.sft_model_dir),
+    }
     cfg = config_from_flat(flat)
     res = Controller(cfg, RunInputs(str(assets.sft_model_dir), str(assets.train_path))).run()
-    return {"rl_wall_s": res.rl_wall_s, "samples_per_s": res.samples / res.rl_wall_s, "samples": res.samples,
-            "rollout": {k: v for k, v in res.rollout_stats.items() if isinstance(v, (int, float))}}
+    return {
+        "rl_wall_s": res.rl_wall_s,
+        "samples_per_s": res.samples / res.rl_wall_s,
+        "samples": res.samples,
+        "rollout": {k: v for k, v in res.rollout_stats.items() if isinstance(v, (int, float))},
+    }
 
 
 def main() -> None:
@@ -53,28 +70,40 @@ def main() -> None:
     args = ap.parse_args()
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
     tmp = Path("runs/bench_e2e")
-    results: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
-                     "steps": args.steps, "repeats": args.repeats, "runs": {}}
+    results: dict = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "runs": {},
+    }
     for workload in args.workloads.split(","):
         for rep in range(args.repeats):  # interleave modes so drift hits every mode alike
             for mode in args.modes.split(","):
                 t = time.perf_counter()
                 r = run_once(assets, mode, workload, args.steps, tmp)
                 results["runs"].setdefault(f"{workload}/{mode}", []).append(r)
-                print(f"{workload:6s} {mode:9s} rep {rep}: {r['rl_wall_s']:.1f} s RL, {r['samples_per_s']:.1f} "
-                      f"samples/s (incl. setup {time.perf_counter() - t:.1f} s)", flush=True)
+                print(
+                    f"{workload:6s} {mode:9s} rep {rep}: {r['rl_wall_s']:.1f} s RL, {r['samples_per_s']:.1f} "
+                    f"samples/s (incl. setup {time.perf_counter() - t:.1f} s)",
+                    flush=True,
+                )
     print("\n| workload | mode | RL wall s (median) | spread (min–max) | samples/s (median) | vs colocate |")
     print("| --- | --- | --- | --- | --- | --- |")
     for workload in args.workloads.split(","):
-        base = statistics.median(r["rl_wall_s"] for r in results["runs"][f"{workload}/colocate"]) \
-            if "colocate" in args.modes else None
+        base = (
+            statistics.median(r["rl_wall_s"] for r in results["runs"][f"{workload}/colocate"])
+            if "colocate" in args.modes
+            else None
+        )
         for mode in args.modes.split(","):
             runs = results["runs"][f"{workload}/{mode}"]
             walls = [r["rl_wall_s"] for r in runs]
             med = statistics.median(walls)
             sps = statistics.median(r["samples_per_s"] for r in runs)
             ratio = f"{base / med:.2f}×" if base else "—"
-            print(f"| {workload} | {mode} | {med:.1f} | {min(walls):.1f}–{max(walls):.1f} | {sps:.1f} | {ratio} |")
+            print(
+                f"| {workload} | {mode} | {med:.1f} | {min(walls):.1f}–{max(walls):.1f} | {sps:.1f} | {ratio} |"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -13,13 +13,23 @@ from relax_core.controller import Controller, RunInputs
 def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
     """A user's files as given, or the demo's, built (and cached) on first use."""
     if not cfg.is_demo:
-        return RunInputs(cfg.model.hf_checkpoint, cfg.data.prompt_data, cfg.data.eval_data,
-                         cfg.model.ref_checkpoint, cfg.model.teacher_checkpoint), {}
+        return RunInputs(
+            cfg.model.hf_checkpoint,
+            cfg.data.prompt_data,
+            cfg.data.eval_data,
+            cfg.model.ref_checkpoint,
+            cfg.model.teacher_checkpoint,
+        ), {}
     from relax_app.demo.assets import prepare_demo
 
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"), seed=cfg.train.seed)
-    info = {"warm_start_accuracy": assets.sft_accuracy, "warm_start_cached": assets.cached,
-            "model": str(assets.sft_model_dir), "train_data": str(assets.train_path), "eval_data": str(assets.eval_path)}
+    info = {
+        "warm_start_accuracy": assets.sft_accuracy,
+        "warm_start_cached": assets.cached,
+        "model": str(assets.sft_model_dir),
+        "train_data": str(assets.train_path),
+        "eval_data": str(assets.eval_path),
+    }
     inputs = RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path),
                        teacher_model_path=cfg.model.teacher_checkpoint)  # fmt: skip
     return inputs, info
@@ -31,8 +41,10 @@ def train(cfg: RelaxConfig) -> dict:
     (out / "config.json").write_text(cfg.model_dump_json(indent=1))
     inputs, demo_info = prepare_inputs(cfg)
     if demo_info:
-        print(f"[relax] demo assets ready (warm-start held-out accuracy {demo_info['warm_start_accuracy']:.3f}, "
-              f"{'cached' if demo_info['warm_start_cached'] else 'built now'})")
+        print(
+            f"[relax] demo assets ready (warm-start held-out accuracy {demo_info['warm_start_accuracy']:.3f}, "
+            f"{'cached' if demo_info['warm_start_cached'] else 'built now'})"
+        )
     result = Controller(cfg, inputs).run()
     from relax_app.report import write_report
 

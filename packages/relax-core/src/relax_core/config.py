@@ -345,8 +345,10 @@ class RelaxConfig(_Section):
                 "--rollout-engines / --elastic-port need --fully-async: engine processes and the elastic API "
                 "live on the Ray cluster"
             )
-        if r.elastic_port is not None and r.elastic_host not in ("127.0.0.1", "localhost", "::1") and not (
-            r.elastic_token
+        if (
+            r.elastic_port is not None
+            and r.elastic_host not in ("127.0.0.1", "localhost", "::1")
+            and not (r.elastic_token)
         ):
             raise ValueError(
                 f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"

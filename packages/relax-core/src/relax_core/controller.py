@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_core.async_run import AsyncRun
 from relax_core.config import RelaxConfig
 from relax_core.notify import Notifier
 from relax_core.trace import write_trace
@@ -114,6 +115,8 @@ class Controller:
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
         self.interrupted_at: str | None = None
+        self.async_run: AsyncRun | None = None
+        """Fully async: the running roles and their supervision (tests inject faults through it)."""
         """The checkpoint written when a signal stopped the run early (None: it ran to the end)."""
 
     def run(self) -> RunResult:
@@ -132,7 +135,7 @@ class Controller:
         try:
             if cfg.uses_teacher:
                 self._check_teacher_tokenizer()
-            result = self._run_colocate() if cfg.run.mode == "colocate" else self._run_fully_async()
+            result = self._run_colocate() if cfg.run.mode == "colocate" else self._run_fully_async(notifier)
         except BaseException as exc:
             notifier.failure(exc)
             raise
@@ -240,16 +243,13 @@ class Controller:
         return result
 
     # -- fully async ---------------------------------------------------------------------------
-    def _run_fully_async(self) -> RunResult:
+    def _run_fully_async(self, notifier: Notifier) -> RunResult:
         # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
         # worker; ours is already complete. Must be set before Ray is imported.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         import ray
 
-        from relax_bus.ray_backend import RayBus
-        from relax_core.dcs import free_port
-
-        cfg, inp = self.cfg, self.inputs
+        cfg = self.cfg
         t_start = time.perf_counter()
         started_ray = not ray.is_initialized()
         if started_ray:
@@ -261,76 +261,36 @@ class Controller:
             )
         threads = cfg.run.torch_threads or 1
         stop = _StopOnSignal()
+        run = self.async_run = AsyncRun(self, notifier, threads)
         try:
             bcfg = bus_config(cfg)
-            bus = RayBus.create(bcfg)
-
-            def actor_of(name: str, **kw):
-                return ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8, **kw)
-
-            actor = actor_of("actor").remote(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
-            rollout = (
-                ray.remote(role_class("rollout"))
-                .options(num_cpus=0.1, max_concurrency=8)
-                .remote(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
-            )
-            loops = {"advantages": actor_of("advantages").remote(cfg, bus)}
-            receivers = [rollout]
-            if cfg.algo.use_actor_fwd:
-                loops["actor_fwd"] = actor_of("forward").remote(
-                    cfg, bus, "actor_fwd", inp.model_path, torch_threads=threads
-                )
-                receivers.append(loops["actor_fwd"])
-            if cfg.algo.uses_reference:
-                loops["reference"] = actor_of("forward").remote(
-                    cfg, bus, "reference", inp.ref_model_path or inp.model_path, torch_threads=threads
-                )
-            if cfg.uses_teacher:
-                loops["teacher"] = actor_of("forward").remote(
-                    cfg, bus, "teacher", self._teacher_path(), torch_threads=threads
-                )
-            init = f"tcp://127.0.0.1:{free_port()}"
-            world = 1 + len(receivers)
-            ray.get(
-                [actor.connect_dcs.remote(init, world)]
-                + [r.connect_dcs.remote(init, world, i + 1) for i, r in enumerate(receivers)]
-            )
-            ray.get(actor.attach_rollout.remote(rollout))
-            start = 0
-            if cfg.train.load:
-                meta = ray.get(actor.load.remote(_latest_checkpoint(cfg.train.load)))
-                start = int(meta["version"])
-                if "data" in meta:  # batches generated but never trained before the stop are drawn again
-                    ray.get(rollout.load_data_state.remote(meta["data"]))
-                bus.set_trainer_version(start)
-            ray.get(actor.publish_weights.remote())
-            ray.get(actor.eval_now.remote(start))
+            start = run.start(_latest_checkpoint(cfg.train.load) if cfg.train.load else None)
             t_rl = time.perf_counter()
-            futures = {"rollout": rollout.run.remote(start)}
-            futures.update({name: a.run.remote() for name, a in loops.items()})
-            done = actor.run.remote(start, cfg.train.num_rollout)
             bar = _progress(cfg, start)
             seen = start
             stop.__enter__()
             asked = False
             while True:
+                actor = run.roles["actor"]
                 if stop.requested and not asked:  # SIGTERM / SIGINT: the trainer checkpoints after its step
                     actor.request_stop.remote(
                         cfg.train.save or os.path.join(cfg.run.output_dir, "checkpoints")
                     )
                     asked = True
-                ready, _ = ray.wait([done], timeout=0.1)
-                failed, _ = ray.wait(list(futures.values()), timeout=0)
-                for f in failed:
-                    ray.get(f)  # a role loop ended before the trainer: re-raise its error
-                    raise RuntimeError("a role loop stopped before training finished")
+                ready, _ = ray.wait([run.done], timeout=0.1)
+                if ready and run._finished(run.done):
+                    break
+                run.poll()  # failed roles: restart in place, escalate, or stop with the reason
                 if bar is not None:
-                    cur = ray.get(actor.progress.remote())
+                    try:
+                        cur = ray.get(run.roles["actor"].progress.remote(), timeout=10)
+                    except Exception:  # noqa: BLE001 - the trainer is being restarted
+                        cur = seen
                     bar.update(cur - seen)
                     seen = cur
-                if ready:
-                    break
-            history = ray.get(done)
+            actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
+            loops = {n: run.roles[n] for n in run.loop_names()}
+            history = ray.get(run.done)
             stop.__exit__()  # (a signal from here on gets the default behaviour)
             self.interrupted_at = ray.get(actor.get_interrupted.remote())
             if self.interrupted_at:
@@ -339,8 +299,8 @@ class Controller:
             if bar is not None:
                 bar.close()
             bus.close()
-            stats = ray.get(futures["rollout"])
-            ray.get([futures[n] for n in loops])
+            stats = ray.get(run.futures["rollout"])
+            ray.get([run.futures[n] for n in loops])
             if self.interrupted_at is None:
                 self._final_eval(history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
                 if cfg.train.save:
@@ -348,10 +308,12 @@ class Controller:
             history = ray.get(actor.get_history.remote())
             audit = {
                 "trained_ids": ray.get(actor.get_trained_ids.remote()),
+                "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
                 "trainer_weights": ray.get(actor.get_weight_log.remote()),
                 "rollout_weights": ray.get(rollout.get_weight_log.remote()),
                 "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
                 "prompt_log": ray.get(rollout.get_prompt_log.remote()),
+                "health": [vars(e) for e in run.events()],
             }
             bus_stats = bus.stats()
             trace_path = None

@@ -24,8 +24,9 @@ class GreedyEvaluator:
 
     def __call__(self, model) -> float:
         was_training = model.training
-        engine = TorchEngine(model=model, eos_token_ids=[self.tokenizer.eos_token_id],
-                             pad_token_id=self.tokenizer.pad_token_id)
+        engine = TorchEngine(
+            model=model, eos_token_ids=[self.tokenizer.eos_token_id], pad_token_id=self.tokenizer.pad_token_id
+        )
         params = SamplingParams(max_new_tokens=self.cfg.rollout.rollout_max_response_len, greedy=True)
         outs = engine.generate(self.prompts, params)
         texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]

@@ -7,18 +7,25 @@ in the background over DCS). Every sample carries the policy version that genera
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from relax_bus import DuplicateIds
 from relax_core.config import RelaxConfig
 from relax_core.data import PromptIterator, load_prompts
 from relax_core.trace import Tracer
 from relax_rollout.engines import SamplingParams, build_engine
 from relax_rollout.engines.base import GenerateOutput
 from relax_rollout.rewards import build_scorer
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutWorker:
@@ -73,6 +80,13 @@ class RolloutWorker:
         self.step_states: dict[int, dict[str, int]] = {}
         self.prompt_log: list[tuple[int, list[str]]] = []
         self.episode_media = (self.mm or self._episode_media(model_path)) if cfg.rollout.env_path else None
+        self._beat = 0.0
+        # Under the health manager, every batch's start (prompt position) and landing on the bus are
+        # journaled, so a restarted rollout role continues with exactly the prompts that were not put yet,
+        # and samples get ids fixed by their step, so a batch re-sent after a crash is refused (DuplicateIds).
+        self.journal = None
+        if cfg.run.mode == "fully_async" and cfg.run.health:
+            self.journal = Path(cfg.run.output_dir) / "rollout_journal.jsonl"
 
     def _media(self, model_path: str) -> Any:
         """--multimodal-keys: the encoder of prompts with media (``multiturn.EpisodeMedia``, one for both
@@ -130,11 +144,30 @@ class RolloutWorker:
             self._cond.notify_all()
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
+        """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
         from relax_core.dcs import WeightReceiver
 
+        if self._receiver is not None:  # the old group lost a member: leave it
+            self._receiver.close(timeout_s=5.0)
         self._receiver = WeightReceiver(init_method, world_size, rank)
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.set_weights(t, v))
+
+    def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
+        """Block until the engine holds weights of ``version`` or newer (a restarted role)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.engine.weight_version < version:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"rollout: weights of version {version} did not arrive in {timeout_s}s"
+                    )
+                self._cond.wait(0.1)
+        return self.engine.weight_version
+
+    def heartbeat(self) -> dict[str, Any]:
+        """For the health manager: seconds since the loop last made progress (or polled idle)."""
+        return {"pid": os.getpid(), "age_s": time.monotonic() - self._beat if self._beat else 0.0}
 
     def weight_version(self) -> int:
         return self.engine.weight_version
@@ -211,6 +244,7 @@ class RolloutWorker:
     def _collect(self, step: int) -> dict[str, Any]:
         """One batch generated (and, with dynamic sampling, scored and filtered)."""
         self.step_states[step] = self.prompts.state_dict()
+        self._log_journal({"begin": step, "state": self.step_states[step]})
         return self._generate_filtered(step) if self.cfg.rollout.dynamic_sampling else self._generate(step)
 
     def _generate_filtered(self, step: int) -> dict[str, Any]:
@@ -442,8 +476,22 @@ class RolloutWorker:
                     **extra,
                 }
             )
-        self.bus.put(samples, partition=f"step{step}")
+        if self.journal is None:
+            self.bus.put(samples, partition=f"step{step}")
+        else:
+            per = self.cfg.samples_per_rollout
+            if len(samples) > per:
+                raise RuntimeError(f"rollout step {step} made {len(samples)} samples, more than {per}")
+            try:
+                self.bus.put(
+                    samples, partition=f"step{step}", ids=[step * per + i for i in range(len(samples))]
+                )
+            except DuplicateIds:  # this step landed before the previous rollout process died: keep that one
+                logger.warning(
+                    "rollout step %d was already on the bus (sent before a restart); skipped", step
+                )
         self.prompt_log.append((step, [row.row_id for row in rows]))
+        self._log_journal({"put": step, "prompts": [row.row_id for row in rows]})
         self.stats["samples"] += len(samples)
         self.stats["reward_s"] += reward_s
         return {"generate_s": pending["generate_s"], "reward_s": reward_s}
@@ -478,13 +526,15 @@ class RolloutWorker:
         step = start_step
         try:
             while not failure:
+                self._beat = time.monotonic()
                 t0 = time.perf_counter()
                 self.bus.admit(step)
                 need = max(0, step - s) if wait_policy else 0
                 with self._cond:
                     while self.engine.weight_version < need:
-                        if self._receiver is not None:
-                            self._receiver.check()
+                        self._beat = time.monotonic()
+                        if self._receiver is not None and not self.cfg.run.health:
+                            self._receiver.check()  # (under the health manager a broken group is re-formed)
                         self._cond.wait(0.5)
                 self.stats["wait_s"] += time.perf_counter() - t0
                 pending = self._collect(step)
@@ -505,6 +555,42 @@ class RolloutWorker:
         if failure:
             raise failure[0]
         return self.get_stats()
+
+    # -- journal (restart in place) ---------------------------------------------------------------
+    def _log_journal(self, entry: dict[str, Any]) -> None:
+        if self.journal is not None:
+            with open(self.journal, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def reset_journal(self) -> None:
+        """A fresh run (or a global restart from a checkpoint): forget the previous process's batches."""
+        if self.journal is not None:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            self.journal.write_text("")
+
+    def recover(self) -> int:
+        """After the previous rollout process died: load the journal and return the first step that is
+        not on the bus yet (its prompts come next, as they would have)."""
+        if self.journal is None or not self.journal.is_file():
+            raise RuntimeError("rollout recover(): no journal (needs --fully-async with the health manager)")
+        begun: dict[int, dict] = {}
+        put: list[tuple[int, list[str]]] = []
+        for line in self.journal.read_text().splitlines():
+            if not line.strip():
+                continue
+            e = json.loads(line)
+            if "begin" in e:
+                begun[int(e["begin"])] = e["state"]
+            elif "put" in e:
+                put.append((int(e["put"]), list(e["prompts"])))
+        done = {s for s, _ in put}
+        pending = sorted(s for s in begun if s not in done)
+        start = pending[0] if pending else (max(done) + 1 if done else 0)
+        if start in begun:
+            self.prompts.load_state_dict(begun[start])
+        self.prompt_log = sorted(put)
+        self.step_states = {s: st for s, st in begun.items() if s < start}
+        return start
 
     def get_stats(self) -> dict[str, Any]:
         return {**self.stats, "skipped_rows": len(self.skipped_rows), **self.scorer.stats()}

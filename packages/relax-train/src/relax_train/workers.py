@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from relax_core.config import RelaxConfig
+from relax_core.metrics import MetricsService
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 
@@ -38,7 +40,15 @@ class _BusLoop:
     """The span name of :meth:`handle` in the run's trace."""
     tracer: Tracer
 
+    _beat: float = 0.0
+    _receiver: Any = None
+
+    def heartbeat(self) -> dict[str, Any]:
+        """For the health manager: seconds since the loop last made progress (or polled idle)."""
+        return {"pid": os.getpid(), "age_s": time.monotonic() - self._beat if self._beat else 0.0}
+
     def process(self, timeout: float | None = 0.0) -> int:
+        self._beat = time.monotonic()
         batch = self.bus.get(self.consumer, n=self.batch_size, partial=True, timeout=timeout)
         with self.tracer.span(self.phase, n=len(batch), partitions=",".join(sorted(set(batch.partitions)))):
             self.handle(batch)
@@ -60,10 +70,12 @@ class _BusLoop:
         from relax_bus import BusClosed, BusTimeout
 
         total = 0
+        self._beat = time.monotonic()
         while True:
             try:
                 total += self.process(timeout=1.0)
             except BusTimeout:
+                self._beat = time.monotonic()
                 continue
             except BusClosed:
                 return total
@@ -120,11 +132,26 @@ class ForwardWorker(_BusLoop):
         )
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
+        """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
         from relax_core.dcs import WeightReceiver
 
+        if self._receiver is not None:  # the old group lost a member: leave it
+            self._receiver.close(timeout_s=5.0)
         self._receiver = WeightReceiver(init_method, world_size, rank)
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.backend.load_weights(t, v))
+
+    def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
+        """Block until weights of ``version`` (or newer) are loaded: a restarted role must not compute
+        with its start-up weights."""
+        deadline = time.monotonic() + timeout_s
+        while self.backend.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.consumer}: weights of version {version} did not arrive in {timeout_s}s"
+                )
+            time.sleep(0.02)
+        return self.backend.version
 
     def close(self) -> None:
         if self._receiver is not None:
@@ -211,14 +238,12 @@ class ActorWorker:
         self.history: list[dict[str, Any]] = []
         self.weight_log: dict[int, str] = {}
         self.trained_ids: list[int] = []
-        self._tb = None
+        self.trained_prompts: list[list[str]] = []
+        """Prompt ids of every trained batch, one list per step (for audits: exact resume, restarts)."""
         self.out = Path(cfg.run.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        if cfg.run.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.out / "tensorboard"))
-        self._metrics_file = open(self.out / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
+        # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
+        self.metrics = MetricsService.from_config(cfg, self.out)
         self.required = ["advantages"]
         if cfg.algo.use_actor_fwd:
             self.required.append("log_probs")
@@ -226,12 +251,28 @@ class ActorWorker:
             self.required.append("ref_log_probs")
 
     # -- weights -------------------------------------------------------------------------------
-    def connect_dcs(self, init_method: str, world_size: int) -> None:
+    def connect_dcs(self, init_method: str, world_size: int, republish: bool = False) -> int:
+        """Open the weight broadcast to ``world_size - 1`` receivers. The health manager calls it again
+        after a role restarted (``republish``: send the current weights at once, so the newcomer and
+        anyone who missed a broadcast catch up). Returns the version the receivers will hold."""
+        import threading
+
         from relax_core.dcs import WeightSender
 
-        self._sender = WeightSender(init_method, world_size)
-        self._sender.connect()
-        self.publish = lambda named, v: self._sender.broadcast(named, v)
+        if not hasattr(self, "_dcs_lock"):
+            self._dcs_lock = threading.Lock()
+        with self._dcs_lock:
+            if self._sender is not None:  # a member died: drop the old group without the handshake
+                self._sender.abandon()
+            self._sender = WeightSender(init_method, world_size)
+            self._sender.connect()
+            self.publish = lambda named, v: self._sender.broadcast(named, v)
+        if republish:
+            self.publish_weights()
+        return self.backend.version
+
+    dcs_failures = 0
+    """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
 
     def publish_weights(self) -> None:
         named = self.backend.named_weights()
@@ -239,26 +280,64 @@ class ActorWorker:
             from relax_core.dcs import checksum
 
             self.weight_log[self.backend.version] = checksum(named)
-        if self.publish is not None:
+        if self.publish is None:
+            return
+        lock = getattr(self, "_dcs_lock", None)
+        if lock is None:
             self.publish(named, self.backend.version)
+            return
+        with lock:
+            try:
+                self.publish(named, self.backend.version)
+            except RuntimeError:
+                if not self.cfg.run.health:
+                    raise
+                # a receiver died mid-broadcast: train on; the health manager restarts it, re-forms the
+                # group and has these weights sent again
+                self.dcs_failures += 1
 
     # -- one step ------------------------------------------------------------------------------
+    _beat: float = 0.0
+
+    def heartbeat(self) -> dict[str, Any]:
+        """For the health manager: seconds since the trainer last made progress (or polled idle)."""
+        return {
+            "pid": os.getpid(),
+            "age_s": time.monotonic() - self._beat if self._beat else 0.0,
+            "version": self.backend.version,
+        }
+
+    def _take_batch(self, step: int):
+        from relax_bus import BusTimeout
+
+        while True:  # poll, so the heartbeat shows a live trainer while it waits for data
+            self._beat = time.monotonic()
+            try:
+                return self.bus.get(
+                    "actor_train",
+                    n=self.cfg.samples_per_rollout,
+                    fields=None,
+                    trainer_version=step,
+                    timeout=1.0,
+                )
+            except BusTimeout:
+                continue
+
     def train(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         with self.tracer.span("wait_for_data", step=step):
-            batch = self.bus.get(
-                "actor_train", n=self.cfg.samples_per_rollout, fields=None, trainer_version=step
-            )
+            batch = self._take_batch(step)
         t1 = time.perf_counter()
         d = batch.data
         with self.tracer.span("train", step=step, n=len(batch)):
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
-        self.bus.ack("actor_train", batch.lease_id)
         self.trained_ids.extend(batch.ids)
+        self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
         t2 = time.perf_counter()
         with self.tracer.span("weight_sync", step=step):
             self.publish_weights()
-            self.bus.set_trainer_version(self.backend.version)
+            if self.backend.version > self.bus.trainer_version:  # (a restarted trainer re-does a step)
+                self.bus.set_trainer_version(self.backend.version)
         t3 = time.perf_counter()
         staleness = [step - int(v) for v in d["policy_version"]]
         metrics.update(
@@ -296,15 +375,18 @@ class ActorWorker:
         ):
             with self.tracer.span("eval", step=step + 1):
                 metrics["eval/accuracy"] = self.evaluate(self.backend.model)
+        # the bus's own counters next to the roles' (per-partition depths left out: one series per step)
+        metrics.update({k: v for k, v in self.bus.metrics().items() if not k.startswith("bus/depth/")})
+        self.log(metrics)
         if (
             self.cfg.train.save
             and self.cfg.train.save_interval
             and (step + 1) % self.cfg.train.save_interval == 0
         ):
             self.save()
-        # the bus's own counters next to the roles' (per-partition depths left out: one series per step)
-        metrics.update({k: v for k, v in self.bus.metrics().items() if not k.startswith("bus/depth/")})
-        self.log(metrics)
+        # ack last: if this process dies before, the batch comes back, unless the checkpoint above
+        # already holds it (the health manager acks what a restarted trainer's checkpoint covers)
+        self.bus.ack("actor_train", batch.lease_id)
         return metrics
 
     def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
@@ -326,10 +408,21 @@ class ActorWorker:
         return self.interrupted_at
 
     def attach_rollout(self, rollout: Any) -> None:
-        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version."""
+        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version
+        (from the rollout journal when there is one: the rollout role may be down and restarting)."""
         import ray
 
-        self.save_extra = lambda v: {"data": ray.get(rollout.data_state.remote(v))}
+        journal = self.out / "rollout_journal.jsonl"
+
+        def data_state(v: int) -> dict:
+            if journal.is_file():
+                for line in reversed(journal.read_text().splitlines()):
+                    e = json.loads(line) if line.strip() else {}
+                    if e.get("begin") == v:
+                        return {"data": e["state"]}
+            return {"data": ray.get(rollout.data_state.remote(v), timeout=120)}
+
+        self.save_extra = data_state
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def eval_now(self, step: int) -> float | None:
@@ -342,20 +435,18 @@ class ActorWorker:
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
-        self._metrics_file.write(json.dumps(metrics) + "\n")
-        self._metrics_file.flush()
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if "/" in k and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, metrics["step"])
-            self._tb.flush()
+        self.metrics.log(metrics, metrics["step"])
 
     save_extra = None
     """Set by the Controller: version -> extra checkpoint state from other roles (the rollout's data position)."""
 
     def save(self, path: str | None = None) -> str:
         target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
-        extra = {"trained_ids": len(self.trained_ids)}
+        # what was trained so far, so a restarted trainer (and the audit) carries on from here
+        extra: dict[str, Any] = {
+            "trained_ids": list(self.trained_ids),
+            "trained_prompts": self.trained_prompts,
+        }
         if self.save_extra is not None:
             extra.update(self.save_extra(self.backend.version))
         with self.tracer.span("save", version=self.backend.version):
@@ -363,8 +454,24 @@ class ActorWorker:
         return str(target)
 
     def load(self, path: str) -> dict[str, Any]:
-        """Resume from a checkpoint; returns its metadata (``version``: the step to continue from)."""
-        return self.backend.load_checkpoint(path)
+        """Resume from a checkpoint; returns its metadata (``version``: the step to continue from).
+
+        The trained ids and prompts come back from the checkpoint and the history from this run's
+        metrics.jsonl (rows up to the checkpoint's step): a restarted trainer reports the whole run."""
+        meta = self.backend.load_checkpoint(path)
+        v = int(meta["version"])
+        if isinstance(meta.get("trained_ids"), list):
+            self.trained_ids = [int(i) for i in meta["trained_ids"]]
+            self.trained_prompts = [list(p) for p in meta.get("trained_prompts", [])]
+        log = self.out / "metrics.jsonl"
+        if log.is_file() and not self.history:
+            rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            kept: dict[tuple, dict] = {}
+            for r in rows:  # the latest row per (step, kind): a re-done step replaces the lost one
+                if int(r.get("step", -1)) <= v:
+                    kept[(int(r["step"]), "rollout/reward_mean" in r)] = r
+            self.history = [kept[k] for k in sorted(kept)]
+        return meta
 
     def progress(self) -> int:
         return self.backend.version
@@ -378,12 +485,13 @@ class ActorWorker:
     def get_trained_ids(self) -> list[int]:
         return list(self.trained_ids)
 
+    def get_trained_prompts(self) -> list[list[str]]:
+        return [list(p) for p in self.trained_prompts]
+
     def get_spans(self) -> list[dict[str, Any]]:
         return self.tracer.get_spans()
 
     def close(self) -> None:
         if self._sender is not None:
             self._sender.close()
-        if self._tb is not None:
-            self._tb.close()
-        self._metrics_file.close()
+        self.metrics.close()

@@ -142,7 +142,9 @@ def test_distillation_in_advantage_mode_is_the_per_token_reverse_kl_reward(tiny_
 def test_distillation_as_a_loss_is_a_kl_term_to_the_teacher(tiny_model_dir):
     """β_d·KL(π ‖ π_T) per token in the loss: the same update as the reference-KL loss with the teacher's
     log-probs in place of the reference's."""
-    got, _ = _distill_grads(tiny_model_dir, {"distill_mode": "loss", "distill_coef": 0.3, "kl_estimator": "k3"}, True)
+    got, _ = _distill_grads(
+        tiny_model_dir, {"distill_mode": "loss", "distill_coef": 0.3, "kl_estimator": "k3"}, True
+    )
     as_ref = {"kl_coef": 0.3, "kl_estimator": "k3", "use_kl_loss": True}
     want, _ = _distill_grads(tiny_model_dir, as_ref, False, ref_log_probs=lambda s, t: t)
     for n in want:

@@ -1,0 +1,287 @@
+"""The fully-async run: every role a Ray actor with its own loop, supervised by the health manager.
+
+Why the restarts look like this:
+
+- **Bus consumers** (Advantages, ActorFwd, Reference, Teacher) hold leases on the samples they work on.
+  When one dies, ``reset_consumer`` gives its unfinished samples back, except those whose output it had
+  already written (the bus's fields are write-once), and a new actor takes over the loop.
+- **The rollout role** journals where each batch's prompts start and when the batch lands on the bus; a
+  new rollout process continues with the first batch not on the bus, and samples carry ids fixed by
+  their step, so a batch sent just before the crash is not put twice.
+- **The trainer** acks a batch only after the checkpoint that follows it (when one is due), so a new
+  trainer loads the latest checkpoint, the manager acks the batches that checkpoint holds and the rest
+  come back. If batches were acked after the last checkpoint, an in-place restart cannot be exact and
+  the manager escalates to a global restart from that checkpoint (exact resume).
+- **Weights.** The DCS group is re-formed after any member restarts, and the trainer sends its current
+  weights at once; a restarted role waits for them before its loop starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
+
+CONSUMER_OUTPUT = {
+    "advantages": ["advantages"],
+    "actor_fwd": ["log_probs"],
+    "reference": ["ref_log_probs"],
+    "teacher": ["teacher_log_probs"],
+}
+"""Bus consumer roles and the fields each writes (what a restarted one must not compute twice)."""
+
+
+class _CannotRestartInPlace(Exception):
+    pass
+
+
+class AsyncRun:
+    def __init__(self, controller: Any, notifier: Any, threads: int) -> None:
+        import ray
+
+        self.ray = ray
+        self.c, self.cfg, self.inp = controller, controller.cfg, controller.inputs
+        self.notifier, self.threads = notifier, threads
+        self.roles: dict[str, Any] = {}
+        self.futures: dict[str, Any] = {}
+        self.done: Any = None
+        self.bus: Any = None
+        self.policy = HealthPolicy(self.cfg.run.max_restarts_per_role, self.cfg.run.max_global_restarts)
+        self.beats = Heartbeats(self.cfg.run.heartbeat_interval_s, self.cfg.run.heartbeat_timeout_s)
+        self.start_step = 0
+
+    # -- building ----------------------------------------------------------------------------------
+    def _actor(self, name: str, *args: Any, **kw: Any) -> Any:
+        from relax_core.controller import role_class
+
+        return self.ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8).remote(*args, **kw)
+
+    def _build(self, name: str) -> Any:
+        cfg, inp, t = self.cfg, self.inp, self.threads
+        if name == "actor":
+            return self._actor("actor", cfg, self.bus, inp.model_path, inp.eval_path, torch_threads=t)
+        if name == "rollout":
+            return self._actor("rollout", cfg, self.bus, inp.model_path, inp.prompt_path, torch_threads=t)
+        if name == "advantages":
+            return self._actor("advantages", cfg, self.bus)
+        path = {
+            "actor_fwd": inp.model_path,
+            "reference": inp.ref_model_path or inp.model_path,
+            "teacher": self.c._teacher_path() if cfg.uses_teacher else None,
+        }[name]
+        return self._actor("forward", cfg, self.bus, name, path, torch_threads=t)
+
+    @property
+    def receivers(self) -> list[str]:
+        """DCS receivers, in rank order (rank 0 is the trainer)."""
+        return ["rollout"] + (["actor_fwd"] if self.cfg.algo.use_actor_fwd else [])
+
+    def loop_names(self) -> list[str]:
+        names = ["advantages"]
+        if self.cfg.algo.use_actor_fwd:
+            names.append("actor_fwd")
+        if self.cfg.algo.uses_reference:
+            names.append("reference")
+        if self.cfg.uses_teacher:
+            names.append("teacher")
+        return names
+
+    def connect_dcs(self, republish: bool) -> int:
+        from relax_core.dcs import free_port
+
+        init = f"tcp://127.0.0.1:{free_port()}"
+        world = 1 + len(self.receivers)
+        out = self.ray.get(
+            [self.roles["actor"].connect_dcs.remote(init, world, republish)]
+            + [self.roles[r].connect_dcs.remote(init, world, i + 1) for i, r in enumerate(self.receivers)]
+        )
+        return int(out[0] or 0)
+
+    def start(self, load: str | None) -> int:
+        """Create the bus and every role, load ``load`` (a checkpoint) if given, start the loops."""
+        from relax_bus.ray_backend import RayBus
+        from relax_core.controller import bus_config
+
+        ray, cfg = self.ray, self.cfg
+        self.bus = RayBus.create(bus_config(cfg))
+        for name in ["actor", "rollout", *self.loop_names()]:
+            self.roles[name] = self._build(name)
+        ray.get(self.roles["rollout"].reset_journal.remote())
+        self.connect_dcs(republish=False)
+        ray.get(self.roles["actor"].attach_rollout.remote(self.roles["rollout"]))
+        start = 0
+        if load:
+            meta = ray.get(self.roles["actor"].load.remote(load))
+            start = int(meta["version"])
+            if "data" in meta:  # batches generated but never trained before the stop are drawn again
+                ray.get(self.roles["rollout"].load_data_state.remote(meta["data"]))
+            self.bus.set_trainer_version(start)
+        ray.get(self.roles["actor"].publish_weights.remote())
+        ray.get(self.roles["actor"].eval_now.remote(start))
+        self.futures = {"rollout": self.roles["rollout"].run.remote(start)}
+        self.futures.update({n: self.roles[n].run.remote() for n in self.loop_names()})
+        self.done = self.roles["actor"].run.remote(start, cfg.train.num_rollout)
+        self.start_step = start
+        return start
+
+    # -- supervision -------------------------------------------------------------------------------
+    def poll(self) -> None:
+        """One supervision round: loops that ended early and failed heartbeats are handled (restarted,
+        escalated, or the run stops with :class:`RunFailed`); without the health manager a failed loop's
+        error is re-raised as before."""
+        ray = self.ray
+        watched = dict(self.futures)
+        watched["actor"] = self.done
+        ended, _ = ray.wait(list(watched.values()), num_returns=len(watched), timeout=0)
+        failures: list[tuple[str, str]] = []
+        for name, ref in watched.items():
+            if ref not in ended or (name == "actor" and self._finished(ref)):
+                continue
+            if not self.cfg.run.health:
+                ray.get(ref)  # a role loop ended before the trainer: re-raise its error
+                raise RuntimeError(f"the {name} loop stopped before training finished")
+            try:
+                ray.get(ref)
+                failures.append((name, "its loop ended before training finished"))
+            except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
+                failures.append((name, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+        if self.cfg.run.health and not failures:
+            failures = self._heartbeats()
+        for name, reason in failures[:1]:  # one at a time: a restart re-forms the group for everyone
+            self.handle(name, reason)
+
+    def _finished(self, ref: Any) -> bool:
+        try:
+            self.ray.get(ref)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _heartbeats(self) -> list[tuple[str, str]]:
+        ray, now = self.ray, time.monotonic()
+        if self.beats.due(now):
+            for name, actor in self.roles.items():
+                self.beats.sent(name, actor.heartbeat.remote(), now)
+        refs = [r for r, _ in self.beats._pending.values()]
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        results: dict[Any, Any] = {}
+        for r in ready:
+            try:
+                results[r] = ray.get(r)
+            except Exception as e:  # noqa: BLE001
+                results[r] = e
+        return self.beats.check(set(ready), results, now)
+
+    def handle(self, name: str, reason: str) -> None:
+        t0 = time.perf_counter()
+        ev = self.policy.decide(name, reason)
+        print(
+            f"[relax] health: {name} failed ({reason}); {ev.action.replace('_', ' ')} (attempt {ev.attempt})"
+        )
+        if ev.action == "restart":
+            try:
+                self.restart(name)
+            except _CannotRestartInPlace as e:
+                ev = self.policy.escalate(ev, str(e))
+                print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
+        if ev.action == "global_restart":
+            self.global_restart()
+        if ev.action == "stop":
+            raise RunFailed(self.policy.stop_reason(ev))
+        ev.recovery_s = time.perf_counter() - t0
+        self.notifier.restart(ev.attempt, f"{name} ({ev.action.replace('_', ' ')}): {reason}")
+
+    def _kill(self, name: str) -> None:
+        actor = self.roles.get(name)
+        self.beats.forget(name)
+        if actor is not None:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def restart(self, name: str) -> None:
+        """Replace one role's actor in place (see the module docstring for what each role needs)."""
+        ray = self.ray
+        self._kill(name)
+        if name == "actor":
+            ckpt, meta = self._trainer_checkpoint()
+        if name in CONSUMER_OUTPUT:
+            self.bus.reset_consumer(name, done_if_written=CONSUMER_OUTPUT[name])
+        new = self.roles[name] = self._build(name)
+        if name == "actor":
+            start = 0
+            if ckpt is not None:
+                start = int(ray.get(new.load.remote(ckpt))["version"])
+            ray.get(new.attach_rollout.remote(self.roles["rollout"]))
+        if name == "rollout":
+            start = ray.get(new.recover.remote())
+        if name == "actor" or name in self.receivers:
+            version = self.connect_dcs(republish=True)
+            if name in self.receivers:
+                ray.get(new.wait_weights.remote(version))
+        if name == "actor":
+            self.done = new.run.remote(start, self.cfg.train.num_rollout)
+        elif name == "rollout":
+            self.futures["rollout"] = new.run.remote(start)
+        else:
+            self.futures[name] = new.run.remote()
+
+    def _trainer_checkpoint(self) -> tuple[str | None, dict | None]:
+        """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
+        from relax_core.controller import _latest_checkpoint
+
+        acked = set(self.bus.consumed_ids("actor_train"))
+        ckpt, covered = None, set()
+        if self.cfg.train.save:
+            try:
+                ckpt = _latest_checkpoint(self.cfg.train.save)
+            except FileNotFoundError:
+                ckpt = None
+        if ckpt is not None:
+            meta = json.loads((Path(ckpt) / "meta.json").read_text())
+            if not isinstance(meta.get("trained_ids"), list):
+                raise _CannotRestartInPlace(f"checkpoint {ckpt} does not list its trained samples")
+            covered = set(meta["trained_ids"])
+        if not acked <= covered:
+            raise _CannotRestartInPlace(
+                f"{len(acked - covered)} trained samples are not in the last checkpoint "
+                f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
+            )
+        for lease_id, ids in self.bus.leases("actor_train").items():
+            if set(ids) <= covered:  # trained and saved; the process died before acking
+                self.bus.ack("actor_train", lease_id)
+        self.bus.reset_consumer("actor_train")
+        return ckpt, None
+
+    def global_restart(self) -> None:
+        """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
+        from relax_core.controller import _latest_checkpoint
+
+        for name in list(self.roles):
+            self._kill(name)
+        try:
+            self.bus.kill()
+        except Exception:  # noqa: BLE001 - the bus may be what died
+            pass
+        self.roles, self.futures = {}, {}
+        ckpt = None
+        if self.cfg.train.save:
+            try:
+                ckpt = _latest_checkpoint(self.cfg.train.save)
+            except FileNotFoundError:
+                ckpt = None
+        if ckpt is None:  # nothing saved yet: the run starts over, so it forgets what it logged
+            log = Path(self.cfg.run.output_dir) / "metrics.jsonl"
+            if log.is_file():
+                os.replace(log, log.with_suffix(".before_restart.jsonl"))
+        self.start(ckpt)
+
+    def events(self) -> list[Event]:
+        return list(self.policy.events)

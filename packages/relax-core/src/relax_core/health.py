@@ -1,0 +1,120 @@
+"""The health manager's policy: which failure gets an in-place restart, which a global one, when to stop.
+
+Why a separate, Ray-free piece: the decisions (bounds per role, escalation, the reason a run stops with)
+are what users configure and what must be right; the mechanics (killing and re-creating actors,
+re-forming the weight broadcast) live with the fully-async run (:mod:`relax_core.async_run`). Heartbeats:
+every role answers ``heartbeat()`` with the seconds since its loop last made progress; a role that does
+not answer, or whose loop is stuck past ``heartbeat_timeout_s``, counts as failed, like one whose process
+died or whose loop raised.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Action = Literal["restart", "global_restart", "stop"]
+
+
+class RunFailed(RuntimeError):
+    """The health manager gave up: restarts exhausted. The message says which role, why and how often."""
+
+
+@dataclass
+class Event:
+    """One failure and what the manager did about it (kept for the run's result and notifications)."""
+
+    role: str
+    reason: str
+    action: Action
+    attempt: int
+    at: float = field(default_factory=time.time)
+    recovery_s: float | None = None
+    """Seconds from detection until the role (or the whole run) was running again."""
+
+
+class HealthPolicy:
+    """Bounds: ``max_restarts_per_role`` in-place restarts per role, then a global restart (at most
+    ``max_global_restarts``), then stop. A global restart resets the per-role counts."""
+
+    def __init__(self, max_restarts_per_role: int, max_global_restarts: int) -> None:
+        self.max_per_role, self.max_global = max_restarts_per_role, max_global_restarts
+        self.per_role: dict[str, int] = {}
+        self.global_restarts = 0
+        self.events: list[Event] = []
+
+    def decide(self, role: str, reason: str, in_place_possible: bool = True) -> Event:
+        n = self.per_role.get(role, 0)
+        if in_place_possible and n < self.max_per_role:
+            self.per_role[role] = n + 1
+            ev = Event(role, reason, "restart", n + 1)
+        elif self.global_restarts < self.max_global:
+            self.global_restarts += 1
+            self.per_role = {}
+            ev = Event(role, reason, "global_restart", self.global_restarts)
+        else:
+            ev = Event(role, reason, "stop", self.global_restarts)
+        self.events.append(ev)
+        return ev
+
+    def escalate(self, ev: Event, why: str) -> Event:
+        """An in-place restart was not possible after all (``why``): decide again without that option."""
+        self.events.remove(ev)
+        self.per_role[ev.role] = self.max_per_role  # no second in-place try for this failure
+        return self.decide(
+            ev.role, f"{ev.reason}; in-place restart impossible: {why}", in_place_possible=False
+        )
+
+    def stop_reason(self, ev: Event) -> str:
+        return (
+            f"role {ev.role!r} failed ({ev.reason}); giving up after {self.max_per_role} in-place restart(s) per "
+            f"role and {self.global_restarts} global restart(s) (--max-restarts-per-role, --max-global-restarts)"
+        )
+
+
+@dataclass
+class Heartbeats:
+    """Tracks one outstanding ``heartbeat()`` call per role; reports roles that are silent or stuck."""
+
+    interval_s: float
+    timeout_s: float
+    _pending: dict[str, tuple[Any, float]] = field(default_factory=dict)
+    _last_sent: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self._last_sent >= self.interval_s
+
+    def sent(self, role: str, ref: Any, now: float) -> None:
+        self._last_sent = now
+        self._pending.setdefault(role, (ref, now))
+
+    def forget(self, role: str) -> None:
+        self._pending.pop(role, None)
+
+    def check(self, ready: set[Any], results: dict[Any, Any], now: float) -> list[tuple[str, str]]:
+        """``ready``: refs that completed; ``results``: their values (dict) or the exception raised.
+        Returns (role, reason) for every role that failed its heartbeat."""
+        failed = []
+        for role, (ref, t) in list(self._pending.items()):
+            if ref in ready:
+                del self._pending[role]
+                out = results.get(ref)
+                if isinstance(out, BaseException):
+                    failed.append((role, f"heartbeat failed: {type(out).__name__}: {str(out)[:200]}"))
+                elif isinstance(out, dict) and out.get("age_s", 0.0) > self.timeout_s:
+                    failed.append(
+                        (
+                            role,
+                            f"no progress for {out['age_s']:.0f}s (--heartbeat-timeout-s {self.timeout_s:g})",
+                        )
+                    )
+            elif now - t > self.timeout_s:
+                del self._pending[role]
+                failed.append(
+                    (
+                        role,
+                        f"no heartbeat answer for {now - t:.0f}s (--heartbeat-timeout-s {self.timeout_s:g})",
+                    )
+                )
+        return failed

@@ -1,0 +1,48 @@
+"""ActorWorker's metrics go through relax_core.metrics.MetricsService: with the default config, the same
+metrics.jsonl and TensorBoard scalars as before; a failing exporter never breaks the trainer's log()."""
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from relax_core.config import RelaxConfig  # noqa: E402
+from relax_train.workers import ActorWorker  # noqa: E402
+
+
+class Broken:
+    def log(self, metrics, step):
+        raise RuntimeError("exporter down")
+
+    def close(self):
+        pass
+
+
+def test_actor_worker_logs_through_the_metrics_service(tiny_model_dir, tmp_path, caplog):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    cfg = RelaxConfig.model_validate({"run": {"output_dir": str(out), "trace": False}})
+    worker = ActorWorker(cfg, bus=None, model_path=tiny_model_dir)
+    assert worker.metrics.names == ["jsonl", "tensorboard"]  # the default config
+    worker.metrics.sinks["broken"] = Broken()
+    rows = [
+        {"step": 0, "eval/accuracy": 0.25, "time": 1.0},
+        {"step": 1, "train/loss": 0.75, "rollout/reward_mean": 0.5, "time": 2.0},
+    ]
+    for row in rows:
+        worker.log(row)
+    assert worker.metrics.names == ["jsonl", "tensorboard"]  # the broken one dropped, the run goes on
+    worker.close()
+
+    assert worker.history == rows
+    assert [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] == rows
+    assert "metrics sink 'broken' failed" in caplog.text
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["eval/accuracy", "rollout/reward_mean", "train/loss"]
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 0.75)]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(0, 0.25)]

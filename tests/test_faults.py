@@ -42,8 +42,11 @@ def _kill_after(controller: Controller, metrics: Path, trained_steps: int, role:
             if sum('"train/loss"' in line for line in lines) >= trained_steps:
                 break
             time.sleep(0.01)
-        actor = controller.async_run.roles[role]
-        pid = ray.get(actor.heartbeat.remote())["pid"]
+        if role == "engine":  # one of the rollout role's engine processes
+            pids = ray.get(controller.async_run.roles["rollout"].engine_pids.remote())
+            out["engine"], pid = sorted(pids.items())[0]
+        else:
+            pid = ray.get(controller.async_run.roles[role].heartbeat.remote())["pid"]
         assert pid != os.getpid()
         os.kill(pid, signal.SIGKILL)
         out["pid"], out["at"] = pid, time.monotonic()
@@ -80,3 +83,26 @@ def test_killed_role_is_restarted_and_trains_the_same_prompts(tiny_run_inputs, t
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_killed_engine_process_requests_are_reissued_and_it_restarts(
+    tiny_run_inputs, tmp_path, uninterrupted
+):
+    """Two engines in their own processes (ray_native); one is SIGKILLed mid-run: its requests go to the
+    other, it is restarted with the current weights, and the trained prompts are the uninterrupted run's."""
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "eng", "--rollout-engines", "2"), tiny_run_inputs)
+    kill = _kill_after(c, tmp_path / "eng" / "metrics.jsonl", 1, "engine")
+    result = c.run()
+    assert "pid" in kill, "no engine was killed (the run ended first)"
+    events = [e for e in result.audit["health"] if e["role"].startswith("engine")]
+    assert [(e["role"], e["action"]) for e in events] == [(f"engine {kill['engine']}", "restart")], events
+    assert events[0]["recovery_s"] is not None, "the engine's restart did not finish before the run"
+    assert not [e for e in result.audit["health"] if not e["role"].startswith("engine")]
+    engines = {e["id"]: e for e in result.audit["engines"]}
+    dead = engines[kill["engine"]]
+    new = engines[dead["replaced_by"]]  # a new process, holding the final weights
+    assert dead["state"] == "removed" and new["state"] == "active" and new["weight_version"] == STEPS
+    assert _trained_prompts(result) == _trained_prompts(uninterrupted)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8

@@ -53,6 +53,8 @@ class AsyncRun:
         self.policy = HealthPolicy(self.cfg.run.max_restarts_per_role, self.cfg.run.max_global_restarts)
         self.beats = Heartbeats(self.cfg.run.heartbeat_interval_s, self.cfg.run.heartbeat_timeout_s)
         self.start_step = 0
+        self._engine_jobs: dict[str, tuple[Any, Event, float]] = {}
+        """Engine restarts asked of the rollout role: id -> (pending ref or None once handled, event, t0)."""
 
     # -- building ----------------------------------------------------------------------------------
     def _actor(self, name: str, *args: Any, **kw: Any) -> Any:
@@ -176,7 +178,37 @@ class AsyncRun:
                 results[r] = ray.get(r)
             except Exception as e:  # noqa: BLE001
                 results[r] = e
+            if isinstance(results[r], dict) and results[r].get("failed_engines"):
+                self._restart_engines(results[r]["failed_engines"])
+        self._engine_restarts_done()
         return self.beats.check(set(ready), results, now)
+
+    def _restart_engines(self, failed: list[dict[str, Any]]) -> None:
+        """Engines run in their own processes under the rollout role: ask it to restart failed ones
+        (asynchronously: the supervision loop goes on meanwhile)."""
+        for f in failed:
+            if f["engine"] in self._engine_jobs:
+                continue
+            ev = Event(f"engine {f['engine']}", str(f.get("reason")), "restart", 0)
+            self.policy.events.append(ev)
+            ref = self.roles["rollout"].restart_engine.remote(f["engine"])
+            self._engine_jobs[f["engine"]] = (ref, ev, time.perf_counter())
+
+    def _engine_restarts_done(self) -> None:
+        for eid, (ref, ev, t0) in list(self._engine_jobs.items()):
+            if ref is None:
+                continue  # handled already
+            ready, _ = self.ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            self._engine_jobs[eid] = (None, ev, t0)
+            try:
+                out = self.ray.get(ref)
+                ev.action, ev.attempt = out["action"], int(out["attempt"])
+                ev.recovery_s = time.perf_counter() - t0 if out["action"] == "restart" else None
+            except Exception as e:  # noqa: BLE001 - recorded; the other engines keep serving
+                ev.action, ev.reason = "restart_failed", f"{ev.reason}; restart failed: {e}"
+            self.notifier.restart(ev.attempt, f"rollout {ev.role} ({ev.action}): {ev.reason}")
 
     def handle(self, name: str, reason: str) -> None:
         t0 = time.perf_counter()
@@ -222,6 +254,7 @@ class AsyncRun:
             ray.get(new.attach_rollout.remote(self.roles["rollout"]))
         if name == "rollout":
             start = ray.get(new.recover.remote())
+            self._engine_jobs = {}  # a new rollout process has its own engines
         if name == "actor" or name in self.receivers:
             version = self.connect_dcs(republish=True)
             if name in self.receivers:
@@ -283,5 +316,16 @@ class AsyncRun:
                 os.replace(log, log.with_suffix(".before_restart.jsonl"))
         self.start(ckpt)
 
+    def finish_engine_restarts(self, timeout_s: float = 120.0) -> None:
+        """At the end of the run: restart engines that failed since the last heartbeat and wait for the
+        restarts under way, so the run ends with its engines whole and the record complete."""
+        beat = self.ray.get(self.roles["rollout"].heartbeat.remote())
+        if beat.get("failed_engines"):
+            self._restart_engines(beat["failed_engines"])
+        pending = [ref for ref, _, _ in self._engine_jobs.values() if ref is not None]
+        if pending:
+            self.ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+        self._engine_restarts_done()
+
     def events(self) -> list[Event]:
-        return list(self.policy.events)
+        return sorted(self.policy.events, key=lambda ev: ev.at)

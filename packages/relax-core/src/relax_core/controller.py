@@ -306,6 +306,7 @@ class Controller:
                 if cfg.train.save:
                     ray.get(actor.save.remote())
             history = ray.get(actor.get_history.remote())
+            run.finish_engine_restarts()
             audit = {
                 "trained_ids": ray.get(actor.get_trained_ids.remote()),
                 "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
@@ -314,6 +315,7 @@ class Controller:
                 "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},
                 "prompt_log": ray.get(rollout.get_prompt_log.remote()),
                 "health": [vars(e) for e in run.events()],
+                "engines": ray.get(rollout.engines.remote()),
             }
             bus_stats = bus.stats()
             trace_path = None

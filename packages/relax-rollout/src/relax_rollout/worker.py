@@ -21,6 +21,7 @@ from relax_bus import DuplicateIds
 from relax_core.config import RelaxConfig
 from relax_core.data import PromptIterator, load_prompts
 from relax_core.trace import Tracer
+from relax_rollout.engine_service import EngineService, uses_pool
 from relax_rollout.engines import SamplingParams, build_engine
 from relax_rollout.engines.base import GenerateOutput
 from relax_rollout.rewards import build_scorer
@@ -52,14 +53,19 @@ class RolloutWorker:
                     f"each token was routed to); got --rollout-backend {cfg.rollout.rollout_backend}"
                 )
             extra["record_routing"] = True
-        self.engine = build_engine(
-            cfg.rollout.rollout_backend,
-            model_path=model_path,
-            dtype=cfg.model.dtype,
-            eos_token_ids=[self.tokenizer.eos_token_id],
-            pad_token_id=self.tokenizer.pad_token_id,
-            **extra,
-        )
+        self.engine_service = None
+        if uses_pool(cfg):  # engines in their own processes, restarted when they crash, elastic
+            self.engine_service = EngineService(cfg, model_path)
+            self.engine = self.engine_service.pool
+        else:
+            self.engine = build_engine(
+                cfg.rollout.rollout_backend,
+                model_path=model_path,
+                dtype=cfg.model.dtype,
+                eos_token_ids=[self.tokenizer.eos_token_id],
+                pad_token_id=self.tokenizer.pad_token_id,
+                **extra,
+            )
         if cfg.algo.routing_replay and self.engine.routing is None:
             raise ValueError(f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks")
         ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key,
@@ -167,7 +173,13 @@ class RolloutWorker:
 
     def heartbeat(self) -> dict[str, Any]:
         """For the health manager: seconds since the loop last made progress (or polled idle)."""
-        return {"pid": os.getpid(), "age_s": time.monotonic() - self._beat if self._beat else 0.0}
+        age = time.monotonic() - self._beat if self._beat else 0.0
+        failed = self.engine_service.failed() if self.engine_service is not None else []
+        return {"pid": os.getpid(), "age_s": age, "failed_engines": failed}
+
+    def restart_engine(self, member_id: str) -> dict[str, Any]:
+        """Health manager: replace a failed engine process (it gets the current weights first)."""
+        return self.engine_service.restart(member_id)
 
     def weight_version(self) -> int:
         return self.engine.weight_version
@@ -602,6 +614,17 @@ class RolloutWorker:
     def get_spans(self) -> list[dict[str, Any]]:
         return self.tracer.get_spans()
 
+    def engines(self) -> list[dict[str, Any]]:
+        return self.engine_service.pool.members(include_removed=True) if self.engine_service else []
+
+    def engine_pids(self) -> dict[str, int]:
+        return self.engine_service.pids() if self.engine_service is not None else {}
+
+    def elastic_url(self) -> str | None:
+        return self.engine_service.elastic_url if self.engine_service is not None else None
+
     def close(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
+        if self.engine_service is not None:
+            self.engine_service.close()

@@ -1,0 +1,177 @@
+"""Elastic rollout during a running fully-async job: scale out by one ray_native engine and by one
+external engine served from another process, then scale in by two while requests are in flight. No
+request is lost, every new engine serves with the current weights, and the REST errors are the documented
+ones. The run is long and ended by SIGTERM (a graceful stop) once the scenario is done."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from relax_core.cli_config import build_config
+from relax_core.controller import Controller
+
+TOKEN = "elastic-test-token"
+
+
+def _call(base: str, method: str, path: str, body=None, token: str | None = TOKEN):
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def _wait_op(base: str, op_id: str, timeout_s: float = 240.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code, op = _call(base, "GET", f"/elastic/operations/{op_id}")
+        assert code == 200
+        if op["state"] in ("succeeded", "failed", "cancelled"):
+            return op
+        time.sleep(0.2)
+    raise AssertionError(f"operation {op_id} did not finish")
+
+
+def _trained_steps(metrics: Path) -> int:
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return sum('"train/loss"' in line for line in lines)
+
+
+def _wait_steps(metrics: Path, n: int, timeout_s: float = 300.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (k := _trained_steps(metrics)) < n:
+        assert time.monotonic() < deadline, f"training stalled at {k} steps"
+        time.sleep(0.05)
+    return k
+
+
+def _start_external(model: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relax_rollout.server",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--torch-threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    for line in proc.stdout:
+        if "listening on" in line:
+            return proc, line.strip().rsplit(" ", 1)[-1]
+    raise AssertionError("the external engine server did not start")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
+    out = tmp_path / "run"
+    cfg = build_config(
+        None,
+        ["--prompt-data", tiny_run_inputs.prompt_path, "--hf-checkpoint", tiny_run_inputs.model_path,
+         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+         "--num-rollout", "500", "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
+         "--no-trace", "--eval-interval", "1000", "--output-dir", str(out), "--fully-async",
+         "--max-staleness", "1", "--rollout-engines", "1", "--elastic-port", "0",
+         "--elastic-token", TOKEN, "--drain-timeout-s", "0.2"],
+    )  # fmt: skip
+    c = Controller(cfg, tiny_run_inputs)
+    seen: dict = {}
+    errors: list[BaseException] = []
+
+    def scenario():
+        try:
+            metrics = out / "metrics.jsonl"
+            _wait_steps(metrics, 2)
+            base = json.loads((out / "elastic.json").read_text())["url"]
+            # REST errors mid-run: 401 without the token, 400 bad body, 404 unknown op, 409 busy
+            seen["401"] = _call(base, "GET", "/elastic/engines", token=None)[0]
+            seen["400"] = _call(base, "POST", "/elastic/scale_out", {"num_replicas": "two"})
+            seen["404"] = _call(base, "GET", "/elastic/operations/nope")[0]
+            code, op = _call(base, "POST", "/elastic/scale_out", {"num_replicas": 2, "request_id": "out-1"})
+            assert code == 202, op
+            seen["409"] = _call(base, "POST", "/elastic/scale_in", {"num_replicas": 1})
+            seen["idempotent"] = _call(
+                base, "POST", "/elastic/scale_out", {"num_replicas": 2, "request_id": "out-1"}
+            )
+            seen["scale_out_ray"] = _wait_op(base, op["id"])
+            seen["steps_at_ray"] = _trained_steps(metrics)
+            proc, url = _start_external(tiny_run_inputs.model_path)
+            seen["proc"] = proc
+            code, op = _call(base, "POST", "/elastic/scale_out", {"engine_urls": [url]})
+            assert code == 202, op
+            seen["scale_out_external"] = _wait_op(base, op["id"])
+            k = _trained_steps(metrics)
+            _wait_steps(metrics, k + 3)  # the three engines serve a few steps
+            seen["engines_before_in"] = _call(base, "GET", "/elastic/engines")[1]
+            code, op = _call(base, "POST", "/elastic/scale_in", {"num_replicas": 1})  # while generating
+            assert code == 202, op
+            seen["scale_in"] = _wait_op(base, op["id"])
+            k = _trained_steps(metrics)
+            _wait_steps(metrics, k + 2)  # training goes on with the start-up engine alone
+            seen["openapi"] = _call(base, "GET", "/elastic/openapi.json")
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            errors.append(e)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # graceful stop: checkpoint after the current step
+
+    t = threading.Thread(target=scenario, daemon=True)
+    t.start()
+    try:
+        result = c.run()
+    finally:
+        t.join(timeout=60)
+        if "proc" in seen:
+            seen["proc"].kill()
+    if errors:
+        raise errors[0]
+
+    assert seen["401"] == 401 and seen["404"] == 404
+    assert seen["400"][0] == 400 and seen["400"][1]["param"] == "num_replicas"
+    assert seen["409"][0] == 409
+    assert seen["idempotent"][0] == 200 and seen["idempotent"][1]["state"] in (
+        "pending",
+        "running",
+        "succeeded",
+    )
+    for key in ("scale_out_ray", "scale_out_external", "scale_in"):
+        assert seen[key]["state"] == "succeeded", seen[key]
+    paths = seen["openapi"][1]["paths"]
+    assert {"/elastic/scale_out", "/elastic/scale_in", "/elastic/engines"} <= set(paths)
+
+    engines = {e["id"]: e for e in result.audit["engines"]}
+    kinds = sorted(e["kind"] for e in engines.values())
+    assert kinds == ["external", "ray_native", "startup"], engines
+    new = [e for e in engines.values() if e["kind"] != "startup"]
+    for e in new:  # joined with the then-current weights, served, then drained away
+        assert e["served"] > 0 and e["state"] == "removed", e
+    start_up = next(e for e in engines.values() if e["kind"] == "startup")
+    trained = [h for h in result.history if "train/loss" in h]
+    assert start_up["state"] == "active" and start_up["weight_version"] == len(trained)
+    # no request lost: every trained step had its full batch, no sample twice
+    ids = result.audit["trained_ids"]
+    assert len(ids) == len(set(ids)) == 8 * len(trained)
+    assert [h["step"] for h in trained] == list(range(1, len(trained) + 1))
+    assert not result.audit["health"], result.audit["health"]  # scaling is not a failure

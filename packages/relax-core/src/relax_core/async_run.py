@@ -109,22 +109,33 @@ class AsyncRun:
         from relax_core.controller import bus_config
 
         ray, cfg = self.ray, self.cfg
-        self.bus = RayBus.create(bus_config(cfg))
+        snap = Path(load) / "bus" if load else None
+        resume = Path(load) / "bus_resume.json" if load else None
+        from_snapshot = bool(load) and (snap / "manifest.json").is_file() and resume.is_file()
+        # the samples generated and not yet trained when the checkpoint was written come back as they were
+        self.bus = RayBus.restore(snap) if from_snapshot else RayBus.create(bus_config(cfg))
         for name in ["actor", "rollout", *self.loop_names()]:
             self.roles[name] = self._build(name)
         ray.get(self.roles["rollout"].reset_journal.remote())
         self.connect_dcs(republish=False)
         ray.get(self.roles["actor"].attach_rollout.remote(self.roles["rollout"]))
-        start = 0
+        start = rollout_start = 0
         if load:
             meta = ray.get(self.roles["actor"].load.remote(load))
-            start = int(meta["version"])
-            if "data" in meta:  # batches generated but never trained before the stop are drawn again
+            start = rollout_start = int(meta["version"])
+            if from_snapshot:  # rollout goes on after the batches the snapshot holds
+                r = json.loads(resume.read_text())
+                rollout_start = int(r["next_step"])
+                ray.get(self.roles["rollout"].load_data_state.remote(r["data"]))
+                ray.get(self.roles["rollout"].seed_journal.remote(r["begun"], rollout_start))
+            elif "data" in meta:  # no bus snapshot: batches generated but never trained are drawn again
                 ray.get(self.roles["rollout"].load_data_state.remote(meta["data"]))
-            self.bus.set_trainer_version(start)
+            if self.bus.trainer_version < start:
+                self.bus.set_trainer_version(start)
         ray.get(self.roles["actor"].publish_weights.remote())
         ray.get(self.roles["actor"].eval_now.remote(start))
-        self.futures = {"rollout": self.roles["rollout"].run.remote(start)}
+        self.futures = {"rollout": self.roles["rollout"].run.remote(rollout_start)}
+        self.resumed_from_bus = from_snapshot
         self.futures.update({n: self.roles[n].run.remote() for n in self.loop_names()})
         self.done = self.roles["actor"].run.remote(start, cfg.train.num_rollout)
         self.start_step = start

@@ -187,7 +187,7 @@ class Controller:
         actor.save_extra = lambda v: {"data": rollout.data_state(v)}
         start = 0
         if cfg.train.load:
-            meta = actor.backend.load_checkpoint(_latest_checkpoint(cfg.train.load))
+            meta = actor.load(_latest_checkpoint(cfg.train.load))
             start = int(meta["version"])
             if "data" in meta:  # the same prompts from here on as the run that wrote the checkpoint
                 rollout.load_data_state(meta["data"])
@@ -221,6 +221,7 @@ class Controller:
                 actor.save()
         audit = {
             "trained_ids": actor.get_trained_ids(),
+            "trained_prompts": actor.get_trained_prompts(),
             "trainer_weights": actor.get_weight_log(),
             "rollout_weights": rollout.get_weight_log(),
             "consumed": {c: bus.consumed_ids(c) for c in bcfg.consumers},

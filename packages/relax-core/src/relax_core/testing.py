@@ -123,3 +123,41 @@ def dead_json_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"json://127.0.0.1:{s.getsockname()[1]}/nobody"
+
+
+def signal_role_after(controller, trained_steps: int, role: str, sig: int | None = None) -> dict:
+    """Fault injection for a running fully-async :class:`~relax_core.controller.Controller`: once
+    ``trained_steps`` steps are in its metrics.jsonl, send ``sig`` (default SIGKILL) to the process of
+    ``role`` ("actor", "rollout", "actor_fwd", ... or "engine": the rollout role's first engine process).
+    Runs on a daemon thread; the returned dict gets ``pid``, ``at`` (time.time() of the signal) and, for
+    an engine, its ``engine`` id."""
+    import os
+    import signal
+    import threading
+    import time
+    from pathlib import Path
+
+    metrics = Path(controller.cfg.run.output_dir) / "metrics.jsonl"
+    out: dict = {}
+
+    def watch() -> None:
+        import ray
+
+        while True:
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            if sum('"train/loss"' in line for line in lines) >= trained_steps:
+                break
+            time.sleep(0.01)
+        if role == "engine":
+            pids = ray.get(controller.async_run.roles["rollout"].engine_pids.remote())
+            out["engine"], pid = sorted(pids.items())[0]
+        else:
+            pid = ray.get(controller.async_run.roles[role].heartbeat.remote())["pid"]
+        if pid == os.getpid():
+            raise RuntimeError(f"{role} runs in this process; refusing to signal it")
+        os.kill(pid, signal.SIGKILL if sig is None else sig)
+        out["pid"], out["at"] = pid, time.time()
+
+    out["thread"] = threading.Thread(target=watch, name=f"signal-{role}", daemon=True)
+    out["thread"].start()
+    return out

@@ -580,6 +580,14 @@ class RolloutWorker:
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             self.journal.write_text("")
 
+    def seed_journal(self, begun: dict[str, dict], next_step: int) -> None:
+        """Resumed from a checkpoint with a bus snapshot: the steps before ``next_step`` are on the bus
+        already (put by the previous run); record where each began, for later checkpoints and restarts."""
+        for step in sorted(int(k) for k in begun):
+            self._log_journal({"begin": step, "state": begun[str(step)]})
+            if step < next_step:
+                self._log_journal({"put": step, "prompts": [], "restored": True})
+
     def recover(self) -> int:
         """After the previous rollout process died: load the journal and return the first step that is
         not on the bus yet (its prompts come next, as they would have)."""
@@ -594,13 +602,13 @@ class RolloutWorker:
             if "begin" in e:
                 begun[int(e["begin"])] = e["state"]
             elif "put" in e:
-                put.append((int(e["put"]), list(e["prompts"])))
-        done = {s for s, _ in put}
+                put.append((int(e["put"]), list(e["prompts"]), bool(e.get("restored"))))
+        done = {s for s, _, _ in put}
         pending = sorted(s for s in begun if s not in done)
         start = pending[0] if pending else (max(done) + 1 if done else 0)
         if start in begun:
             self.prompts.load_state_dict(begun[start])
-        self.prompt_log = sorted(put)
+        self.prompt_log = sorted((s, p) for s, p, restored in put if not restored)
         self.step_states = {s: st for s, st in begun.items() if s < start}
         return start
 

@@ -383,10 +383,14 @@ class ActorWorker:
             and self.cfg.train.save_interval
             and (step + 1) % self.cfg.train.save_interval == 0
         ):
-            self.save()
+            saved = self.save()
+        else:
+            saved = None
         # ack last: if this process dies before, the batch comes back, unless the checkpoint above
         # already holds it (the health manager acks what a restarted trainer's checkpoint covers)
         self.bus.ack("actor_train", batch.lease_id)
+        if saved is not None:
+            self.save_bus(saved)
         return metrics
 
     def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
@@ -394,6 +398,7 @@ class ActorWorker:
             self.train(step)
             if self._stop_dir is not None and step + 1 < num_steps:  # asked to stop: checkpoint, end early
                 self.interrupted_at = self.save(self._stop_dir)
+                self.save_bus(self.interrupted_at)
                 break
         return self.history
 
@@ -408,21 +413,41 @@ class ActorWorker:
         return self.interrupted_at
 
     def attach_rollout(self, rollout: Any) -> None:
-        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version
-        (from the rollout journal when there is one: the rollout role may be down and restarting)."""
+        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version."""
+        self._rollout = rollout
+        self.save_extra = lambda v: {"data": self.data_state(v)}
+
+    def data_state(self, step: int) -> dict:
+        """Where the rollout's prompts stood when rollout step ``step`` began: from the rollout journal when
+        there is one (the rollout role may be down and restarting), else from the rollout actor."""
         import ray
 
         journal = self.out / "rollout_journal.jsonl"
+        if journal.is_file():
+            for line in reversed(journal.read_text().splitlines()):
+                e = json.loads(line) if line.strip() else {}
+                if e.get("begin") == step:
+                    return e["state"]
+        return ray.get(self._rollout.data_state.remote(step), timeout=120)
 
-        def data_state(v: int) -> dict:
-            if journal.is_file():
-                for line in reversed(journal.read_text().splitlines()):
-                    e = json.loads(line) if line.strip() else {}
-                    if e.get("begin") == v:
-                        return {"data": e["state"]}
-            return {"data": ray.get(rollout.data_state.remote(v), timeout=120)}
+    def save_bus(self, checkpoint: str) -> None:
+        """Fully async: put the bus (samples generated and not trained yet) into the checkpoint, with the
+        rollout step that comes after them and where its prompts start, so a resumed run trains those
+        samples instead of generating them again. Called after the step's batch is acked, so the snapshot
+        never holds a trained sample; a checkpoint without it resumes by drawing those prompts again."""
+        if getattr(self, "_rollout", None) is None:
+            return
+        from relax_bus import snapshot
 
-        self.save_extra = data_state
+        path = Path(checkpoint) / "bus"
+        with self.tracer.span("save_bus", version=self.backend.version):
+            self.bus.snapshot(path)
+            steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(path)["samples"]]
+            nxt = max([self.backend.version, *(s + 1 for s in steps)])
+            # where each rollout step from the trainer's version on began: the resumed run's journal
+            begun = {str(s): self.data_state(s) for s in range(self.backend.version, nxt + 1)}
+            resume = {"next_step": nxt, "data": begun[str(nxt)], "begun": begun}
+            (Path(checkpoint) / "bus_resume.json").write_text(json.dumps(resume))
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def eval_now(self, step: int) -> float | None:

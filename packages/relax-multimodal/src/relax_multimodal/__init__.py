@@ -24,7 +24,7 @@ from .processor import (
 from .specs import MODELS, ModelSpec, get_spec, smart_nframes, smart_resize
 from .video import VideoItem, process_video, sample_indices
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "MODELS",

@@ -1,3 +1,3 @@
 """relax_train."""
 
-__version__ = "0.2.0"
+__version__ = "0.4.0"

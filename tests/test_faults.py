@@ -1,20 +1,21 @@
 """Fault injection on a running fully-async job (real local Ray cluster): a role's process is killed
 with SIGKILL mid-run; the health manager restarts it and the run finishes having trained on exactly the
-prompts an uninterrupted run with the same seed trains on — nothing lost, nothing twice."""
+prompts an uninterrupted run with the same seed trains on — nothing lost, nothing twice. Also: escalation to a
+global restart, the bound on restarts (RunFailed), and a hung (SIGSTOPped) role found by its heartbeat."""
 
 from __future__ import annotations
 
 import collections
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
+from relax_core.health import RunFailed
+from relax_core.testing import json_webhook, signal_role_after
 
 STEPS = 8
 
@@ -28,33 +29,6 @@ def _cfg(inputs, out, *extra):
          "--no-trace", "--eval-interval", "4", "--output-dir", str(out), "--fully-async", "--max-staleness", "1",
          "--save", str(Path(out) / "ckpt"), "--save-interval", "1", *extra],
     )  # fmt: skip
-
-
-def _kill_after(controller: Controller, metrics: Path, trained_steps: int, role: str) -> dict:
-    """SIGKILL the process of ``role`` once ``trained_steps`` steps are in metrics.jsonl."""
-    out: dict = {}
-
-    def watch():
-        import ray
-
-        while True:
-            lines = metrics.read_text().splitlines() if metrics.exists() else []
-            if sum('"train/loss"' in line for line in lines) >= trained_steps:
-                break
-            time.sleep(0.01)
-        if role == "engine":  # one of the rollout role's engine processes
-            pids = ray.get(controller.async_run.roles["rollout"].engine_pids.remote())
-            out["engine"], pid = sorted(pids.items())[0]
-        else:
-            pid = ray.get(controller.async_run.roles[role].heartbeat.remote())["pid"]
-        assert pid != os.getpid()
-        os.kill(pid, signal.SIGKILL)
-        out["pid"], out["at"] = pid, time.monotonic()
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    out["thread"] = t
-    return out
 
 
 def _trained_prompts(result) -> collections.Counter:
@@ -72,7 +46,7 @@ def uninterrupted(tiny_run_inputs, tmp_path_factory):
 @pytest.mark.parametrize("role", ["actor_fwd", "rollout", "actor"])
 def test_killed_role_is_restarted_and_trains_the_same_prompts(tiny_run_inputs, tmp_path, uninterrupted, role):
     c = Controller(_cfg(tiny_run_inputs, tmp_path / role), tiny_run_inputs)
-    kill = _kill_after(c, tmp_path / role / "metrics.jsonl", 2, role)
+    kill = signal_role_after(c, 2, role)
     result = c.run()
     assert "pid" in kill, "the role was never killed (the run ended first)"
     events = result.audit["health"]
@@ -93,7 +67,7 @@ def test_killed_engine_process_requests_are_reissued_and_it_restarts(
     """Two engines in their own processes (ray_native); one is SIGKILLed mid-run: its requests go to the
     other, it is restarted with the current weights, and the trained prompts are the uninterrupted run's."""
     c = Controller(_cfg(tiny_run_inputs, tmp_path / "eng", "--rollout-engines", "2"), tiny_run_inputs)
-    kill = _kill_after(c, tmp_path / "eng" / "metrics.jsonl", 1, "engine")
+    kill = signal_role_after(c, 1, "engine")
     result = c.run()
     assert "pid" in kill, "no engine was killed (the run ended first)"
     events = [e for e in result.audit["health"] if e["role"].startswith("engine")]
@@ -106,3 +80,93 @@ def test_killed_engine_process_requests_are_reissued_and_it_restarts(
     assert dead["state"] == "removed" and new["state"] == "active" and new["weight_version"] == STEPS
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
+
+
+@pytest.fixture
+def hook():
+    pytest.importorskip("apprise")
+    with json_webhook() as (url, received):
+        yield url + "/hook", received
+
+
+def _titles(received) -> list[str]:
+    return [body["title"] for _, body in received]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_repeated_failure_escalates_to_a_global_restart_from_the_checkpoint(
+    tiny_run_inputs, tmp_path, uninterrupted, hook
+):
+    """No in-place restart allowed: the killed role's failure restarts every role and the bus from the last
+    checkpoint, the run still trains exactly the uninterrupted run's prompts, and a notification says so."""
+    url, received = hook
+    out = tmp_path / "global"
+    flags = ["--max-restarts-per-role", "0", "--max-global-restarts", "1", "--notify-urls", url]
+    c = Controller(_cfg(tiny_run_inputs, out, *flags), tiny_run_inputs)
+    kill = signal_role_after(c, 2, "actor_fwd")
+    result = c.run()
+    assert "pid" in kill, "the role was never killed (the run ended first)"
+    events = result.audit["health"]
+    assert [(e["role"], e["action"], e["attempt"]) for e in events] == [("actor_fwd", "global_restart", 1)]
+    assert events[0]["recovery_s"] is not None
+    assert _trained_prompts(result) == _trained_prompts(uninterrupted)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
+    steps = [h["step"] for h in result.history if "train/loss" in h]
+    assert steps == list(range(1, STEPS + 1))
+    assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "restarted", "finished")]
+    restarted = received[1][1]["message"]
+    assert restarted.startswith("attempt 1: actor_fwd (global restart): "), restarted
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_path, hook):
+    """No restart left: the run stops with RunFailed naming the role and the flags, says so by notification,
+    and leaves no Ray instance behind."""
+    import ray
+
+    url, received = hook
+    out = tmp_path / "bound"
+    flags = ["--max-restarts-per-role", "0", "--max-global-restarts", "0", "--notify-urls", url]
+    c = Controller(_cfg(tiny_run_inputs, out, *flags), tiny_run_inputs)
+    kill = signal_role_after(c, 1, "actor_fwd")
+    with pytest.raises(RunFailed) as info:
+        c.run()
+    assert "pid" in kill
+    msg = str(info.value)
+    assert "'actor_fwd' failed" in msg, msg
+    assert "--max-restarts-per-role" in msg and "--max-global-restarts" in msg, msg
+    assert not ray.is_initialized()  # the roles are gone with the Ray instance the run started
+    assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "failed")]
+    assert received[1][1]["message"].startswith(f"RunFailed: {msg}\n"), received[1][1]["message"]
+    assert received[1][1]["type"] == "failure"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_hung_role_misses_its_heartbeat_and_is_restarted(tiny_run_inputs, tmp_path, uninterrupted):
+    """A stopped (SIGSTOP) process neither dies nor answers: the heartbeat time-out finds it."""
+    out = tmp_path / "hung"
+    flags = ["--heartbeat-interval-s", "0.5", "--heartbeat-timeout-s", "5"]
+    c = Controller(_cfg(tiny_run_inputs, out, *flags), tiny_run_inputs)
+    stop = signal_role_after(c, 2, "advantages", signal.SIGSTOP)
+    try:
+        result = c.run()
+    finally:
+        stop["thread"].join(timeout=30)
+        if "pid" in stop:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(stop["pid"], sig)
+                except ProcessLookupError:
+                    break
+    assert "pid" in stop, "the role was never stopped (the run ended first)"
+    events = result.audit["health"]
+    assert [(e["role"], e["action"]) for e in events] == [("advantages", "restart")], events
+    assert "no heartbeat answer" in events[0]["reason"] and "--heartbeat-timeout-s 5" in events[0]["reason"]
+    assert events[0]["recovery_s"] is not None
+    assert _trained_prompts(result) == _trained_prompts(uninterrupted)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
+    steps = [h["step"] for h in result.history if "train/loss" in h]
+    assert steps == list(range(1, STEPS + 1))

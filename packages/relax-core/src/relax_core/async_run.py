@@ -266,6 +266,8 @@ class AsyncRun:
         if name == "rollout":
             start = ray.get(new.recover.remote())
             self._engine_jobs = {}  # a new rollout process has its own engines
+            # the trainer's checkpoints ask the rollout for its data position: not the dead actor's handle
+            ray.get(self.roles["actor"].attach_rollout.remote(new))
         if name == "actor" or name in self.receivers:
             version = self.connect_dcs(republish=True)
             if name in self.receivers:

@@ -516,7 +516,7 @@ class RolloutWorker:
         is generated."""
         import queue
 
-        from relax_bus import BusClosed
+        from relax_bus import BusClosed, BusTimeout
 
         s = self.cfg.run.max_staleness
         wait_policy = self.cfg.run.staleness_policy == "wait"
@@ -538,9 +538,14 @@ class RolloutWorker:
         step = start_step
         try:
             while not failure:
-                self._beat = time.monotonic()
                 t0 = time.perf_counter()
-                self.bus.admit(step)
+                while True:  # poll, so the heartbeat shows a live loop while back-pressure holds it
+                    self._beat = time.monotonic()
+                    try:
+                        self.bus.admit(step, timeout=1.0)
+                        break
+                    except BusTimeout:
+                        continue
                 need = max(0, step - s) if wait_policy else 0
                 with self._cond:
                     while self.engine.weight_version < need:
@@ -551,6 +556,7 @@ class RolloutWorker:
                 self.stats["wait_s"] += time.perf_counter() - t0
                 pending = self._collect(step)
                 while thread.is_alive():
+                    self._beat = time.monotonic()  # (waiting for the previous batch's scoring and put)
                     try:
                         handoff.put(pending, timeout=0.5)
                         break

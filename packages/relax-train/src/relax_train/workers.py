@@ -423,12 +423,19 @@ class ActorWorker:
         import ray
 
         journal = self.out / "rollout_journal.jsonl"
-        if journal.is_file():
-            for line in reversed(journal.read_text().splitlines()):
-                e = json.loads(line) if line.strip() else {}
-                if e.get("begin") == step:
-                    return e["state"]
-        return ray.get(self._rollout.data_state.remote(step), timeout=120)
+        deadline = time.monotonic() + 300.0
+        while True:
+            if journal.is_file():
+                for line in reversed(journal.read_text().splitlines()):
+                    e = json.loads(line) if line.strip() else {}
+                    if e.get("begin") == step:
+                        return e["state"]
+            try:
+                return ray.get(self._rollout.data_state.remote(step), timeout=60)
+            except Exception:  # the rollout role is down: the health manager restarts and re-attaches it
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def save_bus(self, checkpoint: str) -> None:
         """Fully async: put the bus (samples generated and not trained yet) into the checkpoint, with the

@@ -1,0 +1,142 @@
+"""The health manager's policy and heartbeat bookkeeping (pure Python: no Ray, explicit clocks)."""
+
+from __future__ import annotations
+
+from relax_core.health import HealthPolicy, Heartbeats
+
+
+def _actions(policy: HealthPolicy) -> list[tuple[str, str, int]]:
+    return [(e.role, e.action, e.attempt) for e in policy.events]
+
+
+def test_restarts_in_place_up_to_the_bound_then_globally_then_stops():
+    p = HealthPolicy(max_restarts_per_role=2, max_global_restarts=1)
+    assert p.decide("rollout", "died").action == "restart"
+    assert p.decide("rollout", "died").action == "restart"
+    # another role has its own count
+    assert p.decide("advantages", "died").action == "restart"
+    ev = p.decide("rollout", "died again")
+    assert (ev.action, ev.attempt, ev.reason) == ("global_restart", 1, "died again")
+    assert p.per_role == {}  # a global restart resets every role's count
+    assert p.decide("rollout", "x").action == "restart"
+    assert p.decide("rollout", "x").action == "restart"
+    ev = p.decide("rollout", "x")
+    assert (ev.action, ev.attempt) == ("stop", 1)
+    assert _actions(p) == [
+        ("rollout", "restart", 1),
+        ("rollout", "restart", 2),
+        ("advantages", "restart", 1),
+        ("rollout", "global_restart", 1),
+        ("rollout", "restart", 1),
+        ("rollout", "restart", 2),
+        ("rollout", "stop", 1),
+    ]
+
+
+def test_zero_bounds():
+    p = HealthPolicy(0, 1)
+    assert p.decide("actor_fwd", "died").action == "global_restart"
+    assert p.decide("actor_fwd", "died").action == "stop"
+    p = HealthPolicy(0, 0)
+    assert p.decide("actor", "died").action == "stop"
+
+
+def test_no_in_place_restart_possible_goes_global():
+    p = HealthPolicy(3, 1)
+    ev = p.decide("actor", "died", in_place_possible=False)
+    assert (ev.action, ev.attempt) == ("global_restart", 1)
+
+
+def test_escalate_replaces_the_event_and_counts_no_second_in_place_try():
+    p = HealthPolicy(2, 1)
+    ev = p.decide("actor", "died")
+    assert (ev.action, ev.attempt) == ("restart", 1)
+    ev2 = p.escalate(ev, "3 trained samples are not in the last checkpoint")
+    assert ev2.action == "global_restart" and ev2.role == "actor"
+    assert "died" in ev2.reason and "in-place restart impossible: 3 trained samples" in ev2.reason
+    assert p.events == [ev2]  # the in-place attempt that never happened is not on the record
+    # with no global restart left, escalation stops the run
+    p = HealthPolicy(2, 0)
+    ev = p.decide("actor", "died")
+    ev2 = p.escalate(ev, "no checkpoint")
+    assert ev2.action == "stop" and p.events == [ev2]
+
+
+def test_stop_reason_names_role_reason_and_flags():
+    p = HealthPolicy(1, 1)
+    assert [p.decide("actor_fwd", r).action for r in "abc"] == ["restart", "global_restart", "restart"]
+    ev = p.decide("actor_fwd", "ActorDiedError: boom")
+    assert ev.action == "stop"
+    msg = p.stop_reason(ev)
+    assert "'actor_fwd'" in msg and "ActorDiedError: boom" in msg
+    assert "--max-restarts-per-role" in msg and "--max-global-restarts" in msg
+    assert "1 in-place restart(s)" in msg and "1 global restart(s)" in msg
+
+
+class Ref:
+    """A stand-in for a Ray ObjectRef (hashable, compared by identity)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Ref({self.name})"
+
+
+def test_heartbeat_due_respects_interval():
+    hb = Heartbeats(interval_s=2.0, timeout_s=10.0)
+    assert hb.due(100.0)  # never sent
+    hb.sent("actor", Ref("a"), now=100.0)
+    assert not hb.due(100.0) and not hb.due(101.9)
+    assert hb.due(102.0) and hb.due(105.0)
+
+
+def test_healthy_answers_are_not_reported_and_clear_the_pending_call():
+    hb = Heartbeats(interval_s=1.0, timeout_s=5.0)
+    a, b = Ref("a"), Ref("b")
+    hb.sent("actor", a, 0.0)
+    hb.sent("rollout", b, 0.0)
+    out = hb.check({a, b}, {a: {"pid": 1, "age_s": 0.2}, b: {"pid": 2, "age_s": 4.9}}, now=1.0)
+    assert out == []
+    assert hb._pending == {}
+    assert hb.check(set(), {}, now=100.0) == []  # nothing pending: nothing late
+
+
+def test_a_silent_role_is_reported_after_the_timeout_only():
+    hb = Heartbeats(interval_s=1.0, timeout_s=5.0)
+    a, b = Ref("a"), Ref("b")
+    hb.sent("advantages", a, 10.0)
+    hb.sent("actor", b, 10.0)
+    assert hb.check(set(), {}, now=14.9) == []
+    # a second heartbeat round while one is outstanding keeps the first (its send time counts)
+    hb.sent("advantages", Ref("a2"), 12.0)
+    out = hb.check({b}, {b: {"age_s": 0.0}}, now=15.5)
+    assert [r for r, _ in out] == ["advantages"]
+    assert "no heartbeat answer for 6s" in out[0][1] and "--heartbeat-timeout-s 5" in out[0][1]
+    assert hb.check(set(), {}, now=30.0) == []  # reported once
+
+
+def test_a_stuck_loop_is_reported():
+    hb = Heartbeats(interval_s=1.0, timeout_s=5.0)
+    a = Ref("a")
+    hb.sent("rollout", a, 0.0)
+    out = hb.check({a}, {a: {"pid": 7, "age_s": 42.0}}, now=0.1)
+    assert out == [("rollout", "no progress for 42s (--heartbeat-timeout-s 5)")]
+
+
+def test_an_exception_answer_is_reported():
+    hb = Heartbeats(interval_s=1.0, timeout_s=5.0)
+    a, b = Ref("a"), Ref("b")
+    hb.sent("actor_fwd", a, 0.0)
+    hb.sent("actor", b, 0.0)
+    out = hb.check({a, b}, {a: RuntimeError("actor died\nmore"), b: {"age_s": 1.0}}, now=0.5)
+    assert len(out) == 1 and out[0][0] == "actor_fwd"
+    assert out[0][1].startswith("heartbeat failed: RuntimeError: actor died")
+
+
+def test_forget_drops_the_pending_call():
+    hb = Heartbeats(interval_s=1.0, timeout_s=5.0)
+    hb.sent("actor", Ref("a"), 0.0)
+    hb.forget("actor")
+    hb.forget("nobody")
+    assert hb.check(set(), {}, now=100.0) == []

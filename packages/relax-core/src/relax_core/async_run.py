@@ -254,7 +254,7 @@ class AsyncRun:
         ray = self.ray
         self._kill(name)
         if name == "actor":
-            ckpt, meta = self._trainer_checkpoint()
+            ckpt = self._trainer_checkpoint()
         if name in CONSUMER_OUTPUT:
             self.bus.reset_consumer(name, done_if_written=CONSUMER_OUTPUT[name])
         new = self.roles[name] = self._build(name)
@@ -279,7 +279,7 @@ class AsyncRun:
         else:
             self.futures[name] = new.run.remote()
 
-    def _trainer_checkpoint(self) -> tuple[str | None, dict | None]:
+    def _trainer_checkpoint(self) -> str | None:
         """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
         from relax_core.controller import _latest_checkpoint
 
@@ -304,7 +304,7 @@ class AsyncRun:
             if set(ids) <= covered:  # trained and saved; the process died before acking
                 self.bus.ack("actor_train", lease_id)
         self.bus.reset_consumer("actor_train")
-        return ckpt, None
+        return ckpt
 
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""

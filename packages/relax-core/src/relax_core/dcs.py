@@ -180,6 +180,11 @@ class WeightSender:
     def connect(self) -> None:
         self._ep.connect()
 
+    @property
+    def last_version(self) -> int | None:
+        """The last version broadcast through this sender (None before the first)."""
+        return self._last_version
+
     def _publish(self, header: dict) -> int:
         store = self._ep.store
         for seq in list(self._unacked):  # drop headers every receiver has read

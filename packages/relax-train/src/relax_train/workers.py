@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -238,6 +239,7 @@ class ActorWorker:
         self.history: list[dict[str, Any]] = []
         self.weight_log: dict[int, str] = {}
         self.trained_ids: list[int] = []
+        self._dcs_lock = threading.RLock()
         self.trained_prompts: list[list[str]] = []
         """Prompt ids of every trained batch, one list per step (for audits: exact resume, restarts)."""
         self.out = Path(cfg.run.output_dir)
@@ -255,21 +257,17 @@ class ActorWorker:
         """Open the weight broadcast to ``world_size - 1`` receivers. The health manager calls it again
         after a role restarted (``republish``: send the current weights at once, so the newcomer and
         anyone who missed a broadcast catch up). Returns the version the receivers will hold."""
-        import threading
-
         from relax_core.dcs import WeightSender
 
-        if not hasattr(self, "_dcs_lock"):
-            self._dcs_lock = threading.Lock()
-        with self._dcs_lock:
+        with self._dcs_lock:  # no training-step broadcast in between: it would race the re-send
             if self._sender is not None:  # a member died: drop the old group without the handshake
                 self._sender.abandon()
             self._sender = WeightSender(init_method, world_size)
             self._sender.connect()
             self.publish = lambda named, v: self._sender.broadcast(named, v)
-        if republish:
-            self.publish_weights()
-        return self.backend.version
+            if republish:
+                self.publish_weights()
+            return self.backend.version
 
     dcs_failures = 0
     """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
@@ -282,11 +280,10 @@ class ActorWorker:
             self.weight_log[self.backend.version] = checksum(named)
         if self.publish is None:
             return
-        lock = getattr(self, "_dcs_lock", None)
-        if lock is None:
-            self.publish(named, self.backend.version)
-            return
-        with lock:
+        with self._dcs_lock:
+            last = self._sender.last_version if self._sender is not None else None
+            if last is not None and self.backend.version <= last:
+                return  # this group has these weights already (sent when it was formed)
             try:
                 self.publish(named, self.backend.version)
             except RuntimeError:
@@ -329,7 +326,8 @@ class ActorWorker:
             batch = self._take_batch(step)
         t1 = time.perf_counter()
         d = batch.data
-        with self.tracer.span("train", step=step, n=len(batch)):
+        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
+        with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
         self.trained_ids.extend(batch.ids)
         self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])

@@ -192,6 +192,8 @@ class Server:
                     conn.send(reply)
                 except (pickle.PicklingError, TypeError, AttributeError) as e:
                     conn.send((False, RuntimeError(f"relax-bus: unpicklable reply to {method}: {e!r}")))
+                except OSError:  # the client's process died while waiting (e.g. in a blocking get)
+                    return
 
     def close(self) -> None:
         self.listener.close()

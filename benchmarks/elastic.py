@@ -92,13 +92,15 @@ def main() -> None:
         assert op["state"] == "succeeded", op
         result["scale_out_s"][n] = time.perf_counter() - t0
         result["throughput_tok_s"][n] = measure()
-    gen = threading.Thread(target=pool.generate, args=(prompts, params))
+    # scale in while a long batch (8x) is being generated: its requests on the removed engine drain
+    gen = threading.Thread(target=pool.generate, args=(prompts * 8, params))
     gen.start()
-    time.sleep(0.5)
+    time.sleep(0.05)
     t0 = time.perf_counter()
     op = _wait(base, _post(base, "/elastic/scale_in", {"num_replicas": 1})["id"])
     result["scale_in_s"] = time.perf_counter() - t0
     gen.join()
+    result["batch_s_during_scale_in"] = time.perf_counter() - t0
     result["pool"] = pool.stats()
     base1 = statistics.median(result["throughput_tok_s"][1])
     for n, rates in result["throughput_tok_s"].items():

@@ -103,6 +103,14 @@ class RolloutConfig(_Section):
     rollout_external_urls: list[str] = []
     """Base URLs (``http://host:port``) of running SGLang-compatible engine servers, e.g. SGLang or
     ``python -m relax_rollout.server``; required by (and only used with) --rollout-backend external."""
+    rollout_num_gpus: int = Field(0, ge=0)
+    """GPUs for rollout engines in total (--rollout-backend sglang); 0 with the torch engine on CPU."""
+    rollout_num_gpus_per_engine: int = Field(1, ge=1)
+    """GPUs per SGLang engine (its tensor-parallel size); engines = rollout-num-gpus / this."""
+    sglang_mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0)
+    """SGLang's --mem-fraction-static (KV cache share of GPU memory); None = SGLang's default."""
+    sglang_server_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra `sglang.launch_server` flags, e.g. '{context_length: 32768, chunked_prefill_size: 4096}'."""
     rollout_engines: int = Field(0, ge=0)
     """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
     0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed
@@ -156,6 +164,23 @@ class TrainConfig(_Section):
     """Checkpoint directory to resume from."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
+    # -- GPU training (--train-backend megatron); ignored by the torch backend --------------------
+    actor_num_nodes: int = Field(1, ge=1)
+    """Nodes the trainer (Actor) spans."""
+    actor_num_gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node for the trainer; 0 = CPU (the torch backend's default path)."""
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """Megatron tensor parallelism (TP): each layer's matrices split over this many GPUs."""
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Megatron pipeline parallelism (PP): layers split into this many stages."""
+    context_parallel_size: int = Field(1, ge=1)
+    """Megatron context parallelism (CP): each sequence split over this many GPUs."""
+    expert_model_parallel_size: int = Field(1, ge=1)
+    """Megatron expert parallelism (EP, MoE models): experts split over this many GPUs."""
+    expert_tensor_parallel_size: int | None = Field(None, ge=1)
+    """Tensor parallelism inside each expert (default: --tensor-model-parallel-size)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (with TP > 1): norms and dropout on sequence shards."""
 
 
 class AlgoConfig(_Section):
@@ -339,7 +364,32 @@ class RelaxConfig(_Section):
                 f"--max-staleness {self.run.max_staleness} needs --fully-async: colocate mode is strictly "
                 "on-policy (staleness 0)"
             )
+        t = self.train
+        if t.train_backend == "megatron":
+            world = t.actor_num_nodes * t.actor_num_gpus_per_node
+            if world == 0:
+                raise ValueError("--train-backend megatron runs on GPUs: set --actor-num-gpus-per-node (≥ 1)")
+            mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+            if world % mp:
+                raise ValueError(
+                    f"--actor-num-nodes × --actor-num-gpus-per-node ({world} GPUs) must be a multiple of TP × PP × "
+                    f"CP ({t.tensor_model_parallel_size} × {t.pipeline_model_parallel_size} × "
+                    f"{t.context_parallel_size} = {mp}); the rest is data parallelism"
+                )
+            etp = t.expert_tensor_parallel_size or t.tensor_model_parallel_size
+            if (world // t.pipeline_model_parallel_size) % (t.expert_model_parallel_size * etp):
+                raise ValueError(
+                    f"expert parallelism: EP × expert TP ({t.expert_model_parallel_size} × {etp}) must divide the "
+                    f"GPUs of one pipeline stage ({world // t.pipeline_model_parallel_size})"
+                )
         r = self.rollout
+        if r.rollout_backend == "sglang" and (
+            r.rollout_num_gpus == 0 or r.rollout_num_gpus % r.rollout_num_gpus_per_engine
+        ):
+            raise ValueError(
+                f"--rollout-backend sglang: --rollout-num-gpus ({r.rollout_num_gpus}) must be a positive multiple of "
+                f"--rollout-num-gpus-per-engine ({r.rollout_num_gpus_per_engine})"
+            )
         if (r.rollout_engines or r.elastic_port is not None) and self.run.mode != "fully_async":
             raise ValueError(
                 "--rollout-engines / --elastic-port need --fully-async: engine processes and the elastic API "

@@ -1,4 +1,4 @@
-"""The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`.
+"""The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`, `relax prepare-data FORMAT SRC OUT`.
 
 With no config and no --prompt-data, `relax train` runs the CPU demo (a real RL run in minutes).
 """
@@ -8,12 +8,16 @@ from __future__ import annotations
 import sys
 
 USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
+       relax prepare-data FORMAT SRC OUT.jsonl
 
   relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
   relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
                                     audio multiple-choice questions mixed in every batch)
   relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
   relax train --help                every flag with its default and meaning
+  relax prepare-data avqa SRC OUT   a public dataset's own file to the jsonl `relax train` reads
+                                    (formats dapo-math, openr1-mm, avqa; see `relax prepare-data --help`
+                                    and the GPU recipes in apps/relax/recipes/)
 """
 
 
@@ -23,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "prepare-data":
+        from relax_app.recipes.loaders import main as prepare_data
+
+        return prepare_data(rest)
     if command != "train":
         print(f"relax: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

@@ -12,9 +12,10 @@ def simple_bus():
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray cluster for every Ray test of the session (starting one costs seconds)."""
+    """One local Ray cluster per test module (starting one costs seconds); not per session: the
+    cross-package runs after these tests start clusters of their own sizes."""
     ray = pytest.importorskip("ray")
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # under `uv run`, workers reuse this venv as is
     if not ray.is_initialized():

@@ -306,17 +306,23 @@ class AsyncRun:
         self.bus.reset_consumer("actor_train")
         return ckpt
 
+    def teardown(self) -> None:
+        """Kill every role and the bus: on a Ray cluster the run does not own (tests, notebooks, a shared
+        cluster) they would otherwise stay, holding CPUs, memory and shared-memory files."""
+        for name in list(self.roles):
+            self._kill(name)
+        if self.bus is not None:
+            try:
+                self.bus.kill()
+            except Exception:  # noqa: BLE001 - the bus may be what died
+                pass
+        self.roles, self.futures, self.bus = {}, {}, None
+
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
         from relax_core.controller import _latest_checkpoint
 
-        for name in list(self.roles):
-            self._kill(name)
-        try:
-            self.bus.kill()
-        except Exception:  # noqa: BLE001 - the bus may be what died
-            pass
-        self.roles, self.futures = {}, {}
+        self.teardown()
         ckpt = None
         if self.cfg.train.save:
             try:

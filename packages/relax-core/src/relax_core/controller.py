@@ -343,6 +343,7 @@ class Controller:
             )
         finally:
             stop.__exit__()
+            run.teardown()
             if started_ray:
                 ray.shutdown()
 

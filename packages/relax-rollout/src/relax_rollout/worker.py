@@ -46,6 +46,10 @@ class RolloutWorker:
         extra = (
             {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
         )
+        if cfg.rollout.rollout_backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
+            from relax_rollout.engines.sglang import engine_kwargs
+
+            extra = engine_kwargs(cfg)
         if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
             if cfg.rollout.rollout_backend != "torch":
                 raise ValueError(
@@ -642,3 +646,5 @@ class RolloutWorker:
             self._receiver.close()
         if self.engine_service is not None:
             self.engine_service.close()
+        elif callable(getattr(self.engine, "close", None)):  # an engine owning processes (sglang)
+            self.engine.close()

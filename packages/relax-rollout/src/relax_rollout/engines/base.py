@@ -54,20 +54,14 @@ class RolloutEngine(Protocol):
 ENGINES: dict[str, str] = {
     "torch": "relax_rollout.engines.torch_engine:TorchEngine",
     "external": "relax_rollout.engines.external:ExternalEngine",
+    "sglang": "relax_rollout.engines.sglang:SGLangEngine",
 }
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Build the engine registered as ``name``; heavy backends are imported here, not before."""
     if name not in ENGINES:
-        raise ValueError(
-            f"unknown --rollout-backend {name!r}; available: {sorted(ENGINES)}"
-            + (
-                " (the sglang engine needs `pip install 'relax-rollout[sglang]'` and a GPU)"
-                if name == "sglang"
-                else ""
-            )
-        )
+        raise ValueError(f"unknown --rollout-backend {name!r}; available: {sorted(ENGINES)}")
     module, _, attr = ENGINES[name].partition(":")
     cls = getattr(importlib.import_module(module), attr)
     return cls(**kwargs)

@@ -103,11 +103,32 @@ def min_tokens(params: SamplingParams, n: int) -> list[int]:
     return list(mins) if isinstance(mins, list) else [mins] * n
 
 
-def generate_body(prompts: list[list[int]], params: SamplingParams, mins: list[int]) -> dict:
-    """A ``/generate`` request for a batch: one sampling dict, or one per prompt when the minima differ."""
+def generate_body(
+    prompts: list[list[int]],
+    params: SamplingParams,
+    mins: list[int],
+    fields: list[dict[str, Any]] | None = None,
+    common: dict[str, Any] | None = None,
+) -> dict:
+    """A ``/generate`` request for a batch: one sampling dict, or one per prompt when the minima differ.
+
+    ``fields``: per-prompt request fields (one dict per prompt, all with the same keys), sent as one list per
+    key (SGLang's batch form, e.g. ``rid``, ``image_data``); ``common``: request-level fields (e.g.
+    ``return_routed_experts``)."""
     sps = [sampling_dict(params, m) for m in mins]
-    return {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
+    body = {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
             "return_logprob": True}  # fmt: skip
+    if common:
+        body.update(common)
+    if fields is not None:
+        if len(fields) != len(prompts):
+            raise ValueError(f"{len(fields)} per-prompt field dicts for {len(prompts)} prompts")
+        keys = set(fields[0]) if fields else set()
+        if any(set(f) != keys for f in fields):
+            raise ValueError("every prompt's request fields must have the same keys")
+        for key in sorted(keys):
+            body[key] = [f[key] for f in fields]
+    return body
 
 
 def parse_generate(results: list[dict]) -> list[GenerateOutput]:

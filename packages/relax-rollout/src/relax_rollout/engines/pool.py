@@ -381,6 +381,24 @@ class EnginePool:
         logger.info("engine %s restarted as %s (%s)", old.id, new.id, new.url)
         return new
 
+    def mark_failed(self, member_id: str, reason: str) -> Member:
+        """Mark a member failed from outside (its process was seen to exit): it gets no more requests, and
+        ``on_failure`` is called as for a failure the pool saw itself. A no-op for a failed or removed one."""
+        m = self.get(member_id)
+        self._fail(m, RuntimeError(reason))
+        return m
+
+    def retire(self, member_id: str, replaced_by: str | None = None) -> Member:
+        """Mark a failed member removed (replaced by ``replaced_by``, e.g. a restarted process)."""
+        with self._cond:
+            m = self.get(member_id)
+            if m.state not in ("failed", "removed"):
+                raise PoolError(f"engine {member_id} is {m.state}: only a failed engine is retired")
+            m.state = "removed"
+            m.replaced_by = replaced_by or m.replaced_by
+            self._cond.notify_all()
+            return m
+
     def _kill(self, handle: Any) -> None:
         if handle is not None and self.kill is not None:
             try:
@@ -414,9 +432,22 @@ class EnginePool:
         with self._cond:
             return self._version if self._version is not None else 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        fields: list[dict[str, Any]] | None = None,
+        common: dict[str, Any] | None = None,
+        parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
+    ) -> list[GenerateOutput]:
+        """One output per prompt. ``fields`` (one dict per prompt) and ``common`` are extra ``/generate``
+        request fields (see :func:`~relax_rollout.engines.external.generate_body`); ``parse(reply, prompts)``
+        replaces the default reply parser (e.g. to decode SGLang's routed experts)."""
         if not prompts:
             return []
+        if fields is not None and len(fields) != len(prompts):
+            raise ValueError(f"{len(fields)} per-prompt field dicts for {len(prompts)} prompts")
         mins = min_tokens(params, len(prompts))
         results: list[GenerateOutput | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
@@ -433,7 +464,14 @@ class EnginePool:
                     m,
                     idx,
                     self._exec.submit(
-                        self._send, m, [prompts[i] for i in idx], params, [mins[i] for i in idx]
+                        self._send,
+                        m,
+                        [prompts[i] for i in idx],
+                        params,
+                        [mins[i] for i in idx],
+                        None if fields is None else [fields[i] for i in idx],
+                        common,
+                        parse,
                     ),
                 )
                 for m, idx in chunks
@@ -491,10 +529,18 @@ class EnginePool:
             return chunks
 
     def _send(
-        self, m: Member, prompts: list[list[int]], params: SamplingParams, mins: list[int]
+        self,
+        m: Member,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        mins: list[int],
+        fields: list[dict[str, Any]] | None = None,
+        common: dict[str, Any] | None = None,
+        parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
     ) -> list[GenerateOutput]:
         try:
-            outs = parse_generate(self._call(m.url, "/generate", generate_body(prompts, params, mins)))
+            reply = self._call(m.url, "/generate", generate_body(prompts, params, mins, fields, common))
+            outs = parse(reply, prompts) if parse is not None else parse_generate(reply)
             if len(outs) != len(prompts):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")
             return outs
@@ -546,8 +592,27 @@ class EnginePool:
             previous, self.weights_path = self.weights_path, str(final)
             with self._cond:
                 self._version = version
-            if previous is not None:
-                shutil.rmtree(previous, ignore_errors=True)
+            self._drop_owned(previous)
+
+    def _drop_owned(self, path: str | None) -> None:
+        """Delete a weights directory the pool wrote (never one it was given by :meth:`adopt_weights`)."""
+        if path is not None and Path(path).parent == self.weights_root:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def adopt_weights(self, version: int, path: str | None = None) -> None:
+        """The serving members were updated to ``version`` outside the pool (an NCCL broadcast, a checkpoint
+        loaded with ``/update_weights_from_disk``): record it as the pool's version. ``path``: a directory a
+        newcomer can load that version from (the pool never deletes it); None: newcomers cannot be synced,
+        so they fail to join (rather than serve older weights) until the next update that leaves a path."""
+        with self._weights_lock:
+            previous, self.weights_path = self.weights_path, path
+            with self._cond:
+                self._version = version
+                for m in self._members.values():
+                    if m.state in ("active", "draining"):
+                        m.weight_version = version
+            if previous != path:
+                self._drop_owned(previous)
 
     def weights_checksum(self) -> str:
         """The active members' checksum (a relax extension); they must agree."""

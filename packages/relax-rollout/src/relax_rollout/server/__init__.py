@@ -12,20 +12,26 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
 
 - ``POST /generate``: ``text`` or ``input_ids`` (one prompt or a batch), ``sampling_params`` (one dict or
   one per prompt: ``max_new_tokens`` (default 128), ``temperature`` (0 = greedy), ``top_p``,
-  ``min_new_tokens``, ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``), ``return_logprob``, ``rid``.
+  ``min_new_tokens``, ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``), ``return_logprob``, ``rid``,
+  ``return_routed_experts`` (with ``--enable-return-routed-experts`` on an MoE model; and
+  ``routed_experts_start_len``). Media (``image_data``, ``video_data``, ``audio_data``) are refused with a
+  400 (empty lists, SGLang's batch form for text-only prompts, pass).
   Returns ``{"text", "output_ids", "meta_info"}`` (a list for a batch); ``meta_info`` has ``id``,
   ``finish_reason`` (``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}``,
   ``{"type": "abort", "message"}``), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
   ``weight_version`` (a string, as SGLang's ``server_args.weight_version``), ``e2e_latency`` and, with
   ``return_logprob``, ``output_token_logprobs`` = ``[[logprob, token_id, None], ...]`` (text is None as
-  without ``return_text_in_logprobs``). ``input_token_logprobs`` is not computed.
+  without ``return_text_in_logprobs``). ``input_token_logprobs`` is not computed. With
+  ``return_routed_experts``: ``routed_experts`` = base64 of the int32 ``[prompt + generated - 1 - start,
+  layers, top_k]`` expert ids, as SGLang sends them.
 - ``GET /health`` (200, empty body), ``GET /get_model_info`` (``model_path``, ``tokenizer_path``,
   ``is_generation``, ``preferred_sampling_params``, ``weight_version``), ``GET /get_weight_version``.
 - Weights: ``POST /update_weights_from_disk`` (``model_path``, ``weight_version``, ``abort_all_requests``
   → ``{"success", "message", "num_paused_requests"}``); ``POST /init_weights_update_group``
   (``master_address``, ``master_port``, ``rank_offset``, ``world_size``, ``group_name``, ``backend``) joins
   a relax DCS ``WeightSender`` as a ``WeightReceiver`` that applies every version it receives;
-  ``POST /update_weights_from_distributed`` (``names``/``dtypes``/``shapes`` accepted,
+  ``POST /update_weights_from_distributed`` (SGLang's fields: ``names``/``dtypes``/``shapes`` accepted,
+  ``group_name`` must name the joined group, ``abort_all_requests``, ``flush_cache``, ``load_format``,
   ``weight_version``) then returns once that version is applied — with DCS the sender pushes and the
   receiver polls, so this call waits rather than triggers; ``POST /destroy_weights_update_group``.
   ``/update_weights_from_tensor`` is not offered: SGLang's payload is a pickled CUDA-IPC handle.

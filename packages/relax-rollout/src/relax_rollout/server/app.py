@@ -74,6 +74,7 @@ class EngineServer:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _reqs: dict[str, _Req] = field(default_factory=dict)
     _receiver: Any = None
+    _group_name: str | None = None
     recorder: trajectories.TrajectoryRecorder | None = None
     """Agent trajectories of chat sessions (built with the tokenizer)."""
 
@@ -212,6 +213,17 @@ class EngineServer:
         rcv.connect()  # rendezvous with the trainer's WeightSender
         rcv.start_background(lambda v, t: self.engine.update_weights(t, v))
         self._receiver = rcv
+        self._group_name = body.get("group_name", "weight_update_group")
+
+    def check_group(self, group_name: Any) -> None:
+        """A request naming a weight update group must name the one this server joined."""
+        if group_name is None or self._receiver is None:
+            return
+        if group_name != self._group_name:
+            raise BadRequest(
+                "group_name",
+                f"no weight update group {group_name!r}; this server joined {self._group_name!r}",
+            )
 
     def wait_for_version(self, version: Any, timeout_s: float) -> int:
         """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""
@@ -329,11 +341,18 @@ def _decode(s: EngineServer, ids: list[int]) -> str:
 
 def _generate(s: EngineServer, body: dict):
     req = protocol.parse_generate(body, s.tokenizer)
+    if req.return_routed_experts and getattr(s.engine, "routing", None) is None:
+        raise BadRequest(
+            "return_routed_experts",
+            "this server records no routed experts: start it with --enable-return-routed-experts "
+            "on a Mixture-of-Experts model",
+        )
     t0 = time.perf_counter()
     outs = s.generate(req.prompts, req.params, req.rids)
     dt = time.perf_counter() - t0
+    start = req.routed_experts_start_len if req.return_routed_experts else None
     res = [
-        protocol.generate_response(o, p, rid, len(x), req.return_logprob, _decode(s, o.token_ids), dt)
+        protocol.generate_response(o, p, rid, len(x), req.return_logprob, _decode(s, o.token_ids), dt, start)
         for o, p, rid, x in zip(outs, req.params, req.rids, req.prompts)
     ]
     return 200, res[0] if req.single else res
@@ -355,18 +374,34 @@ def _init_group(s: EngineServer, body: dict):
     return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
 
+def _flag(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if not isinstance(v, bool):
+        raise BadRequest(key, f"must be a boolean (got {v!r})")
+    return v
+
+
 def _update_from_distributed(s: EngineServer, body: dict):
+    """SGLang's ``UpdateWeightsFromDistributedReqInput``: ``names``, ``dtypes``, ``shapes``,
+    ``group_name``, ``flush_cache``, ``abort_all_requests``, ``weight_version``, ``load_format``,
+    ``torch_empty_cache`` (cache and load-format knobs have nothing to act on here)."""
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if names is not None and not isinstance(names, list):
         raise BadRequest("names", "must be a list of parameter names")
     if names is not None and (len(dtypes or []) != len(names) or len(shapes or []) != len(names)):
         raise BadRequest("dtypes", "names, dtypes and shapes must have the same length")
+    for key, default in (("flush_cache", True), ("abort_all_requests", False), ("torch_empty_cache", False)):
+        _flag(body, key, default)
+    s.check_group(body.get("group_name"))
+    if body.get("abort_all_requests"):
+        s.abort("", abort_all=True)
     timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
     v = s.wait_for_version(body.get("weight_version"), timeout)
     return 200, {"success": True, "message": f"Succeeded to update parameter online. Weight version {v}."}
 
 
 def _destroy_group(s: EngineServer, body: dict):
+    s.check_group(body.get("group_name"))
     s.destroy_group()
     return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
 

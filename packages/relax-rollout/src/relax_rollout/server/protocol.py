@@ -107,6 +107,8 @@ class GenerateRequest:
     rids: list[str]
     return_logprob: bool
     single: bool
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 def _token_list(v: Any, field: str) -> list[int]:
@@ -115,9 +117,21 @@ def _token_list(v: Any, field: str) -> list[int]:
     return v
 
 
+MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
+
+
+def _has_media(v: Any) -> bool:
+    """SGLang's ``has_valid_data``: anything but None and (nested) empty lists."""
+    if isinstance(v, list):
+        return any(_has_media(x) for x in v)
+    return v is not None
+
+
 def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
     """SGLang ``GenerateReqInput``: ``text`` or ``input_ids`` (single or batch), ``sampling_params`` (one
-    dict, or one per prompt), ``return_logprob``, ``rid``."""
+    dict, or one per prompt), ``return_logprob``, ``rid``, ``return_routed_experts`` and
+    ``routed_experts_start_len``. Media (``image_data``, ``video_data``, ``audio_data``) are refused: this
+    server serves text models (empty media lists, as SGLang's batch form sends for text-only prompts, pass)."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     text, ids = body.get("text"), body.get("input_ids")
@@ -165,7 +179,16 @@ def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
     return_logprob = body.get("return_logprob", False)
     if not isinstance(return_logprob, bool):
         raise BadRequest("return_logprob", f"must be a boolean (got {return_logprob!r})")
-    return GenerateRequest(prompts, params, rids, return_logprob, single)
+    for key in MEDIA_FIELDS:
+        if _has_media(body.get(key)):
+            raise BadRequest(key, "media inputs are not supported by this server (it serves text models)")
+    routed = body.get("return_routed_experts", False)
+    if not isinstance(routed, bool):
+        raise BadRequest("return_routed_experts", f"must be a boolean (got {routed!r})")
+    start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
+    if routed and any(start > len(p) for p in prompts):
+        raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
+    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start)
 
 
 def finish_reason(out: GenerateOutput, params: SamplingParams) -> dict:
@@ -177,6 +200,17 @@ def finish_reason(out: GenerateOutput, params: SamplingParams) -> dict:
     return {"type": "abort", "message": "Abort request."}
 
 
+def encode_routed_experts(experts: Any, start: int = 0) -> str:
+    """SGLang's ``meta_info["routed_experts"]``: base64 of the int32 C-order bytes of the
+    ``[tokens, layers, top_k]`` expert ids from token ``start`` on (the caller knows the shape)."""
+    import base64
+
+    import numpy as np
+
+    arr = np.ascontiguousarray(np.asarray(experts)[start:], dtype=np.int32)
+    return base64.b64encode(arr.tobytes()).decode("ascii")
+
+
 def generate_response(
     out: GenerateOutput,
     params: SamplingParams,
@@ -185,6 +219,7 @@ def generate_response(
     return_logprob: bool,
     text: str,
     latency: float,
+    routed_experts_start: int | None = None,
 ) -> dict:
     meta = {
         "id": rid,
@@ -198,6 +233,8 @@ def generate_response(
     if return_logprob:
         # SGLang: a list of (logprob, token_id, token_text) with text None unless return_text_in_logprobs
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.log_probs, out.token_ids)]
+    if routed_experts_start is not None and out.extra.get("routed_experts") is not None:
+        meta["routed_experts"] = encode_routed_experts(out.extra["routed_experts"], routed_experts_start)
     return {"text": text, "output_ids": list(out.token_ids), "meta_info": meta}
 
 

@@ -1,0 +1,1039 @@
+"""The ``sglang`` rollout engine: SGLang servers launched and supervised here, driven over HTTP as one pool.
+
+Why: SGLang is the GPU inference engine; running it as ``python -m sglang.launch_server`` processes (one
+per ``tp_size`` GPUs) keeps its CUDA state, crashes and memory out of the rollout role, and its HTTP API is
+the one our engine server (``relax_rollout.server``) speaks too, so everything here is tested against that
+server on CPU (``launch_cmd`` swaps the command) and runs unchanged against SGLang on GPUs.
+
+An :class:`SGLangEngine` is process supervision composed with an
+:class:`~relax_rollout.engines.pool.EnginePool` of its servers:
+
+- **Launch.** Engine ``k`` runs on GPUs ``[k*tp, (k+1)*tp)`` of ``CUDA_VISIBLE_DEVICES`` (or of
+  ``gpu_ids``), in its own session (process group), its stdout/stderr appended to ``log_dir/engine{k}.log``.
+  Ready means ``GET /health_generate`` answers 200: SGLang answers 503 while starting, then runs a
+  one-token generation, so a 200 proves the scheduler serves. A process that exits during start-up fails
+  the start at once with its log's tail.
+- **Supervision.** A background thread polls the processes every ``poll_interval_s``. An engine whose
+  process exited (or that the pool marked failed: reset connections, 5xx, time-outs) is killed (its whole
+  process group: SGLang's scheduler and detokenizer processes included) and relaunched on the same GPUs,
+  at most ``max_restarts`` times; it rejoins the pool only after loading the current weights (see below).
+  Past the bound it stays ``failed`` and the pool no longer uses it. Requests it held are re-issued on the
+  other engines by the pool, so none is lost.
+- **Generation.** ``/generate`` with ``input_ids``, ``rid`` (one per prompt, for ``abort(rid)``),
+  ``return_logprob``; tokens and log-probs are read from ``meta_info.output_token_logprobs``
+  (``[logprob, token_id, text]``, which includes the stop token), ``finish_reason.type`` and
+  ``weight_version``. The tokenizer's EOS ids given at construction are added to ``stop_token_ids``, so
+  generation stops where the in-process engine's would. Routed experts (R3): with ``record_routing`` the
+  servers start with ``--enable-return-routed-experts`` and requests carry ``return_routed_experts``; the
+  reply's base64 int32 ``meta_info.routed_experts`` becomes ``extra["routed_experts"]``,
+  ``[prompt + generated - 1, layers, top_k]``. Media for VL/Omni models go in SGLang's ``image_data``,
+  ``video_data`` and ``audio_data`` (``media=``, one dict per prompt); the prompt ids must then hold the
+  model's media placeholders as SGLang's processor expects them (one per item, not expanded).
+- **Control.** ``pause(mode)`` (``/pause_generation``: ``abort`` returns in-flight requests aborted,
+  ``retract``/``in_place`` hold them; new requests wait) and ``resume()`` (``/continue_generation``);
+  ``abort(rid)`` / ``abort()`` (``/abort_request`` with ``rid`` or ``abort_all``). A restarted engine is
+  paused again when the others are.
+- **Weights.** ``update_weights(tensors, version)``: through disk by default (the pool writes safetensors
+  once, every engine loads them with ``/update_weights_from_disk``; the directory is kept so a restarted
+  engine loads it before serving), or with ``weight_update="tensor"`` through ``/update_weights_from_tensor``
+  (colocated trainer: SGLang's ``serialized_named_tensors``, one base64 ``ForkingPickler`` payload per TP
+  rank, CUDA tensors travelling as IPC handles). From the trainer over NCCL: ``connect_dcs`` (engine ``k``
+  joins ``/init_weights_update_group`` as ranks ``rank + k*tp ...``), then ``update_weights_from_distributed``
+  (names, dtypes, shapes) while the trainer broadcasts. ``update_weights_from_disk(path, version)`` loads a
+  checkpoint directory. After every update each engine's ``/get_model_info`` ``weight_version`` must equal
+  the new version, else :class:`WeightVersionMismatch` names the engines. Weights that came over NCCL or as
+  tensors cannot be given to a restarted engine: an engine that dies after such an update is left failed,
+  saying so (a disk update leaves a directory for the next one).
+
+The real SGLang's NCCL receiver expects the trainer to broadcast every parameter of ``names`` in order
+(``torch.distributed.broadcast(src=0)`` on the group), which is not relax DCS's bucketed protocol; our
+engine server joins DCS instead. Request and reply field names follow sgl-project/sglang
+``python/sglang/srt/managers/io_struct.py`` (read at commit 001067fffe33, after v0.5.x, cross-checked with
+the v0.5.x dataclasses), ``entrypoints/http_server.py`` (routes, reply bodies; ``/health`` and
+``/health_generate`` answer 503 while the server starts), ``server_args.py`` (launch flags) and
+``sampling/sampling_params.py``; the tests hold the field sets.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.external import ServerError, http_json
+from relax_rollout.engines.pool import EnginePool, Member, PoolError
+
+logger = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
+# launch flags the engine sets itself; server_args may not override them
+RESERVED_FLAGS = {
+    "--model-path",
+    "--model",
+    "--host",
+    "--port",
+    "--tp-size",
+    "--tensor-parallel-size",
+    "--tp",
+}
+INSTALL_HINT = "the sglang engine needs `pip install 'relax-rollout[sglang]'` (and a GPU)"
+
+
+class EngineStartError(RuntimeError):
+    """An engine process exited or did not become ready during start-up (the message has its log's tail)."""
+
+
+class WeightVersionMismatch(RuntimeError):
+    """After a weight update, some engines report another ``weight_version`` than the one pushed."""
+
+
+@dataclass(frozen=True)
+class RoutingInfo:
+    """What a routed-experts reply is reshaped with (from the model's ``config.json``; None: unknown)."""
+
+    num_layers: int | None
+    top_k: int | None
+
+
+# -- requests (pure functions: what goes on the wire) ----------------------------------------------------
+def flag_args(server_args: dict[str, Any]) -> list[str]:
+    """``{"context_length": 32768, "enable_metrics": True}`` → ``--context-length 32768 --enable-metrics``:
+    True is a bare flag, False/None leave it out, lists give several values, dicts are passed as JSON."""
+    out: list[str] = []
+    for key, value in server_args.items():
+        flag = key if key.startswith("--") else "--" + key.replace("_", "-")
+        if flag in RESERVED_FLAGS:
+            raise ValueError(f"sglang_server_args may not set {flag}: the engine sets it (one per engine)")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def launch_command(
+    model_path: str,
+    host: str,
+    port: int,
+    tp_size: int = 1,
+    dtype: str = "auto",
+    mem_fraction_static: float | None = None,
+    server_args: dict[str, Any] | None = None,
+    record_routing: bool = False,
+    python: str | None = None,
+) -> list[str]:
+    """``python -m sglang.launch_server`` for one engine (flags of SGLang's ``server_args.py``)."""
+    cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+           "--host", host, "--port", str(port), "--tp-size", str(tp_size), "--dtype", dtype]  # fmt: skip
+    if mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    extra = dict(server_args or {})
+    if record_routing:
+        extra.setdefault("enable_return_routed_experts", True)
+    return cmd + flag_args(extra)
+
+
+def fill_template(template: list[str], **values: Any) -> list[str]:
+    """``launch_cmd`` with ``{port}``, ``{host}``, ``{model_path}``, ``{tp_size}``, ``{dtype}``,
+    ``{engine_index}`` filled in."""
+    try:
+        return [str(part).format(**values) for part in template]
+    except (KeyError, IndexError) as e:
+        raise ValueError(f"launch_cmd has an unknown placeholder {e}; known: {sorted(values)}") from None
+
+
+def media_fields(media: list[dict[str, Any] | None] | None, n: int) -> list[dict[str, Any]]:
+    """Per-prompt media as SGLang's batch fields: for every modality any prompt has, one list per prompt
+    (``[]`` for a prompt without it, which SGLang treats as none)."""
+    if media is None:
+        return [{} for _ in range(n)]
+    if len(media) != n:
+        raise ValueError(f"media has {len(media)} entries for {n} prompts")
+    keys: set[str] = set()
+    for i, m in enumerate(media):
+        if m is None:
+            continue
+        if not isinstance(m, dict):
+            raise ValueError(f"media[{i}] must be a dict of {MEDIA_FIELDS} or None (got {type(m).__name__})")
+        unknown = set(m) - set(MEDIA_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"media[{i}] has {sorted(unknown)}: SGLang takes raw media as {MEDIA_FIELDS} (file names, "
+                "URLs or base64/data URIs; e.g. relax_multimodal's ProcessedSample.sglang_payload()), not "
+                "processed tensors"
+            )
+        keys |= {k for k, v in m.items() if v is not None}
+    out = []
+    for m in media:
+        d = {}
+        for k in sorted(keys):
+            v = (m or {}).get(k)
+            d[k] = [] if v is None else list(v) if isinstance(v, (list, tuple)) else [v]
+        out.append(d)
+    return out
+
+
+def init_group_request(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> dict[str, Any]:
+    """SGLang's ``InitWeightsUpdateGroupReqInput``."""
+    return {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}  # fmt: skip
+
+
+def distributed_update_request(
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    version: int,
+    group_name: str,
+    flush_cache: bool = True,
+    abort_all_requests: bool = False,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightsFromDistributedReqInput`` (``weight_version`` is a string there)."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
+    body = {"names": list(names), "dtypes": [_dtype_name(d) for d in dtypes],
+            "shapes": [[int(x) for x in s] for s in shapes], "group_name": group_name,
+            "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
+            "weight_version": str(version)}  # fmt: skip
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def tensor_metadata(named_tensors: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str], list[list[int]]]:
+    """(names, dtypes, shapes) of ``named_tensors``, as ``/update_weights_from_distributed`` wants them."""
+    names, dtypes, shapes = [], [], []
+    for name, t in named_tensors:
+        names.append(name)
+        dtypes.append(_dtype_name(t.dtype))
+        shapes.append(list(t.shape))
+    return names, dtypes, shapes
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")  # SGLang resolves it with getattr(torch, name)
+
+
+def disk_update_request(
+    model_path: str,
+    version: int,
+    abort_all_requests: bool = False,
+    flush_cache: bool = True,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightFromDiskReqInput``."""
+    body = {"model_path": model_path, "weight_version": str(version), "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache}  # fmt: skip
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
+    """One TP rank's entry of ``serialized_named_tensors``: base64 of a ``ForkingPickler`` dump of the
+    ``(name, tensor)`` list (torch's reductions: a CUDA tensor travels as an IPC handle, so the engine must
+    be on the same node). SGLang's own serializer is used when it is installed (it also maps CUDA devices
+    between processes with different ``CUDA_VISIBLE_DEVICES``)."""
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer  # type: ignore[import-not-found]
+
+        return MultiprocessingSerializer.serialize(named_tensors, output_str=True)
+    except ImportError:
+        pass
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 — registers torch's tensor reductions with ForkingPickler
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(list(named_tensors))
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def tensor_update_request(
+    named_tensors: list[tuple[str, Any]],
+    version: int,
+    tp_size: int = 1,
+    flush_cache: bool = True,
+    abort_all_requests: bool = False,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightsFromTensorReqInput``: one serialized entry per TP rank (rank ``r`` reads
+    entry ``r``)."""
+    payload = serialize_named_tensors(list(named_tensors))
+    body = {"serialized_named_tensors": [payload] * tp_size, "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests, "weight_version": str(version)}  # fmt: skip
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def pause_request(mode: str = "abort") -> dict[str, Any]:
+    """SGLang's ``PauseGenerationReqInput``."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode must be one of {PAUSE_MODES} (got {mode!r})")
+    return {"mode": mode}
+
+
+def abort_request(rid: str | None = None) -> dict[str, Any]:
+    """SGLang's ``AbortReq``: one request id, or every request."""
+    return {"abort_all": True} if rid is None else {"rid": rid}
+
+
+# -- replies -----------------------------------------------------------------------------------------
+def decode_routed_experts(b64: str, num_tokens: int, routing: RoutingInfo | None = None) -> Any:
+    """``meta_info.routed_experts`` (base64 of int32 C-order bytes) as ``[num_tokens, layers, top_k]``
+    (layers from the reply's size when the model's count does not fit it)."""
+    import numpy as np
+
+    flat = np.frombuffer(base64.b64decode(b64), dtype=np.int32)
+    layers = routing.num_layers if routing else None
+    k = routing.top_k if routing else None
+    if num_tokens <= 0:
+        if flat.size:
+            raise ValueError(f"routed_experts has {flat.size} ids for no routed token")
+        return flat.reshape(0, layers or 0, k or 0)
+    if layers and k and flat.size == num_tokens * layers * k:
+        return flat.reshape(num_tokens, layers, k)
+    if k and flat.size % (num_tokens * k) == 0:
+        return flat.reshape(num_tokens, -1, k)
+    if not k and flat.size % num_tokens == 0:
+        return flat.reshape(num_tokens, -1)
+    raise ValueError(
+        f"routed_experts has {flat.size} ids, not a multiple of {num_tokens} tokens × top_k {k} "
+        "(prompt + generated - 1 tokens are routed)"
+    )
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):  # SGLang's default weight_version is "default"
+        return 0
+
+
+def parse_reply(
+    results: Any, prompts: list[list[int]], routing: RoutingInfo | None = None
+) -> list[GenerateOutput]:
+    """A batch ``/generate`` reply as our outputs: tokens and log-probs from
+    ``meta_info.output_token_logprobs`` (checked against ``output_ids`` when both are there),
+    ``finish_reason.type``, ``weight_version``, and ``extra`` = ``rid``, ``cached_tokens`` and (when the
+    reply has them) ``routed_experts``."""
+    if isinstance(results, dict):
+        results = [results]
+    if not isinstance(results, list) or len(results) != len(prompts):
+        n = len(results) if isinstance(results, list) else type(results).__name__
+        raise ValueError(f"/generate answered {n} results for {len(prompts)} prompts")
+    outs = []
+    for r, prompt in zip(results, prompts):
+        meta = r["meta_info"]
+        lps = meta.get("output_token_logprobs")
+        if lps is not None:
+            token_ids = [int(x[1]) for x in lps]
+            log_probs = [float(x[0]) for x in lps]
+            if r.get("output_ids") is not None and list(r["output_ids"]) != token_ids:
+                raise ValueError(
+                    f"request {meta.get('id')}: output_ids and output_token_logprobs disagree "
+                    f"({len(r['output_ids'])} vs {len(token_ids)} tokens)"
+                )
+        else:
+            token_ids, log_probs = [int(t) for t in r["output_ids"]], []
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        extra: dict[str, Any] = {"rid": meta.get("id"), "cached_tokens": meta.get("cached_tokens")}
+        if meta.get("routed_experts") is not None:
+            extra["routed_experts"] = decode_routed_experts(
+                meta["routed_experts"], len(prompt) + len(token_ids) - 1, routing
+            )
+        version = _version(meta.get("weight_version"))
+        outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra))
+    return outs
+
+
+def model_routing(model_path: str) -> RoutingInfo | None:
+    """The MoE shape from ``model_path/config.json`` (or its ``text_config``): None for a dense model,
+    unknown fields for a path that is not a local directory (a hub id)."""
+    cfg_file = Path(model_path) / "config.json"
+    if not cfg_file.is_file():
+        return RoutingInfo(None, None)
+    cfg = json.loads(cfg_file.read_text())
+    nested = [cfg.get("text_config") or {}, (cfg.get("thinker_config") or {}).get("text_config") or {}]
+    for c in (cfg, *nested):
+        k = c.get("num_experts_per_tok") or c.get("moe_topk")
+        if k:
+            return RoutingInfo(c.get("num_hidden_layers"), int(k))
+    return None
+
+
+# -- processes ---------------------------------------------------------------------------------------
+@dataclass
+class EngineProcess:
+    """One supervised engine slot: its GPUs stay the same across restarts."""
+
+    index: int
+    gpus: list[str]
+    log_path: Path
+    fixed_port: int | None = None
+    proc: subprocess.Popen | None = None
+    url: str | None = None
+    member_id: str | None = None
+    state: str = "starting"
+    """starting, running, restarting, failed, stopped"""
+    restarts: int = 0
+    error: str | None = None
+    """Why it last failed (kept after a successful restart)."""
+    pids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "gpus": self.gpus, "url": self.url, "state": self.state,
+                "pid": self.proc.pid if self.proc else None, "restarts": self.restarts, "error": self.error,
+                "member_id": self.member_id, "log_path": str(self.log_path), "pids": list(self.pids)}  # fmt: skip
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # its own session: the group id is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group ``pgid`` is left."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every process group, wait up to ``grace_s`` for the leaders to exit and their groups to
+    empty, SIGKILL what is left, and reap the leaders."""
+    live = [p for p in procs if p.poll() is None or group_alive(p.pid)]
+    for p in live:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None or group_alive(p.pid) for p in live):
+        time.sleep(0.05)
+    for p in live:
+        if p.poll() is None or group_alive(p.pid):
+            _signal_group(p, signal.SIGKILL)
+    for p in live:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("engine process %d did not exit after SIGKILL", p.pid)
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class SGLangEngine:
+    """``num_engines`` SGLang servers of ``tp_size`` GPUs each as one
+    :class:`~relax_rollout.engines.base.RolloutEngine` (see the module docstring).
+
+    ``launch_cmd``: a command template replacing ``python -m sglang.launch_server ...`` (placeholders
+    ``{port}``, ``{host}``, ``{model_path}``, ``{tp_size}``, ``{dtype}``, ``{engine_index}``), e.g. our engine
+    server for tests. ``server_args``: extra launch flags (``sglang_server_args``; an ``api_key`` there is also
+    the bearer token of every request). ``base_port``: engine ``k`` listens on ``base_port + k`` (default: a
+    free port per launch). ``gpu_ids``: the GPUs to split (default ``CUDA_VISIBLE_DEVICES``, else
+    ``0 .. num_engines*tp_size - 1``). ``log_dir``: default a new temporary directory (``self.log_dir``).
+    ``weight_update``: ``disk`` or ``tensor`` (colocated), the path of :meth:`update_weights`."""
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        num_engines: int = 1,
+        tp_size: int = 1,
+        mem_fraction_static: float | None = None,
+        dtype: str = "auto",
+        server_args: dict[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        base_port: int | None = None,
+        launch_cmd: list[str] | None = None,
+        startup_timeout_s: float = 900.0,
+        max_restarts: int = 3,
+        log_dir: str | None = None,
+        *,
+        gpu_ids: list[int | str] | None = None,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        token: str | None = None,
+        eos_token_ids: list[int] | None = None,
+        record_routing: bool = False,
+        weight_update: str = "disk",
+        request_timeout_s: float = 600.0,
+        poll_interval_s: float = 1.0,
+        shutdown_grace_s: float = 15.0,
+        weights_dir: str | None = None,
+        **_ignored: Any,  # pad_token_id, ...: the servers own their model and tokenizer
+    ) -> None:
+        if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
+            raise ValueError(f"SGLang is not installed: {INSTALL_HINT}")
+        if not model_path:
+            raise ValueError("the sglang engine needs model_path (an HF checkpoint directory or hub id)")
+        if num_engines < 1 or tp_size < 1:
+            raise ValueError(f"num_engines and tp_size must be ≥ 1 (got {num_engines}, {tp_size})")
+        if weight_update not in ("disk", "tensor"):
+            raise ValueError(f"weight_update must be 'disk' or 'tensor' (got {weight_update!r})")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
+        self.model_path, self.num_engines, self.tp_size = model_path, num_engines, tp_size
+        self.mem_fraction_static, self.dtype, self.host = mem_fraction_static, dtype, host
+        self.server_args = dict(server_args or {})
+        flag_args(self.server_args)  # reject reserved flags now, not in a child process
+        self.launch_cmd, self.python, self.env = launch_cmd, python, dict(env or {})
+        self.startup_timeout_s, self.max_restarts = startup_timeout_s, max_restarts
+        self.poll_interval_s, self.shutdown_grace_s = poll_interval_s, shutdown_grace_s
+        self.weight_update, self.request_timeout_s = weight_update, request_timeout_s
+        self.token = token or self.server_args.get("api_key") or self.server_args.get("--api-key")
+        self.eos_token_ids = tuple(eos_token_ids or ())
+        self.routing: RoutingInfo | None = None
+        if record_routing:
+            self.routing = model_routing(model_path)
+            if self.routing is None:
+                logger.warning(
+                    "record_routing: %s is not a Mixture-of-Experts model; no experts recorded", model_path
+                )
+        if "SGLANG_RETURN_ORIGINAL_LOGPROB" in {**os.environ, **self.env}:
+            logger.warning("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang then returns log-probs before the "
+                           "temperature, not of the distribution sampled from")  # fmt: skip
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        gpus = self._gpu_ids(gpu_ids)
+        self.slots = [
+            EngineProcess(
+                k,
+                gpus[k * tp_size : (k + 1) * tp_size],
+                self.log_dir / f"engine{k}.log",
+                None if base_port is None else base_port + k,
+            )  # fmt: skip
+            for k in range(num_engines)
+        ]
+        self._lock = threading.RLock()
+        self._closed = False
+        self._paused: str | None = None
+        self._group: str | None = None
+        self._inflight: set[str] = set()
+        self._stop = threading.Event()
+        self._procs: list[subprocess.Popen] = []  # every process ever started (for the finalizer)
+        self._finalizer = weakref.finalize(self, stop_processes, self._procs, 5.0)
+        self._exec = ThreadPoolExecutor(
+            max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang"
+        )
+        self.pool = EnginePool(
+            token=self.token, timeout_s=request_timeout_s, join_timeout_s=max(60.0, request_timeout_s / 10),
+            weights_dir=weights_dir, on_failure=self._on_pool_failure,
+        )  # fmt: skip
+        self._start()
+        self._initial_version = self.pool.weight_version  # what a fresh engine reports
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="relax-sglang-supervisor", daemon=True
+        )
+        self._supervisor.start()
+
+    # -- start-up ---------------------------------------------------------------------------------
+    def _gpu_ids(self, gpu_ids: list[int | str] | None) -> list[str]:
+        need = self.num_engines * self.tp_size
+        if gpu_ids is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible is None or not visible.strip():
+                return [str(i) for i in range(need)]
+            gpu_ids = [g.strip() for g in visible.split(",") if g.strip()]
+        gpus = [str(g) for g in gpu_ids]
+        if len(gpus) < need:
+            raise ValueError(
+                f"{self.num_engines} engines × {self.tp_size} GPUs need {need} GPUs; only {len(gpus)} "
+                f"visible ({','.join(gpus)})"
+            )
+        return gpus[:need]
+
+    def _start(self) -> None:
+        try:
+            for slot in self.slots:
+                self._launch(slot)
+            futs = [self._exec.submit(self._wait_ready, slot, self.startup_timeout_s) for slot in self.slots]
+            errors = []
+            for slot, f in zip(self.slots, futs):
+                try:
+                    f.result()
+                except Exception as e:  # noqa: BLE001 — reported all together below
+                    errors.append(f"engine {slot.index}: {e}")
+            if errors:
+                raise EngineStartError("SGLang engines failed to start:\n" + "\n".join(errors))
+            for slot in self.slots:
+                self._join(slot)
+        except BaseException:
+            self.close()
+            raise
+
+    def _command(self, slot: EngineProcess, port: int) -> list[str]:
+        if self.launch_cmd is not None:
+            return fill_template(self.launch_cmd, port=port, host=self.host, model_path=self.model_path,
+                                 tp_size=self.tp_size, dtype=self.dtype, engine_index=slot.index)  # fmt: skip
+        return launch_command(self.model_path, self.host, port, self.tp_size, self.dtype,
+                              self.mem_fraction_static, self.server_args, self.routing is not None,
+                              self.python)  # fmt: skip
+
+    def _launch(self, slot: EngineProcess) -> None:
+        port = slot.fixed_port if slot.fixed_port is not None else _free_port(self.host)
+        cmd = self._command(slot, port)
+        env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
+        with self._lock:
+            if self._closed:
+                raise EngineStartError("the engine is closed")
+            with open(slot.log_path, "ab") as log:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                log.write(f"=== {stamp} relax: launch #{len(slot.pids) + 1} of engine {slot.index} on GPUs "
+                          f"{','.join(slot.gpus)}: {' '.join(cmd)}\n".encode())  # fmt: skip
+                log.flush()
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)  # fmt: skip
+            self._procs.append(proc)
+            connect = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+            slot.proc, slot.url, slot.member_id = proc, f"http://{connect}:{port}", None
+            slot.pids.append(proc.pid)
+        logger.info(
+            "engine %d: started pid %d on GPUs %s, %s", slot.index, proc.pid, ",".join(slot.gpus), slot.url
+        )
+
+    def _wait_ready(self, slot: EngineProcess, timeout_s: float) -> None:
+        """Until ``/health_generate`` answers 200 (``/health`` for a server without it)."""
+        deadline = time.monotonic() + timeout_s
+        path = "/health_generate"
+        assert slot.proc is not None and slot.url is not None
+        while True:
+            if self._stop.is_set():
+                raise EngineStartError("the engine is closing")
+            rc = slot.proc.poll()
+            if rc is not None:
+                raise EngineStartError(
+                    f"process {slot.proc.pid} exited with code {rc} during start-up; the end of "
+                    f"{slot.log_path}:\n{_log_tail(slot.log_path)}"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineStartError(
+                    f"not ready after {timeout_s:.0f}s ({slot.url}{path}); the end of {slot.log_path}:\n"
+                    f"{_log_tail(slot.log_path)}"
+                )
+            try:
+                http_json(slot.url, path, None, self.token, min(30.0, max(1.0, left)))
+                return
+            except ServerError as e:
+                if e.status == 404 and path != "/health":
+                    path = "/health"
+                    continue
+                if e.status < 500:
+                    raise EngineStartError(f"{slot.url}{path} answered HTTP {e.status}: {e}") from None
+            except OSError:  # not listening yet (refused), or the probe timed out
+                pass
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+    def _join(self, slot: EngineProcess) -> None:
+        assert slot.url is not None
+        member = self.pool.add(slot.url, kind="startup", handle=slot.index, protected=True)
+        with self._lock:
+            slot.member_id, slot.state = member.id, "running"  # error: why it last failed, if ever
+            paused = self._paused
+        if paused is not None:  # the others are paused: so is a newcomer
+            self._call(slot.url, "/pause_generation", pause_request(paused))
+
+    # -- supervision ------------------------------------------------------------------------------
+    def _on_pool_failure(self, member: Member) -> None:
+        logger.warning("engine %s (%s) failed in the pool: %s", member.id, member.url, member.error)
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            for slot in self.slots:
+                try:
+                    self._check(slot)
+                except Exception:  # noqa: BLE001 — the supervisor must keep running
+                    logger.exception("engine %d: supervision failed", slot.index)
+
+    def _check(self, slot: EngineProcess) -> None:
+        with self._lock:
+            if self._closed or slot.state != "running" or slot.proc is None:
+                return
+            rc = slot.proc.poll()
+            member = self.pool.get(slot.member_id) if slot.member_id else None
+            if rc is not None:
+                reason = f"process {slot.proc.pid} exited with code {rc}"
+            elif member is not None and member.state == "failed":
+                reason = f"unhealthy ({member.error})"
+            else:
+                return
+            slot.state, slot.error = "restarting", reason
+        logger.warning(
+            "engine %d: %s; the end of %s:\n%s",
+            slot.index,
+            reason,
+            slot.log_path,
+            _log_tail(slot.log_path, 10),
+        )
+        if member is not None:
+            self.pool.mark_failed(member.id, reason)
+        threading.Thread(target=self._restart, args=(slot, member), name=f"relax-sglang-restart-{slot.index}",
+                         daemon=True).start()  # fmt: skip
+
+    def _restart(self, slot: EngineProcess, old: Member | None) -> None:
+        while True:
+            if slot.proc is not None:
+                stop_processes([slot.proc], self.shutdown_grace_s)  # the rest of its process group too
+            with self._lock:
+                if self._closed:
+                    slot.state = "stopped"
+                    return
+                if slot.restarts >= self.max_restarts:
+                    slot.state = "failed"
+                    slot.error = f"{slot.error}; not restarted again (max_restarts={self.max_restarts})"
+                    logger.error("engine %d failed for good: %s", slot.index, slot.error)
+                    return
+                slot.restarts += 1
+            try:
+                self._launch(slot)
+                self._wait_ready(slot, self.startup_timeout_s)
+                if self.pool.weights_path is None and self.pool.weight_version != self._initial_version:
+                    raise PoolError(
+                        f"the current weights (version {self.pool.weight_version}) came over NCCL or as tensors "
+                        "and cannot be given to a restarted engine; it rejoins after the next update from disk "
+                        "(update_weights with weight_update='disk', or update_weights_from_disk)"
+                    )
+                self._join(slot)
+            except Exception as e:  # noqa: BLE001 — try again within the bound
+                with self._lock:
+                    slot.error = f"restart {slot.restarts} failed: {e}"
+                    closed = self._closed
+                logger.warning("engine %d: %s", slot.index, slot.error)
+                if closed or isinstance(e, PoolError) and "cannot be given" in str(e):
+                    if slot.proc is not None:
+                        stop_processes([slot.proc], self.shutdown_grace_s)
+                    with self._lock:
+                        slot.state = "stopped" if closed else "failed"
+                    return
+                continue
+            if old is not None:
+                try:
+                    self.pool.retire(old.id, replaced_by=slot.member_id)
+                except PoolError:
+                    pass
+            logger.info(
+                "engine %d restarted (%d/%d) at %s", slot.index, slot.restarts, self.max_restarts, slot.url
+            )
+            return
+
+    # -- introspection ----------------------------------------------------------------------------
+    def engines(self) -> list[dict[str, Any]]:
+        """Every engine slot: index, gpus, url, state, pid, restarts, error, member_id, log_path, pids."""
+        with self._lock:
+            return [s.to_dict() for s in self.slots]
+
+    @property
+    def urls(self) -> list[str]:
+        """The URLs of the engines serving now."""
+        return [m.url for m in self.pool.active()]
+
+    def inflight_rids(self) -> set[str]:
+        """Request ids sent by :meth:`generate` and not answered yet (what :meth:`abort` can target)."""
+        with self._lock:
+            return set(self._inflight)
+
+    # -- HTTP helpers -----------------------------------------------------------------------------
+    def _call(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        return http_json(url, path, body, self.token, timeout_s or self.request_timeout_s, 1, 0.1)
+
+    def _all(
+        self, path: str, body: Any | Callable[[int, Member], Any] = None, timeout_s: float | None = None
+    ) -> list[tuple[Member, Any]]:
+        """``path`` on every active engine concurrently (``body(i, member)`` for a per-engine body); raises
+        the first error after all answered."""
+        members = self.pool.active()
+        if not members:
+            raise PoolError(f"no active SGLang engine for {path}: {self.engines()}")
+        futs = [
+            (m, self._exec.submit(self._call, m.url, path, body(i, m) if callable(body) else body, timeout_s))
+            for i, m in enumerate(members)
+        ]
+        out, error = [], None
+        for m, f in futs:
+            try:
+                out.append((m, f.result()))
+            except Exception as e:  # noqa: BLE001 — re-raised after every engine answered
+                error = error or e
+                logger.warning("engine %s (%s): %s failed: %s", m.id, m.url, path, e)
+        if error is not None:
+            raise error
+        return out
+
+    # -- RolloutEngine ----------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self.pool.weight_version
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        rids: list[str] | None = None,
+        media: list[dict[str, Any] | None] | None = None,
+        mm: list[dict[str, Any] | None] | None = None,
+        return_routed_experts: bool | None = None,
+    ) -> list[GenerateOutput]:
+        """One output per prompt, re-issued on other engines when one fails. ``rids``: request ids (default
+        fresh ones; see :meth:`inflight_rids`); ``media`` (alias ``mm``): per prompt None or a dict of
+        ``image_data``/``video_data``/``audio_data`` items; ``return_routed_experts``: default
+        ``record_routing``."""
+        if not prompts:
+            return []
+        rids = list(rids) if rids is not None else [uuid.uuid4().hex for _ in prompts]
+        if len(rids) != len(prompts) or len(set(rids)) != len(rids):
+            raise ValueError(f"rids must be {len(prompts)} distinct request ids (got {rids!r})")
+        fields = [
+            {"rid": r, **m}
+            for r, m in zip(rids, media_fields(media if media is not None else mm, len(prompts)))
+        ]
+        routed = self.routing is not None if return_routed_experts is None else return_routed_experts
+        if self.eos_token_ids:
+            stops = tuple(dict.fromkeys((*params.stop_token_ids, *self.eos_token_ids)))
+            params = dataclasses.replace(params, stop_token_ids=stops)
+        routing = self.routing
+
+        def parse(reply: Any, chunk: list[list[int]]) -> list[GenerateOutput]:
+            return parse_reply(reply, chunk, routing)
+
+        with self._lock:
+            self._inflight.update(rids)
+        try:
+            return self.pool.generate(prompts, params, fields=fields,
+                                      common={"return_routed_experts": True} if routed else None, parse=parse)  # fmt: skip
+        finally:
+            with self._lock:
+                self._inflight.difference_update(rids)
+
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None:
+        """Push ``tensors`` as ``version`` (disk by default, see ``weight_update``) and check the engines."""
+        if self.weight_update == "tensor":
+            self.update_weights_from_tensor(list(tensors.items()), version)
+            return
+        self.pool.update_weights(tensors, version)
+        self.check_weight_version(version)
+
+    def weights_checksum(self) -> str:
+        """The engines' checksum (``/weights_checksum``, a relax engine-server extension)."""
+        return self.pool.weights_checksum()
+
+    # -- control ----------------------------------------------------------------------------------
+    def pause(self, mode: str = "abort") -> None:
+        """``/pause_generation`` on every engine (``abort``, ``retract`` or ``in_place``)."""
+        body = pause_request(mode)
+        with self._lock:
+            self._paused = mode
+        self._all("/pause_generation", body)
+
+    def resume(self) -> None:
+        """``/continue_generation`` on every engine."""
+        with self._lock:
+            self._paused = None
+        self._all("/continue_generation", {})
+
+    pause_generation, continue_generation = pause, resume
+
+    def abort(self, rid: str | None = None) -> None:
+        """Abort request ``rid`` wherever it runs (an engine that does not hold it ignores it), or every
+        request with ``rid=None``; aborted requests come back with finish reason ``abort``."""
+        self._all("/abort_request", abort_request(rid))
+
+    # -- weights ----------------------------------------------------------------------------------
+    def check_weight_version(self, version: int) -> None:
+        """Every serving engine's ``/get_model_info`` must report ``weight_version`` == ``version``."""
+        wrong = []
+        for m, info in self._all("/get_model_info"):
+            got = (info or {}).get("weight_version")
+            if str(got) != str(version):
+                wrong.append(f"{m.id} ({m.url}) holds {got!r}")
+        if wrong:
+            raise WeightVersionMismatch(
+                f"weight version {version} expected after the update, but " + "; ".join(wrong)
+            )
+
+    def _update_all(self, path: str, body: Any) -> None:
+        """A weight update on every engine: one that rejects it (HTTP 4xx: the weights do not fit the model)
+        raises; one that fails otherwise (5xx, died, timed out) is marked failed (the supervisor restarts
+        it) and the others go on; no engine left raises."""
+        members = self.pool.active()
+        futs = [(m, self._exec.submit(self._call, m.url, path, body)) for m in members]
+        rejected: Exception | None = None
+        for m, f in futs:
+            try:
+                f.result()
+            except ServerError as e:
+                if e.status < 500:
+                    rejected = rejected or e
+                else:
+                    self.pool.mark_failed(m.id, f"{path} failed: {e}")
+            except OSError as e:
+                self.pool.mark_failed(m.id, f"{path} failed: {type(e).__name__}: {e}")
+        if rejected is not None:
+            raise rejected
+        if not self.pool.active():
+            raise PoolError(f"{path}: no engine left serving: {self.engines()}")
+
+    def _updated(self, version: int, path: str | None) -> None:
+        self.check_weight_version(version)
+        self.pool.adopt_weights(version, path)
+
+    def update_weights_from_disk(
+        self, model_path: str, version: int, abort_all_requests: bool = False
+    ) -> None:
+        """Every engine loads the checkpoint directory ``model_path`` (readable by them) as ``version``; a
+        restarted engine loads it too (the directory is the caller's and is never deleted)."""
+        self._update_all(
+            "/update_weights_from_disk", disk_update_request(model_path, version, abort_all_requests)
+        )
+        self._updated(version, model_path)
+
+    def update_weights_from_tensor(
+        self, named_tensors: list[tuple[str, Any]], version: int, flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> None:  # fmt: skip
+        """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles)."""
+        body = tensor_update_request(
+            named_tensors, version, self.tp_size, flush_cache, load_format=load_format
+        )
+        self._update_all("/update_weights_from_tensor", body)
+        self._updated(version, None)
+
+    def connect_dcs(
+        self,
+        init_method: str,
+        world_size: int,
+        rank: int = 1,
+        backend: str = "nccl",
+        group_name: str = "relax_dcs",
+    ) -> None:
+        """Engine ``i`` (in order) joins the trainer's weight group as ranks ``rank + i*tp_size ...``
+        (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
+        trainer's ``connect()``. With our engine server the group is relax DCS (``group_name`` must be the
+        sender's)."""
+        u = urlparse(init_method)
+        if not u.hostname or not u.port:
+            raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
+        n = len(self.pool.active())
+        if rank < 1 or rank + n * self.tp_size > world_size:
+            raise ValueError(
+                f"{n} engines × {self.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
+            )
+        self._all("/init_weights_update_group", lambda i, m: init_group_request(
+            u.hostname, u.port, rank + i * self.tp_size, world_size, group_name, backend))  # fmt: skip
+        self._group = group_name
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        load_format: str | None = None,
+    ) -> None:
+        """``/update_weights_from_distributed`` on every engine while the trainer broadcasts (call it
+        concurrently with the broadcast), then the version check."""
+        if self._group is None:
+            raise PoolError("no weight update group: call connect_dcs first")
+        body = distributed_update_request(names, dtypes, shapes, version, self._group, flush_cache,
+                                          abort_all_requests, load_format)  # fmt: skip
+        self._update_all("/update_weights_from_distributed", body)
+        self._updated(version, None)
+
+    def destroy_weights_update_group(self) -> None:
+        """Leave the trainer's weight group (``/destroy_weights_update_group``)."""
+        if self._group is None:
+            return
+        self._all("/destroy_weights_update_group", {"group_name": self._group})
+        self._group = None
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop supervising and end every engine process group (SIGTERM, SIGKILL after
+        ``shutdown_grace_s``)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            procs = list(self._procs)
+        self._stop.set()
+        supervisor = getattr(self, "_supervisor", None)
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(timeout=self.poll_interval_s + 5)
+        stop_processes(procs, self.shutdown_grace_s)
+        with self._lock:
+            for slot in self.slots:
+                slot.state = "stopped" if slot.state != "failed" else slot.state
+        self.pool.close()
+        self._exec.shutdown(wait=False, cancel_futures=True)
+        self._finalizer.detach()
+
+    def __enter__(self) -> SGLangEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def engine_kwargs(cfg: Any) -> dict[str, Any]:
+    """The :class:`SGLangEngine` arguments a ``RelaxConfig`` sets besides the model and its dtype
+    (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
+    ``--sglang-server-args``)."""
+    r = cfg.rollout
+    return {
+        "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
+        "tp_size": r.rollout_num_gpus_per_engine,
+        "mem_fraction_static": r.sglang_mem_fraction_static,
+        "server_args": dict(r.sglang_server_args),
+    }

@@ -1,0 +1,608 @@
+"""The SGLang engine's requests and parsing pass against our own engine server speaking the same API.
+
+SGLang needs a GPU, so the engine's processes run our engine server (``launch_cmd``): start-up and
+readiness, generation (log-probs per token, finish reasons), pause/continue, abort, weight updates over
+DCS and from disk, the weight-version check, a killed engine restarted with its requests re-issued, and no
+process left after ``close()``. The request bodies are compared with the field names of SGLang's request
+structs, copied below from the source."""
+
+import base64
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+from relax_rollout.engines import SamplingParams  # noqa: E402
+from relax_rollout.engines.external import generate_body, http_json  # noqa: E402
+from relax_rollout.engines.pool import NoActiveEngine  # noqa: E402
+from relax_rollout.engines.sglang import (  # noqa: E402
+    EngineStartError,
+    RoutingInfo,
+    SGLangEngine,
+    WeightVersionMismatch,
+    abort_request,
+    decode_routed_experts,
+    disk_update_request,
+    distributed_update_request,
+    engine_kwargs,
+    flag_args,
+    group_alive,
+    init_group_request,
+    launch_command,
+    media_fields,
+    model_routing,
+    parse_reply,
+    pause_request,
+    tensor_metadata,
+    tensor_update_request,
+)
+from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+
+EOS = 1
+PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13]]
+GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
+
+# -- SGLang's request structs: field names read from sgl-project/sglang python/sglang/srt/managers/io_struct.py
+# at commit 001067fffe33 (main after v0.5.x; msgspec structs whose BaseReq adds ``rid`` and ``http_worker_ipc``),
+# cross-checked with the v0.5.x dataclass versions, which have subsets of these (PauseGenerationReqInput.mode
+# since v0.5.2). SamplingParams from python/sglang/srt/sampling/sampling_params.py of the same era.
+BASE_REQ = {"rid", "http_worker_ipc"}
+GENERATE_REQ_INPUT = {
+    "rid", "session_id", "text", "input_ids", "input_embeds", "image_data", "video_data", "audio_data",
+    "mm_hashes", "mm_content_hashes", "use_audio_in_video", "video_config", "sampling_params",
+    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_sampling_mask",
+    "return_text_in_logprobs", "return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64", "stream",
+    "log_metrics", "return_hidden_states", "return_routed_experts", "routed_experts_start_len",
+    "return_indexer_topk", "modalities", "session_params", "lora_path", "lora_id", "custom_logit_processor",
+    "positional_embed_overrides", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+    "decode_tp_size", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "kv_router_hint",
+    "routing_key", "conversation_id", "http_worker_ipc", "background", "require_reasoning",
+    "max_thinking_tokens", "priority", "extra_key", "no_logs", "custom_labels", "return_bytes",
+    "return_entropy", "return_prompt_token_ids", "external_trace_header", "received_time",
+    "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch",
+    "image_max_dynamic_patch", "video_max_dynamic_patch", "images_config", "multi_item_delimiter_indices",
+    "cache_salt",
+}  # fmt: skip
+SAMPLING_PARAMS = {
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+}  # fmt: skip
+INIT_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {
+    "master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}  # fmt: skip
+UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT = BASE_REQ | {
+    "names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version",
+    "load_format", "torch_empty_cache"}  # fmt: skip
+UPDATE_WEIGHT_FROM_DISK_REQ_INPUT = BASE_REQ | {
+    "model_path", "load_format", "abort_all_requests", "weight_version", "is_async", "torch_empty_cache",
+    "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache", "manifest"}  # fmt: skip
+UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT = BASE_REQ | {
+    "serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version",
+    "disable_draft_model", "torch_empty_cache"}  # fmt: skip
+DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {"group_name"}
+PAUSE_GENERATION_REQ_INPUT = BASE_REQ | {"mode"}
+CONTINUE_GENERATION_REQ_INPUT = BASE_REQ | {"torch_empty_cache"}
+ABORT_REQ = BASE_REQ | {"abort_all", "finished_reason", "abort_message", "weight_versions"}
+
+
+def _wait(cond, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _in_background(fn, *args, **kwargs):
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 — re-raised by result()
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def result(timeout=60.0):
+        t.join(timeout)
+        assert not t.is_alive(), "the call did not return"
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
+    result.thread = t
+    return result
+
+
+def _assert_same(outs, want):
+    assert len(outs) == len(want)
+    for g, w in zip(outs, want):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+        assert len(g.log_probs) == len(g.token_ids)
+        assert max(abs(a - b) for a, b in zip(g.log_probs, w.log_probs)) < 1e-5
+
+
+# -- request bodies (no processes) -------------------------------------------------------------------
+def test_launch_command_uses_sglang_flags():
+    cmd = launch_command("/m", "127.0.0.1", 30001, tp_size=2, dtype="bfloat16", mem_fraction_static=0.7,
+                         server_args={"context_length": 4096, "enable_metrics": True, "disable_radix_cache": False,
+                                      "json_model_override_args": {"a": 1}, "--log-level": "warning"},
+                         record_routing=True, python="py")  # fmt: skip
+    assert cmd == [
+        "py", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port", "30001",
+        "--tp-size", "2", "--dtype", "bfloat16", "--mem-fraction-static", "0.7", "--context-length", "4096",
+        "--enable-metrics", "--json-model-override-args", '{"a": 1}', "--log-level", "warning",
+        "--enable-return-routed-experts",
+    ]  # fmt: skip
+    assert "--mem-fraction-static" not in launch_command("/m", "h", 1)
+    for reserved in ("port", "tp_size", "--model-path", "host"):
+        with pytest.raises(ValueError, match="the engine sets it"):
+            flag_args({reserved: 1})
+
+
+def test_generate_request_has_sglang_field_names():
+    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, min_new_tokens=[0, 2],
+                            stop_token_ids=(1,), seed=3)  # fmt: skip
+    media = [{"image_data": "data:image/png;base64,AAAA", "audio_data": ["a.wav"]}, None]
+    fields = [{"rid": r, **m} for r, m in zip(["r0", "r1"], media_fields(media, 2))]
+    body = generate_body([[3, 4], [5]], params, [0, 2], fields, {"return_routed_experts": True})
+    assert set(body) <= GENERATE_REQ_INPUT, set(body) - GENERATE_REQ_INPUT
+    assert (
+        body["input_ids"] == [[3, 4], [5]] and body["rid"] == ["r0", "r1"] and body["return_logprob"] is True
+    )
+    assert body["return_routed_experts"] is True
+    # SGLang's batch form: one list per prompt (a list of lists), [] for a prompt without that modality
+    assert body["image_data"] == [["data:image/png;base64,AAAA"], []]
+    assert body["audio_data"] == [["a.wav"], []] and "video_data" not in body
+    assert isinstance(body["sampling_params"], list)  # the minima differ: one dict per prompt
+    for sp in body["sampling_params"]:
+        assert set(sp) <= SAMPLING_PARAMS, set(sp) - SAMPLING_PARAMS
+        assert sp["sampling_seed"] == 3 and sp["stop_token_ids"] == [1]
+    with pytest.raises(ValueError, match="raw media"):
+        media_fields([{"pixel_values": 0}], 1)
+    with pytest.raises(ValueError, match="2 prompts"):
+        media_fields([None], 2)
+
+
+def test_weight_and_control_requests_have_sglang_field_names():
+    t = {"a.weight": torch.zeros(2, 3, dtype=torch.bfloat16), "b": torch.ones(4)}
+    names, dtypes, shapes = tensor_metadata(t.items())
+    assert (names, dtypes, shapes) == (["a.weight", "b"], ["bfloat16", "float32"], [[2, 3], [4]])
+    cases = [
+        (init_group_request("10.0.0.1", 29500, 1, 3, "relax_dcs", "nccl"), INIT_WEIGHTS_UPDATE_GROUP_REQ_INPUT,
+         {"master_address", "master_port", "rank_offset", "world_size"}),
+        (distributed_update_request(names, dtypes, shapes, 7, "relax_dcs"), UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT,
+         {"names", "dtypes", "shapes"}),
+        (disk_update_request("/ckpt", 7, load_format="auto"), UPDATE_WEIGHT_FROM_DISK_REQ_INPUT, {"model_path"}),
+        (tensor_update_request(list(t.items()), 7, tp_size=2), UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT,
+         {"serialized_named_tensors"}),
+        (pause_request("retract"), PAUSE_GENERATION_REQ_INPUT, {"mode"}),
+        (abort_request("r1"), ABORT_REQ, {"rid"}),
+        (abort_request(), ABORT_REQ, {"abort_all"}),
+        ({"group_name": "relax_dcs"}, DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT, set()),
+        ({}, CONTINUE_GENERATION_REQ_INPUT, set()),
+    ]  # fmt: skip
+    for body, allowed, required in cases:
+        assert set(body) <= allowed, set(body) - allowed
+        assert required <= set(body)
+        json.dumps(body)  # JSON-serialisable as sent
+        if "weight_version" in body:
+            assert body["weight_version"] == "7"  # Optional[str] in SGLang
+    with pytest.raises(ValueError, match="pause mode"):
+        pause_request("wait")
+    with pytest.raises(ValueError, match="2 names"):
+        distributed_update_request(names, dtypes[:1], shapes, 1, "g")
+
+
+def test_tensor_request_serializes_named_tensors_per_tp_rank():
+    from multiprocessing.reduction import ForkingPickler
+
+    named = [("w", torch.arange(6.0).reshape(2, 3)), ("b", torch.tensor([1, 2], dtype=torch.int64))]
+    body = tensor_update_request(named, 3, tp_size=2, flush_cache=False)
+    assert len(body["serialized_named_tensors"]) == 2 and body["flush_cache"] is False
+    back = ForkingPickler.loads(base64.b64decode(body["serialized_named_tensors"][1]))
+    assert [n for n, _ in back] == ["w", "b"]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(back, named))
+
+
+def test_parse_reply_reads_sglang_meta_info():
+    experts = np.arange(2 * 3 * 2 * 2, dtype=np.int32).reshape(2 * 3, 2, 2)  # prompt 4 + 3 generated - 1 = 6
+    reply = [
+        {"text": "ab", "output_ids": [7, 8, 1], "meta_info": {
+            "id": "r0", "finish_reason": {"type": "stop", "matched": 1}, "prompt_tokens": 4, "completion_tokens": 3,
+            "cached_tokens": 2, "weight_version": "5",
+            "output_token_logprobs": [[-0.1, 7, "a"], [-0.2, 8, "b"], [-0.3, 1, None]],
+            "routed_experts": base64.b64encode(experts.tobytes()).decode()}},
+        {"text": "", "output_ids": [], "meta_info": {
+            "id": "r1", "finish_reason": {"type": "abort", "message": "Abort request."}, "weight_version": "default",
+            "output_token_logprobs": []}},
+    ]  # fmt: skip
+    a, b = parse_reply(reply, [[3, 4, 5, 6], [2]], RoutingInfo(2, 2))
+    assert a.token_ids == [7, 8, 1] and a.log_probs == [-0.1, -0.2, -0.3] and a.finish_reason == "stop"
+    assert a.weight_version == 5 and a.extra["rid"] == "r0" and a.extra["cached_tokens"] == 2
+    assert np.array_equal(a.extra["routed_experts"], experts)
+    assert b.token_ids == [] and b.finish_reason == "abort" and b.weight_version == 0
+    assert "routed_experts" not in b.extra
+    # the layer count comes from the reply when the config's does not fit; a size that fits nothing is an error
+    assert decode_routed_experts(reply[0]["meta_info"]["routed_experts"], 6, RoutingInfo(5, 2)).shape == (
+        6,
+        2,
+        2,
+    )
+    with pytest.raises(ValueError, match="not a multiple"):
+        decode_routed_experts(reply[0]["meta_info"]["routed_experts"], 5, RoutingInfo(2, 2))
+    bad = [{**reply[0], "output_ids": [7, 8]}]
+    with pytest.raises(ValueError, match="disagree"):
+        parse_reply(bad, [[3]])
+    with pytest.raises(ValueError, match="1 results for 2 prompts"):
+        parse_reply(reply[:1], [[3], [4]])
+
+
+def test_model_routing_from_config(tiny_model_dir, tmp_path):
+    from relax_core.testing import tiny_moe
+
+    assert model_routing(tiny_model_dir) is None  # dense
+    tiny_moe(layers=3, top_k=2).config.save_pretrained(tmp_path)
+    assert model_routing(str(tmp_path)) == RoutingInfo(3, 2)
+    assert model_routing("Qwen/Qwen3-30B-A3B") == RoutingInfo(None, None)  # a hub id: shape unknown
+
+
+def test_engine_kwargs_from_the_config():
+    from relax_core.config import RelaxConfig
+
+    cfg = RelaxConfig.model_validate({"rollout": {
+        "rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2,
+        "sglang_mem_fraction_static": 0.6, "sglang_server_args": {"context_length": 4096}}})  # fmt: skip
+    assert engine_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
+                                  "server_args": {"context_length": 4096}}  # fmt: skip
+
+
+def test_constructor_errors_before_launching_anything(tiny_model_dir):
+    cmd = [sys.executable, "-c", "raise SystemExit(1)"]
+    with pytest.raises(ValueError, match="need 4 GPUs; only 3 visible"):
+        SGLangEngine(tiny_model_dir, num_engines=2, tp_size=2, gpu_ids=[0, 1, 2], launch_cmd=cmd)
+    with pytest.raises(ValueError, match="the engine sets it"):
+        SGLangEngine(tiny_model_dir, server_args={"port": 1}, launch_cmd=cmd)
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        SGLangEngine(tiny_model_dir, launch_cmd=["x", "{nope}"])
+    with pytest.raises(ValueError, match="model_path"):
+        SGLangEngine(None, launch_cmd=cmd)
+
+
+def test_routed_experts_and_media_through_our_server():
+    """Our server answers SGLang's routed-experts request the way SGLang does (base64 int32,
+    [prompt + generated - 1, layers, top_k]) and refuses media it cannot serve."""
+    from relax_core.testing import tiny_moe
+    from relax_rollout.engines.ray_native import ServedEngine
+
+    torch.set_num_threads(1)
+    model = tiny_moe(layers=2, top_k=2)
+    local = TorchEngine(model=model, eos_token_ids=[EOS], pad_token_id=0, record_routing=True)
+    served = ServedEngine(TorchEngine(model=tiny_moe(layers=2, top_k=2), eos_token_ids=[EOS], pad_token_id=0,
+                                      record_routing=True))  # fmt: skip
+    dense = ServedEngine(TorchEngine(model=tiny_moe(layers=2, top_k=2), eos_token_ids=[EOS], pad_token_id=0))
+    try:
+        params = SamplingParams(max_new_tokens=5, greedy=True)
+        fields = [{"rid": f"q{i}"} for i in range(len(PROMPTS))]
+        body = generate_body(PROMPTS, params, [0] * len(PROMPTS), fields, {"return_routed_experts": True})
+        outs = parse_reply(http_json(served.url, "/generate", body), PROMPTS, RoutingInfo(2, 2))
+        want = local.generate(PROMPTS, params)
+        _assert_same(outs, want)
+        for o, w, p in zip(outs, want, PROMPTS):
+            assert o.extra["routed_experts"].shape == (len(p) + len(o.token_ids) - 1, 2, 2)
+            assert np.array_equal(o.extra["routed_experts"], w.extra["routed_experts"].astype(np.int32))
+        start = {**body, "routed_experts_start_len": 2}  # SGLang: the reply covers [start, seqlen - 1)
+        cut = parse_reply(
+            http_json(served.url, "/generate", start), [p[2:] for p in PROMPTS], RoutingInfo(2, 2)
+        )
+        assert all(
+            np.array_equal(c.extra["routed_experts"], o.extra["routed_experts"][2:])
+            for c, o in zip(cut, outs)
+        )
+        code, err = _post(dense.url, "/generate", body)
+        assert code == 400 and err["param"] == "return_routed_experts"
+        media = {**body, "return_routed_experts": False, "image_data": [["x.png"], [], [], []]}
+        assert _post(dense.url, "/generate", media)[1]["param"] == "image_data"
+        empty = {**media, "image_data": [[], [], [], []]}  # text-only prompts in SGLang's batch form pass
+        assert _post(dense.url, "/generate", empty)[0] == 200
+    finally:
+        served.close()
+        dense.close()
+
+
+def _post(url, path, body):
+    from relax_rollout.engines.external import ServerError
+
+    try:
+        return 200, http_json(url, path, body)
+    except ServerError as e:
+        return e.status, e.body
+
+
+# -- supervision with a stand-in server (starts in a fraction of a second) -------------------------------
+FAKE_SERVER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port, marker, index = int(sys.argv[1]), sys.argv[2], int((sys.argv[3:] or [0])[0])
+version = "default"
+if os.path.exists(marker):
+    print("refusing to start: marker present", flush=True)
+    sys.exit(7)
+
+class H(BaseHTTPRequestHandler):
+    def _send(self, code, body=None):
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path in ("/health", "/health_generate"):
+            self._send(200)
+        elif self.path == "/get_model_info":
+            self._send(200, {"weight_version": version})
+        else:
+            self._send(404, {"message": "no route"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        global version
+        if self.path == "/generate":
+            self._send(200, [{"text": "", "output_ids": [5], "meta_info": {
+                "id": r, "finish_reason": {"type": "length", "length": 1}, "weight_version": version,
+                "output_token_logprobs": [[-0.5, 5, None]]}} for r in body["rid"]])
+        elif self.path == "/update_weights_from_disk" and body["model_path"] == "reject":
+            self._send(400, {"success": False, "message": "shape mismatch"})
+        elif self.path == "/update_weights_from_disk" and body["model_path"] == f"crash{index}":
+            self._send(500, {"message": "CUDA error: an illegal memory access"})
+        elif self.path == "/update_weights_from_disk":
+            version = body["weight_version"]
+            self._send(200, {"success": True, "message": "ok", "num_paused_requests": 0})
+        else:
+            self._send(200, {"success": True, "message": "ok"})
+
+    def log_message(self, *args):
+        pass
+
+print("fake engine up", flush=True)
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.mark.integration
+def test_start_failure_reports_the_log_and_leaves_no_process(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('CUDA error: no device', flush=True); sys.exit(3)"]
+    with pytest.raises(EngineStartError, match=r"(?s)exited with code 3.*CUDA error: no device"):
+        SGLangEngine("m", num_engines=2, launch_cmd=cmd, log_dir=str(tmp_path), startup_timeout_s=60)
+    log = (tmp_path / "engine0.log").read_text().splitlines()
+    assert log[0].startswith("=== ") and "launch #1 of engine 0 on GPUs 0" in log[0]
+    assert log[1:] == ["CUDA error: no device"]  # the process's own output follows the header
+
+
+@pytest.mark.integration
+def test_restarts_are_bounded_then_the_engine_stays_failed(tmp_path):
+    script, marker = tmp_path / "fake.py", tmp_path / "broken"
+    script.write_text(FAKE_SERVER)
+    cmd = [sys.executable, str(script), "{port}", str(marker)]
+    eng = SGLangEngine("m", launch_cmd=cmd, max_restarts=2, poll_interval_s=0.1, startup_timeout_s=60,
+                       shutdown_grace_s=2, log_dir=str(tmp_path / "logs"))  # fmt: skip
+    try:
+        out = eng.generate([[1, 2]], SamplingParams(max_new_tokens=1))[0]
+        assert out.token_ids == [5] and out.log_probs == [-0.5] and out.finish_reason == "length"
+        first = eng.engines()[0]["pid"]
+        os.kill(first, signal.SIGKILL)  # restarted: restart 1 of 2
+        _wait(
+            lambda: eng.engines()[0]["pid"] != first and eng.engines()[0]["state"] == "running",
+            what="restart",
+        )
+        assert eng.generate([[1]], SamplingParams(max_new_tokens=1))[0].token_ids == [5]
+        marker.touch()  # from now on every launch fails
+        os.kill(eng.engines()[0]["pid"], signal.SIGKILL)
+        _wait(lambda: eng.engines()[0]["state"] == "failed", what="the engine to fail for good")
+        slot = eng.engines()[0]
+        assert slot["restarts"] == 2 and "max_restarts=2" in slot["error"] and "code 7" in slot["error"]
+        assert len(slot["pids"]) == 3
+        with pytest.raises(NoActiveEngine):
+            eng.generate([[1]], SamplingParams(max_new_tokens=1))
+        assert "refusing to start" in (tmp_path / "logs" / "engine0.log").read_text()
+    finally:
+        eng.close()
+    assert not any(group_alive(pid) for pid in eng.engines()[0]["pids"])
+
+
+@pytest.mark.integration
+def test_weight_updates_drop_a_failing_engine_and_raise_a_rejection(tmp_path):
+    from relax_rollout.engines.external import ServerError
+
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_SERVER)
+    cmd = [sys.executable, str(script), "{port}", str(tmp_path / "never"), "{engine_index}"]
+    eng = SGLangEngine("m", num_engines=2, launch_cmd=cmd, max_restarts=0, poll_interval_s=0.1,
+                       startup_timeout_s=60, shutdown_grace_s=2, log_dir=str(tmp_path / "logs"))  # fmt: skip
+    try:
+        eng.update_weights_from_disk("/ckpt", 4)
+        assert eng.weight_version == 4 and eng.pool.weights_path == "/ckpt"
+        with pytest.raises(ServerError, match="HTTP 400: shape mismatch"):  # the weights do not fit
+            eng.update_weights_from_disk("reject", 5)
+        assert eng.weight_version == 4 and len(eng.urls) == 2
+        eng.update_weights_from_disk("crash1", 6)  # engine 1 fails it: dropped, engine 0 serves version 6
+        assert eng.weight_version == 6 and len(eng.urls) == 1
+        assert [o.weight_version for o in eng.generate([[1], [2]], SamplingParams(max_new_tokens=1))] == [
+            6,
+            6,
+        ]
+        _wait(lambda: eng.engines()[1]["state"] == "failed", 30, "engine 1 to fail (max_restarts=0)")
+        assert "CUDA error" in eng.engines()[1]["error"] and eng.engines()[0]["state"] == "running"
+    finally:
+        eng.close()
+
+
+# -- the engine over two of our engine servers ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    torch.set_num_threads(1)
+    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port", "{port}",
+           "--torch-threads", "1"]  # fmt: skip
+    eng = SGLangEngine(tiny_model_dir, num_engines=2, launch_cmd=cmd, gpu_ids=["3", "5"], eos_token_ids=[EOS],
+                       log_dir=str(tmp_path_factory.mktemp("sglang-logs")), startup_timeout_s=300,
+                       max_restarts=2, poll_interval_s=0.2, shutdown_grace_s=5)  # fmt: skip
+    yield eng
+    eng.close()
+
+
+@pytest.mark.integration
+def test_engines_start_on_their_gpus_and_generate_like_the_in_process_engine(engine, local):
+    slots = engine.engines()
+    assert [s["state"] for s in slots] == ["running", "running"] and len(engine.urls) == 2
+    for s, gpu in zip(slots, ["3", "5"]):
+        environ = Path(f"/proc/{s['pid']}/environ").read_bytes().split(b"\0")
+        assert f"CUDA_VISIBLE_DEVICES={gpu}".encode() in environ
+        assert "relax: launch #1 of engine" in Path(s["log_path"]).read_text()
+    assert engine.weight_version == 0
+    outs = engine.generate(PROMPTS, GREEDY, rids=[f"p{i}" for i in range(len(PROMPTS))])
+    _assert_same(outs, local.generate(PROMPTS, GREEDY))
+    assert [o.extra["rid"] for o in outs] == ["p0", "p1", "p2", "p3"]
+    assert {o.finish_reason for o in outs} <= {"stop", "length"} and all(o.weight_version == 0 for o in outs)
+    assert all(m["served"] == 2 for m in engine.pool.members())  # split over both engines
+    sampled = SamplingParams(max_new_tokens=6, temperature=0.8, min_new_tokens=[6, 0, 0, 0])
+    outs = engine.generate(PROMPTS, sampled)
+    assert len(outs[0].token_ids) == 6 and all(len(o.log_probs) == len(o.token_ids) for o in outs)
+    assert not engine.inflight_rids()
+
+
+@pytest.mark.integration
+def test_pause_continue_and_abort(engine, local):
+    engine.pause("in_place")
+    try:
+        a = _in_background(engine.generate, [PROMPTS[1]], GREEDY, rids=["a"])
+        b = _in_background(engine.generate, [PROMPTS[2]], GREEDY, rids=["b"])
+        time.sleep(0.3)
+        assert a.thread.is_alive() and b.thread.is_alive()  # new requests wait while paused
+        deadline = time.monotonic() + 30
+        while a.thread.is_alive():  # until the server has registered it and aborted it
+            assert time.monotonic() < deadline
+            engine.abort("a")
+            a.thread.join(0.2)
+        assert b.thread.is_alive()  # only that rid
+    finally:
+        engine.resume()
+    out_a = a()[0]
+    assert out_a.finish_reason == "abort" and len(out_a.log_probs) == len(out_a.token_ids)
+    _assert_same(b(), local.generate([PROMPTS[2]], GREEDY))
+    engine.pause("in_place")
+    try:
+        c = _in_background(engine.generate, PROMPTS[:2], GREEDY)  # one prompt per engine
+        deadline = time.monotonic() + 30
+        while c.thread.is_alive():  # SGLang's default pause mode aborts what is in flight
+            assert time.monotonic() < deadline
+            engine.pause("abort")
+            c.thread.join(0.2)
+    finally:
+        engine.resume()
+    assert [o.finish_reason for o in c()] == ["abort", "abort"]
+    _assert_same(engine.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))  # serving again
+
+
+def _perturbed(local, seed):
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: v.detach().clone() for k, v in local.named_weights()}
+    tensors["lm_head.weight"] = torch.randn(tensors["lm_head.weight"].shape, generator=g)
+    return tensors
+
+
+@pytest.mark.integration
+def test_weight_update_over_dcs(engine, tiny_model_dir):
+    from relax_core.dcs import WeightSender, free_port
+
+    trainer = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    new = _perturbed(trainer, 5)
+    trainer.update_weights(new, 1)
+    init = f"tcp://127.0.0.1:{free_port()}"
+    sender = WeightSender(init, world_size=1 + 2)  # the trainer is rank 0, engine k is rank 1 + k
+    connect = _in_background(sender.connect)
+    engine.connect_dcs(init, world_size=3, rank=1, backend="gloo")
+    connect()
+    try:
+        update = _in_background(engine.update_weights_from_distributed, *tensor_metadata(new.items()), 1)
+        sender.broadcast(new.items(), 1)  # concurrently, as a trainer broadcasts while SGLang receives
+        update()
+        assert engine.weight_version == 1
+        outs = engine.generate(PROMPTS, GREEDY)
+        _assert_same(outs, trainer.generate(PROMPTS, GREEDY))
+        assert all(o.weight_version == 1 for o in outs)
+        assert engine.weights_checksum() == trainer.weights_checksum()
+    finally:
+        sender.close()
+        engine.destroy_weights_update_group()
+    assert engine.pool.weights_path is None  # NCCL weights cannot be given to a restarted engine
+
+
+@pytest.mark.integration
+def test_weight_update_from_disk_and_version_check(engine, local, tiny_model_dir):
+    engine.update_weights(dict(local.named_weights()), 2)  # back to the start weights, through disk
+    owned = engine.pool.weights_path
+    assert engine.weight_version == 2 and Path(owned).is_dir()
+    _assert_same(engine.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))
+    with pytest.raises(WeightVersionMismatch, match=r"version 5 expected.*e0 .*'2'.*e1 .*'2'"):
+        engine.check_weight_version(5)
+    e0 = engine.pool.active()[0]
+    http_json(e0.url, "/update_weights_from_disk", {"model_path": owned, "weight_version": "9"})
+    with pytest.raises(WeightVersionMismatch, match=r"holds '9'") as exc:
+        engine.check_weight_version(2)
+    assert e0.url in str(exc.value) and engine.pool.active()[1].url not in str(exc.value)
+    engine.update_weights_from_disk(tiny_model_dir, 3)  # a checkpoint directory: kept for restarted engines
+    engine.check_weight_version(3)
+    assert engine.pool.weights_path == tiny_model_dir and not Path(owned).exists()
+    assert all(o.weight_version == 3 for o in engine.generate(PROMPTS, GREEDY))
+
+
+@pytest.mark.integration
+def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local):
+    before = engine.pool.stats()["reissued_prompts"]
+    victim = engine.engines()[0]
+    engine.pause("in_place")  # hold the batch on both engines so the kill lands mid-request
+    try:
+        pending = _in_background(engine.generate, PROMPTS, GREEDY)
+        _wait(lambda: all(m["inflight"] for m in engine.pool.members()), 30, "requests in flight on both")
+        os.kill(victim["pid"], signal.SIGKILL)
+        _wait(lambda: engine.pool.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure")
+        _wait(lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1, 300,
+              "the supervisor's restart")  # fmt: skip
+        assert pending.thread.is_alive()  # the other engine still holds its half: paused
+    finally:
+        engine.resume()
+    outs = pending(120)
+    _assert_same(outs, local.generate(PROMPTS, GREEDY))  # every prompt answered, none aborted
+    assert engine.pool.stats()["reissued_prompts"] - before == 2  # the killed engine's half of the batch
+    slot = engine.engines()[0]
+    assert slot["pid"] != victim["pid"] and not group_alive(victim["pid"]) and "exited" in slot["error"]
+    assert engine.pool.get(victim["member_id"]).state == "removed" and len(engine.urls) == 2
+    engine.check_weight_version(3)  # the newcomer loaded the current weights before serving
+    _assert_same(engine.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))
+
+
+@pytest.mark.integration
+def test_close_leaves_no_process(engine):
+    pids = [pid for s in engine.engines() for pid in s["pids"]]
+    assert len(pids) == 3  # two engines, one restart
+    engine.close()
+    engine.close()  # idempotent
+    for pid in pids:
+        assert not group_alive(pid) and not Path(f"/proc/{pid}").exists()
+    assert {s["state"] for s in engine.engines()} == {"stopped"}

@@ -51,6 +51,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
+from relax_rollout.server import protocol
 from relax_rollout.server.app import is_loopback
 from relax_rollout.server.protocol import BadRequest, NotFound
 
@@ -585,14 +586,7 @@ class ElasticHandler(BaseHTTPRequestHandler):
         self._send(code, {"object": "error", "message": message, "type": kind, "code": code})
 
     def _body(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise BadRequest("body", f"is not valid JSON ({e.msg}); send a JSON object") from None
+        return protocol.read_json_body(self)
 
     def _authorised(self) -> bool:
         if self.token is None:

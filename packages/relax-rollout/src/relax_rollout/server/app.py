@@ -263,14 +263,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise BadRequest("body", f"is not valid JSON ({e.msg})") from None
+        return protocol.read_json_body(self)
 
     def _authorised(self, path: str) -> bool:
         token = self.state.token

@@ -37,6 +37,21 @@ class BadRequest(ValueError):
         }
 
 
+def read_json_body(handler: Any) -> Any:
+    """The JSON body of a ``BaseHTTPRequestHandler`` request ({} when empty); BadRequest when not JSON.
+    Shared by the engine server and the elastic API."""
+    import json
+
+    n = int(handler.headers.get("Content-Length") or 0)
+    raw = handler.rfile.read(n) if n else b""
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise BadRequest("body", f"is not valid JSON ({e.msg}); send a JSON object") from None
+
+
 class NotFound(LookupError):
     """A named resource (a session's trajectory) does not exist: the server answers 404."""
 

@@ -204,6 +204,19 @@ def test_reset_consumer_keeps_what_the_dead_consumer_already_wrote():
     assert bus.get("train", 4, partial=True).ids == [0, 1]
 
 
+def test_reset_consumer_after_restore_acks_written_samples(tmp_path):
+    """A snapshot saves leases as not delivered: after restore, samples whose output was written before
+    the snapshot must not be handed to the consumer again (its field is write-once)."""
+    bus = DataBus(BusConfig(consumers={"fwd": ConsumerSpec(), "train": ConsumerSpec(required_fields=["lp"])}))
+    bus.put([{"x": i} for i in range(3)])
+    bus.get("fwd", 3)
+    bus.add_fields([0], {"lp": [0.5]})
+    restored = DataBus.restore(bus.snapshot(tmp_path / "snap"))
+    assert restored.reset_consumer("fwd", done_if_written=["lp"]) == 0
+    assert restored.consumed_ids("fwd") == [0]
+    assert restored.get("fwd", 3, partial=True).ids == [1, 2]
+
+
 def test_example_runs():
     from pathlib import Path
 

@@ -272,9 +272,10 @@ class DataBus(_Book):
     def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
         """The consumer's process died: every batch it holds is delivered again. Returns how many samples.
 
-        ``done_if_written``: the fields this consumer writes. A held sample on which they are all written
-        already (the process died between writing and acking) counts as acked instead of coming back, so
-        a restarted consumer never computes it twice (fields are write-once)."""
+        ``done_if_written``: the fields this consumer writes. A held or waiting sample on which they are all
+        written already (the process died between writing and acking; or a bus restored from a snapshot,
+        which saves leases as not delivered) counts as acked instead of coming back, so a restarted
+        consumer never computes it twice (fields are write-once)."""
         with self._cond:
             self._check_open()
             st = self._consumer(consumer)
@@ -291,6 +292,14 @@ class DataBus(_Book):
                     self._release(sid, consumer)
                 self._redeliver(Lease(consumer, redo, None))
                 again += len(redo)
+            if done_if_written:  # also samples waiting for it (a bus restored from a snapshot saves
+                # leases as not delivered): written ones count as acked, never computed twice
+                done = [i for i in st.available if all(f in self._samples[i].fields for f in done_if_written)]
+                for sid in done:
+                    st.available.discard(sid)
+                    st.acked += 1
+                    st.acked_ids.append(sid)
+                    self._release(sid, consumer)
             self._cond.notify_all()
             return again
 

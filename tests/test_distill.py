@@ -50,8 +50,11 @@ def test_teacher_scores_every_trained_sample(tiny_run_inputs, teacher_dir, tmp_p
     assert set(trained) <= set(result.audit["consumed"]["teacher"])
     steps = [h for h in result.history if "train/loss" in h]
     assert len(steps) == STEPS
-    # different random weights: the student's samples are unlikely under the teacher (KL well above 0)
-    assert all(math.isfinite(h["train/distill_kl"]) and h["train/distill_kl"] > 0 for h in steps)
+    # the teacher's log-probs reached the loss and differ from the student's. Not "> 0": in advantage
+    # mode distill_kl is a k1 estimate (mean of log pi_old - log pi_T over sampled tokens), and two tiny
+    # random models are both near uniform, so it sits within noise of 0 and its sign changed with the
+    # numerics of the process (seen in CI after other tests: -0.0004, -0.0046, 0.017)
+    assert all(math.isfinite(h["train/distill_kl"]) and h["train/distill_kl"] != 0 for h in steps)
 
 
 def test_teacher_with_another_tokenizer_is_refused(tiny_run_inputs, tmp_path):

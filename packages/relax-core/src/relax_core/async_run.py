@@ -183,7 +183,7 @@ class AsyncRun:
         if self.beats.due(now):
             for name, actor in self.roles.items():
                 self.beats.sent(name, actor.heartbeat.remote(), now)
-        refs = [r for r, _ in self.beats._pending.values()]
+        refs = self.beats.pending_refs()
         if not refs:
             return []
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)

@@ -89,6 +89,10 @@ class Heartbeats:
         self._last_sent = now
         self._pending.setdefault(role, (ref, now))
 
+    def pending_refs(self) -> list[Any]:
+        """The outstanding heartbeat calls (to wait on)."""
+        return [ref for ref, _ in self._pending.values()]
+
     def forget(self, role: str) -> None:
         self._pending.pop(role, None)
 

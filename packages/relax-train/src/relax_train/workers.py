@@ -416,24 +416,31 @@ class ActorWorker:
         self.save_extra = lambda v: {"data": self.data_state(v)}
 
     def data_state(self, step: int) -> dict:
-        """Where the rollout's prompts stood when rollout step ``step`` began: from the rollout journal when
-        there is one (the rollout role may be down and restarting), else from the rollout actor."""
+        return self.data_states([step])[step]
+
+    def data_states(self, steps: list[int]) -> dict[int, dict]:
+        """Where the rollout's prompts stood when each rollout step began: from the rollout journal (read
+        once) when there is one — the rollout role may be down and restarting —, else from the rollout
+        actor."""
         import ray
 
         journal = self.out / "rollout_journal.jsonl"
+        out: dict[int, dict] = {}
+        if journal.is_file():
+            for line in journal.read_text().splitlines():
+                e = json.loads(line) if line.strip() else {}
+                if e.get("begin") in steps:
+                    out[int(e["begin"])] = e["state"]  # the latest entry of a step wins
         deadline = time.monotonic() + 300.0
-        while True:
-            if journal.is_file():
-                for line in reversed(journal.read_text().splitlines()):
-                    e = json.loads(line) if line.strip() else {}
-                    if e.get("begin") == step:
-                        return e["state"]
-            try:
-                return ray.get(self._rollout.data_state.remote(step), timeout=60)
-            except Exception:  # the rollout role is down: the health manager restarts and re-attaches it
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        for step in (s for s in steps if s not in out):
+            while step not in out:
+                try:
+                    out[step] = ray.get(self._rollout.data_state.remote(step), timeout=60)
+                except Exception:  # the rollout role is down: the health manager restarts and re-attaches it
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        return out
 
     def save_bus(self, checkpoint: str) -> None:
         """Fully async: put the bus (samples generated and not trained yet) into the checkpoint, with the
@@ -450,7 +457,9 @@ class ActorWorker:
             steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(path)["samples"]]
             nxt = max([self.backend.version, *(s + 1 for s in steps)])
             # where each rollout step from the trainer's version on began: the resumed run's journal
-            begun = {str(s): self.data_state(s) for s in range(self.backend.version, nxt + 1)}
+            begun = {
+                str(k): v for k, v in self.data_states(list(range(self.backend.version, nxt + 1))).items()
+            }
             resume = {"next_step": nxt, "data": begun[str(nxt)], "begun": begun}
             (Path(checkpoint) / "bus_resume.json").write_text(json.dumps(resume))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -32,3 +33,20 @@ def tiny_run_inputs(tmp_path_factory):
         intermediate_size=64,
     )
     return RunInputs(str(root / "model"), str(files.train_path), str(files.eval_path))
+
+
+@pytest.fixture
+def sigterm_self():
+    """``fire()`` sends this process SIGTERM, but only while a run's own graceful-stop handler is
+    installed. Any other handler would end pytest, and the CI with it (exit 143): ``ray.init`` leaves
+    one behind that exits, and a test's watcher thread can outlive the run it was meant to stop."""
+    from relax_core.controller import _StopOnSignal
+
+    def fire() -> bool:
+        handler = signal.getsignal(signal.SIGTERM)
+        if isinstance(getattr(handler, "__self__", None), _StopOnSignal):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return True
+        return False
+
+    return fire

@@ -4,8 +4,6 @@ the same order, for the same number of steps as a run that was never interrupted
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -28,14 +26,14 @@ def _cfg(inputs, out, *extra):
     )  # fmt: skip
 
 
-def _signal_after(metrics: Path, trained_steps: int) -> threading.Thread:
-    """SIGTERM to this process once ``trained_steps`` training steps are in metrics.jsonl."""
+def _signal_after(metrics: Path, trained_steps: int, fire) -> threading.Thread:
+    """``fire()`` (SIGTERM to this process) once ``trained_steps`` training steps are in metrics.jsonl."""
 
     def watch():
         while True:
             lines = metrics.read_text().splitlines() if metrics.exists() else []
             if sum('"train/loss"' in line for line in lines) >= trained_steps:
-                os.kill(os.getpid(), signal.SIGTERM)
+                fire()
                 return
             time.sleep(0.01)
 
@@ -54,13 +52,13 @@ def _trained(result, steps_done: int) -> list:
     "mode", [["--colocate"], ["--fully-async", "--max-staleness", "1"]], ids=["colocate", "async"]
 )
 def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
-    tiny_run_inputs, tmp_path, mode
+    tiny_run_inputs, tmp_path, mode, sigterm_self
 ):
     full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", *mode), tiny_run_inputs).run()
 
     ckpt = tmp_path / "ckpt"
     first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", "--save", str(ckpt), *mode), tiny_run_inputs)
-    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=1)
+    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
     part1 = first.run()
     assert first.interrupted_at is not None, "the signal did not stop the run early"
     stopped = len([h for h in part1.history if "train/loss" in h])

@@ -115,9 +115,16 @@ class Controller:
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
         self.interrupted_at: str | None = None
+        """The checkpoint written when a signal stopped the run early (None: it ran to the end)."""
         self.async_run: AsyncRun | None = None
         """Fully async: the running roles and their supervision (tests inject faults through it)."""
-        """The checkpoint written when a signal stopped the run early (None: it ran to the end)."""
+        self._stop = _StopOnSignal()
+
+    def request_stop(self) -> None:
+        """Stop the run after the current step, with a checkpoint, as SIGTERM does: for code that drives a
+        run from another thread (a notebook, a scheduler's pre-emption hook, a test) and must not signal
+        its whole process (``ray.init`` leaves its own SIGTERM handler behind, which exits)."""
+        self._stop.requested = True
 
     def run(self) -> RunResult:
         cfg = self.cfg
@@ -196,7 +203,7 @@ class Controller:
         actor.eval_now(start)
         t_rl = time.perf_counter()
         bar = _progress(cfg, start)
-        stop = _StopOnSignal()
+        stop = self._stop
         with stop:
             for step in range(start, cfg.train.num_rollout):
                 rollout.produce(step)
@@ -261,7 +268,7 @@ class Controller:
                 configure_logging=False,
             )
         threads = cfg.run.torch_threads or 1
-        stop = _StopOnSignal()
+        stop = self._stop
         run = self.async_run = AsyncRun(self, notifier, threads)
         try:
             bcfg = bus_config(cfg)

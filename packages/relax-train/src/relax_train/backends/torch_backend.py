@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import json
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,45 @@ from relax_core.models import MASKED_LOGIT
 from relax_train.algorithms.aggregation import aggregate_loss
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
 from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_from_logits, kl_penalty
+
+
+@dataclass
+class _StepAcc:
+    """What one train_step's micro-batches share: the loss choices for this batch and the statistics
+    they add up."""
+
+    loss_fn: Any
+    params: LossParams
+    old_key: str
+    has_prox: bool
+    has_behav: bool
+    kl_loss: bool
+    distill: str | None
+    with_entropy: bool
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)  # fractions of tokens: clipped, dual-clipped, ...
+    keep: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, backend: TorchBackend, samples: dict[str, list]) -> _StepAcc:
+        a = backend.cfg.algo
+        has_prox = "log_probs" in samples
+        distill = a.distill_mode if "teacher_log_probs" in samples else None
+        acc = cls(
+            loss_fn=POLICY_LOSSES[a.policy_loss],
+            params=backend._loss_params(),
+            old_key="log_probs" if has_prox else "rollout_log_probs",
+            has_prox=has_prox,
+            has_behav="rollout_log_probs" in samples,
+            kl_loss=a.uses_reference and a.use_kl_loss and "ref_log_probs" in samples,
+            distill=distill,
+            with_entropy=a.entropy_coef > 0,
+            sums={"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "tokens": 0.0},
+            keep={"ratio": [], "train": [], "rollout": [], "tis": []},
+        )
+        if distill:
+            acc.sums["distill_kl"] = 0.0
+        return acc
 
 
 class TorchBackend:
@@ -91,18 +131,24 @@ class TorchBackend:
         ids, mask, plens, rlens = self._pad(samples, idx)
         with self._routing_replay(samples, idx, ids.shape[1]):
             logits = self.model(input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)).logits
+        return self._logp_from_logits(logits, ids, plens, rlens, with_entropy)
+
+    def _logp_from_logits(self, logits, ids, plens, rlens, with_entropy=False):
+        """[B, S, V] logits of right-padded prompt+response rows -> ([B, Rmax] response-token log-probs at the
+        rollout temperature, validity mask, response lengths, entropies or None). Shared by the backends."""
         logits = logits.float()
         if self.masked_token_ids:  # the rollout engine never samples these: same distribution here
             logits[..., self.masked_token_ids] = MASKED_LOGIT
         logits = logits / self.temperature
+        dev = logits.device
         rmax = max(rlens)
-        rows = torch.arange(len(idx)).unsqueeze(1)
-        steps = torch.arange(rmax)
-        cols = (torch.tensor(plens).unsqueeze(1) - 1 + steps).clamp(max=ids.shape[1] - 2)
+        rows = torch.arange(len(rlens), device=dev).unsqueeze(1)
+        steps = torch.arange(rmax, device=dev)
+        cols = (torch.tensor(plens, device=dev).unsqueeze(1) - 1 + steps).clamp(max=ids.shape[1] - 2)
         resp_logits = logits[rows, cols]  # [B, Rmax, V]
-        targets = ids[rows, cols + 1]
+        targets = ids.to(dev)[rows, cols + 1]
         logp = torch.log_softmax(resp_logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        valid = steps.unsqueeze(0) < torch.tensor(rlens).unsqueeze(1)
+        valid = steps.unsqueeze(0) < torch.tensor(rlens, device=dev).unsqueeze(1)
         ent = entropy_from_logits(resp_logits) if with_entropy else None
         return logp, valid, rlens, ent
 
@@ -154,7 +200,7 @@ class TorchBackend:
         for start in range(0, n, mbs):
             idx = list(range(start, min(n, start + mbs)))
             logp, _, rlens, _ = self._response_logp(samples, idx)
-            out.extend(logp[k, :r].numpy().astype(np.float32) for k, r in enumerate(rlens))
+            out.extend(logp[k, :r].cpu().numpy().astype(np.float32) for k, r in enumerate(rlens))
         self.model.train(was_training)
         return out
 
@@ -192,88 +238,105 @@ class TorchBackend:
         """
         if not self.trainable:
             raise RuntimeError("this backend was built frozen (actor_fwd/reference); it cannot train")
-        a = self.cfg.algo
-        loss_fn, params = POLICY_LOSSES[a.policy_loss], self._loss_params()
         n = len(samples["tokens"])
         gbs = min(self.cfg.effective_global_batch_size, n)
         mbs = self.cfg.train.micro_batch_size
-        has_prox = "log_probs" in samples
-        old_key = "log_probs" if has_prox else "rollout_log_probs"
-        has_behav = "rollout_log_probs" in samples
-        kl_loss = a.uses_reference and a.use_kl_loss and "ref_log_probs" in samples
-        distill = a.distill_mode if "teacher_log_probs" in samples else None
-        sums: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "tokens": 0.0}
-        if distill:
-            sums["distill_kl"] = 0.0
-        counts: dict[str, float] = {}  # fractions of tokens: clipped, dual-clipped, ...
+        acc = _StepAcc.start(self, samples)
         loss_total, grad_norm, n_opt = 0.0, 0.0, 0
-        keep: dict[str, list[torch.Tensor]] = {"ratio": [], "train": [], "rollout": [], "tis": []}
         self.model.train()
         for gstart in range(0, n, gbs):
             gidx = list(range(gstart, min(n, gstart + gbs)))
             total_tokens = float(sum(float(np.sum(samples["loss_mask"][i])) for i in gidx)) or 1.0
             self.optimizer.zero_grad(set_to_none=True)
-            for mstart in range(0, len(gidx), mbs):
-                idx = gidx[mstart : mstart + mbs]
-                logp, valid, rlens, ent = self._response_logp(samples, idx, with_entropy=a.entropy_coef > 0)
-                width = logp.shape[1]
-                old = self._padded(samples[old_key], idx, width)
-                behav = self._padded(samples["rollout_log_probs"], idx, width) if has_behav else old
-                adv = self._padded(samples["advantages"], idx, width)
-                lmask = self._padded(samples["loss_mask"], idx, width) * valid
-                if distill:  # on-policy distillation: reverse KL to the teacher on the student's own tokens
-                    teacher = self._padded(samples["teacher_log_probs"], idx, width)
-                    sums["distill_kl"] += float(((old - teacher) * lmask).sum())  # k1 estimate
-                    if distill == "advantage":  # per-token reward log π_T − log π_old (no gradient)
-                        adv = adv + a.distill_coef * (teacher - old)
-                pg, st = loss_fn(logp, old, adv, lmask, params)
-                tok_loss = pg
-                w = self._behaviour_weights(old, behav, lmask) if has_prox and has_behav else None
-                if w is not None:
-                    tok_loss = tok_loss * w
-                    keep["tis"].append(w.expand_as(logp)[lmask.bool()])
-                if kl_loss:
-                    kl = kl_penalty(logp, self._padded(samples["ref_log_probs"], idx, width), a.kl_estimator)
-                    tok_loss = tok_loss + a.kl_coef * kl
-                    sums["kl"] += float((kl.detach() * lmask).sum())
-                if distill == "loss":
-                    tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, a.kl_estimator)
-                loss = aggregate_loss(
-                    tok_loss,
-                    lmask,
-                    a.loss_agg_mode,
-                    global_tokens=total_tokens,
-                    global_seqs=len(gidx),
-                    max_len=self.cfg.rollout.rollout_max_response_len,
-                )
-                if ent is not None:
-                    loss = loss - a.entropy_coef * (ent * lmask).sum() / total_tokens
-                    sums["entropy"] += float((ent.detach() * lmask).sum())
-                loss.backward()
-                loss_total += float(loss.detach())
-                sel = lmask.bool()
-                sums["pg_loss"] += float((pg.detach() * lmask).sum())
-                sums["tokens"] += float(lmask.sum())
-                for key in ("clipped", "dual_clipped", "gate"):
-                    if key in st:
-                        counts[key] = counts.get(key, 0.0) + float((st[key] * lmask).sum())
-                if a.policy_loss in ("ppo", "gspo"):
-                    high = a.eps_clip if a.eps_clip_high is None else a.eps_clip_high
-                    r = st["ratio"]
-                    low_c = ((r < 1.0 - a.eps_clip) & (adv < 0)).float()
-                    high_c = ((r > 1.0 + high) & (adv > 0)).float()
-                    counts["clipped_low"] = counts.get("clipped_low", 0.0) + float((low_c * lmask).sum())
-                    counts["clipped_high"] = counts.get("clipped_high", 0.0) + float((high_c * lmask).sum())
-                keep["ratio"].append(st["ratio"][sel])
-                if has_behav:
-                    keep["train"].append(logp.detach()[sel])
-                    keep["rollout"].append(behav[sel])
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
-            grad_norm += float(gn)
-            self.optimizer.step()
+            micro = [gidx[m : m + mbs] for m in range(0, len(gidx), mbs)]
+            loss_total += self._forward_backward(samples, micro, total_tokens, len(gidx), acc)
+            grad_norm += self._clip_and_step()
             n_opt += 1
         self.version += 1
-        return {**self._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt), **self._r3_metrics()}
+        metrics = self._step_metrics(acc.sums, acc.counts, acc.keep, loss_total, grad_norm, n_opt)
+        return {**metrics, **self._r3_metrics()}
+
+    def _forward_backward(
+        self, samples, micro: list[list[int]], total_tokens: float, n_seqs: int, acc
+    ) -> float:
+        """Forward and backward every micro-batch of one optimizer step (gradients accumulate); the summed
+        loss. The megatron backend runs the same :meth:`_micro_loss` through Megatron's schedule instead."""
+        total = 0.0
+        for idx in micro:
+            logp, valid, _, ent = self._response_logp(samples, idx, with_entropy=acc.with_entropy)
+            loss = self._micro_loss(samples, idx, logp, valid, ent, total_tokens, n_seqs, acc)
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def _clip_and_step(self) -> float:
+        """Clip the accumulated gradients to --clip-grad, step the optimizer; the pre-clip gradient norm."""
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
+        self.optimizer.step()
+        return float(gn)
+
+    def _micro_loss(
+        self, samples, idx, logp, valid, ent, total_tokens: float, n_seqs: int, acc
+    ) -> torch.Tensor:
+        """The loss of one micro-batch (a summand of the optimizer batch's loss) from its response-token
+        log-probs; its statistics are added to ``acc``."""
+        a = self.cfg.algo
+        width, dev = logp.shape[1], logp.device
+
+        def padded(key: str) -> torch.Tensor:
+            return self._padded(samples[key], idx, width).to(dev)
+
+        old = padded(acc.old_key)
+        behav = padded("rollout_log_probs") if acc.has_behav else old
+        adv = padded("advantages")
+        lmask = padded("loss_mask") * valid
+        sums, counts, keep = acc.sums, acc.counts, acc.keep
+        if acc.distill:  # on-policy distillation: reverse KL to the teacher on the student's own tokens
+            teacher = padded("teacher_log_probs")
+            sums["distill_kl"] += float(((old - teacher) * lmask).sum())  # k1 estimate
+            if acc.distill == "advantage":  # per-token reward log π_T − log π_old (no gradient)
+                adv = adv + a.distill_coef * (teacher - old)
+        pg, st = acc.loss_fn(logp, old, adv, lmask, acc.params)
+        tok_loss = pg
+        w = self._behaviour_weights(old, behav, lmask) if acc.has_prox and acc.has_behav else None
+        if w is not None:
+            tok_loss = tok_loss * w
+            keep["tis"].append(w.expand_as(logp)[lmask.bool()].cpu())
+        if acc.kl_loss:
+            kl = kl_penalty(logp, padded("ref_log_probs"), a.kl_estimator)
+            tok_loss = tok_loss + a.kl_coef * kl
+            sums["kl"] += float((kl.detach() * lmask).sum())
+        if acc.distill == "loss":
+            tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, a.kl_estimator)
+        loss = aggregate_loss(
+            tok_loss,
+            lmask,
+            a.loss_agg_mode,
+            global_tokens=total_tokens,
+            global_seqs=n_seqs,
+            max_len=self.cfg.rollout.rollout_max_response_len,
+        )
+        if ent is not None:
+            loss = loss - a.entropy_coef * (ent * lmask).sum() / total_tokens
+            sums["entropy"] += float((ent.detach() * lmask).sum())
+        sel = lmask.bool()
+        sums["pg_loss"] += float((pg.detach() * lmask).sum())
+        sums["tokens"] += float(lmask.sum())
+        for key in ("clipped", "dual_clipped", "gate"):
+            if key in st:
+                counts[key] = counts.get(key, 0.0) + float((st[key] * lmask).sum())
+        if a.policy_loss in ("ppo", "gspo"):
+            high = a.eps_clip if a.eps_clip_high is None else a.eps_clip_high
+            r = st["ratio"]
+            low_c = ((r < 1.0 - a.eps_clip) & (adv < 0)).float()
+            high_c = ((r > 1.0 + high) & (adv > 0)).float()
+            counts["clipped_low"] = counts.get("clipped_low", 0.0) + float((low_c * lmask).sum())
+            counts["clipped_high"] = counts.get("clipped_high", 0.0) + float((high_c * lmask).sum())
+        keep["ratio"].append(st["ratio"][sel].detach().cpu())
+        if acc.has_behav:
+            keep["train"].append(logp.detach()[sel].cpu())
+            keep["rollout"].append(behav[sel].cpu())
+        return loss
 
     @staticmethod
     def _step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:

@@ -367,8 +367,20 @@ class RelaxConfig(_Section):
         t = self.train
         if t.train_backend == "megatron":
             world = t.actor_num_nodes * t.actor_num_gpus_per_node
-            if world == 0:
-                raise ValueError("--train-backend megatron runs on GPUs: set --actor-num-gpus-per-node (≥ 1)")
+            sizes = (
+                t.tensor_model_parallel_size,
+                t.pipeline_model_parallel_size,
+                t.context_parallel_size,
+                t.expert_model_parallel_size,
+                t.expert_tensor_parallel_size or 1,
+            )
+            if world == 0 and max(sizes) > 1:
+                raise ValueError(
+                    "--train-backend megatron with model parallelism runs on GPUs: set "
+                    "--actor-num-gpus-per-node (≥ 1); without GPUs each role is one CPU process (all "
+                    "parallel sizes 1)"
+                )
+            world = world or 1
             mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
             if world % mp:
                 raise ValueError(

@@ -372,7 +372,7 @@ class ActorWorker:
             and (step + 1) % self.cfg.run.eval_interval == 0
         ):
             with self.tracer.span("eval", step=step + 1):
-                metrics["eval/accuracy"] = self.evaluate(self.backend.model)
+                metrics["eval/accuracy"] = self.evaluate(self.backend.eval_model())
         # the bus's own counters next to the roles' (per-partition depths left out: one series per step)
         metrics.update({k: v for k, v in self.bus.metrics().items() if not k.startswith("bus/depth/")})
         self.log(metrics)
@@ -468,7 +468,7 @@ class ActorWorker:
         if self.evaluate is None:
             return None
         with self.tracer.span("eval", step=step):
-            acc = self.evaluate(self.backend.model)
+            acc = self.evaluate(self.backend.eval_model())
         self.log({"step": step, "eval/accuracy": acc, "time": time.time()})
         return acc
 

@@ -7,12 +7,20 @@ from typing import Any
 
 BACKENDS: dict[str, str] = {
     "torch": "relax_train.backends.torch_backend:TorchBackend",
+    "megatron": "relax_train.megatron.backend:MegatronBackend",
 }
 
 
 def build_backend(name: str, **kwargs: Any):
     if name not in BACKENDS:
-        hint = " (needs `pip install 'relax-train[megatron]'` and a GPU)" if name == "megatron" else ""
-        raise ValueError(f"unknown --train-backend {name!r}; available: {sorted(BACKENDS)}{hint}")
+        raise ValueError(f"unknown --train-backend {name!r}; available: {sorted(BACKENDS)}")
     module, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(**kwargs)
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        if name == "megatron" and (e.name or "").startswith("megatron"):
+            raise ImportError(
+                "--train-backend megatron needs megatron-core: pip install 'relax-train[megatron]'"
+            ) from e
+        raise
+    return cls(**kwargs)

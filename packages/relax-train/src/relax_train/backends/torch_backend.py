@@ -385,6 +385,10 @@ class TorchBackend:
         return out
 
     # -- weights and checkpoints ---------------------------------------------------------------
+    def eval_model(self):
+        """The HF model the evaluator generates with (this backend's own)."""
+        return self.model
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 

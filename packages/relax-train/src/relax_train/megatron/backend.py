@@ -1,0 +1,629 @@
+"""The megatron training backend (``--train-backend megatron``; ``pip install 'relax-train[megatron]'``).
+
+A megatron-core ``GPTModel`` built from the HF Qwen3 / Qwen3-MoE config, with tensor, pipeline, context
+and expert parallelism from the run config, loaded from and exported to HF weights with our converter
+(:mod:`relax_train.megatron.convert`). Losses, log-probs and statistics are the torch backend's own
+(:class:`~relax_train.backends.torch_backend.TorchBackend` ``_micro_loss`` / ``_logp_from_logits``), so
+both backends optimise the same objective; only the model, the forward and the gradient reductions
+differ.
+
+One process per rank: ``torch.distributed`` is initialised from ``RANK`` / ``WORLD_SIZE`` /
+``MASTER_ADDR`` / ``MASTER_PORT`` (a single process on its own when they are unset), NCCL on GPU, gloo on
+CPU. Parameters are kept in float32 and the forward runs under ``torch.autocast`` in ``--dtype``
+(bf16 mixed precision with float32 master weights); AdamW steps each rank's shard; the gradient norm is
+reduced over the model-parallel groups (replicated parameters counted once) and gradients are averaged
+over the data-parallel group.
+
+On GPU the micro-batches go through Megatron's forward-backward schedule (1F1B with pipeline
+parallelism). megatron-core needs CUDA in a few places; on a machine without one (our CI), this module
+runs the same model code on CPU: it runs the micro-batches in order itself (what Megatron's
+no-pipelining schedule does) and patches the three CUDA assumptions met on that path (see
+:func:`_cpu_shims`). Pipeline parallelism needs the GPU path.
+
+Not yet: the routing replay (R3) through megatron-core's router, Megatron's distributed optimizer and
+``dist_checkpointing`` (checkpoints here are one file per rank, reloadable with the same topology),
+evaluation during training (the evaluator takes an HF model), tied embeddings with pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from relax_core.config import RelaxConfig
+from relax_train.backends.torch_backend import TorchBackend
+from relax_train.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
+
+# The TE layer spec fuses the input / pre-MLP RMSNorm into the following linear (the converter's
+# names); the local spec (no Transformer Engine: CPU, or GPUs without TE) keeps separate norms.
+_TE_TO_LOCAL = (
+    (".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight"),
+    (".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight"),
+)
+_LAYER = "decoder.layers."
+
+
+def _no_te_shim() -> None:
+    """megatron-core 0.16's MoE router gating tests ``te_general_gemm is not None`` but only defines the
+    name when Transformer Engine imports: without TE every MoE forward raises NameError. Define it as
+    None (megatron's own fallback, torch.mm, then runs)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _cpu_shims() -> None:
+    """Let megatron-core's model code run without CUDA (tests, CI). On that path it (1) allocates
+    buffers and moves RoPE frequencies to ``torch.cuda.current_device()`` and (2) forks the CUDA RNG
+    tracker around attention dropout. Without CUDA both would raise; here the current device is the CPU
+    and the tracker a no-op (dropout is off: RL fine-tuning runs without it). Nothing changes when CUDA
+    is present."""
+    if torch.cuda.is_available():
+        return
+    import megatron.core.tensor_parallel.random as mrandom
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+
+    class _NoRngTracker:
+        def fork(self, name: str | None = None):
+            return contextlib.nullcontext()
+
+        def is_initialized(self) -> bool:
+            return True
+
+        def add(self, name: str, seed: int) -> None:
+            pass
+
+    mrandom._CUDA_RNG_STATE_TRACKER = _NoRngTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def init_parallel(config: RelaxConfig) -> None:
+    """torch.distributed (from the launcher's env, or one local process) and megatron's parallel groups."""
+    from megatron.core import parallel_state as ps
+
+    t = config.train
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        if world == 1 and "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as s:  # a process on its own: any free local port
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            init = f"tcp://127.0.0.1:{port}"
+        else:
+            init = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world)
+    _cpu_shims()
+    _no_te_shim()
+    need = t.tensor_model_parallel_size * t.pipeline_model_parallel_size
+    need = max(
+        need,
+        t.expert_model_parallel_size * (t.expert_tensor_parallel_size or t.tensor_model_parallel_size),
+    )
+    if dist.get_world_size() < need or dist.get_world_size() % need:
+        raise ValueError(
+            f"megatron backend: TP × PP = {t.tensor_model_parallel_size} × {t.pipeline_model_parallel_size} "
+            f"(and EP × expert TP) need a multiple of {need} ranks, but this process group has "
+            f"{dist.get_world_size()}; start one process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+        )
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=t.tensor_model_parallel_size,
+            pipeline_model_parallel_size=t.pipeline_model_parallel_size,
+            context_parallel_size=t.context_parallel_size,
+            expert_model_parallel_size=t.expert_model_parallel_size,
+            expert_tensor_parallel_size=t.expert_tensor_parallel_size,
+        )
+    if cuda:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
+
+
+def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
+    """megatron-core's TransformerConfig for a Qwen3 / Qwen3-MoE HF config (float32 parameters)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    t = config.train
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    moe: dict[str, Any] = {}
+    if layout.is_moe:
+        moe = dict(
+            # norm_topk_prob: top-k, then softmax over those k (renormalised, megatron's default); without
+            # it, softmax over every expert, then top-k (megatron's pre-softmax routing)
+            moe_router_pre_softmax=not bool(getattr(text, "norm_topk_prob", False)),
+            num_moe_experts=layout.num_experts,
+            moe_router_topk=int(text.num_experts_per_tok),
+            moe_ffn_hidden_size=layout.moe_ffn_hidden_size,
+            moe_layer_freq=layout.moe_layer_pattern,
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0,
+            moe_grouped_gemm=False,
+            moe_router_dtype="fp32",
+        )
+    dtype = compute_dtype(config)
+    cuda = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=layout.num_layers,
+        hidden_size=layout.hidden_size,
+        num_attention_heads=layout.num_attention_heads,
+        num_query_groups=layout.num_query_groups,
+        kv_channels=layout.head_dim,
+        ffn_hidden_size=layout.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(getattr(text, "rms_norm_eps", 1e-6)),
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        pipeline_dtype=dtype or torch.float32,
+        tensor_model_parallel_size=t.tensor_model_parallel_size,
+        pipeline_model_parallel_size=t.pipeline_model_parallel_size,
+        context_parallel_size=t.context_parallel_size,
+        expert_model_parallel_size=t.expert_model_parallel_size,
+        expert_tensor_parallel_size=t.expert_tensor_parallel_size,
+        sequence_parallel=t.sequence_parallel,
+        # micro-batches are padded to their own longest row; on GPU the pipeline sends their shapes first,
+        # which megatron allows with the all-to-all MoE dispatcher (it needs CUDA streams: on CPU, where
+        # there is no pipeline schedule, the all-gather one)
+        variable_seq_lengths=cuda,
+        moe_token_dispatcher_type="alltoall" if cuda else "allgather",
+        use_cpu_initialization=not cuda,
+        # weights come from the HF checkpoint right after, but megatron marks which tensors are TP-sharded
+        # (``tensor_model_parallel``, read by the gradient norm) only while initialising them
+        perform_initialization=True,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        calculate_per_token_loss=True,  # our micro-batch losses are already normalised by the batch
+        **moe,
+    )
+
+
+def compute_dtype(config: RelaxConfig) -> torch.dtype | None:
+    """The autocast dtype of the forward (None: float32 throughout)."""
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(config.model.dtype))
+
+
+def _rope_theta(text: Any) -> float:
+    params = getattr(text, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta or getattr(text, "rope_theta", None) or 1_000_000.0)
+
+
+def _load_hf_state(model_path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_path}: no *.safetensors weights to build the megatron model from")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+class MegatronBackend(TorchBackend):
+    """Same protocol as :class:`TorchBackend` (``compute_log_probs``, ``train_step``, ``named_weights``
+    in HF names, ``load_weights``, checkpoints) over a megatron-core model on this rank."""
+
+    def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from transformers import AutoConfig
+
+        if config.algo.routing_replay:
+            raise ValueError(
+                "--routing-replay is not supported by --train-backend megatron yet; use the torch backend"
+            )
+        t = config.train
+        if t.context_parallel_size > 1:
+            raise ValueError(
+                "--context-parallel-size > 1 is not supported by the megatron backend yet (its losses need "
+                "whole sequences on each rank); use 1"
+            )
+        init_parallel(config)
+        torch.manual_seed(config.train.seed)
+        self.cfg, self.model_path = config, model_path
+        self.hf_config = AutoConfig.from_pretrained(model_path)
+        text = self.hf_config.get_text_config()
+        self.layout = MegatronLayout.from_hf_config(text)
+        self.tp, self.ep = t.tensor_model_parallel_size, t.expert_model_parallel_size
+        if t.expert_tensor_parallel_size not in (None, self.tp):
+            raise ValueError(
+                "--expert-tensor-parallel-size other than --tensor-model-parallel-size is not supported by "
+                "the weight converter yet; leave it unset"
+            )
+        self.pp = t.pipeline_model_parallel_size
+        if self.pp > 1 and self.layout.tie_word_embeddings:
+            raise ValueError(
+                f"{model_path} ties its embeddings (tie_word_embeddings): with --pipeline-model-parallel-size "
+                "> 1 the shared weight spans two stages, which this backend does not synchronise yet; use "
+                "--pipeline-model-parallel-size 1"
+            )
+        self.mcfg = transformer_config(self.hf_config, self.layout, config)
+        self.pre, self.post = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        self.model = GPTModel(
+            self.mcfg,
+            transformer_layer_spec=get_gpt_decoder_block_spec(
+                self.mcfg, use_transformer_engine=False, normalization="RMSNorm"
+            ),
+            vocab_size=self.layout.padded_vocab_size(self.tp),
+            max_sequence_length=int(getattr(text, "max_position_embeddings", 4096)),
+            pre_process=self.pre,
+            post_process=self.post,
+            share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=_rope_theta(text),
+        )
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        if self.device is not None:
+            self.model.cuda()
+        self._layer_offset = self._offset()
+        self.load_weights(_load_hf_state(model_path), version=0)
+        # what the shared TorchBackend code reads
+        self.masked_token_ids: list[int] = []
+        self.takes_token_types = False
+        self.routing = None
+        self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
+        self.pad_token_id = getattr(text, "pad_token_id", None) or 0
+        self.temperature = config.rollout.rollout_temperature
+        self.trainable = trainable
+        self.version = 0
+        if trainable:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=t.lr,
+                betas=(t.adam_beta1, t.adam_beta2),
+                weight_decay=t.weight_decay,
+            )
+            self.model.train()
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+
+    # -- layout -------------------------------------------------------------------------------------
+    def _offset(self) -> int:
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        return int(get_transformer_layer_offset(self.mcfg)) if self.pp > 1 else 0
+
+    def _to_local(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Converter (TE-spec, global-layer) names -> this stage's module names."""
+        n_local = len(self.model.decoder.layers)
+        out: dict[str, torch.Tensor] = {}
+        for name, value in state.items():
+            for te, local in _TE_TO_LOCAL:
+                name = name.replace(te, local)
+            if name.startswith(_LAYER):
+                i, rest = name[len(_LAYER) :].split(".", 1)
+                j = int(i) - self._layer_offset
+                if not 0 <= j < n_local:
+                    continue
+                name = f"{_LAYER}{j}.{rest}"
+            elif name.startswith("embedding.") and not self.pre:
+                continue
+            elif name.startswith(("decoder.final_layernorm", "output_layer")) and not self.post:
+                continue
+            out[name] = value
+        return out
+
+    def _to_global(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, value in state.items():
+            if name.endswith("._extra_state"):
+                continue
+            if name.startswith(_LAYER):
+                i, rest = name[len(_LAYER) :].split(".", 1)
+                name = f"{_LAYER}{int(i) + self._layer_offset}.{rest}"
+            for te, local in _TE_TO_LOCAL:
+                if local in name and (local != ".pre_mlp_layernorm.weight" or not self._moe_layer(name)):
+                    name = name.replace(local, te)
+            out[name] = value
+        return out
+
+    def _moe_layer(self, name: str) -> bool:
+        i = int(name[len(_LAYER) :].split(".", 1)[0])
+        return i in set(self.layout.moe_layers)
+
+    # -- weights ------------------------------------------------------------------------------------
+    def load_weights(self, tensors: dict[str, Any], version: int) -> None:
+        """Full HF-named weights (the trainer's broadcast, or a checkpoint) -> this rank's shards."""
+        from megatron.core import parallel_state as ps
+
+        hf = {k: torch.as_tensor(v) for k, v in tensors.items()}
+        mine = hf_to_megatron_rank(
+            hf,
+            self.layout,
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            tp_size=self.tp,
+            ep_size=self.ep,
+        )
+        local = self._to_local(mine)
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(local))
+        if missing:
+            raise ValueError(
+                f"megatron backend: the converted weights lack {missing[:5]} (of {len(missing)}); the HF "
+                f"checkpoint and the megatron model built from its config disagree"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(local[name].to(p.dtype))
+        self.version = version
+
+    def _gather(self, t: torch.Tensor, group) -> list[torch.Tensor]:
+        size = dist.get_world_size(group)
+        if size == 1:
+            return [t]
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return parts
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Every weight in HF names (the rollout engines' and ActorFwd's format), gathered over TP, EP and
+        PP: each rank returns the whole model."""
+        from megatron.core import parallel_state as ps
+
+        state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
+        tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
+        grid = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
+        for name, value in state.items():
+            expert = ".mlp.experts." in name
+            tp_parts = self._gather(value, ps.get_expert_tensor_parallel_group() if expert else tp_group)
+            for t_rank, part in enumerate(tp_parts):
+                ep_parts = self._gather(part, ep_group) if expert else [part] * self.ep
+                for e_rank, shard in enumerate(ep_parts):
+                    grid[t_rank][e_rank][name] = shard.float().cpu()
+        if self.pp > 1:  # each stage holds its layers: exchange the (CPU) dicts
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, grid, group=ps.get_pipeline_model_parallel_group())
+            grid = [
+                [{k: v for s in stages for k, v in s[t][e].items()} for e in range(self.ep)]
+                for t in range(self.tp)
+            ]
+        hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
+        return list(hf.items())
+
+    def eval_model(self):
+        """An HF model with the current weights, for the evaluator (which generates with HF models)."""
+        from transformers import AutoModelForCausalLM
+
+        if getattr(self, "_hf_eval", None) is None:
+            self._hf_eval = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+        params = dict(self._hf_eval.named_parameters())
+        with torch.no_grad():
+            for name, value in self.named_weights():
+                params[name].copy_(value)
+        return self._hf_eval
+
+    def export_hf(self, out_dir: str | Path) -> Path:
+        """HF safetensors + the source config and tokenizer files (what rollout engines load)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        weights = {k: v.contiguous() for k, v in self.named_weights()}
+        if dist.get_rank() == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if self.layout.tie_word_embeddings:
+                weights.pop("lm_head.weight", None)
+            save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+            for f in Path(self.model_path).iterdir():
+                if (
+                    f.is_file()
+                    and not f.name.endswith((".safetensors", ".bin"))
+                    and f.name != "model.safetensors.index.json"
+                ):
+                    shutil.copy2(f, out / f.name)
+        return out
+
+    # -- forward ------------------------------------------------------------------------------------
+    def _autocast(self):
+        dtype = compute_dtype(self.cfg)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda" if self.device is not None else "cpu", dtype=dtype)
+
+    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, S, V/tp] vocab-parallel logits -> [B, S, vocab] (all ranks of the TP group, padding cut)."""
+        if self.tp > 1:
+            from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+            logits = gather_from_tensor_model_parallel_region(logits)
+        return logits[..., : self.layout.vocab_size]
+
+    def _step_fn(self, samples: dict[str, list], with_entropy: bool, on_logp):
+        """Megatron's ``forward_step_func``: one micro-batch (a list of sample indices) through the model;
+        its loss function turns the logits into response log-probs and hands them to ``on_logp``, which
+        returns the micro-batch's loss."""
+
+        def step(data_iterator, model):
+            idx = next(data_iterator)
+            ids, _, plens, rlens = self._pad(samples, idx)
+            width = ids.shape[1]
+            dev = self.device or torch.device("cpu")
+            pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
+            causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
+            with self._autocast():
+                out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
+
+            def loss_func(output):
+                logp, valid, _, ent = self._logp_from_logits(
+                    self._full_vocab(output), ids, plens, rlens, with_entropy
+                )
+                loss = on_logp(idx, logp, valid, rlens, ent)
+                return loss, torch.ones((), dtype=torch.int, device=dev), {}
+
+            return out, loss_func
+
+        return step
+
+    def _schedule(self, step, micro: list[list[int]], forward_only: bool) -> None:
+        if self.device is None:  # CPU: what forward_backward_no_pipelining does, without its CUDA tensors
+            if self.pp > 1:
+                raise RuntimeError(
+                    "pipeline parallelism needs GPUs (Megatron's schedule communicates over CUDA)"
+                )
+            it = iter(micro)
+            for _ in micro:
+                out, loss_func = step(it, self.model)
+                loss, _, _ = loss_func(out)
+                if not forward_only:
+                    loss.backward()
+            return
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=iter(micro),
+            model=[self.model],
+            num_microbatches=len(micro),
+            seq_length=0,  # variable_seq_lengths: shapes travel with each micro-batch
+            micro_batch_size=max(len(m) for m in micro),
+            forward_only=forward_only,
+        )
+
+    @torch.no_grad()
+    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+        from megatron.core import parallel_state as ps
+
+        was_training = self.model.training
+        self.model.eval()
+        n, mbs = len(samples["tokens"]), self.cfg.train.micro_batch_size
+        micro = [list(range(s, min(n, s + mbs))) for s in range(0, n, mbs)]
+        out: list[np.ndarray] = []
+
+        def keep(idx, logp, valid, rlens, ent):
+            out.extend(logp[k, :r].float().cpu().numpy().astype(np.float32) for k, r in enumerate(rlens))
+            return logp.sum() * 0.0
+
+        self._schedule(self._step_fn(samples, False, keep), micro, forward_only=True)
+        self.model.train(was_training)
+        if self.pp > 1:  # the last stage computed them
+            box = [out]
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
+            out = box[0]
+        return out
+
+    # -- training -----------------------------------------------------------------------------------
+    def _forward_backward(self, samples, micro, total_tokens, n_seqs, acc) -> float:
+        total = [0.0]
+
+        def loss(idx, logp, valid, rlens, ent):
+            value = self._micro_loss(samples, idx, logp, valid, ent, total_tokens, n_seqs, acc)
+            total[0] += float(value.detach())
+            return value
+
+        self._schedule(self._step_fn(samples, acc.with_entropy, loss), micro, forward_only=False)
+        return total[0]
+
+    def _clip_and_step(self) -> float:
+        """Megatron's gradient finalisation, then clip by the whole model's norm and step: QK-norm (and
+        sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are
+        averaged over data-parallel ranks (expert-data-parallel for experts); in the norm, TP-sharded and
+        expert tensors are summed over their groups and replicated ones counted once."""
+        from megatron.core import parallel_state as ps
+
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        if self.tp > 1:
+            for name, p in named:
+                seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
+                if seq_par or "q_layernorm" in name or "k_layernorm" in name:
+                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        for _, p in named:
+            expert = not getattr(p, "allreduce", True)
+            group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(p.grad, group=group)
+                p.grad /= dist.get_world_size(group)
+        dev = named[0][1].grad.device if named else None
+        sq = {k: torch.zeros(1, dtype=torch.float64, device=dev) for k in ("tp", "rep", "expert")}
+        for _, p in named:
+            kind = (
+                "expert"
+                if not getattr(p, "allreduce", True)
+                else "tp"
+                if getattr(p, "tensor_model_parallel", False)
+                else "rep"
+            )
+            sq[kind] += p.grad.detach().double().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq["tp"], group=ps.get_tensor_model_parallel_group())
+        if self.tp * self.ep > 1:
+            dist.all_reduce(sq["expert"], group=ps.get_expert_tensor_and_model_parallel_group())
+        total = sq["tp"] + sq["rep"] + sq["expert"]
+        if self.pp > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        norm = float(total.sqrt())
+        coef = self.cfg.train.clip_grad / (norm + 1e-6)
+        if coef < 1.0:
+            for _, p in named:
+                p.grad.mul_(coef)
+        self.optimizer.step()
+        return norm
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+        """One file per rank (model shard, optimizer, RNG), HF weights under ``model/`` and meta.json from
+        rank 0. Reload with the same parallel sizes."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": {k: v for k, v in self.model.state_dict().items() if not k.endswith("._extra_state")},
+            "optimizer": self.optimizer.state_dict() if self.trainable else None,
+            "torch_rng": torch.get_rng_state(),
+            "py_rng": random.getstate(),
+            "np_rng": np.random.get_state(),
+            "world_size": dist.get_world_size(),
+        }
+        torch.save(state, path / f"megatron_rank{dist.get_rank():05d}.pt")
+        self.export_hf(path / "model")
+        if dist.get_rank() == 0:
+            (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
+        dist.barrier()
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        path = Path(path)
+        mine = path / f"megatron_rank{dist.get_rank():05d}.pt"
+        if not (path / "meta.json").is_file() or not mine.is_file():
+            raise FileNotFoundError(f"--load {path}: no megatron checkpoint for rank {dist.get_rank()} there")
+        state = torch.load(mine, weights_only=False)
+        if state["world_size"] != dist.get_world_size():
+            raise ValueError(
+                f"--load {path}: written by {state['world_size']} ranks, loading with {dist.get_world_size()}; "
+                f"use the same parallel sizes (or load its HF weights from {path / 'model'})"
+            )
+        self.model.load_state_dict(state["model"], strict=False)
+        if self.trainable and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        np.random.set_state(state["np_rng"])
+        meta = json.loads((path / "meta.json").read_text())
+        self.version = int(meta["version"])
+        return meta

@@ -1,0 +1,42 @@
+"""One rank of a megatron-backend test, run as its own process (megatron-core's parallel state is global
+to a process): ``python _megatron_worker.py SPEC_JSON OUT_PT``. The spec names the model, the run flags,
+the samples and what to do; rank 0 writes the results to OUT_PT."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+
+def main(spec_path: str, out_path: str) -> None:
+    import os
+
+    from relax_core.cli_config import build_config
+    from relax_train.megatron.backend import MegatronBackend
+
+    spec = json.loads(open(spec_path).read())
+    torch.set_num_threads(1)
+    cfg = build_config(None, ["--prompt-data", "unused", "--hf-checkpoint", spec["model"], *spec["flags"]])
+    samples = torch.load(spec["samples"], weights_only=False)
+    backend = MegatronBackend(cfg, spec["model"])
+    out: dict = {"logp": backend.compute_log_probs(samples)}
+    for _ in range(spec.get("train_steps", 0)):
+        out.setdefault("metrics", []).append(backend.train_step(samples))
+    out["weights"] = dict(backend.named_weights())
+    if spec.get("save"):
+        backend.save_checkpoint(spec["save"], extra={"note": "test"})
+    if spec.get("load"):
+        out["meta"] = backend.load_checkpoint(spec["load"])
+        out["weights_loaded"] = dict(backend.named_weights())
+    out["logp_after"] = backend.compute_log_probs(samples)
+    if int(os.environ.get("RANK", 0)) == 0:
+        torch.save(out, out_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

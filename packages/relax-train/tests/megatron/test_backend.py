@@ -1,0 +1,202 @@
+"""The megatron training backend against the torch backend, on the same HF weights and samples: log-probs,
+one PPO training step (loss, gradient norm, updated weights), weights exported in HF names, checkpoints,
+and tensor parallelism over two processes.
+
+megatron-core's real model code runs here on CPU (gloo; see ``relax_train.megatron.backend``), each
+configuration in fresh processes (its parallel state is global to a process). Megatron's pipeline
+schedule and bf16 on GPU are not exercised here."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("megatron.core")
+
+from relax_core.cli_config import build_config  # noqa: E402
+from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
+
+WORKER = Path(__file__).with_name("_megatron_worker.py")
+VOCAB = 300  # not a multiple of 128: megatron's vocab padding must not leak into the log-probs
+FLAGS = [
+    "--micro-batch-size",
+    "2",
+    "--rollout-batch-size",
+    "2",
+    "--n-samples-per-prompt",
+    "2",
+    "--lr",
+    "1e-3",
+]
+
+
+def _model(tmp: Path, kind: str) -> str:
+    """A tiny random Qwen3 (dense, tied or MoE) with weights large enough that the logits are far from
+    uniform, saved in HF format."""
+    common = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    if kind == "moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]
+        )
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    else:
+        model = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(**common, tie_word_embeddings=kind == "tied")
+        )
+        if kind == "tied":
+            model.lm_head.weight = model.model.embed_tokens.weight
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(
+                1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                if p.ndim == 1
+                else 0.2 * torch.randn(p.shape, generator=gen)
+            )
+    out = tmp / kind
+    model.save_pretrained(out)
+    return str(out)
+
+
+def _samples(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    lens, plens = (9, 12, 6, 10), (4, 5, 2, 6)
+    tokens = [rng.integers(0, VOCAB, n) for n in lens]
+    resp = [n - p for n, p in zip(lens, plens)]
+    return {
+        "tokens": tokens,
+        "prompt_len": list(plens),
+        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
+        "loss_mask": [np.ones(r, np.float32) for r in resp],
+        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+    }
+
+
+def _megatron(tmp: Path, model: str, flags: list[str], world: int = 1, **task) -> dict:
+    """Run the worker on ``world`` ranks (gloo on CPU); rank 0's results."""
+    samples = tmp / "samples.pt"
+    torch.save(_samples(), samples)
+    spec = tmp / f"spec_{len(list(tmp.glob('spec_*')))}.json"
+    spec.write_text(json.dumps({"model": model, "flags": flags, "samples": str(samples), **task}))
+    out = spec.with_suffix(".pt")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), str(spec), str(out)], env=env, stderr=subprocess.PIPE, text=True
+            )
+        )
+    errors = [p.communicate(timeout=600)[1] for p in procs]
+    for p, err in zip(procs, errors):
+        assert p.returncode == 0, err[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def _torch(model: str, flags: list[str], train_steps: int = 0) -> dict:
+    cfg = build_config(None, ["--prompt-data", "unused", "--hf-checkpoint", model, *flags])
+    backend = TorchBackend(cfg, model)
+    samples = _samples()
+    out: dict = {"logp": backend.compute_log_probs(samples)}
+    out["metrics"] = [backend.train_step(samples) for _ in range(train_steps)]
+    out["weights"] = dict(backend.named_weights())
+    out["logp_after"] = backend.compute_log_probs(samples)
+    return out
+
+
+def _assert_same_update(got, ref, name: str) -> None:
+    """Weights after AdamW steps (lr 1e-3: each element moves ~1e-3 per step). Adam normalises each
+    element's gradient, so one whose gradient is at rounding level moves by up to lr either way:
+    such elements (a handful per million) are allowed 1e-4; all others must agree to 1e-6."""
+    diff = (got - ref).abs()
+    assert float(diff.max()) < 1e-4, (name, float(diff.max()))
+    assert int((diff > 1e-6).sum()) <= max(1, diff.numel() // 1000), (name, int((diff > 1e-6).sum()))
+
+
+def _max_diff(a: list, b: list) -> float:
+    assert [len(x) for x in a] == [len(y) for y in b]
+    return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kind", ["dense", "tied"])
+def test_log_probs_and_a_training_step_match_the_torch_backend(tmp_path, kind):
+    model = _model(tmp_path, kind)
+    ref = _torch(model, FLAGS, train_steps=2)
+    got = _megatron(tmp_path, model, FLAGS, train_steps=2)
+    assert min(float(np.min(x)) for x in ref["logp"]) < -8.0  # far from uniform (log 300 = -5.7)
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
+        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean"):
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    # the same updated weights, in HF names (what rollout engines load), and the same policy after
+    assert set(got["weights"]) == set(ref["weights"])
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    assert _max_diff(ref["logp_after"], ref["logp"]) > 1e-3  # training changed the policy
+
+
+def test_moe_log_probs_match_the_torch_backend(tmp_path):
+    model = _model(tmp_path, "moe")
+    ref = _torch(model, FLAGS)
+    got = _megatron(tmp_path, model, FLAGS)
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    assert set(got["weights"]) == set(ref["weights"])
+    for name, value in ref["weights"].items():
+        torch.testing.assert_close(got["weights"][name], value, msg=name)
+
+
+def test_tensor_parallel_two_ranks_equals_one(tmp_path):
+    model = _model(tmp_path, "dense")
+    one = _megatron(tmp_path, model, FLAGS, train_steps=1)
+    two = _megatron(tmp_path, model, [*FLAGS, "--tensor-model-parallel-size", "2"], world=2, train_steps=1)
+    assert _max_diff(two["logp"], one["logp"]) < 1e-5
+    assert two["metrics"][0]["grad_norm"] == pytest.approx(one["metrics"][0]["grad_norm"], rel=1e-4)
+    for name, value in one["weights"].items():  # gathered from both ranks' shards
+        _assert_same_update(two["weights"][name], value, name)
+
+
+def test_checkpoint_round_trip_and_hf_export(tmp_path):
+    model = _model(tmp_path, "dense")
+    ckpt = tmp_path / "ckpt"
+    saved = _megatron(tmp_path, model, FLAGS, train_steps=1, save=str(ckpt))
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta == {"version": 1, "note": "test"}
+    # a fresh backend from the original weights loads the trained state back
+    loaded = _megatron(tmp_path, model, FLAGS, load=str(ckpt))
+    assert loaded["meta"]["version"] == 1
+    for name, value in saved["weights"].items():
+        torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
+    # the HF export is a loadable transformers model with the trained weights
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt / "model")
+    for name, p in hf.named_parameters():
+        torch.testing.assert_close(p.detach(), saved["weights"][name], rtol=0, atol=0, msg=name)
+
+
+def test_model_parallelism_without_enough_ranks_is_a_clear_error(tmp_path):
+    model = _model(tmp_path, "dense")
+    with pytest.raises(AssertionError, match="start one process per rank"):
+        _megatron(tmp_path, model, [*FLAGS, "--tensor-model-parallel-size", "2"], world=1)

@@ -91,10 +91,12 @@ def _samples(seed: int = 0) -> dict:
     }
 
 
-def _megatron(tmp: Path, model: str, flags: list[str], world: int = 1, **task) -> dict:
+def _megatron(
+    tmp: Path, model: str, flags: list[str], world: int = 1, data: dict | None = None, **task
+) -> dict:
     """Run the worker on ``world`` ranks (gloo on CPU); rank 0's results."""
     samples = tmp / "samples.pt"
-    torch.save(_samples(), samples)
+    torch.save(data or _samples(), samples)
     spec = tmp / f"spec_{len(list(tmp.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"model": model, "flags": flags, "samples": str(samples), **task}))
     out = spec.with_suffix(".pt")
@@ -116,10 +118,10 @@ def _megatron(tmp: Path, model: str, flags: list[str], world: int = 1, **task) -
     return torch.load(out, weights_only=False)
 
 
-def _torch(model: str, flags: list[str], train_steps: int = 0) -> dict:
+def _torch(model: str, flags: list[str], train_steps: int = 0, data: dict | None = None) -> dict:
     cfg = build_config(None, ["--prompt-data", "unused", "--hf-checkpoint", model, *flags])
     backend = TorchBackend(cfg, model)
-    samples = _samples()
+    samples = data or _samples()
     out: dict = {"logp": backend.compute_log_probs(samples)}
     out["metrics"] = [backend.train_step(samples) for _ in range(train_steps)]
     out["weights"] = dict(backend.named_weights())
@@ -167,6 +169,28 @@ def test_moe_log_probs_match_the_torch_backend(tmp_path):
     assert set(got["weights"]) == set(ref["weights"])
     for name, value in ref["weights"].items():
         torch.testing.assert_close(got["weights"][name], value, msg=name)
+
+
+def test_routing_replay_through_megatrons_router_matches_the_torch_backend(tmp_path):
+    """R3: both backends route every recorded token to the rollout's experts (not their own choice)."""
+    model = _model(tmp_path, "moe")  # layer 0 MoE (4 experts, top 2), layer 1 dense
+    data = _samples()
+    rng = np.random.default_rng(3)
+    data["routed_experts"] = [
+        np.stack([rng.permutation(4)[:2] for _ in range(len(t) - 1)])[:, None, :] for t in data["tokens"]
+    ]  # [len - 1, MoE layers, k]: arbitrary expert pairs, mostly not the router's own
+    flags = [*FLAGS, "--routing-replay"]
+    ref = _torch(model, flags, train_steps=1, data=data)
+    got = _megatron(tmp_path, model, flags, train_steps=1, data=data)
+    plain = _megatron(tmp_path, model, FLAGS, data=data)
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    assert _max_diff(got["logp"], plain["logp"]) > 1e-2  # the replay changed the routing
+    m_ref, m_got = ref["metrics"][0], got["metrics"][0]
+    for key in ("loss", "grad_norm", "r3_replayed_frac", "r3_expert_differ_frac"):
+        assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4), key
+    assert m_got["r3_expert_differ_frac"] > 0.3
+    for name, value in ref["weights"].items():  # the router trained the same way
+        _assert_same_update(got["weights"][name], value, name)
 
 
 def test_tensor_parallel_two_ranks_equals_one(tmp_path):

@@ -20,9 +20,12 @@ runs the same model code on CPU: it runs the micro-batches in order itself (what
 no-pipelining schedule does) and patches the three CUDA assumptions met on that path (see
 :func:`_cpu_shims`). Pipeline parallelism needs the GPU path.
 
-Not yet: the routing replay (R3) through megatron-core's router, Megatron's distributed optimizer and
-``dist_checkpointing`` (checkpoints here are one file per rank, reloadable with the same topology),
-evaluation during training (the evaluator takes an HF model), tied embeddings with pipeline parallelism.
+Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_train.megatron.routing`).
+
+Not yet: a trainer of several processes inside a run (model parallelism works where the launcher starts
+one process per rank), context parallelism, Qwen3-VL / Omni models (the converter covers Qwen3 and
+Qwen3-MoE), Megatron's distributed optimizer and ``dist_checkpointing`` (checkpoints here are one file per
+rank, reloadable with the same topology), tied embeddings with pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_grouped_gemm=False,
+            moe_enable_routing_replay=config.algo.routing_replay,  # R3: relax_train.megatron.routing
             moe_router_dtype="fp32",
         )
     dtype = compute_dtype(config)
@@ -235,10 +239,6 @@ class MegatronBackend(TorchBackend):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
         from transformers import AutoConfig
 
-        if config.algo.routing_replay:
-            raise ValueError(
-                "--routing-replay is not supported by --train-backend megatron yet; use the torch backend"
-            )
         t = config.train
         if t.context_parallel_size > 1:
             raise ValueError(
@@ -288,6 +288,10 @@ class MegatronBackend(TorchBackend):
         self.masked_token_ids: list[int] = []
         self.takes_token_types = False
         self.routing = None
+        if config.algo.routing_replay and self.layout.is_moe:
+            from relax_train.megatron.routing import MegatronRouting
+
+            self.routing = MegatronRouting(self.model, self.layout.moe_layers, int(text.num_experts_per_tok))
         self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
         self.pad_token_id = getattr(text, "pad_token_id", None) or 0
         self.temperature = config.rollout.rollout_temperature
@@ -468,7 +472,7 @@ class MegatronBackend(TorchBackend):
             dev = self.device or torch.device("cpu")
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
-            with self._autocast():
+            with self._autocast(), self._routing_replay(samples, idx, width):
                 out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
 
             def loss_func(output):

@@ -7,7 +7,7 @@ from typing import Any
 
 BACKENDS: dict[str, str] = {
     "torch": "relax_train.backends.torch_backend:TorchBackend",
-    "megatron": "relax_train.megatron.backend:MegatronBackend",
+    "megatron": "relax_train.megatron.group:build_megatron",
 }
 
 

@@ -22,8 +22,9 @@ no-pipelining schedule does) and patches the three CUDA assumptions met on that 
 
 Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_train.megatron.routing`).
 
-Not yet: a trainer of several processes inside a run (model parallelism works where the launcher starts
-one process per rank), context parallelism, Qwen3-VL / Omni models (the converter covers Qwen3 and
+Inside a run, a role with several ranks is a :class:`~relax_train.megatron.group.MegatronRankGroup`.
+
+Not yet: context parallelism, Qwen3-VL / Omni models (the converter covers Qwen3 and
 Qwen3-MoE), Megatron's distributed optimizer and ``dist_checkpointing`` (checkpoints here are one file per
 rank, reloadable with the same topology), tied embeddings with pipeline parallelism.
 """

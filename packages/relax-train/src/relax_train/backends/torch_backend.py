@@ -82,10 +82,14 @@ class TorchBackend:
             getattr(cfg, "pad_token_id", None) or getattr(cfg.get_text_config(), "pad_token_id", 0) or 0
         )
         self.temperature = config.rollout.rollout_temperature
+        self._set_trainable(trainable)
+
+    def _set_trainable(self, trainable: bool) -> None:
+        """AdamW over the model's parameters and train mode, or a frozen model in eval mode."""
         self.trainable = trainable
         self.version = 0
         if trainable:
-            t = config.train
+            t = self.cfg.train
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(),
                 lr=t.lr,
@@ -403,12 +407,7 @@ class TorchBackend:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model")
-        state = {
-            "optimizer": self.optimizer.state_dict() if self.trainable else None,
-            "torch_rng": torch.get_rng_state(),
-            "py_rng": random.getstate(),
-            "np_rng": np.random.get_state(),
-        }
+        state = self._trainer_state()
         torch.save(state, path / "trainer_state.pt")
         (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
 
@@ -421,6 +420,19 @@ class TorchBackend:
         weights = load_file(str(path / "model" / "model.safetensors"))
         self.model.load_state_dict(weights, strict=False)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
+        return self._restore_trainer_state(state, path)
+
+    def _trainer_state(self) -> dict[str, Any]:
+        """Optimizer and RNG states: what a checkpoint holds besides the weights."""
+        return {
+            "optimizer": self.optimizer.state_dict() if self.trainable else None,
+            "torch_rng": torch.get_rng_state(),
+            "py_rng": random.getstate(),
+            "np_rng": np.random.get_state(),
+        }
+
+    def _restore_trainer_state(self, state: dict[str, Any], path: Path) -> dict[str, Any]:
+        """Put back :meth:`_trainer_state`'s states and the version in ``path``'s meta.json; the meta."""
         if self.trainable and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])

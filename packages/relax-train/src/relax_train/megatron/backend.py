@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -296,19 +295,7 @@ class MegatronBackend(TorchBackend):
         self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
         self.pad_token_id = getattr(text, "pad_token_id", None) or 0
         self.temperature = config.rollout.rollout_temperature
-        self.trainable = trainable
-        self.version = 0
-        if trainable:
-            self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
-                lr=t.lr,
-                betas=(t.adam_beta1, t.adam_beta2),
-                weight_decay=t.weight_decay,
-            )
-            self.model.train()
-        else:
-            self.model.eval()
-            self.model.requires_grad_(False)
+        self._set_trainable(trainable)
 
     # -- layout -------------------------------------------------------------------------------------
     def _offset(self) -> int:
@@ -600,11 +587,8 @@ class MegatronBackend(TorchBackend):
         path.mkdir(parents=True, exist_ok=True)
         state = {
             "model": {k: v for k, v in self.model.state_dict().items() if not k.endswith("._extra_state")},
-            "optimizer": self.optimizer.state_dict() if self.trainable else None,
-            "torch_rng": torch.get_rng_state(),
-            "py_rng": random.getstate(),
-            "np_rng": np.random.get_state(),
             "world_size": dist.get_world_size(),
+            **self._trainer_state(),
         }
         torch.save(state, path / f"megatron_rank{dist.get_rank():05d}.pt")
         self.export_hf(path / "model")
@@ -624,11 +608,4 @@ class MegatronBackend(TorchBackend):
                 f"use the same parallel sizes (or load its HF weights from {path / 'model'})"
             )
         self.model.load_state_dict(state["model"], strict=False)
-        if self.trainable and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["py_rng"])
-        np.random.set_state(state["np_rng"])
-        meta = json.loads((path / "meta.json").read_text())
-        self.version = int(meta["version"])
-        return meta
+        return self._restore_trainer_state(state, path)

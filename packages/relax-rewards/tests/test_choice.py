@@ -18,6 +18,11 @@ LETTERS = [
     ("Reasoning...\nB) 42", "B"),
     ("<think>maybe A</think>Answer: C", "C"),
     ("Both (A) and (D) seem plausible, but it is (D)", "D"),
+    ("<think>maybe A</think><answer>C</answer>", "C"),
+    ("<answer> (d) </answer>", "D"),
+    ("I think <answer>B. Paris</answer>", "B"),
+    ("<answer>The answer is A</answer>", "A"),
+    ("A? <answer>I am not sure</answer>", None),  # only the tag counts once there is one
     ("I have no idea", None),
 ]
 

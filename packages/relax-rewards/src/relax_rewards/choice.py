@@ -1,8 +1,9 @@
 r"""``multiple_choice`` and ``gpqa``: which option letter did the model pick?
 
 Why so many patterns: models write their pick as ``\boxed{B}``, ``Answer: (B)``, ``**B**``,
-``The correct option is B.``, ``B) 42``, or only restate the option's text. We try, in order: a
-box, an ``Answer:`` line, "answer/option/choice is X" phrases, a lone letter (possibly in
+``The correct option is B.``, ``B) 42``, ``<answer>B</answer>`` (the R1 format of the multimodal
+datasets), or only restate the option's text. When the response has ``<answer>`` tags, only the last
+tag's content is searched. We try, in order: a lone letter in the tag, a box, an ``Answer:`` line, "answer/option/choice is X" phrases, a lone letter (possibly in
 parentheses or bold) on the last non-empty line, the last parenthesised letter. If no letter is
 found and ``metadata["choices"]`` lists the options, the response's final answer is matched to an
 option's text. ``gpqa`` is the same with four options (A–D).
@@ -44,10 +45,18 @@ def extract_choice(response: str, letters: str = "ABCDEFGHIJ") -> str | None:
     'B'
     >>> extract_choice("Reasoning...\n**D**")
     'D'
+    >>> extract_choice("<think>A or B?</think><answer>(B) Paris</answer>")
+    'B'
     """
     text = (response or "")[-20_000:]
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
+    tagged = re.findall(r"(?is)<answer>(.*?)</answer>", text)
+    if tagged:
+        text = tagged[-1]
+        m = re.fullmatch(rf"[*_(\[\s]*([{letters}{letters.lower()}])[)\]*_]*(?:[.:)]\s*.*)?", text.strip(), re.S)
+        if m:
+            return m.group(1).upper()
     boxed = extract_boxed(text)
     if boxed is not None:
         m = re.fullmatch(rf"\s*(?:\\text\{{)?\(?([{letters}{letters.lower()}])\)?\}}?\s*(?:[.:)].*)?", boxed)

@@ -47,7 +47,23 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
             raise ValueError(
                 f"{path}: architecture {arch!r} is not in transformers {transformers.__version__}"
             )
-    return cls.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    return ensure_tied(cls.from_pretrained(str(path), dtype=getattr(torch, dtype)), str(path))
+
+
+def ensure_tied(model: Any, where: str = "model") -> Any:
+    """Tie the output embedding to the input one when the config says so, and refuse parameters left on
+    the meta device. transformers normally does both, but in some long test processes it did not (an
+    untied lm_head was saved; a tied one was left on meta and failed in backward): what the config says
+    is what every backend and engine must see."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(text, "tie_word_embeddings", False) and out is not None and inp is not None:
+        if out.weight is not inp.weight:
+            out.weight = inp.weight
+    meta = [n for n, t in model.named_parameters() if t.is_meta]
+    if meta:
+        raise ValueError(f"{where}: parameters {meta[:5]} were not loaded (still on the meta device)")
+    return model
 
 
 def mm_family(path: str | Path) -> str | None:

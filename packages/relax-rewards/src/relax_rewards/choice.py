@@ -54,7 +54,9 @@ def extract_choice(response: str, letters: str = "ABCDEFGHIJ") -> str | None:
     tagged = re.findall(r"(?is)<answer>(.*?)</answer>", text)
     if tagged:
         text = tagged[-1]
-        m = re.fullmatch(rf"[*_(\[\s]*([{letters}{letters.lower()}])[)\]*_]*(?:[.:)]\s*.*)?", text.strip(), re.S)
+        m = re.fullmatch(
+            rf"[*_(\[\s]*([{letters}{letters.lower()}])[)\]*_]*(?:[.:)]\s*.*)?", text.strip(), re.S
+        )
         if m:
             return m.group(1).upper()
     boxed = extract_boxed(text)

@@ -52,7 +52,9 @@ def build_tiny_qwen3(
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    from relax_core.models import ensure_tied
+
+    model = ensure_tied(Qwen3ForCausalLM(config).to(torch.float32))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = pad_id

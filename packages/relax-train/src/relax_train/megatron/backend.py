@@ -283,7 +283,10 @@ class MegatronBackend(TorchBackend):
         if self.device is not None:
             self.model.cuda()
         self._layer_offset = self._offset()
-        self.load_weights(_load_hf_state(model_path), version=0)
+        hf_state = _load_hf_state(model_path)
+        if self.layout.tie_word_embeddings:  # as transformers loads it: the embedding is the output layer
+            hf_state.pop("lm_head.weight", None)
+        self.load_weights(hf_state, version=0)
         # what the shared TorchBackend code reads
         self.masked_token_ids: list[int] = []
         self.takes_token_types = False
@@ -403,10 +406,10 @@ class MegatronBackend(TorchBackend):
 
     def eval_model(self):
         """An HF model with the current weights, for the evaluator (which generates with HF models)."""
-        from transformers import AutoModelForCausalLM
+        from relax_core.models import load_model
 
         if getattr(self, "_hf_eval", None) is None:
-            self._hf_eval = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+            self._hf_eval = load_model(self.model_path).eval()
         params = dict(self._hf_eval.named_parameters())
         with torch.no_grad():
             for name, value in self.named_weights():

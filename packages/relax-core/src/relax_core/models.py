@@ -9,6 +9,7 @@ one that wrote the checkpoint, so the rollout engine and every trainer role load
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,16 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
             raise ValueError(
                 f"{path}: architecture {arch!r} is not in transformers {transformers.__version__}"
             )
-    return ensure_tied(cls.from_pretrained(str(path), dtype=getattr(torch, dtype)), str(path))
+    with _LOAD_LOCK:
+        model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    return ensure_tied(model, str(path))
+
+
+_LOAD_LOCK = threading.Lock()
+"""transformers' ``from_pretrained`` is not thread-safe: it swaps ``PreTrainedModel.tie_weights`` and
+torch's init functions for no-ops and puts them back on exit, so two loads interleaved in threads (engine
+servers in one process) can leave the no-ops in place for good — every later model of the process then
+comes out untied, its lm_head on the meta device. Loads in this process take turns."""
 
 
 def ensure_tied(model: Any, where: str = "model") -> Any:

@@ -87,13 +87,14 @@ def _assets_from(root: Path, manifest: dict, cached: bool) -> DemoAssets:
 def _build(root: Path, s: DemoSettings) -> dict:
     """Write task, tokenizer + base model, and SFT checkpoint under ``root``; return the manifest."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from relax_app.demo.evaluate import greedy_accuracy, sampled_accuracy
     from relax_app.demo.model import build_tiny_qwen3, count_parameters
     from relax_app.demo.sft import sft_warm_start
     from relax_app.demo.task import make_arithmetic_task, read_jsonl
     from relax_app.demo.tokenizer import train_tokenizer
+    from relax_core.models import load_model
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     files = make_arithmetic_task(root / "data", seed=s.seed, max_operand=s.max_operand, n_eval=s.n_eval)
@@ -126,7 +127,7 @@ def _build(root: Path, s: DemoSettings) -> dict:
     )
     sft_log = json.loads((sft_dir / "sft_log.json").read_text())
     sft_seconds = time.perf_counter() - start
-    sft = AutoModelForCausalLM.from_pretrained(str(sft_dir), dtype="float32")
+    sft = load_model(sft_dir)
     tok = AutoTokenizer.from_pretrained(str(sft_dir))
     greedy = greedy_accuracy(sft, tok, files.eval_path)
     sampled = sampled_accuracy(sft, tok, files.eval_path, n_samples=s.eval_samples, seed=s.seed)

@@ -150,9 +150,11 @@ def sft_warm_start(
     """Fine-tune the checkpoint in ``model_dir`` on ``train_path`` (at most ``steps`` steps, fewer
     when ``target_accuracy`` is reached); save an HF checkpoint to ``out_dir`` (model + tokenizer,
     plus ``sft_log.json`` with losses, probe accuracies and wall time)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
+    from relax_core.models import load_model
+
+    model = load_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     start = time.perf_counter()
     log = train_sft(

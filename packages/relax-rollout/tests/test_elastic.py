@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.elastic import ROUTES, ElasticService, make_elastic_server  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.external import http_json  # noqa: E402
@@ -129,26 +130,6 @@ def wait_op(call, a, op_id, token=None, timeout=30.0, until=TERMINAL):
         time.sleep(0.02)
 
 
-def _wait(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
-
-
-def in_background(fn, *args):
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(out=fn(*args)), daemon=True)
-    t.start()
-
-    def result(timeout=30.0):
-        t.join(timeout)
-        assert not t.is_alive() and "out" in box, "generate did not return"
-        return box["out"]
-
-    return result
-
-
 def raw_post(url: str, path: str, data: bytes):
     req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -180,7 +161,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
         op = wait_op(call, a, op["id"])
         assert op["state"] == "succeeded" and op["engines_added"] == ["e2"] and op["error"] is None
         assert op["started"] >= op["created"] and op["finished"] >= op["started"]
-        _wait(lambda: newcomer.state.engine.versions)  # it gets traffic now
+        wait_until(lambda: newcomer.state.engine.versions)  # it gets traffic now
     finally:
         stop.set()
         t.join(30)
@@ -247,7 +228,7 @@ def test_scale_in_with_requests_in_flight_answers_every_prompt(api, serve, call,
     params = SamplingParams(max_new_tokens=40, greedy=True, min_new_tokens=40)
     want = local.generate(PROMPTS, params)
     result = in_background(a.pool.generate, PROMPTS, params)
-    _wait(lambda: a.pool.get("e3").inflight > 0)
+    wait_until(lambda: a.pool.get("e3").inflight > 0)
     code, op = call(a.url, "/elastic/scale_in", {"num_replicas": 2, "drain_timeout_s": 0.5})
     assert code == 202 and op["targets"] == ["e3", "e2"]
     op = wait_op(call, a, op["id"])
@@ -341,10 +322,10 @@ def test_cancel_of_a_scale_in_reactivates_and_re_adds(api, serve, call):
     a.pool.add(slow.url)  # e3
     params = SamplingParams(max_new_tokens=60, greedy=True, min_new_tokens=60)
     result = in_background(a.pool.generate, PROMPTS, params)
-    _wait(lambda: a.pool.get("e3").inflight > 0)
+    wait_until(lambda: a.pool.get("e3").inflight > 0)
     code, op = call(a.url, "/elastic/scale_in", {"engine_urls": [fast.url, slow.url], "drain_timeout_s": 60})
     assert code == 202 and op["targets"] == ["e2", "e3"]
-    _wait(lambda: call(a.url, f"/elastic/operations/{op['id']}")[1]["engines_removed"] == ["e2"])
+    wait_until(lambda: call(a.url, f"/elastic/operations/{op['id']}")[1]["engines_removed"] == ["e2"])
     assert a.pool.get("e3").state == "draining"
     code, done = call(a.url, f"/elastic/operations/{op['id']}/cancel", {})
     assert code == 200 and done["state"] == "cancelled"

@@ -115,8 +115,9 @@ class AsyncRun:
         # the samples generated and not yet trained when the checkpoint was written come back as they were
         self.bus = RayBus.restore(snap) if from_snapshot else RayBus.create(bus_config(cfg))
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
+            consumers = bus_config(cfg).consumers
             for name, written in CONSUMER_OUTPUT.items():
-                if name in bus_config(cfg).consumers:
+                if name in consumers:
                     self.bus.reset_consumer(name, done_if_written=written)
         for name in ["actor", "rollout", *self.loop_names()]:
             self.roles[name] = self._build(name)

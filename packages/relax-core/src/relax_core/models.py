@@ -34,6 +34,13 @@ def architecture(path: str | Path) -> str:
     return archs[0]
 
 
+_LOAD_LOCK = threading.Lock()
+"""transformers' ``from_pretrained`` is not thread-safe: it swaps ``PreTrainedModel.tie_weights`` and
+torch's init functions for no-ops and puts them back on exit, so two loads interleaved in threads (engine
+servers in one process) can leave the no-ops in place for good — every later model of the process then
+comes out untied, its lm_head on the meta device. Loads in this process take turns."""
+
+
 def load_model(path: str | Path, dtype: str = "float32") -> Any:
     """The model class that saved ``path`` (causal LMs through ``AutoModelForCausalLM``)."""
     import torch
@@ -51,13 +58,6 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
     with _LOAD_LOCK:
         model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return ensure_tied(model, str(path))
-
-
-_LOAD_LOCK = threading.Lock()
-"""transformers' ``from_pretrained`` is not thread-safe: it swaps ``PreTrainedModel.tie_weights`` and
-torch's init functions for no-ops and puts them back on exit, so two loads interleaved in threads (engine
-servers in one process) can leave the no-ops in place for good — every later model of the process then
-comes out untied, its lm_head on the meta device. Loads in this process take turns."""
 
 
 def ensure_tied(model: Any, where: str = "model") -> Any:

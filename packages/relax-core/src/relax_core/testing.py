@@ -161,3 +161,40 @@ def signal_role_after(controller, trained_steps: int, role: str, sig: int | None
     out["thread"] = threading.Thread(target=watch, name=f"signal-{role}", daemon=True)
     out["thread"].start()
     return out
+
+
+def wait_until(cond, timeout: float = 10.0, what: str = "condition", interval: float = 0.01) -> None:
+    """Poll ``cond()`` until it is true; an AssertionError naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval)
+
+
+def in_background(fn, *args, **kwargs):
+    """Call ``fn`` on a daemon thread. Returns ``result(timeout=60.0)``, which joins the thread and returns
+    what ``fn`` returned or re-raises what it raised; ``result.thread`` is the thread."""
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by result()
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def result(timeout: float = 60.0):
+        t.join(timeout)
+        assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} did not return"
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
+    result.thread = t
+    return result

@@ -4,7 +4,6 @@ weight updates reach every member and newcomers; drains with and without abort; 
 ray_native engines launched and killed through a local Ray cluster."""
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.engines import RolloutEngine, SamplingParams  # noqa: E402
 from relax_rollout.engines.external import ServerError, http_json  # noqa: E402
 from relax_rollout.engines.pool import DrainTimeout, EnginePool, NoActiveEngine, PoolError  # noqa: E402
@@ -78,35 +78,6 @@ def serve(tiny_model_dir):
         s.close()
 
 
-def _wait(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
-
-
-def _in_background(fn, *args):
-    box: dict = {}
-
-    def run():
-        try:
-            box["out"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 — re-raised by the test
-            box["err"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def result(timeout=30.0):
-        t.join(timeout)
-        assert not t.is_alive(), "generate did not return"
-        if "err" in box:
-            raise box["err"]
-        return box["out"]
-
-    return result
-
-
 def _same_as_local(outs, local, params=GREEDY, prompts=PROMPTS):
     want = local.generate(prompts, params)
     assert len(outs) == len(prompts)
@@ -145,8 +116,8 @@ def test_member_dying_mid_batch_has_its_prompts_reissued(serve, local):
     pool = EnginePool([fast.url, slow.url], on_failure=failed.append)
     try:
         params = SamplingParams(max_new_tokens=30, greedy=True, min_new_tokens=30)
-        result = _in_background(pool.generate, PROMPTS, params)
-        _wait(lambda: pool.get("e1").inflight > 0)
+        result = in_background(pool.generate, PROMPTS, params)
+        wait_until(lambda: pool.get("e1").inflight > 0)
         time.sleep(0.1)
         slow.close(abrupt=True)  # the engine process "dies": connections reset, then refused
         outs = result()
@@ -276,8 +247,8 @@ def test_remove_waits_for_in_flight_requests(serve, local):
     try:
         pool.add(slow.url, "ray_native", handle="actor-1")
         params = SamplingParams(max_new_tokens=20, greedy=True, min_new_tokens=20)
-        result = _in_background(pool.generate, PROMPTS, params)
-        _wait(lambda: pool.get("e1").inflight > 0)
+        result = in_background(pool.generate, PROMPTS, params)
+        wait_until(lambda: pool.get("e1").inflight > 0)
         t0 = time.monotonic()
         m = pool.remove("e1", drain_timeout_s=20.0)
         assert time.monotonic() - t0 > 0.1  # it waited for the slow engine's requests
@@ -298,15 +269,15 @@ def test_remove_aborts_after_the_drain_timeout_and_reissues(serve, local):
         pool.add(slow.url)
         params = SamplingParams(max_new_tokens=40, greedy=True, min_new_tokens=40)
         # without force: the drain times out, the member is active again
-        result = _in_background(pool.generate, PROMPTS, params)
-        _wait(lambda: pool.get("e1").inflight > 0)
+        result = in_background(pool.generate, PROMPTS, params)
+        wait_until(lambda: pool.get("e1").inflight > 0)
         with pytest.raises(DrainTimeout, match="active again"):
             pool.remove("e1", drain_timeout_s=0.1, force=False)
         assert pool.get("e1").state == "active"
         _same_as_local(result(), local, params)
         # with force: aborted on e1, re-issued on e0, every prompt answered in full
-        result = _in_background(pool.generate, PROMPTS, params)
-        _wait(lambda: pool.get("e1").inflight > 0)
+        result = in_background(pool.generate, PROMPTS, params)
+        wait_until(lambda: pool.get("e1").inflight > 0)
         pool.remove("e1", drain_timeout_s=0.1, force=True)
         outs = result()
         _same_as_local(outs, local, params)

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
+from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.external import generate_body, http_json  # noqa: E402
 from relax_rollout.engines.pool import NoActiveEngine  # noqa: E402
@@ -92,36 +92,6 @@ DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {"group_name"}
 PAUSE_GENERATION_REQ_INPUT = BASE_REQ | {"mode"}
 CONTINUE_GENERATION_REQ_INPUT = BASE_REQ | {"torch_empty_cache"}
 ABORT_REQ = BASE_REQ | {"abort_all", "finished_reason", "abort_message", "weight_versions"}
-
-
-def _wait(cond, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _in_background(fn, *args, **kwargs):
-    box: dict = {}
-
-    def run():
-        try:
-            box["out"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 — re-raised by result()
-            box["err"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def result(timeout=60.0):
-        t.join(timeout)
-        assert not t.is_alive(), "the call did not return"
-        if "err" in box:
-            raise box["err"]
-        return box["out"]
-
-    result.thread = t
-    return result
 
 
 def _assert_same(outs, want):
@@ -402,14 +372,17 @@ def test_restarts_are_bounded_then_the_engine_stays_failed(tmp_path):
         assert out.token_ids == [5] and out.log_probs == [-0.5] and out.finish_reason == "length"
         first = eng.engines()[0]["pid"]
         os.kill(first, signal.SIGKILL)  # restarted: restart 1 of 2
-        _wait(
+        wait_until(
             lambda: eng.engines()[0]["pid"] != first and eng.engines()[0]["state"] == "running",
+            timeout=60.0,
             what="restart",
         )
         assert eng.generate([[1]], SamplingParams(max_new_tokens=1))[0].token_ids == [5]
         marker.touch()  # from now on every launch fails
         os.kill(eng.engines()[0]["pid"], signal.SIGKILL)
-        _wait(lambda: eng.engines()[0]["state"] == "failed", what="the engine to fail for good")
+        wait_until(
+            lambda: eng.engines()[0]["state"] == "failed", timeout=60.0, what="the engine to fail for good"
+        )
         slot = eng.engines()[0]
         assert slot["restarts"] == 2 and "max_restarts=2" in slot["error"] and "code 7" in slot["error"]
         assert len(slot["pids"]) == 3
@@ -442,7 +415,7 @@ def test_weight_updates_drop_a_failing_engine_and_raise_a_rejection(tmp_path):
             6,
             6,
         ]
-        _wait(lambda: eng.engines()[1]["state"] == "failed", 30, "engine 1 to fail (max_restarts=0)")
+        wait_until(lambda: eng.engines()[1]["state"] == "failed", 30, "engine 1 to fail (max_restarts=0)")
         assert "CUDA error" in eng.engines()[1]["error"] and eng.engines()[0]["state"] == "running"
     finally:
         eng.close()
@@ -490,8 +463,8 @@ def test_engines_start_on_their_gpus_and_generate_like_the_in_process_engine(eng
 def test_pause_continue_and_abort(engine, local):
     engine.pause("in_place")
     try:
-        a = _in_background(engine.generate, [PROMPTS[1]], GREEDY, rids=["a"])
-        b = _in_background(engine.generate, [PROMPTS[2]], GREEDY, rids=["b"])
+        a = in_background(engine.generate, [PROMPTS[1]], GREEDY, rids=["a"])
+        b = in_background(engine.generate, [PROMPTS[2]], GREEDY, rids=["b"])
         time.sleep(0.3)
         assert a.thread.is_alive() and b.thread.is_alive()  # new requests wait while paused
         deadline = time.monotonic() + 30
@@ -507,7 +480,7 @@ def test_pause_continue_and_abort(engine, local):
     _assert_same(b(), local.generate([PROMPTS[2]], GREEDY))
     engine.pause("in_place")
     try:
-        c = _in_background(engine.generate, PROMPTS[:2], GREEDY)  # one prompt per engine
+        c = in_background(engine.generate, PROMPTS[:2], GREEDY)  # one prompt per engine
         deadline = time.monotonic() + 30
         while c.thread.is_alive():  # SGLang's default pause mode aborts what is in flight
             assert time.monotonic() < deadline
@@ -535,11 +508,11 @@ def test_weight_update_over_dcs(engine, tiny_model_dir):
     trainer.update_weights(new, 1)
     init = f"tcp://127.0.0.1:{free_port()}"
     sender = WeightSender(init, world_size=1 + 2)  # the trainer is rank 0, engine k is rank 1 + k
-    connect = _in_background(sender.connect)
+    connect = in_background(sender.connect)
     engine.connect_dcs(init, world_size=3, rank=1, backend="gloo")
     connect()
     try:
-        update = _in_background(engine.update_weights_from_distributed, *tensor_metadata(new.items()), 1)
+        update = in_background(engine.update_weights_from_distributed, *tensor_metadata(new.items()), 1)
         sender.broadcast(new.items(), 1)  # concurrently, as a trainer broadcasts while SGLang receives
         update()
         assert engine.weight_version == 1
@@ -578,11 +551,15 @@ def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local):
     victim = engine.engines()[0]
     engine.pause("in_place")  # hold the batch on both engines so the kill lands mid-request
     try:
-        pending = _in_background(engine.generate, PROMPTS, GREEDY)
-        _wait(lambda: all(m["inflight"] for m in engine.pool.members()), 30, "requests in flight on both")
+        pending = in_background(engine.generate, PROMPTS, GREEDY)
+        wait_until(
+            lambda: all(m["inflight"] for m in engine.pool.members()), 30, "requests in flight on both"
+        )
         os.kill(victim["pid"], signal.SIGKILL)
-        _wait(lambda: engine.pool.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure")
-        _wait(lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1, 300,
+        wait_until(
+            lambda: engine.pool.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure"
+        )
+        wait_until(lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1, 300,
               "the supervisor's restart")  # fmt: skip
         assert pending.thread.is_alive()  # the other engine still holds its half: paused
     finally:

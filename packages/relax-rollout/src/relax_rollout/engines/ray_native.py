@@ -16,11 +16,15 @@ Ray is imported lazily, only by the launcher.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class ServedEngine:
@@ -153,7 +157,8 @@ def ray_launcher(
 ) -> tuple[Callable[[], tuple[str, Any]], Callable[[Any], None]]:
     """``(launch, kill)`` for :class:`~relax_rollout.engines.pool.EnginePool`: ``launch()`` starts one
     :class:`RayEngineServer` actor (call ``ray.init`` first) and returns ``(url, actor)`` once it serves;
-    ``kill(actor)`` ends its process."""
+    ``kill(actor)`` ends its process and returns once it is gone (``ray.kill`` is asynchronous: a call
+    sent right after it could still be served, and the engine's GPU would not be free yet)."""
 
     def launch() -> tuple[str, Any]:
         import ray
@@ -167,9 +172,19 @@ def ray_launcher(
             raise
         return url, actor
 
-    def kill(actor: Any) -> None:
+    def kill(actor: Any, timeout_s: float = 30.0) -> None:
         import ray
 
         ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.pid.remote(), timeout=5.0)
+            except ray.exceptions.RayActorError:
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            time.sleep(0.1)
+        logger.warning("engine actor still answering %.0fs after ray.kill", timeout_s)
 
     return launch, kill

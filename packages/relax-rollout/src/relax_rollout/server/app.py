@@ -383,10 +383,10 @@ def _update_from_distributed(s: EngineServer, body: dict):
         raise BadRequest("names", "must be a list of parameter names")
     if names is not None and (len(dtypes or []) != len(names) or len(shapes or []) != len(names)):
         raise BadRequest("dtypes", "names, dtypes and shapes must have the same length")
-    for key, default in (("flush_cache", True), ("abort_all_requests", False), ("torch_empty_cache", False)):
-        _flag(body, key, default)
+    flags = {k: _flag(body, k, d) for k, d in (("flush_cache", True), ("abort_all_requests", False),
+                                                ("torch_empty_cache", False))}  # fmt: skip
     s.check_group(body.get("group_name"))
-    if body.get("abort_all_requests"):
+    if flags["abort_all_requests"]:
         s.abort("", abort_all=True)
     timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
     v = s.wait_for_version(body.get("weight_version"), timeout)

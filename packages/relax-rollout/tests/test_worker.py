@@ -105,3 +105,40 @@ def test_correct_answer_scores_one(tiny_model_dir, prompt_file, monkeypatch):
     assert set(data["response_text"]) == {"2"}
     scores = sorted(data["reward"])
     assert scores == [0.0, 0.0, 1.0], rewards
+
+
+def _journaled_worker(tiny_model_dir, prompt_file, tmp_path):
+    cfg = RelaxConfig.model_validate(
+        {
+            "model": {"hf_checkpoint": tiny_model_dir},
+            "data": {"prompt_data": prompt_file},
+            "rollout": {"rollout_batch_size": 1, "n_samples_per_prompt": 2, "rollout_max_response_len": 3},
+            "run": {"mode": "fully_async", "output_dir": str(tmp_path)},
+        }
+    )
+    return RolloutWorker(cfg, DataBus(bus_config(cfg)), tiny_model_dir, prompt_file, torch_threads=1)
+
+
+def test_a_rollout_restarted_between_two_steps_draws_the_next_prompts(tiny_model_dir, prompt_file, tmp_path):
+    """Killed after step 1 landed and before step 2 began: the new process goes on at step 2 with the
+    prompts step 2 would have had (not from the start of the data)."""
+    first = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)
+    first.reset_journal()
+    for step in range(3):
+        first.produce(step)
+    expected = [p for _, p in first.get_prompt_log()]
+    first.reset_journal()
+    dead = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)
+    for step in range(2):
+        dead.produce(step)
+    new = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)  # (dead's process is gone)
+    assert new.recover() == 2
+    new.produce(2)
+    assert [p for _, p in new.get_prompt_log()] == expected
+
+
+def test_recover_without_the_data_position_refuses(tiny_model_dir, prompt_file, tmp_path):
+    worker = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)
+    worker.journal.write_text(json.dumps({"put": 0, "prompts": ["r0"]}) + "\n")  # an old journal
+    with pytest.raises(RuntimeError, match="no data position for step 1"):
+        worker.recover()

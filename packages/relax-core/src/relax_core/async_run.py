@@ -269,7 +269,10 @@ class AsyncRun:
                 start = int(ray.get(new.load.remote(ckpt))["version"])
             ray.get(new.attach_rollout.remote(self.roles["rollout"]))
         if name == "rollout":
-            start = ray.get(new.recover.remote())
+            try:
+                start = ray.get(new.recover.remote())
+            except ray.exceptions.RayTaskError as e:  # its journal cannot say where to go on
+                raise _CannotRestartInPlace(f"the rollout cannot go on in place: {e.cause}") from e
             self._engine_jobs = {}  # a new rollout process has its own engines
             # the trainer's checkpoints ask the rollout for its data position: not the dead actor's handle
             ray.get(self.roles["actor"].attach_rollout.remote(new))

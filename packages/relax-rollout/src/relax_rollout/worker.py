@@ -159,7 +159,14 @@ class RolloutWorker:
 
         if self._receiver is not None:  # the old group lost a member: leave it
             self._receiver.close(timeout_s=5.0)
-        self._receiver = WeightReceiver(init_method, world_size, rank)
+        run = self.cfg.run
+        self._receiver = WeightReceiver(
+            init_method,
+            world_size,
+            rank,
+            backend=run.weight_sync_backend,
+            transport=run.weight_sync_transport,
+        )
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.set_weights(t, v))
 
@@ -261,7 +268,10 @@ class RolloutWorker:
         """One batch generated (and, with dynamic sampling, scored and filtered)."""
         self.step_states[step] = self.prompts.state_dict()
         self._log_journal({"begin": step, "state": self.step_states[step]})
-        return self._generate_filtered(step) if self.cfg.rollout.dynamic_sampling else self._generate(step)
+        out = self._generate_filtered(step) if self.cfg.rollout.dynamic_sampling else self._generate(step)
+        # where the next step begins: a process killed before it began restarts from here
+        self._log_journal({"drawn": step, "state": self.prompts.state_dict()})
+        return out
 
     def _generate_filtered(self, step: int) -> dict[str, Any]:
         """DAPO dynamic sampling: keep only groups whose rewards differ, generating further rounds of
@@ -597,6 +607,8 @@ class RolloutWorker:
             self._log_journal({"begin": step, "state": begun[str(step)]})
             if step < next_step:
                 self._log_journal({"put": step, "prompts": [], "restored": True})
+        if next_step > 0:  # (the data position was loaded: it is where next_step begins)
+            self._log_journal({"drawn": next_step - 1, "state": self.prompts.state_dict()})
 
     def recover(self) -> int:
         """After the previous rollout process died: load the journal and return the first step that is
@@ -604,13 +616,16 @@ class RolloutWorker:
         if self.journal is None or not self.journal.is_file():
             raise RuntimeError("rollout recover(): no journal (needs --fully-async with the health manager)")
         begun: dict[int, dict] = {}
-        put: list[tuple[int, list[str]]] = []
+        drawn: dict[int, dict] = {}
+        put: list[tuple[int, list[str], bool]] = []
         for line in self.journal.read_text().splitlines():
             if not line.strip():
                 continue
             e = json.loads(line)
             if "begin" in e:
                 begun[int(e["begin"])] = e["state"]
+            elif "drawn" in e:
+                drawn[int(e["drawn"])] = e["state"]
             elif "put" in e:
                 put.append((int(e["put"]), list(e["prompts"]), bool(e.get("restored"))))
         done = {s for s, _, _ in put}
@@ -618,6 +633,13 @@ class RolloutWorker:
         start = pending[0] if pending else (max(done) + 1 if done else 0)
         if start in begun:
             self.prompts.load_state_dict(begun[start])
+        elif start - 1 in drawn:  # died between two steps: the next one begins where the last one ended
+            self.prompts.load_state_dict(drawn[start - 1])
+        elif start > 0:
+            raise RuntimeError(
+                f"rollout journal {self.journal} has no data position for step {start}: cannot restart in "
+                "place without drawing other prompts (the run restarts from its last checkpoint)"
+            )
         self.prompt_log = sorted((s, p) for s, p, restored in put if not restored)
         self.step_states = {s: st for s, st in begun.items() if s < start}
         return start

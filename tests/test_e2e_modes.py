@@ -83,9 +83,15 @@ def test_colocate_flow(tiny_run_inputs, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_fully_async_flow(tiny_run_inputs, tmp_path, staleness):
-    cfg, result = _run(tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", str(staleness))
+@pytest.mark.parametrize(
+    "staleness, sync",
+    [(0, []), (1, []), (1, ["--weight-sync-transport", "ipc"])],
+    ids=["on-policy", "staleness-1", "staleness-1-ipc"],
+)
+def test_fully_async_flow(tiny_run_inputs, tmp_path, staleness, sync):
+    """Weights reach the roles overlapped with the next step (the default), by broadcast or, with
+    ``ipc``, from the trainer's shared-memory buffers."""
+    cfg, result = _run(tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", str(staleness), *sync)
     assert result.mode == "fully_async"
     _check_flow(cfg, result, max_staleness=staleness)
     if staleness == 1:

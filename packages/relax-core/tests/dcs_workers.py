@@ -26,8 +26,10 @@ def make_params(version: int) -> list[tuple[str, "torch.Tensor"]]:
     return params
 
 
-def _receiver_main(init_method: str, world_size: int, rank: int, background: bool, queue) -> None:
-    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60)
+def _receiver_main(
+    init_method: str, world_size: int, rank: int, background: bool, queue, transport: str = "broadcast"
+) -> None:
+    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60, transport=transport)
     recv.connect()
     results: list[tuple[int, str]] = []
     if background:

@@ -1,6 +1,8 @@
+import json
 import multiprocessing as mp
 import sys
 import threading
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,100 @@ def test_sync_between_ray_actors(monkeypatch):
     finally:
         if started:
             ray.shutdown()
+
+
+# -- transport="ipc": the receivers map the sender's buffers (POSIX shared memory on CPU) ---------------
+
+
+def test_ipc_receivers_in_other_processes_get_bitwise_equal_weights():
+    ctx = mp.get_context("spawn")
+    init_method, world_size = f"tcp://127.0.0.1:{free_port()}", 3
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, "ipc"))
+        for rank in (1, 2)
+    ]
+    for p in procs:
+        p.start()
+    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport="ipc")
+    sender.connect()
+    sent = []
+    for v in VERSIONS:  # version 5 adds a tensor: new buckets, new segments
+        params = make_params(v)
+        st = sender.broadcast(params, version=v)
+        assert st.num_bytes == sum(t.numel() * t.element_size() for _, t in params)
+        sent.append((v, checksum(params)))
+    segments = [json.loads(h)["shm"] for h in sender._shared.handles]
+    sender.close()
+    got = {}
+    for _ in procs:
+        r = queue.get(timeout=60)
+        got[r["rank"]] = r
+    for p in procs:
+        p.join(timeout=30)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert got[1]["results"] == sent and got[2]["results"] == sent  # receive() and background mode
+    for name in segments:  # the sender unlinked its segments on close
+        with pytest.raises(FileNotFoundError):
+            SharedMemory(name=name)
+
+
+def test_ipc_broadcast_returns_only_after_every_receiver_read_the_buffers():
+    """The sender may rewrite its buffers for the next version only once each receiver copied this one
+    out: a receiver that is slow to copy holds the sender back, and never sees the next version's bytes."""
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    recv = WeightReceiver(init_method, 2, 1, timeout_s=30, transport="ipc")
+    sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=30, transport="ipc")
+    _connect_all(sender, [recv])
+    release, seen = threading.Event(), []
+
+    def slow(version, tensors):
+        if version == 1:
+            assert release.wait(30)
+        seen.append((version, checksum(tensors.items())))
+
+    recv.start_background(slow)
+    first = threading.Thread(target=sender.broadcast, args=(make_params(1), 1))
+    first.start()
+    first.join(0.5)
+    assert first.is_alive()  # still waiting for the receiver to read version 1
+    release.set()
+    first.join(30)
+    sender.broadcast(make_params(2), version=2)
+    sender.close()
+    recv.join(30)
+    recv.check()
+    recv.close()
+    assert seen == [(1, checksum(make_params(1))), (2, checksum(make_params(2)))]
+
+
+def test_ipc_abandon_releases_a_sender_waiting_for_a_dead_receiver():
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    silent = WeightReceiver(init_method, 2, 1, timeout_s=60, transport="ipc")  # joins, never reads
+    sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport="ipc")
+    _connect_all(sender, [silent])
+    failed = []
+
+    def send():
+        try:
+            sender.broadcast(make_params(1), version=1)
+        except RuntimeError as e:
+            failed.append(str(e))
+
+    t = threading.Thread(target=send)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()
+    segments = [json.loads(h)["shm"] for h in sender._shared.handles]
+    sender.abandon()  # what the health manager's re-forming of the group does
+    t.join(10)
+    assert not t.is_alive() and "re-formed" in failed[0]
+    for name in segments:
+        with pytest.raises(FileNotFoundError):
+            SharedMemory(name=name)
+    silent.close(timeout_s=1)
+
+
+def test_transport_is_checked():
+    with pytest.raises(ValueError, match="transport must be one of"):
+        WeightSender("tcp://127.0.0.1:1", 2, transport="rdma")

@@ -296,6 +296,19 @@ class RunConfig(_Section):
     verify_weight_sync: bool = False
     """Record a checksum of every engine's weights after each sync (tests, debugging); costs a hash per
     step."""
+    weight_sync_transport: Literal["broadcast", "ipc"] = "broadcast"
+    """Fully async, how the trainer's weights reach the rollout and the forward roles: ``broadcast``, a
+    bucketed collective to every receiver (any machine); ``ipc``, every receiver on the trainer's machine
+    maps the trainer's bucket buffers (CUDA IPC on the same GPU with ``weight_sync_backend=nccl``, shared
+    memory on CPU) and copies from them — no collective."""
+    weight_sync_backend: Literal["gloo", "nccl"] = "gloo"
+    """Where the buckets live: ``gloo``, host memory (works everywhere; GPU weights are copied to the host);
+    ``nccl``, GPU memory (an NCCL broadcast, or CUDA IPC with ``ipc``): every role of the group needs a
+    GPU."""
+    overlap_weight_sync: bool = True
+    """Fully async: broadcast the new weights from a background thread while the trainer goes on to its
+    next step (waiting for data, forward and backward); the trainer waits for the broadcast only before
+    its optimizer writes the weights again. Off: the trainer blocks until every receiver has them."""
     tensorboard: bool = True
     """Write TensorBoard event files under output_dir/tensorboard."""
     progress: bool = True

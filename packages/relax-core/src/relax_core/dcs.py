@@ -16,6 +16,13 @@ Why it looks like this:
   changed, i.e. on the first call) to the rendezvous ``TCPStore``; receivers poll for it, then join the
   bucket broadcasts, which therefore only wait for a transfer. ``close()`` publishes a shutdown header
   (version -1) and waits for receivers to acknowledge it before tearing the store down.
+- **Or shared memory, when colocated** (``transport="ipc"``): every receiver on the sender's machine (the
+  same GPU, or CPU processes) maps the sender's bucket buffers instead of receiving a copy: CUDA IPC
+  handles of device buffers with ``backend="nccl"``, named POSIX shared memory with ``backend="gloo"``.
+  The header carries the handles (when the buffers change); each receiver copies the weights out of the
+  mapping and acknowledges, and ``broadcast`` returns once all have, so the buffers are rewritten only
+  after everyone read them. One device-to-device copy per receiver, no collective. A receiver that died
+  is noticed when the group is re-formed (``abandon``) or at the time-out, not at once.
 - **A dedicated process group.** Sender and receivers build a standalone gloo/NCCL group from their own
   ``TCPStore`` and never touch ``torch.distributed``'s default group, so DCS coexists with a trainer that
   already runs FSDP or Megatron collectives in the same process. ``connect()`` is a rendezvous: call it
@@ -35,6 +42,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -85,11 +93,21 @@ def _parse_tcp(init_method: str) -> tuple[str, int]:
     return url.hostname, url.port
 
 
+TRANSPORTS = ("broadcast", "ipc")
+
+
 class _Endpoint:
-    """Store + standalone process group shared by sender and receivers."""
+    """Store + standalone process group shared by sender and receivers (no group for ``ipc``)."""
 
     def __init__(
-        self, init_method: str, world_size: int, rank: int, backend: str, timeout_s: float, group_name: str
+        self,
+        init_method: str,
+        world_size: int,
+        rank: int,
+        backend: str,
+        timeout_s: float,
+        group_name: str,
+        transport: str = "broadcast",
     ):
         if world_size < 2:
             raise ValueError(
@@ -99,6 +117,9 @@ class _Endpoint:
             raise ValueError(f"rank must be in [0, {world_size}) (got {rank})")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {list(TRANSPORTS)} (got {transport!r})")
+        self.transport = transport
         self.host, self.port = _parse_tcp(init_method)
         self.world_size, self.rank, self.backend = world_size, rank, backend
         self.timeout = timedelta(seconds=timeout_s)
@@ -115,6 +136,10 @@ class _Endpoint:
             self.host, self.port, self.world_size, self.rank == 0, self.timeout, wait_for_workers=False
         )
         self.store = dist.PrefixStore(f"{self.group_name}/ctl/", store)
+        self._root_store = store
+        if self.transport == "ipc":  # the buffers are shared, not sent: no collective
+            self.pg = False
+            return
         pg_store = dist.PrefixStore(f"{self.group_name}/pg/", store)
         if self.backend == "gloo":
             self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, self.timeout)
@@ -129,12 +154,94 @@ class _Endpoint:
         return "cpu" if self.backend == "gloo" else "cuda"
 
     def bcast(self, t: torch.Tensor) -> None:
-        self.pg.broadcast([t]).wait()
+        pg = self.pg
+        if not pg:  # closed by another thread: the group is being re-formed
+            raise RuntimeError("DCS: the group was closed during a broadcast (a member died)")
+        pg.broadcast([t]).wait()
 
     def close(self) -> None:
-        if self.pg is not None and self.backend == "nccl":
+        if self.pg and self.backend == "nccl":
             self.pg.shutdown()
         self.pg = self.store = self._root_store = None
+
+
+def _map_shm(name: str, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over the POSIX shared-memory segment ``name`` (Linux: its /dev/shm file)."""
+    import torch
+
+    path = Path("/dev/shm") / name
+    if not path.exists():
+        raise RuntimeError(
+            f"DCS transport='ipc': shared-memory segment {path} not found (the sender closed, or this "
+            "platform has no /dev/shm: use transport='broadcast')"
+        )
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+
+
+class _SharedBuckets:
+    """``transport="ipc"``: one buffer per bucket that other processes of this machine can map — device
+    memory exported as a CUDA IPC handle, or a named POSIX shared-memory segment on CPU. The sender's are
+    created (and re-created when the bucket sizes change); a receiver's are attached from the handles."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.sizes: list[int] = []
+        self.bufs: list[torch.Tensor] = []
+        self.handles: list[str] = []
+        self._segments: list[Any] = []
+
+    def create(self, sizes: list[int]) -> bool:
+        """Buffers of these sizes; True when they are new (the handles must be sent again)."""
+        import torch
+
+        if sizes == self.sizes:
+            return False
+        self.free()
+        self.sizes = list(sizes)
+        for n in sizes:
+            if self.device == "cpu":
+                from multiprocessing.shared_memory import SharedMemory
+
+                # a tracked segment (removed even if this process dies), mapped through its /dev/shm file
+                seg = SharedMemory(create=True, size=max(n, 1))
+                seg.close()
+                self._segments.append(seg)
+                self.bufs.append(_map_shm(seg.name, n))
+                self.handles.append(json.dumps({"shm": seg.name}))
+            else:
+                import base64
+                import pickle
+
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                buf = torch.empty(n, dtype=torch.uint8, device="cuda")
+                self.bufs.append(buf)
+                self.handles.append(
+                    json.dumps({"cuda": base64.b64encode(pickle.dumps(reduce_tensor(buf))).decode()})
+                )
+        return True
+
+    def attach(self, sizes: list[int], handles: list[str]) -> None:
+        self.free()
+        self.sizes = list(sizes)
+        for n, handle in zip(sizes, handles):
+            h = json.loads(handle)
+            if "shm" in h:  # mapped straight from its file: not tracked, the sender owns the segment
+                self.bufs.append(_map_shm(h["shm"], n))
+            else:
+                import base64
+                import pickle
+
+                rebuild, args = pickle.loads(base64.b64decode(h["cuda"]))
+                self.bufs.append(rebuild(*args))
+
+    def free(self) -> None:
+        self.bufs, self.handles, self.sizes = [], [], []  # a mapping goes with the last view of it
+        for seg in self._segments:
+            seg.unlink()
+        self._segments = []
 
 
 def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[dict]:
@@ -167,15 +274,20 @@ class WeightSender:
         bucket_bytes: int = 32 << 20,
         timeout_s: float = 300.0,
         group_name: str = "relax_dcs",
+        transport: str = "broadcast",
     ):
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0 (got {bucket_bytes})")
-        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name)
+        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport)
+        self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
+        self._abandoned = False
+        self._share_lock = threading.Lock()  # held while the shared buffers are written and read
         self.bucket_bytes = bucket_bytes
         self._layout: list[dict] | None = None
         self._seq = 0
         self._last_version: int | None = None
         self._unacked: list[int] = []
+        self.last_stats: SyncStats | None = None
 
     def connect(self) -> None:
         self._ep.connect()
@@ -187,6 +299,8 @@ class WeightSender:
 
     def _publish(self, header: dict) -> int:
         store = self._ep.store
+        if store is None:
+            raise RuntimeError("DCS: the group was closed (a member died and it is being re-formed)")
         for seq in list(self._unacked):  # drop headers every receiver has read
             if store.add(f"ack/{seq}", 0) >= self._ep.world_size - 1:
                 store.delete_key(f"hdr/{seq}")
@@ -213,6 +327,8 @@ class WeightSender:
         layout = _layout(items, self.bucket_bytes)
         changed = layout != self._layout
         self._layout = layout
+        if self._shared is not None:
+            return self._share(tensors, layout, changed, version, t0)
         self._publish({"version": version, "num_buckets": len(layout), "layout": layout if changed else None})
         num_bytes = 0
         for bucket in layout:
@@ -222,12 +338,60 @@ class WeightSender:
             self._ep.bcast(flat)
             num_bytes += flat.numel()
         self._last_version = version
-        return SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
+        self.last_stats = SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
+        return self.last_stats
+
+    def _share(self, tensors: dict, layout: list[dict], changed: bool, version: int, t0: float) -> SyncStats:
+        """``ipc``: write the buckets into the shared buffers, publish, wait until every receiver read them."""
+
+        with self._share_lock:
+            try:
+                return self._share_locked(tensors, layout, changed, version, t0)
+            except RuntimeError:
+                if self._abandoned:
+                    self._shared.free()
+                raise
+
+    def _share_locked(self, tensors: dict, layout: list[dict], changed: bool, version: int, t0: float):
+        import torch
+
+        new = self._shared.create([b["nbytes"] for b in layout])
+        with torch.no_grad():
+            for bucket, buf in zip(layout, self._shared.bufs):
+                offset = 0
+                for name, _, n in bucket["params"]:
+                    buf[offset : offset + n].copy_(_as_bytes(tensors[name]))
+                    offset += n
+        if self._ep.device == "cuda":
+            torch.cuda.current_stream().synchronize()  # the copies land before a receiver reads
+        header = {"version": version, "num_buckets": len(layout), "layout": layout if changed else None}
+        if new or changed:
+            header["handles"] = self._shared.handles
+        seq = self._publish(header)
+        store, deadline = self._ep.store, time.monotonic() + self._ep.timeout.total_seconds()
+        while store.add(f"done/{seq}", 0) < self._ep.world_size - 1:
+            if self._abandoned:
+                raise RuntimeError(f"DCS: the group was re-formed while version {version} was being read")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"DCS: not every receiver read version {version} within {self._ep.timeout}; one may have died"
+                )
+            time.sleep(0.001)
+        store.delete_key(f"done/{seq}")
+        self._last_version = version
+        num_bytes = sum(b["nbytes"] for b in layout)
+        self.last_stats = SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
+        return self.last_stats
 
     def abandon(self) -> None:
         """Drop the group without the shutdown handshake: a member died and the group is being re-formed
-        (receivers blocked in a broadcast see the connection close and give up)."""
+        (receivers blocked in a broadcast see the connection close and give up; with ``ipc`` a sender
+        waiting for the receivers gives up)."""
+        self._abandoned = True
         self._ep.close()
+        if self._shared is not None and self._share_lock.acquire(blocking=False):
+            self._shared.free()  # (else the broadcast in flight frees them when it gives up)
+            self._share_lock.release()
 
     def close(self) -> None:
         """Tell receivers to stop (version -1), wait for their acknowledgement, destroy the group."""
@@ -241,6 +405,8 @@ class WeightSender:
                 break
             time.sleep(0.01)
         self._ep.close()
+        if self._shared is not None:
+            self._shared.free()
 
 
 class WeightReceiver:
@@ -255,10 +421,12 @@ class WeightReceiver:
         backend: str = "gloo",
         timeout_s: float = 300.0,
         group_name: str = "relax_dcs",
+        transport: str = "broadcast",
     ):
         if rank == 0:
             raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
-        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name)
+        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport)
+        self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._layout: list[dict] | None = None
         self._seq = 0
         self._latest = -1
@@ -293,6 +461,18 @@ class WeightReceiver:
 
         Tensors are fresh each call but those of one bucket are views of one buffer: copy them into the
         model (``param.copy_(t)``) rather than keeping them around piecemeal."""
+        got = self._receive_views()
+        if got is None:
+            return None
+        version, tensors, done = got
+        if self._shared is not None:  # views of the sender's buffers: copies, before it may rewrite them
+            tensors = {name: t.clone() for name, t in tensors.items()}
+        done()
+        return version, tensors
+
+    def _receive_views(self):
+        """``(version, tensors, done)``: with ``ipc`` the tensors are views of the sender's shared buffers,
+        valid until ``done()`` tells the sender this receiver has read them."""
         import torch
 
         if self._ep.pg is None:
@@ -305,6 +485,8 @@ class WeightReceiver:
             self._layout = header["layout"]
         if self._layout is None or len(self._layout) != header["num_buckets"]:
             raise RuntimeError("DCS protocol error: no parameter layout for this version")
+        if self._shared is not None:
+            return self._map_shared(header, t0)
         out: dict[str, torch.Tensor] = {}
         num_bytes = 0
         for bucket in self._layout:
@@ -318,7 +500,32 @@ class WeightReceiver:
             num_bytes += flat.numel()
         self._latest = header["version"]
         self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
-        return self._latest, out
+        return self._latest, out, lambda: None
+
+    def _map_shared(self, header: dict, t0: float):
+        import torch
+
+        if "handles" in header:
+            self._shared.attach([b["nbytes"] for b in self._layout], header["handles"])
+        if len(self._shared.bufs) != len(self._layout):
+            raise RuntimeError("DCS protocol error: no shared buffers for this version")
+        out: dict[str, torch.Tensor] = {}
+        for bucket, flat in zip(self._layout, self._shared.bufs):
+            dtype, offset = getattr(torch, bucket["dtype"]), 0
+            for name, shape, n in bucket["params"]:
+                out[name] = flat[offset : offset + n].view(dtype).reshape(shape)
+                offset += n
+        seq, store = self._seq, self._ep.store
+        self._latest = header["version"]
+
+        def done() -> None:
+            if self._ep.device == "cuda":  # the copies out of the sender's memory have finished
+                torch.cuda.current_stream().synchronize()
+            num_bytes = sum(b["nbytes"] for b in self._layout)
+            self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
+            store.add(f"done/{seq}", 1)
+
+        return self._latest, out, done
 
     def start_background(self, on_weights: Callable[[int, dict[str, torch.Tensor]], None]) -> None:
         """Loop ``receive()`` on a daemon thread, calling ``on_weights(version, tensors)`` for each
@@ -328,8 +535,10 @@ class WeightReceiver:
 
         def loop() -> None:
             try:
-                while (got := self.receive()) is not None:
-                    on_weights(*got)
+                while (got := self._receive_views()) is not None:
+                    version, tensors, done = got
+                    on_weights(version, tensors)  # (copies them into the model)
+                    done()
             except BaseException as e:  # surfaced through check()
                 self._error = e
 
@@ -359,3 +568,5 @@ class WeightReceiver:
         self._stop.set()
         self.join(timeout=self._ep.timeout.total_seconds() if timeout_s is None else timeout_s)
         self._ep.close()
+        if self._shared is not None:
+            self._shared.free()

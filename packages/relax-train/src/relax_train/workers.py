@@ -138,7 +138,14 @@ class ForwardWorker(_BusLoop):
 
         if self._receiver is not None:  # the old group lost a member: leave it
             self._receiver.close(timeout_s=5.0)
-        self._receiver = WeightReceiver(init_method, world_size, rank)
+        run = self.cfg.run
+        self._receiver = WeightReceiver(
+            init_method,
+            world_size,
+            rank,
+            backend=run.weight_sync_backend,
+            transport=run.weight_sync_transport,
+        )
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.backend.load_weights(t, v))
 
@@ -240,6 +247,13 @@ class ActorWorker:
         self.weight_log: dict[int, str] = {}
         self.trained_ids: list[int] = []
         self._dcs_lock = threading.RLock()
+        self._sync_pool: Any = None  # one background thread: the weight broadcast overlapping the next step
+        self._inflight: Any = None  # that broadcast's future, until the fence has waited for it
+        self._fence_wait_s = 0.0
+        self.overlap = False
+        """Publish from a background thread (DCS with ``overlap_weight_sync``); never in colocate mode,
+        where the rollout generates with the new weights right after the step."""
+        self.backend.before_update = self.wait_weight_sync
         self.trained_prompts: list[list[str]] = []
         """Prompt ids of every trained batch, one list per step (for audits: exact resume, restarts)."""
         self.out = Path(cfg.run.output_dir)
@@ -262,9 +276,17 @@ class ActorWorker:
         with self._dcs_lock:  # no training-step broadcast in between: it would race the re-send
             if self._sender is not None:  # a member died: drop the old group without the handshake
                 self._sender.abandon()
-            self._sender = WeightSender(init_method, world_size)
+                self.wait_weight_sync()  # (a broadcast in flight on the old group fails; counted)
+            run = self.cfg.run
+            self._sender = WeightSender(
+                init_method,
+                world_size,
+                backend=run.weight_sync_backend,
+                transport=run.weight_sync_transport,
+            )
             self._sender.connect()
             self.publish = lambda named, v: self._sender.broadcast(named, v)
+            self.overlap = self.cfg.run.overlap_weight_sync
             if republish:
                 self.publish_weights()
             return self.backend.version
@@ -273,6 +295,9 @@ class ActorWorker:
     """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
 
     def publish_weights(self) -> None:
+        """Send the current weights (their version: the steps trained) to every receiver: in colocate
+        mode straight to the rollout; over DCS from a background thread when overlapping, which the
+        next step's optimizer waits for (:meth:`wait_weight_sync`) before it writes the weights again."""
         named = self.backend.named_weights()
         if self.cfg.run.verify_weight_sync:
             from relax_core.dcs import checksum
@@ -281,17 +306,44 @@ class ActorWorker:
         if self.publish is None:
             return
         with self._dcs_lock:
+            self.wait_weight_sync()  # one broadcast at a time, in version order
             last = self._sender.last_version if self._sender is not None else None
             if last is not None and self.backend.version <= last:
                 return  # this group has these weights already (sent when it was formed)
+            if self.overlap:
+                from concurrent.futures import ThreadPoolExecutor
+
+                if self._sync_pool is None:
+                    self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="relax-dcs-sender")
+                # the weights are read by that thread until the fence (before the next optimizer step)
+                self._inflight = self._sync_pool.submit(self.publish, named, self.backend.version)
+                return
             try:
                 self.publish(named, self.backend.version)
-            except RuntimeError:
-                if not self.cfg.run.health:
-                    raise
-                # a receiver died mid-broadcast: train on; the health manager restarts it, re-forms the
-                # group and has these weights sent again
-                self.dcs_failures += 1
+            except RuntimeError as e:
+                self._broadcast_failed(e)
+
+    def _broadcast_failed(self, exc: RuntimeError) -> None:
+        if not self.cfg.run.health:
+            raise exc
+        # a receiver died mid-broadcast: train on; the health manager restarts it, re-forms the group and
+        # has these weights sent again
+        self.dcs_failures += 1
+
+    def wait_weight_sync(self) -> float:
+        """The fence: wait for the weight broadcast in flight, if any (the backend calls it before its
+        optimizer writes the weights that broadcast reads). Returns the seconds waited."""
+        fut, self._inflight = self._inflight, None
+        if fut is None:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            fut.result()
+        except RuntimeError as e:
+            self._broadcast_failed(e)
+        waited = time.perf_counter() - t0
+        self._fence_wait_s += waited
+        return waited
 
     # -- one step ------------------------------------------------------------------------------
     _beat: float = 0.0
@@ -337,6 +389,7 @@ class ActorWorker:
             if self.backend.version > self.bus.trainer_version:  # (a restarted trainer re-does a step)
                 self.bus.set_trainer_version(self.backend.version)
         t3 = time.perf_counter()
+        fence_wait_s, self._fence_wait_s = self._fence_wait_s, 0.0
         staleness = [step - int(v) for v in d["policy_version"]]
         metrics.update(
             {
@@ -350,6 +403,8 @@ class ActorWorker:
                 "perf/wait_for_data_s": t1 - t0,
                 "perf/train_s": t2 - t1,
                 "perf/weight_sync_s": t3 - t2,
+                # the time this step's optimizer waited for the previous step's overlapped broadcast
+                "perf/weight_sync_wait_s": fence_wait_s,
                 "perf/samples": float(len(batch)),
                 "time": time.time(),
             }
@@ -398,6 +453,7 @@ class ActorWorker:
                 self.interrupted_at = self.save(self._stop_dir)
                 self.save_bus(self.interrupted_at)
                 break
+        self.wait_weight_sync()  # the last weights reach every receiver before the run reports done
         return self.history
 
     _stop_dir: str | None = None
@@ -497,6 +553,7 @@ class ActorWorker:
 
         The trained ids and prompts come back from the checkpoint and the history from this run's
         metrics.jsonl (rows up to the checkpoint's step): a restarted trainer reports the whole run."""
+        self.wait_weight_sync()  # (no broadcast may be reading the weights the checkpoint overwrites)
         meta = self.backend.load_checkpoint(path)
         v = int(meta["version"])
         if isinstance(meta.get("trained_ids"), list):
@@ -531,6 +588,9 @@ class ActorWorker:
         return self.tracer.get_spans()
 
     def close(self) -> None:
+        self.wait_weight_sync()
+        if self._sync_pool is not None:
+            self._sync_pool.shutdown()
         if self._sender is not None:
             self._sender.close()
         self.metrics.close()

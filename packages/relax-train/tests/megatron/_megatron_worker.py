@@ -27,12 +27,17 @@ def main(spec_path: str, out_path: str) -> None:
     out: dict = {"logp": backend.compute_log_probs(samples)}
     for _ in range(spec.get("train_steps", 0)):
         out.setdefault("metrics", []).append(backend.train_step(samples))
-    out["weights"] = dict(backend.named_weights())
+    # (copies: for unfused tensors named_weights() gives views of the live parameters)
+    out["weights"] = {n: t.clone() for n, t in backend.named_weights()}
     if spec.get("save"):
         backend.save_checkpoint(spec["save"], extra={"note": "test"})
     if spec.get("load"):
         out["meta"] = backend.load_checkpoint(spec["load"])
-        out["weights_loaded"] = dict(backend.named_weights())
+        out["weights_loaded"] = {n: t.clone() for n, t in backend.named_weights()}
+    for _ in range(spec.get("then_train", 0)):  # after the save / load: the restored optimizer state at work
+        out.setdefault("metrics_then", []).append(backend.train_step(samples))
+    if spec.get("then_train"):
+        out["weights_then"] = dict(backend.named_weights())
     out["logp_after"] = backend.compute_log_probs(samples)
     if int(os.environ.get("RANK", 0)) == 0:
         torch.save(out, out_path)

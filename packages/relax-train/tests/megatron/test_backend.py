@@ -206,18 +206,40 @@ def test_tensor_parallel_two_ranks_equals_one(tmp_path):
 def test_checkpoint_round_trip_and_hf_export(tmp_path):
     model = _model(tmp_path, "dense")
     ckpt = tmp_path / "ckpt"
-    saved = _megatron(tmp_path, model, FLAGS, train_steps=1, save=str(ckpt))
+    saved = _megatron(tmp_path, model, FLAGS, train_steps=1, save=str(ckpt), then_train=1)
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta == {"version": 1, "note": "test"}
+    assert (ckpt / "dist" / "metadata.json").is_file()  # a megatron distributed checkpoint
     # a fresh backend from the original weights loads the trained state back
-    loaded = _megatron(tmp_path, model, FLAGS, load=str(ckpt))
+    loaded = _megatron(tmp_path, model, FLAGS, load=str(ckpt), then_train=1)
     assert loaded["meta"]["version"] == 1
     for name, value in saved["weights"].items():
         torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
+    # and the optimizer state: the next step is the one the saving run took after its save, bit for bit
+    for name, value in saved["weights_then"].items():
+        torch.testing.assert_close(loaded["weights_then"][name], value, rtol=0, atol=0, msg=name)
     # the HF export is a loadable transformers model with the trained weights
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt / "model")
     for name, p in hf.named_parameters():
         torch.testing.assert_close(p.detach(), saved["weights"][name], rtol=0, atol=0, msg=name)
+
+
+def test_distributed_checkpoint_reloads_under_another_tensor_parallel_size(tmp_path):
+    """Saved by two TP ranks, loaded by one: the weights are the gathered shards and the AdamW moments
+    come along, so the next step equals the saving run's next step (as TP=2 equals TP=1). With fresh
+    moments it would not: Adam's first step moves every element by ~lr, its second by far less."""
+    model = _model(tmp_path, "dense")
+    ckpt = tmp_path / "ckpt"
+    tp2 = [*FLAGS, "--tensor-model-parallel-size", "2"]
+    saved = _megatron(tmp_path, model, tp2, world=2, train_steps=1, save=str(ckpt), then_train=1)
+    loaded = _megatron(tmp_path, model, FLAGS, load=str(ckpt), then_train=1)
+    for name, value in saved["weights"].items():
+        torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
+    for name, value in saved["weights_then"].items():
+        _assert_same_update(loaded["weights_then"][name], value, name)
+    # the same weights (the checkpoint's HF export) with fresh AdamW moments step elsewhere
+    fresh = _megatron(tmp_path, str(ckpt / "model"), FLAGS, train_steps=1)
+    assert max(float((fresh["weights"][n] - v).abs().max()) for n, v in saved["weights_then"].items()) > 1e-4
 
 
 def test_model_parallelism_without_enough_ranks_is_a_clear_error(tmp_path):

@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ class _StepAcc:
 
 
 class TorchBackend:
+    before_update: Callable[[], None] | None = None
+    """Called just before the optimizer writes the weights: the trainer's fence for a weight broadcast
+    still reading them (:class:`~relax_train.workers.ActorWorker` with ``overlap_weight_sync``)."""
+
     def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
         from relax_core.models import load_model, media_token_ids
         from relax_core.routing import install_routing
@@ -276,6 +281,8 @@ class TorchBackend:
     def _clip_and_step(self) -> float:
         """Clip the accumulated gradients to --clip-grad, step the optimizer; the pre-clip gradient norm."""
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
+        if self.before_update is not None:
+            self.before_update()
         self.optimizer.step()
         return float(gn)
 

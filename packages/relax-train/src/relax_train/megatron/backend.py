@@ -68,14 +68,16 @@ def _no_te_shim() -> None:
 def _cpu_shims() -> None:
     """Let megatron-core's model code run without CUDA (tests, CI). On that path it (1) allocates
     buffers and moves RoPE frequencies to ``torch.cuda.current_device()`` and (2) forks the CUDA RNG
-    tracker around attention dropout. Without CUDA both would raise; here the current device is the CPU
-    and the tracker a no-op (dropout is off: RL fine-tuning runs without it). Nothing changes when CUDA
-    is present."""
+    tracker around attention dropout; (3) its distributed-checkpoint writer synchronises the GPU before
+    reading tensors. Without CUDA all three would raise; here the current device is the CPU, the tracker
+    a no-op (dropout is off: RL fine-tuning runs without it) and there is nothing to synchronise. Nothing
+    changes when CUDA is present."""
     if torch.cuda.is_available():
         return
     import megatron.core.tensor_parallel.random as mrandom
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
 
     class _NoRngTracker:
         def fork(self, name: str | None = None):
@@ -579,21 +581,55 @@ class MegatronBackend(TorchBackend):
         if coef < 1.0:
             for _, p in named:
                 p.grad.mul_(coef)
+        if self.before_update is not None:
+            self.before_update()
         self.optimizer.step()
         return norm
 
     # -- checkpoints --------------------------------------------------------------------------------
+    def _optimizer_params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model and AdamW moments as megatron ``ShardedTensor``s: each rank's shard with its place in the
+        global tensor, so a checkpoint reloads under other TP / PP / EP sizes. The moments take their
+        parameter's sharding (megatron's own helpers for non-distributed optimizers); AdamW's per-parameter
+        step count is kept aside (one number: every parameter steps together)."""
+        from megatron.core.dist_checkpointing.optimizer import (
+            get_param_id_to_sharded_param_map,
+            optim_state_to_sharding_state,
+        )
+
+        model = self.model.sharded_state_dict()
+        state: dict[str, Any] = {"model": model}
+        if self.trainable:
+            for p in self._optimizer_params():  # (before the first step: the zero moments AdamW starts from)
+                if not self.optimizer.state[p]:
+                    self.optimizer.state[p].update(
+                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                    )
+            optim = self.optimizer.state_dict()
+            ids = get_param_id_to_sharded_param_map(model, self._optimizer_params())
+            optim_state_to_sharding_state(optim, ids, exclude_keys=("step",))
+            state["optimizer"] = optim
+        return state
+
+    def _adam_step(self) -> float:
+        steps = [float(st["step"]) for st in self.optimizer.state.values() if "step" in st]
+        return max(steps, default=0.0)
+
     def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """One file per rank (model shard, optimizer, RNG), HF weights under ``model/`` and meta.json from
-        rank 0. Reload with the same parallel sizes."""
+        """A megatron distributed checkpoint under ``dist/`` (model and optimizer, sharded: loads under other
+        parallel sizes), each rank's RNG states, the HF weights under ``model/`` and meta.json from rank 0."""
+        from megatron.core import dist_checkpointing
+
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {
-            "model": {k: v for k, v in self.model.state_dict().items() if not k.endswith("._extra_state")},
-            "world_size": dist.get_world_size(),
-            **self._trainer_state(),
-        }
-        torch.save(state, path / f"megatron_rank{dist.get_rank():05d}.pt")
+        (path / "dist").mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(), str(path / "dist"))
+        rank_state = {k: v for k, v in self._trainer_state().items() if k != "optimizer"}
+        rank_state["adam_step"] = self._adam_step() if self.trainable else 0.0
+        torch.save(rank_state, path / f"rng_rank{dist.get_rank():05d}.pt")
         self.export_hf(path / "model")
         if dist.get_rank() == 0:
             (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
@@ -601,8 +637,34 @@ class MegatronBackend(TorchBackend):
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"--load {path}: no checkpoint there (meta.json missing)")
+        if not (path / "dist").is_dir():
+            return self._load_per_rank_checkpoint(path)
+        from megatron.core import dist_checkpointing
+
+        loaded = dist_checkpointing.load(self._sharded_state(), str(path / "dist"))
+        self.model.load_state_dict(
+            {k: v for k, v in loaded["model"].items() if not k.endswith("._extra_state")}, strict=False
+        )
+        mine = path / f"rng_rank{dist.get_rank():05d}.pt"
+        # a rank the writing run did not have (other parallel sizes) takes rank 0's RNG states
+        rank_state = torch.load(mine if mine.is_file() else path / "rng_rank00000.pt", weights_only=False)
+        if self.trainable:
+            params = self._optimizer_params()
+            step = torch.tensor(float(rank_state["adam_step"]))
+            for pid, st in loaded["optimizer"]["state"].items():
+                state = self.optimizer.state[params[pid]]
+                state["exp_avg"].copy_(st["exp_avg"])
+                state["exp_avg_sq"].copy_(st["exp_avg_sq"])
+                state["step"] = step.clone()
+        rank_state["optimizer"] = None  # (restored above)
+        return self._restore_trainer_state(rank_state, path)
+
+    def _load_per_rank_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Checkpoints of relax-train 0.5.0: one file per rank, same parallel sizes to reload."""
         mine = path / f"megatron_rank{dist.get_rank():05d}.pt"
-        if not (path / "meta.json").is_file() or not mine.is_file():
+        if not mine.is_file():
             raise FileNotFoundError(f"--load {path}: no megatron checkpoint for rank {dist.get_rank()} there")
         state = torch.load(mine, weights_only=False)
         if state["world_size"] != dist.get_world_size():

@@ -119,4 +119,6 @@ class MegatronRankGroup:
         import ray
 
         setattr(self._local, name, value)  # e.g. the teacher role turns routing replay off
+        if name == "before_update":  # the trainer's fence: only rank 0's weights are sent from a thread
+            return  # (the other ranks' shards were gathered before the broadcast started)
         ray.get([r.set.remote(name, value) for r in self._others])

@@ -15,26 +15,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def exchange():
+@pytest.fixture(scope="module", params=["broadcast", "ipc"])
+def exchange(request):
     """One sender (this process) and two spawned receivers: rank 1 calls receive(), rank 2 runs in
-    background mode."""
+    background mode; over a gloo broadcast, or (``ipc``) mapping the sender's shared-memory buffers."""
+    transport = request.param
     ctx = mp.get_context("spawn")
     init_method, world_size = f"tcp://127.0.0.1:{free_port()}", 3
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue))
+        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, transport))
         for rank in (1, 2)
     ]
     for p in procs:
         p.start()
-    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+    sender = WeightSender(
+        init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport=transport
+    )
     sender.connect()  # rendezvous with the receivers connecting concurrently
     sent, stats = [], []
-    for v in VERSIONS:
+    for v in VERSIONS:  # version 5 adds a tensor: new buckets (with ipc: new segments)
         params = make_params(v)
         stats.append(sender.broadcast(params, version=v))
         sent.append((v, checksum(params)))
+    segments = [json.loads(h)["shm"] for h in sender._shared.handles] if transport == "ipc" else []
     sender.close()
     got = {}
     for _ in procs:
@@ -42,7 +46,8 @@ def exchange():
         got[r["rank"]] = r
     for p in procs:
         p.join(timeout=30)
-    return {"sent": sent, "stats": stats, "got": got, "exitcodes": [p.exitcode for p in procs]}
+    exitcodes = [p.exitcode for p in procs]
+    return {"sent": sent, "stats": stats, "got": got, "exitcodes": exitcodes, "segments": segments}
 
 
 def test_receivers_get_bitwise_equal_weights_in_order(exchange):
@@ -67,6 +72,9 @@ def test_buckets_and_stats(exchange):
 def test_clean_shutdown(exchange):
     assert exchange["exitcodes"] == [0, 0]
     assert all(r["clean"] for r in exchange["got"].values())
+    for name in exchange["segments"]:  # ipc: the sender unlinked its shared-memory segments on close
+        with pytest.raises(FileNotFoundError):
+            SharedMemory(name=name)
 
 
 def test_checksum_order_independent_and_sensitive():
@@ -215,39 +223,6 @@ def test_sync_between_ray_actors(monkeypatch):
 
 
 # -- transport="ipc": the receivers map the sender's buffers (POSIX shared memory on CPU) ---------------
-
-
-def test_ipc_receivers_in_other_processes_get_bitwise_equal_weights():
-    ctx = mp.get_context("spawn")
-    init_method, world_size = f"tcp://127.0.0.1:{free_port()}", 3
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, "ipc"))
-        for rank in (1, 2)
-    ]
-    for p in procs:
-        p.start()
-    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport="ipc")
-    sender.connect()
-    sent = []
-    for v in VERSIONS:  # version 5 adds a tensor: new buckets, new segments
-        params = make_params(v)
-        st = sender.broadcast(params, version=v)
-        assert st.num_bytes == sum(t.numel() * t.element_size() for _, t in params)
-        sent.append((v, checksum(params)))
-    segments = [json.loads(h)["shm"] for h in sender._shared.handles]
-    sender.close()
-    got = {}
-    for _ in procs:
-        r = queue.get(timeout=60)
-        got[r["rank"]] = r
-    for p in procs:
-        p.join(timeout=30)
-    assert [p.exitcode for p in procs] == [0, 0]
-    assert got[1]["results"] == sent and got[2]["results"] == sent  # receive() and background mode
-    for name in segments:  # the sender unlinked its segments on close
-        with pytest.raises(FileNotFoundError):
-            SharedMemory(name=name)
 
 
 def test_ipc_broadcast_returns_only_after_every_receiver_read_the_buffers():

@@ -289,6 +289,13 @@ class WeightSender:
         self._unacked: list[int] = []
         self.last_stats: SyncStats | None = None
 
+    @classmethod
+    def for_run(cls, run: Any, init_method: str, world_size: int) -> WeightSender:
+        """The sender a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport``)."""
+        return cls(
+            init_method, world_size, backend=run.weight_sync_backend, transport=run.weight_sync_transport
+        )
+
     def connect(self) -> None:
         self._ep.connect()
 
@@ -434,6 +441,17 @@ class WeightReceiver:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_stats: SyncStats | None = None
+
+    @classmethod
+    def for_run(cls, run: Any, init_method: str, world_size: int, rank: int) -> WeightReceiver:
+        """The receiver a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport``)."""
+        return cls(
+            init_method,
+            world_size,
+            rank,
+            backend=run.weight_sync_backend,
+            transport=run.weight_sync_transport,
+        )
 
     def connect(self) -> None:
         self._ep.connect()

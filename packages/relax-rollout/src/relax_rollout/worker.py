@@ -159,14 +159,7 @@ class RolloutWorker:
 
         if self._receiver is not None:  # the old group lost a member: leave it
             self._receiver.close(timeout_s=5.0)
-        run = self.cfg.run
-        self._receiver = WeightReceiver(
-            init_method,
-            world_size,
-            rank,
-            backend=run.weight_sync_backend,
-            transport=run.weight_sync_transport,
-        )
+        self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.set_weights(t, v))
 

@@ -138,14 +138,7 @@ class ForwardWorker(_BusLoop):
 
         if self._receiver is not None:  # the old group lost a member: leave it
             self._receiver.close(timeout_s=5.0)
-        run = self.cfg.run
-        self._receiver = WeightReceiver(
-            init_method,
-            world_size,
-            rank,
-            backend=run.weight_sync_backend,
-            transport=run.weight_sync_transport,
-        )
+        self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
         self._receiver.connect()
         self._receiver.start_background(lambda v, t: self.backend.load_weights(t, v))
 
@@ -277,13 +270,7 @@ class ActorWorker:
             if self._sender is not None:  # a member died: drop the old group without the handshake
                 self._sender.abandon()
                 self.wait_weight_sync()  # (a broadcast in flight on the old group fails; counted)
-            run = self.cfg.run
-            self._sender = WeightSender(
-                init_method,
-                world_size,
-                backend=run.weight_sync_backend,
-                transport=run.weight_sync_transport,
-            )
+            self._sender = WeightSender.for_run(self.cfg.run, init_method, world_size)
             self._sender.connect()
             self.publish = lambda named, v: self._sender.broadcast(named, v)
             self.overlap = self.cfg.run.overlap_weight_sync

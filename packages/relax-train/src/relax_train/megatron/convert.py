@@ -166,7 +166,10 @@ class MegatronLayout:
 
         model_type = get("model_type")
         if model_type is not None and model_type not in ("qwen3", "qwen3_moe"):
-            raise ConversionError(f"model_type={model_type!r}: only 'qwen3' and 'qwen3_moe' are supported")
+            raise ConversionError(
+                f"model_type={model_type!r}: only 'qwen3' and 'qwen3_moe' are supported by the megatron "
+                "backend; train other models (Qwen3-VL, Qwen3-Omni) with --train-backend torch"
+            )
         if get("hidden_act", "silu") != "silu":
             raise ConversionError(
                 f"hidden_act={get('hidden_act')!r}: only SwiGLU ('silu') MLPs are supported"

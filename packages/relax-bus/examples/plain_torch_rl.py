@@ -76,6 +76,8 @@ def main() -> None:
             f"step {step}: loss {total:.3f}  p(token 3) {p3:.2f}  staleness {bus.stats()['staleness_hist']}"
         )
     bus.close()
+    for t in threads:  # they end on BusClosed; exiting while one is inside torch can abort the process
+        t.join(timeout=30)
 
 
 if __name__ == "__main__":

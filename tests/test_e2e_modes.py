@@ -80,17 +80,71 @@ def test_colocate_flow(tiny_run_inputs, tmp_path):
     cfg, result = _run(tiny_run_inputs, tmp_path, "--colocate")
     assert result.mode == "colocate"
     _check_flow(cfg, result, max_staleness=0)
+    assert not any(s["name"] in TURNS for s in _spans(result))  # no --offload on a CPU machine by default
+
+
+TURNS = {"offload", "onload", "release_memory", "resume_memory"}
+
+
+def _spans(result) -> list[dict]:
+    import json
+
+    events = json.loads(Path(result.trace_path).read_text())["traceEvents"]
+    roles = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    spans = [{**e, "role": roles[e["pid"]]} for e in events if e["ph"] == "X"]
+    return sorted(spans, key=lambda e: e["ts"])
+
+
+def _check_turns(result, roles_with_models: set[str]) -> None:
+    """Walk the timeline: the engine generates only while every model role is offloaded and its own memory
+    is held; the roles forward and train only while the engine's memory is released and theirs is back."""
+    offloaded: set[str] = set()
+    released = False
+    counts = dict.fromkeys(["generate", "train", "forward"], 0)
+    for e in _spans(result):
+        name, role = e["name"], e["role"]
+        if name == "offload":
+            offloaded.add(role)
+            assert e["args"]["bytes"] > 0
+        elif name == "onload":
+            offloaded.discard(role)
+        elif name == "release_memory":
+            released = True
+        elif name == "resume_memory" and "kv_cache" in e["args"].get("tags", ""):
+            released = False
+        elif name == "generate":
+            assert offloaded == roles_with_models and not released, e
+        elif name in ("train", "forward"):
+            assert not offloaded and released, e
+        if name in counts:
+            counts[name] += 1
+    assert counts["generate"] >= STEPS and counts["train"] == STEPS and counts["forward"] >= STEPS
+
+
+@pytest.mark.integration
+def test_colocate_offload_takes_turns_and_trains_as_without(tiny_run_inputs, tmp_path):
+    """``--offload`` (on by default with CUDA; forced here on CPU, where it runs the same code): the rollout
+    engine and the trainer/reference hand the device to each other every step, and the run is the same
+    run: the same samples, losses and weights as without offload."""
+    cfg, result = _run(tiny_run_inputs, tmp_path / "offload", "--colocate", "--offload")
+    _check_flow(cfg, result, max_staleness=0)
+    _check_turns(result, {"actor", "reference"})  # (ActorFwd computes with the trainer's model)
+    _, plain = _run(tiny_run_inputs, tmp_path / "plain", "--colocate")
+    assert result.audit["trained_ids"] == plain.audit["trained_ids"]
+    assert result.audit["trainer_weights"] == plain.audit["trainer_weights"]
+    losses = [h["train/loss"] for h in result.history if "train/loss" in h]
+    assert losses == [h["train/loss"] for h in plain.history if "train/loss" in h]
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "staleness, sync",
-    [(0, []), (1, []), (1, ["--weight-sync-transport", "ipc"])],
-    ids=["on-policy", "staleness-1", "staleness-1-ipc"],
+    [(0, []), (1, ["--weight-sync-transport", "ipc"])],
+    ids=["on-policy", "staleness-1-ipc"],
 )
 def test_fully_async_flow(tiny_run_inputs, tmp_path, staleness, sync):
-    """Weights reach the roles overlapped with the next step (the default), by broadcast or, with
-    ``ipc``, from the trainer's shared-memory buffers."""
+    """Weights reach the roles overlapped with the next step (the default), by broadcast (on-policy) or,
+    with ``ipc``, from the trainer's shared-memory buffers while rollout runs a step ahead."""
     cfg, result = _run(tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", str(staleness), *sync)
     assert result.mode == "fully_async"
     _check_flow(cfg, result, max_staleness=staleness)
@@ -99,61 +153,67 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path, staleness, sync):
         assert any(h["train/staleness_max"] == 1 for h in result.history if "train/loss" in h)
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_fully_async_with_the_megatron_backend(tiny_run_inputs, tmp_path):
-    """``--train-backend megatron`` (megatron-core's model code on CPU, one process per role): the
-    trainer, ActorFwd and the reference are megatron models; weights reach the rollout engine in HF names
-    through DCS; step 1 trains on the same samples with the same loss as the torch backend's run."""
-    pytest.importorskip("megatron.core")
-    flags = ["--fully-async", "--max-staleness", "0"]
-    cfg, result = _run(tiny_run_inputs, tmp_path / "megatron", *flags, "--train-backend", "megatron")
-    # every sample flowed through each role once; the rollout engine held exactly the trainer's weights
-    # (checksums over the HF-named tensors megatron exported) after every sync; evaluation ran
-    _check_flow(cfg, result, max_staleness=0)
+TP2 = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
 
-    _, ref = _run(tiny_run_inputs, tmp_path / "torch", *flags)
+
+def _assert_same_first_step(result, ref) -> None:
+    """Same seed and initial weights: the same prompts and rollouts in step 1 (on-policy, whatever the
+    mode), so the same loss and gradient."""
     first = next(h for h in result.history if "train/loss" in h)
     first_ref = next(h for h in ref.history if "train/loss" in h)
-    # same seed and initial weights: the same prompts and rollouts, so the same loss and gradient
     assert result.audit["trained_prompts"][0] == ref.audit["trained_prompts"][0]
-    for key in ("train/loss", "train/grad_norm", "train/kl", "train/ratio_mean"):
+    for key in ("train/loss", "train/grad_norm", "train/kl"):
         assert first[key] == pytest.approx(first_ref[key], rel=1e-3, abs=1e-6), key
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_tensor_parallel_megatron_roles_run_as_rank_groups(tiny_run_inputs, tmp_path):
-    """Two ranks per megatron role (``--actor-num-gpus-per-node 2``; CPU processes here): the trainer,
-    ActorFwd and the reference each run as a rank group with TP=2 inside a fully-async run, and step 1
-    matches the torch backend's."""
+@pytest.fixture(scope="module")
+def kv2_torch_colocate(kv2_inputs, tmp_path_factory):
+    """The torch backend's colocate run of the two-KV-head model: what the megatron runs are checked by."""
+    return _run(kv2_inputs, tmp_path_factory.mktemp("torch_colocate"), "--colocate")[1]
+
+
+@pytest.fixture(scope="module")
+def kv2_inputs(tiny_run_inputs, tmp_path_factory):
+    """The tiny run with a model of two KV heads: TP=2 splits them."""
     pytest.importorskip("megatron.core")
     import shutil
 
     import transformers
 
-    model = tmp_path / "kv2"  # TP=2 splits the KV heads: the tiny model needs two
+    model = tmp_path_factory.mktemp("kv2")
     cfg = transformers.AutoConfig.from_pretrained(tiny_run_inputs.model_path)
     cfg.num_key_value_heads = 2
     transformers.Qwen3ForCausalLM(cfg).save_pretrained(model)
     for f in Path(tiny_run_inputs.model_path).iterdir():
         if "token" in f.name or f.name == "special_tokens_map.json":
             shutil.copy2(f, model / f.name)
-    inputs = dataclasses.replace(tiny_run_inputs, model_path=str(model))
-    flags = ["--fully-async", "--max-staleness", "0"]
-    tp2 = [
-        "--train-backend",
-        "megatron",
-        "--actor-num-gpus-per-node",
-        "2",
-        "--tensor-model-parallel-size",
-        "2",
-    ]
-    cfg, result = _run(inputs, tmp_path / "tp2", *flags, *tp2)
+    return dataclasses.replace(tiny_run_inputs, model_path=str(model))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tensor_parallel_megatron_roles_run_as_rank_groups(kv2_inputs, kv2_torch_colocate, tmp_path):
+    """``--train-backend megatron`` in a fully-async run with two ranks per role (``--actor-num-gpus-per-node
+    2``; CPU processes here): the trainer, ActorFwd and the reference each run as a rank group with TP=2;
+    every sample flowed through each role once, the rollout engine held exactly the trainer's weights
+    (checksums over the HF-named tensors megatron exported) after every sync, and step 1 matches the torch
+    backend's."""
+    cfg, result = _run(kv2_inputs, tmp_path / "tp2", "--fully-async", "--max-staleness", "0", *TP2)
     _check_flow(cfg, result, max_staleness=0)
-    _, ref = _run(inputs, tmp_path / "torch", *flags)
-    first = next(h for h in result.history if "train/loss" in h)
-    first_ref = next(h for h in ref.history if "train/loss" in h)
-    assert result.audit["trained_prompts"][0] == ref.audit["trained_prompts"][0]
-    for key in ("train/loss", "train/grad_norm", "train/kl"):
-        assert first[key] == pytest.approx(first_ref[key], rel=1e-3, abs=1e-6), key
+    _assert_same_first_step(result, kv2_torch_colocate)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_colocate_megatron_rank_group_with_offload(kv2_inputs, kv2_torch_colocate, tmp_path):
+    """The recipes' shape on CPU: colocate mode, a megatron trainer of two ranks (TP=2; the controller
+    starts a local Ray for rank 1), the reference built on the same ranks (megatron's parallel state is
+    per process) and ActorFwd on the trainer's model, all handing the device to the rollout engine every
+    step (--offload); step 1 matches the torch backend's colocate run."""
+    import ray
+
+    cfg, result = _run(kv2_inputs, tmp_path / "tp2", "--colocate", "--offload", *TP2)
+    _check_flow(cfg, result, max_staleness=0)
+    _check_turns(result, {"actor", "reference"})
+    assert not ray.is_initialized()  # the run stopped the cluster it started, and with it rank 1
+    _assert_same_first_step(result, kv2_torch_colocate)

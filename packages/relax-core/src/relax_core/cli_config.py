@@ -40,7 +40,7 @@ def _flag(name: str) -> str:
 
 def _is_bool_field(section: str, name: str) -> bool:
     ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
-    return ann is bool
+    return ann is bool or ann == (bool | None)
 
 
 def _is_str_field(section: str, name: str) -> bool:

@@ -309,6 +309,11 @@ class RunConfig(_Section):
     """Fully async: broadcast the new weights from a background thread while the trainer goes on to its
     next step (waiting for data, forward and backward); the trainer waits for the broadcast only before
     its optimizer writes the weights again. Off: the trainer blocks until every receiver has them."""
+    offload: bool | None = None
+    """Colocate: hand the devices back and forth between rollout and training. While the trainer and the
+    forward roles run, the rollout engines release their weights and KV cache; while the engines generate,
+    the trainer's weights, gradients and optimizer state wait in host memory. Default: on when CUDA is
+    available (as slime's --colocate implies --offload); --offload / --no-offload force it."""
     tensorboard: bool = True
     """Write TensorBoard event files under output_dir/tensorboard."""
     progress: bool = True
@@ -376,6 +381,11 @@ class RelaxConfig(_Section):
             raise ValueError(
                 f"--max-staleness {self.run.max_staleness} needs --fully-async: colocate mode is strictly "
                 "on-policy (staleness 0)"
+            )
+        if self.run.offload and self.run.mode != "colocate":
+            raise ValueError(
+                "--offload time-shares the devices between rollout and training in colocate mode; with "
+                "--fully-async every role has devices of its own: drop --offload"
             )
         t = self.train
         if t.train_backend == "megatron":

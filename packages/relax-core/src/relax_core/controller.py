@@ -90,6 +90,31 @@ def bus_config(cfg: RelaxConfig):
     )
 
 
+def _offloads(cfg: RelaxConfig) -> bool:
+    """Colocate: whether rollout and training hand the devices to each other (--offload; default: when
+    CUDA is available)."""
+    if cfg.run.offload is not None:
+        return cfg.run.offload
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _start_ray_for_ranks(cfg: RelaxConfig) -> bool:
+    """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so start a local
+    Ray cluster if none runs. True when this call started it (the run shuts it down at the end)."""
+    t = cfg.train
+    if t.train_backend != "megatron" or t.actor_num_nodes * t.actor_num_gpus_per_node <= 1:
+        return False
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # (see _run_fully_async)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False, configure_logging=False)
+    return True
+
+
 def _latest_checkpoint(path: str) -> str:
     p = Path(path)
     if (p / "meta.json").is_file():
@@ -170,6 +195,20 @@ class Controller:
 
     # -- colocate ------------------------------------------------------------------------------
     def _run_colocate(self) -> RunResult:
+        ray_started = _start_ray_for_ranks(self.cfg)
+        built: list[Any] = []
+        try:
+            return self._colocate(built)
+        finally:  # the engines' processes, a megatron rank group (the trainer's, closed last), Ray
+            for role in reversed(built):
+                if callable(getattr(role, "close", None)):
+                    role.close()
+            if ray_started:
+                import ray
+
+                ray.shutdown()
+
+    def _colocate(self, built: list[Any]) -> RunResult:
         from relax_bus import DataBus
 
         cfg, inp = self.cfg, self.inputs
@@ -178,7 +217,9 @@ class Controller:
         bcfg = bus_config(cfg)
         bus = DataBus(bcfg)
         actor = role_class("actor")(cfg, bus, inp.model_path, inp.eval_path, torch_threads=threads)
+        built.append(actor)
         rollout = role_class("rollout")(cfg, bus, inp.model_path, inp.prompt_path, torch_threads=threads)
+        built.append(rollout)
         helpers = [role_class("advantages")(cfg, bus)]
         if cfg.algo.use_actor_fwd:
             helpers.insert(
@@ -188,9 +229,20 @@ class Controller:
             helpers.insert(
                 0, role_class("forward")(cfg, bus, "reference", inp.ref_model_path or inp.model_path)
             )
+            built.append(helpers[0])
         if cfg.uses_teacher:
             helpers.insert(0, role_class("forward")(cfg, bus, "teacher", self._teacher_path()))
-        actor.publish = lambda named, v: rollout.set_weights(dict(named), v)
+            built.append(helpers[0])
+        # --offload: the engine and the roles with models take turns on the devices (see _DeviceTurns)
+        offload = _offloads(cfg)
+        turns = [actor, *(h for h in helpers if getattr(h, "owns_backend", False))] if offload else []
+
+        def publish(named, version: int) -> None:
+            if offload:  # the engine's weight memory back first (its KV cache after the trainer left)
+                rollout.resume_memory(["weights"])
+            rollout.set_weights(dict(named), version)
+
+        actor.publish = publish
         actor.save_extra = lambda v: {"data": rollout.data_state(v)}
         start = 0
         if cfg.train.load:
@@ -206,7 +258,15 @@ class Controller:
         stop = self._stop
         with stop:
             for step in range(start, cfg.train.num_rollout):
+                if offload:  # the engine's turn: the trainer's state waits in host memory
+                    for r in turns:
+                        r.offload()
+                    rollout.resume_memory()
                 rollout.produce(step)
+                if offload:  # the trainer's turn
+                    rollout.release_memory()
+                    for r in turns:
+                        r.onload()
                 for h in helpers:
                     h.drain()
                 m = actor.train(step)
@@ -247,7 +307,6 @@ class Controller:
         )
         if cfg.run.trace:
             result.trace_path = self._write_trace([r.get_spans() for r in [rollout, *helpers, actor]])
-        actor.close()
         return result
 
     # -- fully async ---------------------------------------------------------------------------

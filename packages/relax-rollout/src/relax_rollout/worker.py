@@ -153,6 +153,32 @@ class RolloutWorker:
         with self._cond:
             self._cond.notify_all()
 
+    # -- device memory (colocate with offload) ----------------------------------------------------
+    _released: frozenset[str] = frozenset()
+
+    def release_memory(self) -> None:
+        """Give the engine's device memory (weights, KV cache, graphs) back while the trainer runs."""
+        from relax_rollout.engines.base import MEMORY_TAGS, ReleasesMemory
+
+        if not isinstance(self.engine, ReleasesMemory):
+            raise ValueError(
+                f"--offload: the {self.cfg.rollout.rollout_backend} rollout engine cannot release its device "
+                "memory; use --no-offload (or the torch / sglang engine)"
+            )
+        with self.tracer.span("release_memory"):
+            self.engine.release_memory(None)
+        self._released = frozenset(MEMORY_TAGS)
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take back what :meth:`release_memory` gave (``tags``: part of it; default the rest)."""
+        from relax_rollout.engines.base import memory_tags
+
+        todo = [t for t in memory_tags(tags) if t in self._released]
+        if todo:
+            with self.tracer.span("resume_memory", tags=",".join(todo)):
+                self.engine.resume_memory(todo)
+            self._released = self._released - set(todo)
+
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
         from relax_core.dcs import WeightReceiver

@@ -38,6 +38,7 @@ from relax_rollout.engines.sglang import (  # noqa: E402
     init_group_request,
     launch_command,
     media_fields,
+    memory_request,
     model_routing,
     parse_reply,
     pause_request,
@@ -92,6 +93,7 @@ DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {"group_name"}
 PAUSE_GENERATION_REQ_INPUT = BASE_REQ | {"mode"}
 CONTINUE_GENERATION_REQ_INPUT = BASE_REQ | {"torch_empty_cache"}
 ABORT_REQ = BASE_REQ | {"abort_all", "finished_reason", "abort_message", "weight_versions"}
+RELEASE_MEMORY_OCCUPATION_REQ_INPUT = RESUME_MEMORY_OCCUPATION_REQ_INPUT = BASE_REQ | {"tags"}
 
 
 def _assert_same(outs, want):
@@ -161,6 +163,8 @@ def test_weight_and_control_requests_have_sglang_field_names():
         (abort_request(), ABORT_REQ, {"abort_all"}),
         ({"group_name": "relax_dcs"}, DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT, set()),
         ({}, CONTINUE_GENERATION_REQ_INPUT, set()),
+        (memory_request(["weights"]), RESUME_MEMORY_OCCUPATION_REQ_INPUT, {"tags"}),
+        (memory_request(), RELEASE_MEMORY_OCCUPATION_REQ_INPUT, set()),  # no tags: every kind of memory
     ]  # fmt: skip
     for body, allowed, required in cases:
         assert set(body) <= allowed, set(body) - allowed
@@ -170,6 +174,8 @@ def test_weight_and_control_requests_have_sglang_field_names():
             assert body["weight_version"] == "7"  # Optional[str] in SGLang
     with pytest.raises(ValueError, match="pause mode"):
         pause_request("wait")
+    with pytest.raises(ValueError, match="unknown memory tags"):
+        memory_request(["kv"])
     with pytest.raises(ValueError, match="2 names"):
         distributed_update_request(names, dtypes[:1], shapes, 1, "g")
 
@@ -233,8 +239,11 @@ def test_engine_kwargs_from_the_config():
     cfg = RelaxConfig.model_validate({"rollout": {
         "rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2,
         "sglang_mem_fraction_static": 0.6, "sglang_server_args": {"context_length": 4096}}})  # fmt: skip
+    # colocate (the default mode) releases the engines' memory while training: SGLang needs its memory saver
     assert engine_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
-                                  "server_args": {"context_length": 4096}}  # fmt: skip
+                                  "server_args": {"context_length": 4096, "enable_memory_saver": True}}  # fmt: skip
+    no_offload = cfg.model_copy(update={"run": cfg.run.model_copy(update={"offload": False})})
+    assert engine_kwargs(no_offload)["server_args"] == {"context_length": 4096}
 
 
 def test_constructor_errors_before_launching_anything(tiny_model_dir):
@@ -543,6 +552,24 @@ def test_weight_update_from_disk_and_version_check(engine, local, tiny_model_dir
     engine.check_weight_version(3)
     assert engine.pool.weights_path == tiny_model_dir and not Path(owned).exists()
     assert all(o.weight_version == 3 for o in engine.generate(PROMPTS, GREEDY))
+
+
+@pytest.mark.integration
+def test_memory_release_and_resume_on_every_engine(engine, local):
+    """Colocate: every engine gives its memory back while the trainer runs (generation is refused
+    meanwhile), takes its weights back for the update, then the rest, and generates as before."""
+    engine.release_memory()
+    try:
+        for url in engine.urls:
+            code, err = _post(
+                url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 2}}
+            )
+            assert code == 503 and "released" in err["message"]
+        engine.resume_memory(["weights"])
+        engine.update_weights(dict(local.named_weights()), engine.weight_version)  # (the same weights)
+    finally:
+        engine.resume_memory()
+    _assert_same(engine.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))
 
 
 @pytest.mark.integration

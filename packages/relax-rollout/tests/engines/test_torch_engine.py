@@ -170,3 +170,31 @@ def test_build_engine(tiny_model_dir):
 def test_engine_needs_a_model():
     with pytest.raises(ValueError, match="model_path or model"):
         TorchEngine()
+
+
+def test_released_memory_refuses_generation_until_resumed(tiny_model_dir):
+    """Colocate: the engine hands its weights' device memory back while the trainer runs; generating or
+    updating then is an error that says what to do, and after resuming it generates exactly as before."""
+    from relax_rollout.engines.base import MemoryReleased, ReleasesMemory
+
+    eng = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    assert isinstance(eng, ReleasesMemory)
+    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+    before = [o.token_ids for o in eng.generate(PROMPTS, greedy)]
+    weights = dict((n, p.detach().clone()) for n, p in eng.named_weights())
+    eng.release_memory()
+    assert all(p.untyped_storage().nbytes() == 0 for _, p in eng.named_weights())
+    with pytest.raises(
+        MemoryReleased, match=r"released \(\['cuda_graph', 'kv_cache', 'weights'\]\).*resume_memory"
+    ):
+        eng.generate(PROMPTS, greedy)
+    with pytest.raises(MemoryReleased, match="resume_memory"):
+        eng.update_weights(weights, 1)
+    eng.resume_memory(["weights"])  # the colocate loop: weights back, updated, then the KV cache
+    eng.update_weights(weights, 1)
+    with pytest.raises(MemoryReleased, match=r"\['cuda_graph', 'kv_cache'\]"):
+        eng.generate(PROMPTS, greedy)
+    eng.resume_memory()
+    assert [o.token_ids for o in eng.generate(PROMPTS, greedy)] == before
+    with pytest.raises(ValueError, match="unknown memory tags \\['vram'\\]"):
+        eng.release_memory(["vram"])

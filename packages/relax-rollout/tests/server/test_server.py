@@ -307,3 +307,34 @@ def test_non_loopback_host_needs_a_token(tiny_model_dir):
         make_server(EngineServer(engine=object()), host="0.0.0.0")
     httpd = make_server(EngineServer(engine=object(), token="t"), host="127.0.0.2")  # a token: allowed
     httpd.server_close()
+
+
+def test_memory_release_and_resume_over_http(tiny_model_dir, call):
+    """SGLang's /release_memory_occupation and /resume_memory_occupation: while released, /generate is 503
+    with what to do; bad tags are a 400 naming the field; both need the token like the other controls."""
+    from relax_rollout.server import EngineServer, make_server
+
+    engine = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    httpd = make_server(EngineServer(engine, token="s3cret"), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    gen = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    try:
+        _, want = call(url, "/generate", gen)
+        assert call(url, "/release_memory_occupation", {})[0] == 401
+        assert call(url, "/release_memory_occupation", {}, token="s3cret") == (200, None)
+        code, err = call(url, "/generate", gen)
+        assert code == 503 and "resume_memory_occupation" in err["message"]
+        code, err = call(url, "/resume_memory_occupation", {"tags": ["weights", "gpu"]}, token="s3cret")
+        assert code == 400 and "tags" in err["message"] and "gpu" in err["message"]
+        assert call(url, "/resume_memory_occupation", {"tags": ["weights"]}, token="s3cret")[0] == 200
+        assert call(url, "/generate", gen)[0] == 503  # the KV cache is still released
+        assert (
+            call(url, "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}, token="s3cret")[0]
+            == 200
+        )
+        code, got = call(url, "/generate", gen)
+        assert code == 200 and got["output_ids"] == want["output_ids"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -31,6 +31,24 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+class _DeviceTurns:
+    """Colocate with ``--offload``: a role's device memory goes to host memory while the rollout engine
+    generates, and comes back for its turn (the backend's ``offload`` / ``onload``)."""
+
+    backend: Any
+    tracer: Tracer
+
+    def offload(self) -> int:
+        with self.tracer.span("offload") as args:
+            args["bytes"] = n = self.backend.offload()
+        return n
+
+    def onload(self) -> int:
+        with self.tracer.span("onload") as args:
+            args["bytes"] = n = self.backend.onload()
+        return n
+
+
 class _BusLoop:
     """Shared loop: take what is ready (partial batches), process, ack; stop when the bus closes."""
 
@@ -94,7 +112,7 @@ policy), Reference (the starting policy, for KL) and Teacher (another, possibly 
 distillation; same tokenizer)."""
 
 
-class ForwardWorker(_BusLoop):
+class ForwardWorker(_BusLoop, _DeviceTurns):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
 
     phase = "forward"
@@ -115,6 +133,8 @@ class ForwardWorker(_BusLoop):
         self.tracer = Tracer(role, cfg.run.trace)
         self.field = FORWARD_FIELDS[role]
         self.batch_size = cfg.train.micro_batch_size
+        self.owns_backend = backend is None
+        """False for ActorFwd in colocate mode, which computes with the trainer's own backend."""
         if backend is None:
             from relax_train.backends import build_backend
 
@@ -155,8 +175,12 @@ class ForwardWorker(_BusLoop):
         return self.backend.version
 
     def close(self) -> None:
+        """Leave the weight broadcast; close a backend that owns processes (a megatron rank group)
+        unless it is the trainer's (ActorFwd in colocate shares it)."""
         if self._receiver is not None:
             self._receiver.close()
+        if self.owns_backend and callable(getattr(self.backend, "close", None)):
+            self.backend.close()
 
 
 def kl_shaped_sequence_rewards(rewards, rollout_logp, ref_logp, beta: float, estimator: str) -> np.ndarray:
@@ -210,7 +234,7 @@ class AdvantagesWorker(_BusLoop):
         self.bus.add_fields(batch.ids, fields)
 
 
-class ActorWorker:
+class ActorWorker(_DeviceTurns):
     """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
 
     def __init__(
@@ -580,4 +604,6 @@ class ActorWorker:
             self._sync_pool.shutdown()
         if self._sender is not None:
             self._sender.close()
+        if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
+            self.backend.close()
         self.metrics.close()

@@ -171,3 +171,25 @@ def test_load_weights_sets_version(tiny_model_dir):
     be.load_weights({name: torch.zeros_like(p)}, version=7)
     assert be.version == 7
     assert torch.count_nonzero(dict(be.model.named_parameters())[name]) == 0
+
+
+def test_offload_frees_the_trainer_and_training_continues_bit_for_bit(tiny_model_dir):
+    """Colocate ``--offload``: between steps the weights and AdamW moments leave the device (their
+    storages are empty) and come back unchanged; a method needing them takes them back by itself."""
+    samples = make_samples(advantages=[1.0, -0.5, 0.25])
+    be, twin = (TorchBackend(make_cfg(), tiny_model_dir) for _ in range(2))
+    samples["rollout_log_probs"] = be.compute_log_probs(samples)
+    for b in (be, twin):
+        b.train_step(samples)
+    freed = be.offload()
+    moments = [v for s in be.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and all(t.untyped_storage().nbytes() == 0 for t in [*be.model.parameters(), *moments])
+    n_params = sum(p.numel() for p in be.model.parameters())
+    assert freed >= 3 * 4 * n_params  # weights + two moments, float32
+    assert be.onload() == freed and be.onload() == 0
+    m, m_twin = be.train_step(samples), twin.train_step(samples)
+    assert m["loss"] == m_twin["loss"]
+    for (n, a), (_, b) in zip(weights(be).items(), weights(twin).items()):
+        assert torch.equal(a, b), n
+    be.offload()
+    assert be.compute_log_probs(samples)[0].tolist() == twin.compute_log_probs(samples)[0].tolist()

@@ -1,6 +1,6 @@
 """The megatron training backend against the torch backend, on the same HF weights and samples: log-probs,
 one PPO training step (loss, gradient norm, updated weights), weights exported in HF names, checkpoints,
-and tensor parallelism over two processes.
+and tensor and context parallelism over two processes.
 
 megatron-core's real model code runs here on CPU (gloo; see ``relax_train.megatron.backend``), each
 configuration in fresh processes (its parallel state is global to a process). Megatron's pipeline
@@ -201,6 +201,24 @@ def test_tensor_parallel_two_ranks_equals_one(tmp_path):
     assert two["metrics"][0]["grad_norm"] == pytest.approx(one["metrics"][0]["grad_norm"], rel=1e-4)
     for name, value in one["weights"].items():  # gathered from both ranks' shards
         _assert_same_update(two["weights"][name], value, name)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_context_parallel_two_ranks_equals_one(tmp_path, kind):
+    """CP=2 without Transformer Engine (``relax_train.megatron.context_parallel``): each rank holds two of
+    four chunks of every sequence and attends to the keys of both; the log-probs, one training step's
+    metrics (entropy included) and the updated weights equal one rank's. For the MoE model the experts'
+    gradients are summed over the CP ranks through the expert data-parallel group."""
+    model = _model(tmp_path, kind)
+    flags = [*FLAGS, "--entropy-coef", "0.01"]
+    one = _megatron(tmp_path, model, flags, train_steps=1)
+    two = _megatron(tmp_path, model, [*flags, "--context-parallel-size", "2"], world=2, train_steps=1)
+    assert _max_diff(two["logp"], one["logp"]) < 1e-5
+    for key in ("loss", "grad_norm", "entropy"):
+        assert two["metrics"][0][key] == pytest.approx(one["metrics"][0][key], rel=1e-4), key
+    for name, value in one["weights"].items():
+        _assert_same_update(two["weights"][name], value, name)
+    assert _max_diff(two["logp_after"], one["logp_after"]) < 1e-5
 
 
 def test_checkpoint_round_trip_and_hf_export(tmp_path):

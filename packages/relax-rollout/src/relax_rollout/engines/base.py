@@ -51,6 +51,41 @@ class RolloutEngine(Protocol):
     def weights_checksum(self) -> str: ...
 
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""What an engine can give back to the device (SGLang's ``/release_memory_occupation`` tags)."""
+
+
+class MemoryReleased(RuntimeError):
+    """Generation was asked of an engine whose device memory is released (colocate, while training)."""
+
+
+def memory_tags(tags: list[str] | None, where: str = "tags") -> list[str]:
+    """``tags`` checked against :data:`MEMORY_TAGS`; None means all of them."""
+    if tags is None:
+        return list(MEMORY_TAGS)
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ValueError(f"{where}: must be a list of {list(MEMORY_TAGS)} (got {tags!r})")
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ValueError(f"{where}: unknown memory tags {unknown}; known: {list(MEMORY_TAGS)}")
+    return list(dict.fromkeys(tags))
+
+
+def memory_request(tags: list[str] | None = None) -> dict[str, Any]:
+    """The body of SGLang's ``/release_memory_occupation`` and ``/resume_memory_occupation``: ``tags``,
+    left out for every kind of memory."""
+    return {} if tags is None else {"tags": memory_tags(tags)}
+
+
+@runtime_checkable
+class ReleasesMemory(Protocol):
+    """An engine that can give its device memory back while the trainer uses the device (colocate)."""
+
+    def release_memory(self, tags: list[str] | None = None) -> None: ...
+
+    def resume_memory(self, tags: list[str] | None = None) -> None: ...
+
+
 ENGINES: dict[str, str] = {
     "torch": "relax_rollout.engines.torch_engine:TorchEngine",
     "external": "relax_rollout.engines.external:ExternalEngine",

@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 
 
 class ServerError(RuntimeError):
@@ -266,6 +266,13 @@ class ExternalEngine:
 
     def resume(self) -> None:
         self._all("/continue_generation", {})
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """``/release_memory_occupation`` on every server (colocate: the trainer uses the GPUs next)."""
+        self._all("/release_memory_occupation", memory_request(tags))
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        self._all("/resume_memory_occupation", memory_request(tags))
 
     def health(self) -> list[bool]:
         ok = []

@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 from relax_rollout.engines.external import ServerError, http_json
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
 
@@ -888,6 +888,18 @@ class SGLangEngine:
         request with ``rid=None``; aborted requests come back with finish reason ``abort``."""
         self._all("/abort_request", abort_request(rid))
 
+    # -- device memory (colocate) -----------------------------------------------------------------
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """``/release_memory_occupation`` on every engine: give the GPU memory of ``tags`` (default all:
+        weights, KV cache, CUDA graphs) back while the trainer runs. The servers must run with
+        ``--enable-memory-saver`` (:func:`engine_kwargs` adds it when the run offloads)."""
+        self._all("/release_memory_occupation", memory_request(tags))
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """``/resume_memory_occupation`` on every engine; released weights hold garbage until the next
+        weight update, so resume ``weights``, update, then the rest (what the colocate loop does)."""
+        self._all("/resume_memory_occupation", memory_request(tags))
+
     # -- weights ----------------------------------------------------------------------------------
     def check_weight_version(self, version: int) -> None:
         """Every serving engine's ``/get_model_info`` must report ``weight_version`` == ``version``."""
@@ -1031,9 +1043,12 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
     (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
     ``--sglang-server-args``)."""
     r = cfg.rollout
+    server_args = dict(r.sglang_server_args)
+    if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
+        server_args.setdefault("enable_memory_saver", True)  # what /release_memory_occupation needs
     return {
         "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
         "tp_size": r.rollout_num_gpus_per_engine,
         "mem_fraction_static": r.sglang_mem_fraction_static,
-        "server_args": dict(r.sglang_server_args),
+        "server_args": server_args,
     }

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from relax_core.models import MASKED_LOGIT, media_token_ids
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_core.offload import HostOffload
+from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, memory_tags
 
 
 class TorchEngine:
@@ -46,6 +47,9 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.weight_version = 0
         self._lock = threading.Lock()
+        self._host = HostOffload("rollout engine")
+        self.released: set[str] = set()
+        """Memory tags given back (:meth:`release_memory`); generation waits for :meth:`resume_memory`."""
         self.masked_token_ids = media_token_ids(self.model)  # never sampled (the trainer masks them too)
         self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = None  # routing replay (R3): record each token's MoE experts, extra["routed_experts"]
@@ -58,6 +62,7 @@ class TorchEngine:
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Copy ``tensors`` (HF names) into the model; called between generation batches."""
         with self._lock, torch.no_grad():
+            self._check_weights("updating the weights")
             params = dict(self.model.named_parameters())
             params.update(dict(self.model.named_buffers()))
             missing = [n for n in tensors if n not in params]
@@ -70,10 +75,37 @@ class TorchEngine:
     def named_weights(self):
         return list(self.model.named_parameters())
 
+    # -- device memory (colocate) ----------------------------------------------------------------
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Give the device memory of ``tags`` back (SGLang's ``/release_memory_occupation``): the weights
+        go to host memory (kept, so :meth:`resume_memory` alone restores them); this engine's KV cache
+        and graphs live only inside a generate call, so those tags free nothing more."""
+        tags = memory_tags(tags)
+        with self._lock:
+            if "weights" in tags and not self._host.offloaded:
+                self._host.offload(self.model.parameters())
+            self.released.update(tags)
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of ``tags`` (all by default); the engine generates again once nothing is
+        released."""
+        tags = memory_tags(tags)
+        with self._lock:
+            if "weights" in tags:
+                self._host.onload()
+            self.released.difference_update(tags)
+
     def weights_checksum(self) -> str:
         from relax_core.dcs import checksum
 
+        self._check_weights("a weights checksum")
         return checksum(self.named_weights())
+
+    def _check_weights(self, what: str) -> None:
+        if self._host.offloaded:
+            raise MemoryReleased(
+                f"the engine's weights are released: resume_memory(['weights']) before {what}"
+            )
 
     # -- generation ----------------------------------------------------------------------------
     def generate(
@@ -95,6 +127,11 @@ class TorchEngine:
         keep the tokens generated so far."""
         if not prompts:
             return []
+        if self.released:
+            raise MemoryReleased(
+                f"the engine's memory is released ({sorted(self.released)}): resume_memory() (or POST "
+                "/resume_memory_occupation) before generating"
+            )
         out: list[GenerateOutput] = []
         min_new = params.min_new_tokens
         for start in range(0, len(prompts), self.max_batch_size):

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import (
+    GenerateOutput,
+    MemoryReleased,
+    ReleasesMemory,
+    SamplingParams,
+    memory_tags,
+)
 from relax_rollout.server import protocol, trajectories
 from relax_rollout.server.protocol import BadRequest, NotFound
 
@@ -30,6 +36,7 @@ CHATML = (
 CONTROL_PATHS = {
     "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
     "/destroy_weights_update_group", "/pause_generation", "/continue_generation", "/abort_request",
+    "/release_memory_occupation", "/resume_memory_occupation",
 }  # fmt: skip
 # Relax endpoints (recorded agent trajectories: other agents' conversations, and closing ends a trajectory)
 # need the token too; generation, health and model info stay open.
@@ -243,6 +250,21 @@ class EngineServer:
             self._receiver.close()
             self._receiver = None
 
+    # -- device memory (colocate: the trainer uses the device between rollouts) --------------------
+    def memory(self, body: Any, release: bool) -> None:
+        """``/release_memory_occupation`` / ``/resume_memory_occupation``: ``tags`` (default all) of
+        ``weights``, ``kv_cache``, ``cuda_graph``."""
+        if not isinstance(self.engine, ReleasesMemory):
+            raise BadRequest(
+                "tags", f"this server's engine ({type(self.engine).__name__}) cannot release its memory"
+            )
+        tags = body.get("tags") if isinstance(body, dict) else None
+        try:
+            tags = memory_tags(tags)
+        except ValueError as e:
+            raise BadRequest("tags", str(e).partition(": ")[2]) from None
+        (self.engine.release_memory if release else self.engine.resume_memory)(tags)
+
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "relax-engine-server"
@@ -294,6 +316,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, e.body())
         except TimeoutError as e:
             self._send(504, {"object": "error", "message": str(e), "code": 504})
+        except MemoryReleased as e:  # colocate: the trainer holds the device; try again after the step
+            self._send(503, {"object": "error", "message": str(e), "code": 503})
         except Exception as e:  # noqa: BLE001 — report, keep serving
             logger.exception("request %s failed", path)
             self._send(500, {"object": "error", "message": f"{type(e).__name__}: {e}", "code": 500})
@@ -424,6 +448,16 @@ def _abort(s: EngineServer, body: dict):
     return 200, None
 
 
+def _release_memory(s: EngineServer, body: dict):
+    s.memory(body, release=True)
+    return 200, None
+
+
+def _resume_memory(s: EngineServer, body: dict):
+    s.memory(body, release=False)
+    return 200, None
+
+
 def _models(s: EngineServer, _: dict):
     card = {"id": s.served_model_name, "object": "model", "created": 0, "owned_by": "relax",
             "root": s.served_model_name}  # fmt: skip
@@ -516,6 +550,8 @@ ROUTES = {
     ("POST", "/pause_generation"): _pause,
     ("POST", "/continue_generation"): _continue,
     ("POST", "/abort_request"): _abort,
+    ("POST", "/release_memory_occupation"): _release_memory,
+    ("POST", "/resume_memory_occupation"): _resume_memory,
     ("GET", "/v1/models"): _models,
 }
 # Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).

@@ -22,6 +22,7 @@ import torch
 
 from relax_core.config import RelaxConfig
 from relax_core.models import MASKED_LOGIT
+from relax_core.offload import HostOffload, onloaded
 from relax_train.algorithms.aggregation import aggregate_loss
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
 from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_from_logits, kl_penalty
@@ -145,21 +146,29 @@ class TorchBackend:
     def _logp_from_logits(self, logits, ids, plens, rlens, with_entropy=False):
         """[B, S, V] logits of right-padded prompt+response rows -> ([B, Rmax] response-token log-probs at the
         rollout temperature, validity mask, response lengths, entropies or None). Shared by the backends."""
+        rows, cols, valid = self._response_positions(plens, rlens, ids.shape[1], logits.device)
+        targets = ids.to(logits.device)[rows, cols + 1]
+        logp, ent = self._token_logp(logits[rows, cols], targets, with_entropy)  # over [B, Rmax, V]
+        return logp, valid, rlens, ent
+
+    def _token_logp(self, logits, targets, with_entropy=False):
+        """Logits [..., V] -> log-prob of ``targets`` [...] at the rollout temperature (and entropies)."""
         logits = logits.float()
         if self.masked_token_ids:  # the rollout engine never samples these: same distribution here
             logits[..., self.masked_token_ids] = MASKED_LOGIT
         logits = logits / self.temperature
-        dev = logits.device
-        rmax = max(rlens)
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return logp, entropy_from_logits(logits) if with_entropy else None
+
+    @staticmethod
+    def _response_positions(plens, rlens, width: int, dev):
+        """Row and column indices [B, Rmax] of the positions that predict each response token (right-
+        padded rows of ``width``), and which of them are real tokens."""
+        steps = torch.arange(max(rlens), device=dev)
         rows = torch.arange(len(rlens), device=dev).unsqueeze(1)
-        steps = torch.arange(rmax, device=dev)
-        cols = (torch.tensor(plens, device=dev).unsqueeze(1) - 1 + steps).clamp(max=ids.shape[1] - 2)
-        resp_logits = logits[rows, cols]  # [B, Rmax, V]
-        targets = ids.to(dev)[rows, cols + 1]
-        logp = torch.log_softmax(resp_logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        cols = (torch.tensor(plens, device=dev).unsqueeze(1) - 1 + steps).clamp(max=width - 2)
         valid = steps.unsqueeze(0) < torch.tensor(rlens, device=dev).unsqueeze(1)
-        ent = entropy_from_logits(resp_logits) if with_entropy else None
-        return logp, valid, rlens, ent
+        return rows, cols, valid
 
     @contextlib.contextmanager
     def _routing_replay(self, samples: dict[str, list], idx: list[int], width: int):
@@ -199,6 +208,7 @@ class TorchBackend:
         }
 
     @torch.no_grad()
+    @onloaded
     def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
         """Per-sample float32 log-probs of the response tokens under the current weights."""
         was_training = self.model.training
@@ -237,6 +247,7 @@ class TorchBackend:
         level, mode = a.tis_mode.split("_")
         return truncated_is_weights(prox, behav, mask, level, mode, None, a.tis_cap)
 
+    @onloaded
     def train_step(self, samples: dict[str, list]) -> dict[str, float]:
         """One rollout batch: one or more optimizer steps of --global-batch-size samples each.
 
@@ -395,14 +406,42 @@ class TorchBackend:
             out[row, : len(v)] = v
         return out
 
+    # -- device memory (colocate: the rollout engine uses the devices in between) ---------------
+    _host: HostOffload | None = None
+
+    def _device_tensors(self):
+        """What this role holds on its device: weights, gradients, the optimizer's moments."""
+        for p in self.model.parameters():
+            yield p
+            for g in (p.grad, getattr(p, "main_grad", None)):
+                if g is not None:
+                    yield g
+        if self.trainable:
+            for state in self.optimizer.state.values():
+                yield from (v for v in state.values() if torch.is_tensor(v))
+
+    def offload(self) -> int:
+        """Move weights, gradients and optimizer state to host memory, freeing the device for the
+        rollout engine (the tensor objects stay; :meth:`onload` refills them). Returns bytes freed."""
+        if self._host is None:
+            self._host = HostOffload(type(self).__name__)
+        return self._host.offload(self._device_tensors())
+
+    def onload(self) -> int:
+        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
+        return self._host.onload() if self._host is not None else 0
+
     # -- weights and checkpoints ---------------------------------------------------------------
+    @onloaded
     def eval_model(self):
         """The HF model the evaluator generates with (this backend's own)."""
         return self.model
 
+    @onloaded
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
+    @onloaded
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
         with torch.no_grad():
             params = dict(self.model.named_parameters())
@@ -410,6 +449,7 @@ class TorchBackend:
                 params[name].copy_(torch.as_tensor(value))
         self.version = version
 
+    @onloaded
     def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -418,6 +458,7 @@ class TorchBackend:
         torch.save(state, path / "trainer_state.pt")
         (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
 
+    @onloaded
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         from safetensors.torch import load_file
 

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
+from relax_core.offload import onloaded
 from relax_train.backends.torch_backend import TorchBackend
 from relax_train.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
 
@@ -91,6 +92,9 @@ def _cpu_shims() -> None:
 
     mrandom._CUDA_RNG_STATE_TRACKER = _NoRngTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    from relax_train.megatron.context_parallel import cpu_rotary_shim
+
+    cpu_rotary_shim()  # (4) context parallelism slices the rotary table with a CUDA index
 
 
 def init_parallel(config: RelaxConfig) -> None:
@@ -242,10 +246,11 @@ class MegatronBackend(TorchBackend):
         from transformers import AutoConfig
 
         t = config.train
-        if t.context_parallel_size > 1:
+        self.cp = t.context_parallel_size
+        if self.cp > 1 and config.algo.routing_replay:
             raise ValueError(
-                "--context-parallel-size > 1 is not supported by the megatron backend yet (its losses need "
-                "whole sequences on each rank); use 1"
+                "--routing-replay with --context-parallel-size > 1 is not supported yet (the recorded "
+                "routes would have to follow each rank's chunks of the sequence); use one or the other"
             )
         init_parallel(config)
         torch.manual_seed(config.train.seed)
@@ -268,11 +273,14 @@ class MegatronBackend(TorchBackend):
             )
         self.mcfg = transformer_config(self.hf_config, self.layout, config)
         self.pre, self.post = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        spec = get_gpt_decoder_block_spec(self.mcfg, use_transformer_engine=False, normalization="RMSNorm")
+        if self.cp > 1:  # megatron's own CP needs Transformer Engine: ours gathers keys and values
+            from relax_train.megatron.context_parallel import use_context_parallel_attention
+
+            use_context_parallel_attention(spec)
         self.model = GPTModel(
             self.mcfg,
-            transformer_layer_spec=get_gpt_decoder_block_spec(
-                self.mcfg, use_transformer_engine=False, normalization="RMSNorm"
-            ),
+            transformer_layer_spec=spec,
             vocab_size=self.layout.padded_vocab_size(self.tp),
             max_sequence_length=int(getattr(text, "max_position_embeddings", 4096)),
             pre_process=self.pre,
@@ -347,6 +355,7 @@ class MegatronBackend(TorchBackend):
         return i in set(self.layout.moe_layers)
 
     # -- weights ------------------------------------------------------------------------------------
+    @onloaded
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Full HF-named weights (the trainer's broadcast, or a checkpoint) -> this rank's shards."""
         from megatron.core import parallel_state as ps
@@ -381,6 +390,7 @@ class MegatronBackend(TorchBackend):
         dist.all_gather(parts, t.contiguous(), group=group)
         return parts
 
+    @onloaded
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """Every weight in HF names (the rollout engines' and ActorFwd's format), gathered over TP, EP and
         PP: each rank returns the whole model."""
@@ -406,6 +416,7 @@ class MegatronBackend(TorchBackend):
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
         return list(hf.items())
 
+    @onloaded
     def eval_model(self):
         """An HF model with the current weights, for the evaluator (which generates with HF models)."""
         from relax_core.models import load_model
@@ -418,6 +429,7 @@ class MegatronBackend(TorchBackend):
                 params[name].copy_(value)
         return self._hf_eval
 
+    @onloaded
     def export_hf(self, out_dir: str | Path) -> Path:
         """HF safetensors + the source config and tokenizer files (what rollout engines load)."""
         from safetensors.torch import save_file
@@ -461,8 +473,10 @@ class MegatronBackend(TorchBackend):
         def step(data_iterator, model):
             idx = next(data_iterator)
             ids, _, plens, rlens = self._pad(samples, idx)
-            width = ids.shape[1]
             dev = self.device or torch.device("cpu")
+            if self.cp > 1:
+                return self._cp_step(model, idx, ids, plens, rlens, with_entropy, on_logp, dev)
+            width = ids.shape[1]
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
             with self._autocast(), self._routing_replay(samples, idx, width):
@@ -478,6 +492,43 @@ class MegatronBackend(TorchBackend):
             return out, loss_func
 
         return step
+
+    def _cp_step(self, model, idx, ids, plens, rlens, with_entropy, on_logp, dev):
+        """One micro-batch under context parallelism: this rank's two chunks of every (padded) row go
+        through the model, attending to the keys of the whole CP group; its per-token log-probs (and
+        entropies) are gathered into whole rows, from which every CP rank computes the same loss."""
+        from megatron.core import parallel_state as ps
+
+        from relax_train.megatron.context_parallel import (
+            gather_token_values,
+            gathered_positions,
+            local_positions,
+        )
+
+        group = ps.get_context_parallel_group()
+        multiple = 2 * self.cp * (self.tp if self.mcfg.sequence_parallel else 1)
+        width = -(-ids.shape[1] // multiple) * multiple
+        padded = torch.full((ids.shape[0], width), self.pad_token_id, dtype=ids.dtype)
+        padded[:, : ids.shape[1]] = ids
+        loc = local_positions(width, self.cp, ps.get_context_parallel_rank())
+        order = gathered_positions(width, self.cp)
+        masked = (order[None, :] > loc[:, None])[None, None].to(dev)  # causal, in global positions
+        pos = loc.to(dev).unsqueeze(0).expand(len(idx), -1)
+        with self._autocast():
+            out = model(input_ids=padded[:, loc].to(dev), position_ids=pos, attention_mask=masked)
+
+        def loss_func(output):
+            # the token each position predicts (the last one predicts padding: never a response token)
+            targets = torch.cat([padded[:, 1:], padded[:, -1:]], dim=1)[:, loc].to(dev)
+            logp, ent = self._token_logp(self._full_vocab(output), targets, with_entropy)
+            logp = gather_token_values(logp, order, group)
+            ent = gather_token_values(ent, order, group) if ent is not None else None
+            rows, cols, valid = self._response_positions(plens, rlens, width, logp.device)
+            resp_ent = ent[rows, cols] if ent is not None else None
+            loss = on_logp(idx, logp[rows, cols], valid, rlens, resp_ent)
+            return loss, torch.ones((), dtype=torch.int, device=dev), {}
+
+        return out, loss_func
 
     def _schedule(self, step, micro: list[list[int]], forward_only: bool) -> None:
         if self.device is None:  # CPU: what forward_backward_no_pipelining does, without its CUDA tensors
@@ -505,6 +556,7 @@ class MegatronBackend(TorchBackend):
         )
 
     @torch.no_grad()
+    @onloaded
     def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
         from megatron.core import parallel_state as ps
 
@@ -552,12 +604,15 @@ class MegatronBackend(TorchBackend):
                 seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
                 if seq_par or "q_layernorm" in name or "k_layernorm" in name:
                     dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        # context-parallel ranks hold parts of one gradient (their tokens): summed; data-parallel ranks
+        # whole gradients of the same batch: averaged. The expert data-parallel group spans both.
+        dense = ps.get_data_parallel_group(with_context_parallel=True)
         for _, p in named:
-            expert = not getattr(p, "allreduce", True)
-            group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
+            group = ps.get_expert_data_parallel_group() if not getattr(p, "allreduce", True) else dense
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(p.grad, group=group)
-                p.grad /= dist.get_world_size(group)
+                if dist.get_world_size(group) > self.cp:
+                    p.grad /= dist.get_world_size(group) // self.cp
         dev = named[0][1].grad.device if named else None
         sq = {k: torch.zeros(1, dtype=torch.float64, device=dev) for k in ("tp", "rep", "expert")}
         for _, p in named:
@@ -618,6 +673,7 @@ class MegatronBackend(TorchBackend):
         steps = [float(st["step"]) for st in self.optimizer.state.values() if "step" in st]
         return max(steps, default=0.0)
 
+    @onloaded
     def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """A megatron distributed checkpoint under ``dist/`` (model and optimizer, sharded: loads under other
         parallel sizes), each rank's RNG states, the HF weights under ``model/`` and meta.json from rank 0."""
@@ -635,6 +691,7 @@ class MegatronBackend(TorchBackend):
             (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
         dist.barrier()
 
+    @onloaded
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)
         if not (path / "meta.json").is_file():

@@ -3,9 +3,14 @@
 A role (trainer, ActorFwd, reference) is one Ray actor; with model parallelism its backend needs one
 process per rank. This process becomes rank 0 and starts ranks 1..N-1 as Ray actors it owns (they die
 with it, so a restarted role starts a fresh group); every backend call runs on all ranks at once, and
-the role sees rank 0's answer. Each rank is a GPU (``--actor-num-nodes`` × ``--actor-num-gpus-per-node``);
-on a machine without CUDA the ranks are CPU processes (gloo), which is how CI runs a tensor-parallel
-trainer inside a fully-async run.
+the role sees rank 0's answer. Each rank is a GPU (``--actor-num-nodes`` × ``--actor-num-gpus-per-node``),
+rank 0's included: a placement group reserves one GPU per rank, so Ray gives no other actor the GPU this
+process trains on. On a machine without CUDA the ranks are CPU processes (gloo), which is how CI runs a
+tensor-parallel trainer.
+
+In colocate mode every role lives in the controller's process, and megatron's parallel state is per
+process: the reference (or teacher) model is built on the trainer's ranks, next to the trainer's model,
+instead of on a second group.
 """
 
 from __future__ import annotations
@@ -22,39 +27,54 @@ def world_size(config: RelaxConfig) -> int:
     return max(1, t.actor_num_nodes * t.actor_num_gpus_per_node)
 
 
+_RANKS: _Ranks | None = None
+"""This process's rank group (it is rank 0), shared by every model built here: in colocate mode the
+trainer and the reference live in one process, and megatron's parallel state is per process."""
+
+
 def build_megatron(config: RelaxConfig, model_path: str, trainable: bool = True):
     """The registry's factory: one process's :class:`MegatronBackend`, or a :class:`MegatronRankGroup`
-    when the run gives the trainer several ranks and this process is not already one of them."""
+    when the run gives the trainer several ranks and this process is not already one of them. A second
+    model built in a process that leads a rank group (colocate: the reference next to the trainer) is
+    built on the same ranks."""
     from relax_train.megatron.backend import MegatronBackend
 
+    global _RANKS
+    if _RANKS is not None:
+        return _RANKS.model(config, model_path, trainable)
     world = world_size(config)
     if world == 1 or "WORLD_SIZE" in os.environ:  # one rank, or a launcher (torchrun, tests) started them
         return MegatronBackend(config, model_path, trainable)
-    return MegatronRankGroup(config, model_path, trainable, world)
+    _RANKS = _Ranks(config, world)
+    return _RANKS.model(config, model_path, trainable)
 
 
 class _Rank:
-    """Ranks 1..N-1: a backend in its own process, driven by rank 0."""
+    """Ranks 1..N-1: this rank's backends (one per model) in their own process, driven by rank 0."""
 
-    def __init__(self, config, model_path, trainable, rank, world, addr, port, threads) -> None:
+    def __init__(self, rank: int, world: int, addr: str, port: int, threads: int) -> None:
         import torch
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT=str(port))
         os.environ.setdefault("LOCAL_RANK", "0")  # Ray shows each rank only its own GPU
         torch.set_num_threads(threads)
+        self.backends: dict[int, Any] = {}
+
+    def add(self, key: int, config, model_path: str, trainable: bool) -> bool:
         from relax_train.megatron.backend import MegatronBackend
 
-        self.backend = MegatronBackend(config, model_path, trainable)
-
-    def call(self, method: str, *args, **kwargs):
-        out = getattr(self.backend, method)(*args, **kwargs)
-        return None if method in ("named_weights", "eval_model") else out  # rank 0's copy is the one used
-
-    def ready(self) -> bool:
+        self.backends[key] = MegatronBackend(config, model_path, trainable)  # the first joins the group
         return True
 
-    def set(self, name: str, value: Any) -> None:
-        setattr(self.backend, name, value)
+    def drop(self, key: int) -> None:
+        self.backends.pop(key, None)
+
+    def call(self, key: int, method: str, *args, **kwargs):
+        out = getattr(self.backends[key], method)(*args, **kwargs)
+        return None if method in ("named_weights", "eval_model") else out  # rank 0's copy is the one used
+
+    def set(self, key: int, name: str, value: Any) -> None:
+        setattr(self.backends[key], name, value)
 
 
 _COLLECTIVE = (
@@ -66,59 +86,148 @@ _COLLECTIVE = (
     "load_checkpoint",
     "eval_model",
     "export_hf",
+    "offload",
+    "onload",
 )
 
 
-class MegatronRankGroup:
-    """Same protocol as the backends; the collective methods run on every rank in lockstep."""
+class _Ranks:
+    """The processes of a rank group: this one (rank 0) and ranks 1..N-1 as Ray actors it owns (they die
+    with it, so a restarted role starts a fresh group)."""
 
-    def __init__(self, config: RelaxConfig, model_path: str, trainable: bool, world: int) -> None:
+    def __init__(self, config: RelaxConfig, world: int) -> None:
         import ray
         import torch
 
         if not ray.is_initialized():
             raise ValueError(
-                f"--train-backend megatron with {world} ranks runs its ranks as Ray actors: use --fully-async "
-                "(colocate mode runs every role in one process)"
+                f"--train-backend megatron with {world} ranks runs ranks 1..{world - 1} as Ray actors, and "
+                "no Ray cluster is running here (the controller starts one; call ray.init() first when "
+                "building the backend yourself)"
             )
         addr = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         cuda = torch.cuda.is_available()
-        threads = torch.get_num_threads()
-        rank_actor = ray.remote(num_gpus=1 if cuda else 0, num_cpus=0)(_Rank)
-        self._others = [
-            rank_actor.remote(config, model_path, trainable, r, world, addr, port, threads)
-            for r in range(1, world)
-        ]
+        options: dict[str, Any] = {"num_gpus": 1 if cuda else 0, "num_cpus": 0}
+        self._pg = None
+        if cuda:  # one GPU per rank, rank 0's included, so Ray hands no other actor the GPU rank 0 uses
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            self._pg = ray.util.placement_group([{"GPU": 1}] * world, strategy="PACK")
+            ray.get(self._pg.ready())
+            probe = ray.remote(num_gpus=1, num_cpus=0)(_gpu_id).options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, 0)
+            )
+            os.environ["LOCAL_RANK"] = str(_device_index(ray.get(probe.remote())))  # bundle 0's GPU
+        rank_actor = ray.remote(_Rank)
+        self._others = []
+        for r in range(1, world):
+            opts = dict(options)
+            if self._pg is not None:
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._pg, r)
+            self._others.append(
+                rank_actor.options(**opts).remote(r, world, addr, port, torch.get_num_threads())
+            )
         os.environ.update(RANK="0", WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT=str(port))
         os.environ.setdefault("LOCAL_RANK", "0")
-        from relax_train.megatron.backend import MegatronBackend
+        self._keys = 0
+        self._locals: dict[int, Any] = {}
 
-        self._local = MegatronBackend(config, model_path, trainable)  # joins the others' process group
-        ray.get([r.ready.remote() for r in self._others])
-
-    def _all(self, method: str, *args, **kwargs):
+    def model(self, config: RelaxConfig, model_path: str, trainable: bool) -> MegatronRankGroup:
+        """A backend on every rank (the first one forms the process group)."""
         import ray
 
-        refs = [r.call.remote(method, *args, **kwargs) for r in self._others]
-        out = getattr(self._local, method)(*args, **kwargs)
+        from relax_train.megatron.backend import MegatronBackend
+
+        key, self._keys = self._keys, self._keys + 1
+        refs = [r.add.remote(key, config, model_path, trainable) for r in self._others]
+        self._locals[key] = MegatronBackend(config, model_path, trainable)
+        ray.get(refs)
+        return MegatronRankGroup(self, key)
+
+    def all(self, key: int, method: str, *args, **kwargs):
+        import ray
+
+        refs = [r.call.remote(key, method, *args, **kwargs) for r in self._others]
+        out = getattr(self._locals[key], method)(*args, **kwargs)
         ray.get(refs)
         return out
 
+    def close(self) -> None:
+        """Stop ranks 1..N-1 and leave the process group, so this process can lead another run."""
+        import ray
+
+        global _RANKS
+        for r in self._others:
+            ray.kill(r)
+        if self._pg is not None:
+            ray.util.remove_placement_group(self._pg)
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+        if dist_initialized():
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+        for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(k, None)
+        self._locals.clear()
+        if _RANKS is self:
+            _RANKS = None
+
+
+def _gpu_id() -> str:
+    import ray
+
+    return str(ray.get_gpu_ids()[0])
+
+
+def _device_index(gpu_id: str) -> int:
+    """Ray's GPU id as this process's CUDA device index (CUDA_VISIBLE_DEVICES may renumber them)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible.index(gpu_id) if gpu_id in visible else int(gpu_id)
+
+
+def dist_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+class MegatronRankGroup:
+    """One model on every rank of a :class:`_Ranks`; same protocol as the backends: the collective
+    methods run on every rank in lockstep and the role sees rank 0's answer."""
+
+    def __init__(self, ranks: _Ranks, key: int) -> None:
+        object.__setattr__(self, "_ranks", ranks)
+        object.__setattr__(self, "_key", key)
+
+    @property
+    def _local(self):
+        return self._ranks._locals[self._key]
+
     def __getattr__(self, name: str):
         if name in _COLLECTIVE:
-            return lambda *args, **kwargs: self._all(name, *args, **kwargs)
+            return lambda *args, **kwargs: self._ranks.all(self._key, name, *args, **kwargs)
         return getattr(self._local, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-            return
         import ray
 
         setattr(self._local, name, value)  # e.g. the teacher role turns routing replay off
         if name == "before_update":  # the trainer's fence: only rank 0's weights are sent from a thread
             return  # (the other ranks' shards were gathered before the broadcast started)
-        ray.get([r.set.remote(name, value) for r in self._others])
+        ray.get([r.set.remote(self._key, name, value) for r in self._ranks._others])
+
+    def close(self) -> None:
+        """The first model built (the trainer) owns the ranks: closing it ends the group; closing
+        another model drops it on every rank."""
+        import ray
+
+        if self._key == 0:
+            self._ranks.close()
+            return
+        self._ranks._locals.pop(self._key, None)
+        ray.get([r.drop.remote(self._key) for r in self._ranks._others])

@@ -1,0 +1,107 @@
+"""Give a role's device memory back while another role uses the device, and take it again (colocate).
+
+In colocate mode the rollout engine and the trainer take turns on the same GPUs: while one works, the
+other must hold (next to) nothing there. :class:`HostOffload` copies tensors to host memory and shrinks
+their storages to zero bytes; :meth:`HostOffload.onload` grows them back and copies the bytes in. The
+tensor objects stay the same — parameters, the optimizer's references to them, views into shared buffers
+(tied embeddings, megatron's contiguous buffers) — so nothing that holds a tensor needs to be told.
+That is how slime's torch_memory_saver and FSDP's parameter freeing keep references valid, without a
+custom CUDA allocator.
+
+On a CPU device the copy moves host memory to host memory: it frees nothing useful, but it runs the same
+code, which is how the tests check it. Storages that cannot shrink (a checkpoint mapped from disk) are
+copied into ordinary memory once, by giving the parameter a new storage (its object stays the same).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import torch
+
+
+class HostOffload:
+    """The tensors of one role (or engine) moved to host memory, by storage."""
+
+    def __init__(self, name: str = "model") -> None:
+        self.name = name
+        self._saved: list[tuple[torch.UntypedStorage, int, torch.Tensor | None]] = []
+        """(storage, its size in bytes, the host copy of its bytes or None)"""
+        self.bytes = 0
+        """Bytes given back by the last :meth:`offload`."""
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self._saved)
+
+    def offload(self, tensors: Iterable[torch.Tensor], keep: bool = True) -> int:
+        """Free the storages of ``tensors``. ``keep``: copy their bytes to host memory first (a trainer's
+        weights and optimizer state); without it the contents are lost and must be written again after
+        :meth:`onload` (an engine's weights, which the trainer sends anyway). Returns the bytes freed."""
+        if self._saved:
+            raise RuntimeError(f"{self.name} is already offloaded; onload() it first")
+        seen: set[int] = set()
+        device_used = False
+        for t in tensors:
+            if isinstance(t, torch.nn.Parameter) and not t.untyped_storage().resizable():
+                with torch.no_grad():
+                    t.data = t.data.clone()  # mapped from a file: give it memory of its own, once
+            s = t.untyped_storage()
+            if s.nbytes() == 0 or s.data_ptr() in seen:
+                continue
+            if not s.resizable():
+                raise RuntimeError(
+                    f"{self.name}: a tensor of shape {tuple(t.shape)} lives in a storage that cannot be freed "
+                    "(mapped from a file); offload only tensors this process allocated"
+                )
+            seen.add(s.data_ptr())
+            host = None
+            if keep:
+                pin = s.device.type == "cuda"
+                host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin)
+                host.copy_(_bytes(s), non_blocking=pin)
+            self._saved.append((s, s.nbytes(), host))
+            device_used |= s.device.type == "cuda"
+        if device_used:
+            torch.cuda.synchronize()  # the copies must land before the memory is reused
+        self.bytes = sum(n for _, n, _ in self._saved)
+        for s, _, _ in self._saved:
+            s.resize_(0)
+        if device_used:
+            torch.cuda.empty_cache()  # back to the device, for the other role's allocator
+        return self.bytes
+
+    def onload(self) -> int:
+        """Grow the storages back and copy their bytes in (kept ones; the others hold garbage until
+        written). Returns the bytes restored; 0 when nothing was offloaded."""
+        saved, self._saved = self._saved, []
+        restored = 0
+        for s, n, host in saved:
+            s.resize_(n)
+            if host is not None:
+                _bytes(s).copy_(host, non_blocking=host.is_pinned())
+            restored += n
+        if any(s.device.type == "cuda" for s, _, _ in saved):
+            torch.cuda.synchronize()
+        return restored
+
+
+def _bytes(s: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole storage."""
+    return torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
+
+
+def onloaded(method):
+    """For a method that needs the tensors on the device: take them back first if they were offloaded
+    (the object's ``_host`` is its :class:`HostOffload`; its ``onload()`` is called). The colocate loop
+    onloads explicitly before training; this covers the rest (a checkpoint at a signal, the last eval)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        host = getattr(self, "_host", None)
+        if host is not None and host.offloaded:
+            self.onload()
+        return method(self, *args, **kwargs)
+
+    return wrapper

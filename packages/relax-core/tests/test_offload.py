@@ -1,0 +1,108 @@
+"""HostOffload: storages freed in place and refilled, every reference to the tensors still valid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from relax_core.offload import HostOffload, onloaded  # noqa: E402
+
+
+def _model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 16))
+    model[2].weight = model[0].weight  # tied, as an LM's embedding and output layer
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def _step(model, opt, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 16, (4, 5), generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _tensors(model, opt):
+    moments = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    return [*model.parameters(), *moments]
+
+
+def test_offload_frees_every_storage_and_onload_restores_the_next_step_bit_for_bit():
+    model, opt = _model_and_optimizer()
+    twin, twin_opt = _model_and_optimizer()
+    for m, o in ((model, opt), (twin, twin_opt)):
+        _step(m, o, 1)
+    host = HostOffload("trainer")
+    freed = host.offload(_tensors(model, opt))
+    assert host.offloaded
+    # every parameter and both AdamW moments per parameter: nothing left on the "device"
+    assert all(t.untyped_storage().nbytes() == 0 for t in _tensors(model, opt))
+    # the tied weight is one storage, counted once
+    expected = sum(t.untyped_storage().nbytes() for t in _tensors(twin, twin_opt) if t.dim() > 0)
+    assert expected <= freed <= expected + 64 * len(opt.state)  # (+ the scalar step counters)
+    assert host.onload() == freed and not host.offloaded
+    assert model[2].weight is model[0].weight
+    for a, b in zip(_tensors(model, opt), _tensors(twin, twin_opt)):
+        assert torch.equal(a, b)
+    _step(model, opt, 2)  # the optimizer's references to its parameters and moments still hold
+    _step(twin, twin_opt, 2)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_offload_without_keeping_frees_and_regrows_the_storage_for_new_contents():
+    w = torch.nn.Parameter(torch.ones(32))
+    host = HostOffload("engine")
+    assert host.offload([w], keep=False) == 32 * 4
+    assert w.untyped_storage().nbytes() == 0
+    host.onload()
+    assert w.untyped_storage().nbytes() == 32 * 4
+    with torch.no_grad():
+        w.copy_(torch.full((32,), 2.0))  # what the next weight update does
+    assert torch.equal(w, torch.full((32,), 2.0))
+
+
+def test_a_parameter_mapped_from_memory_it_does_not_own_gets_its_own_storage_once():
+    # torch.from_numpy (like a checkpoint mapped from disk) gives a storage that cannot be resized
+    w = torch.nn.Parameter(torch.from_numpy(np.arange(8, dtype=np.float32)))
+    assert not w.untyped_storage().resizable()
+    host = HostOffload()
+    host.offload([w])
+    assert w.untyped_storage().nbytes() == 0
+    host.onload()
+    assert torch.equal(w, torch.arange(8, dtype=torch.float32)) and w.untyped_storage().resizable()
+
+
+def test_offloading_twice_is_refused_and_onload_without_offload_is_a_no_op():
+    w = torch.zeros(4)
+    host = HostOffload("trainer")
+    assert host.onload() == 0
+    host.offload([w])
+    with pytest.raises(RuntimeError, match="trainer is already offloaded; onload"):
+        host.offload([w])
+
+
+def test_onloaded_methods_take_the_tensors_back_first():
+    class Role:
+        def __init__(self):
+            self.w = torch.arange(4.0)
+            self._host = HostOffload()
+            self.onloads = 0
+
+        def onload(self):
+            self.onloads += 1
+            return self._host.onload()
+
+        @onloaded
+        def total(self):
+            return float(self.w.sum())
+
+    r = Role()
+    r._host.offload([r.w])
+    assert r.total() == 6.0 and r.onloads == 1
+    assert r.total() == 6.0 and r.onloads == 1  # already there: no second onload

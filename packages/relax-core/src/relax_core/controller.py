@@ -100,19 +100,32 @@ def _offloads(cfg: RelaxConfig) -> bool:
     return torch.cuda.is_available()
 
 
-def _start_ray_for_ranks(cfg: RelaxConfig) -> bool:
-    """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so start a local
-    Ray cluster if none runs. True when this call started it (the run shuts it down at the end)."""
-    t = cfg.train
-    if t.train_backend != "megatron" or t.actor_num_nodes * t.actor_num_gpus_per_node <= 1:
-        return False
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # (see _run_fully_async)
+def _start_ray(cfg: RelaxConfig) -> bool:
+    """A local Ray cluster for the run, unless one is running already; True when this call started it
+    (the run then shuts it down at the end)."""
+    # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
+    # worker; ours is already complete. Must be set before Ray is imported.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     import ray
 
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=cfg.run.num_cpus or os.cpu_count(), include_dashboard=False, configure_logging=False)
+    ray.init(
+        num_cpus=cfg.run.num_cpus or os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+    )
     return True
+
+
+def _start_ray_for_ranks(cfg: RelaxConfig) -> bool:
+    """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so start a local
+    Ray cluster if none runs (see :func:`_start_ray`)."""
+    t = cfg.train
+    if t.train_backend != "megatron" or t.actor_num_nodes * t.actor_num_gpus_per_node <= 1:
+        return False
+    return _start_ray(cfg)
 
 
 def _latest_checkpoint(path: str) -> str:
@@ -311,21 +324,11 @@ class Controller:
 
     # -- fully async ---------------------------------------------------------------------------
     def _run_fully_async(self, notifier: Notifier) -> RunResult:
-        # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
-        # worker; ours is already complete. Must be set before Ray is imported.
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        import ray
-
         cfg = self.cfg
         t_start = time.perf_counter()
-        started_ray = not ray.is_initialized()
-        if started_ray:
-            ray.init(
-                num_cpus=cfg.run.num_cpus or os.cpu_count(),
-                include_dashboard=False,
-                log_to_driver=True,
-                configure_logging=False,
-            )
+        started_ray = _start_ray(cfg)
+        import ray
+
         threads = cfg.run.torch_threads or 1
         stop = self._stop
         run = self.async_run = AsyncRun(self, notifier, threads)

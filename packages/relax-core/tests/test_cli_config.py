@@ -196,3 +196,11 @@ def test_help_text_lists_every_flag():
     assert "--colocate" in text and "--fully-async" in text
     # docstrings are shown
     assert "Staleness of a sample" in text
+
+
+def test_offload_is_a_bare_flag_with_an_automatic_default_and_needs_colocate():
+    assert build_config(argv=[]).run.offload is None  # on when CUDA is available
+    assert build_config(argv=["--offload"]).run.offload is True
+    assert build_config(argv=["--no-offload"]).run.offload is False
+    with pytest.raises(ConfigError, match="--offload time-shares the devices .* drop --offload"):
+        build_config(argv=["--fully-async", "--offload"])

@@ -107,3 +107,34 @@ def test_omni_rl_mixed_batch_runs_in_both_modes(mm_root, tmp_path, mode):
     assert all(math.isfinite(h["train/loss"]) and math.isfinite(h["train/grad_norm"]) for h in trained)
     assert len(result.audit["trained_ids"]) == steps * cfg.samples_per_rollout
     assert result.rollout_stats.get("bad_media_rows", 0) == 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_qwen3_vl_trains_on_a_megatron_rank_group_in_colocate_mode(mm_root, tmp_path):
+    """The VL recipe's shape on CPU: Qwen3-VL trained by megatron (HF's vision tower in front of megatron's
+    decoder) with TP 2 and sequence parallelism (rank 1 a Ray actor), time-sharing the device with the
+    rollout engine (``--colocate --offload``). The engine holds exactly the trainer's weights after every
+    sync (HF Qwen3-VL names, the vision tower's included), and step 1 equals the torch backend's."""
+    pytest.importorskip("megatron.core")
+    import ray
+
+    from relax_core.controller import Controller, RunInputs
+
+    ckpt, data = _checkpoint(mm_root, "qwen3_vl"), _dataset(mm_root, ("image", "video"))
+    common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01"]
+    ref = Controller(_cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"),
+                     RunInputs(ckpt, data, None)).run()  # fmt: skip
+    megatron = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2",
+                "--tensor-model-parallel-size", "2", "--sequence-parallel", "--offload"]  # fmt: skip
+    cfg = _cfg(ckpt, data, tmp_path / "megatron", *common, *megatron, "--num-rollout", "2")
+    result = Controller(cfg, RunInputs(ckpt, data, None)).run()
+    assert not ray.is_initialized()
+    trained = [h for h in result.history if "train/loss" in h]
+    assert len(trained) == 2 and len(result.audit["trained_ids"]) == 2 * cfg.samples_per_rollout
+    trainer, rollout = result.audit["trainer_weights"], result.audit["rollout_weights"]
+    assert sorted(trainer) == [0, 1, 2] and {v: rollout[v] for v in trainer} == trainer
+    first, first_ref = trained[0], next(h for h in ref.history if "train/loss" in h)
+    assert result.audit["trained_prompts"][0] == ref.audit["trained_prompts"][0]
+    for key in ("train/loss", "train/grad_norm", "train/kl"):
+        assert first[key] == pytest.approx(first_ref[key], rel=1e-3, abs=1e-6), key

@@ -79,7 +79,7 @@ def _model(tmp: Path, kind: str) -> str:
 
 def _samples(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    lens, plens = (9, 12, 6, 10), (4, 5, 2, 6)
+    lens, plens = (9, 11, 6, 10), (4, 5, 2, 6)
     tokens = [rng.integers(0, VOCAB, n) for n in lens]
     resp = [n - p for n, p in zip(lens, plens)]
     return {
@@ -132,10 +132,11 @@ def _torch(model: str, flags: list[str], train_steps: int = 0, data: dict | None
 def _assert_same_update(got, ref, name: str) -> None:
     """Weights after AdamW steps (lr 1e-3: each element moves ~1e-3 per step). Adam normalises each
     element's gradient, so one whose gradient is at rounding level moves by up to lr either way:
-    such elements (a handful per million) are allowed 1e-4; all others must agree to 1e-6."""
+    such elements (at most one in a thousand) may differ by up to lr; all others must agree to 1e-6."""
     diff = (got - ref).abs()
-    assert float(diff.max()) < 1e-4, (name, float(diff.max()))
-    assert int((diff > 1e-6).sum()) <= max(1, diff.numel() // 1000), (name, int((diff > 1e-6).sum()))
+    off = int((diff > 1e-6).sum())
+    assert float(diff.max()) <= 1e-3 + 1e-6, (name, float(diff.max()), off)
+    assert off <= max(1, diff.numel() // 1000), (name, off, diff.numel())
 
 
 def _max_diff(a: list, b: list) -> float:
@@ -204,11 +205,12 @@ def dense_one_rank(tmp_path_factory):
     return model, _megatron(tmp, model, PARALLEL_FLAGS, train_steps=1)
 
 
-def test_tensor_parallel_two_ranks_equals_one(tmp_path, dense_one_rank):
+def test_tensor_and_sequence_parallel_two_ranks_equal_one(tmp_path, dense_one_rank):
+    """TP=2 with sequence parallelism (norms on half the tokens each, their gradients summed over TP; a
+    micro-batch of odd width padded to split)."""
     model, one = dense_one_rank
-    two = _megatron(
-        tmp_path, model, [*PARALLEL_FLAGS, "--tensor-model-parallel-size", "2"], world=2, train_steps=1
-    )
+    flags = [*PARALLEL_FLAGS, "--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    two = _megatron(tmp_path, model, flags, world=2, train_steps=1)
     assert _max_diff(two["logp"], one["logp"]) < 1e-5
     assert two["metrics"][0]["grad_norm"] == pytest.approx(one["metrics"][0]["grad_norm"], rel=1e-4)
     for name, value in one["weights"].items():  # gathered from both ranks' shards
@@ -281,3 +283,116 @@ def test_model_parallelism_without_enough_ranks_is_a_clear_error(tmp_path):
     model = _model(tmp_path, "dense")
     with pytest.raises(AssertionError, match="start one process per rank"):
         _megatron(tmp_path, model, [*FLAGS, "--tensor-model-parallel-size", "2"], world=1)
+
+
+# -- Qwen3-VL: HF's vision tower in front of the megatron decoder ------------------------------------------
+VL_IDS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=292, vision_end_token_id=293)
+PATCH = 3 * 2 * 16 * 16  # channels × temporal patch × patch²: one row of pixel_values
+
+
+def _vl_model(tmp: Path) -> str:
+    """A tiny random Qwen3-VL: two decoder layers, both receiving DeepStack features (from the two vision
+    blocks), interleaved M-RoPE; weights scaled as in :func:`_model`."""
+    cfg = transformers.Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3],
+                             "mrope_interleaved": True},
+        ),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           deepstack_visual_indexes=[0, 1], num_position_embeddings=64),
+        **VL_IDS,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLForConditionalGeneration(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" in name:  # (the tower as initialised: its layer norms must stay norms)
+                continue
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
+                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+    out = tmp / "qwen3_vl"
+    model.save_pretrained(out)
+    return str(out)
+
+
+def _vl_samples(seed: int = 0) -> dict:
+    """Four rows as relax-multimodal and the rollout worker make them: an image (4 merged tokens), a
+    two-frame video (4 tokens a frame, text between the frames), a text-only row and a wider image (8)."""
+    rng = np.random.default_rng(seed)
+    s, e, img, vid = (VL_IDS[k] for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id",
+                                           "video_token_id"))  # fmt: skip
+
+    def text(n):
+        return list(rng.integers(1, 280, n))
+
+    def image(grid):
+        n = grid[1] * grid[2] // 4
+        return {"pixel_values": rng.normal(size=(grid[0] * grid[1] * grid[2], PATCH)).astype(np.float32),
+                "image_grid_thw": np.array([grid])}, [s, *[img] * n, e]  # fmt: skip
+
+    m_img, t_img = image([1, 4, 4])
+    m_wide, t_wide = image([1, 4, 8])
+    m_vid = {"pixel_values_videos": rng.normal(size=(32, PATCH)).astype(np.float32),
+             "video_grid_thw": np.array([[2, 4, 4]])}  # fmt: skip
+    t_vid = [*text(2), s, *[vid] * 4, e, *text(2), s, *[vid] * 4, e]
+    prompts = [text(3) + t_img + text(2), t_vid + text(1), text(6), text(2) + t_wide + text(3)]
+    media = [m_img, m_vid, None, m_wide]
+    resp = (5, 4, 6, 3)
+    tokens, mms = [], []
+    for p, m, r in zip(prompts, media, resp):
+        tokens.append(np.array(p + text(r)))
+        if m is not None:
+            types = np.array([1 if t == img else 2 if t == vid else 0 for t in p])
+            m = {**m, "mm_token_type_ids": types}
+        mms.append(m)
+    return {
+        "tokens": tokens,
+        "prompt_len": [len(p) for p in prompts],
+        "mm": mms,
+        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
+        "loss_mask": [np.ones(r, np.float32) for r in resp],
+        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+    }
+
+
+@pytest.fixture(scope="module")
+def vl_one_rank(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vl_one_rank")
+    model = _vl_model(tmp)
+    return model, _megatron(tmp, model, PARALLEL_FLAGS, data=_vl_samples(), train_steps=1)
+
+
+def test_qwen3_vl_log_probs_and_a_training_step_match_the_torch_backend(tmp_path, vl_one_rank):
+    """Images, a video and a text row in one micro-batch: media features, M-RoPE positions and DeepStack
+    go into megatron's decoder as HF's Qwen3-VL does it; the vision tower trains like the rest."""
+    model, got = vl_one_rank
+    data = _vl_samples()
+    ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for key in ("loss", "grad_norm", "entropy"):
+        assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
+    assert set(got["weights"]) == set(ref["weights"])  # HF Qwen3-VL names, the vision tower's included
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    # the media matter: the same rows without their media tensors give other log-probs
+    bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
+    assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
+
+
+def test_qwen3_vl_tensor_sequence_and_context_parallel_equal_one_rank(tmp_path, vl_one_rank):
+    """TP 2 with sequence parallelism × CP 2 (four processes): each rank encodes the media itself, holds
+    half the decoder and two of four chunks of every row (media positions included)."""
+    model, one = vl_one_rank
+    flags = [*PARALLEL_FLAGS, "--tensor-model-parallel-size", "2", "--sequence-parallel",
+             "--context-parallel-size", "2"]  # fmt: skip
+    four = _megatron(tmp_path, model, flags, world=4, data=_vl_samples(), train_steps=1)
+    assert _max_diff(four["logp"], one["logp"]) < 1e-5
+    for key in ("loss", "grad_norm", "entropy"):
+        assert four["metrics"][0][key] == pytest.approx(one["metrics"][0][key], rel=1e-4), key
+    for name, value in one["weights"].items():
+        _assert_same_update(four["weights"][name], value, name)
+    assert _max_diff(four["logp_after"], one["logp_after"]) < 1e-5

@@ -24,14 +24,17 @@ Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_
 
 Inside a run, a role with several ranks is a :class:`~relax_train.megatron.group.MegatronRankGroup`.
 
-Not yet: context parallelism, Qwen3-VL / Omni models (the converter covers Qwen3 and
-Qwen3-MoE), Megatron's distributed optimizer and ``dist_checkpointing`` (checkpoints here are one file per
-rank, reloadable with the same topology), tied embeddings with pipeline parallelism.
+Context parallelism without Transformer Engine: :mod:`relax_train.megatron.context_parallel`. Qwen3-VL:
+HF's vision tower in front of the megatron decoder (:mod:`relax_train.megatron.multimodal`).
+
+Not yet: Qwen3-VL-MoE and Qwen3-Omni, Megatron's distributed optimizer, tied embeddings (and Qwen3-VL)
+with pipeline parallelism.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -43,9 +46,12 @@ import torch
 import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
+from relax_core.models import media_token_ids
 from relax_core.offload import onloaded
 from relax_train.backends.torch_backend import TorchBackend
+from relax_train.megatron import multimodal as mm
 from relax_train.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
+from relax_train.megatron.norms import use_sequence_parallel_norms
 
 # The TE layer spec fuses the input / pre-MLP RMSNorm into the following linear (the converter's
 # names); the local spec (no Transformer Engine: CPU, or GPUs without TE) keeps separate norms.
@@ -257,7 +263,12 @@ class MegatronBackend(TorchBackend):
         self.cfg, self.model_path = config, model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
         text = self.hf_config.get_text_config()
+        mm.check_supported(self.hf_config, model_path, t.pipeline_model_parallel_size)
         self.layout = MegatronLayout.from_hf_config(text)
+        vl = mm.is_multimodal(self.hf_config)
+        if vl:  # Qwen3-VL keeps tie_word_embeddings at the top of its config
+            tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+            self.layout = dataclasses.replace(self.layout, tie_word_embeddings=tied)
         self.tp, self.ep = t.tensor_model_parallel_size, t.expert_model_parallel_size
         if t.expert_tensor_parallel_size not in (None, self.tp):
             raise ValueError(
@@ -272,8 +283,11 @@ class MegatronBackend(TorchBackend):
                 "--pipeline-model-parallel-size 1"
             )
         self.mcfg = transformer_config(self.hf_config, self.layout, config)
+        if vl:
+            self.mcfg.mrope_section = mm.mrope_section(text)
         self.pre, self.post = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         spec = get_gpt_decoder_block_spec(self.mcfg, use_transformer_engine=False, normalization="RMSNorm")
+        use_sequence_parallel_norms(spec)  # (torch's own norms refuse --sequence-parallel)
         if self.cp > 1:  # megatron's own CP needs Transformer Engine: ours gathers keys and values
             from relax_train.megatron.context_parallel import use_context_parallel_attention
 
@@ -286,9 +300,11 @@ class MegatronBackend(TorchBackend):
             pre_process=self.pre,
             post_process=self.post,
             share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
-            position_embedding_type="rope",
+            position_embedding_type="mrope" if vl else "rope",
             rotary_base=_rope_theta(text),
         )
+        # Qwen3-VL: the vision tower, interleaved M-RoPE and DeepStack hooks go onto the model
+        self.front = mm.VisionFront(self.hf_config, self.model, self.tp) if vl else None
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         if self.device is not None:
             self.model.cuda()
@@ -298,8 +314,8 @@ class MegatronBackend(TorchBackend):
             hf_state.pop("lm_head.weight", None)
         self.load_weights(hf_state, version=0)
         # what the shared TorchBackend code reads
-        self.masked_token_ids: list[int] = []
-        self.takes_token_types = False
+        self.masked_token_ids: list[int] = media_token_ids(self.hf_config) if vl else []
+        self.takes_token_types = vl
         self.routing = None
         if config.algo.routing_replay and self.layout.is_moe:
             from relax_train.megatron.routing import MegatronRouting
@@ -361,6 +377,9 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state as ps
 
         hf = {k: torch.as_tensor(v) for k, v in tensors.items()}
+        visual: dict[str, torch.Tensor] = {}
+        if self.front is not None:
+            hf, visual = mm.to_text_names(hf)
         mine = hf_to_megatron_rank(
             hf,
             self.layout,
@@ -369,7 +388,7 @@ class MegatronBackend(TorchBackend):
             tp_size=self.tp,
             ep_size=self.ep,
         )
-        local = self._to_local(mine)
+        local = {**self._to_local(mine), **visual}
         params = dict(self.model.named_parameters())
         missing = sorted(set(params) - set(local))
         if missing:
@@ -397,6 +416,7 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state as ps
 
         state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
+        visual = {n: state.pop(n).float().cpu() for n in [n for n in state if n.startswith(mm.VISUAL)]}
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
         grid = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
         for name, value in state.items():
@@ -414,6 +434,8 @@ class MegatronBackend(TorchBackend):
                 for t in range(self.tp)
             ]
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
+        if self.front is not None:  # (the vision tower is replicated: every rank holds all of it)
+            hf = mm.to_hf_names(hf, visual)
         return list(hf.items())
 
     @onloaded
@@ -475,12 +497,17 @@ class MegatronBackend(TorchBackend):
             ids, _, plens, rlens = self._pad(samples, idx)
             dev = self.device or torch.device("cpu")
             if self.cp > 1:
-                return self._cp_step(model, idx, ids, plens, rlens, with_entropy, on_logp, dev)
+                return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev)
+            if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
+                ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
             width = ids.shape[1]
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
             with self._autocast(), self._routing_replay(samples, idx, width):
-                out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
+                if self.front is not None:
+                    out = self._mm_forward(model, samples, idx, ids, None, causal, dev)
+                else:
+                    out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
 
             def loss_func(output):
                 logp, valid, _, ent = self._logp_from_logits(
@@ -493,7 +520,38 @@ class MegatronBackend(TorchBackend):
 
         return step
 
-    def _cp_step(self, model, idx, ids, plens, rlens, with_entropy, on_logp, dev):
+    def _pad_to(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+        padded = torch.full((ids.shape[0], width), self.pad_token_id, dtype=ids.dtype)
+        padded[:, : ids.shape[1]] = ids
+        return padded
+
+    def _mm_forward(self, model, samples, idx, ids, loc, mask, dev):
+        """Qwen3-VL: the decoder on embeddings with the media features in place, 3-D positions and the
+        DeepStack additions, built on the full (padded) rows ``ids`` and cut to this CP rank's positions
+        ``loc`` (None: all of them)."""
+        from relax_core.mm import collate_mm, token_types
+
+        items = [samples["mm"][i] for i in idx] if "mm" in samples else [None] * len(idx)
+        lengths = [len(samples["tokens"][i]) for i in idx]
+        media = collate_mm(items) if any(items) else {}
+        types = token_types(items, lengths, ids.shape[1], left=False)
+        emb, pos, additions = self.front.inputs(ids, media, types, lengths, dev)
+        if loc is not None:
+            cut = loc.to(dev)
+            emb, pos, additions = emb[:, cut], pos[:, :, cut], [a[:, cut] for a in additions]
+        sp = self.mcfg.sequence_parallel
+        self.front.additions = [self.front.decoder_input(a, sp) for a in additions]
+        try:
+            return model(
+                input_ids=(ids if loc is None else ids[:, loc]).to(dev),
+                position_ids=pos,
+                attention_mask=mask,
+                decoder_input=self.front.decoder_input(emb, sp),
+            )
+        finally:
+            self.front.additions = None
+
+    def _cp_step(self, model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev):
         """One micro-batch under context parallelism: this rank's two chunks of every (padded) row go
         through the model, attending to the keys of the whole CP group; its per-token log-probs (and
         entropies) are gathered into whole rows, from which every CP rank computes the same loss."""
@@ -508,14 +566,16 @@ class MegatronBackend(TorchBackend):
         group = ps.get_context_parallel_group()
         multiple = 2 * self.cp * (self.tp if self.mcfg.sequence_parallel else 1)
         width = -(-ids.shape[1] // multiple) * multiple
-        padded = torch.full((ids.shape[0], width), self.pad_token_id, dtype=ids.dtype)
-        padded[:, : ids.shape[1]] = ids
+        padded = self._pad_to(ids, width)
         loc = local_positions(width, self.cp, ps.get_context_parallel_rank())
         order = gathered_positions(width, self.cp)
         masked = (order[None, :] > loc[:, None])[None, None].to(dev)  # causal, in global positions
         pos = loc.to(dev).unsqueeze(0).expand(len(idx), -1)
         with self._autocast():
-            out = model(input_ids=padded[:, loc].to(dev), position_ids=pos, attention_mask=masked)
+            if self.front is not None:
+                out = self._mm_forward(model, samples, idx, padded, loc, masked, dev)
+            else:
+                out = model(input_ids=padded[:, loc].to(dev), position_ids=pos, attention_mask=masked)
 
         def loss_func(output):
             # the token each position predicts (the last one predicts padding: never a response token)

@@ -99,6 +99,10 @@ _Split = Literal["rep", "col", "row", "glu"]
 _EXTRA_STATE = "._extra_state"  # TE modules' fp8 metadata: not a weight, ignored on input
 
 
+TEXT_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_text")
+"""HF ``model_type``s of the decoders this converter maps (Qwen3-VL's text model has Qwen3's layers)."""
+
+
 class ConversionError(ValueError):
     """A state dict, layout or parallel size that the conversion cannot handle (the message says why)."""
 
@@ -165,10 +169,11 @@ class MegatronLayout:
             return int(value)
 
         model_type = get("model_type")
-        if model_type is not None and model_type not in ("qwen3", "qwen3_moe"):
+        if model_type is not None and model_type not in TEXT_MODEL_TYPES:
             raise ConversionError(
-                f"model_type={model_type!r}: only 'qwen3' and 'qwen3_moe' are supported by the megatron "
-                "backend; train other models (Qwen3-VL, Qwen3-Omni) with --train-backend torch"
+                f"model_type={model_type!r}: only Qwen3, Qwen3-MoE and Qwen3-VL's decoder "
+                f"({', '.join(TEXT_MODEL_TYPES)}) are supported by the megatron backend; train other models "
+                "(Qwen3-VL-MoE, Qwen3-Omni) with --train-backend torch"
             )
         if get("hidden_act", "silu") != "silu":
             raise ConversionError(

@@ -1,0 +1,67 @@
+"""Qwen3-VL pieces of the megatron backend that need no process group: the interleaved M-RoPE angles
+against HF's, the HF <-> megatron name split, and which models and layouts are refused. The whole model
+against the torch backend (and under TP / SP / CP) is in ``test_backend.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("megatron.core")
+
+from relax_train.megatron import multimodal as mm  # noqa: E402
+
+
+def _text_config(section=(2, 3, 3)):
+    return transformers.Qwen3VLTextConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": list(section),
+                         "mrope_interleaved": True},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("section", [(2, 3, 3), (4, 2, 2)])
+def test_interleaved_mrope_angles_give_hfs_cos_and_sin(section):
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    cfg = _text_config(section)
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 50, (3, 2, 7), generator=gen)  # distinct t, h, w positions
+    cos, sin = Qwen3VLTextRotaryEmbedding(cfg)(torch.zeros(1, dtype=torch.float32), pos)  # [B, S, D]
+    ours = mm.InterleavedMRope(16, 5e6, list(section))(pos, list(section))  # [S, B, 1, D]
+    assert ours.shape == (7, 2, 1, 16)
+    angles = ours[:, :, 0].transpose(0, 1)
+    torch.testing.assert_close(angles.cos(), cos, rtol=0, atol=1e-6)
+    torch.testing.assert_close(angles.sin(), sin, rtol=0, atol=1e-6)
+    # and it is not the contiguous-section M-RoPE of Qwen2-VL (megatron's own)
+    chunked = torch.cat([pos[a, ..., None].expand(-1, -1, s) for a, s in enumerate(section)], -1).float()
+    inv = 1.0 / (5e6 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    assert not torch.allclose(torch.cat([chunked * inv] * 2, -1).cos(), cos, atol=1e-3)
+
+
+def test_weight_names_split_into_decoder_and_vision_tower_and_back():
+    hf = {
+        "model.language_model.layers.0.self_attn.q_proj.weight": torch.zeros(1),
+        "model.language_model.embed_tokens.weight": torch.zeros(1),
+        "model.language_model.norm.weight": torch.zeros(1),
+        "lm_head.weight": torch.zeros(1),
+        "model.visual.blocks.0.attn.qkv.weight": torch.zeros(1),
+        "model.visual.merger.linear_fc1.bias": torch.zeros(1),
+    }
+    text, visual = mm.to_text_names(hf)
+    assert set(text) == {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
+                         "model.norm.weight", "lm_head.weight"}  # fmt: skip
+    assert set(visual) == {"visual.blocks.0.attn.qkv.weight", "visual.merger.linear_fc1.bias"}
+    assert set(mm.to_hf_names(text, visual)) == set(hf)
+
+
+def test_models_not_on_megatron_and_pipeline_parallel_vl_are_refused_with_what_to_do():
+    omni = transformers.Qwen3OmniMoeThinkerConfig()
+    with pytest.raises(ValueError, match="--train-backend torch"):
+        mm.check_supported(omni, "/m/omni", 1)
+    vl = transformers.Qwen3VLConfig()
+    mm.check_supported(vl, "/m/vl", 1)
+    with pytest.raises(ValueError, match="--pipeline-model-parallel-size 1"):
+        mm.check_supported(vl, "/m/vl", 2)
+    mm.check_supported(transformers.Qwen3Config(), "/m/text", 2)  # text models: any layout

@@ -122,7 +122,7 @@ def test_qwen3_vl_trains_on_a_megatron_rank_group_in_colocate_mode(mm_root, tmp_
     from relax_core.controller import Controller, RunInputs
 
     ckpt, data = _checkpoint(mm_root, "qwen3_vl"), _dataset(mm_root, ("image", "video"))
-    common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01"]
+    common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01", "--verify-weight-sync"]
     ref = Controller(_cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"),
                      RunInputs(ckpt, data, None)).run()  # fmt: skip
     megatron = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2",

@@ -358,19 +358,15 @@ def _vl_samples(seed: int = 0) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def vl_one_rank(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vl_one_rank")
-    model = _vl_model(tmp)
-    return model, _megatron(tmp, model, PARALLEL_FLAGS, data=_vl_samples(), train_steps=1)
-
-
-def test_qwen3_vl_log_probs_and_a_training_step_match_the_torch_backend(tmp_path, vl_one_rank):
-    """Images, a video and a text row in one micro-batch: media features, M-RoPE positions and DeepStack
-    go into megatron's decoder as HF's Qwen3-VL does it; the vision tower trains like the rest."""
-    model, got = vl_one_rank
-    data = _vl_samples()
+def test_qwen3_vl_under_context_parallelism_matches_the_torch_backend(tmp_path):
+    """Images, a video and a text row in one micro-batch, on two CP ranks: each rank encodes the media
+    itself and keeps two of four chunks of every row (media positions included); media features, M-RoPE
+    positions and DeepStack go into megatron's decoder as HF's Qwen3-VL does it, and the vision tower
+    trains like the rest. (TP with sequence parallelism: ``tests/test_mm_rl.py``, in a colocate run.)"""
+    model, data = _vl_model(tmp_path), _vl_samples()
     ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
+    got = _megatron(tmp_path, model, [*PARALLEL_FLAGS, "--context-parallel-size", "2"], world=2, data=data,
+                    train_steps=1)  # fmt: skip
     assert _max_diff(got["logp"], ref["logp"]) < 1e-4
     for key in ("loss", "grad_norm", "entropy"):
         assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
@@ -381,18 +377,3 @@ def test_qwen3_vl_log_probs_and_a_training_step_match_the_torch_backend(tmp_path
     # the media matter: the same rows without their media tensors give other log-probs
     bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
     assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
-
-
-def test_qwen3_vl_tensor_sequence_and_context_parallel_equal_one_rank(tmp_path, vl_one_rank):
-    """TP 2 with sequence parallelism × CP 2 (four processes): each rank encodes the media itself, holds
-    half the decoder and two of four chunks of every row (media positions included)."""
-    model, one = vl_one_rank
-    flags = [*PARALLEL_FLAGS, "--tensor-model-parallel-size", "2", "--sequence-parallel",
-             "--context-parallel-size", "2"]  # fmt: skip
-    four = _megatron(tmp_path, model, flags, world=4, data=_vl_samples(), train_steps=1)
-    assert _max_diff(four["logp"], one["logp"]) < 1e-5
-    for key in ("loss", "grad_norm", "entropy"):
-        assert four["metrics"][0][key] == pytest.approx(one["metrics"][0][key], rel=1e-4), key
-    for name, value in one["weights"].items():
-        _assert_same_update(four["weights"][name], value, name)
-    assert _max_diff(four["logp_after"], one["logp_after"]) < 1e-5

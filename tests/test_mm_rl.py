@@ -109,19 +109,26 @@ def test_omni_rl_mixed_batch_runs_in_both_modes(mm_root, tmp_path, mode):
     assert result.rollout_stats.get("bad_media_rows", 0) == 0
 
 
+MEGATRON_SHAPES = {  # (megatron wants sequence parallelism with TP for MoE models)
+    "qwen3_vl": ("image", "video"),
+    "qwen3_omni": ("image", "audio"),  # an MoE decoder, the experts TP-split
+}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_qwen3_vl_trains_on_a_megatron_rank_group_in_colocate_mode(mm_root, tmp_path):
-    """The VL recipe's shape on CPU: Qwen3-VL trained by megatron (HF's vision tower in front of megatron's
-    decoder) with TP 2 and sequence parallelism (rank 1 a Ray actor), time-sharing the device with the
-    rollout engine (``--colocate --offload``). The engine holds exactly the trainer's weights after every
-    sync (HF Qwen3-VL names, the vision tower's included), and step 1 equals the torch backend's."""
+@pytest.mark.parametrize("family", list(MEGATRON_SHAPES))
+def test_multimodal_model_trains_on_a_megatron_rank_group_in_colocate_mode(mm_root, tmp_path, family):
+    """The multimodal recipes' shape on CPU: the model trained by megatron (HF's media encoders in front of
+    megatron's decoder) with TP 2 and sequence parallelism (rank 1 a Ray actor), time-sharing the device with the rollout engine
+    (``--colocate --offload``). The engine holds exactly the trainer's weights after every sync (HF names,
+    the encoders' included), and step 1 equals the torch backend's."""
     pytest.importorskip("megatron.core")
     import ray
 
     from relax_core.controller import Controller, RunInputs
 
-    ckpt, data = _checkpoint(mm_root, "qwen3_vl"), _dataset(mm_root, ("image", "video"))
+    ckpt, data = _checkpoint(mm_root, family), _dataset(mm_root, MEGATRON_SHAPES[family])
     common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01", "--verify-weight-sync"]
     ref = Controller(_cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"),
                      RunInputs(ckpt, data, None)).run()  # fmt: skip

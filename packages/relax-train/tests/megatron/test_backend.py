@@ -377,3 +377,89 @@ def test_qwen3_vl_under_context_parallelism_matches_the_torch_backend(tmp_path):
     # the media matter: the same rows without their media tensors give other log-probs
     bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
     assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
+
+
+OMNI_IDS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=292, vision_end_token_id=293,
+                audio_token_id=294, audio_start_token_id=295, audio_end_token_id=296)  # fmt: skip
+
+
+def _omni_model(tmp: Path) -> str:
+    """A tiny random Qwen3-Omni thinker: MoE decoder (4 experts, top 2; layer 1 dense), vision tower with
+    DeepStack into both layers, audio tower."""
+    cfg = transformers.Qwen3OmniMoeThinkerConfig(
+        audio_config=dict(num_mel_bins=128, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+                          d_model=32, downsample_hidden_size=16, output_dim=64),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           deepstack_visual_indexes=[0, 1], num_position_embeddings=64),
+        text_config=dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+            num_experts_per_tok=2, mlp_only_layers=[1], num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3],
+                             "interleaved": True, "mrope_interleaved": False},
+        ),
+        position_id_per_seconds=13,
+        **OMNI_IDS,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(("visual", "audio_tower")):
+                continue
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
+                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+    out = tmp / "qwen3_omni"
+    model.save_pretrained(out)
+    return str(out)
+
+
+def _omni_samples(seed: int = 0) -> dict:
+    """An image + audio row (AVQA's shape), an audio-only row, a text row and an image row."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    rng = np.random.default_rng(seed)
+    ids = OMNI_IDS
+
+    def text(n):
+        return list(rng.integers(1, 280, n))
+
+    def audio(frames):
+        n = int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+        feats = {"input_features": rng.normal(size=(1, 128, frames)).astype(np.float32),
+                 "feature_attention_mask": np.ones((1, frames), np.int64)}  # fmt: skip
+        return feats, [ids["audio_start_token_id"], *[ids["audio_token_id"]] * n, ids["audio_end_token_id"]]
+
+    m_img = {"pixel_values": rng.normal(size=(16, PATCH)).astype(np.float32), "image_grid_thw": np.array([[1, 4, 4]])}
+    t_img = [ids["vision_start_token_id"], *[ids["image_token_id"]] * 4, ids["vision_end_token_id"]]
+    a1, t_a1 = audio(120)
+    a2, t_a2 = audio(64)
+    prompts = [text(2) + t_img + t_a1 + text(2), text(3) + t_a2 + text(1), text(6), text(1) + t_img + text(3)]
+    media = [{**m_img, **a1}, a2, None, dict(m_img)]
+    resp = (5, 4, 6, 3)
+    tokens = [np.array(p + text(r)) for p, r in zip(prompts, resp)]
+    return {
+        "tokens": tokens,
+        "prompt_len": [len(p) for p in prompts],
+        "mm": media,
+        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
+        "loss_mask": [np.ones(r, np.float32) for r in resp],
+        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+    }
+
+
+def test_qwen3_omni_thinker_matches_the_torch_backend(tmp_path):
+    """Qwen3-Omni's thinker (the Omni recipe's model) on one rank: image and audio features, Omni's M-RoPE
+    positions (audio clips advance time), DeepStack and the MoE decoder, as HF computes them."""
+    model, data = _omni_model(tmp_path), _omni_samples()
+    ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
+    got = _megatron(tmp_path, model, PARALLEL_FLAGS, data=data, train_steps=1)
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for key in ("loss", "grad_norm", "entropy"):
+        assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
+    assert set(got["weights"]) == set(ref["weights"])  # the thinker's HF names, both encoders included
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
+    assert _max_diff(bare["logp"], ref["logp"]) > 1e-2

@@ -1,4 +1,4 @@
-"""Qwen3-VL pieces of the megatron backend that need no process group: the interleaved M-RoPE angles
+"""Qwen3-VL / Qwen3-Omni pieces of the megatron backend that need no process group: the interleaved M-RoPE angles
 against HF's, the HF <-> megatron name split, and which models and layouts are refused. The whole model
 against the torch backend (and under TP / SP / CP) is in ``test_backend.py``."""
 
@@ -40,8 +40,8 @@ def test_interleaved_mrope_angles_give_hfs_cos_and_sin(section):
     assert not torch.allclose(torch.cat([chunked * inv] * 2, -1).cos(), cos, atol=1e-3)
 
 
-def test_weight_names_split_into_decoder_and_vision_tower_and_back():
-    hf = {
+def test_weight_names_split_into_decoder_and_media_encoders_and_back():
+    vl = {
         "model.language_model.layers.0.self_attn.q_proj.weight": torch.zeros(1),
         "model.language_model.embed_tokens.weight": torch.zeros(1),
         "model.language_model.norm.weight": torch.zeros(1),
@@ -49,19 +49,30 @@ def test_weight_names_split_into_decoder_and_vision_tower_and_back():
         "model.visual.blocks.0.attn.qkv.weight": torch.zeros(1),
         "model.visual.merger.linear_fc1.bias": torch.zeros(1),
     }
-    text, visual = mm.to_text_names(hf)
+    fam = mm.FAMILIES["qwen3_vl"]
+    text, towers = mm.to_text_names(vl, fam)
     assert set(text) == {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
                          "model.norm.weight", "lm_head.weight"}  # fmt: skip
-    assert set(visual) == {"visual.blocks.0.attn.qkv.weight", "visual.merger.linear_fc1.bias"}
-    assert set(mm.to_hf_names(text, visual)) == set(hf)
+    assert set(towers) == {"visual.blocks.0.attn.qkv.weight", "visual.merger.linear_fc1.bias"}
+    assert set(mm.to_hf_names(text, towers, fam)) == set(vl)
+    # Qwen3-Omni's thinker: the decoder already has Qwen3(-MoE) names; two encoders
+    omni = {"model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(1), "lm_head.weight": torch.zeros(1),
+            "visual.patch_embed.proj.weight": torch.zeros(1), "audio_tower.conv2d1.weight": torch.zeros(1)}  # fmt: skip
+    fam = mm.FAMILIES["qwen3_omni_moe_thinker"]
+    text, towers = mm.to_text_names(omni, fam)
+    assert set(text) == {"model.layers.0.mlp.experts.0.up_proj.weight", "lm_head.weight"}
+    assert set(towers) == {"visual.patch_embed.proj.weight", "audio_tower.conv2d1.weight"}
+    assert all(mm.is_tower(n) for n in towers) and not any(mm.is_tower(n) for n in text)
+    assert set(mm.to_hf_names(text, towers, fam)) == set(omni)
 
 
-def test_models_not_on_megatron_and_pipeline_parallel_vl_are_refused_with_what_to_do():
-    omni = transformers.Qwen3OmniMoeThinkerConfig()
+def test_models_not_on_megatron_and_pipeline_parallel_multimodal_are_refused_with_what_to_do():
     with pytest.raises(ValueError, match="--train-backend torch"):
-        mm.check_supported(omni, "/m/omni", 1)
-    vl = transformers.Qwen3VLConfig()
-    mm.check_supported(vl, "/m/vl", 1)
-    with pytest.raises(ValueError, match="--pipeline-model-parallel-size 1"):
-        mm.check_supported(vl, "/m/vl", 2)
+        mm.check_supported(transformers.Qwen2_5_VLConfig(), "/m/qwen2.5-vl", 1)
+    with pytest.raises(ValueError, match="save model.thinker"):
+        mm.check_supported(transformers.Qwen3OmniMoeConfig(), "/m/omni", 1)
+    for cfg in (transformers.Qwen3VLConfig(), transformers.Qwen3OmniMoeThinkerConfig()):
+        mm.check_supported(cfg, "/m/mm", 1)
+        with pytest.raises(ValueError, match="--pipeline-model-parallel-size 1"):
+            mm.check_supported(cfg, "/m/mm", 2)
     mm.check_supported(transformers.Qwen3Config(), "/m/text", 2)  # text models: any layout

@@ -24,11 +24,12 @@ Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_
 
 Inside a run, a role with several ranks is a :class:`~relax_train.megatron.group.MegatronRankGroup`.
 
-Context parallelism without Transformer Engine: :mod:`relax_train.megatron.context_parallel`. Qwen3-VL:
-HF's vision tower in front of the megatron decoder (:mod:`relax_train.megatron.multimodal`).
+Context parallelism without Transformer Engine: :mod:`relax_train.megatron.context_parallel`. Qwen3-VL
+and Qwen3-Omni's thinker: HF's media encoders in front of the megatron decoder
+(:mod:`relax_train.megatron.multimodal`).
 
-Not yet: Qwen3-VL-MoE and Qwen3-Omni, Megatron's distributed optimizer, tied embeddings (and Qwen3-VL)
-with pipeline parallelism.
+Not yet: Qwen3-VL-MoE, Megatron's distributed optimizer, tied embeddings and multimodal models with
+pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ class MegatronBackend(TorchBackend):
         mm.check_supported(self.hf_config, model_path, t.pipeline_model_parallel_size)
         self.layout = MegatronLayout.from_hf_config(text)
         vl = mm.is_multimodal(self.hf_config)
-        if vl:  # Qwen3-VL keeps tie_word_embeddings at the top of its config
+        if vl:  # Qwen3-VL / Omni keep tie_word_embeddings at the top of their config
             tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
             self.layout = dataclasses.replace(self.layout, tie_word_embeddings=tied)
         self.tp, self.ep = t.tensor_model_parallel_size, t.expert_model_parallel_size
@@ -303,8 +304,8 @@ class MegatronBackend(TorchBackend):
             position_embedding_type="mrope" if vl else "rope",
             rotary_base=_rope_theta(text),
         )
-        # Qwen3-VL: the vision tower, interleaved M-RoPE and DeepStack hooks go onto the model
-        self.front = mm.VisionFront(self.hf_config, self.model, self.tp) if vl else None
+        # Qwen3-VL / Omni: the media encoders, interleaved M-RoPE and DeepStack hooks go onto the model
+        self.front = mm.MediaFront(self.hf_config, self.model, self.tp) if vl else None
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         if self.device is not None:
             self.model.cuda()
@@ -377,9 +378,9 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state as ps
 
         hf = {k: torch.as_tensor(v) for k, v in tensors.items()}
-        visual: dict[str, torch.Tensor] = {}
+        towers: dict[str, torch.Tensor] = {}
         if self.front is not None:
-            hf, visual = mm.to_text_names(hf)
+            hf, towers = mm.to_text_names(hf, mm.family(self.hf_config))
         mine = hf_to_megatron_rank(
             hf,
             self.layout,
@@ -388,7 +389,7 @@ class MegatronBackend(TorchBackend):
             tp_size=self.tp,
             ep_size=self.ep,
         )
-        local = {**self._to_local(mine), **visual}
+        local = {**self._to_local(mine), **towers}
         params = dict(self.model.named_parameters())
         missing = sorted(set(params) - set(local))
         if missing:
@@ -416,7 +417,7 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state as ps
 
         state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
-        visual = {n: state.pop(n).float().cpu() for n in [n for n in state if n.startswith(mm.VISUAL)]}
+        towers = {n: state.pop(n).float().cpu() for n in [n for n in state if mm.is_tower(n)]}
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
         grid = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
         for name, value in state.items():
@@ -434,8 +435,8 @@ class MegatronBackend(TorchBackend):
                 for t in range(self.tp)
             ]
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
-        if self.front is not None:  # (the vision tower is replicated: every rank holds all of it)
-            hf = mm.to_hf_names(hf, visual)
+        if self.front is not None:  # (the media encoders are replicated: every rank holds all of them)
+            hf = mm.to_hf_names(hf, towers, mm.family(self.hf_config))
         return list(hf.items())
 
     @onloaded

@@ -99,8 +99,9 @@ _Split = Literal["rep", "col", "row", "glu"]
 _EXTRA_STATE = "._extra_state"  # TE modules' fp8 metadata: not a weight, ignored on input
 
 
-TEXT_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_text")
-"""HF ``model_type``s of the decoders this converter maps (Qwen3-VL's text model has Qwen3's layers)."""
+TEXT_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_omni_moe_text")
+"""HF ``model_type``s of the decoders this converter maps (Qwen3-VL's and Qwen3-Omni's text models have
+Qwen3's and Qwen3-MoE's layers)."""
 
 
 class ConversionError(ValueError):
@@ -171,9 +172,9 @@ class MegatronLayout:
         model_type = get("model_type")
         if model_type is not None and model_type not in TEXT_MODEL_TYPES:
             raise ConversionError(
-                f"model_type={model_type!r}: only Qwen3, Qwen3-MoE and Qwen3-VL's decoder "
+                f"model_type={model_type!r}: only Qwen3, Qwen3-MoE and the decoders of Qwen3-VL and Qwen3-Omni "
                 f"({', '.join(TEXT_MODEL_TYPES)}) are supported by the megatron backend; train other models "
-                "(Qwen3-VL-MoE, Qwen3-Omni) with --train-backend torch"
+                "(Qwen3-VL-MoE, ...) with --train-backend torch"
             )
         if get("hidden_act", "silu") != "silu":
             raise ConversionError(

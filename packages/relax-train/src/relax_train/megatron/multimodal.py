@@ -1,13 +1,16 @@
-"""Qwen3-VL on the megatron backend: HF's vision tower in front of megatron-core's text decoder.
+"""Qwen3-VL and Qwen3-Omni (thinker) on the megatron backend: HF's media encoders in front of
+megatron-core's text decoder.
 
-Why this split: the vision tower is a small part of the model (about 0.4B of Qwen3-VL-4B's parameters)
-and runs once per micro-batch before the decoder, so it stays the HF module, replicated on every rank
-(each tensor / context-parallel rank encodes the micro-batch's media itself); the decoder, where the
-parameters and the time are, is megatron's ``GPTModel`` with the same TP / SP / CP / EP and weight
-converter as the Qwen3 text models. What Qwen3-VL adds to a Qwen3 decoder, and where it goes here:
+Why this split: the vision and audio towers are a small part of the model (about 0.4B of Qwen3-VL-4B's
+parameters, 1B of Qwen3-Omni-30B-A3B's) and run once per micro-batch before the decoder, so they stay the
+HF modules, replicated on every rank (each tensor / context-parallel rank encodes the micro-batch's media
+itself); the decoder, where the parameters and the time are, is megatron's ``GPTModel`` with the same TP /
+SP / CP / EP and weight converter as the Qwen3 and Qwen3-MoE text models. What these models add to a Qwen3
+decoder, and where it goes here:
 
-* media features replace the embeddings of the placeholder tokens: the input embeddings are computed
-  here (``decoder_input``), on the full rows, then cut to this rank's chunks (CP) and sequence shard (SP);
+* media features (images, video frames, audio) replace the embeddings of the placeholder tokens: the
+  input embeddings are computed here (``decoder_input``), on the full rows, then cut to this rank's
+  chunks (CP) and sequence shard (SP);
 * interleaved M-RoPE: three position ids per token (time, height, width; HF's ``get_rope_index``) and
   rotary frequencies drawn from them in turn (:class:`InterleavedMRope`, in place of megatron's M-RoPE,
   which splits the frequencies into contiguous sections as Qwen2-VL does);
@@ -16,64 +19,99 @@ converter as the Qwen3 text models. What Qwen3-VL adds to a Qwen3 decoder, and w
 
 Gradients: the vision tower's parameters are replicated, so :meth:`MegatronBackend._clip_and_step`
 treats them like the norms: summed over CP ranks (each back-propagates its own tokens), averaged over
-data-parallel ranks, counted once in the gradient norm. Not yet: pipeline parallelism (the tower and the
-DeepStack layers would all have to sit on the first stage), Qwen3-VL-MoE and Qwen3-Omni (their expert
-layout and audio tower).
+data-parallel ranks, counted once in the gradient norm. Not yet: pipeline parallelism (the towers and the
+DeepStack layers would all have to sit on the first stage, and every stage needs the positions),
+Qwen3-VL-MoE (its fused expert layout), Qwen3-Omni's talker (it only speaks; RL trains the thinker).
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-FAMILIES = ("qwen3_vl",)
+
+@dataclass(frozen=True)
+class Family:
+    text_prefix: str
+    """Where the HF checkpoint keeps the text decoder (the converter reads Qwen3's ``model.`` names)."""
+    towers: dict[str, str]
+    """Media encoders: their module name on the megatron model (a submodule of the ``GPTModel``) -> their
+    prefix in the HF checkpoint."""
+
+
+FAMILIES = {
+    "qwen3_vl": Family("model.language_model.", {"visual": "model.visual."}),
+    "qwen3_omni_moe_thinker": Family("model.", {"visual": "visual.", "audio_tower": "audio_tower."}),
+}
 """HF ``model_type`` of the multimodal models this module puts on megatron."""
-TEXT_PREFIX = "model.language_model."
-"""Where the HF checkpoint keeps the text decoder (the converter reads Qwen3's ``model.`` names)."""
-VISUAL_PREFIX = "model.visual."
-VISUAL = "visual."
-"""The vision tower's name inside the megatron model (a submodule of the ``GPTModel``)."""
+
+
+def family(hf_config: Any) -> Family | None:
+    return FAMILIES.get(getattr(hf_config, "model_type", ""))
 
 
 def is_multimodal(hf_config: Any) -> bool:
-    return getattr(hf_config, "model_type", "") in FAMILIES
+    return family(hf_config) is not None
+
+
+def is_tower(name: str) -> bool:
+    """Whether a megatron-model parameter name belongs to a media encoder."""
+    return name.split(".", 1)[0] in TOWERS
+
+
+TOWERS = {t for f in FAMILIES.values() for t in f.towers}
 
 
 def check_supported(hf_config: Any, model_path: str, pipeline_size: int) -> None:
     kind = getattr(hf_config, "model_type", "")
+    if kind == "qwen3_omni_moe":
+        raise ValueError(
+            f"{model_path}: a whole Qwen3-Omni checkpoint (thinker + talker); RL trains the thinker: save "
+            "model.thinker on its own (save_pretrained) and point --hf-checkpoint there"
+        )
     if kind not in FAMILIES and hasattr(hf_config, "vision_config"):
         raise ValueError(
             f"{model_path}: {kind!r} models are not on the megatron backend yet (it covers Qwen3, "
-            f"Qwen3-MoE and Qwen3-VL); use --train-backend torch"
+            f"Qwen3-MoE, Qwen3-VL and Qwen3-Omni's thinker); use --train-backend torch"
         )
     if kind in FAMILIES and pipeline_size > 1:
         raise ValueError(
-            f"{model_path}: Qwen3-VL on the megatron backend needs --pipeline-model-parallel-size 1 (the "
-            "vision tower and the DeepStack layers would have to sit on the first stage); use tensor, "
-            "context or data parallelism"
+            f"{model_path}: multimodal models on the megatron backend need --pipeline-model-parallel-size 1 "
+            "for now (the media encoders and the DeepStack layers would have to sit on the first stage); "
+            "use tensor, expert, context or data parallelism"
         )
 
 
-def to_text_names(hf: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """HF Qwen3-VL weights -> (the decoder's in Qwen3 names, the vision tower's under its module names)."""
-    text, visual = {}, {}
+def to_text_names(
+    hf: dict[str, torch.Tensor], fam: Family
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """HF weights -> (the decoder's in Qwen3 names, the media encoders' under their module names)."""
+    text, towers = {}, {}
     for k, v in hf.items():
-        if k.startswith(VISUAL_PREFIX):
-            visual[VISUAL + k[len(VISUAL_PREFIX) :]] = v
-        elif k.startswith(TEXT_PREFIX):
-            text["model." + k[len(TEXT_PREFIX) :]] = v
+        tower = next((t for t, prefix in fam.towers.items() if k.startswith(prefix)), None)
+        if tower is not None:
+            towers[f"{tower}.{k[len(fam.towers[tower]) :]}"] = v
+        elif k.startswith(fam.text_prefix):
+            text["model." + k[len(fam.text_prefix) :]] = v
         else:
             text[k] = v
-    return text, visual
+    return text, towers
 
 
-def to_hf_names(text: dict[str, torch.Tensor], visual: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_hf_names(
+    text: dict[str, torch.Tensor], towers: dict[str, torch.Tensor], fam: Family
+) -> dict[str, torch.Tensor]:
     """The inverse of :func:`to_text_names`."""
-    out = {(TEXT_PREFIX + k[len("model.") :] if k.startswith("model.") else k): v for k, v in text.items()}
-    out.update({VISUAL_PREFIX + k[len(VISUAL) :]: v for k, v in visual.items()})
+    out = {
+        (fam.text_prefix + k[len("model.") :] if k.startswith("model.") else k): v for k, v in text.items()
+    }
+    for k, v in towers.items():
+        tower, rest = k.split(".", 1)
+        out[fam.towers[tower] + rest] = v
     return out
 
 
@@ -81,7 +119,9 @@ def mrope_section(text_config: Any) -> list[int]:
     params = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
     section = params.get("mrope_section")
     if not section:
-        raise ValueError("Qwen3-VL text config without rope_parameters.mrope_section: not a Qwen3-VL checkpoint?")
+        raise ValueError(
+            "Qwen3-VL text config without rope_parameters.mrope_section: not a Qwen3-VL checkpoint?"
+        )
     return [int(s) for s in section]
 
 
@@ -109,19 +149,32 @@ class InterleavedMRope(torch.nn.Module):
         return emb.transpose(0, 1)[:, :, None, :].contiguous()
 
 
-class VisionFront:
-    """Builds a micro-batch's decoder inputs for a Qwen3-VL megatron model: embeddings with the media
+def _build_towers(hf_config: Any, model: torch.nn.Module) -> None:
+    """The media encoders as HF builds them for this family, attached to the megatron model."""
+    if hf_config.model_type == "qwen3_vl":
+        from transformers import AutoModel
+
+        model.visual = AutoModel.from_config(hf_config.vision_config)
+    else:
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
+
+        model.visual = omni.Qwen3OmniMoeVisionEncoder._from_config(hf_config.vision_config)
+        model.audio_tower = omni.Qwen3OmniMoeAudioEncoder._from_config(hf_config.audio_config)
+    for name in family(hf_config).towers:
+        getattr(model, name).float()
+
+
+class MediaFront:
+    """Builds a micro-batch's decoder inputs for a multimodal megatron model: embeddings with the media
     features in place, 3-D positions and the DeepStack additions (set on the hooked layers)."""
 
     def __init__(self, hf_config: Any, model: torch.nn.Module, tp: int) -> None:
-        from transformers import AutoModel
-
         self.hf_config, self.model, self.tp = hf_config, model, tp
+        self.omni = hf_config.model_type != "qwen3_vl"
         vision = hf_config.vision_config
-        self.merge = int(vision.spatial_merge_size)
         self.image_id, self.video_id = int(hf_config.image_token_id), int(hf_config.video_token_id)
-        model.visual = AutoModel.from_config(vision)  # a submodule: optimizer, offload, checkpoints see it
-        model.visual.float()
+        self.audio_id = int(hf_config.audio_token_id) if self.omni else None
+        _build_towers(hf_config, model)  # submodules: the optimizer, offload and checkpoints see them
         text = hf_config.get_text_config()
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
         theta = float((getattr(text, "rope_parameters", None) or {}).get("rope_theta") or text.rope_theta)
@@ -162,24 +215,52 @@ class VisionFront:
             return out[0], list(out[1])
         return out.pooler_output, list(out.deepstack_features)
 
-    def positions(self, ids: torch.Tensor, types: torch.Tensor, lengths: list[int], media: dict) -> torch.Tensor:
-        """[3, B, W] M-RoPE position ids (HF's ``Qwen3VLModel.get_rope_index`` on right-padded rows)."""
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
-
+    def positions(
+        self, ids: torch.Tensor, types: torch.Tensor, lengths: list[int], media: dict
+    ) -> torch.Tensor:
+        """[3, B, W] M-RoPE position ids of right-padded rows (HF's ``get_rope_index``, which reads only the
+        config from its model: it runs here on a bare instance)."""
         mask = torch.zeros_like(ids)
         for row, n in enumerate(lengths):
             mask[row, :n] = 1
-        shim = object.__new__(Qwen3VLModel)  # get_rope_index reads only self.config
-        shim.__dict__["config"] = self.hf_config
-        kwargs = dict(
-            mm_token_type_ids=types,
-            image_grid_thw=media.get("image_grid_thw"),
-            video_grid_thw=media.get("video_grid_thw"),
-            attention_mask=mask,
+        if self.omni:
+            from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+                Qwen3OmniMoeThinkerForConditionalGeneration as cls,
+            )
+
+            audio = media.get("feature_attention_mask")
+            kwargs = dict(
+                image_grid_thw=media.get("image_grid_thw"),
+                video_grid_thw=media.get("video_grid_thw"),
+                attention_mask=mask,
+                use_audio_in_video=False,
+                audio_seqlens=audio.sum(-1) if audio is not None else None,
+                second_per_grids=media.get("video_second_per_grid"),
+            )
+        else:
+            from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel as cls
+
+            kwargs = dict(
+                mm_token_type_ids=types,
+                image_grid_thw=media.get("image_grid_thw"),
+                video_grid_thw=media.get("video_grid_thw"),
+                attention_mask=mask,
+            )
+        shim = object.__new__(cls)
+        shim.__dict__.update(
+            config=self.hf_config, spatial_merge_size=self.hf_config.vision_config.spatial_merge_size
         )
-        accepted = inspect.signature(Qwen3VLModel.get_rope_index).parameters
+        accepted = inspect.signature(cls.get_rope_index).parameters
         pos, _ = shim.get_rope_index(ids, **{k: v for k, v in kwargs.items() if k in accepted})
-        return pos
+        return pos.long()
+
+    def _audio(self, media: dict[str, torch.Tensor], dev) -> torch.Tensor:
+        """The audio tower on the micro-batch's clips (padded along time; the mask marks real frames)."""
+        feats, mask = media["input_features"].to(dev), media["feature_attention_mask"].to(dev)
+        flat = feats.permute(0, 2, 1)[mask.bool()].permute(1, 0)  # [mels, all real frames], as HF does
+        tower = self.model.audio_tower
+        out = tower(flat.to(next(tower.parameters()).dtype), feature_lens=mask.sum(-1))
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
     def inputs(
         self, ids: torch.Tensor, media: dict[str, torch.Tensor], types: torch.Tensor, lengths: list[int], dev
@@ -190,6 +271,8 @@ class VisionFront:
         emb = self._embed(ids)
         pos = self.positions(ids.cpu(), types, lengths, media).to(dev)
         additions = [torch.zeros_like(emb) for _ in range(self.n_deepstack)]
+        if self.omni and media.get("input_features") is not None:
+            emb = self._scatter(emb, ids, self.audio_id, self._audio(media, dev), "input_features")
         for pixels, grid, token in (
             ("pixel_values", "image_grid_thw", self.image_id),
             ("pixel_values_videos", "video_grid_thw", self.video_id),
@@ -197,15 +280,22 @@ class VisionFront:
             if media.get(pixels) is None:
                 continue
             feats, deep = self._encode(media[pixels].to(dev), media[grid].to(dev))
-            where = (ids == token)[..., None]
-            if int(where.sum()) != feats.shape[0]:
-                raise ValueError(
-                    f"{int(where.sum())} {pixels.replace('pixel_values', 'media')} placeholder tokens but "
-                    f"{feats.shape[0]} features: the sample's tokens and its {grid} disagree"
-                )
-            emb = emb.masked_scatter(where, feats.to(emb.dtype))
-            additions = [a.masked_scatter(where, d.to(a.dtype)) for a, d in zip(additions, deep)]
+            emb = self._scatter(emb, ids, token, feats, grid)
+            additions = [self._scatter(a, ids, token, d, grid) for a, d in zip(additions, deep)]
         return emb, pos, additions
+
+    @staticmethod
+    def _scatter(
+        x: torch.Tensor, ids: torch.Tensor, token: int, feats: torch.Tensor, field: str
+    ) -> torch.Tensor:
+        """``x`` [B, W, H] with the rows of ``feats`` at the positions of ``token``, in order."""
+        where = (ids == token)[..., None]
+        if int(where.sum()) != feats.shape[0]:
+            raise ValueError(
+                f"{int(where.sum())} placeholder tokens (id {token}) but {feats.shape[0]} encoded features: "
+                f"the micro-batch's tokens and its {field} disagree (was the sample processed for another model?)"
+            )
+        return x.masked_scatter(where, feats.to(x.dtype))
 
     def decoder_input(self, x: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
         """[B, S, H] -> megatron's [S, B, H] (this TP rank's sequence shard under SP)."""

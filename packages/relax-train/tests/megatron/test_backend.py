@@ -64,17 +64,31 @@ def _model(tmp: Path, kind: str) -> str:
         )
         if kind == "tied":
             model.lm_head.weight = model.model.embed_tokens.weight
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(
-                1.0 + 0.1 * torch.randn(p.shape, generator=gen)
-                if p.ndim == 1
-                else 0.2 * torch.randn(p.shape, generator=gen)
-            )
+    _sharpen(model)
     out = tmp / kind
     model.save_pretrained(out)
     return str(out)
+
+
+def _sharpen(model, keep: tuple[str, ...] = ()) -> None:
+    """Random weights large enough that the logits are far from uniform (norm weights near 1); parameters
+    under the prefixes ``keep`` stay as initialised (media encoders: their layer norms must stay norms)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(keep):
+                continue
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
+                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+
+
+def _rl_fields(rng, resp: tuple[int, ...]) -> dict:
+    """Advantages, loss masks and rollout log-probs for responses of lengths ``resp``."""
+    return {
+        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
+        "loss_mask": [np.ones(r, np.float32) for r in resp],
+        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+    }
 
 
 def _samples(seed: int = 0) -> dict:
@@ -85,9 +99,7 @@ def _samples(seed: int = 0) -> dict:
     return {
         "tokens": tokens,
         "prompt_len": list(plens),
-        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
-        "loss_mask": [np.ones(r, np.float32) for r in resp],
-        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+        **_rl_fields(rng, tuple(resp)),
     }
 
 
@@ -306,13 +318,7 @@ def _vl_model(tmp: Path) -> str:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.Qwen3VLForConditionalGeneration(cfg)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "visual" in name:  # (the tower as initialised: its layer norms must stay norms)
-                continue
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
-                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+    _sharpen(model, keep=("model.visual",))
     out = tmp / "qwen3_vl"
     model.save_pretrained(out)
     return str(out)
@@ -352,9 +358,7 @@ def _vl_samples(seed: int = 0) -> dict:
         "tokens": tokens,
         "prompt_len": [len(p) for p in prompts],
         "mm": mms,
-        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
-        "loss_mask": [np.ones(r, np.float32) for r in resp],
-        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+        **_rl_fields(rng, tuple(resp)),
     }
 
 
@@ -363,19 +367,24 @@ def test_qwen3_vl_under_context_parallelism_matches_the_torch_backend(tmp_path):
     itself and keeps two of four chunks of every row (media positions included); media features, M-RoPE
     positions and DeepStack go into megatron's decoder as HF's Qwen3-VL does it, and the vision tower
     trains like the rest. (TP with sequence parallelism: ``tests/test_mm_rl.py``, in a colocate run.)"""
-    model, data = _vl_model(tmp_path), _vl_samples()
+    _assert_multimodal_matches_torch(tmp_path, _vl_model(tmp_path), _vl_samples(), world=2,
+                                     flags=["--context-parallel-size", "2"])  # fmt: skip
+
+
+def _assert_multimodal_matches_torch(tmp_path, model: str, data: dict, world: int = 1, flags=()) -> None:
+    """Megatron on ``world`` ranks against the torch backend (HF's model): log-probs, one step's metrics,
+    the updated weights under their HF names (the media encoders' included) and the policy after it; and
+    the media matter (the rows without their media tensors give other log-probs)."""
     ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
-    got = _megatron(tmp_path, model, [*PARALLEL_FLAGS, "--context-parallel-size", "2"], world=2, data=data,
-                    train_steps=1)  # fmt: skip
+    got = _megatron(tmp_path, model, [*PARALLEL_FLAGS, *flags], world=world, data=data, train_steps=1)
     assert _max_diff(got["logp"], ref["logp"]) < 1e-4
     for key in ("loss", "grad_norm", "entropy"):
         assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
-    assert set(got["weights"]) == set(ref["weights"])  # HF Qwen3-VL names, the vision tower's included
+    assert set(got["weights"]) == set(ref["weights"])
     for name, value in ref["weights"].items():
         _assert_same_update(got["weights"][name], value, name)
     assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
-    # the media matter: the same rows without their media tensors give other log-probs
-    bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
+    bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * len(data["tokens"])})
     assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
 
 
@@ -403,13 +412,7 @@ def _omni_model(tmp: Path) -> str:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(cfg)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith(("visual", "audio_tower")):
-                continue
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
-                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+    _sharpen(model, keep=("visual", "audio_tower"))
     out = tmp / "qwen3_omni"
     model.save_pretrained(out)
     return str(out)
@@ -443,23 +446,11 @@ def _omni_samples(seed: int = 0) -> dict:
         "tokens": tokens,
         "prompt_len": [len(p) for p in prompts],
         "mm": media,
-        "advantages": [np.full(r, a, np.float32) for r, a in zip(resp, (1.0, -1.0, 0.5, -0.5))],
-        "loss_mask": [np.ones(r, np.float32) for r in resp],
-        "rollout_log_probs": [rng.uniform(-7.0, -4.0, r).astype(np.float32) for r in resp],
+        **_rl_fields(rng, tuple(resp)),
     }
 
 
 def test_qwen3_omni_thinker_matches_the_torch_backend(tmp_path):
     """Qwen3-Omni's thinker (the Omni recipe's model) on one rank: image and audio features, Omni's M-RoPE
     positions (audio clips advance time), DeepStack and the MoE decoder, as HF computes them."""
-    model, data = _omni_model(tmp_path), _omni_samples()
-    ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
-    got = _megatron(tmp_path, model, PARALLEL_FLAGS, data=data, train_steps=1)
-    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    for key in ("loss", "grad_norm", "entropy"):
-        assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
-    assert set(got["weights"]) == set(ref["weights"])  # the thinker's HF names, both encoders included
-    for name, value in ref["weights"].items():
-        _assert_same_update(got["weights"][name], value, name)
-    bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * 4})
-    assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
+    _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path), _omni_samples())

@@ -266,8 +266,8 @@ class MegatronBackend(TorchBackend):
         text = self.hf_config.get_text_config()
         mm.check_supported(self.hf_config, model_path, t.pipeline_model_parallel_size)
         self.layout = MegatronLayout.from_hf_config(text)
-        vl = mm.is_multimodal(self.hf_config)
-        if vl:  # Qwen3-VL / Omni keep tie_word_embeddings at the top of their config
+        multimodal = mm.is_multimodal(self.hf_config)
+        if multimodal:  # Qwen3-VL / Omni keep tie_word_embeddings at the top of their config
             tied = bool(getattr(self.hf_config, "tie_word_embeddings", False))
             self.layout = dataclasses.replace(self.layout, tie_word_embeddings=tied)
         self.tp, self.ep = t.tensor_model_parallel_size, t.expert_model_parallel_size
@@ -284,7 +284,7 @@ class MegatronBackend(TorchBackend):
                 "--pipeline-model-parallel-size 1"
             )
         self.mcfg = transformer_config(self.hf_config, self.layout, config)
-        if vl:
+        if multimodal:
             self.mcfg.mrope_section = mm.mrope_section(text)
         self.pre, self.post = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         spec = get_gpt_decoder_block_spec(self.mcfg, use_transformer_engine=False, normalization="RMSNorm")
@@ -301,11 +301,11 @@ class MegatronBackend(TorchBackend):
             pre_process=self.pre,
             post_process=self.post,
             share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
-            position_embedding_type="mrope" if vl else "rope",
+            position_embedding_type="mrope" if multimodal else "rope",
             rotary_base=_rope_theta(text),
         )
         # Qwen3-VL / Omni: the media encoders, interleaved M-RoPE and DeepStack hooks go onto the model
-        self.front = mm.MediaFront(self.hf_config, self.model, self.tp) if vl else None
+        self.front = mm.MediaFront(self.hf_config, self.model, self.tp) if multimodal else None
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         if self.device is not None:
             self.model.cuda()
@@ -315,8 +315,8 @@ class MegatronBackend(TorchBackend):
             hf_state.pop("lm_head.weight", None)
         self.load_weights(hf_state, version=0)
         # what the shared TorchBackend code reads
-        self.masked_token_ids: list[int] = media_token_ids(self.hf_config) if vl else []
-        self.takes_token_types = vl
+        self.masked_token_ids: list[int] = media_token_ids(self.hf_config) if multimodal else []
+        self.takes_token_types = False  # (multimodal rows: _mm_forward builds their token types)
         self.routing = None
         if config.algo.routing_replay and self.layout.is_moe:
             from relax_train.megatron.routing import MegatronRouting
@@ -527,7 +527,7 @@ class MegatronBackend(TorchBackend):
         return padded
 
     def _mm_forward(self, model, samples, idx, ids, loc, mask, dev):
-        """Qwen3-VL: the decoder on embeddings with the media features in place, 3-D positions and the
+        """Qwen3-VL / Omni: the decoder on embeddings with the media features in place, 3-D positions and the
         DeepStack additions, built on the full (padded) rows ``ids`` and cut to this CP rank's positions
         ``loc`` (None: all of them)."""
         from relax_core.mm import collate_mm, token_types

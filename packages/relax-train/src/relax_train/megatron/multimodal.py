@@ -58,12 +58,12 @@ def is_multimodal(hf_config: Any) -> bool:
     return family(hf_config) is not None
 
 
+TOWERS = {t for f in FAMILIES.values() for t in f.towers}
+
+
 def is_tower(name: str) -> bool:
     """Whether a megatron-model parameter name belongs to a media encoder."""
     return name.split(".", 1)[0] in TOWERS
-
-
-TOWERS = {t for f in FAMILIES.values() for t in f.towers}
 
 
 def check_supported(hf_config: Any, model_path: str, pipeline_size: int) -> None:
@@ -120,13 +120,13 @@ def mrope_section(text_config: Any) -> list[int]:
     section = params.get("mrope_section")
     if not section:
         raise ValueError(
-            "Qwen3-VL text config without rope_parameters.mrope_section: not a Qwen3-VL checkpoint?"
+            "multimodal text config without rope_parameters.mrope_section: not a Qwen3-VL / Omni checkpoint?"
         )
     return [int(s) for s in section]
 
 
 class InterleavedMRope(torch.nn.Module):
-    """Qwen3-VL's rotary angles in megatron's format ([S, B, 1, head_dim], rotate-half layout).
+    """Qwen3-VL's and Qwen3-Omni's rotary angles in megatron's format ([S, B, 1, head_dim], rotate-half layout).
 
     Frequency ``j`` of the head turns with the time position when ``j % 3 == 0``, with the height when
     ``j % 3 == 1`` and the width when ``j % 3 == 2``, up to ``3 * section[axis]``; the rest with time.

@@ -380,7 +380,7 @@ class MegatronBackend(TorchBackend):
         hf = {k: torch.as_tensor(v) for k, v in tensors.items()}
         towers: dict[str, torch.Tensor] = {}
         if self.front is not None:
-            hf, towers = mm.to_text_names(hf, mm.family(self.hf_config))
+            hf, towers = mm.to_text_names(hf, self.front.family)
         mine = hf_to_megatron_rank(
             hf,
             self.layout,
@@ -436,7 +436,7 @@ class MegatronBackend(TorchBackend):
             ]
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
         if self.front is not None:  # (the media encoders are replicated: every rank holds all of them)
-            hf = mm.to_hf_names(hf, towers, mm.family(self.hf_config))
+            hf = mm.to_hf_names(hf, towers, self.front.family)
         return list(hf.items())
 
     @onloaded

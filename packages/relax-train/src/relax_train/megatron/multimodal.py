@@ -149,7 +149,7 @@ class InterleavedMRope(torch.nn.Module):
         return emb.transpose(0, 1)[:, :, None, :].contiguous()
 
 
-def _build_towers(hf_config: Any, model: torch.nn.Module) -> None:
+def _build_towers(hf_config: Any, fam: Family, model: torch.nn.Module) -> None:
     """The media encoders as HF builds them for this family, attached to the megatron model."""
     if hf_config.model_type == "qwen3_vl":
         from transformers import AutoModel
@@ -160,7 +160,7 @@ def _build_towers(hf_config: Any, model: torch.nn.Module) -> None:
 
         model.visual = omni.Qwen3OmniMoeVisionEncoder._from_config(hf_config.vision_config)
         model.audio_tower = omni.Qwen3OmniMoeAudioEncoder._from_config(hf_config.audio_config)
-    for name in family(hf_config).towers:
+    for name in fam.towers:
         getattr(model, name).float()
 
 
@@ -170,11 +170,12 @@ class MediaFront:
 
     def __init__(self, hf_config: Any, model: torch.nn.Module, tp: int) -> None:
         self.hf_config, self.model, self.tp = hf_config, model, tp
-        self.omni = hf_config.model_type != "qwen3_vl"
+        self.family = family(hf_config)
+        self.omni = "audio_tower" in self.family.towers
         vision = hf_config.vision_config
         self.image_id, self.video_id = int(hf_config.image_token_id), int(hf_config.video_token_id)
         self.audio_id = int(hf_config.audio_token_id) if self.omni else None
-        _build_towers(hf_config, model)  # submodules: the optimizer, offload and checkpoints see them
+        _build_towers(hf_config, self.family, model)  # submodules: the optimizer, offload and checkpoints see them
         text = hf_config.get_text_config()
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
         theta = float((getattr(text, "rope_parameters", None) or {}).get("rope_theta") or text.rope_theta)
@@ -196,7 +197,8 @@ class MediaFront:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, W] token ids -> [B, W, H] word embeddings, whole on every TP rank (the vocab-parallel table's
-        rows this rank holds, summed over the TP group)."""
+        rows this rank holds, summed over the TP group). Not the table's own forward: under SP it
+        reduce-scatters over the sequence, before the media features could be put in place."""
         table = self.model.embedding.word_embeddings
         if self.tp == 1:
             return F.embedding(ids, table.weight)

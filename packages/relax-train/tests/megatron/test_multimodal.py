@@ -76,3 +76,14 @@ def test_models_not_on_megatron_and_pipeline_parallel_multimodal_are_refused_wit
         with pytest.raises(ValueError, match="--pipeline-model-parallel-size 1"):
             mm.check_supported(cfg, "/m/mm", 2)
     mm.check_supported(transformers.Qwen3Config(), "/m/text", 2)  # text models: any layout
+
+
+def test_placeholders_and_encoded_features_that_disagree_are_a_clear_error():
+    """A row whose placeholder tokens do not match its media (processed for another model, say) is named
+    by the field and the token, instead of a shape error deep in the decoder."""
+    ids = torch.tensor([[5, 9, 9, 9, 6]])
+    x = torch.zeros(1, 5, 4)
+    placed = mm.MediaFront._scatter(x, ids, 9, torch.ones(3, 4), "image_grid_thw")
+    assert placed[0, 1:4].eq(1).all() and placed[0, [0, 4]].eq(0).all()
+    with pytest.raises(ValueError, match=r"3 placeholder tokens \(id 9\) but 2 encoded features.*image_grid_thw"):
+        mm.MediaFront._scatter(x, ids, 9, torch.ones(2, 4), "image_grid_thw")

@@ -41,6 +41,19 @@ def main(spec_path: str, out_path: str) -> None:
     out["logp_after"] = backend.compute_log_probs(samples)
     if int(os.environ.get("RANK", 0)) == 0:
         torch.save(out, out_path)
+    _leave()
+
+
+def _leave() -> None:
+    """Leave the process group together before exiting: a rank whose peer is already gone can abort in
+    gloo's teardown (``terminate called without an active exception``) after all its work is done."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if dist.is_initialized():
+        dist.barrier()
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

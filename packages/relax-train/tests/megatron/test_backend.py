@@ -3,8 +3,8 @@ one PPO training step (loss, gradient norm, updated weights), weights exported i
 and tensor and context parallelism over two processes.
 
 megatron-core's real model code runs here on CPU (gloo; see ``relax_train.megatron.backend``), each
-configuration in fresh processes (its parallel state is global to a process). Megatron's pipeline
-schedule and bf16 on GPU are not exercised here."""
+configuration in fresh processes (its parallel state is global to a process), through Megatron's own
+forward-backward schedules. bf16 and megatron's fused GPU kernels are not exercised here."""
 
 from __future__ import annotations
 
@@ -251,6 +251,65 @@ def test_context_parallel_two_ranks_equals_one(tmp_path, kind, dense_one_rank):
     assert _max_diff(two["logp_after"], one["logp_after"]) < 1e-5
 
 
+def test_pipeline_parallel_through_megatrons_schedule_matches_the_torch_backend(tmp_path):
+    """PP=2 through Megatron's own 1F1B schedule (over gloo here): four micro-batches, so the first stage
+    runs a warm-up forward before its steady 1F1B phase. The model ties its embeddings (as Qwen3-0.6B to
+    4B do): stage 0 holds the table, stage 1 the output layer, two copies of one weight whose gradients
+    are summed. Log-probs, two steps' metrics (computed on the last stage) and the updated weights equal
+    the torch backend's; the distributed checkpoint saved by the two stages loads on one rank. (MoE under
+    PP: the Omni test below.)"""
+    model = _model(tmp_path, "tied")
+    flags = [*FLAGS, "--micro-batch-size", "1"]
+    ref = _torch(model, flags, train_steps=2)
+    ckpt = tmp_path / "ckpt"
+    got = _megatron(
+        tmp_path,
+        model,
+        [*flags, "--pipeline-model-parallel-size", "2"],
+        world=2,
+        train_steps=2,
+        save=str(ckpt),
+    )
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
+        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean"):
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    assert set(got["weights"]) == set(ref["weights"])
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    loaded = _megatron(tmp_path, model, flags, load=str(ckpt))
+    for name, value in got["weights"].items():
+        torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
+
+
+def test_expert_and_data_parallel_two_ranks_match_the_torch_backend(tmp_path):
+    """EP=2 on two ranks, so two data-parallel replicas: each runs its share of the micro-batches, the
+    experts' tokens cross ranks in megatron's all-to-all dispatcher, gradients are summed over the
+    replicas. Three samples in micro-batches of one: one replica runs a stand-in third micro-batch (the
+    all-to-all needs both in step) that must contribute nothing. With routing replay, whose counts are
+    summed over the replicas."""
+    model = _model(tmp_path, "moe")
+    data = {k: v[:3] for k, v in _samples().items()}
+    rng = np.random.default_rng(3)
+    data["routed_experts"] = [
+        np.stack([rng.permutation(4)[:2] for _ in range(len(t) - 1)])[:, None, :] for t in data["tokens"]
+    ]
+    flags = [*FLAGS, "--micro-batch-size", "1", "--routing-replay"]
+    ref = _torch(model, flags, train_steps=2, data=data)
+    got = _megatron(
+        tmp_path, model, [*flags, "--expert-model-parallel-size", "2"], world=2, train_steps=2, data=data
+    )
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
+        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean", "r3_replayed_frac",
+                    "r3_expert_differ_frac"):  # fmt: skip
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    for name, value in ref["weights"].items():  # the experts gathered from both ranks
+        _assert_same_update(got["weights"][name], value, name)
+    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+
+
 def test_checkpoint_round_trip_and_hf_export(tmp_path):
     model = _model(tmp_path, "dense")
     ckpt = tmp_path / "ckpt"
@@ -392,14 +451,14 @@ OMNI_IDS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=29
                 audio_token_id=294, audio_start_token_id=295, audio_end_token_id=296)  # fmt: skip
 
 
-def _omni_model(tmp: Path) -> str:
+def _omni_model(tmp: Path, deepstack: tuple[int, ...] = (0, 1)) -> str:
     """A tiny random Qwen3-Omni thinker: MoE decoder (4 experts, top 2; layer 1 dense), vision tower with
-    DeepStack into both layers, audio tower."""
+    DeepStack (from the blocks ``deepstack``, into as many first decoder layers), audio tower."""
     cfg = transformers.Qwen3OmniMoeThinkerConfig(
         audio_config=dict(num_mel_bins=128, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
                           d_model=32, downsample_hidden_size=16, output_dim=64),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                           deepstack_visual_indexes=[0, 1], num_position_embeddings=64),
+                           deepstack_visual_indexes=list(deepstack), num_position_embeddings=64),
         text_config=dict(
             vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
             num_experts_per_tok=2, mlp_only_layers=[1], num_hidden_layers=2, num_attention_heads=4,
@@ -434,7 +493,10 @@ def _omni_samples(seed: int = 0) -> dict:
                  "feature_attention_mask": np.ones((1, frames), np.int64)}  # fmt: skip
         return feats, [ids["audio_start_token_id"], *[ids["audio_token_id"]] * n, ids["audio_end_token_id"]]
 
-    m_img = {"pixel_values": rng.normal(size=(16, PATCH)).astype(np.float32), "image_grid_thw": np.array([[1, 4, 4]])}
+    m_img = {
+        "pixel_values": rng.normal(size=(16, PATCH)).astype(np.float32),
+        "image_grid_thw": np.array([[1, 4, 4]]),
+    }
     t_img = [ids["vision_start_token_id"], *[ids["image_token_id"]] * 4, ids["vision_end_token_id"]]
     a1, t_a1 = audio(120)
     a2, t_a2 = audio(64)
@@ -450,7 +512,10 @@ def _omni_samples(seed: int = 0) -> dict:
     }
 
 
-def test_qwen3_omni_thinker_matches_the_torch_backend(tmp_path):
-    """Qwen3-Omni's thinker (the Omni recipe's model) on one rank: image and audio features, Omni's M-RoPE
-    positions (audio clips advance time), DeepStack and the MoE decoder, as HF computes them."""
-    _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path), _omni_samples())
+def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend(tmp_path):
+    """Qwen3-Omni's thinker (the Omni recipe's model, with its pipeline parallelism) on two stages: the
+    first encodes image and audio, puts the features in place and adds DeepStack's after its MoE layer;
+    the second, the dense layer and the output, needs only Omni's M-RoPE positions (audio clips advance
+    time). As HF computes it, through the torch backend."""
+    _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path, deepstack=(1,)), _omni_samples(), world=2,
+                                     flags=["--pipeline-model-parallel-size", "2"])  # fmt: skip

@@ -66,16 +66,36 @@ def test_weight_names_split_into_decoder_and_media_encoders_and_back():
     assert set(mm.to_hf_names(text, towers, fam)) == set(omni)
 
 
-def test_models_not_on_megatron_and_pipeline_parallel_multimodal_are_refused_with_what_to_do():
+def test_models_not_on_megatron_are_refused_with_what_to_do():
     with pytest.raises(ValueError, match="--train-backend torch"):
-        mm.check_supported(transformers.Qwen2_5_VLConfig(), "/m/qwen2.5-vl", 1)
+        mm.check_supported(transformers.Qwen2_5_VLConfig(), "/m/qwen2.5-vl")
     with pytest.raises(ValueError, match="save model.thinker"):
-        mm.check_supported(transformers.Qwen3OmniMoeConfig(), "/m/omni", 1)
-    for cfg in (transformers.Qwen3VLConfig(), transformers.Qwen3OmniMoeThinkerConfig()):
-        mm.check_supported(cfg, "/m/mm", 1)
-        with pytest.raises(ValueError, match="--pipeline-model-parallel-size 1"):
-            mm.check_supported(cfg, "/m/mm", 2)
-    mm.check_supported(transformers.Qwen3Config(), "/m/text", 2)  # text models: any layout
+        mm.check_supported(transformers.Qwen3OmniMoeConfig(), "/m/omni")
+    for cfg in (
+        transformers.Qwen3VLConfig(),
+        transformers.Qwen3OmniMoeThinkerConfig(),
+        transformers.Qwen3Config(),
+    ):
+        mm.check_supported(cfg, "/m/ok")
+
+
+def test_a_first_pipeline_stage_without_every_deepstack_layer_is_refused():
+    """DeepStack's additions are made on the first stage (the vision tower's features do not travel down
+    the pipeline): a split that puts a DeepStack layer on a later stage is refused, naming the fix."""
+    cfg = transformers.Qwen3VLConfig(
+        text_config=dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                       "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, deepstack_visual_indexes=[0, 1]),
+    )  # fmt: skip
+    stage = torch.nn.Module()
+    stage.decoder = torch.nn.Module()
+    stage.decoder.layers = torch.nn.ModuleList([torch.nn.Identity()])  # one of the two layers
+    with pytest.raises(ValueError, match=r"layers 0\.\.1.*smaller --pipeline-model-parallel-size"):
+        mm.MediaFront(cfg, stage, tp=1, first_stage=True)
+    later = mm.MediaFront(cfg, stage, tp=1, first_stage=False)  # later stages: positions only, no towers
+    assert not hasattr(stage, "visual") and isinstance(stage.rotary_pos_emb, mm.InterleavedMRope)
+    assert later.first_stage is False
 
 
 def test_placeholders_and_encoded_features_that_disagree_are_a_clear_error():
@@ -85,5 +105,7 @@ def test_placeholders_and_encoded_features_that_disagree_are_a_clear_error():
     x = torch.zeros(1, 5, 4)
     placed = mm.MediaFront._scatter(x, ids, 9, torch.ones(3, 4), "image_grid_thw")
     assert placed[0, 1:4].eq(1).all() and placed[0, [0, 4]].eq(0).all()
-    with pytest.raises(ValueError, match=r"3 placeholder tokens \(id 9\) but 2 encoded features.*image_grid_thw"):
+    with pytest.raises(
+        ValueError, match=r"3 placeholder tokens \(id 9\) but 2 encoded features.*image_grid_thw"
+    ):
         mm.MediaFront._scatter(x, ids, 9, torch.ones(2, 4), "image_grid_thw")

@@ -11,14 +11,16 @@ One process per rank: ``torch.distributed`` is initialised from ``RANK`` / ``WOR
 ``MASTER_ADDR`` / ``MASTER_PORT`` (a single process on its own when they are unset), NCCL on GPU, gloo on
 CPU. Parameters are kept in float32 and the forward runs under ``torch.autocast`` in ``--dtype``
 (bf16 mixed precision with float32 master weights); AdamW steps each rank's shard; the gradient norm is
-reduced over the model-parallel groups (replicated parameters counted once) and gradients are averaged
-over the data-parallel group.
+reduced over the model-parallel groups (replicated parameters counted once).
 
-On GPU the micro-batches go through Megatron's forward-backward schedule (1F1B with pipeline
-parallelism). megatron-core needs CUDA in a few places; on a machine without one (our CI), this module
-runs the same model code on CPU: it runs the micro-batches in order itself (what Megatron's
-no-pipelining schedule does) and patches the three CUDA assumptions met on that path (see
-:func:`_cpu_shims`). Pipeline parallelism needs the GPU path.
+Data parallelism: every rank is handed the whole batch; each data-parallel replica runs its share of the
+micro-batches (:meth:`MegatronBackend._my_micro`), with the loss normalised by the whole optimizer batch's
+token and sequence counts, so the gradients summed over the replicas are the full-batch gradient; the
+log-probs and the step's statistics are gathered over them.
+
+The micro-batches go through Megatron's forward-backward schedule (1F1B with pipeline parallelism), on GPU
+and on CPU. megatron-core assumes CUDA in a few places; on a machine without it (our CI) this module runs
+the same code over gloo, with the CUDA assumptions met on that path patched (see :func:`_cpu_shims`).
 
 Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_train.megatron.routing`).
 
@@ -28,8 +30,7 @@ Context parallelism without Transformer Engine: :mod:`relax_train.megatron.conte
 and Qwen3-Omni's thinker: HF's media encoders in front of the megatron decoder
 (:mod:`relax_train.megatron.multimodal`).
 
-Not yet: Qwen3-VL-MoE, Megatron's distributed optimizer, tied embeddings and multimodal models with
-pipeline parallelism.
+Not yet: Qwen3-VL-MoE, Megatron's distributed optimizer.
 """
 
 from __future__ import annotations
@@ -102,6 +103,70 @@ def _cpu_shims() -> None:
     from relax_train.megatron.context_parallel import cpu_rotary_shim
 
     cpu_rotary_shim()  # (4) context parallelism slices the rotary table with a CUDA index
+    # (5) the forward-backward schedules count tokens in a tensor made on device="cuda"
+    from megatron.core.pipeline_parallel import schedules
+
+    if not isinstance(schedules.torch, _CpuTorch):
+        schedules.torch = _CpuTorch()
+    # (6) the all-to-all MoE dispatcher (the one megatron allows with the pipeline's variable sequence
+    # lengths) copies its split sizes to the host on a side CUDA stream, as numpy arrays (what the
+    # all-to-all takes; a tensor already on the host stayed a tensor): one stream, the same arrays
+    from megatron.core.transformer.moe import token_dispatcher
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+    stream = _NoStream()
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = stream
+    torch.cuda.current_stream = lambda device=None: stream  # type: ignore[assignment]
+    torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _host_tensors_stay():
+    """Without CUDA, ``Tensor.cuda()`` returns the tensor itself while megatron builds a model: with tied
+    embeddings under pipeline parallelism it moves the last stage's copy of the embedding to the GPU to
+    all-reduce it with the first stage's. Nothing changes when CUDA is present."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
+def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
+    return logp.sum() * 0.0
+
+
+class _NoStream:
+    """The one stream of a CPU process (what the all-to-all dispatcher waits on and records)."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _NoStream:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _CpuTorch:
+    """``torch`` as megatron's schedules module sees it on a machine without CUDA: the same module, except
+    that tensors asked for on ``"cuda"`` are made on the CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*size: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*size, device="cpu" if device == "cuda" else device, **kwargs)
 
 
 def init_parallel(config: RelaxConfig) -> None:
@@ -200,11 +265,10 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
         expert_model_parallel_size=t.expert_model_parallel_size,
         expert_tensor_parallel_size=t.expert_tensor_parallel_size,
         sequence_parallel=t.sequence_parallel,
-        # micro-batches are padded to their own longest row; on GPU the pipeline sends their shapes first,
-        # which megatron allows with the all-to-all MoE dispatcher (it needs CUDA streams: on CPU, where
-        # there is no pipeline schedule, the all-gather one)
-        variable_seq_lengths=cuda,
-        moe_token_dispatcher_type="alltoall" if cuda else "allgather",
+        # micro-batches are padded to their own longest row; the pipeline sends their shapes first, which
+        # megatron allows with the all-to-all MoE dispatcher (on CPU too: see _cpu_shims)
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",
         use_cpu_initialization=not cuda,
         # weights come from the HF checkpoint right after, but megatron marks which tensors are TP-sharded
         # (``tensor_model_parallel``, read by the gradient norm) only while initialising them
@@ -264,7 +328,7 @@ class MegatronBackend(TorchBackend):
         self.cfg, self.model_path = config, model_path
         self.hf_config = AutoConfig.from_pretrained(model_path)
         text = self.hf_config.get_text_config()
-        mm.check_supported(self.hf_config, model_path, t.pipeline_model_parallel_size)
+        mm.check_supported(self.hf_config, model_path)
         self.layout = MegatronLayout.from_hf_config(text)
         multimodal = mm.is_multimodal(self.hf_config)
         if multimodal:  # Qwen3-VL / Omni keep tie_word_embeddings at the top of their config
@@ -277,12 +341,6 @@ class MegatronBackend(TorchBackend):
                 "the weight converter yet; leave it unset"
             )
         self.pp = t.pipeline_model_parallel_size
-        if self.pp > 1 and self.layout.tie_word_embeddings:
-            raise ValueError(
-                f"{model_path} ties its embeddings (tie_word_embeddings): with --pipeline-model-parallel-size "
-                "> 1 the shared weight spans two stages, which this backend does not synchronise yet; use "
-                "--pipeline-model-parallel-size 1"
-            )
         self.mcfg = transformer_config(self.hf_config, self.layout, config)
         if multimodal:
             self.mcfg.mrope_section = mm.mrope_section(text)
@@ -293,19 +351,20 @@ class MegatronBackend(TorchBackend):
             from relax_train.megatron.context_parallel import use_context_parallel_attention
 
             use_context_parallel_attention(spec)
-        self.model = GPTModel(
-            self.mcfg,
-            transformer_layer_spec=spec,
-            vocab_size=self.layout.padded_vocab_size(self.tp),
-            max_sequence_length=int(getattr(text, "max_position_embeddings", 4096)),
-            pre_process=self.pre,
-            post_process=self.post,
-            share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
-            position_embedding_type="mrope" if multimodal else "rope",
-            rotary_base=_rope_theta(text),
-        )
+        with _host_tensors_stay():  # (tied embeddings under PP: megatron syncs the two copies on CUDA)
+            self.model = GPTModel(
+                self.mcfg,
+                transformer_layer_spec=spec,
+                vocab_size=self.layout.padded_vocab_size(self.tp),
+                max_sequence_length=int(getattr(text, "max_position_embeddings", 4096)),
+                pre_process=self.pre,
+                post_process=self.post,
+                share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
+                position_embedding_type="mrope" if multimodal else "rope",
+                rotary_base=_rope_theta(text),
+            )
         # Qwen3-VL / Omni: the media encoders, interleaved M-RoPE and DeepStack hooks go onto the model
-        self.front = mm.MediaFront(self.hf_config, self.model, self.tp) if multimodal else None
+        self.front = mm.MediaFront(self.hf_config, self.model, self.tp, self.pre) if multimodal else None
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         if self.device is not None:
             self.model.cuda()
@@ -390,6 +449,8 @@ class MegatronBackend(TorchBackend):
             ep_size=self.ep,
         )
         local = {**self._to_local(mine), **towers}
+        if self.layout.tie_word_embeddings and self.post and not self.pre:  # the last stage's copy
+            local["output_layer.weight"] = mine["embedding.word_embeddings.weight"]
         params = dict(self.model.named_parameters())
         missing = sorted(set(params) - set(local))
         if missing:
@@ -417,6 +478,8 @@ class MegatronBackend(TorchBackend):
         from megatron.core import parallel_state as ps
 
         state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
+        if self.layout.tie_word_embeddings:  # (under PP the last stage's copy of the first stage's embedding)
+            state.pop("output_layer.weight", None)
         towers = {n: state.pop(n).float().cpu() for n in [n for n in state if mm.is_tower(n)]}
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
         grid = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
@@ -427,13 +490,14 @@ class MegatronBackend(TorchBackend):
                 ep_parts = self._gather(part, ep_group) if expert else [part] * self.ep
                 for e_rank, shard in enumerate(ep_parts):
                     grid[t_rank][e_rank][name] = shard.float().cpu()
-        if self.pp > 1:  # each stage holds its layers: exchange the (CPU) dicts
+        if self.pp > 1:  # each stage holds its layers (the first, the media encoders): exchange the CPU dicts
             stages: list[Any] = [None] * self.pp
-            dist.all_gather_object(stages, grid, group=ps.get_pipeline_model_parallel_group())
+            dist.all_gather_object(stages, (grid, towers), group=ps.get_pipeline_model_parallel_group())
             grid = [
-                [{k: v for s in stages for k, v in s[t][e].items()} for e in range(self.ep)]
+                [{k: v for s, _ in stages for k, v in s[t][e].items()} for e in range(self.ep)]
                 for t in range(self.tp)
             ]
+            towers = {k: v for _, s in stages for k, v in s.items()}
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
         if self.front is not None:  # (the media encoders are replicated: every rank holds all of them)
             hf = mm.to_hf_names(hf, towers, self.front.family)
@@ -494,17 +558,20 @@ class MegatronBackend(TorchBackend):
         returns the micro-batch's loss."""
 
         def step(data_iterator, model):
-            idx = next(data_iterator)
+            idx, real = next(data_iterator)
+            # a stand-in (see _my_micro) goes through the model and back, contributing nothing
+            use = on_logp if real else _contributes_nothing
             ids, _, plens, rlens = self._pad(samples, idx)
             dev = self.device or torch.device("cpu")
             if self.cp > 1:
-                return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev)
+                return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev)
             if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
                 ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
             width = ids.shape[1]
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
-            with self._autocast(), self._routing_replay(samples, idx, width):
+            replay = self._routing_replay(samples, idx, width) if real else contextlib.nullcontext()
+            with self._autocast(), replay:
                 if self.front is not None:
                     out = self._mm_forward(model, samples, idx, ids, None, causal, dev)
                 else:
@@ -514,7 +581,7 @@ class MegatronBackend(TorchBackend):
                 logp, valid, _, ent = self._logp_from_logits(
                     self._full_vocab(output), ids, plens, rlens, with_entropy
                 )
-                loss = on_logp(idx, logp, valid, rlens, ent)
+                loss = use(idx, logp, valid, rlens, ent)
                 return loss, torch.ones((), dtype=torch.int, device=dev), {}
 
             return out, loss_func
@@ -536,10 +603,15 @@ class MegatronBackend(TorchBackend):
         lengths = [len(samples["tokens"][i]) for i in idx]
         media = collate_mm(items) if any(items) else {}
         types = token_types(items, lengths, ids.shape[1], left=False)
-        emb, pos, additions = self.front.inputs(ids, media, types, lengths, dev)
+        if self.pre:
+            emb, pos, additions = self.front.inputs(ids, media, types, lengths, dev)
+        else:  # a later pipeline stage: hidden states come from the previous one
+            emb, additions = None, []
+            pos = self.front.positions(ids, types, lengths, media).to(dev)
         if loc is not None:
             cut = loc.to(dev)
-            emb, pos, additions = emb[:, cut], pos[:, :, cut], [a[:, cut] for a in additions]
+            pos, additions = pos[:, :, cut], [a[:, cut] for a in additions]
+            emb = emb[:, cut] if emb is not None else None
         sp = self.mcfg.sequence_parallel
         self.front.additions = [self.front.decoder_input(a, sp) for a in additions]
         try:
@@ -547,7 +619,7 @@ class MegatronBackend(TorchBackend):
                 input_ids=(ids if loc is None else ids[:, loc]).to(dev),
                 position_ids=pos,
                 attention_mask=mask,
-                decoder_input=self.front.decoder_input(emb, sp),
+                decoder_input=self.front.decoder_input(emb, sp) if emb is not None else None,
             )
         finally:
             self.front.additions = None
@@ -591,28 +663,29 @@ class MegatronBackend(TorchBackend):
 
         return out, loss_func
 
+    def _my_micro(self, micro: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This data-parallel replica's micro-batches of one batch: every ``dp``-th, from its rank on, each
+        as ``(indices, real)``. Every replica runs the same number (at least one): with expert parallelism
+        the replicas exchange tokens inside each MoE layer, so they must step together; a replica short of
+        one runs a stand-in (a real micro-batch, ``real=False``) whose loss is zero."""
+        from megatron.core import parallel_state as ps
+
+        dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        mine = [(m, True) for m in micro[rank::dp]]
+        return mine + [(micro[0], False)] * (-(-len(micro) // dp) - len(mine))
+
     def _schedule(self, step, micro: list[list[int]], forward_only: bool) -> None:
-        if self.device is None:  # CPU: what forward_backward_no_pipelining does, without its CUDA tensors
-            if self.pp > 1:
-                raise RuntimeError(
-                    "pipeline parallelism needs GPUs (Megatron's schedule communicates over CUDA)"
-                )
-            it = iter(micro)
-            for _ in micro:
-                out, loss_func = step(it, self.model)
-                loss, _, _ = loss_func(out)
-                if not forward_only:
-                    loss.backward()
-            return
+        """Megatron's forward-backward schedule over this replica's share of ``micro``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        mine = self._my_micro(micro)
         get_forward_backward_func()(
             forward_step_func=step,
-            data_iterator=iter(micro),
+            data_iterator=iter(mine),
             model=[self.model],
-            num_microbatches=len(micro),
+            num_microbatches=len(mine),
             seq_length=0,  # variable_seq_lengths: shapes travel with each micro-batch
-            micro_batch_size=max(len(m) for m in micro),
+            micro_batch_size=max(len(m) for m, _ in mine),
             forward_only=forward_only,
         )
 
@@ -625,22 +698,70 @@ class MegatronBackend(TorchBackend):
         self.model.eval()
         n, mbs = len(samples["tokens"]), self.cfg.train.micro_batch_size
         micro = [list(range(s, min(n, s + mbs))) for s in range(0, n, mbs)]
-        out: list[np.ndarray] = []
+        out: dict[int, np.ndarray] = {}
 
         def keep(idx, logp, valid, rlens, ent):
-            out.extend(logp[k, :r].float().cpu().numpy().astype(np.float32) for k, r in enumerate(rlens))
+            for k, (i, r) in enumerate(zip(idx, rlens)):
+                out[i] = logp[k, :r].float().cpu().numpy().astype(np.float32)
             return logp.sum() * 0.0
 
         self._schedule(self._step_fn(samples, False, keep), micro, forward_only=True)
         self.model.train(was_training)
+        if ps.get_data_parallel_world_size() > 1:  # each replica computed its micro-batches
+            parts: list[Any] = [None] * ps.get_data_parallel_world_size()
+            dist.all_gather_object(parts, out, group=ps.get_data_parallel_group())
+            out = {i: v for part in parts for i, v in part.items()}
         if self.pp > 1:  # the last stage computed them
             box = [out]
             group = ps.get_pipeline_model_parallel_group()
             dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
             out = box[0]
-        return out
+        return [out[i] for i in range(n)]
 
     # -- training -----------------------------------------------------------------------------------
+    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+        metrics = super().train_step(samples)
+        if self.pp > 1:  # the loss and its statistics exist on the last stage (the norm on all)
+            from megatron.core import parallel_state as ps
+
+            box = [metrics]
+            group = ps.get_pipeline_model_parallel_group()
+            dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
+            metrics = box[0]
+        return metrics
+
+    def _step_metrics(self, sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:
+        """The step's statistics over every data-parallel replica's micro-batches."""
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_world_size()
+        if dp > 1:
+            parts: list[Any] = [None] * dp
+            dist.all_gather_object(
+                parts, (sums, counts, keep, loss_total), group=ps.get_data_parallel_group()
+            )
+            sums = {k: sum(p[0][k] for p in parts) for k in sums}
+            counts = {k: sum(p[1].get(k, 0.0) for p in parts) for k in {k for p in parts for k in p[1]}}
+            keep = {k: [t for p in parts for t in p[2][k]] for k in keep}
+            loss_total = sum(p[3] for p in parts)
+        return TorchBackend._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
+
+    def _r3_metrics(self) -> dict[str, float]:
+        """Routing replay's counts over the pipeline stages (each replays its own MoE layers' routes) and the
+        data-parallel replicas (each its own micro-batches)."""
+        from megatron.core import parallel_state as ps
+
+        c = self._r3_counts
+        if self.pp > 1:
+            both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
+            dist.all_reduce(both, group=ps.get_pipeline_model_parallel_group())
+            c["replayed"], c["differ"] = (float(v) for v in both)
+        if ps.get_data_parallel_world_size() > 1:
+            every = torch.tensor([c["replayed"], c["differ"], c["expected"]], dtype=torch.float64)
+            dist.all_reduce(every, group=ps.get_data_parallel_group())
+            c["replayed"], c["differ"], c["expected"] = (float(v) for v in every)
+        return super()._r3_metrics()
+
     def _forward_backward(self, samples, micro, total_tokens, n_seqs, acc) -> float:
         total = [0.0]
 
@@ -654,9 +775,11 @@ class MegatronBackend(TorchBackend):
 
     def _clip_and_step(self) -> float:
         """Megatron's gradient finalisation, then clip by the whole model's norm and step: QK-norm (and
-        sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are
-        averaged over data-parallel ranks (expert-data-parallel for experts); in the norm, TP-sharded and
-        expert tensors are summed over their groups and replicated ones counted once."""
+        sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are summed
+        over the data-parallel replicas (each back-propagated its share of the batch: the expert-data-parallel
+        group for experts, whose all-to-all already brought them the rest of their expert-parallel group's
+        tokens); in the norm, TP-sharded and expert tensors are summed over their groups and replicated ones
+        counted once."""
         from megatron.core import parallel_state as ps
 
         named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
@@ -665,18 +788,25 @@ class MegatronBackend(TorchBackend):
                 seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
                 if seq_par or "q_layernorm" in name or "k_layernorm" in name:
                     dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
-        # context-parallel ranks hold parts of one gradient (their tokens): summed; data-parallel ranks
-        # whole gradients of the same batch: averaged. The expert data-parallel group spans both.
+        if self.layout.tie_word_embeddings and self.pp > 1 and (self.pre or self.post):
+            # tied embeddings under PP: the first stage's table and the last stage's output layer are one
+            # weight; each copy gets the sum of both gradients (megatron's embedding group)
+            shared = self.model.shared_embedding_or_output_weight()
+            if shared.grad is None:
+                shared.grad = torch.zeros_like(shared)
+            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        # context-parallel ranks hold parts of one gradient (their tokens), data-parallel replicas parts of
+        # the batch's (their micro-batches, normalised by the whole batch): both summed
         dense = ps.get_data_parallel_group(with_context_parallel=True)
         for _, p in named:
             group = ps.get_expert_data_parallel_group() if not getattr(p, "allreduce", True) else dense
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(p.grad, group=group)
-                if dist.get_world_size(group) > self.cp:
-                    p.grad /= dist.get_world_size(group) // self.cp
         dev = named[0][1].grad.device if named else None
         sq = {k: torch.zeros(1, dtype=torch.float64, device=dev) for k in ("tp", "rep", "expert")}
         for _, p in named:
+            if getattr(p, "shared", False) and not self.pre:  # the tied weight's second copy: counted once
+                continue
             kind = (
                 "expert"
                 if not getattr(p, "allreduce", True)

@@ -19,9 +19,12 @@ decoder, and where it goes here:
 
 Gradients: the vision tower's parameters are replicated, so :meth:`MegatronBackend._clip_and_step`
 treats them like the norms: summed over CP ranks (each back-propagates its own tokens), averaged over
-data-parallel ranks, counted once in the gradient norm. Not yet: pipeline parallelism (the towers and the
-DeepStack layers would all have to sit on the first stage, and every stage needs the positions),
-Qwen3-VL-MoE (its fused expert layout), Qwen3-Omni's talker (it only speaks; RL trains the thinker).
+data-parallel ranks, counted once in the gradient norm.
+
+Pipeline parallelism: the towers and the DeepStack hooks live on the first stage (whose first layers must
+include every DeepStack layer: true of the real models, 3 of 36 or 48 layers); every stage computes the
+M-RoPE positions (its rotary angles). Not yet: Qwen3-VL-MoE (its fused expert layout), Qwen3-Omni's talker
+(it only speaks; RL trains the thinker).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def is_tower(name: str) -> bool:
     return name.split(".", 1)[0] in TOWERS
 
 
-def check_supported(hf_config: Any, model_path: str, pipeline_size: int) -> None:
+def check_supported(hf_config: Any, model_path: str) -> None:
     kind = getattr(hf_config, "model_type", "")
     if kind == "qwen3_omni_moe":
         raise ValueError(
@@ -77,12 +80,6 @@ def check_supported(hf_config: Any, model_path: str, pipeline_size: int) -> None
         raise ValueError(
             f"{model_path}: {kind!r} models are not on the megatron backend yet (it covers Qwen3, "
             f"Qwen3-MoE, Qwen3-VL and Qwen3-Omni's thinker); use --train-backend torch"
-        )
-    if kind in FAMILIES and pipeline_size > 1:
-        raise ValueError(
-            f"{model_path}: multimodal models on the megatron backend need --pipeline-model-parallel-size 1 "
-            "for now (the media encoders and the DeepStack layers would have to sit on the first stage); "
-            "use tensor, expert, context or data parallelism"
         )
 
 
@@ -168,20 +165,30 @@ class MediaFront:
     """Builds a micro-batch's decoder inputs for a multimodal megatron model: embeddings with the media
     features in place, 3-D positions and the DeepStack additions (set on the hooked layers)."""
 
-    def __init__(self, hf_config: Any, model: torch.nn.Module, tp: int) -> None:
+    def __init__(self, hf_config: Any, model: torch.nn.Module, tp: int, first_stage: bool = True) -> None:
         self.hf_config, self.model, self.tp = hf_config, model, tp
         self.family = family(hf_config)
         self.omni = "audio_tower" in self.family.towers
+        self.first_stage = first_stage
         vision = hf_config.vision_config
         self.image_id, self.video_id = int(hf_config.image_token_id), int(hf_config.video_token_id)
         self.audio_id = int(hf_config.audio_token_id) if self.omni else None
-        _build_towers(hf_config, self.family, model)  # submodules: the optimizer, offload and checkpoints see them
         text = hf_config.get_text_config()
         head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
         theta = float((getattr(text, "rope_parameters", None) or {}).get("rope_theta") or text.rope_theta)
-        model.rotary_pos_emb = InterleavedMRope(head_dim, theta, mrope_section(text))
+        model.rotary_pos_emb = InterleavedMRope(head_dim, theta, mrope_section(text))  # (every stage)
         self.n_deepstack = len(getattr(vision, "deepstack_visual_indexes", None) or [])
         self.additions: list[torch.Tensor] | None = None
+        if not first_stage:  # later pipeline stages take hidden states; they need only the positions
+            return
+        if len(model.decoder.layers) < self.n_deepstack:
+            raise ValueError(
+                f"DeepStack adds vision features after decoder layers 0..{self.n_deepstack - 1}, which must all "
+                f"be on the first pipeline stage, but it holds {len(model.decoder.layers)}: use a smaller "
+                "--pipeline-model-parallel-size"
+            )
+        # submodules of the model: the optimizer, offload and checkpoints see them
+        _build_towers(hf_config, self.family, model)
         for i in range(self.n_deepstack):
             model.decoder.layers[i].register_forward_hook(self._deepstack_hook(i))
 

@@ -430,6 +430,15 @@ def test_qwen3_vl_under_context_parallelism_matches_the_torch_backend(tmp_path):
                                      flags=["--context-parallel-size", "2"])  # fmt: skip
 
 
+def test_qwen3_vl_data_parallel_replica_without_media_matches_the_torch_backend(tmp_path):
+    """Two data-parallel replicas, micro-batches of one row: one replica gets the image and the video, the
+    other only text rows, so its vision tower gets no gradient of its own; it joins the replicas' gradient
+    sum with zeros (otherwise the two replicas' reductions would pair different tensors)."""
+    data = {k: [v[i] for i in (0, 2, 1, 2)] for k, v in _vl_samples().items()}  # image, text, video, text
+    _assert_multimodal_matches_torch(tmp_path, _vl_model(tmp_path), data, world=2,
+                                     flags=["--micro-batch-size", "1"])  # fmt: skip
+
+
 def _assert_multimodal_matches_torch(tmp_path, model: str, data: dict, world: int = 1, flags=()) -> None:
     """Megatron on ``world`` ranks against the torch backend (HF's model): log-probs, one step's metrics,
     the updated weights under their HF names (the media encoders' included) and the policy after it; and

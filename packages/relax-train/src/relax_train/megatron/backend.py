@@ -670,6 +670,8 @@ class MegatronBackend(TorchBackend):
         one runs a stand-in (a real micro-batch, ``real=False``) whose loss is zero."""
         from megatron.core import parallel_state as ps
 
+        if not micro:
+            return []
         dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         mine = [(m, True) for m in micro[rank::dp]]
         return mine + [(micro[0], False)] * (-(-len(micro) // dp) - len(mine))
@@ -679,6 +681,8 @@ class MegatronBackend(TorchBackend):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         mine = self._my_micro(micro)
+        if not mine:
+            return
         get_forward_backward_func()(
             forward_step_func=step,
             data_iterator=iter(mine),
@@ -773,6 +777,23 @@ class MegatronBackend(TorchBackend):
         self._schedule(self._step_fn(samples, acc.with_entropy, loss), micro, forward_only=False)
         return total[0]
 
+    def _fill_missing_grads(self) -> None:
+        """Zero gradients where this data-parallel replica has none but another has one: its micro-batches
+        never reached the parameter (a media encoder on text-only rows), and every replica must join the
+        same gradient reductions. A parameter no replica reached keeps none (AdamW skips it, as it would
+        on one rank)."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        if dist.get_world_size(group) == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)  # (the replicas' parameter lists align)
+        for p, anywhere in zip(params, has.tolist()):
+            if anywhere and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
     def _clip_and_step(self) -> float:
         """Megatron's gradient finalisation, then clip by the whole model's norm and step: QK-norm (and
         sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are summed
@@ -782,12 +803,7 @@ class MegatronBackend(TorchBackend):
         counted once."""
         from megatron.core import parallel_state as ps
 
-        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
-        if self.tp > 1:
-            for name, p in named:
-                seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
-                if seq_par or "q_layernorm" in name or "k_layernorm" in name:
-                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        self._fill_missing_grads()
         if self.layout.tie_word_embeddings and self.pp > 1 and (self.pre or self.post):
             # tied embeddings under PP: the first stage's table and the last stage's output layer are one
             # weight; each copy gets the sum of both gradients (megatron's embedding group)
@@ -795,6 +811,12 @@ class MegatronBackend(TorchBackend):
             if shared.grad is None:
                 shared.grad = torch.zeros_like(shared)
             dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        if self.tp > 1:
+            for name, p in named:
+                seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
+                if seq_par or "q_layernorm" in name or "k_layernorm" in name:
+                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         # context-parallel ranks hold parts of one gradient (their tokens), data-parallel replicas parts of
         # the batch's (their micro-batches, normalised by the whole batch): both summed
         dense = ps.get_data_parallel_group(with_context_parallel=True)

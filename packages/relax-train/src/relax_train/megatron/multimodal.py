@@ -18,8 +18,9 @@ decoder, and where it goes here:
   layers, at the media positions (forward hooks on those layers).
 
 Gradients: the vision tower's parameters are replicated, so :meth:`MegatronBackend._clip_and_step`
-treats them like the norms: summed over CP ranks (each back-propagates its own tokens), averaged over
-data-parallel ranks, counted once in the gradient norm.
+treats them like the norms: summed over CP ranks (each back-propagates its own tokens) and over
+data-parallel replicas (each its micro-batches; one whose rows have no media adds zeros), counted once in
+the gradient norm.
 
 Pipeline parallelism: the towers and the DeepStack hooks live on the first stage (whose first layers must
 include every DeepStack layer: true of the real models, 3 of 36 or 48 layers); every stage computes the

@@ -50,6 +50,15 @@ def test_prompt_data_and_checkpoint_go_together():
     assert not cfg.is_demo
 
 
+def test_distributed_optimizer_needs_the_megatron_backend():
+    with pytest.raises(ValidationError, match="--train-backend megatron"):
+        RelaxConfig.model_validate({"train": {"use_distributed_optimizer": True}})
+    cfg = RelaxConfig.model_validate(
+        {"train": {"use_distributed_optimizer": True, "train_backend": "megatron"}}
+    )
+    assert cfg.train.use_distributed_optimizer
+
+
 def test_unknown_field_rejected():
     with pytest.raises(ValidationError):
         RelaxConfig.model_validate({"train": {"learning_rate": 1e-3}})

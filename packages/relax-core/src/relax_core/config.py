@@ -181,6 +181,10 @@ class TrainConfig(_Section):
     """Tensor parallelism inside each expert (default: --tensor-model-parallel-size)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (with TP > 1): norms and dropout on sequence shards."""
+    use_distributed_optimizer: bool = False
+    """Megatron backend: shard AdamW's moments over the data-parallel replicas (ZeRO-1): each replica
+    steps the parameters it owns and sends them to the others, saving 8 bytes per parameter on all but
+    1/DP of them. Checkpoints stay loadable under any layout."""
 
 
 class AlgoConfig(_Section):
@@ -417,6 +421,11 @@ class RelaxConfig(_Section):
                     f"expert parallelism: EP × expert TP ({t.expert_model_parallel_size} × {etp}) must divide the "
                     f"GPUs of one pipeline stage ({world // t.pipeline_model_parallel_size})"
                 )
+        if t.use_distributed_optimizer and t.train_backend != "megatron":
+            raise ValueError(
+                "--use-distributed-optimizer shards the optimizer over the megatron backend's data-parallel "
+                "replicas: add --train-backend megatron, or drop it"
+            )
         r = self.rollout
         if r.rollout_backend == "sglang" and (
             r.rollout_num_gpus == 0 or r.rollout_num_gpus % r.rollout_num_gpus_per_engine

@@ -39,6 +39,8 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("then_train"):
         out["weights_then"] = dict(backend.named_weights())
     out["logp_after"] = backend.compute_log_probs(samples)
+    out["optimizer_params"] = len(backend._optimizer_params()) if backend.trainable else 0
+    out["params"] = len(list(backend.model.parameters()))
     if int(os.environ.get("RANK", 0)) == 0:
         torch.save(out, out_path)
     _leave()

@@ -310,6 +310,30 @@ def test_expert_and_data_parallel_two_ranks_match_the_torch_backend(tmp_path):
     assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
 
 
+def test_distributed_optimizer_shards_the_moments_and_matches_the_torch_backend(tmp_path):
+    """--use-distributed-optimizer on two data-parallel replicas: each holds AdamW moments for only the
+    parameters it owns, steps those and sends them to the other; two steps equal the torch backend's.
+    The distributed checkpoint (each moment saved by its owner) loads on one rank, moments included: the
+    next step equals the saving run's next step."""
+    model = _model(tmp_path, "dense")
+    flags = [*FLAGS, "--micro-batch-size", "1"]
+    ref = _torch(model, flags, train_steps=2)
+    ckpt = tmp_path / "ckpt"
+    zero = [*flags, "--train-backend", "megatron", "--use-distributed-optimizer"]
+    got = _megatron(tmp_path, model, zero, world=2, train_steps=2, save=str(ckpt), then_train=1)
+    assert 0 < got["optimizer_params"] < got["params"]  # rank 0's share of the moments
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
+        for key in ("loss", "grad_norm", "pg_loss"):
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    loaded = _megatron(tmp_path, model, flags, load=str(ckpt), then_train=1)
+    for name, value in got["weights"].items():
+        torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
+    for name, value in got["weights_then"].items():
+        _assert_same_update(loaded["weights_then"][name], value, name)
+
+
 def test_checkpoint_round_trip_and_hf_export(tmp_path):
     model = _model(tmp_path, "dense")
     ckpt = tmp_path / "ckpt"

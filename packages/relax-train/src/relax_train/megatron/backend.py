@@ -30,7 +30,10 @@ Context parallelism without Transformer Engine: :mod:`relax_train.megatron.conte
 and Qwen3-Omni's thinker: HF's media encoders in front of the megatron decoder
 (:mod:`relax_train.megatron.multimodal`).
 
-Not yet: Qwen3-VL-MoE, Megatron's distributed optimizer.
+``--use-distributed-optimizer``: AdamW's moments sharded over the data-parallel replicas (ZeRO-1, ours:
+:meth:`MegatronBackend._set_trainable`); weights and gradients stay whole on every replica.
+
+Not yet: Qwen3-VL-MoE.
 """
 
 from __future__ import annotations
@@ -852,7 +855,45 @@ class MegatronBackend(TorchBackend):
         if self.before_update is not None:
             self.before_update()
         self.optimizer.step()
+        self._share_owned()
         return norm
+
+    # -- the optimizer ------------------------------------------------------------------------------
+    def _set_trainable(self, trainable: bool) -> None:
+        """AdamW as the torch backend builds it; with --use-distributed-optimizer, over the parameters this
+        data-parallel replica owns (ZeRO-1). Each parameter is owned by one member of its replica group (the
+        expert data-parallel group for experts), assigned greedily by size in the model's parameter order,
+        which every member shares; after each step the owners send their parameters to the others."""
+        super()._set_trainable(trainable)
+        self._owned: list[tuple[torch.nn.Parameter, Any, int]] = []  # (param, group, owner's global rank)
+        if not (trainable and self.cfg.train.use_distributed_optimizer):
+            return
+        from megatron.core import parallel_state as ps
+
+        dense = ps.get_data_parallel_group(with_context_parallel=True)
+        expert = ps.get_expert_data_parallel_group()
+        loads = {id(dense): [0] * dist.get_world_size(dense), id(expert): [0] * dist.get_world_size(expert)}
+        mine = []
+        for p in self.model.parameters():
+            group = dense if getattr(p, "allreduce", True) else expert
+            load = loads[id(group)]
+            owner = min(range(len(load)), key=lambda r: (load[r], r))
+            load[owner] += p.numel()
+            if len(load) > 1:
+                self._owned.append((p, group, dist.get_global_rank(group, owner)))
+            if owner == dist.get_rank(group):
+                mine.append(p)
+        t = self.cfg.train
+        self.optimizer = torch.optim.AdamW(
+            mine, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+        )
+
+    def _share_owned(self) -> None:
+        """After a distributed-optimizer step: every parameter from the replica that stepped it; gradients
+        dropped (the optimizer's zero_grad reaches only the parameters it owns)."""
+        for p, group, src in self._owned:
+            dist.broadcast(p.data, src=src, group=group)
+            p.grad = None
 
     # -- checkpoints --------------------------------------------------------------------------------
     def _optimizer_params(self) -> list[torch.nn.Parameter]:
@@ -879,6 +920,13 @@ class MegatronBackend(TorchBackend):
             optim = self.optimizer.state_dict()
             ids = get_param_id_to_sharded_param_map(model, self._optimizer_params())
             optim_state_to_sharding_state(optim, ids, exclude_keys=("step",))
+            if self._owned:  # ZeRO-1: the owner's moments are the only copy (the DP part of their replica id)
+                for moments in optim["state"].values():
+                    for key, sh in moments.items():
+                        rid = sh.replica_id
+                        moments[key] = dataclasses.replace(
+                            sh, replica_id=(*rid[:-1], 0) if isinstance(rid, tuple) else 0
+                        )
             state["optimizer"] = optim
         return state
 

@@ -151,6 +151,24 @@ def _assert_same_update(got, ref, name: str) -> None:
     assert off <= max(1, diff.numel() // 1000), (name, off, diff.numel())
 
 
+METRICS = ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean")
+
+
+def _assert_same_training(got: dict, ref: dict, keys: tuple[str, ...] = METRICS, after: bool = True) -> None:
+    """Megatron's run ``got`` against the torch backend's ``ref``: log-probs, every step's metrics ``keys``,
+    the updated weights under their HF names (what rollout engines load) and, with ``after``, the policy
+    after the steps."""
+    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"], strict=True):
+        for key in keys:
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    assert set(got["weights"]) == set(ref["weights"])
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+    if after:
+        assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+
+
 def _max_diff(a: list, b: list) -> float:
     assert [len(x) for x in a] == [len(y) for y in b]
     return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
@@ -162,15 +180,7 @@ def test_log_probs_and_a_training_step_match_the_torch_backend(tmp_path, kind):
     ref = _torch(model, FLAGS, train_steps=2)
     got = _megatron(tmp_path, model, FLAGS, train_steps=2)
     assert min(float(np.min(x)) for x in ref["logp"]) < -8.0  # far from uniform (log 300 = -5.7)
-    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
-        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean"):
-            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
-    # the same updated weights, in HF names (what rollout engines load), and the same policy after
-    assert set(got["weights"]) == set(ref["weights"])
-    for name, value in ref["weights"].items():
-        _assert_same_update(got["weights"][name], value, name)
-    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    _assert_same_training(got, ref)
     assert _max_diff(ref["logp_after"], ref["logp"]) > 1e-3  # training changed the policy
 
 
@@ -270,14 +280,7 @@ def test_pipeline_parallel_through_megatrons_schedule_matches_the_torch_backend(
         train_steps=2,
         save=str(ckpt),
     )
-    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
-        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean"):
-            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
-    assert set(got["weights"]) == set(ref["weights"])
-    for name, value in ref["weights"].items():
-        _assert_same_update(got["weights"][name], value, name)
-    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    _assert_same_training(got, ref)
     loaded = _megatron(tmp_path, model, flags, load=str(ckpt))
     for name, value in got["weights"].items():
         torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
@@ -300,14 +303,7 @@ def test_expert_and_data_parallel_two_ranks_match_the_torch_backend(tmp_path):
     got = _megatron(
         tmp_path, model, [*flags, "--expert-model-parallel-size", "2"], world=2, train_steps=2, data=data
     )
-    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
-        for key in ("loss", "grad_norm", "pg_loss", "clipfrac", "ratio_mean", "r3_replayed_frac",
-                    "r3_expert_differ_frac"):  # fmt: skip
-            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
-    for name, value in ref["weights"].items():  # the experts gathered from both ranks
-        _assert_same_update(got["weights"][name], value, name)
-    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    _assert_same_training(got, ref, (*METRICS, "r3_replayed_frac", "r3_expert_differ_frac"))
 
 
 def test_distributed_optimizer_shards_the_moments_and_matches_the_torch_backend(tmp_path):
@@ -322,11 +318,7 @@ def test_distributed_optimizer_shards_the_moments_and_matches_the_torch_backend(
     zero = [*flags, "--train-backend", "megatron", "--use-distributed-optimizer"]
     got = _megatron(tmp_path, model, zero, world=2, train_steps=2, save=str(ckpt), then_train=1)
     assert 0 < got["optimizer_params"] < got["params"]  # rank 0's share of the moments
-    for m_ref, m_got in zip(ref["metrics"], got["metrics"]):
-        for key in ("loss", "grad_norm", "pg_loss"):
-            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
-    for name, value in ref["weights"].items():
-        _assert_same_update(got["weights"][name], value, name)
+    _assert_same_training(got, ref, after=False)  # (its log-probs "after" follow one more step)
     loaded = _megatron(tmp_path, model, flags, load=str(ckpt), then_train=1)
     for name, value in got["weights"].items():
         torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)
@@ -469,13 +461,7 @@ def _assert_multimodal_matches_torch(tmp_path, model: str, data: dict, world: in
     the media matter (the rows without their media tensors give other log-probs)."""
     ref = _torch(model, PARALLEL_FLAGS, train_steps=1, data=data)
     got = _megatron(tmp_path, model, [*PARALLEL_FLAGS, *flags], world=world, data=data, train_steps=1)
-    assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    for key in ("loss", "grad_norm", "entropy"):
-        assert got["metrics"][0][key] == pytest.approx(ref["metrics"][0][key], rel=1e-4), key
-    assert set(got["weights"]) == set(ref["weights"])
-    for name, value in ref["weights"].items():
-        _assert_same_update(got["weights"][name], value, name)
-    assert _max_diff(got["logp_after"], ref["logp_after"]) < 1e-4
+    _assert_same_training(got, ref, ("loss", "grad_norm", "entropy"))
     bare = _torch(model, PARALLEL_FLAGS, data={**data, "mm": [None] * len(data["tokens"])})
     assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
 

@@ -95,17 +95,18 @@ class TorchBackend:
         self.trainable = trainable
         self.version = 0
         if trainable:
-            t = self.cfg.train
-            self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
-                lr=t.lr,
-                betas=(t.adam_beta1, t.adam_beta2),
-                weight_decay=t.weight_decay,
-            )
+            self.optimizer = self._adamw(self.model.parameters())
             self.model.train()
         else:
             self.model.eval()
             self.model.requires_grad_(False)
+
+    def _adamw(self, params) -> torch.optim.AdamW:
+        """AdamW over ``params`` with the run's learning rate, betas and weight decay."""
+        t = self.cfg.train
+        return torch.optim.AdamW(
+            params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+        )
 
     # -- forward -------------------------------------------------------------------------------
     def _pad(

@@ -718,24 +718,24 @@ class MegatronBackend(TorchBackend):
             parts: list[Any] = [None] * ps.get_data_parallel_world_size()
             dist.all_gather_object(parts, out, group=ps.get_data_parallel_group())
             out = {i: v for part in parts for i, v in part.items()}
-        if self.pp > 1:  # the last stage computed them
-            box = [out]
-            group = ps.get_pipeline_model_parallel_group()
-            dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
-            out = box[0]
+        out = self._from_last_stage(out)  # (the last stage computed them)
         return [out[i] for i in range(n)]
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """Under pipeline parallelism, the last stage's ``value`` on every stage."""
+        if self.pp == 1:
+            return value
+        from megatron.core import parallel_state as ps
+
+        box = [value]
+        group = ps.get_pipeline_model_parallel_group()
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
+        return box[0]
 
     # -- training -----------------------------------------------------------------------------------
     def train_step(self, samples: dict[str, list]) -> dict[str, float]:
-        metrics = super().train_step(samples)
-        if self.pp > 1:  # the loss and its statistics exist on the last stage (the norm on all)
-            from megatron.core import parallel_state as ps
-
-            box = [metrics]
-            group = ps.get_pipeline_model_parallel_group()
-            dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
-            metrics = box[0]
-        return metrics
+        # the loss and its statistics exist on the last stage (the norm on all)
+        return self._from_last_stage(super().train_step(samples))
 
     def _step_metrics(self, sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:
         """The step's statistics over every data-parallel replica's micro-batches."""
@@ -883,10 +883,7 @@ class MegatronBackend(TorchBackend):
                 self._owned.append((p, group, dist.get_global_rank(group, owner)))
             if owner == dist.get_rank(group):
                 mine.append(p)
-        t = self.cfg.train
-        self.optimizer = torch.optim.AdamW(
-            mine, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
-        )
+        self.optimizer = self._adamw(mine)
 
     def _share_owned(self) -> None:
         """After a distributed-optimizer step: every parameter from the replica that stepped it; gradients

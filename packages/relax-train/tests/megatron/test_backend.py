@@ -497,7 +497,9 @@ def _omni_model(tmp: Path, deepstack: tuple[int, ...] = (0, 1)) -> str:
 
 
 def _omni_samples(seed: int = 0) -> dict:
-    """An image + audio row (AVQA's shape), an audio-only row, a text row and an image row."""
+    """An image + audio row (AVQA-R1-6K's shape), an audio-only row, a text row and a video + audio row
+    (the audio-video rows of the same format, the audio block after the video's) whose frames are 0.6 s
+    apart: fractional time positions, which Qwen3-Omni keeps (unlike Qwen3-VL, it computes them as floats)."""
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
     rng = np.random.default_rng(seed)
@@ -517,10 +519,22 @@ def _omni_samples(seed: int = 0) -> dict:
         "image_grid_thw": np.array([[1, 4, 4]]),
     }
     t_img = [ids["vision_start_token_id"], *[ids["image_token_id"]] * 4, ids["vision_end_token_id"]]
+    m_vid = {
+        "pixel_values_videos": rng.normal(size=(32, PATCH)).astype(np.float32),
+        "video_grid_thw": np.array([[2, 4, 4]]),
+        "video_second_per_grid": np.array([0.6], np.float32),
+    }
+    t_vid = [ids["vision_start_token_id"], *[ids["video_token_id"]] * 8, ids["vision_end_token_id"]]
     a1, t_a1 = audio(120)
     a2, t_a2 = audio(64)
-    prompts = [text(2) + t_img + t_a1 + text(2), text(3) + t_a2 + text(1), text(6), text(1) + t_img + text(3)]
-    media = [{**m_img, **a1}, a2, None, dict(m_img)]
+    a3, t_a3 = audio(40)
+    prompts = [
+        text(2) + t_img + t_a1 + text(2),
+        text(3) + t_a2 + text(1),
+        text(6),
+        text(1) + t_vid + t_a3 + text(3),
+    ]
+    media = [{**m_img, **a1}, a2, None, {**m_vid, **a3}]
     resp = (5, 4, 6, 3)
     tokens = [np.array(p + text(r)) for p, r in zip(prompts, resp)]
     return {
@@ -533,7 +547,7 @@ def _omni_samples(seed: int = 0) -> dict:
 
 def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend(tmp_path):
     """Qwen3-Omni's thinker (the Omni recipe's model, with its pipeline parallelism) on two stages: the
-    first encodes image and audio, puts the features in place and adds DeepStack's after its MoE layer;
+    first encodes image, video and audio, puts the features in place and adds DeepStack's after its MoE layer;
     the second, the dense layer and the output, needs only Omni's M-RoPE positions (audio clips advance
     time). As HF computes it, through the torch backend."""
     _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path, deepstack=(1,)), _omni_samples(), world=2,

@@ -229,7 +229,9 @@ class MediaFront:
         self, ids: torch.Tensor, types: torch.Tensor, lengths: list[int], media: dict
     ) -> torch.Tensor:
         """[3, B, W] M-RoPE position ids of right-padded rows (HF's ``get_rope_index``, which reads only the
-        config from its model: it runs here on a bare instance)."""
+        config from its model: it runs here on a bare instance). As HF gives them: Qwen3-Omni's are floats
+        (a video's frames sit ``second_per_grid × position_id_per_seconds`` apart, often fractional, and
+        the text after it starts from there), Qwen3-VL's integers."""
         mask = torch.zeros_like(ids)
         for row, n in enumerate(lengths):
             mask[row, :n] = 1
@@ -262,7 +264,7 @@ class MediaFront:
         )
         accepted = inspect.signature(cls.get_rope_index).parameters
         pos, _ = shim.get_rope_index(ids, **{k: v for k, v in kwargs.items() if k in accepted})
-        return pos.long()
+        return pos
 
     def _audio(self, media: dict[str, torch.Tensor], dev) -> torch.Tensor:
         """The audio tower on the micro-batch's clips (padded along time; the mask marks real frames)."""

@@ -89,6 +89,10 @@ def test_recipe_specifics(tmp_path):
     )
     assert omni.algo.kl_coef == 0.001 and omni.algo.uses_reference and not omni.algo.routing_replay
     assert omni.rollout.rollout_num_gpus_per_engine == 2
+    from relax_rollout.engines.sglang import engine_kwargs
+
+    kw = engine_kwargs(omni)  # 8 engines of 2 GPUs: 4 on each node
+    assert (kw["num_engines"], kw["tp_size"], kw["gpus_per_node"]) == (8, 2, 8)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

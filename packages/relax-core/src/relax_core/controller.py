@@ -101,8 +101,10 @@ def _offloads(cfg: RelaxConfig) -> bool:
 
 
 def _start_ray(cfg: RelaxConfig) -> bool:
-    """A local Ray cluster for the run, unless one is running already; True when this call started it
-    (the run then shuts it down at the end)."""
+    """Ray for the run: the running cluster that ``RAY_ADDRESS`` names (several nodes: ``ray start`` on
+    each, then ``RAY_ADDRESS=<head>:6379 relax train ...`` on the head), else a local cluster started here,
+    unless this process is connected already. True when this call connected (the run disconnects at the
+    end; a cluster started here stops with it, one started with ``ray start`` keeps running)."""
     # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
     # worker; ours is already complete. Must be set before Ray is imported.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -110,7 +112,17 @@ def _start_ray(cfg: RelaxConfig) -> bool:
 
     if ray.is_initialized():
         return False
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address:  # the nodes' CPUs and GPUs were set by `ray start`; Ray refuses num_cpus here
+        if cfg.run.num_cpus is not None:
+            raise ValueError(
+                f"--num-cpus sizes the local Ray cluster a run starts, but RAY_ADDRESS={address} connects to a "
+                "running one (its nodes' CPUs are set by `ray start --num-cpus`): drop one of them"
+            )
+        ray.init(address=address, log_to_driver=True, configure_logging=False)
+        return True
     ray.init(
+        address="local",  # a new cluster even where `ray start` left one (RAY_ADDRESS chooses that one)
         num_cpus=cfg.run.num_cpus or os.cpu_count(),
         include_dashboard=False,
         log_to_driver=True,
@@ -120,8 +132,8 @@ def _start_ray(cfg: RelaxConfig) -> bool:
 
 
 def _start_ray_for_ranks(cfg: RelaxConfig) -> bool:
-    """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so start a local
-    Ray cluster if none runs (see :func:`_start_ray`)."""
+    """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so connect to Ray
+    (see :func:`_start_ray`)."""
     t = cfg.train
     if t.train_backend != "megatron" or t.actor_num_nodes * t.actor_num_gpus_per_node <= 1:
         return False

@@ -244,11 +244,19 @@ def test_engine_kwargs_from_the_config():
                                   "server_args": {"context_length": 4096, "enable_memory_saver": True}}  # fmt: skip
     no_offload = cfg.model_copy(update={"run": cfg.run.model_copy(update={"offload": False})})
     assert engine_kwargs(no_offload)["server_args"] == {"context_length": 4096}
+    # two nodes of 2 GPUs, 4 rollout GPUs: engines on both nodes, weights through the run's directory
+    two = RelaxConfig.model_validate({
+        "rollout": {"rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2},
+        "train": {"actor_num_nodes": 2, "actor_num_gpus_per_node": 2}, "run": {"output_dir": "/shared/run"}})  # fmt: skip
+    kw = engine_kwargs(two)
+    assert (kw["num_engines"], kw["gpus_per_node"], kw["weights_dir"]) == (2, 2, "/shared/run/engine_weights")
+    one_node = two.model_copy(update={"rollout": two.rollout.model_copy(update={"rollout_num_gpus": 2})})
+    assert "gpus_per_node" not in engine_kwargs(one_node)
 
 
 def test_constructor_errors_before_launching_anything(tiny_model_dir):
     cmd = [sys.executable, "-c", "raise SystemExit(1)"]
-    with pytest.raises(ValueError, match="need 4 GPUs; only 3 visible"):
+    with pytest.raises(ValueError, match="need 4 GPUs; only 3 visible.*spread them over a Ray cluster"):
         SGLangEngine(tiny_model_dir, num_engines=2, tp_size=2, gpu_ids=[0, 1, 2], launch_cmd=cmd)
     with pytest.raises(ValueError, match="the engine sets it"):
         SGLangEngine(tiny_model_dir, server_args={"port": 1}, launch_cmd=cmd)

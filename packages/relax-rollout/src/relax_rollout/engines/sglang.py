@@ -12,7 +12,9 @@ An :class:`SGLangEngine` is process supervision composed with an
   ``gpu_ids``), in its own session (process group), its stdout/stderr appended to ``log_dir/engine{k}.log``.
   Ready means ``GET /health_generate`` answers 200: SGLang answers 503 while starting, then runs a
   one-token generation, so a 200 proves the scheduler serves. A process that exits during start-up fails
-  the start at once with its log's tail.
+  the start at once with its log's tail. With ``gpus_per_node`` the engines past this node's GPUs run on
+  the other nodes of the Ray cluster, started and supervised through a launcher actor there
+  (:mod:`relax_rollout.engines.nodes`).
 - **Supervision.** A background thread polls the processes every ``poll_interval_s``. An engine whose
   process exited (or that the pool marked failed: reset connections, 5xx, time-outs) is killed (its whole
   process group: SGLang's scheduler and detokenizer processes included) and relaunched on the same GPUs,
@@ -62,6 +64,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -412,9 +415,12 @@ class EngineProcess:
     error: str | None = None
     """Why it last failed (kept after a successful restart)."""
     pids: list[int] = field(default_factory=list)
+    node: Any = None
+    """The :class:`~relax_rollout.engines.nodes.NodeGPUs` of another node it runs on; None: this node."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "gpus": self.gpus, "url": self.url, "state": self.state,
+                "node_id": self.node.node_id if self.node is not None else None,
                 "pid": self.proc.pid if self.proc else None, "restarts": self.restarts, "error": self.error,
                 "member_id": self.member_id, "log_path": str(self.log_path), "pids": list(self.pids)}  # fmt: skip
 
@@ -445,7 +451,12 @@ def group_alive(pgid: int) -> bool:
 
 def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM every process group, wait up to ``grace_s`` for the leaders to exit and their groups to
-    empty, SIGKILL what is left, and reap the leaders."""
+    empty, SIGKILL what is left, and reap the leaders. Processes on other nodes
+    (:class:`~relax_rollout.engines.nodes.RemoteProcess`) are stopped the same way by their node's launcher."""
+    for p in procs:
+        if getattr(p, "remote", False):
+            p.stop(grace_s)
+    procs = [p for p in procs if not getattr(p, "remote", False)]
     live = [p for p in procs if p.poll() is None or group_alive(p.pid)]
     for p in live:
         _signal_group(p, signal.SIGTERM)
@@ -477,12 +488,17 @@ class SGLangEngine:
     :class:`~relax_rollout.engines.base.RolloutEngine` (see the module docstring).
 
     ``launch_cmd``: a command template replacing ``python -m sglang.launch_server ...`` (placeholders
-    ``{port}``, ``{host}``, ``{model_path}``, ``{tp_size}``, ``{dtype}``, ``{engine_index}``), e.g. our engine
-    server for tests. ``server_args``: extra launch flags (``sglang_server_args``; an ``api_key`` there is also
+    ``{port}``, ``{host}``, ``{model_path}``, ``{tp_size}``, ``{dtype}``, ``{engine_index}``, ``{token}``), e.g.
+    our engine server for tests. ``server_args``: extra launch flags (``sglang_server_args``; an ``api_key`` there is also
     the bearer token of every request). ``base_port``: engine ``k`` listens on ``base_port + k`` (default: a
     free port per launch). ``gpu_ids``: the GPUs to split (default ``CUDA_VISIBLE_DEVICES``, else
     ``0 .. num_engines*tp_size - 1``). ``log_dir``: default a new temporary directory (``self.log_dir``).
-    ``weight_update``: ``disk`` or ``tensor`` (colocated), the path of :meth:`update_weights`."""
+    ``weight_update``: ``disk`` or ``tensor`` (colocated), the path of :meth:`update_weights`.
+    ``gpus_per_node``: spread the engines over the nodes of the Ray cluster this process is connected to,
+    this node's GPUs first, then ``gpus_per_node`` GPUs of each other node with GPUs
+    (:mod:`relax_rollout.engines.nodes`); an engine on another node binds that node's address and
+    requires a token (one is made when none is given); weights then go through ``weights_dir``, which
+    every node must see at the same path."""
 
     def __init__(
         self,
@@ -510,6 +526,7 @@ class SGLangEngine:
         poll_interval_s: float = 1.0,
         shutdown_grace_s: float = 15.0,
         weights_dir: str | None = None,
+        gpus_per_node: int | None = None,
         **_ignored: Any,  # pad_token_id, ...: the servers own their model and tokenizer
     ) -> None:
         if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
@@ -544,16 +561,32 @@ class SGLangEngine:
                            "temperature, not of the distribution sampled from")  # fmt: skip
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        gpus = self._gpu_ids(gpu_ids)
+        places = self._places(gpu_ids, gpus_per_node)
         self.slots = [
             EngineProcess(
                 k,
-                gpus[k * tp_size : (k + 1) * tp_size],
+                gpus,
                 self.log_dir / f"engine{k}.log",
                 None if base_port is None else base_port + k,
+                node=node,
             )  # fmt: skip
-            for k in range(num_engines)
+            for k, (node, gpus) in enumerate(places)
         ]
+        self._launchers: dict[str, Any] = {}
+        if any(slot.node is not None for slot in self.slots):
+            if weight_update == "tensor":
+                raise ValueError(
+                    "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
+                    "other nodes load weights from disk: use weight_update='disk'"
+                )
+            if weights_dir is None:
+                raise ValueError(
+                    "engines on other nodes load each weight version from the directory this node writes it "
+                    "to: give weights_dir, on a filesystem every node sees at the same path"
+                )
+            if self.token is None:  # they listen on their node's address, not loopback
+                self.token = secrets.token_urlsafe(24)
+                self.server_args["api_key"] = self.token
         self._lock = threading.RLock()
         self._closed = False
         self._paused: str | None = None
@@ -577,20 +610,41 @@ class SGLangEngine:
         self._supervisor.start()
 
     # -- start-up ---------------------------------------------------------------------------------
-    def _gpu_ids(self, gpu_ids: list[int | str] | None) -> list[str]:
+    def _places(
+        self, gpu_ids: list[int | str] | None, gpus_per_node: int | None
+    ) -> list[tuple[Any, list[str]]]:
+        """(node or None for this one, GPUs) of every engine: node by node, ``tp_size`` GPUs each."""
         need = self.num_engines * self.tp_size
         if gpu_ids is None:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             if visible is None or not visible.strip():
-                return [str(i) for i in range(need)]
-            gpu_ids = [g.strip() for g in visible.split(",") if g.strip()]
+                gpu_ids = list(range(need if gpus_per_node is None else gpus_per_node))
+            else:
+                gpu_ids = [g.strip() for g in visible.split(",") if g.strip()]
         gpus = [str(g) for g in gpu_ids]
-        if len(gpus) < need:
+        if gpus_per_node is None:
+            if len(gpus) < need:
+                raise ValueError(
+                    f"{self.num_engines} engines × {self.tp_size} GPUs need {need} GPUs; only {len(gpus)} "
+                    f"visible ({','.join(gpus)}): lower the engines, or spread them over a Ray cluster's nodes "
+                    "(gpus_per_node)"
+                )
+            return [(None, gpus[k * self.tp_size : (k + 1) * self.tp_size]) for k in range(self.num_engines)]
+        from relax_rollout.engines.nodes import cluster_gpus
+
+        nodes = cluster_gpus(gpus_per_node, gpus)
+        places = [
+            (None if n.node_id is None else n, n.gpus[i : i + self.tp_size])
+            for n in nodes
+            for i in range(0, len(n.gpus) - self.tp_size + 1, self.tp_size)
+        ]
+        if len(places) < self.num_engines:
             raise ValueError(
-                f"{self.num_engines} engines × {self.tp_size} GPUs need {need} GPUs; only {len(gpus)} "
-                f"visible ({','.join(gpus)})"
+                f"{self.num_engines} engines × {self.tp_size} GPUs need {need} GPUs; the Ray cluster's "
+                f"{len(nodes)} nodes give {len(places) * self.tp_size} ({gpus_per_node} per node at most, this "
+                "node's visible ones): add nodes or lower the engines"
             )
-        return gpus[:need]
+        return places[: self.num_engines]
 
     def _start(self) -> None:
         try:
@@ -611,25 +665,27 @@ class SGLangEngine:
             self.close()
             raise
 
-    def _command(self, slot: EngineProcess, port: int) -> list[str]:
+    def _command(self, slot: EngineProcess, port: int, host: str) -> list[str]:
         if self.launch_cmd is not None:
-            return fill_template(self.launch_cmd, port=port, host=self.host, model_path=self.model_path,
-                                 tp_size=self.tp_size, dtype=self.dtype, engine_index=slot.index)  # fmt: skip
-        return launch_command(self.model_path, self.host, port, self.tp_size, self.dtype,
+            return fill_template(self.launch_cmd, port=port, host=host, model_path=self.model_path,
+                                 tp_size=self.tp_size, dtype=self.dtype, engine_index=slot.index,
+                                 token=self.token or "")  # fmt: skip
+        return launch_command(self.model_path, host, port, self.tp_size, self.dtype,
                               self.mem_fraction_static, self.server_args, self.routing is not None,
                               self.python)  # fmt: skip
 
     def _launch(self, slot: EngineProcess) -> None:
+        if slot.node is not None:
+            self._launch_remote(slot)
+            return
         port = slot.fixed_port if slot.fixed_port is not None else _free_port(self.host)
-        cmd = self._command(slot, port)
+        cmd = self._command(slot, port, self.host)
         env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
         with self._lock:
             if self._closed:
                 raise EngineStartError("the engine is closed")
             with open(slot.log_path, "ab") as log:
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-                log.write(f"=== {stamp} relax: launch #{len(slot.pids) + 1} of engine {slot.index} on GPUs "
-                          f"{','.join(slot.gpus)}: {' '.join(cmd)}\n".encode())  # fmt: skip
+                log.write(self._header(slot, cmd).encode())
                 log.flush()
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)  # fmt: skip
@@ -640,6 +696,61 @@ class SGLangEngine:
         logger.info(
             "engine %d: started pid %d on GPUs %s, %s", slot.index, proc.pid, ",".join(slot.gpus), slot.url
         )
+
+    def _header(self, slot: EngineProcess, cmd: list[str]) -> str:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        where = f" on node {slot.node.node_id} ({slot.node.ip})" if slot.node is not None else ""
+        shown = " ".join("***" if self.token and part == self.token else part for part in cmd)
+        return (f"=== {stamp} relax: launch #{len(slot.pids) + 1} of engine {slot.index}{where} on GPUs "
+                f"{','.join(slot.gpus)}: {shown}\n")  # fmt: skip
+
+    def _launch_remote(self, slot: EngineProcess) -> None:
+        """``_launch`` on another node, through its :class:`~relax_rollout.engines.nodes.NodeLauncher`."""
+        import ray
+
+        from relax_rollout.engines.nodes import RemoteProcess, launcher_on
+
+        node = slot.node
+        launcher = self._launchers.get(node.node_id)
+        if launcher is None:
+            launcher = self._launchers[node.node_id] = launcher_on(node)
+        ip = ray.get(launcher.ip.remote(), timeout=120)
+        shared = [str(self.pool.weights_root)] + (
+            [self.model_path] if os.path.exists(self.model_path) else []
+        )
+        missing = ray.get(launcher.missing.remote(shared), timeout=60)
+        if missing:
+            raise EngineStartError(
+                f"node {node.node_id} ({ip}) does not see {', '.join(missing)}: the model and the weights "
+                "directory must be at the same paths on every node (a shared filesystem)"
+            )
+        port = slot.fixed_port or ray.get(launcher.free_port.remote(ip), timeout=60)
+        cmd = self._command(slot, port, ip)
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
+        with self._lock:
+            if self._closed:
+                raise EngineStartError("the engine is closed")
+            pid = ray.get(
+                launcher.start.remote(cmd, env, str(slot.log_path), self._header(slot, cmd)), timeout=120
+            )
+            proc = RemoteProcess(launcher, node, pid)
+            self._procs.append(proc)
+            slot.proc, slot.url, slot.member_id = proc, f"http://{ip}:{port}", None
+            slot.pids.append(pid)
+        logger.info("engine %d: started pid %d on node %s, GPUs %s, %s", slot.index, pid, node.node_id,
+                    ",".join(slot.gpus), slot.url)  # fmt: skip
+
+    def _tail(self, slot: EngineProcess, lines: int = 30) -> str:
+        """The end of an engine's log, read on its node."""
+        launcher = self._launchers.get(slot.node.node_id) if slot.node is not None else None
+        if launcher is None:
+            return _log_tail(slot.log_path, lines)
+        import ray
+
+        try:
+            return ray.get(launcher.tail.remote(str(slot.log_path), lines), timeout=30)
+        except Exception as e:  # noqa: BLE001 — a report, not a failure of its own
+            return f"(no log from node {slot.node.node_id}: {e})"
 
     def _wait_ready(self, slot: EngineProcess, timeout_s: float) -> None:
         """Until ``/health_generate`` answers 200 (``/health`` for a server without it)."""
@@ -653,13 +764,13 @@ class SGLangEngine:
             if rc is not None:
                 raise EngineStartError(
                     f"process {slot.proc.pid} exited with code {rc} during start-up; the end of "
-                    f"{slot.log_path}:\n{_log_tail(slot.log_path)}"
+                    f"{slot.log_path}:\n{self._tail(slot)}"
                 )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EngineStartError(
                     f"not ready after {timeout_s:.0f}s ({slot.url}{path}); the end of {slot.log_path}:\n"
-                    f"{_log_tail(slot.log_path)}"
+                    f"{self._tail(slot)}"
                 )
             try:
                 http_json(slot.url, path, None, self.token, min(30.0, max(1.0, left)))
@@ -713,7 +824,7 @@ class SGLangEngine:
             slot.index,
             reason,
             slot.log_path,
-            _log_tail(slot.log_path, 10),
+            self._tail(slot, 10),
         )
         if member is not None:
             self.pool.mark_failed(member.id, reason)
@@ -1024,6 +1135,11 @@ class SGLangEngine:
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(timeout=self.poll_interval_s + 5)
         stop_processes(procs, self.shutdown_grace_s)
+        if self._launchers:
+            import ray
+
+            for launcher in self._launchers.values():
+                ray.kill(launcher)
         with self._lock:
             for slot in self.slots:
                 slot.state = "stopped" if slot.state != "failed" else slot.state
@@ -1041,14 +1157,21 @@ class SGLangEngine:
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """The :class:`SGLangEngine` arguments a ``RelaxConfig`` sets besides the model and its dtype
     (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
-    ``--sglang-server-args``)."""
+    ``--sglang-server-args``; on several nodes, ``gpus_per_node`` from ``--actor-num-gpus-per-node``)."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
     if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
         server_args.setdefault("enable_memory_saver", True)  # what /release_memory_occupation needs
-    return {
+    out = {
         "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
         "tp_size": r.rollout_num_gpus_per_engine,
         "mem_fraction_static": r.sglang_mem_fraction_static,
         "server_args": server_args,
     }
+    t = cfg.train
+    if t.actor_num_nodes > 1 and t.actor_num_gpus_per_node and r.rollout_num_gpus > t.actor_num_gpus_per_node:
+        # more engines than the rollout's node holds: the rest on the cluster's other nodes, which load each
+        # weight version from the run's output directory (on a filesystem every node sees)
+        out["gpus_per_node"] = t.actor_num_gpus_per_node
+        out["weights_dir"] = str(Path(cfg.run.output_dir).absolute() / "engine_weights")
+    return out

@@ -5,8 +5,9 @@ process per rank. This process becomes rank 0 and starts ranks 1..N-1 as Ray act
 with it, so a restarted role starts a fresh group); every backend call runs on all ranks at once, and
 the role sees rank 0's answer. Each rank is a GPU (``--actor-num-nodes`` × ``--actor-num-gpus-per-node``),
 rank 0's included: a placement group reserves one GPU per rank, so Ray gives no other actor the GPU this
-process trains on. On a machine without CUDA the ranks are CPU processes (gloo), which is how CI runs a
-tensor-parallel trainer.
+process trains on. On several nodes (a Ray cluster the run connects to) the ranks follow the nodes: rank 0
+on this process's node, then node by node (:func:`place_ranks`). On a machine without CUDA the ranks are
+CPU processes (gloo), which is how CI runs a tensor-parallel trainer.
 
 In colocate mode every role lives in the controller's process, and megatron's parallel state is per
 process: the reference (or teacher) model is built on the trainer's ranks, next to the trainer's model,
@@ -15,11 +16,15 @@ instead of on a second group.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from relax_core.config import RelaxConfig
+
+logger = logging.getLogger(__name__)
 
 
 def world_size(config: RelaxConfig) -> int:
@@ -109,27 +114,15 @@ class _Ranks:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        cuda = torch.cuda.is_available()
-        options: dict[str, Any] = {"num_gpus": 1 if cuda else 0, "num_cpus": 0}
-        self._pg = None
-        if cuda:  # one GPU per rank, rank 0's included, so Ray hands no other actor the GPU rank 0 uses
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            self._pg = ray.util.placement_group([{"GPU": 1}] * world, strategy="PACK")
-            ray.get(self._pg.ready())
-            probe = ray.remote(num_gpus=1, num_cpus=0)(_gpu_id).options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, 0)
-            )
-            os.environ["LOCAL_RANK"] = str(_device_index(ray.get(probe.remote())))  # bundle 0's GPU
+        self._pg, gpu0, options = rank_placement(world, config.train.tensor_model_parallel_size,
+                                                 torch.cuda.is_available())  # fmt: skip
+        if gpu0 is not None:
+            os.environ["LOCAL_RANK"] = str(_device_index(gpu0))
         rank_actor = ray.remote(_Rank)
-        self._others = []
-        for r in range(1, world):
-            opts = dict(options)
-            if self._pg is not None:
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._pg, r)
-            self._others.append(
-                rank_actor.options(**opts).remote(r, world, addr, port, torch.get_num_threads())
-            )
+        self._others = [
+            rank_actor.options(**opts).remote(r, world, addr, port, torch.get_num_threads())
+            for r, opts in enumerate(options, start=1)
+        ]
         os.environ.update(RANK="0", WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT=str(port))
         os.environ.setdefault("LOCAL_RANK", "0")
         self._keys = 0
@@ -178,10 +171,94 @@ class _Ranks:
             _RANKS = None
 
 
-def _gpu_id() -> str:
+def rank_placement(world: int, tp: int, cuda: bool) -> tuple[Any, str | None, list[dict[str, Any]]]:
+    """(placement group, rank 0's Ray GPU id, Ray options of ranks 1..world-1). With CUDA: one GPU per
+    rank, rank 0's included, so Ray hands no other actor the GPU rank 0 uses; ranks in
+    :func:`place_ranks`'s order. Without: CPU processes anywhere."""
+    if not cuda:
+        return None, None, [{"num_gpus": 0, "num_cpus": 0} for _ in range(1, world)]
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = ray.util.placement_group([{"GPU": 1}] * world, strategy="PACK")
+    try:
+        slots = place_ranks(pg, world, tp)
+    except BaseException:
+        ray.util.remove_placement_group(pg)
+        raise
+    options = [
+        {"num_gpus": 1, "num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, s.bundle)}
+        for s in slots[1:]
+    ]
+    return pg, slots[0].gpu_id, options
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one bundle of the rank group's placement group landed."""
+
+    bundle: int
+    node_id: str
+    gpu_id: str
+
+
+def _where() -> tuple[str, str]:
+    """(node id, Ray's GPU id) of the task running this: probes one bundle."""
     import ray
 
-    return str(ray.get_gpu_ids()[0])
+    return ray.get_runtime_context().get_node_id(), str(ray.get_gpu_ids()[0])
+
+
+def place_ranks(pg: Any, world: int, tp: int = 1, timeout_s: float = 600.0) -> list[Slot]:
+    """The bundles of ``pg`` (one GPU each) in rank order: this process's node first, then node by node,
+    by GPU id within a node.
+
+    Why: Ray numbers a placement group's bundles in the order they were asked for, not by where they
+    landed, and across nodes PACK may put bundle 0 on another node. Rank 0 is this process (it drives the
+    group), so its GPU must be a bundle on this node; and megatron builds its groups from consecutive
+    ranks (tensor-parallel first), so ranks grouped by node keep each TP group on one node's NVLink when
+    the node's GPUs are a multiple of TP."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        raise RuntimeError(
+            f"the megatron trainer's {world} ranks need one GPU each and the Ray cluster could not give them "
+            f"in {timeout_s:.0f} s (it has {gpus:g} GPUs, some maybe held by other actors): lower "
+            "--actor-num-nodes × --actor-num-gpus-per-node, or add nodes to the cluster"
+        )
+    probe = ray.remote(num_gpus=1, num_cpus=0)(_where)
+    refs = [
+        probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, b)).remote()
+        for b in range(world)
+    ]
+    slots = [Slot(b, node, gpu) for b, (node, gpu) in enumerate(ray.get(refs))]
+    return order_slots(slots, ray.get_runtime_context().get_node_id(), tp)
+
+
+def order_slots(slots: list[Slot], here: str, tp: int = 1) -> list[Slot]:
+    """:func:`place_ranks`'s order, from the probed bundles; refuses a group with no GPU on ``here``."""
+
+    def gpu_key(g: str):
+        return (0, int(g), "") if g.isdigit() else (1, 0, g)
+
+    ordered = sorted(slots, key=lambda s: (s.node_id != here, s.node_id, gpu_key(s.gpu_id)))
+    if not ordered or ordered[0].node_id != here:
+        raise RuntimeError(
+            f"rank 0 of the megatron trainer is this process (node {here}), but none of the {len(slots)} GPUs "
+            "Ray reserved for the ranks is on this node: start `relax train` on a node with GPUs (the Ray "
+            "head node of the recipe's launch), or give this node's GPUs to Ray (`ray start --num-gpus N`)"
+        )
+    split = [r for r in range(0, len(ordered), tp) if len({s.node_id for s in ordered[r : r + tp]}) > 1]
+    if split:
+        logger.warning(
+            "tensor-parallel groups starting at ranks %s span two nodes (TP %d; GPUs per node: %s): every "
+            "layer's all-reduce then crosses the network; make each node's GPUs a multiple of TP",
+            split, tp, {n: sum(s.node_id == n for s in ordered) for n in dict.fromkeys(s.node_id for s in ordered)},
+        )  # fmt: skip
+    return ordered
 
 
 def _device_index(gpu_id: str) -> int:

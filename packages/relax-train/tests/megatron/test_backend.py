@@ -194,8 +194,16 @@ def test_moe_log_probs_match_the_torch_backend(tmp_path):
         torch.testing.assert_close(got["weights"][name], value, msg=name)
 
 
-def test_routing_replay_through_megatrons_router_matches_the_torch_backend(tmp_path):
-    """R3: both backends route every recorded token to the rollout's experts (not their own choice)."""
+@pytest.mark.parametrize(
+    "layout",
+    [[], ["--context-parallel-size", "2"], ["--tensor-model-parallel-size", "2", "--sequence-parallel"]],
+    ids=["one-rank", "cp2", "tp2-sp"],
+)
+def test_routing_replay_through_megatrons_router_matches_the_torch_backend(tmp_path, layout):
+    """R3: both backends route every recorded token to the rollout's experts (not their own choice). Under
+    context parallelism each rank's routers see its two chunks of every row, under sequence parallelism
+    its share of the sequence: each replays the records of those positions, and the r3 counts are summed
+    over the ranks."""
     model = _model(tmp_path, "moe")  # layer 0 MoE (4 experts, top 2), layer 1 dense
     data = _samples()
     rng = np.random.default_rng(3)
@@ -204,8 +212,9 @@ def test_routing_replay_through_megatrons_router_matches_the_torch_backend(tmp_p
     ]  # [len - 1, MoE layers, k]: arbitrary expert pairs, mostly not the router's own
     flags = [*FLAGS, "--routing-replay"]
     ref = _torch(model, flags, train_steps=1, data=data)
-    got = _megatron(tmp_path, model, flags, train_steps=1, data=data)
-    plain = _megatron(tmp_path, model, FLAGS, data=data)
+    world = 2 if layout else 1
+    got = _megatron(tmp_path, model, [*flags, *layout], world=world, train_steps=1, data=data)
+    plain = _megatron(tmp_path, model, [*FLAGS, *layout], world=world, data=data)
     assert _max_diff(got["logp"], ref["logp"]) < 1e-4
     assert _max_diff(got["logp"], plain["logp"]) > 1e-2  # the replay changed the routing
     m_ref, m_got = ref["metrics"][0], got["metrics"][0]

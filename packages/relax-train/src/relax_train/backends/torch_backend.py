@@ -172,10 +172,12 @@ class TorchBackend:
         return rows, cols, valid
 
     @contextlib.contextmanager
-    def _routing_replay(self, samples: dict[str, list], idx: list[int], width: int):
+    def _routing_replay(self, samples: dict[str, list], idx: list[int], width: int, cols=None):
         """R3: the micro-batch's forward routes each token to the experts the rollout engine used
         (``routed_experts``, [len(tokens) - 1, layers, k] per sample); positions without a record (each
-        sequence's last token, right padding) route normally. A no-op without --routing-replay."""
+        sequence's last token, right padding) route normally. ``cols``: the positions whose tokens this
+        process routes, in the order its routers see them (a megatron rank under context or sequence
+        parallelism; default all ``width``). A no-op without --routing-replay."""
         r = self.routing
         if not (self.cfg.algo.routing_replay and "routed_experts" in samples and r is not None):
             yield
@@ -189,6 +191,8 @@ class TorchBackend:
                     f"[tokens, {r.num_layers}, {r.top_k}] (MoE layers, top-k): rollout and trainer models differ"
                 )
             experts[row, : len(rec)] = rec
+        if cols is not None:
+            experts = experts[:, cols]
         with r.replay(experts) as stats:
             yield
         if self.model.training:  # train_step's metrics (r3_*)

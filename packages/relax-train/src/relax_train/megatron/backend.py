@@ -321,11 +321,6 @@ class MegatronBackend(TorchBackend):
 
         t = config.train
         self.cp = t.context_parallel_size
-        if self.cp > 1 and config.algo.routing_replay:
-            raise ValueError(
-                "--routing-replay with --context-parallel-size > 1 is not supported yet (the recorded "
-                "routes would have to follow each rank's chunks of the sequence); use one or the other"
-            )
         init_parallel(config)
         torch.manual_seed(config.train.seed)
         self.cfg, self.model_path = config, model_path
@@ -567,13 +562,14 @@ class MegatronBackend(TorchBackend):
             ids, _, plens, rlens = self._pad(samples, idx)
             dev = self.device or torch.device("cpu")
             if self.cp > 1:
-                return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev)
+                return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev, real)
             if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
                 ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
             width = ids.shape[1]
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
-            replay = self._routing_replay(samples, idx, width) if real else contextlib.nullcontext()
+            cols = self._sp_shard(torch.arange(width))
+            replay = self._routing_replay(samples, idx, width, cols) if real else contextlib.nullcontext()
             with self._autocast(), replay:
                 if self.front is not None:
                     out = self._mm_forward(model, samples, idx, ids, None, causal, dev)
@@ -627,7 +623,19 @@ class MegatronBackend(TorchBackend):
         finally:
             self.front.additions = None
 
-    def _cp_step(self, model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev):
+    def _sp_shard(self, cols: torch.Tensor) -> torch.Tensor:
+        """The positions (of ``cols``, the rows' positions this rank feeds the model) whose tokens this rank's
+        MoE routers see: under sequence parallelism its contiguous share of them, else all. What routing
+        replay's records are cut to."""
+        if not (self.mcfg.sequence_parallel and self.tp > 1):
+            return cols
+        from megatron.core import parallel_state as ps
+
+        n = len(cols) // self.tp
+        r = ps.get_tensor_model_parallel_rank()
+        return cols[r * n : (r + 1) * n]
+
+    def _cp_step(self, model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev, real=True):
         """One micro-batch under context parallelism: this rank's two chunks of every (padded) row go
         through the model, attending to the keys of the whole CP group; its per-token log-probs (and
         entropies) are gathered into whole rows, from which every CP rank computes the same loss."""
@@ -647,7 +655,12 @@ class MegatronBackend(TorchBackend):
         order = gathered_positions(width, self.cp)
         masked = (order[None, :] > loc[:, None])[None, None].to(dev)  # causal, in global positions
         pos = loc.to(dev).unsqueeze(0).expand(len(idx), -1)
-        with self._autocast():
+        replay = (
+            self._routing_replay(samples, idx, width, self._sp_shard(loc))
+            if real
+            else contextlib.nullcontext()
+        )
+        with self._autocast(), replay:
             if self.front is not None:
                 out = self._mm_forward(model, samples, idx, padded, loc, masked, dev)
             else:
@@ -754,11 +767,19 @@ class MegatronBackend(TorchBackend):
         return TorchBackend._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
 
     def _r3_metrics(self) -> dict[str, float]:
-        """Routing replay's counts over the pipeline stages (each replays its own MoE layers' routes) and the
-        data-parallel replicas (each its own micro-batches)."""
+        """Routing replay's counts over the ranks that routed disjoint tokens: context-parallel ranks (each
+        its chunks), tensor-parallel ranks under sequence parallelism (each its share of the sequence), the
+        pipeline stages (each its own MoE layers) and the data-parallel replicas (each its micro-batches)."""
         from megatron.core import parallel_state as ps
 
         c = self._r3_counts
+        split = [ps.get_context_parallel_group()] if self.cp > 1 else []
+        if self.mcfg.sequence_parallel and self.tp > 1:
+            split.append(ps.get_tensor_model_parallel_group())
+        for group in split:
+            both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
+            dist.all_reduce(both, group=group)
+            c["replayed"], c["differ"] = (float(v) for v in both)
         if self.pp > 1:
             both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
             dist.all_reduce(both, group=ps.get_pipeline_model_parallel_group())

@@ -209,16 +209,21 @@ def test_tensor_parallel_megatron_roles_run_as_rank_groups(kv2_inputs, kv2_torch
     _assert_same_first_step(result, kv2_torch_colocate)
 
 
+DP2_ZERO = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--use-distributed-optimizer"]
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_colocate_megatron_rank_group_with_offload(kv2_inputs, kv2_torch_colocate, tmp_path):
-    """The recipes' shape on CPU: colocate mode, a megatron trainer of two ranks (TP=2; the controller
+@pytest.mark.parametrize("layout", [TP2, DP2_ZERO], ids=["tp2", "dp2-distributed-optimizer"])
+def test_colocate_megatron_rank_group_with_offload(kv2_inputs, kv2_torch_colocate, tmp_path, layout):
+    """The recipes' shape on CPU: colocate mode, a megatron trainer of two ranks (TP=2, or two
+    data-parallel replicas with the AdamW moments sharded between them, as the Omni recipe; the controller
     starts a local Ray for rank 1), the reference built on the same ranks (megatron's parallel state is
     per process) and ActorFwd on the trainer's model, all handing the device to the rollout engine every
     step (--offload); step 1 matches the torch backend's colocate run."""
     import ray
 
-    cfg, result = _run(kv2_inputs, tmp_path / "tp2", "--colocate", "--offload", *TP2)
+    cfg, result = _run(kv2_inputs, tmp_path / "mg", "--colocate", "--offload", *layout)
     _check_flow(cfg, result, max_staleness=0)
     _check_turns(result, {"actor", "reference"})
     assert not ray.is_initialized()  # the run stopped the cluster it started, and with it rank 1

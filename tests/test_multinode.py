@@ -64,6 +64,46 @@ def test_a_run_joins_the_cluster_that_ray_address_names(two_nodes, monkeypatch):
     assert not ray.is_initialized()
 
 
+def test_a_fully_async_run_keeps_its_roles_on_the_drivers_node(
+    two_nodes, tiny_run_inputs, tmp_path, monkeypatch
+):
+    """``--fully-async`` on a cluster of two nodes: every role's actor is created on the driver's node
+    (their weight group and engine servers listen on loopback), even when that node is half busy, where
+    Ray would otherwise spread them; and the run trains."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from relax_core.async_run import AsyncRun
+    from relax_core.cli_config import build_config
+    from relax_core.controller import Controller
+
+    placed: dict[str, str] = {}
+    build = AsyncRun._build
+
+    def recording(self, name):
+        actor = build(self, name)
+        placed[name] = ray.get(actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+        placed["driver"] = ray.get_runtime_context().get_node_id()
+        return actor
+
+    monkeypatch.setattr(AsyncRun, "_build", recording)
+    ray.init(address=two_nodes)  # (the run uses this connection)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    ballast = _node_of_actor().options(num_cpus=0.5, scheduling_strategy=here).remote()
+    ray.get(ballast.node.remote())  # half of this node's CPU taken: Ray's default would now spread
+    i = tiny_run_inputs
+    cfg = build_config(None, ["--prompt-data", i.prompt_path, "--hf-checkpoint", i.model_path, "--fully-async",
+                              "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
+                              "--rollout-max-response-len", "4", "--eval-interval", "2", "--torch-threads", "1",
+                              "--kl-coef", "0.01", "--no-progress", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    try:
+        result = Controller(cfg, i).run()
+    finally:
+        ray.shutdown()
+    assert len([h for h in result.history if "train/loss" in h]) == 2
+    assert {"actor", "rollout", "advantages", "reference"} <= set(placed)
+    assert set(placed.values()) == {placed["driver"]}
+
+
 def _node_of_actor() -> type:
     @ray.remote
     class Where:

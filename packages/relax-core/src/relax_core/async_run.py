@@ -58,9 +58,15 @@ class AsyncRun:
 
     # -- building ----------------------------------------------------------------------------------
     def _actor(self, name: str, *args: Any, **kw: Any) -> Any:
+        """A role's actor, on this process's node even in a cluster of several (RAY_ADDRESS): the roles'
+        weight group (DCS) and engine servers listen on loopback."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from relax_core.controller import role_class
 
-        return self.ray.remote(role_class(name)).options(num_cpus=0.1, max_concurrency=8).remote(*args, **kw)
+        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=False)
+        cls = self.ray.remote(role_class(name))
+        return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=here).remote(*args, **kw)
 
     def _build(self, name: str) -> Any:
         cfg, inp, t = self.cfg, self.inp, self.threads

@@ -162,8 +162,14 @@ def ray_launcher(
 
     def launch() -> tuple[str, Any]:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cls = ray.remote(RayEngineServer).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)
+        # on the launching process's node: the pool reaches a loopback-bound server only from there
+        here = NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=host != "127.0.0.1"
+        )
+        cls = ray.remote(RayEngineServer).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
+                                                  scheduling_strategy=here)  # fmt: skip
         actor = cls.remote(model_path, dtype, engine, torch_threads, token, host)
         try:
             url = ray.get(actor.url.remote(), timeout=start_timeout_s)

@@ -1139,7 +1139,10 @@ class SGLangEngine:
             import ray
 
             for launcher in self._launchers.values():
-                ray.kill(launcher)
+                try:
+                    ray.kill(launcher)
+                except Exception:  # noqa: BLE001 — Ray already down: the actor went with it
+                    pass
         with self._lock:
             for slot in self.slots:
                 slot.state = "stopped" if slot.state != "failed" else slot.state

@@ -1,4 +1,5 @@
-"""Several Ray nodes: a run joins a running cluster, and a megatron trainer's ranks follow the nodes.
+"""Several Ray nodes: a run joins a running cluster, a megatron trainer's ranks follow the nodes, SGLang
+engines start on every node, and a fully-async run's roles stay on the driver's.
 
 The cluster here is two Ray nodes on this machine (``ray.cluster_utils.Cluster``: a raylet each) with
 logical GPUs: Ray schedules and numbers them as on a real cluster, though no process here can use CUDA.

@@ -89,6 +89,7 @@ def test_recipe_specifics(tmp_path):
     )
     assert omni.algo.kl_coef == 0.001 and omni.algo.uses_reference and not omni.algo.routing_replay
     assert omni.rollout.rollout_num_gpus_per_engine == 2
+    assert omni.rollout.sglang_model_path.startswith("/path/to/")  # SGLang serves the whole model
     from relax_rollout.engines.sglang import engine_kwargs
 
     kw = engine_kwargs(omni)  # 8 engines of 2 GPUs: 4 on each node

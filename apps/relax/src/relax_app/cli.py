@@ -1,4 +1,5 @@
-"""The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`, `relax prepare-data FORMAT SRC OUT`.
+"""The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`, `relax prepare-data FORMAT SRC OUT`,
+`relax prepare-model omni-thinker SRC DST`.
 
 With no config and no --prompt-data, `relax train` runs the CPU demo (a real RL run in minutes).
 """
@@ -9,6 +10,7 @@ import sys
 
 USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
        relax prepare-data FORMAT SRC OUT.jsonl
+       relax prepare-model omni-thinker SRC DST
 
   relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
   relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
@@ -18,6 +20,9 @@ USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
   relax prepare-data avqa SRC OUT   a public dataset's own file to the jsonl `relax train` reads
                                     (formats dapo-math, openr1-mm, avqa; see `relax prepare-data --help`
                                     and the GPU recipes in apps/relax/recipes/)
+  relax prepare-model omni-thinker SRC DST
+                                    a whole Qwen3-Omni checkpoint's thinker saved alone (what the
+                                    trainer takes; SGLang serves SRC: the Omni recipe)
 """
 
 
@@ -31,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from relax_app.recipes.loaders import main as prepare_data
 
         return prepare_data(rest)
+    if command == "prepare-model":
+        from relax_app.recipes.thinker import main as prepare_model
+
+        return prepare_model(rest)
     if command != "train":
         print(f"relax: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

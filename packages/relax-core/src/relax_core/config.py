@@ -111,6 +111,10 @@ class RolloutConfig(_Section):
     """SGLang's --mem-fraction-static (KV cache share of GPU memory); None = SGLang's default."""
     sglang_server_args: dict[str, Any] = Field(default_factory=dict)
     """Extra `sglang.launch_server` flags, e.g. '{context_length: 32768, chunked_prefill_size: 4096}'."""
+    sglang_model_path: str | None = None
+    """The checkpoint SGLang serves, when not --hf-checkpoint: Qwen3-Omni, whose thinker the trainer takes
+    saved alone (`relax prepare-model omni-thinker`) while SGLang serves only the whole model; weight
+    updates then carry the whole model's `thinker.` names."""
     rollout_engines: int = Field(0, ge=0)
     """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
     0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed

@@ -64,7 +64,7 @@ class RolloutWorker:
         else:
             self.engine = build_engine(
                 cfg.rollout.rollout_backend,
-                model_path=model_path,
+                model_path=extra.pop("model_path", model_path),  # (--sglang-model-path)
                 dtype=cfg.model.dtype,
                 eos_token_ids=[self.tokenizer.eos_token_id],
                 pad_token_id=self.tokenizer.pad_token_id,

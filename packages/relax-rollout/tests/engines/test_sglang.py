@@ -251,11 +251,18 @@ def test_engine_kwargs_from_the_config():
     kw = engine_kwargs(two)
     assert (kw["num_engines"], kw["gpus_per_node"], kw["weights_dir"]) == (2, 2, "/shared/run/engine_weights")
     one_node = two.model_copy(update={"rollout": two.rollout.model_copy(update={"rollout_num_gpus": 2})})
-    assert "gpus_per_node" not in engine_kwargs(one_node)
+    assert "gpus_per_node" not in engine_kwargs(one_node) and "model_path" not in engine_kwargs(one_node)
+    omni = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sglang_model_path": "/m/omni"})})
+    assert engine_kwargs(omni)["model_path"] == "/m/omni"  # what SGLang serves (the trainer: --hf-checkpoint)
 
 
-def test_constructor_errors_before_launching_anything(tiny_model_dir):
+def test_constructor_errors_before_launching_anything(tiny_model_dir, tmp_path):
     cmd = [sys.executable, "-c", "raise SystemExit(1)"]
+    thinker = tmp_path / "thinker"  # a Qwen3-Omni thinker saved alone: SGLang serves only the whole model
+    thinker.mkdir()
+    (thinker / "config.json").write_text(json.dumps({"model_type": "qwen3_omni_moe_thinker"}))
+    with pytest.raises(ValueError, match="give the whole checkpoint to SGLang with --sglang-model-path"):
+        SGLangEngine(str(thinker), python=sys.executable)
     with pytest.raises(ValueError, match="need 4 GPUs; only 3 visible.*spread them over a Ray cluster"):
         SGLangEngine(tiny_model_dir, num_engines=2, tp_size=2, gpu_ids=[0, 1, 2], launch_cmd=cmd)
     with pytest.raises(ValueError, match="the engine sets it"):
@@ -618,3 +625,34 @@ def test_close_leaves_no_process(engine):
     for pid in pids:
         assert not group_alive(pid) and not Path(f"/proc/{pid}").exists()
     assert {s["state"] for s in engine.engines()} == {"stopped"}
+
+
+@pytest.mark.integration
+def test_moe_weight_updates_go_one_module_per_expert(tiny_model_dir, tmp_path):
+    """A MoE policy's update (fused experts, as the trainers export it) reaches the engines as checkpoints
+    name experts, one module each (SGLang's Qwen3-MoE loader skips fused names without an error), and the
+    engine then generates as the in-process engine with the new weights."""
+    import shutil
+
+    from safetensors import safe_open
+
+    from relax_core.testing import tiny_moe
+
+    moe = tmp_path / "moe"
+    tiny_moe(moe_intermediate_size=16).save_pretrained(moe)
+    for f in Path(tiny_model_dir).iterdir():
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            shutil.copy2(f, moe / f.name)
+    new = tiny_moe(seed=1, moe_intermediate_size=16)
+    cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port", "{port}",
+           "--torch-threads", "1"]  # fmt: skip
+    with SGLangEngine(str(moe), launch_cmd=cmd, eos_token_ids=[EOS], startup_timeout_s=300,
+                      log_dir=str(tmp_path / "logs")) as eng:  # fmt: skip
+        eng.update_weights(dict(new.state_dict()), 1)
+        with safe_open(Path(eng.pool.weights_path) / "model.safetensors", "pt") as f:
+            names = set(f.keys())
+        assert "model.layers.0.mlp.experts.7.gate_proj.weight" in names
+        assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
+        eng.check_weight_version(1)
+        local = TorchEngine(model=new, eos_token_ids=[EOS], pad_token_id=0)
+        _assert_same(eng.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))

@@ -150,11 +150,17 @@ def parse_generate(results: list[dict]) -> list[GenerateOutput]:
 
 
 def save_safetensors(tensors: dict[str, Any], directory: str) -> str:
-    """Write ``tensors`` (CPU, contiguous) to ``directory/model.safetensors`` for /update_weights_from_disk."""
+    """Write ``tensors`` (CPU, contiguous) to ``directory/model.safetensors`` for /update_weights_from_disk.
+    Views into a larger tensor (one expert of a fused MoE tensor) are copied: safetensors refuses tensors
+    that share memory."""
     import torch
     from safetensors.torch import save_file
 
-    flat = {k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in tensors.items()}
+    def own(t):
+        t = torch.as_tensor(t).detach().cpu().contiguous()
+        return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+    flat = {k: own(v) for k, v in tensors.items()}
     path = f"{directory}/model.safetensors"
     save_file(flat, path)
     return path

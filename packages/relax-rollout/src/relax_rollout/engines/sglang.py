@@ -82,6 +82,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
+from relax_rollout.engines.expert_names import unfuse_experts
 from relax_rollout.engines.external import ServerError, http_json
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
 
@@ -382,6 +383,24 @@ def parse_reply(
     return outs
 
 
+def served_prefix(model_path: str) -> str:
+    """What the served checkpoint puts before the trainer's weight names: ``thinker.`` for a whole Qwen3-Omni
+    model (SGLang serves Qwen3-Omni only as the whole model, ``Qwen3OmniMoeForConditionalGeneration``,
+    whose loader reads the hub's ``thinker.*`` names; the trainer holds the thinker alone)."""
+    cfg_file = Path(model_path) / "config.json"
+    if not cfg_file.is_file():
+        return ""
+    arch = json.loads(cfg_file.read_text()).get("architectures") or []
+    return "thinker." if "Qwen3OmniMoeForConditionalGeneration" in arch else ""
+
+
+def _thinker_alone(model_path: str) -> bool:
+    cfg_file = Path(model_path) / "config.json"
+    return (
+        cfg_file.is_file() and json.loads(cfg_file.read_text()).get("model_type") == "qwen3_omni_moe_thinker"
+    )
+
+
 def model_routing(model_path: str) -> RoutingInfo | None:
     """The MoE shape from ``model_path/config.json`` (or its ``text_config``): None for a dense model,
     unknown fields for a path that is not a local directory (a hub id)."""
@@ -533,6 +552,12 @@ class SGLangEngine:
             raise ValueError(f"SGLang is not installed: {INSTALL_HINT}")
         if not model_path:
             raise ValueError("the sglang engine needs model_path (an HF checkpoint directory or hub id)")
+        if launch_cmd is None and _thinker_alone(model_path):
+            raise ValueError(
+                f"{model_path} is a Qwen3-Omni thinker saved alone, which SGLang does not serve (it registers "
+                "Qwen3-Omni as the whole model only): give the whole checkpoint to SGLang with --sglang-model-path "
+                "and keep the thinker for the trainer (--hf-checkpoint)"
+            )
         if num_engines < 1 or tp_size < 1:
             raise ValueError(f"num_engines and tp_size must be ≥ 1 (got {num_engines}, {tp_size})")
         if weight_update not in ("disk", "tensor"):
@@ -540,6 +565,8 @@ class SGLangEngine:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
         self.model_path, self.num_engines, self.tp_size = model_path, num_engines, tp_size
+        self.prefix = served_prefix(model_path)
+        """Put before every weight name of an update (``thinker.`` when serving a whole Qwen3-Omni)."""
         self.mem_fraction_static, self.dtype, self.host = mem_fraction_static, dtype, host
         self.server_args = dict(server_args or {})
         flag_args(self.server_args)  # reject reserved flags now, not in a child process
@@ -967,12 +994,20 @@ class SGLangEngine:
                 self._inflight.difference_update(rids)
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
-        """Push ``tensors`` as ``version`` (disk by default, see ``weight_update``) and check the engines."""
+        """Push ``tensors`` as ``version`` (disk by default, see ``weight_update``) and check the engines. MoE
+        experts go as checkpoints name them, one per expert: SGLang's loaders skip fused names without an
+        error (:mod:`relax_rollout.engines.expert_names`)."""
         if self.weight_update == "tensor":
             self.update_weights_from_tensor(list(tensors.items()), version)
             return
-        self.pool.update_weights(tensors, version)
+        self.pool.update_weights(dict(self._served_names(tensors.items())), version)
         self.check_weight_version(version)
+
+    def _served_names(self, named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The trainer's tensors as the served checkpoint names them: MoE experts one per expert
+        (:mod:`relax_rollout.engines.expert_names`), under :attr:`prefix`."""
+        p = self.prefix
+        return [(n if n.startswith(p) else p + n, t) for n, t in unfuse_experts(named)]
 
     def weights_checksum(self) -> str:
         """The engines' checksum (``/weights_checksum``, a relax engine-server extension)."""
@@ -1064,9 +1099,10 @@ class SGLangEngine:
         self, named_tensors: list[tuple[str, Any]], version: int, flush_cache: bool = True,
         load_format: str | None = None,
     ) -> None:  # fmt: skip
-        """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles)."""
+        """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
+        per expert, see :mod:`relax_rollout.engines.expert_names`)."""
         body = tensor_update_request(
-            named_tensors, version, self.tp_size, flush_cache, load_format=load_format
+            self._served_names(named_tensors), version, self.tp_size, flush_cache, load_format=load_format
         )
         self._update_all("/update_weights_from_tensor", body)
         self._updated(version, None)
@@ -1160,7 +1196,8 @@ class SGLangEngine:
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """The :class:`SGLangEngine` arguments a ``RelaxConfig`` sets besides the model and its dtype
     (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
-    ``--sglang-server-args``; on several nodes, ``gpus_per_node`` from ``--actor-num-gpus-per-node``)."""
+    ``--sglang-server-args``, ``--sglang-model-path``; on several nodes, ``gpus_per_node`` from
+    ``--actor-num-gpus-per-node``)."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
     if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
@@ -1177,4 +1214,6 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
         # weight version from the run's output directory (on a filesystem every node sees)
         out["gpus_per_node"] = t.actor_num_gpus_per_node
         out["weights_dir"] = str(Path(cfg.run.output_dir).absolute() / "engine_weights")
+    if r.sglang_model_path:  # (Qwen3-Omni: the whole model; the trainer's --hf-checkpoint is its thinker)
+        out["model_path"] = r.sglang_model_path
     return out

@@ -60,11 +60,15 @@ class TorchEngine:
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
-        """Copy ``tensors`` (HF names) into the model; called between generation batches."""
+        """Copy ``tensors`` (HF names) into the model; called between generation batches. MoE experts may come
+        fused, as the model holds them, or one per expert, as checkpoints and SGLang name them."""
+        from relax_rollout.engines.expert_names import fuse_experts
+
         with self._lock, torch.no_grad():
             self._check_weights("updating the weights")
             params = dict(self.model.named_parameters())
             params.update(dict(self.model.named_buffers()))
+            tensors = fuse_experts(tensors, params)
             missing = [n for n in tensors if n not in params]
             if missing:
                 raise KeyError(f"weight update names unknown to the engine: {missing[:5]}")

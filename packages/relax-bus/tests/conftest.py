@@ -19,6 +19,8 @@ def ray_session():
     ray = pytest.importorskip("ray")
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # under `uv run`, workers reuse this venv as is
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
     yield ray
     ray.shutdown()

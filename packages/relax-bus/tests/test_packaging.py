@@ -54,7 +54,7 @@ import sys
 import numpy as np
 import ray
 from relax_bus import BusConfig, ConsumerSpec, RayBus
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
 bus = RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}), num_storage_units=1)
 ids = bus.put([{"x": np.arange(20000) + i, "r": float(i)} for i in range(4)])  # 640 KB: through a block
 ids += bus.put([{"x": np.arange(3), "r": 9.0}])  # small: inline

@@ -209,7 +209,7 @@ def test_sync_between_ray_actors(monkeypatch):
 
     started = not ray.is_initialized()  # another test module may already hold a cluster
     if started:
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         trainer, engine = Trainer.remote(init_method), Engine.remote(init_method)

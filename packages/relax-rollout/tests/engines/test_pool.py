@@ -328,7 +328,9 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
     yield ray
     if started:
         ray.shutdown()

@@ -776,13 +776,11 @@ class MegatronBackend(TorchBackend):
         split = [ps.get_context_parallel_group()] if self.cp > 1 else []
         if self.mcfg.sequence_parallel and self.tp > 1:
             split.append(ps.get_tensor_model_parallel_group())
+        if self.pp > 1:
+            split.append(ps.get_pipeline_model_parallel_group())
         for group in split:
             both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
             dist.all_reduce(both, group=group)
-            c["replayed"], c["differ"] = (float(v) for v in both)
-        if self.pp > 1:
-            both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
-            dist.all_reduce(both, group=ps.get_pipeline_model_parallel_group())
             c["replayed"], c["differ"] = (float(v) for v in both)
         if ps.get_data_parallel_world_size() > 1:
             every = torch.tensor([c["replayed"], c["differ"], c["expected"]], dtype=torch.float64)

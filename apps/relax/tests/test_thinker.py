@@ -32,6 +32,7 @@ def whole(tmp_path_factory):
     src = tmp_path_factory.mktemp("omni_whole")
     cfg = transformers.Qwen3OmniMoeConfig(thinker_config=THINKER)
     cfg.architectures = ["Qwen3OmniMoeForConditionalGeneration"]
+    cfg.dtype = torch.bfloat16  # (on the whole model's config only, as on the hub)
     cfg.save_pretrained(src)
     torch.manual_seed(0)
     thinker = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(cfg.thinker_config)
@@ -61,11 +62,14 @@ def test_the_thinker_saved_alone_loads_as_the_thinker(whole, tmp_path, capsys):
     index = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]
     assert set(index) == set(state) and len(set(index.values())) == 2  # the talker's shard is gone
     cfg = json.loads((dst / "config.json").read_text())
-    assert (cfg["model_type"], cfg["architectures"]) == (
+    assert (cfg["model_type"], cfg["architectures"], cfg["dtype"]) == (
         "qwen3_omni_moe_thinker",
         ["Qwen3OmniMoeThinkerForConditionalGeneration"],
+        "bfloat16",
     )
-    loaded = transformers.Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(dst)
+    loaded = transformers.Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+        dst, dtype=torch.float32
+    )
     for name, value in loaded.state_dict().items():
         torch.testing.assert_close(value, state[name], msg=name)
     tok = json.loads((dst / "tokenizer_config.json").read_text())

@@ -214,9 +214,10 @@ def test_routing_replay_through_megatrons_router_matches_the_torch_backend(tmp_p
     ref = _torch(model, flags, train_steps=1, data=data)
     world = 2 if layout else 1
     got = _megatron(tmp_path, model, [*flags, *layout], world=world, train_steps=1, data=data)
-    plain = _megatron(tmp_path, model, [*FLAGS, *layout], world=world, data=data)
     assert _max_diff(got["logp"], ref["logp"]) < 1e-4
-    assert _max_diff(got["logp"], plain["logp"]) > 1e-2  # the replay changed the routing
+    if not layout:  # (once is enough)
+        plain = _megatron(tmp_path, model, FLAGS, data=data)
+        assert _max_diff(got["logp"], plain["logp"]) > 1e-2  # the replay changed the routing
     m_ref, m_got = ref["metrics"][0], got["metrics"][0]
     for key in ("loss", "grad_norm", "r3_replayed_frac", "r3_expert_differ_frac"):
         assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4), key

@@ -77,8 +77,11 @@ def omni_thinker(src: str | Path, dst: str | Path) -> Path:
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     )
 
-    thinker = AutoConfig.from_pretrained(src).thinker_config
+    whole = AutoConfig.from_pretrained(src)
+    thinker = whole.thinker_config
     thinker.architectures = ["Qwen3OmniMoeThinkerForConditionalGeneration"]
+    if getattr(thinker, "dtype", None) is None:  # (the hub keeps it on the whole model's config only)
+        thinker.dtype = getattr(whole, "dtype", None)
     thinker.save_pretrained(dst)
     for f in src.iterdir():  # tokenizer, processor, chat template, generation config
         if f.is_file() and f.name not in WEIGHT_FILES and not f.name.endswith(".safetensors"):

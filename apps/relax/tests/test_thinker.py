@@ -81,12 +81,12 @@ def test_updates_to_sglang_serving_the_whole_model_use_its_names(whole):
     """SGLang serves the whole model: the trainer's thinker weights go under `thinker.`, experts one per
     expert, exactly as the whole checkpoint on the hub names them."""
     from relax_rollout.engines.expert_names import unfuse_experts
-    from relax_rollout.engines.sglang import SGLangEngine, served_prefix
+    from relax_rollout.engines.sglang import SGLangEngine, checkpoint_config, served_prefix
 
     src, state = whole
-    assert served_prefix(str(src)) == "thinker."
+    assert served_prefix(checkpoint_config(str(src))) == "thinker."
     shim = object.__new__(SGLangEngine)
-    shim.prefix = served_prefix(str(src))
+    shim.prefix = served_prefix(checkpoint_config(str(src)))
     served = dict(shim._served_names(state.items()))
     hub = {"thinker." + k for k, _ in unfuse_experts(state.items())}
     assert set(served) == hub

@@ -60,12 +60,12 @@ def omni_thinker(src: str | Path, dst: str | Path) -> Path:
         with safe_open(src / shard, "pt") as f:
             return [k for k in f.keys() if k.startswith(PREFIX)]
 
-    kept = [s for s in shards if thinker_keys(s)]  # (names only: nothing loaded yet)
+    kept = [(s, keys) for s in shards if (keys := thinker_keys(s))]  # (names only: nothing loaded yet)
     weight_map: dict[str, str] = {}
     total = 0
-    for i, shard in enumerate(kept, start=1):  # one shard's tensors in memory at a time
+    for i, (shard, keys) in enumerate(kept, start=1):  # one shard's tensors in memory at a time
         with safe_open(src / shard, "pt") as f:
-            tensors = {k[len(PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(PREFIX)}
+            tensors = {k[len(PREFIX) :]: f.get_tensor(k) for k in keys}
         name = f"model-{i:05d}-of-{len(kept):05d}.safetensors"
         save_file(tensors, dst / name, metadata={"format": "pt"})
         for k, v in tensors.items():

@@ -383,31 +383,27 @@ def parse_reply(
     return outs
 
 
-def served_prefix(model_path: str) -> str:
-    """What the served checkpoint puts before the trainer's weight names: ``thinker.`` for a whole Qwen3-Omni
-    model (SGLang serves Qwen3-Omni only as the whole model, ``Qwen3OmniMoeForConditionalGeneration``,
-    whose loader reads the hub's ``thinker.*`` names; the trainer holds the thinker alone)."""
+def checkpoint_config(model_path: str) -> dict[str, Any] | None:
+    """``model_path/config.json``; None for a path that is not a local directory (a hub id)."""
     cfg_file = Path(model_path) / "config.json"
-    if not cfg_file.is_file():
-        return ""
-    arch = json.loads(cfg_file.read_text()).get("architectures") or []
+    return json.loads(cfg_file.read_text()) if cfg_file.is_file() else None
+
+
+def served_prefix(cfg: dict[str, Any] | None) -> str:
+    """What the served checkpoint (its ``config.json``) puts before the trainer's weight names: ``thinker.``
+    for a whole Qwen3-Omni model (SGLang serves Qwen3-Omni only as the whole model,
+    ``Qwen3OmniMoeForConditionalGeneration``, whose loader reads the hub's ``thinker.*`` names; the trainer
+    holds the thinker alone)."""
+    arch = (cfg or {}).get("architectures") or []
     return "thinker." if "Qwen3OmniMoeForConditionalGeneration" in arch else ""
-
-
-def _thinker_alone(model_path: str) -> bool:
-    cfg_file = Path(model_path) / "config.json"
-    return (
-        cfg_file.is_file() and json.loads(cfg_file.read_text()).get("model_type") == "qwen3_omni_moe_thinker"
-    )
 
 
 def model_routing(model_path: str) -> RoutingInfo | None:
     """The MoE shape from ``model_path/config.json`` (or its ``text_config``): None for a dense model,
     unknown fields for a path that is not a local directory (a hub id)."""
-    cfg_file = Path(model_path) / "config.json"
-    if not cfg_file.is_file():
+    cfg = checkpoint_config(model_path)
+    if cfg is None:
         return RoutingInfo(None, None)
-    cfg = json.loads(cfg_file.read_text())
     nested = [cfg.get("text_config") or {}, (cfg.get("thinker_config") or {}).get("text_config") or {}]
     for c in (cfg, *nested):
         k = c.get("num_experts_per_tok") or c.get("moe_topk")
@@ -552,7 +548,8 @@ class SGLangEngine:
             raise ValueError(f"SGLang is not installed: {INSTALL_HINT}")
         if not model_path:
             raise ValueError("the sglang engine needs model_path (an HF checkpoint directory or hub id)")
-        if launch_cmd is None and _thinker_alone(model_path):
+        served = checkpoint_config(model_path)
+        if launch_cmd is None and (served or {}).get("model_type") == "qwen3_omni_moe_thinker":
             raise ValueError(
                 f"{model_path} is a Qwen3-Omni thinker saved alone, which SGLang does not serve (it registers "
                 "Qwen3-Omni as the whole model only): give the whole checkpoint to SGLang with --sglang-model-path "
@@ -565,7 +562,7 @@ class SGLangEngine:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
         self.model_path, self.num_engines, self.tp_size = model_path, num_engines, tp_size
-        self.prefix = served_prefix(model_path)
+        self.prefix = served_prefix(served)
         """Put before every weight name of an update (``thinker.`` when serving a whole Qwen3-Omni)."""
         self.mem_fraction_static, self.dtype, self.host = mem_fraction_static, dtype, host
         self.server_args = dict(server_args or {})

@@ -162,8 +162,8 @@ def test_rank_order_from_probed_bundles():
 def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_path):
     """Two engines of one GPU with ``gpus_per_node=1``: engine 0 on this node, engine 1 started on the
     other node by its launcher actor, bound to that node's address with a token. Both generate, load a
-    weight version from the shared directory, and a killed remote engine is restarted on its node; close()
-    leaves no process. (Our engine server stands in for SGLang, as in relax-rollout's tests.)"""
+    weight version from the shared directory, and a killed remote engine is restarted on its node; both
+    then take a version broadcast on SGLang's weight group; close() leaves no process. (Our engine server stands in for SGLang, as in relax-rollout's tests.)"""
     import os
     import signal
     import sys
@@ -209,6 +209,13 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
         wait_until(lambda: len(eng.engines()[1]["pids"]) == 2 and eng.engines()[1]["state"] == "running",
                    timeout=300, what="engine 1 restarted", interval=0.2)  # fmt: skip
         eng.check_weight_version(1)  # the restarted engine loaded the current weights before serving
+        assert len(eng.generate(prompts, greedy)) == 4
+
+        # the same engines over SGLang's weight group: the remote one joins this node's address, no disk
+        eng.weight_update = "distributed"
+        eng.update_weights({k: v * 0.25 for k, v in weights.items()}, 2)
+        eng.check_weight_version(2)
+        assert len(eng._wg.urls) == 2 and eng._wg.backend == "gloo"
         assert len(eng.generate(prompts, greedy)) == 4
     finally:
         eng.close()

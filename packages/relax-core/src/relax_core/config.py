@@ -115,6 +115,12 @@ class RolloutConfig(_Section):
     """The checkpoint SGLang serves, when not --hf-checkpoint: Qwen3-Omni, whose thinker the trainer takes
     saved alone (`relax prepare-model omni-thinker`) while SGLang serves only the whole model; weight
     updates then carry the whole model's `thinker.` names."""
+    sglang_weight_update: Literal["disk", "distributed", "tensor"] = "disk"
+    """How new weights reach the SGLang engines: ``disk``, safetensors written once per version to the
+    output directory and loaded by every engine (a restarted engine loads them too; on several nodes
+    the directory must be shared); ``distributed``, broadcast by the rollout role on SGLang's weight group
+    (NCCL from GPU weights, gloo from host memory), no disk and no shared directory, bucketed; ``tensor``,
+    CUDA-IPC handles to engines on the rollout role's GPUs (colocated)."""
     rollout_engines: int = Field(0, ge=0)
     """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
     0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed

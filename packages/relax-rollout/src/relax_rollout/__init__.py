@@ -1,3 +1,3 @@
 """relax_rollout."""
 
-__version__ = "0.4.4"
+__version__ = "0.5.0"

@@ -178,6 +178,9 @@ def test_weight_and_control_requests_have_sglang_field_names():
         memory_request(["kv"])
     with pytest.raises(ValueError, match="2 names"):
         distributed_update_request(names, dtypes[:1], shapes, 1, "g")
+    # a bucket before the last leaves the version alone; only our server knows the DCS protocol field
+    assert "weight_version" not in distributed_update_request(names, dtypes, shapes, None, "g")
+    assert init_group_request("h", 1, 1, 2, "g", "gloo", protocol="relax_dcs")["protocol"] == "relax_dcs"
 
 
 def test_tensor_request_serializes_named_tensors_per_tp_rank():
@@ -241,7 +244,8 @@ def test_engine_kwargs_from_the_config():
         "sglang_mem_fraction_static": 0.6, "sglang_server_args": {"context_length": 4096}}})  # fmt: skip
     # colocate (the default mode) releases the engines' memory while training: SGLang needs its memory saver
     assert engine_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
-                                  "server_args": {"context_length": 4096, "enable_memory_saver": True}}  # fmt: skip
+                                  "server_args": {"context_length": 4096, "enable_memory_saver": True},
+                                  "weight_update": "disk"}  # fmt: skip
     no_offload = cfg.model_copy(update={"run": cfg.run.model_copy(update={"offload": False})})
     assert engine_kwargs(no_offload)["server_args"] == {"context_length": 4096}
     # two nodes of 2 GPUs, 4 rollout GPUs: engines on both nodes, weights through the run's directory
@@ -250,6 +254,12 @@ def test_engine_kwargs_from_the_config():
         "train": {"actor_num_nodes": 2, "actor_num_gpus_per_node": 2}, "run": {"output_dir": "/shared/run"}})  # fmt: skip
     kw = engine_kwargs(two)
     assert (kw["num_engines"], kw["gpus_per_node"], kw["weights_dir"]) == (2, 2, "/shared/run/engine_weights")
+    # broadcast on SGLang's weight group instead: no directory to share
+    bcast = two.model_copy(
+        update={"rollout": two.rollout.model_copy(update={"sglang_weight_update": "distributed"})}
+    )
+    kw = engine_kwargs(bcast)
+    assert kw["gpus_per_node"] == 2 and kw["weight_update"] == "distributed" and "weights_dir" not in kw
     one_node = two.model_copy(update={"rollout": two.rollout.model_copy(update={"rollout_num_gpus": 2})})
     assert "gpus_per_node" not in engine_kwargs(one_node) and "model_path" not in engine_kwargs(one_node)
     omni = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sglang_model_path": "/m/omni"})})
@@ -533,7 +543,7 @@ def test_weight_update_over_dcs(engine, tiny_model_dir):
     init = f"tcp://127.0.0.1:{free_port()}"
     sender = WeightSender(init, world_size=1 + 2)  # the trainer is rank 0, engine k is rank 1 + k
     connect = in_background(sender.connect)
-    engine.connect_dcs(init, world_size=3, rank=1, backend="gloo")
+    engine.connect_dcs(init, world_size=3, rank=1, backend="gloo", protocol="relax_dcs")
     connect()
     try:
         update = in_background(engine.update_weights_from_distributed, *tensor_metadata(new.items()), 1)
@@ -628,10 +638,12 @@ def test_close_leaves_no_process(engine):
 
 
 @pytest.mark.integration
-def test_moe_weight_updates_go_one_module_per_expert(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("weight_update", ["disk", "distributed"])
+def test_moe_weight_updates_go_one_module_per_expert(tiny_model_dir, tmp_path, weight_update):
     """A MoE policy's update (fused experts, as the trainers export it) reaches the engines as checkpoints
     name experts, one module each (SGLang's Qwen3-MoE loader skips fused names without an error), and the
-    engine then generates as the in-process engine with the new weights."""
+    engine then generates as the in-process engine with the new weights — from disk, or broadcast in
+    buckets small enough that one layer's experts span several."""
     import shutil
 
     from safetensors import safe_open
@@ -647,12 +659,65 @@ def test_moe_weight_updates_go_one_module_per_expert(tiny_model_dir, tmp_path):
     cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port", "{port}",
            "--torch-threads", "1"]  # fmt: skip
     with SGLangEngine(str(moe), launch_cmd=cmd, eos_token_ids=[EOS], startup_timeout_s=300,
-                      log_dir=str(tmp_path / "logs")) as eng:  # fmt: skip
+                      log_dir=str(tmp_path / "logs"), weight_update=weight_update, bucket_bytes=4096) as eng:  # fmt: skip
+        sent, real = [], eng._call
+
+        def spy(url, path, body=None, timeout_s=None):  # what went on the wire: every bucket's request
+            if path == "/update_weights_from_distributed":
+                sent.append(body)
+            return real(url, path, body, timeout_s)
+
+        eng._call = spy
         eng.update_weights(dict(new.state_dict()), 1)
-        with safe_open(Path(eng.pool.weights_path) / "model.safetensors", "pt") as f:
-            names = set(f.keys())
+        if weight_update == "disk":
+            with safe_open(Path(eng.pool.weights_path) / "model.safetensors", "pt") as f:
+                names = set(f.keys())
+        else:
+            assert eng.pool.weights_path is None and len(sent) > 10  # no disk; many buckets
+            assert [b.get("weight_version") for b in sent] == [None] * (len(sent) - 1) + ["1"]
+            assert {b["load_format"] for b in sent} == {"flattened_bucket"}
+            names = {n for b in sent for n in b["names"]}
         assert "model.layers.0.mlp.experts.7.gate_proj.weight" in names
         assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
         eng.check_weight_version(1)
         local = TorchEngine(model=new, eos_token_ids=[EOS], pad_token_id=0)
         _assert_same(eng.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))
+
+
+@pytest.mark.integration
+def test_distributed_weight_updates_reform_the_group_for_a_restarted_engine(tiny_model_dir, local, tmp_path):
+    """``weight_update="distributed"``: the weights go over SGLang's weight group (this process rank 0,
+    each engine a rank), no disk; the group is kept while the engines stay; an engine killed after an
+    update is restarted and waits out of the pool, and the next update re-forms the group with it."""
+    cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port", "{port}",
+           "--torch-threads", "1"]  # fmt: skip
+    trainer = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    with SGLangEngine(tiny_model_dir, num_engines=2, launch_cmd=cmd, gpu_ids=["0", "1"], eos_token_ids=[EOS],
+                      weight_update="distributed", bucket_bytes=64 << 10, log_dir=str(tmp_path / "logs"),
+                      startup_timeout_s=300, poll_interval_s=0.2, shutdown_grace_s=5) as eng:  # fmt: skip
+        for version, seed in ((1, 5), (2, 6)):
+            new = _perturbed(local, seed)
+            trainer.update_weights(new, version)
+            eng.update_weights(new, version)
+            assert eng.weight_version == version and eng.pool.weights_path is None
+            _assert_same(eng.generate(PROMPTS, GREEDY), trainer.generate(PROMPTS, GREEDY))
+            assert eng.weights_checksum() == trainer.weights_checksum()
+            if version == 1:
+                group = eng._wg.name
+        assert eng._wg.name == group  # the same engines: the same group
+        assert not any(Path(eng.pool.weights_root).iterdir())  # nothing written
+
+        victim = eng.engines()[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: eng.engines()[0]["state"] == "waiting", 300, "the restart, waiting for weights")
+        assert len(eng.urls) == 1  # it does not serve its initial weights
+        _assert_same(eng.generate(PROMPTS, GREEDY), trainer.generate(PROMPTS, GREEDY))
+
+        new = _perturbed(local, 7)
+        trainer.update_weights(new, 3)
+        eng.update_weights(new, 3)
+        assert eng._wg.name != group and len(eng._wg.urls) == 2  # re-formed with the restarted engine
+        assert [s["state"] for s in eng.engines()] == ["running", "running"] and len(eng.urls) == 2
+        eng.check_weight_version(3)
+        assert eng.weights_checksum() == trainer.weights_checksum()
+        _assert_same(eng.generate(PROMPTS, GREEDY), trainer.generate(PROMPTS, GREEDY))

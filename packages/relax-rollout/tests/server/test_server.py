@@ -231,7 +231,7 @@ def test_update_weights_over_dcs(engine_server, call, local):
     t.start()
     code, res = call(engine_server, "/init_weights_update_group", {
         "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-        "backend": "gloo", "group_name": "relax_dcs"})  # fmt: skip
+        "backend": "gloo", "group_name": "relax_dcs", "protocol": "relax_dcs"})  # fmt: skip
     t.join(30)
     assert code == 200 and res["success"], res
     try:
@@ -249,6 +249,65 @@ def test_update_weights_over_dcs(engine_server, call, local):
         closer.start()
         assert call(engine_server, "/destroy_weights_update_group", {})[0] == 200
         closer.join(30)
+
+
+def test_update_weights_over_sglang_weight_group(engine_server, call, local, tiny_model_dir):
+    """SGLang's protocol: the server joins rank 0's group (built as SGLang builds it); each
+    /update_weights_from_distributed takes its tensors from rank 0's broadcast — one per tensor, or one
+    flattened bucket — and they are applied with the request that carries weight_version."""
+    from relax_core.dcs import free_port
+    from relax_rollout.engines import weight_group as wg
+    from relax_rollout.engines.sglang import distributed_update_request, tensor_metadata
+
+    assert call(engine_server, "/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
+        "protocol": "nccl2"})[1]["param"] == "protocol"  # fmt: skip
+    assert call(engine_server, "/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 0, "world_size": 2})[1]["param"] == "rank_offset"  # fmt: skip
+    port = free_port()
+    box = {}
+    joiner = threading.Thread(target=lambda: box.update(res=call(engine_server, "/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+        "backend": "gloo", "group_name": "sg"})))  # fmt: skip
+    joiner.start()
+    pg = wg.new_group("gloo", f"tcp://127.0.0.1:{port}", 2, 0, "sg", timeout_s=60)
+    joiner.join(30)
+    assert box["res"][0] == 200 and box["res"][1]["success"]
+    v0 = int(call(engine_server, "/get_model_info")[1]["weight_version"])
+    sums0 = call(engine_server, "/weights_checksum")[1]["checksum"]
+    g = torch.Generator().manual_seed(3)
+    new = {k: torch.randn(v.shape, generator=g) for k, v in local.named_weights()}
+    items = list(new.items())
+    first, rest = items[:2], items[2:]
+
+    def update(bucket, version, load_format):
+        body = distributed_update_request(*tensor_metadata(bucket), version, "sg", flush_cache=version is not None,
+                                          load_format=load_format)  # fmt: skip
+        t = threading.Thread(
+            target=lambda: box.update(res=call(engine_server, "/update_weights_from_distributed", body))
+        )
+        t.start()
+        wg.send(pg, bucket, load_format)
+        t.join(30)
+        assert box["res"][0] == 200 and box["res"][1]["success"], box["res"]
+
+    try:
+        update(first, None, None)  # per-tensor broadcasts; held: no version yet
+        assert call(engine_server, "/get_model_info")[1]["weight_version"] == str(v0)
+        assert call(engine_server, "/weights_checksum")[1]["checksum"] == sums0
+        update(rest, v0 + 1, wg.FLATTENED)  # one flattened bucket, with the version: all applied
+        assert call(engine_server, "/get_model_info")[1]["weight_version"] == str(v0 + 1)
+        from relax_core.dcs import checksum
+
+        assert call(engine_server, "/weights_checksum")[1]["checksum"] == checksum(items)
+        code, err = call(engine_server, "/update_weights_from_distributed", {
+            "names": ["x"], "dtypes": ["f"], "shapes": [[1]], "group_name": "other"})  # fmt: skip
+        assert code == 400 and err["param"] == "group_name"
+    finally:
+        assert call(engine_server, "/destroy_weights_update_group", {"group_name": "sg"})[0] == 200
+        wg.destroy_group(pg)
+        assert call(engine_server, "/update_weights_from_disk", {"model_path": tiny_model_dir})[0] == 200
+    assert call(engine_server, "/weights_checksum")[1]["checksum"] == sums0
 
 
 def test_openai_chat_completion_and_models(engine_server, call):

@@ -257,6 +257,7 @@ class ExternalEngine:
                 "world_size": world_size,
                 "backend": backend,
                 "group_name": "relax_dcs",
+                "protocol": "relax_dcs",  # a relax engine server's extension: DCS, not SGLang's group
             }  # fmt: skip
             for k in range(len(self.urls))
         ]

@@ -37,19 +37,27 @@ An :class:`SGLangEngine` is process supervision composed with an
   paused again when the others are.
 - **Weights.** ``update_weights(tensors, version)``: through disk by default (the pool writes safetensors
   once, every engine loads them with ``/update_weights_from_disk``; the directory is kept so a restarted
-  engine loads it before serving), or with ``weight_update="tensor"`` through ``/update_weights_from_tensor``
-  (colocated trainer: SGLang's ``serialized_named_tensors``, one base64 ``ForkingPickler`` payload per TP
-  rank, CUDA tensors travelling as IPC handles). From the trainer over NCCL: ``connect_dcs`` (engine ``k``
-  joins ``/init_weights_update_group`` as ranks ``rank + k*tp ...``), then ``update_weights_from_distributed``
-  (names, dtypes, shapes) while the trainer broadcasts. ``update_weights_from_disk(path, version)`` loads a
-  checkpoint directory. After every update each engine's ``/get_model_info`` ``weight_version`` must equal
-  the new version, else :class:`WeightVersionMismatch` names the engines. Weights that came over NCCL or as
-  tensors cannot be given to a restarted engine: an engine that dies after such an update is left failed,
-  saying so (a disk update leaves a directory for the next one).
+  engine loads it before serving); with ``weight_update="distributed"`` over SGLang's weight group, no
+  disk: this process is rank 0 of a group with every engine (``/init_weights_update_group``, formed at
+  the first update and again whenever the engines changed) and broadcasts ``bucket_bytes`` buckets, each
+  announced by ``/update_weights_from_distributed`` (``load_format="flattened_bucket"``; NCCL from CUDA
+  tensors, gloo from host memory; :mod:`relax_rollout.engines.weight_group`). A restarted engine then waits,
+  out of the pool, for the next update, which re-forms the group with it; an engine failing mid-broadcast
+  is marked failed and the update retried once on the others. With ``weight_update="tensor"`` through
+  ``/update_weights_from_tensor`` (colocated trainer: SGLang's ``serialized_named_tensors``, one base64
+  ``ForkingPickler`` payload per TP rank, CUDA tensors travelling as IPC handles). A caller that
+  broadcasts itself: ``connect_dcs`` (engine ``k`` joins ``/init_weights_update_group`` as ranks
+  ``rank + k*tp ...``), then ``update_weights_from_distributed`` (names, dtypes, shapes) while it
+  broadcasts. ``update_weights_from_disk(path, version)`` loads a checkpoint directory. After every
+  update each engine's ``/get_model_info`` ``weight_version`` must equal the new version, else
+  :class:`WeightVersionMismatch` names the engines. Weights that came as tensors, or from a caller's
+  broadcast, cannot be given to a restarted engine: an engine that dies after such an update is left
+  failed, saying so.
 
-The real SGLang's NCCL receiver expects the trainer to broadcast every parameter of ``names`` in order
-(``torch.distributed.broadcast(src=0)`` on the group), which is not relax DCS's bucketed protocol; our
-engine server joins DCS instead. Request and reply field names follow sgl-project/sglang
+SGLang's receiver takes each request's tensors from a ``broadcast(src=0)`` on the group, which is not
+relax DCS's protocol (a store header, then buckets): a trainer's DCS ``WeightSender`` reaches SGLang through
+the rollout role, which broadcasts on with ``weight_update="distributed"``; our engine server can also join
+DCS itself (``connect_dcs(..., protocol="relax_dcs")``). Request and reply field names follow sgl-project/sglang
 ``python/sglang/srt/managers/io_struct.py`` (read at commit 001067fffe33, after v0.5.x, cross-checked with
 the v0.5.x dataclasses), ``entrypoints/http_server.py`` (routes, reply bodies; ``/health`` and
 ``/health_generate`` answer 503 while the server starts), ``server_args.py`` (launch flags) and
@@ -100,6 +108,7 @@ RESERVED_FLAGS = {
     "--tensor-parallel-size",
     "--tp",
 }
+WEIGHT_UPDATES = ("disk", "tensor", "distributed")
 INSTALL_HINT = "the sglang engine needs `pip install 'relax-rollout[sglang]'` (and a GPU)"
 
 
@@ -204,30 +213,37 @@ def media_fields(media: list[dict[str, Any] | None] | None, n: int) -> list[dict
 
 
 def init_group_request(
-    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-) -> dict[str, Any]:
-    """SGLang's ``InitWeightsUpdateGroupReqInput``."""
-    return {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str,
+    protocol: str = "sglang",
+) -> dict[str, Any]:  # fmt: skip
+    """SGLang's ``InitWeightsUpdateGroupReqInput``; ``protocol="relax_dcs"`` adds the field that makes our
+    engine server join a relax DCS sender instead (SGLang has no such group)."""
+    body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend}  # fmt: skip
+    if protocol != "sglang":
+        body["protocol"] = protocol
+    return body
 
 
 def distributed_update_request(
     names: list[str],
     dtypes: list[str],
     shapes: list[list[int]],
-    version: int,
+    version: int | None,
     group_name: str,
     flush_cache: bool = True,
     abort_all_requests: bool = False,
     load_format: str | None = None,
 ) -> dict[str, Any]:
-    """SGLang's ``UpdateWeightsFromDistributedReqInput`` (``weight_version`` is a string there)."""
+    """SGLang's ``UpdateWeightsFromDistributedReqInput`` (``weight_version`` is a string there; None leaves
+    the engine's version as it is: every bucket but the last of an update)."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
     body = {"names": list(names), "dtypes": [_dtype_name(d) for d in dtypes],
             "shapes": [[int(x) for x in s] for s in shapes], "group_name": group_name,
-            "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
-            "weight_version": str(version)}  # fmt: skip
+            "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
     if load_format is not None:
         body["load_format"] = load_format
     return body
@@ -414,6 +430,21 @@ def model_routing(model_path: str) -> RoutingInfo | None:
 
 # -- processes ---------------------------------------------------------------------------------------
 @dataclass
+class _WeightGroup:
+    """The group ``weight_update="distributed"`` broadcasts on: this process is rank 0, engine ``i`` of
+    ``urls`` ranks ``1 + i*tp_size ...``."""
+
+    pg: Any
+    name: str
+    urls: tuple[str, ...]
+    backend: str
+
+
+class _GroupBroken(RuntimeError):
+    """A weight-group rendezvous or broadcast failed (an engine died or refused): re-form and retry."""
+
+
+@dataclass
 class EngineProcess:
     """One supervised engine slot: its GPUs stay the same across restarts."""
 
@@ -425,7 +456,8 @@ class EngineProcess:
     url: str | None = None
     member_id: str | None = None
     state: str = "starting"
-    """starting, running, restarting, failed, stopped"""
+    """starting, running, restarting, waiting (restarted, joins with the next weight update), failed,
+    stopped"""
     restarts: int = 0
     error: str | None = None
     """Why it last failed (kept after a successful restart)."""
@@ -542,6 +574,7 @@ class SGLangEngine:
         shutdown_grace_s: float = 15.0,
         weights_dir: str | None = None,
         gpus_per_node: int | None = None,
+        bucket_bytes: int = 512 << 20,
         **_ignored: Any,  # pad_token_id, ...: the servers own their model and tokenizer
     ) -> None:
         if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
@@ -557,8 +590,8 @@ class SGLangEngine:
             )
         if num_engines < 1 or tp_size < 1:
             raise ValueError(f"num_engines and tp_size must be ≥ 1 (got {num_engines}, {tp_size})")
-        if weight_update not in ("disk", "tensor"):
-            raise ValueError(f"weight_update must be 'disk' or 'tensor' (got {weight_update!r})")
+        if weight_update not in WEIGHT_UPDATES:
+            raise ValueError(f"weight_update must be one of {WEIGHT_UPDATES} (got {weight_update!r})")
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
         self.model_path, self.num_engines, self.tp_size = model_path, num_engines, tp_size
@@ -571,6 +604,8 @@ class SGLangEngine:
         self.startup_timeout_s, self.max_restarts = startup_timeout_s, max_restarts
         self.poll_interval_s, self.shutdown_grace_s = poll_interval_s, shutdown_grace_s
         self.weight_update, self.request_timeout_s = weight_update, request_timeout_s
+        self.bucket_bytes = bucket_bytes
+        """``weight_update="distributed"``: at most this many bytes a broadcast (one dtype each)."""
         self.token = token or self.server_args.get("api_key") or self.server_args.get("--api-key")
         self.eos_token_ids = tuple(eos_token_ids or ())
         self.routing: RoutingInfo | None = None
@@ -601,9 +636,10 @@ class SGLangEngine:
             if weight_update == "tensor":
                 raise ValueError(
                     "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
-                    "other nodes load weights from disk: use weight_update='disk'"
+                    "other nodes take weights from disk or a broadcast: use weight_update='disk' or "
+                    "'distributed'"
                 )
-            if weights_dir is None:
+            if weights_dir is None and weight_update == "disk":
                 raise ValueError(
                     "engines on other nodes load each weight version from the directory this node writes it "
                     "to: give weights_dir, on a filesystem every node sees at the same path"
@@ -615,6 +651,8 @@ class SGLangEngine:
         self._closed = False
         self._paused: str | None = None
         self._group: str | None = None
+        self._wg: _WeightGroup | None = None  # weight_update="distributed": the group, formed lazily
+        self._wg_lock = threading.Lock()
         self._inflight: set[str] = set()
         self._stop = threading.Event()
         self._procs: list[subprocess.Popen] = []  # every process ever started (for the finalizer)
@@ -739,7 +777,7 @@ class SGLangEngine:
         if launcher is None:
             launcher = self._launchers[node.node_id] = launcher_on(node)
         ip = ray.get(launcher.ip.remote(), timeout=120)
-        shared = [str(self.pool.weights_root)] + (
+        shared = ([str(self.pool.weights_root)] if self.weight_update == "disk" else []) + (
             [self.model_path] if os.path.exists(self.model_path) else []
         )
         missing = ray.get(launcher.missing.remote(shared), timeout=60)
@@ -873,6 +911,17 @@ class SGLangEngine:
                 self._launch(slot)
                 self._wait_ready(slot, self.startup_timeout_s)
                 if self.pool.weights_path is None and self.pool.weight_version != self._initial_version:
+                    if self.weight_update == "distributed":  # the next update re-forms the group with it
+                        with self._lock:
+                            slot.state = "waiting"
+                        if old is not None:
+                            try:
+                                self.pool.retire(old.id)
+                            except PoolError:
+                                pass
+                        logger.info("engine %d restarted (%d/%d) at %s; it serves after the next weight "
+                                    "update", slot.index, slot.restarts, self.max_restarts, slot.url)  # fmt: skip
+                        return
                     raise PoolError(
                         f"the current weights (version {self.pool.weight_version}) came over NCCL or as tensors "
                         "and cannot be given to a restarted engine; it rejoins after the next update from disk "
@@ -997,6 +1046,9 @@ class SGLangEngine:
         if self.weight_update == "tensor":
             self.update_weights_from_tensor(list(tensors.items()), version)
             return
+        if self.weight_update == "distributed":
+            self._update_distributed(self._served_names(tensors.items()), version)
+            return
         self.pool.update_weights(dict(self._served_names(tensors.items())), version)
         self.check_weight_version(version)
 
@@ -1111,11 +1163,12 @@ class SGLangEngine:
         rank: int = 1,
         backend: str = "nccl",
         group_name: str = "relax_dcs",
+        protocol: str = "sglang",
     ) -> None:
         """Engine ``i`` (in order) joins the trainer's weight group as ranks ``rank + i*tp_size ...``
         (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
-        trainer's ``connect()``. With our engine server the group is relax DCS (``group_name`` must be the
-        sender's)."""
+        sender's (:func:`relax_rollout.engines.weight_group.new_group` at rank 0). ``protocol="relax_dcs"``:
+        our engine servers join a relax DCS ``WeightSender`` instead (``group_name`` must be the sender's)."""
         u = urlparse(init_method)
         if not u.hostname or not u.port:
             raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
@@ -1125,7 +1178,7 @@ class SGLangEngine:
                 f"{n} engines × {self.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
             )
         self._all("/init_weights_update_group", lambda i, m: init_group_request(
-            u.hostname, u.port, rank + i * self.tp_size, world_size, group_name, backend))  # fmt: skip
+            u.hostname, u.port, rank + i * self.tp_size, world_size, group_name, backend, protocol))  # fmt: skip
         self._group = group_name
 
     def update_weights_from_distributed(
@@ -1154,6 +1207,165 @@ class SGLangEngine:
         self._all("/destroy_weights_update_group", {"group_name": self._group})
         self._group = None
 
+    # -- weights over SGLang's group (weight_update="distributed") ------------------------------------
+    def _update_distributed(self, named: list[tuple[str, Any]], version: int) -> None:
+        """Broadcast ``named`` to every serving engine (and every restarted one waiting for weights) on the
+        weight group, bucket by bucket (``flattened_bucket``; the version goes with the last bucket). The
+        group is re-formed when the engines changed; an engine that fails meanwhile is marked failed (the
+        supervisor restarts it) and the update is retried once on the others."""
+        from relax_rollout.engines import weight_group as wg
+
+        if not named:
+            raise ValueError("a weight update needs at least one tensor")
+        device = named[0][1].device
+        if device.type == "cuda" and self._gpu_shared(device):
+            device = "cpu"  # NCCL refuses two ranks on one GPU: send from host memory over gloo
+        backend = "nccl" if getattr(device, "type", device) == "cuda" else "gloo"
+        parts = wg.buckets(named, self.bucket_bytes)
+        with self._wg_lock:
+            for attempt in (1, 2):
+                members = {m.url: m for m in self.pool.active()}
+                waiting = [s for s in self.slots if s.state == "waiting" and s.url not in members]
+                urls = (*members, *(s.url for s in waiting))
+                if not urls:
+                    raise PoolError(f"no engine to update: {self.engines()}")
+                try:
+                    group = self._form_group(urls, backend)
+                    for i, bucket in enumerate(parts):
+                        last = i == len(parts) - 1
+                        body = distributed_update_request(*tensor_metadata(bucket), version if last else None,
+                                                          group.name, flush_cache=last, load_format=wg.FLATTENED)  # fmt: skip
+                        self._on_group(group, "/update_weights_from_distributed", lambda _i, b=body: b,
+                                       lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device))  # fmt: skip
+                    break
+                except _GroupBroken as e:
+                    if attempt == 2 or not self.pool.active():
+                        raise PoolError(f"weight version {version} could not be broadcast: {e}") from None
+                    logger.warning("weight version %d: %s; re-forming the group without it", version, e)
+        self._updated(version, None)
+        for slot in waiting:  # restarted engines hold the new weights now: they serve again
+            try:
+                self._join(slot)
+            except Exception as e:  # noqa: BLE001 — the supervisor restarts it
+                logger.warning("engine %d did not rejoin after the update: %s", slot.index, e)
+                with self._lock:
+                    slot.state, slot.member_id = "running", None
+
+    def _gpu_shared(self, device: Any) -> bool:
+        """Whether CUDA ``device`` of this process is one an engine on this node runs on (colocated)."""
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        gpu = visible[index] if index < len(visible) else str(index)
+        return any(gpu in slot.gpus for slot in self.slots if slot.node is None)
+
+    def _form_group(self, urls: tuple[str, ...], backend: str) -> _WeightGroup:
+        """The current group if it holds exactly ``urls``; else a new one (the old one destroyed)."""
+        from relax_rollout.engines import weight_group as wg
+
+        if self._wg is not None and self._wg.urls == urls and self._wg.backend == backend:
+            return self._wg
+        self._drop_group()
+        if all(slot.node is None for slot in self.slots):
+            master = "127.0.0.1"
+        else:  # engines on other nodes reach this one's address
+            import ray
+
+            master = ray.util.get_node_ip_address()
+        port = _free_port(master)
+        name = f"relax_weights_{uuid.uuid4().hex[:8]}"
+        world = 1 + len(urls) * self.tp_size
+        group = _WeightGroup(None, name, urls, backend)
+        timeout = min(self.request_timeout_s, 300.0)
+
+        def join(i: int) -> dict[str, Any]:
+            return init_group_request(master, port, 1 + i * self.tp_size, world, name, backend)
+
+        def host() -> None:
+            group.pg = wg.new_group(backend, f"tcp://{master}:{port}", world, 0, name, timeout)
+
+        self._on_group(group, "/init_weights_update_group", join, host)
+        self._wg = group
+        logger.info(
+            "weight group %s formed with %d engines (%s, world size %d)", name, len(urls), backend, world
+        )
+        return group
+
+    def _on_group(
+        self, group: _WeightGroup, path: str, body: Callable[[int], Any], local: Callable[[], None]
+    ) -> None:
+        """``path`` on every engine of ``group`` while this process does its part (``local``: a rendezvous
+        or a broadcast). An engine that fails (died, 5xx) is marked failed and :class:`_GroupBroken` raised;
+        one that rejects the request (4xx) raises its error."""
+        futs = [(url, self._exec.submit(self._call, url, path, body(i))) for i, url in enumerate(group.urls)]
+        local_error: BaseException | None = None
+        try:
+            local()
+        except Exception as e:  # noqa: BLE001 — a peer is gone: which one, the requests tell
+            local_error = e
+        failed, rejected = [], None
+        for url, f in futs:
+            try:
+                f.result()
+            except ServerError as e:
+                if e.status < 500:
+                    rejected = rejected or e
+                else:
+                    failed.append((url, e))
+            except OSError as e:
+                failed.append((url, e))
+        for url, e in failed:
+            self._engine_failed(url, f"{path} failed: {type(e).__name__}: {e}")
+        if rejected is None and not failed and local_error is None:
+            return
+        if group is self._wg:  # its members' state is unknown now: a fresh group next time
+            self._drop_group()
+        elif group.pg is not None:
+            from relax_rollout.engines.weight_group import destroy_group
+
+            destroy_group(group.pg)
+        if rejected is not None:
+            raise rejected
+        why = "; ".join(f"{u}: {e}" for u, e in failed) or f"{type(local_error).__name__}: {local_error}"
+        raise _GroupBroken(f"{path} on the weight group failed ({why})")
+
+    def _engine_failed(self, url: str, reason: str) -> None:
+        m = self.pool.find(url)
+        if m is not None and m.state == "active":
+            self.pool.mark_failed(m.id, reason)  # the supervisor restarts it
+            return
+        for slot in self.slots:  # a restarted engine that was waiting for weights: restart it again
+            with self._lock:
+                if slot.url != url or slot.state != "waiting":
+                    continue
+                slot.state, slot.error = "restarting", reason
+            threading.Thread(target=self._restart, args=(slot, None), daemon=True,
+                             name=f"relax-sglang-restart-{slot.index}").start()  # fmt: skip
+
+    def _drop_group(self) -> None:
+        """Leave the weight group: engines still serving destroy their side, this process its own."""
+        from relax_rollout.engines import weight_group as wg
+
+        group, self._wg = self._wg, None
+        if group is None:
+            return
+        live = {m.url for m in self.pool.active()} | {s.url for s in self.slots if s.state == "waiting"}
+        futs = [
+            self._exec.submit(
+                self._call, url, "/destroy_weights_update_group", {"group_name": group.name}, 30.0
+            )
+            for url in group.urls
+            if url in live
+        ]
+        for f in futs:
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001 — a fresh group is formed either way
+                logger.warning("leaving weight group %s: %s", group.name, e)
+        if group.pg is not None:
+            wg.destroy_group(group.pg)
+
     # -- shutdown ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop supervising and end every engine process group (SIGTERM, SIGKILL after
@@ -1168,6 +1380,11 @@ class SGLangEngine:
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(timeout=self.poll_interval_s + 5)
         stop_processes(procs, self.shutdown_grace_s)
+        group, self._wg = self._wg, None
+        if group is not None and group.pg is not None:  # its engines are gone: only this side is left
+            from relax_rollout.engines.weight_group import destroy_group
+
+            destroy_group(group.pg)
         if self._launchers:
             import ray
 
@@ -1193,7 +1410,7 @@ class SGLangEngine:
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """The :class:`SGLangEngine` arguments a ``RelaxConfig`` sets besides the model and its dtype
     (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
-    ``--sglang-server-args``, ``--sglang-model-path``; on several nodes, ``gpus_per_node`` from
+    ``--sglang-server-args``, ``--sglang-model-path``, ``--sglang-weight-update``; on several nodes, ``gpus_per_node`` from
     ``--actor-num-gpus-per-node``)."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
@@ -1204,13 +1421,15 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
         "tp_size": r.rollout_num_gpus_per_engine,
         "mem_fraction_static": r.sglang_mem_fraction_static,
         "server_args": server_args,
+        "weight_update": r.sglang_weight_update,
     }
     t = cfg.train
     if t.actor_num_nodes > 1 and t.actor_num_gpus_per_node and r.rollout_num_gpus > t.actor_num_gpus_per_node:
         # more engines than the rollout's node holds: the rest on the cluster's other nodes, which load each
         # weight version from the run's output directory (on a filesystem every node sees)
         out["gpus_per_node"] = t.actor_num_gpus_per_node
-        out["weights_dir"] = str(Path(cfg.run.output_dir).absolute() / "engine_weights")
+        if r.sglang_weight_update == "disk":
+            out["weights_dir"] = str(Path(cfg.run.output_dir).absolute() / "engine_weights")
     if r.sglang_model_path:  # (Qwen3-Omni: the whole model; the trainer's --hf-checkpoint is its thinker)
         out["model_path"] = r.sglang_model_path
     return out

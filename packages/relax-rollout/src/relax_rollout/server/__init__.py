@@ -29,11 +29,13 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
 - Weights: ``POST /update_weights_from_disk`` (``model_path``, ``weight_version``, ``abort_all_requests``
   → ``{"success", "message", "num_paused_requests"}``); ``POST /init_weights_update_group``
   (``master_address``, ``master_port``, ``rank_offset``, ``world_size``, ``group_name``, ``backend``) joins
-  a relax DCS ``WeightSender`` as a ``WeightReceiver`` that applies every version it receives;
-  ``POST /update_weights_from_distributed`` (SGLang's fields: ``names``/``dtypes``/``shapes`` accepted,
-  ``group_name`` must name the joined group, ``abort_all_requests``, ``flush_cache``, ``load_format``,
-  ``weight_version``) then returns once that version is applied — with DCS the sender pushes and the
-  receiver polls, so this call waits rather than triggers; ``POST /destroy_weights_update_group``.
+  rank 0's weight group as SGLang builds it (``relax_rollout.engines.weight_group``); each
+  ``POST /update_weights_from_distributed`` (``names``/``dtypes``/``shapes``, ``group_name``,
+  ``load_format`` ``flattened_bucket`` or per-tensor, ``flush_cache``, ``abort_all_requests``,
+  ``weight_version``) then takes its tensors from rank 0's broadcast, applied with the request that carries
+  ``weight_version`` or ``flush_cache``. With ``"protocol": "relax_dcs"`` (a relax extension) the server
+  joins a relax DCS ``WeightSender`` instead, as a ``WeightReceiver`` applying every version pushed, and
+  ``/update_weights_from_distributed`` waits until its ``weight_version`` is applied; ``POST /destroy_weights_update_group``.
   ``/update_weights_from_tensor`` is not offered: SGLang's payload is a pickled CUDA-IPC handle.
 - ``POST /pause_generation`` (``mode``: ``abort`` (default) aborts in-flight requests, which return with
   finish reason abort; ``in_place``/``retract`` hold them at the next decode step, weights may be

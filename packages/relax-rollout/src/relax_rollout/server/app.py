@@ -81,6 +81,8 @@ class EngineServer:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _reqs: dict[str, _Req] = field(default_factory=dict)
     _receiver: Any = None
+    _pg: Any = None
+    _pending: dict[str, Any] = field(default_factory=dict)
     _group_name: str | None = None
     recorder: trajectories.TrajectoryRecorder | None = None
     """Agent trajectories of chat sessions (built with the tokenizer)."""
@@ -194,8 +196,10 @@ class EngineServer:
         return v
 
     def init_group(self, body: dict) -> None:
-        from relax_core.dcs import WeightReceiver
-
+        """``/init_weights_update_group``: join rank 0's group as ``rank_offset`` — SGLang's group
+        (:mod:`relax_rollout.engines.weight_group`; each ``/update_weights_from_distributed`` then takes
+        its tensors from a broadcast), or with ``"protocol": "relax_dcs"`` (a relax extension) the
+        trainer's DCS group, whose sender pushes every version."""
         for key in ("master_address", "master_port", "rank_offset", "world_size"):
             if key not in body:
                 raise BadRequest(key, "is required")
@@ -205,32 +209,73 @@ class EngineServer:
         backend = body.get("backend", "gloo")
         if backend not in ("gloo", "nccl"):
             raise BadRequest("backend", f"must be 'gloo' or 'nccl' (got {backend!r})")
-        if self._receiver is not None:
+        proto = body.get("protocol", "sglang")
+        if proto not in ("sglang", "relax_dcs"):
+            raise BadRequest("protocol", f"must be 'sglang' (default) or 'relax_dcs' (got {proto!r})")
+        if self._receiver is not None or self._pg is not None:
             raise BadRequest("group_name", "a weight update group is already initialised; destroy it first")
+        if not 1 <= body["rank_offset"] < body["world_size"]:
+            raise BadRequest(
+                "rank_offset",
+                f"must be in 1..world_size-1 (rank 0 sends; got {body['rank_offset']} of "
+                f"{body['world_size']})",
+            )
+        name = body.get("group_name", "weight_update_group")
+        init = f"tcp://{body['master_address']}:{body['master_port']}"
+        if proto == "sglang":
+            from relax_rollout.engines.weight_group import new_group
+
+            timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=1.0)
+            # rendezvous with rank 0 (this server's engine has one rank: tensor parallelism is SGLang's)
+            self._pg = new_group(backend, init, body["world_size"], body["rank_offset"], name, timeout)
+            self._pending = {}
+            self._group_name = name
+            return
+        from relax_core.dcs import WeightReceiver
+
         try:
             rcv = WeightReceiver(
-                f"tcp://{body['master_address']}:{body['master_port']}",
-                body["world_size"],
-                body["rank_offset"],
-                backend=backend,
-                group_name=body.get("group_name", "weight_update_group"),
+                init, body["world_size"], body["rank_offset"], backend=backend, group_name=name
             )
         except ValueError as e:
             raise BadRequest("rank_offset", str(e)) from None
         rcv.connect()  # rendezvous with the trainer's WeightSender
         rcv.start_background(lambda v, t: self.engine.update_weights(t, v))
         self._receiver = rcv
-        self._group_name = body.get("group_name", "weight_update_group")
+        self._group_name = name
 
     def check_group(self, group_name: Any) -> None:
         """A request naming a weight update group must name the one this server joined."""
-        if group_name is None or self._receiver is None:
+        if group_name is None or (self._receiver is None and self._pg is None):
             return
         if group_name != self._group_name:
             raise BadRequest(
                 "group_name",
                 f"no weight update group {group_name!r}; this server joined {self._group_name!r}",
             )
+
+    def receive_weights(self, body: dict, apply: bool) -> int | None:
+        """SGLang's group: take the tensors ``body`` names from rank 0's broadcast. They are applied with
+        the request that carries ``weight_version`` or ``flush_cache`` (``apply``), together with those of
+        the requests before it: MoE experts sent one per expert may span buckets and this engine loads
+        them fused. Returns the version applied, or None while held."""
+        from relax_rollout.engines.weight_group import receive
+
+        names, dtypes, shapes = body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or []
+        try:
+            got = receive(self._pg, names, dtypes, shapes, body.get("load_format"))
+        except ValueError as e:
+            raise BadRequest("dtypes", str(e)) from None
+        self._pending.update(got)
+        if not apply:
+            return None
+        tensors, self._pending = self._pending, {}
+        v = self._next_version(body.get("weight_version"))
+        try:
+            self.engine.update_weights(tensors, v)
+        except KeyError as e:
+            raise BadRequest("names", f"weights do not match the served model: {e}") from None
+        return v
 
     def wait_for_version(self, version: Any, timeout_s: float) -> int:
         """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""
@@ -249,6 +294,11 @@ class EngineServer:
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
+        if self._pg is not None:
+            from relax_rollout.engines.weight_group import destroy_group
+
+            destroy_group(self._pg)
+            self._pg, self._pending = None, {}
 
     # -- device memory (colocate: the trainer uses the device between rollouts) --------------------
     def memory(self, body: Any, release: bool) -> None:
@@ -401,7 +451,8 @@ def _flag(body: dict, key: str, default: bool) -> bool:
 def _update_from_distributed(s: EngineServer, body: dict):
     """SGLang's ``UpdateWeightsFromDistributedReqInput``: ``names``, ``dtypes``, ``shapes``,
     ``group_name``, ``flush_cache``, ``abort_all_requests``, ``weight_version``, ``load_format``,
-    ``torch_empty_cache`` (cache and load-format knobs have nothing to act on here)."""
+    ``torch_empty_cache`` (cache knobs have nothing to act on here); ``load_format``:
+    ``flattened_bucket`` or per-tensor broadcasts."""
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if names is not None and not isinstance(names, list):
         raise BadRequest("names", "must be a list of parameter names")
@@ -412,8 +463,13 @@ def _update_from_distributed(s: EngineServer, body: dict):
     s.check_group(body.get("group_name"))
     if flags["abort_all_requests"]:
         s.abort("", abort_all=True)
-    timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
-    v = s.wait_for_version(body.get("weight_version"), timeout)
+    if s._pg is not None:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
+        v = s.receive_weights(body, body.get("weight_version") is not None or flags["flush_cache"])
+        if v is None:
+            return 200, {"success": True, "message": "Succeeded to update parameter online."}
+    else:
+        timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
+        v = s.wait_for_version(body.get("weight_version"), timeout)
     return 200, {"success": True, "message": f"Succeeded to update parameter online. Weight version {v}."}
 
 

@@ -562,3 +562,14 @@ def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend
     time). As HF computes it, through the torch backend."""
     _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path, deepstack=(1,)), _omni_samples(), world=2,
                                      flags=["--pipeline-model-parallel-size", "2"])  # fmt: skip
+
+
+def test_the_backend_refuses_to_start_without_psutil(monkeypatch):
+    """megatron-core's checkpoint writer dies without psutil and the save then waits forever: say so at
+    start-up (the megatron extra brings it)."""
+    from relax_train.megatron.backend import require_psutil
+
+    require_psutil()  # installed here
+    monkeypatch.setitem(sys.modules, "psutil", None)  # an environment without it
+    with pytest.raises(ImportError, match=r"needs psutil .*checkpoint writer hangs.*relax-train\[megatron\]"):
+        require_psutil()

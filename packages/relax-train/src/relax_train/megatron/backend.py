@@ -77,6 +77,19 @@ def _no_te_shim() -> None:
         moe_utils.te_general_gemm = None
 
 
+def require_psutil() -> None:
+    """megatron-core's checkpoint writer forks worker processes that call psutil first; without it each
+    worker dies before it reports, and ``dist_checkpointing.save`` waits for them forever (megatron-core
+    does not declare psutil). Fail at start-up instead of at the first checkpoint, hours in."""
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "the megatron backend needs psutil (megatron-core's checkpoint writer hangs without it): "
+            "pip install psutil, or install relax-train[megatron], which brings it"
+        ) from None
+
+
 def _cpu_shims() -> None:
     """Let megatron-core's model code run without CUDA (tests, CI). On that path it (1) allocates
     buffers and moves RoPE frequencies to ``torch.cuda.current_device()`` and (2) forks the CUDA RNG
@@ -192,6 +205,7 @@ def init_parallel(config: RelaxConfig) -> None:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world)
+    require_psutil()
     _cpu_shims()
     _no_te_shim()
     need = t.tensor_model_parallel_size * t.pipeline_model_parallel_size

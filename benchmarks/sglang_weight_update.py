@@ -33,19 +33,13 @@ import torch
 
 
 def build_model(root: Path, layers: int) -> str:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """weight_sync.py's model, with a tokenizer (the engine servers load one)."""
+    from weight_sync import build_model as qwen3  # this folder is on sys.path when run as a script
 
     from relax_core.testing import build_tiny_checkpoint
 
-    build_tiny_checkpoint(root)  # its tokenizer; the model is replaced by a larger one
-    cfg = Qwen3Config(
-        vocab_size=2000, hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
-        pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(root)
-    return str(root)
+    build_tiny_checkpoint(root)  # its tokenizer; the model is replaced by the larger one
+    return qwen3(root, layers)
 
 
 def main() -> None:

@@ -429,6 +429,25 @@ def model_routing(model_path: str) -> RoutingInfo | None:
 
 
 # -- processes ---------------------------------------------------------------------------------------
+def _outcomes(futs: list[tuple[Any, Any]]) -> tuple[Exception | None, list[tuple[Any, Exception]]]:
+    """The replies of one request sent to several engines, ``(key, future)`` each: the first rejection
+    (HTTP 4xx: the request does not fit the engine, so the caller raises it) and the engines that failed
+    (5xx, connection errors, time-outs: marked failed, restarted by the supervisor)."""
+    rejected: Exception | None = None
+    failed: list[tuple[Any, Exception]] = []
+    for key, f in futs:
+        try:
+            f.result()
+        except ServerError as e:
+            if e.status < 500:
+                rejected = rejected or e
+            else:
+                failed.append((key, e))
+        except OSError as e:
+            failed.append((key, e))
+    return rejected, failed
+
+
 @dataclass
 class _WeightGroup:
     """The group ``weight_update="distributed"`` broadcasts on: this process is rank 0, engine ``i`` of
@@ -1113,18 +1132,9 @@ class SGLangEngine:
         raises; one that fails otherwise (5xx, died, timed out) is marked failed (the supervisor restarts
         it) and the others go on; no engine left raises."""
         members = self.pool.active()
-        futs = [(m, self._exec.submit(self._call, m.url, path, body)) for m in members]
-        rejected: Exception | None = None
-        for m, f in futs:
-            try:
-                f.result()
-            except ServerError as e:
-                if e.status < 500:
-                    rejected = rejected or e
-                else:
-                    self.pool.mark_failed(m.id, f"{path} failed: {e}")
-            except OSError as e:
-                self.pool.mark_failed(m.id, f"{path} failed: {type(e).__name__}: {e}")
+        rejected, failed = _outcomes([(m, self._exec.submit(self._call, m.url, path, body)) for m in members])
+        for m, e in failed:
+            self.pool.mark_failed(m.id, f"{path} failed: {type(e).__name__}: {e}")
         if rejected is not None:
             raise rejected
         if not self.pool.active():
@@ -1304,17 +1314,7 @@ class SGLangEngine:
             local()
         except Exception as e:  # noqa: BLE001 — a peer is gone: which one, the requests tell
             local_error = e
-        failed, rejected = [], None
-        for url, f in futs:
-            try:
-                f.result()
-            except ServerError as e:
-                if e.status < 500:
-                    rejected = rejected or e
-                else:
-                    failed.append((url, e))
-            except OSError as e:
-                failed.append((url, e))
+        rejected, failed = _outcomes(futs)
         for url, e in failed:
             self._engine_failed(url, f"{path} failed: {type(e).__name__}: {e}")
         if rejected is None and not failed and local_error is None:

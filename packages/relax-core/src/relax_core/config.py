@@ -116,9 +116,9 @@ class RolloutConfig(_Section):
     saved alone (`relax prepare-model omni-thinker`) while SGLang serves only the whole model; weight
     updates then carry the whole model's `thinker.` names."""
     sglang_weight_update: Literal["disk", "distributed", "tensor"] = "disk"
-    """How new weights reach the SGLang engines: ``disk``, safetensors written once per version to the
-    output directory and loaded by every engine (a restarted engine loads them too; on several nodes
-    the directory must be shared); ``distributed``, broadcast by the rollout role on SGLang's weight group
+    """How new weights reach the SGLang engines: ``disk``, safetensors written once per version and loaded
+    by every engine (a restarted engine loads them too; on several nodes under the output directory,
+    which every node must see); ``distributed``, broadcast by the rollout role on SGLang's weight group
     (NCCL from GPU weights, gloo from host memory), no disk and no shared directory, bucketed; ``tensor``,
     CUDA-IPC handles to engines on the rollout role's GPUs (colocated)."""
     rollout_engines: int = Field(0, ge=0)

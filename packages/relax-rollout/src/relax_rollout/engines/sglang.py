@@ -1256,10 +1256,9 @@ class SGLangEngine:
         for slot in waiting:  # restarted engines hold the new weights now: they serve again
             try:
                 self._join(slot)
-            except Exception as e:  # noqa: BLE001 — the supervisor restarts it
+            except Exception as e:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, e)
-                with self._lock:
-                    slot.state, slot.member_id = "running", None
+                self._restart_later(slot, f"rejoin after weight version {version} failed: {e}")
 
     def _gpu_shared(self, device: Any) -> bool:
         """Whether CUDA ``device`` of this process is one an engine on this node runs on (colocated)."""
@@ -1336,12 +1335,15 @@ class SGLangEngine:
             self.pool.mark_failed(m.id, reason)  # the supervisor restarts it
             return
         for slot in self.slots:  # a restarted engine that was waiting for weights: restart it again
-            with self._lock:
-                if slot.url != url or slot.state != "waiting":
-                    continue
-                slot.state, slot.error = "restarting", reason
-            threading.Thread(target=self._restart, args=(slot, None), daemon=True,
-                             name=f"relax-sglang-restart-{slot.index}").start()  # fmt: skip
+            if slot.url == url and slot.state == "waiting":
+                self._restart_later(slot, reason)
+
+    def _restart_later(self, slot: EngineProcess, reason: str) -> None:
+        """Restart an engine that is not in the pool (it was waiting for weights) from a thread."""
+        with self._lock:
+            slot.state, slot.error = "restarting", reason
+        threading.Thread(target=self._restart, args=(slot, None), daemon=True,
+                         name=f"relax-sglang-restart-{slot.index}").start()  # fmt: skip
 
     def _drop_group(self) -> None:
         """Leave the weight group: engines still serving destroy their side, this process its own."""

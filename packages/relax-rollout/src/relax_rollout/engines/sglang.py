@@ -1229,8 +1229,8 @@ class SGLangEngine:
             raise ValueError("a weight update needs at least one tensor")
         device = named[0][1].device
         if device.type == "cuda" and self._gpu_shared(device):
-            device = "cpu"  # NCCL refuses two ranks on one GPU: send from host memory over gloo
-        backend = "nccl" if getattr(device, "type", device) == "cuda" else "gloo"
+            device = type(device)("cpu")  # NCCL refuses two ranks on one GPU: send from host memory over gloo
+        backend = "nccl" if device.type == "cuda" else "gloo"
         parts = wg.buckets(named, self.bucket_bytes)
         with self._wg_lock:
             for attempt in (1, 2):

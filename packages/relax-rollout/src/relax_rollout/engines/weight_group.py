@@ -75,6 +75,12 @@ def _dtype(name: Any) -> Any:
     return dt
 
 
+def _nbytes(dtype: Any, shape: list[int]) -> int:
+    import torch
+
+    return torch.Size(shape).numel() * _dtype(dtype).itemsize
+
+
 def buckets(named: Iterable[tuple[str, Any]], bucket_bytes: int) -> list[list[tuple[str, Any]]]:
     """``named`` split into runs of one dtype of at most ``bucket_bytes`` each (a tensor larger than that
     gets a bucket of its own), in order within each dtype."""
@@ -112,15 +118,12 @@ def unflatten(
     flat: Any, names: list[str], dtypes: list[Any], shapes: list[list[int]]
 ) -> list[tuple[str, Any]]:
     """The tensors a flattened buffer holds, as views of it (the inverse of :func:`flatten`)."""
-    import torch
-
     out, at = [], 0
     for name, dt, shape in zip(names, dtypes, shapes):
-        dt = _dtype(dt)
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+        n = _nbytes(dt, shape)
         if at + n > flat.numel():
             raise ValueError(f"{name}: the buffer ends at byte {flat.numel()}, the tensor needs {at + n}")
-        out.append((name, flat[at : at + n].view(dt).reshape(shape)))
+        out.append((name, flat[at : at + n].view(_dtype(dt)).reshape(shape)))
         at += n
     if at != flat.numel():
         raise ValueError(f"the buffer holds {flat.numel()} bytes, the tensors named take {at}")
@@ -151,10 +154,7 @@ def receive(
     import torch.distributed as dist
 
     if load_format == FLATTENED:
-        total = sum(
-            torch.Size(s).numel() * torch.empty((), dtype=_dtype(d)).element_size()
-            for d, s in zip(dtypes, shapes)
-        )
+        total = sum(_nbytes(d, s) for d, s in zip(dtypes, shapes))
         flat = torch.empty(total, dtype=torch.uint8, device=device)
         dist.broadcast(flat, src=0, group=pg)
         return unflatten(flat, names, dtypes, shapes)

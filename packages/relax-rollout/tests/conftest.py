@@ -13,6 +13,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3"))
 
 
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """The Python of the real-SGLang venv (skips, or fails under RELAX_REQUIRE_REAL_SGLANG=1, without it)."""
+    from relax_rollout.engines.sglang_cpu import require_python
+
+    return require_python()
+
+
 @pytest.fixture(autouse=True)
 def _single_thread_torch():
     """Multi-threaded torch is orders of magnitude slower on a busy 2-core machine."""

@@ -115,6 +115,11 @@ class RolloutConfig(_Section):
     """The checkpoint SGLang serves, when not --hf-checkpoint: Qwen3-Omni, whose thinker the trainer takes
     saved alone (`relax prepare-model omni-thinker`) while SGLang serves only the whole model; weight
     updates then carry the whole model's `thinker.` names."""
+    sglang_python: str | None = None
+    """The Python that runs ``-m sglang.launch_server`` (default: this process's), e.g. a venv of its own
+    when SGLang's pins clash with the trainer's (``tools/sglang-cpu/setup.sh`` builds one for a CPU)."""
+    sglang_env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the SGLang processes, e.g. '{SGLANG_USE_CPU_ENGINE: "1"}' on a CPU."""
     sglang_weight_update: Literal["disk", "distributed", "tensor"] = "disk"
     """How new weights reach the SGLang engines: ``disk``, safetensors written once per version and loaded
     by every engine (a restarted engine loads them too; on several nodes under the output directory,

@@ -236,6 +236,7 @@ def test_update_weights_over_dcs(engine_server, call, local):
     assert code == 200 and res["success"], res
     try:
         box = {}
+        assert call(engine_server, "/begin_weight_update", {})[0] == 200
         w = threading.Thread(target=lambda: box.update(res=call(engine_server, "/update_weights_from_distributed", {
             "names": [], "dtypes": [], "shapes": [], "weight_version": str(v0 + 1)})))  # fmt: skip
         w.start()
@@ -245,6 +246,7 @@ def test_update_weights_over_dcs(engine_server, call, local):
         assert call(engine_server, "/get_weight_version")[1]["weight_version"] == str(v0 + 1)
         assert call(engine_server, "/weights_checksum")[1]["checksum"] == local.weights_checksum()
     finally:
+        assert call(engine_server, "/end_weight_update", {})[0] == 200
         closer = threading.Thread(target=sender.close)
         closer.start()
         assert call(engine_server, "/destroy_weights_update_group", {})[0] == 200
@@ -252,7 +254,8 @@ def test_update_weights_over_dcs(engine_server, call, local):
 
 
 def test_update_weights_over_sglang_weight_group(engine_server, call, local, tiny_model_dir):
-    """SGLang's protocol: the server joins rank 0's group (built as SGLang builds it); each
+    """SGLang's protocol: the server joins rank 0's group (built as SGLang builds it); inside a
+    begin/end weight-update session (refused outside one, as SGLang 0.5.23 does), each
     /update_weights_from_distributed takes its tensors from rank 0's broadcast — one per tensor, or one
     flattened bucket — and they are applied with the request that carries weight_version."""
     from relax_core.dcs import free_port
@@ -291,6 +294,12 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
         t.join(30)
         assert box["res"][0] == 200 and box["res"][1]["success"], box["res"]
 
+    code, err = call(engine_server, "/update_weights_from_distributed", distributed_update_request(
+        *tensor_metadata(first), None, "sg"))  # fmt: skip
+    assert (code, err["success"]) == (400, False) and "between begin_weight_update()" in err["message"]
+    assert call(engine_server, "/end_weight_update", {})[0] == 400  # no session open
+    assert call(engine_server, "/begin_weight_update", {})[0] == 200
+    assert call(engine_server, "/begin_weight_update", {})[1]["message"].startswith("a weight-update session is")
     try:
         update(first, None, None)  # per-tensor broadcasts; held: no version yet
         assert call(engine_server, "/get_model_info")[1]["weight_version"] == str(v0)
@@ -304,6 +313,7 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
             "names": ["x"], "dtypes": ["f"], "shapes": [[1]], "group_name": "other"})  # fmt: skip
         assert code == 400 and err["param"] == "group_name"
     finally:
+        assert call(engine_server, "/end_weight_update", {})[0] == 200
         assert call(engine_server, "/destroy_weights_update_group", {"group_name": "sg"})[0] == 200
         wg.destroy_group(pg)
         assert call(engine_server, "/update_weights_from_disk", {"model_path": tiny_model_dir})[0] == 200

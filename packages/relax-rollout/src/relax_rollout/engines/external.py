@@ -86,6 +86,17 @@ def http_json(
     raise AssertionError("unreachable")
 
 
+def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """An engine server's ``/model_info`` (its ``weight_version`` among others); ``/get_model_info``, its
+    name before SGLang 0.5.2x deprecated it, for a server without the new route."""
+    try:
+        return http_json(url, "/model_info", None, token, timeout_s) or {}
+    except ServerError as e:
+        if e.status != 404:
+            raise
+    return http_json(url, "/get_model_info", None, token, timeout_s) or {}
+
+
 def sampling_dict(p: SamplingParams, min_new: int) -> dict:
     """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""
     sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
@@ -203,7 +214,8 @@ class ExternalEngine:
     @property
     def weight_version(self) -> int:
         """The lowest version any server holds (what a new request may be generated with)."""
-        return min(_version(r["weight_version"]) for r in self._all("/get_model_info"))
+        futs = [self._pool.submit(model_info, u, self.token, self.timeout_s) for u in self.urls]
+        return min(_version(f.result().get("weight_version")) for f in futs)
 
     @staticmethod
     def _sampling(p: SamplingParams, min_new: int) -> dict:

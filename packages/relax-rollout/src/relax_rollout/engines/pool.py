@@ -13,7 +13,7 @@ some — while the rollout manager keeps seeing one ``RolloutEngine``. The pool 
 - **Every serving member holds the current weights.** ``update_weights`` writes the tensors once to a
   pool-owned directory (one sub-directory per version, replaced atomically, the previous one deleted
   after the push) that is *kept*: a newcomer (``add``, ``restart``) loads it through
-  ``/update_weights_from_disk`` and must report the pool's version in ``/get_model_info`` before it gets
+  ``/update_weights_from_disk`` and must report the pool's version in ``/model_info`` before it gets
   any request. A member that fails the push is marked failed instead of failing the update.
 - **Scale-in drains.** ``remove`` stops sending to the member, waits for its in-flight requests up to
   the drain time-out, then (``force``) aborts them with ``/abort_request`` — they come back and are
@@ -47,6 +47,7 @@ from relax_rollout.engines.external import (
     generate_body,
     http_json,
     min_tokens,
+    model_info,
     parse_generate,
     save_safetensors,
 )
@@ -211,7 +212,7 @@ class EnginePool:
 
     def add(self, url: str, kind: str = "external", handle: Any = None, protected: bool = False) -> Member:
         """Join the engine serving ``url``: it must answer ``/health``; it gets the current weights (when an
-        update happened) and must then report the pool's weight version in ``/get_model_info``; only then
+        update happened) and must then report the pool's weight version in ``/model_info``; only then
         does it become active. On failure it is left ``removed`` (with the reason) and PoolError raised. A
         failed member at the same URL is replaced (marked removed)."""
         if kind not in KINDS:
@@ -238,7 +239,7 @@ class EnginePool:
                         "/update_weights_from_disk",
                         {"model_path": self.weights_path, "weight_version": str(self._version)},
                     )
-                info = self._call(m.url, "/get_model_info", timeout_s=self.join_timeout_s) or {}
+                info = model_info(m.url, self.token, self.join_timeout_s)
                 got = _version(info.get("weight_version"))
                 with self._cond:
                     if self._version is None:  # the first member sets the pool's version
@@ -573,22 +574,20 @@ class EnginePool:
             futs = [
                 (m, self._exec.submit(self._call, m.url, "/update_weights_from_disk", body)) for m in targets
             ]
-            rejected: ServerError | None = None
+            # A member that did not load it is failed, a refusal (HTTP 400) included: SGLang refuses after a
+            # partial load whose roll-back re-reads the new directory, so its weights are unknown.
+            errors: list[str] = []
             for m, fut in futs:
                 try:
                     fut.result()
                     with self._cond:
                         m.weight_version = version
-                except ServerError as e:
-                    if e.status < 500:
-                        rejected = rejected or e
-                    else:
-                        self._fail(m, e)
-                except (OSError, ValueError) as e:
+                except (OSError, ValueError, ServerError) as e:
                     self._fail(m, e)
-            if rejected is not None:  # the weights do not fit the model: keep the previous version
+                    errors.append(f"{m.id} ({m.url}): {_describe(e)}")
+            if targets and len(errors) == len(targets):  # none took it: the previous version stays
                 shutil.rmtree(final, ignore_errors=True)
-                raise rejected
+                raise PoolError(f"no engine loaded weight version {version}: {'; '.join(errors)}")
             previous, self.weights_path = self.weights_path, str(final)
             with self._cond:
                 self._version = version

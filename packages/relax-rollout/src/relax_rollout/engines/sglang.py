@@ -49,7 +49,7 @@ An :class:`SGLangEngine` is process supervision composed with an
   broadcasts itself: ``connect_dcs`` (engine ``k`` joins ``/init_weights_update_group`` as ranks
   ``rank + k*tp ...``), then ``update_weights_from_distributed`` (names, dtypes, shapes) while it
   broadcasts. ``update_weights_from_disk(path, version)`` loads a checkpoint directory. After every
-  update each engine's ``/get_model_info`` ``weight_version`` must equal the new version, else
+  update each engine's ``/model_info`` ``weight_version`` must equal the new version, else
   :class:`WeightVersionMismatch` names the engines. Weights that came as tensors, or from a caller's
   broadcast, cannot be given to a restarted engine: an engine that dies after such an update is left
   failed, saying so.
@@ -67,6 +67,7 @@ the v0.5.x dataclasses), ``entrypoints/http_server.py`` (routes, reply bodies; `
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -82,7 +83,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,7 @@ from urllib.parse import urlparse
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 from relax_rollout.engines.expert_names import unfuse_experts
-from relax_rollout.engines.external import ServerError, http_json
+from relax_rollout.engines.external import ServerError, http_json, model_info
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
 
 logger = logging.getLogger(__name__)
@@ -429,23 +430,24 @@ def model_routing(model_path: str) -> RoutingInfo | None:
 
 
 # -- processes ---------------------------------------------------------------------------------------
-def _outcomes(futs: list[tuple[Any, Any]]) -> tuple[Exception | None, list[tuple[Any, Exception]]]:
-    """The replies of one request sent to several engines, ``(key, future)`` each: the first rejection
-    (HTTP 4xx: the request does not fit the engine, so the caller raises it) and the engines that failed
-    (5xx, connection errors, time-outs: marked failed, restarted by the supervisor)."""
-    rejected: Exception | None = None
+def _failures(futs: list[tuple[Any, Any]]) -> list[tuple[Any, Exception]]:
+    """The engines that did not carry out a weight request sent to several, ``(key, future)`` each, with
+    their errors. SGLang answers a weight update it could not finish with HTTP 400 ``{"success": false}``
+    after it may have loaded part of it (a broadcast that stopped midway; a disk load whose roll-back
+    re-reads the new directory), so a refusal is that engine's failure like a 5xx, a reset connection or a
+    time-out: it must not serve until it is restarted with weights known to be whole."""
     failed: list[tuple[Any, Exception]] = []
     for key, f in futs:
         try:
             f.result()
-        except ServerError as e:
-            if e.status < 500:
-                rejected = rejected or e
-            else:
-                failed.append((key, e))
-        except OSError as e:
+        except (ServerError, OSError) as e:
             failed.append((key, e))
-    return rejected, failed
+    return failed
+
+
+class WeightUpdateFailed(PoolError):
+    """No engine took a weight update (each one's error is in the message); they are restarted with the
+    last weights that loaded everywhere, and the engine's version stays the previous one."""
 
 
 @dataclass
@@ -1078,8 +1080,18 @@ class SGLangEngine:
         return [(n if n.startswith(p) else p + n, t) for n, t in unfuse_experts(named)]
 
     def weights_checksum(self) -> str:
-        """The engines' checksum (``/weights_checksum``, a relax engine-server extension)."""
-        return self.pool.weights_checksum()
+        """The engines' checksum: ``/weights_checksum`` of our engine server (the trainer's
+        :func:`relax_core.dcs.checksum` of the same weights), else SGLang's own ``/weights_checker``
+        (``sglang:`` + its digest over its fused parameters; engines must agree)."""
+        try:
+            return self.pool.weights_checksum()
+        except NotImplementedError:
+            pass
+        sums = {m.url: (r or {}).get("per_engine_checksum") for m, r in
+                self._all("/weights_checker", {"action": "checksum"})}  # fmt: skip
+        if len(set(sums.values())) != 1 or None in sums.values():
+            raise RuntimeError(f"SGLang engines hold different weights: {sums}")
+        return f"sglang:{next(iter(sums.values()))}"
 
     # -- control ----------------------------------------------------------------------------------
     def pause(self, mode: str = "abort") -> None:
@@ -1116,10 +1128,12 @@ class SGLangEngine:
 
     # -- weights ----------------------------------------------------------------------------------
     def check_weight_version(self, version: int) -> None:
-        """Every serving engine's ``/get_model_info`` must report ``weight_version`` == ``version``."""
+        """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
         wrong = []
-        for m, info in self._all("/get_model_info"):
-            got = (info or {}).get("weight_version")
+        members = self.pool.active()
+        futs = [(m, self._exec.submit(model_info, m.url, self.token, self.request_timeout_s)) for m in members]
+        for m, f in futs:
+            got = f.result().get("weight_version")
             if str(got) != str(version):
                 wrong.append(f"{m.id} ({m.url}) holds {got!r}")
         if wrong:
@@ -1127,18 +1141,52 @@ class SGLangEngine:
                 f"weight version {version} expected after the update, but " + "; ".join(wrong)
             )
 
-    def _update_all(self, path: str, body: Any) -> None:
-        """A weight update on every engine: one that rejects it (HTTP 4xx: the weights do not fit the model)
-        raises; one that fails otherwise (5xx, died, timed out) is marked failed (the supervisor restarts
-        it) and the others go on; no engine left raises."""
-        members = self.pool.active()
-        rejected, failed = _outcomes([(m, self._exec.submit(self._call, m.url, path, body)) for m in members])
-        for m, e in failed:
-            self.pool.mark_failed(m.id, f"{path} failed: {type(e).__name__}: {e}")
-        if rejected is not None:
-            raise rejected
+    def _update_all(self, path: str, body: Any, urls: list[str] | None = None) -> None:
+        """A weight update on every engine (or on ``urls``): one that fails it (refused, 5xx, died, timed
+        out; see :func:`_failures`) is marked failed, the supervisor restarts it, and the others go on;
+        :class:`WeightUpdateFailed` when none took it."""
+        urls = [m.url for m in self.pool.active()] if urls is None else urls
+        failed = self._each(urls, path, body)
+        if urls and len(failed) == len(urls):
+            raise WeightUpdateFailed(f"{path}: no engine took the update ({'; '.join(failed.values())})")
         if not self.pool.active():
             raise PoolError(f"{path}: no engine left serving: {self.engines()}")
+
+    def _each(self, urls: Iterable[str], path: str, body: Any) -> dict[str, str]:
+        """``path`` on each of ``urls`` concurrently; those that fail it are marked failed (restarted by the
+        supervisor): ``{url: why}``."""
+        futs = [(url, self._exec.submit(self._call, url, path, body)) for url in urls]
+        failed = {url: f"{path} failed: {type(e).__name__}: {e}" for url, e in _failures(futs)}
+        for url, why in failed.items():
+            self._engine_failed(url, why)
+        return failed
+
+    @contextlib.contextmanager
+    def _session(self, urls: list[str], pause: bool) -> Iterator[list[str]]:
+        """A weight-update session on every engine of ``urls``; yields those that opened it.
+
+        SGLang (0.5.23) loads ``/update_weights_from_distributed`` and ``/update_weights_from_tensor`` only
+        between ``/begin_weight_update`` and ``/end_weight_update`` (HTTP 400 otherwise). With ``pause``,
+        generation is first paused in ``retract`` mode (running requests go back to the queue, their KV
+        cache freed, and go on with the new weights after ``/continue_generation``), unless the caller
+        paused already: SGLang releases its update lock between two requests, so a bucketed update would
+        otherwise let requests decode on half-updated weights under the old version label, and its cache
+        flush fails while requests run."""
+        paused = pause and self._paused is None
+        failed: dict[str, str] = {}
+        try:
+            if paused:
+                failed |= self._each(urls, "/pause_generation", pause_request("retract"))
+            opened = [u for u in urls if u not in failed]
+            failed |= self._each(opened, "/begin_weight_update", {})
+            opened = [u for u in opened if u not in failed]
+            try:
+                yield opened
+            finally:
+                self._each(opened, "/end_weight_update", {})
+        finally:
+            if paused:
+                self._each([u for u in urls if u not in failed], "/continue_generation", {})
 
     def _updated(self, version: int, path: str | None) -> None:
         self.check_weight_version(version)
@@ -1163,7 +1211,8 @@ class SGLangEngine:
         body = tensor_update_request(
             self._served_names(named_tensors), version, self.tp_size, flush_cache, load_format=load_format
         )
-        self._update_all("/update_weights_from_tensor", body)
+        with self._session([m.url for m in self.pool.active()], pause=False) as opened:
+            self._update_all("/update_weights_from_tensor", body, opened)
         self._updated(version, None)
 
     def connect_dcs(
@@ -1207,7 +1256,8 @@ class SGLangEngine:
             raise PoolError("no weight update group: call connect_dcs first")
         body = distributed_update_request(names, dtypes, shapes, version, self._group, flush_cache,
                                           abort_all_requests, load_format)  # fmt: skip
-        self._update_all("/update_weights_from_distributed", body)
+        with self._session([m.url for m in self.pool.active()], pause=False) as opened:
+            self._update_all("/update_weights_from_distributed", body, opened)
         self._updated(version, None)
 
     def destroy_weights_update_group(self) -> None:
@@ -1241,12 +1291,18 @@ class SGLangEngine:
                     raise PoolError(f"no engine to update: {self.engines()}")
                 try:
                     group = self._form_group(urls, backend)
-                    for i, bucket in enumerate(parts):
-                        last = i == len(parts) - 1
-                        body = distributed_update_request(*tensor_metadata(bucket), version if last else None,
-                                                          group.name, flush_cache=last, load_format=wg.FLATTENED)  # fmt: skip
-                        self._on_group(group, "/update_weights_from_distributed", lambda _i, b=body: b,
-                                       lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device))  # fmt: skip
+                    flush = self._paused != "in_place"  # SGLang cannot flush a cache requests still use
+                    with self._session(list(group.urls), pause=True) as opened:
+                        if len(opened) < len(group.urls):  # one left: the broadcast would wait for it
+                            self._drop_group()
+                            raise _GroupBroken("an engine did not open the weight-update session")
+                        for i, bucket in enumerate(parts):
+                            last = i == len(parts) - 1
+                            body = distributed_update_request(*tensor_metadata(bucket), version if last else None,
+                                                              group.name, flush_cache=last and flush,
+                                                              load_format=wg.FLATTENED)  # fmt: skip
+                            self._on_group(group, "/update_weights_from_distributed", lambda _i, b=body: b,
+                                           lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device))  # fmt: skip
                     break
                 except _GroupBroken as e:
                     if attempt == 2 or not self.pool.active():
@@ -1305,18 +1361,18 @@ class SGLangEngine:
         self, group: _WeightGroup, path: str, body: Callable[[int], Any], local: Callable[[], None]
     ) -> None:
         """``path`` on every engine of ``group`` while this process does its part (``local``: a rendezvous
-        or a broadcast). An engine that fails (died, 5xx) is marked failed and :class:`_GroupBroken` raised;
-        one that rejects the request (4xx) raises its error."""
+        or a broadcast). An engine that fails it (refused, died, 5xx; see :func:`_failures`) is marked
+        failed and :class:`_GroupBroken` raised, naming it."""
         futs = [(url, self._exec.submit(self._call, url, path, body(i))) for i, url in enumerate(group.urls)]
         local_error: BaseException | None = None
         try:
             local()
         except Exception as e:  # noqa: BLE001 — a peer is gone: which one, the requests tell
             local_error = e
-        rejected, failed = _outcomes(futs)
+        failed = _failures(futs)
         for url, e in failed:
             self._engine_failed(url, f"{path} failed: {type(e).__name__}: {e}")
-        if rejected is None and not failed and local_error is None:
+        if not failed and local_error is None:
             return
         if group is self._wg:  # its members' state is unknown now: a fresh group next time
             self._drop_group()
@@ -1324,8 +1380,6 @@ class SGLangEngine:
             from relax_rollout.engines.weight_group import destroy_group
 
             destroy_group(group.pg)
-        if rejected is not None:
-            raise rejected
         why = "; ".join(f"{u}: {e}" for u, e in failed) or f"{type(local_error).__name__}: {local_error}"
         raise _GroupBroken(f"{path} on the weight group failed ({why})")
 
@@ -1412,7 +1466,8 @@ class SGLangEngine:
 def engine_kwargs(cfg: Any) -> dict[str, Any]:
     """The :class:`SGLangEngine` arguments a ``RelaxConfig`` sets besides the model and its dtype
     (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``, ``--sglang-mem-fraction-static``,
-    ``--sglang-server-args``, ``--sglang-model-path``, ``--sglang-weight-update``; on several nodes, ``gpus_per_node`` from
+    ``--sglang-server-args``, ``--sglang-model-path``, ``--sglang-weight-update``, ``--sglang-python``,
+    ``--sglang-env``; on several nodes, ``gpus_per_node`` from
     ``--actor-num-gpus-per-node``)."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
@@ -1424,6 +1479,8 @@ def engine_kwargs(cfg: Any) -> dict[str, Any]:
         "mem_fraction_static": r.sglang_mem_fraction_static,
         "server_args": server_args,
         "weight_update": r.sglang_weight_update,
+        "python": r.sglang_python,
+        "env": dict(r.sglang_env),
     }
     t = cfg.train
     if t.actor_num_nodes > 1 and t.actor_num_gpus_per_node and r.rollout_num_gpus > t.actor_num_gpus_per_node:

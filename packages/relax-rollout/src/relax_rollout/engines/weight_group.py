@@ -9,9 +9,11 @@ stands in for SGLang on CPU. What we follow, read in sgl-project/sglang (``srt/u
 ``model_executor/model_runner.py`` ``update_weights_from_distributed``, ``weight_sync/tensor_bucket.py``):
 
 - **The group.** A ``TCPStore`` rendezvous on ``tcp://master_address:master_port`` (rank 0, the sender,
-  hosts it), wrapped in a ``PrefixStore`` named by that URL, then torch's own process-group constructor
-  with the request's ``group_name``. Store keys therefore match SGLang's exactly (the same torch builds
-  both). The group never touches the default process group, so it lives beside Megatron's or SGLang's.
+  hosts it), wrapped in a ``PrefixStore`` named by the request's ``group_name`` (SGLang 0.5.23's
+  ``init_custom_process_group``: ``PrefixStore(group_name, store)``), then torch's own process-group
+  constructor with that name. Store keys therefore match SGLang's exactly (the same torch builds both);
+  a prefix of anything else and the two sides wait for each other's keys until both time out. The group
+  never touches the default process group, so it lives beside Megatron's or SGLang's.
 - **The bytes.** ``load_format="flattened_bucket"``: every tensor of the request flattened to bytes and
   concatenated in request order, one broadcast of the whole buffer (SGLang's ``FlattenedTensorBucket``).
   Without it: one broadcast per tensor, in request order. Our buckets hold one dtype each: SGLang views a
@@ -43,7 +45,7 @@ def new_group(
     timeout = timedelta(seconds=timeout_s)
     store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    store = dist.PrefixStore(init_method, store)
+    store = dist.PrefixStore(group_name, store)  # SGLang's prefix: the group name, not the URL
     # torch renamed pg_options to backend_options (2.6); SGLang passes whichever its torch has
     params = inspect.signature(c10d._new_process_group_helper).parameters
     options = {"backend_options" if "backend_options" in params else "pg_options": None}

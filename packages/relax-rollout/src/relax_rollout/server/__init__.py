@@ -24,19 +24,22 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
   without ``return_text_in_logprobs``). ``input_token_logprobs`` is not computed. With
   ``return_routed_experts``: ``routed_experts`` = base64 of the int32 ``[prompt + generated - 1 - start,
   layers, top_k]`` expert ids, as SGLang sends them.
-- ``GET /health`` (200, empty body), ``GET /get_model_info`` (``model_path``, ``tokenizer_path``,
+- ``GET /health`` (200, empty body), ``GET /model_info`` (and its deprecated name ``/get_model_info``:
+  ``model_path``, ``tokenizer_path``,
   ``is_generation``, ``preferred_sampling_params``, ``weight_version``), ``GET /get_weight_version``.
 - Weights: ``POST /update_weights_from_disk`` (``model_path``, ``weight_version``, ``abort_all_requests``
   → ``{"success", "message", "num_paused_requests"}``); ``POST /init_weights_update_group``
   (``master_address``, ``master_port``, ``rank_offset``, ``world_size``, ``group_name``, ``backend``) joins
   rank 0's weight group as SGLang builds it (``relax_rollout.engines.weight_group``); each
-  ``POST /update_weights_from_distributed`` (``names``/``dtypes``/``shapes``, ``group_name``,
+  ``POST /update_weights_from_distributed`` — only inside a session, ``POST /begin_weight_update`` …
+  ``POST /end_weight_update``, as SGLang 0.5.23 (HTTP 400 ``{"success": false, "message"}`` otherwise, and
+  for every weight request not carried out) — (``names``/``dtypes``/``shapes``, ``group_name``,
   ``load_format`` ``flattened_bucket`` or per-tensor, ``flush_cache``, ``abort_all_requests``,
   ``weight_version``) then takes its tensors from rank 0's broadcast, applied with the request that carries
   ``weight_version`` or ``flush_cache``. With ``"protocol": "relax_dcs"`` (a relax extension) the server
   joins a relax DCS ``WeightSender`` instead, as a ``WeightReceiver`` applying every version pushed, and
   ``/update_weights_from_distributed`` waits until its ``weight_version`` is applied; ``POST /destroy_weights_update_group``.
-  ``/update_weights_from_tensor`` is not offered: SGLang's payload is a pickled CUDA-IPC handle.
+  ``/update_weights_from_tensor`` answers 400 saying why: SGLang's payload is a pickled CUDA-IPC handle.
 - ``POST /pause_generation`` (``mode``: ``abort`` (default) aborts in-flight requests, which return with
   finish reason abort; ``in_place``/``retract`` hold them at the next decode step, weights may be
   updated meanwhile) — new requests wait until ``POST /continue_generation``, as in SGLang's tokenizer

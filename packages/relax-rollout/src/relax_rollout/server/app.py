@@ -36,7 +36,8 @@ CHATML = (
 CONTROL_PATHS = {
     "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
     "/destroy_weights_update_group", "/pause_generation", "/continue_generation", "/abort_request",
-    "/release_memory_occupation", "/resume_memory_occupation",
+    "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update", "/end_weight_update",
+    "/update_weights_from_tensor",
 }  # fmt: skip
 # Relax endpoints (recorded agent trajectories: other agents' conversations, and closing ends a trajectory)
 # need the token too; generation, health and model info stay open.
@@ -84,6 +85,9 @@ class EngineServer:
     _pg: Any = None
     _pending: dict[str, Any] = field(default_factory=dict)
     _group_name: str | None = None
+    session: bool = False
+    """A weight-update session is open (``/begin_weight_update`` … ``/end_weight_update``), as SGLang
+    requires around ``/update_weights_from_distributed``."""
     recorder: trajectories.TrajectoryRecorder | None = None
     """Agent trajectories of chat sessions (built with the tokenizer)."""
 
@@ -441,6 +445,35 @@ def _init_group(s: EngineServer, body: dict):
     return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
 
+def _refused(message: str):
+    """SGLang's answer to a weight request it does not carry out: HTTP 400, ``success`` false."""
+    return 400, {"success": False, "message": message}
+
+
+def _begin_update(s: EngineServer, body: dict):
+    if s.session:
+        return _refused("a weight-update session is already open; call end_weight_update() first")
+    s.session = True
+    return 200, {"success": True, "message": "Success"}
+
+
+def _end_update(s: EngineServer, body: dict):
+    if not s.session:
+        return _refused("no weight-update session is open; call begin_weight_update() first")
+    s.session = False
+    return 200, {"success": True, "message": "Success"}
+
+
+def _update_from_tensor(s: EngineServer, body: dict):
+    """SGLang's ``/update_weights_from_tensor`` hands CUDA IPC handles to an engine on the same GPUs; this
+    server's engine runs in another process on the CPU, where such handles do not exist."""
+    return _refused(
+        "update_weights_from_tensor is not supported by the relax engine server (its tensors are CUDA IPC "
+        "handles, for an SGLang engine on the sender's GPUs): use /update_weights_from_disk or "
+        "/update_weights_from_distributed"
+    )
+
+
 def _flag(body: dict, key: str, default: bool) -> bool:
     v = body.get(key, default)
     if not isinstance(v, bool):
@@ -461,6 +494,10 @@ def _update_from_distributed(s: EngineServer, body: dict):
     flags = {k: _flag(body, k, d) for k, d in (("flush_cache", True), ("abort_all_requests", False),
                                                 ("torch_empty_cache", False))}  # fmt: skip
     s.check_group(body.get("group_name"))
+    if not s.session:  # SGLang 0.5.23 refuses it outside a session, before joining the broadcast
+        return _refused(
+            "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+        )
     if flags["abort_all_requests"]:
         s.abort("", abort_all=True)
     if s._pg is not None:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
@@ -596,6 +633,7 @@ ROUTES = {
     ("GET", "/health"): _health,
     ("GET", "/health_generate"): _health,
     ("GET", "/get_model_info"): _model_info,
+    ("GET", "/model_info"): _model_info,
     ("GET", "/get_weight_version"): _weight_version,
     ("GET", "/weights_checksum"): _checksum,
     ("POST", "/generate"): _generate,
@@ -603,6 +641,9 @@ ROUTES = {
     ("POST", "/init_weights_update_group"): _init_group,
     ("POST", "/update_weights_from_distributed"): _update_from_distributed,
     ("POST", "/destroy_weights_update_group"): _destroy_group,
+    ("POST", "/begin_weight_update"): _begin_update,
+    ("POST", "/end_weight_update"): _end_update,
+    ("POST", "/update_weights_from_tensor"): _update_from_tensor,
     ("POST", "/pause_generation"): _pause,
     ("POST", "/continue_generation"): _continue,
     ("POST", "/abort_request"): _abort,

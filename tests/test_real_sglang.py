@@ -1,0 +1,65 @@
+"""``relax train --rollout-backend sglang`` for a few steps against the real SGLang server on this CPU.
+
+The rollout role launches and drives SGLang 0.5.23 (its own venv, ``tools/sglang-cpu/setup.sh``) as it
+does on GPUs; only the launch flags (``--device cpu``) and the Python differ. Colocate runs without offload
+(SGLang's memory release needs CUDA); fully async runs every role on the local Ray cluster. With
+``--verify-weight-sync`` the rollout records SGLang's own ``/weights_checker`` digest after every sync.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from relax_core.cli_config import build_config
+from relax_core.controller import Controller
+from relax_rollout.engines import sglang_cpu
+
+pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    return sglang_cpu.require_python()
+
+
+def _run(inputs, tmp_path, python: str, *flags: str):
+    cfg = build_config(None, [
+        "--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
+        "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "0",
+        "--verify-weight-sync", "--torch-threads", "1", "--no-progress", "--output-dir", str(tmp_path / "out"),
+        "--rollout-backend", "sglang", "--rollout-num-gpus", "1", "--sglang-python", python,
+        "--sglang-env", json.dumps(sglang_cpu.ENV), "--sglang-server-args", json.dumps(sglang_cpu.SERVER_ARGS),
+        "--sglang-mem-fraction-static", "0.3", *flags,
+    ])  # fmt: skip
+    return Controller(cfg, inputs).run()
+
+
+def _check(result) -> None:
+    steps = [h for h in result.history if "train/loss" in h]
+    assert len(steps) == STEPS and all(math.isfinite(h["train/loss"]) for h in steps)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"]))
+    trainer, rollout = result.audit["trainer_weights"], result.audit["rollout_weights"]
+    # SGLang served every version the trainer sent, each one different (its digest is over its own fused
+    # parameters, so it is compared version to version, not with the trainer's)
+    assert set(range(1, STEPS + 1)) <= set(rollout) and set(rollout) <= set(trainer)
+    assert all(rollout[v].startswith("sglang:") for v in rollout)
+    assert len({rollout[v] for v in rollout}) == len(rollout)
+
+
+@pytest.mark.parametrize("weight_update", ["disk", "distributed"])
+def test_colocate_without_offload(tiny_run_inputs, tmp_path, sglang_python, weight_update):
+    result = _run(tiny_run_inputs, tmp_path, sglang_python, "--colocate", "--no-offload",
+                  "--sglang-weight-update", weight_update)  # fmt: skip
+    _check(result)
+
+
+def test_fully_async(tiny_run_inputs, tmp_path, sglang_python):
+    result = _run(tiny_run_inputs, tmp_path, sglang_python, "--fully-async", "--max-staleness", "1",
+                  "--sglang-weight-update", "distributed")  # fmt: skip
+    _check(result)

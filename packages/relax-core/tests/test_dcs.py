@@ -284,3 +284,28 @@ def test_ipc_abandon_releases_a_sender_waiting_for_a_dead_receiver():
 def test_transport_is_checked():
     with pytest.raises(ValueError, match="transport must be one of"):
         WeightSender("tcp://127.0.0.1:1", 2, transport="rdma")
+
+
+def test_the_device_is_fixed_when_the_endpoint_is_made(monkeypatch):
+    """NCCL buffers go to the GPU the constructing thread had, by index: a background thread (the overlapped
+    sender, the receiver thread) has CUDA's default device 0 as its current one. (No GPU here: the current
+    device is stubbed; the allocation on it is not exercised.)"""
+    import threading
+
+    import torch
+
+    from relax_core.dcs import WeightReceiver, WeightSender, resolve_device
+
+    assert resolve_device("gloo") == "cpu"
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("nccl") == "cuda:3"
+    sender = WeightSender("tcp://127.0.0.1:1", 2, backend="nccl")
+    receiver = WeightReceiver("tcp://127.0.0.1:1", 2, 1, backend="nccl", device="cuda:1")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # what another thread sees
+    seen = []
+    t = threading.Thread(target=lambda: seen.extend([sender._ep.device, receiver._ep.device]))
+    t.start()
+    t.join()
+    assert seen == ["cuda:3", "cuda:1"]
+    with pytest.raises(ValueError, match="cuda:N"):
+        WeightSender("tcp://127.0.0.1:1", 2, backend="nccl", device="cuda")

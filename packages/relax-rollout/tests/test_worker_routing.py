@@ -63,7 +63,7 @@ def test_samples_carry_the_routing_of_their_tokens(moe_dir, prompt_file):
 def test_refused_for_other_backends_and_dense_models(moe_dir, tiny_model_dir, prompt_file):
     cfg = make_cfg(moe_dir, prompt_file, rollout_backend="external",
                    rollout_external_urls=["http://127.0.0.1:9"])  # fmt: skip
-    with pytest.raises(ValueError, match="--routing-replay needs --rollout-backend torch"):
+    with pytest.raises(ValueError, match="--routing-replay needs --rollout-backend torch or sglang"):
         RolloutWorker(cfg, DataBus(bus_config(cfg)), moe_dir, prompt_file, torch_threads=1)
     cfg = make_cfg(tiny_model_dir, prompt_file)
     with pytest.raises(ValueError, match="--routing-replay needs an MoE model"):

@@ -96,6 +96,21 @@ def _parse_tcp(init_method: str) -> tuple[str, int]:
 TRANSPORTS = ("broadcast", "ipc")
 
 
+def resolve_device(backend: str, device: str | None = None) -> str:
+    """The device DCS buffers live on: ``device`` when given, ``cpu`` for gloo, else ``cuda:<index>`` of
+    the calling thread's current GPU. A bare ``cuda`` is never returned: another thread would read it as
+    its own current device, GPU 0 by default, so every rank's background thread would land there."""
+    if device is not None:
+        if device.startswith("cuda") and ":" not in device:
+            raise ValueError(f"give the GPU's index (cuda:N), not {device!r}: each thread has its own default")
+        return device
+    if backend == "gloo":
+        return "cpu"
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}"
+
+
 class _Endpoint:
     """Store + standalone process group shared by sender and receivers (no group for ``ipc``)."""
 
@@ -108,6 +123,7 @@ class _Endpoint:
         timeout_s: float,
         group_name: str,
         transport: str = "broadcast",
+        device: str | None = None,
     ):
         if world_size < 2:
             raise ValueError(
@@ -120,6 +136,10 @@ class _Endpoint:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {list(TRANSPORTS)} (got {transport!r})")
         self.transport = transport
+        self.device = resolve_device(backend, device)
+        """Where buffers are allocated: ``cpu`` (gloo), else one GPU by index, fixed when the endpoint is
+        made — CUDA's current device is per thread, and the overlapped sender and the receiver thread are
+        other threads than the one that chose the GPU."""
         self.host, self.port = _parse_tcp(init_method)
         self.world_size, self.rank, self.backend = world_size, rank, backend
         self.timeout = timedelta(seconds=timeout_s)
@@ -148,10 +168,6 @@ class _Endpoint:
             opts._timeout = self.timeout
             self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
         self._root_store = store
-
-    @property
-    def device(self) -> str:
-        return "cpu" if self.backend == "gloo" else "cuda"
 
     def bcast(self, t: torch.Tensor) -> None:
         pg = self.pg
@@ -216,7 +232,7 @@ class _SharedBuckets:
 
                 from torch.multiprocessing.reductions import reduce_tensor
 
-                buf = torch.empty(n, dtype=torch.uint8, device="cuda")
+                buf = torch.empty(n, dtype=torch.uint8, device=self.device)
                 self.bufs.append(buf)
                 self.handles.append(
                     json.dumps({"cuda": base64.b64encode(pickle.dumps(reduce_tensor(buf))).decode()})
@@ -275,10 +291,11 @@ class WeightSender:
         timeout_s: float = 300.0,
         group_name: str = "relax_dcs",
         transport: str = "broadcast",
+        device: str | None = None,
     ):
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0 (got {bucket_bytes})")
-        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport)
+        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport, device)
         self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._abandoned = False
         self._share_lock = threading.Lock()  # held while the shared buffers are written and read
@@ -369,8 +386,8 @@ class WeightSender:
                 for name, _, n in bucket["params"]:
                     buf[offset : offset + n].copy_(_as_bytes(tensors[name]))
                     offset += n
-        if self._ep.device == "cuda":
-            torch.cuda.current_stream().synchronize()  # the copies land before a receiver reads
+        if self._ep.device != "cpu":
+            torch.cuda.current_stream(self._ep.device).synchronize()  # the copies land before a receiver reads
         header = {"version": version, "num_buckets": len(layout), "layout": layout if changed else None}
         if new or changed:
             header["handles"] = self._shared.handles
@@ -429,10 +446,11 @@ class WeightReceiver:
         timeout_s: float = 300.0,
         group_name: str = "relax_dcs",
         transport: str = "broadcast",
+        device: str | None = None,
     ):
         if rank == 0:
             raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
-        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport)
+        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport, device)
         self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._layout: list[dict] | None = None
         self._seq = 0
@@ -537,8 +555,8 @@ class WeightReceiver:
         self._latest = header["version"]
 
         def done() -> None:
-            if self._ep.device == "cuda":  # the copies out of the sender's memory have finished
-                torch.cuda.current_stream().synchronize()
+            if self._ep.device != "cpu":  # the copies out of the sender's memory have finished
+                torch.cuda.current_stream(self._ep.device).synchronize()
             num_bytes = sum(b["nbytes"] for b in self._layout)
             self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
             store.add(f"done/{seq}", 1)

@@ -51,9 +51,9 @@ class RolloutWorker:
 
             extra = engine_kwargs(cfg)
         if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
-            if cfg.rollout.rollout_backend != "torch":
+            if cfg.rollout.rollout_backend not in ("torch", "sglang"):
                 raise ValueError(
-                    f"--routing-replay needs --rollout-backend torch (only its engine records the experts "
+                    f"--routing-replay needs --rollout-backend torch or sglang (their engines record the experts "
                     f"each token was routed to); got --rollout-backend {cfg.rollout.rollout_backend}"
                 )
             extra["record_routing"] = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,8 @@ from relax_core.testing import EOS, VOCAB, wait_until  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.external import http_json, model_info  # noqa: E402
-from relax_rollout.engines.sglang import SGLangEngine, WeightUpdateFailed  # noqa: E402
+from relax_rollout.engines.pool import EnginePool  # noqa: E402
+from relax_rollout.engines.sglang import SGLangEngine, WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
 
 pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 
@@ -40,7 +42,7 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
     eng = SGLangEngine(
         tiny_model_dir, num_engines=2, eos_token_ids=[EOS_ID], weight_update="distributed", bucket_bytes=16 << 10,
         log_dir=str(tmp_path_factory.mktemp("sglang-real-logs")), max_restarts=3, poll_interval_s=0.5,
-        shutdown_grace_s=5, request_timeout_s=120, **sglang_cpu.engine_kwargs(sglang_python),
+        shutdown_grace_s=5, request_timeout_s=120, **{**sglang_cpu.engine_kwargs(sglang_python), "gpu_ids": ["3", "5"]},
     )  # fmt: skip
     yield eng
     eng.close()
@@ -75,6 +77,14 @@ def assert_served_by(real, hf, version: int) -> None:
     for prompt, out in zip(PROMPTS, real.generate(PROMPTS, greedy)):
         assert out.weight_version == version and out.token_ids
         assert out.log_probs == pytest.approx(log_probs(hf, prompt, out.token_ids), abs=1e-3)
+
+
+def test_engines_start_on_their_gpus(real):
+    for slot, gpu in zip(real.engines(), ["3", "5"]):
+        assert slot["state"] == "running"
+        environ = Path(f"/proc/{slot['pid']}/environ").read_bytes().split(b"\0")
+        assert f"CUDA_VISIBLE_DEVICES={gpu}".encode() in environ
+        assert "relax: launch #1 of engine" in Path(slot["log_path"]).read_text()
 
 
 def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
@@ -123,8 +133,16 @@ def test_disk_update_loads_the_checkpoint(real, hf, tmp_path):
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
     real.update_weights_from_disk(str(tmp_path), 3)
     load(hf, tensors)
-    assert real.weight_version == 3
+    assert real.weight_version == 3 and real.pool.weights_path == str(tmp_path)  # kept for restarts
     assert_served_by(real, hf, 3)
+    with pytest.raises(WeightVersionMismatch, match=r"version 5 expected.*'3'.*'3'"):
+        real.check_weight_version(5)
+    e0 = real.pool.active()[0]
+    http_json(e0.url, "/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "9"})
+    with pytest.raises(WeightVersionMismatch, match=r"holds '9'") as exc:
+        real.check_weight_version(3)  # names the engine that differs, only it
+    assert e0.url in str(exc.value) and real.pool.active()[1].url not in str(exc.value)
+    http_json(e0.url, "/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "3"})
 
 
 def test_distributed_update_in_buckets_needs_a_session_and_the_group_name_prefix(real, hf, tmp_path):
@@ -145,7 +163,7 @@ def test_bucketed_update_never_runs_requests_on_half_updated_weights(real, hf):
     old = {k: v.clone() for k, v in hf.state_dict().items()}
     tensors = new_weights(hf, 3)
     body = {"input_ids": PROMPTS[2], "sampling_params": {"max_new_tokens": 60, "temperature": 0.0,
-                                                         "min_new_tokens": 60}, "return_logprob": True}  # fmt: skip
+                                                         "ignore_eos": True}, "return_logprob": True}  # fmt: skip
     replies: dict = {}
     for url in real.urls:
         http_json(url, "/slow_down", {"forward_sleep_time": 0.03})
@@ -192,6 +210,39 @@ def test_a_killed_engine_restarts_and_serves_after_the_next_update(real, hf):
     load(hf, tensors)
     assert len(real.urls) == 2 and real.engines()[0]["state"] == "running"
     assert_served_by(real, hf, 6)
+
+
+def test_elastic_scale_out_and_in_with_real_engines(real, hf, tmp_path):
+    """The elastic API on a pool of real SGLang servers: a running server joins by URL with the pool's
+    current weights (loaded from disk before it serves) and is drained out again."""
+    from relax_rollout.elastic import ElasticService, make_elastic_server
+
+    first, second = real.urls
+    pool = EnginePool(weights_dir=str(tmp_path / "weights"), timeout_s=120)
+    pool.add(first, kind="startup", protected=True)
+    tensors = new_weights(hf, 6)
+    pool.update_weights(tensors, 20)
+    load(hf, tensors)
+    svc = ElasticService(pool, drain_timeout_s=30)
+    httpd = make_elastic_server(svc)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    api = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        assert model_info(second)["weight_version"] != "20"
+        op = http_json(api, "/elastic/scale_out", {"engine_urls": [second]})
+        assert svc.wait(op["id"], 120).state == "succeeded", svc.operation(op["id"]).to_dict()
+        assert model_info(second)["weight_version"] == "20" and len(pool.active()) == 2
+        outs = pool.generate(PROMPTS * 4, SamplingParams(max_new_tokens=6, temperature=0.0))
+        for prompt, out in zip(PROMPTS * 4, outs):
+            assert out.weight_version == 20
+            assert out.log_probs == pytest.approx(log_probs(hf, prompt, out.token_ids), abs=1e-3)
+        assert all(m["served"] > 0 for m in pool.members())  # both engines served
+        op = http_json(api, "/elastic/scale_in", {"engine_urls": [second]})
+        assert svc.wait(op["id"], 120).state == "succeeded", svc.operation(op["id"]).to_dict()
+        assert [m.url for m in pool.active()] == [first]
+    finally:
+        httpd.shutdown()
+        pool.close()
 
 
 def test_an_update_every_engine_refuses_raises_and_restarts_them(real, hf, tmp_path):

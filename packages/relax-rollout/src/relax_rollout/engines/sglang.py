@@ -281,22 +281,37 @@ def disk_update_request(
 
 def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
     """One TP rank's entry of ``serialized_named_tensors``: base64 of a ``ForkingPickler`` dump of the
-    ``(name, tensor)`` list (torch's reductions: a CUDA tensor travels as an IPC handle, so the engine must
-    be on the same node). SGLang's own serializer is used when it is installed (it also maps CUDA devices
-    between processes with different ``CUDA_VISIBLE_DEVICES``)."""
-    try:
-        from sglang.srt.utils import MultiprocessingSerializer  # type: ignore[import-not-found]
+    ``(name, tensor)`` list, CUDA tensors travelling as IPC handles (the engine must be on this node).
 
-        return MultiprocessingSerializer.serialize(named_tensors, output_str=True)
-    except ImportError:
-        pass
+    The handle names its GPU by UUID, not by index, as SGLang's ``monkey_patch_torch_reductions`` does on
+    both sides: the engine's ``CUDA_VISIBLE_DEVICES`` differs from the sender's, so an index would open
+    another GPU's memory (SGLang's receiver maps a UUID back to its own index). Host tensors are refused:
+    their shared-memory handles are file descriptors, which cannot cross an HTTP request into an unrelated
+    process."""
     import io
     from multiprocessing.reduction import ForkingPickler
 
-    import torch.multiprocessing  # noqa: F401 — registers torch's tensor reductions with ForkingPickler
+    import torch
+    from torch.multiprocessing import reductions
+
+    host = [n for n, t in named_tensors if not t.is_cuda]
+    if host:
+        raise ValueError(
+            f"weight_update='tensor' hands CUDA IPC handles to SGLang; {len(host)} tensors are in host memory "
+            f"({', '.join(host[:3])}{', …' if len(host) > 3 else ''}): use weight_update='distributed' or 'disk'"
+        )
+
+    def reduce_by_uuid(t: Any) -> Any:
+        rebuild, args = reductions.reduce_tensor(t)
+        if t.is_cuda:  # (SGLang's _REDUCE_TENSOR_ARG_DEVICE_INDEX: torch's rebuild_cuda_tensor signature)
+            args = (*args[:6], str(torch.cuda.get_device_properties(args[6]).uuid), *args[7:])
+        return rebuild, args
 
     buf = io.BytesIO()
-    ForkingPickler(buf).dump(list(named_tensors))
+    pickler = ForkingPickler(buf)
+    pickler.dispatch_table = {**ForkingPickler._extra_reducers, torch.Tensor: reduce_by_uuid,
+                              torch.nn.Parameter: reduce_by_uuid}  # fmt: skip
+    pickler.dump(list(named_tensors))
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -391,9 +406,10 @@ def parse_reply(
         reason = meta.get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
         extra: dict[str, Any] = {"rid": meta.get("id"), "cached_tokens": meta.get("cached_tokens")}
-        if meta.get("routed_experts") is not None:
+        if meta.get("routed_experts") is not None:  # prompt_tokens: after SGLang expanded media placeholders
+            prompt_len = int(meta.get("prompt_tokens") or len(prompt))
             extra["routed_experts"] = decode_routed_experts(
-                meta["routed_experts"], len(prompt) + len(token_ids) - 1, routing
+                meta["routed_experts"], prompt_len + len(token_ids) - 1, routing
             )
         version = _version(meta.get("weight_version"))
         outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra))
@@ -629,6 +645,12 @@ class SGLangEngine:
         """``weight_update="distributed"``: at most this many bytes a broadcast (one dtype each)."""
         self.token = token or self.server_args.get("api_key") or self.server_args.get("--api-key")
         self.eos_token_ids = tuple(eos_token_ids or ())
+        self.deterministic = bool(
+            self.server_args.get("enable_deterministic_inference")
+            or self.server_args.get("--enable-deterministic-inference")
+        )
+        """SGLang honours a request's ``sampling_seed`` only with ``--enable-deterministic-inference``."""
+        self._warned_seed = False
         self.routing: RoutingInfo | None = None
         if record_routing:
             self.routing = model_routing(model_path)
@@ -1046,6 +1068,13 @@ class SGLangEngine:
         if self.eos_token_ids:
             stops = tuple(dict.fromkeys((*params.stop_token_ids, *self.eos_token_ids)))
             params = dataclasses.replace(params, stop_token_ids=stops)
+        if params.seed is not None and not self.deterministic:  # SGLang would drop it without a word
+            if not self._warned_seed:
+                self._warned_seed = True
+                logger.warning("SGLang ignores sampling seeds unless launched with --enable-deterministic-inference "
+                               "(sglang_server_args: {enable_deterministic_inference: true}): generation is not "
+                               "reproducible; the seeds are not sent")  # fmt: skip
+            params = dataclasses.replace(params, seed=None)
         routing = self.routing
 
         def parse(reply: Any, chunk: list[list[int]]) -> list[GenerateOutput]:

@@ -1,0 +1,102 @@
+"""A Mixture-of-Experts model on the real SGLang server (CPU): per-expert weight updates.
+
+One SGLang 0.5.23 server serves a tiny Qwen3-MoE checkpoint in float32 (SGLang's torch-native MoE on a CPU
+without AMX). A weight update sent as the trainers export it (experts fused) loads: SGLang's loader takes
+experts one module each and skips fused names without an error, so the log-probs after the update are the
+new model's only if every expert arrived.
+
+Not here: routed experts (R3, ``--enable-return-routed-experts``). SGLang 0.5.23 pins its host buffer for
+them with ``cudaHostRegister`` even with ``--device cpu``, so the server cannot start with it on a machine
+without CUDA; the reply format is tested against our engine server (test_sglang.py) and waits for a GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from relax_core.testing import EOS, VOCAB, tiny_moe  # noqa: E402
+from relax_rollout.engines import sglang_cpu  # noqa: E402
+from relax_rollout.engines.base import SamplingParams  # noqa: E402
+from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
+
+pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
+
+PROMPTS = [[5, 6, 7], [12, 3], [20, 21, 22, 23]]
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tiny_model_dir, tmp_path_factory) -> str:
+    moe = tmp_path_factory.mktemp("moe")
+    tiny_moe(moe_intermediate_size=16).save_pretrained(moe)
+    for f in Path(tiny_model_dir).iterdir():  # its tokenizer (64 of the model's 300 ids)
+        if "token" in f.name or f.name == "special_tokens_map.json":
+            shutil.copy2(f, moe / f.name)
+    return str(moe)
+
+
+@pytest.fixture(scope="module")
+def real(moe_dir, sglang_python, tmp_path_factory):
+    eng = SGLangEngine(
+        moe_dir, num_engines=1, eos_token_ids=[VOCAB.index(EOS)], weight_update="distributed",
+        bucket_bytes=4096, log_dir=str(tmp_path_factory.mktemp("sglang-moe-logs")), request_timeout_s=120,
+        **sglang_cpu.engine_kwargs(sglang_python),
+    )  # fmt: skip
+    yield eng
+    eng.close()
+
+
+def log_probs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def assert_served_by(real, model) -> None:
+    for prompt, out in zip(PROMPTS, real.generate(PROMPTS, GREEDY)):
+        assert out.token_ids and out.log_probs == pytest.approx(log_probs(model, prompt, out.token_ids), abs=1e-3)
+
+
+def test_serves_the_moe_model(real, moe_dir):
+    from transformers import AutoModelForCausalLM
+
+    assert_served_by(real, AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval())
+
+
+@pytest.mark.parametrize("path", ["distributed", "disk"])
+def test_a_fused_expert_update_loads(real, path):
+    """The trainers' fused experts go one module per expert (4 KiB buckets: a layer's experts span several;
+    the version only on the last), and SGLang then serves the new model."""
+    new = tiny_moe(seed={"distributed": 1, "disk": 2}[path], moe_intermediate_size=16).eval()
+    version = real.weight_version + 1
+    sent, call = [], real._call
+
+    def spy(url, route, body=None, timeout_s=None):  # what went on the wire
+        if route in ("/update_weights_from_distributed", "/update_weights_from_disk"):
+            sent.append(body)
+        return call(url, route, body, timeout_s)
+
+    real._call, real.weight_update = spy, path
+    try:
+        real.update_weights(dict(new.state_dict()), version)
+    finally:
+        real._call, real.weight_update = call, "distributed"
+    if path == "disk":
+        from safetensors import safe_open
+
+        with safe_open(Path(real.pool.weights_path) / "model.safetensors", "pt") as f:
+            names = set(f.keys())
+    else:
+        assert len(sent) > 10 and {b["load_format"] for b in sent} == {"flattened_bucket"}
+        assert [b.get("weight_version") for b in sent] == [None] * (len(sent) - 1) + [str(version)]
+        names = {n for b in sent for n in b["names"]}
+    assert "model.layers.0.mlp.experts.7.gate_proj.weight" in names
+    assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
+    real.check_weight_version(version)
+    assert_served_by(real, new)

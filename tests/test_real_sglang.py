@@ -31,7 +31,7 @@ def _run(inputs, tmp_path, python: str, *flags: str):
     cfg = build_config(None, [
         "--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-        "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "0",
+        "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "100", "--rm-type", "relax_core.testing:parity_reward",
         "--verify-weight-sync", "--torch-threads", "1", "--no-progress", "--output-dir", str(tmp_path / "out"),
         "--rollout-backend", "sglang", "--rollout-num-gpus", "1", "--sglang-python", python,
         "--sglang-env", json.dumps(sglang_cpu.ENV), "--sglang-server-args", json.dumps(sglang_cpu.SERVER_ARGS),
@@ -45,11 +45,14 @@ def _check(result) -> None:
     assert len(steps) == STEPS and all(math.isfinite(h["train/loss"]) for h in steps)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"]))
     trainer, rollout = result.audit["trainer_weights"], result.audit["rollout_weights"]
-    # SGLang served every version the trainer sent, each one different (its digest is over its own fused
-    # parameters, so it is compared version to version, not with the trainer's)
+    # SGLang served every version the trainer sent. Its digest is over its own fused parameters, so it is not
+    # the trainer's checksum; but it must be a function of it: two versions hold the same weights in SGLang
+    # exactly when the trainer sent the same weights
     assert set(range(1, STEPS + 1)) <= set(rollout) and set(rollout) <= set(trainer)
     assert all(rollout[v].startswith("sglang:") for v in rollout)
-    assert len({rollout[v] for v in rollout}) == len(rollout)
+    pairs = {(trainer[v], rollout[v]) for v in rollout}
+    assert len(pairs) == len({t for t, _ in pairs}) == len({r for _, r in pairs}), pairs
+    assert len(pairs) > 1, "the weights never changed: the run did not test the sync"
 
 
 @pytest.mark.parametrize("weight_update", ["disk", "distributed"])

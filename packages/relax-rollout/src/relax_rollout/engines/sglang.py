@@ -1,9 +1,10 @@
 """The ``sglang`` rollout engine: SGLang servers launched and supervised here, driven over HTTP as one pool.
 
 Why: SGLang is the GPU inference engine; running it as ``python -m sglang.launch_server`` processes (one
-per ``tp_size`` GPUs) keeps its CUDA state, crashes and memory out of the rollout role, and its HTTP API is
-the one our engine server (``relax_rollout.server``) speaks too, so everything here is tested against that
-server on CPU (``launch_cmd`` swaps the command) and runs unchanged against SGLang on GPUs.
+per ``tp_size`` GPUs) keeps its CUDA state, crashes and memory out of the rollout role. It is tested
+against the real SGLang (the version uv.lock pins) running on a CPU (:mod:`relax_rollout.engines.sglang_cpu`,
+``pytest -m real_sglang``); our engine server (``relax_rollout.server``, through ``launch_cmd``) stands in
+only for what a CPU SGLang cannot do (memory release, R3's routed experts) or be made to do on cue.
 
 An :class:`SGLangEngine` is process supervision composed with an
 :class:`~relax_rollout.engines.pool.EnginePool` of its servers:
@@ -41,7 +42,9 @@ An :class:`SGLangEngine` is process supervision composed with an
   disk: this process is rank 0 of a group with every engine (``/init_weights_update_group``, formed at
   the first update and again whenever the engines changed) and broadcasts ``bucket_bytes`` buckets, each
   announced by ``/update_weights_from_distributed`` (``load_format="flattened_bucket"``; NCCL from CUDA
-  tensors, gloo from host memory; :mod:`relax_rollout.engines.weight_group`). A restarted engine then waits,
+  tensors, gloo from host memory; :mod:`relax_rollout.engines.weight_group`), inside a weight-update
+  session (``/begin_weight_update`` … ``/end_weight_update``, which SGLang 0.5.23 requires) with
+  generation paused in ``retract`` mode, so no request decodes on half-updated weights. A restarted engine then waits,
   out of the pool, for the next update, which re-forms the group with it; an engine failing mid-broadcast
   is marked failed and the update retried once on the others. With ``weight_update="tensor"`` through
   ``/update_weights_from_tensor`` (colocated trainer: SGLang's ``serialized_named_tensors``, one base64
@@ -52,7 +55,9 @@ An :class:`SGLangEngine` is process supervision composed with an
   update each engine's ``/model_info`` ``weight_version`` must equal the new version, else
   :class:`WeightVersionMismatch` names the engines. Weights that came as tensors, or from a caller's
   broadcast, cannot be given to a restarted engine: an engine that dies after such an update is left
-  failed, saying so.
+  failed, saying so. An engine that does not carry out an update — HTTP 400 included, SGLang's answer to
+  every failed load, after which its weights may be half-loaded — is failed and restarted; the update
+  goes on with the others, and raises :class:`WeightUpdateFailed` when none took it.
 
 SGLang's receiver takes each request's tensors from a ``broadcast(src=0)`` on the group, which is not
 relax DCS's protocol (a store header, then buckets): a trainer's DCS ``WeightSender`` reaches SGLang through

@@ -155,8 +155,6 @@ def test_weight_and_control_requests_have_sglang_field_names():
         (distributed_update_request(names, dtypes, shapes, 7, "relax_dcs"), UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT,
          {"names", "dtypes", "shapes"}),
         (disk_update_request("/ckpt", 7, load_format="auto"), UPDATE_WEIGHT_FROM_DISK_REQ_INPUT, {"model_path"}),
-        (tensor_update_request(list(t.items()), 7, tp_size=2), UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT,
-         {"serialized_named_tensors"}),
         (pause_request("retract"), PAUSE_GENERATION_REQ_INPUT, {"mode"}),
         (abort_request("r1"), ABORT_REQ, {"rid"}),
         (abort_request(), ABORT_REQ, {"abort_all"}),
@@ -182,13 +180,19 @@ def test_weight_and_control_requests_have_sglang_field_names():
     assert init_group_request("h", 1, 1, 2, "g", "gloo", protocol="relax_dcs")["protocol"] == "relax_dcs"
 
 
-def test_tensor_requests_refuse_host_tensors():
+def test_tensor_requests_have_sglang_field_names_and_refuse_host_tensors(monkeypatch):
     """A host tensor's shared-memory handle is a file descriptor: it cannot reach SGLang in an HTTP body (the
     megatron backend's weights are in host memory). The CUDA path (IPC handles naming the GPU by UUID, as
     SGLang's patched reductions expect) needs a GPU and is not run here."""
     named = [("w", torch.arange(6.0).reshape(2, 3)), ("b", torch.tensor([1, 2], dtype=torch.int64))]
     with pytest.raises(ValueError, match=r"2 tensors are in host memory \(w, b\).*'distributed' or 'disk'"):
         tensor_update_request(named, 3, tp_size=2, flush_cache=False)
+    import relax_rollout.engines.sglang as sglang_engine
+
+    monkeypatch.setattr(sglang_engine, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
+    body = tensor_update_request(named, 3, tp_size=2, flush_cache=False)
+    assert set(body) <= UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT and body["weight_version"] == "3"
+    assert body["serialized_named_tensors"] == ["payload", "payload"]  # one entry per TP rank
 
 
 def test_parse_reply_reads_sglang_meta_info():
@@ -309,9 +313,7 @@ def test_routed_experts_and_media_through_our_server():
             assert o.extra["routed_experts"].shape == (len(p) + len(o.token_ids) - 1, 2, 2)
             assert np.array_equal(o.extra["routed_experts"], w.extra["routed_experts"].astype(np.int32))
         start = {**body, "routed_experts_start_len": 2}  # SGLang: the reply covers [start, seqlen - 1)
-        cut = parse_reply(
-            http_json(served.url, "/generate", start), [p[2:] for p in PROMPTS], RoutingInfo(2, 2)
-        )
+        cut = parse_reply(http_json(served.url, "/generate", start), PROMPTS, RoutingInfo(2, 2), routed_start=2)
         assert all(
             np.array_equal(c.extra["routed_experts"], o.extra["routed_experts"][2:])
             for c, o in zip(cut, outs)

@@ -383,12 +383,14 @@ def _version(v: Any) -> int:
 
 
 def parse_reply(
-    results: Any, prompts: list[list[int]], routing: RoutingInfo | None = None
+    results: Any, prompts: list[list[int]], routing: RoutingInfo | None = None, routed_start: int = 0
 ) -> list[GenerateOutput]:
     """A batch ``/generate`` reply as our outputs: tokens and log-probs from
     ``meta_info.output_token_logprobs`` (checked against ``output_ids`` when both are there),
     ``finish_reason.type``, ``weight_version``, and ``extra`` = ``rid``, ``cached_tokens`` and (when the
-    reply has them) ``routed_experts``."""
+    reply has them) ``routed_experts``: the tokens ``[routed_start, prompt + generated - 1)`` (the request's
+    ``routed_experts_start_len``), the prompt counted as SGLang's ``meta_info.prompt_tokens`` (after it
+    expanded media placeholders) when the reply has it."""
     if isinstance(results, dict):
         results = [results]
     if not isinstance(results, list) or len(results) != len(prompts):
@@ -411,10 +413,10 @@ def parse_reply(
         reason = meta.get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
         extra: dict[str, Any] = {"rid": meta.get("id"), "cached_tokens": meta.get("cached_tokens")}
-        if meta.get("routed_experts") is not None:  # prompt_tokens: after SGLang expanded media placeholders
+        if meta.get("routed_experts") is not None:
             prompt_len = int(meta.get("prompt_tokens") or len(prompt))
             extra["routed_experts"] = decode_routed_experts(
-                meta["routed_experts"], prompt_len + len(token_ids) - 1, routing
+                meta["routed_experts"], prompt_len + len(token_ids) - 1 - routed_start, routing
             )
         version = _version(meta.get("weight_version"))
         outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra))

@@ -45,6 +45,17 @@ def build_tiny_checkpoint(path) -> str:
     return str(path)
 
 
+def model_log_probs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """``tokens``' log-probs after ``prompt`` under an HF causal LM, from one forward: what an engine serving
+    the same weights must report for them (temperature 1, no penalties)."""
+    import torch
+
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
 def parity_reward(response: str, label, metadata=None) -> float:
     """1 when the response has an even number of characters: on an untrained model's samples it splits
     most groups and leaves some all-equal, which is what a dynamic-sampling test needs. Importable in every

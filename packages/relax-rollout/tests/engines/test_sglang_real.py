@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import EOS, VOCAB, wait_until  # noqa: E402
+from relax_core.testing import EOS, VOCAB, model_log_probs, wait_until  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.external import http_json, model_info  # noqa: E402
@@ -48,14 +48,6 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
     eng.close()
 
 
-def log_probs(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    """``tokens``' log-probs after ``prompt`` under ``model`` (what SGLang reports for them)."""
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        lp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-
-
 def new_weights(hf, seed: int) -> dict[str, torch.Tensor]:
     """The checkpoint's weights plus noise (not the current ones: the logits stay of one scale)."""
     from safetensors.torch import load_file
@@ -76,7 +68,7 @@ def assert_served_by(real, hf, version: int) -> None:
         assert model_info(url)["weight_version"] == str(version)
     for prompt, out in zip(PROMPTS, real.generate(PROMPTS, greedy)):
         assert out.weight_version == version and out.token_ids
-        assert out.log_probs == pytest.approx(log_probs(hf, prompt, out.token_ids), abs=1e-3)
+        assert out.log_probs == pytest.approx(model_log_probs(hf, prompt, out.token_ids), abs=1e-3)
 
 
 def test_engines_start_on_their_gpus(real):
@@ -92,7 +84,7 @@ def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
     outs = real.generate(PROMPTS, greedy)
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.token_ids) == len(out.log_probs) and out.finish_reason in ("length", "stop")
-        assert out.log_probs == pytest.approx(log_probs(hf, prompt, out.token_ids), abs=1e-3)
+        assert out.log_probs == pytest.approx(model_log_probs(hf, prompt, out.token_ids), abs=1e-3)
         assert out.extra["rid"] and out.weight_version == 0  # SGLang's "default" version reads as 0
     first = outs[0].token_ids
     stop = first[2]
@@ -193,7 +185,7 @@ def test_bucketed_update_never_runs_requests_on_half_updated_weights(real, hf):
         for span in spans:
             model = new_model if span["version"] == "5" else old_model
             lo, hi = span["start"], span["end"]
-            want = log_probs(model, PROMPTS[2] + tokens[:lo], tokens[lo:hi])
+            want = model_log_probs(model, PROMPTS[2] + tokens[:lo], tokens[lo:hi])
             # float32 decoding drifts by up to ~3e-2 over 60 tokens here; the two models differ by ~1-5
             assert got[lo:hi] == pytest.approx(want, abs=6e-2), (url, spans)
         switched += len(spans) > 1
@@ -235,7 +227,7 @@ def test_elastic_scale_out_and_in_with_real_engines(real, hf, tmp_path):
         outs = pool.generate(PROMPTS * 4, SamplingParams(max_new_tokens=6, temperature=0.0))
         for prompt, out in zip(PROMPTS * 4, outs):
             assert out.weight_version == 20
-            assert out.log_probs == pytest.approx(log_probs(hf, prompt, out.token_ids), abs=1e-3)
+            assert out.log_probs == pytest.approx(model_log_probs(hf, prompt, out.token_ids), abs=1e-3)
         assert all(m["served"] > 0 for m in pool.members())  # both engines served
         op = http_json(api, "/elastic/scale_in", {"engine_urls": [second]})
         assert svc.wait(op["id"], 120).state == "succeeded", svc.operation(op["id"]).to_dict()

@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import EOS, VOCAB, tiny_moe  # noqa: E402
+from relax_core.testing import EOS, VOCAB, model_log_probs, tiny_moe  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
@@ -51,16 +51,9 @@ def real(moe_dir, sglang_python, tmp_path_factory):
     eng.close()
 
 
-def log_probs(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        lp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
-
-
 def assert_served_by(real, model) -> None:
     for prompt, out in zip(PROMPTS, real.generate(PROMPTS, GREEDY)):
-        assert out.token_ids and out.log_probs == pytest.approx(log_probs(model, prompt, out.token_ids), abs=1e-3)
+        assert out.token_ids and out.log_probs == pytest.approx(model_log_probs(model, prompt, out.token_ids), abs=1e-3)
 
 
 def test_serves_the_moe_model(real, moe_dir):

@@ -2,7 +2,8 @@
 
 The rollout role launches and drives SGLang 0.5.23 (its own venv, ``tools/sglang-cpu/setup.sh``) as it
 does on GPUs; only the launch flags (``--device cpu``) and the Python differ. Colocate runs without offload
-(SGLang's memory release needs CUDA); fully async runs every role on the local Ray cluster. With
+(SGLang's memory release needs CUDA), weights through disk; fully async runs every role on the local Ray
+cluster, weights broadcast on SGLang's weight group. With
 ``--verify-weight-sync`` the rollout records SGLang's own ``/weights_checker`` digest after every sync.
 """
 
@@ -48,17 +49,18 @@ def _check(result) -> None:
     # SGLang served every version the trainer sent. Its digest is over its own fused parameters, so it is not
     # the trainer's checksum; but it must be a function of it: two versions hold the same weights in SGLang
     # exactly when the trainer sent the same weights
-    assert set(range(1, STEPS + 1)) <= set(rollout) and set(rollout) <= set(trainer)
+    # (the last version may land after the last rollout: fully async, nothing waits for it)
+    assert set(range(1, STEPS)) <= set(rollout) and set(rollout) <= set(trainer)
     assert all(rollout[v].startswith("sglang:") for v in rollout)
     pairs = {(trainer[v], rollout[v]) for v in rollout}
     assert len(pairs) == len({t for t, _ in pairs}) == len({r for _, r in pairs}), pairs
     assert len(pairs) > 1, "the weights never changed: the run did not test the sync"
 
 
-@pytest.mark.parametrize("weight_update", ["disk", "distributed"])
-def test_colocate_without_offload(tiny_run_inputs, tmp_path, sglang_python, weight_update):
+def test_colocate_without_offload(tiny_run_inputs, tmp_path, sglang_python):
+    """Weights through disk here; the broadcast path runs in the fully-async test and the engine tier."""
     result = _run(tiny_run_inputs, tmp_path, sglang_python, "--colocate", "--no-offload",
-                  "--sglang-weight-update", weight_update)  # fmt: skip
+                  "--sglang-weight-update", "disk")  # fmt: skip
     _check(result)
 
 

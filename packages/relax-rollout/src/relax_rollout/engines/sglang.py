@@ -1167,6 +1167,8 @@ class SGLangEngine:
         """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
         wrong = []
         members = self.pool.active()
+        if not members:
+            raise PoolError(f"no active SGLang engine to check weight version {version}: {self.engines()}")
         futs = [(m, self._exec.submit(model_info, m.url, self.token, self.request_timeout_s)) for m in members]
         for m, f in futs:
             got = f.result().get("weight_version")

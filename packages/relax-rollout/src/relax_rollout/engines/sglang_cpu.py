@@ -46,15 +46,14 @@ def python() -> str | None:
     return None
 
 
-def engine_kwargs(python_path: str, **server_args: Any) -> dict[str, Any]:
-    """:class:`~relax_rollout.engines.sglang.SGLangEngine` arguments that run real SGLang on this CPU
-    (``server_args`` add launch flags)."""
+def engine_kwargs(python_path: str) -> dict[str, Any]:
+    """:class:`~relax_rollout.engines.sglang.SGLangEngine` arguments that run real SGLang on this CPU."""
     return {
         "python": python_path,
         "env": dict(ENV),
         "dtype": "float32",
         "mem_fraction_static": 0.3,
-        "server_args": {**SERVER_ARGS, **server_args},
+        "server_args": dict(SERVER_ARGS),
         "gpu_ids": ["0"] * 8,  # engines get a CUDA_VISIBLE_DEVICES each; nothing reads it on a CPU
         "startup_timeout_s": 300.0,
     }

@@ -1,3 +1,3 @@
 """relax_core."""
 
-__version__ = "0.4.7"
+__version__ = "0.4.8"

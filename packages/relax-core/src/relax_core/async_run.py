@@ -115,6 +115,11 @@ class AsyncRun:
         from relax_core.controller import bus_config
 
         ray, cfg = self.ray, self.cfg
+        from relax_core.placement import check_gpu_demand, gpu_demand
+
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus > 0:  # every role's GPUs apart: refuse now what Ray could never place
+            check_gpu_demand(gpu_demand(cfg), gpus)
         snap = Path(load) / "bus" if load else None
         resume = Path(load) / "bus_resume.json" if load else None
         from_snapshot = bool(load) and (snap / "manifest.json").is_file() and resume.is_file()

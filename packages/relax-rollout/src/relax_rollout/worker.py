@@ -29,6 +29,24 @@ from relax_rollout.rewards import build_scorer
 logger = logging.getLogger(__name__)
 
 
+def _reserve_engine_gpus(cfg: RelaxConfig, extra: dict[str, Any]) -> Any:
+    """Fully async on a Ray cluster with GPUs: reserve the SGLang engines' GPUs through Ray (they are
+    processes this role starts, outside Ray's accounting otherwise) and hand the engines those ids, so no
+    other role is given them (:mod:`relax_core.placement`). Returns the placement group, or None where
+    nothing is reserved: colocate mode (the roles time-share the GPUs), no Ray or no GPUs in it, ids set
+    by hand (``gpu_ids``), or engines spread over nodes (``gpus_per_node``: those place themselves)."""
+    if cfg.run.mode != "fully_async" or "gpu_ids" in extra or "gpus_per_node" in extra:
+        return None
+    import ray
+
+    if not ray.is_initialized() or ray.cluster_resources().get("GPU", 0) <= 0:
+        return None
+    from relax_core.placement import reserve_gpus
+
+    pg, extra["gpu_ids"] = reserve_gpus(cfg.rollout.rollout_num_gpus, "rollout")
+    return pg
+
+
 class RolloutWorker:
     role = "rollout"
 
@@ -46,10 +64,12 @@ class RolloutWorker:
         extra = (
             {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
         )
+        self._gpus = None
         if cfg.rollout.rollout_backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
             from relax_rollout.engines.sglang import engine_kwargs
 
             extra = engine_kwargs(cfg)
+            self._gpus = _reserve_engine_gpus(cfg, extra)
         if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
             if cfg.rollout.rollout_backend not in ("torch", "sglang"):
                 raise ValueError(
@@ -689,3 +709,8 @@ class RolloutWorker:
             self.engine_service.close()
         elif callable(getattr(self.engine, "close", None)):  # an engine owning processes (sglang)
             self.engine.close()
+        if getattr(self, "_gpus", None) is not None:  # the engines' GPUs, now free for another run
+            import ray
+
+            ray.util.remove_placement_group(self._gpus)
+            self._gpus = None

@@ -186,13 +186,38 @@ def test_tensor_requests_have_sglang_field_names_and_refuse_host_tensors(monkeyp
     SGLang's patched reductions expect) needs a GPU and is not run here."""
     named = [("w", torch.arange(6.0).reshape(2, 3)), ("b", torch.tensor([1, 2], dtype=torch.int64))]
     with pytest.raises(ValueError, match=r"2 tensors are in host memory \(w, b\).*'distributed' or 'disk'"):
-        tensor_update_request(named, 3, tp_size=2, flush_cache=False)
+        tensor_update_request(named, 3, 2, flush_cache=False)
     import relax_rollout.engines.sglang as sglang_engine
 
     monkeypatch.setattr(sglang_engine, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
-    body = tensor_update_request(named, 3, tp_size=2, flush_cache=False)
+    body = tensor_update_request(named, 3, 2, flush_cache=False)
     assert set(body) <= UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT and body["weight_version"] == "3"
     assert body["serialized_named_tensors"] == ["payload", "payload"]  # one entry per TP rank
+
+
+def test_each_tp_rank_gets_tensors_on_its_own_device(monkeypatch):
+    """Defect 4 of the GPU review: every TP rank was handed rank 0's tensors. Now entry ``r`` holds tensors
+    on TP rank ``r``'s device, copied only where they live elsewhere; the engine finds those devices from its
+    slot's GPUs in this process's CUDA_VISIBLE_DEVICES numbering. (Stand-ins for the GPUs: host and meta
+    tensors, ``torch.device('cuda', i)`` objects; the IPC handles themselves need a GPU.)"""
+    from types import SimpleNamespace
+
+    import relax_rollout.engines.sglang as sglang_engine
+
+    seen: list[list] = []
+    monkeypatch.setattr(sglang_engine, "serialize_named_tensors", lambda named: seen.append(named) or "p")
+    w = torch.ones(2, 3)
+    body = tensor_update_request([("w", w)], 4, [torch.device("cpu"), torch.device("meta")])
+    assert body["serialized_named_tensors"] == ["p", "p"]
+    assert seen[0][0][1] is w  # rank 0's device holds it already: no copy
+    assert seen[1][0][1].device.type == "meta" and seen[1][0][1].shape == (2, 3)  # rank 1: on its device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    engine = SimpleNamespace(tp_size=2, slots=[SimpleNamespace(url="http://a", gpus=["6", "7"])])
+    devices = sglang_engine.SGLangEngine._rank_devices(engine, "http://a")
+    assert devices == [torch.device("cuda", 2), torch.device("cuda", 3)]  # physical 6, 7 = our 2, 3
+    assert sglang_engine.SGLangEngine._rank_devices(engine, "http://elsewhere") == 2  # not our slot: as is
 
 
 def test_parse_reply_reads_sglang_meta_info():

@@ -41,7 +41,7 @@ def hf(tiny_model_dir):
 def real(tiny_model_dir, sglang_python, tmp_path_factory):
     eng = SGLangEngine(
         tiny_model_dir, num_engines=2, eos_token_ids=[EOS_ID], weight_update="distributed", bucket_bytes=16 << 10,
-        log_dir=str(tmp_path_factory.mktemp("sglang-real-logs")), max_restarts=3, poll_interval_s=0.5,
+        log_dir=str(tmp_path_factory.mktemp("sglang-real-logs")), max_restarts=5, poll_interval_s=0.5,
         shutdown_grace_s=5, request_timeout_s=120, **{**sglang_cpu.engine_kwargs(sglang_python), "gpu_ids": ["3", "5"]},
     )  # fmt: skip
     yield eng
@@ -202,6 +202,53 @@ def test_a_killed_engine_restarts_and_serves_after_the_next_update(real, hf):
     load(hf, tensors)
     assert len(real.urls) == 2 and real.engines()[0]["state"] == "running"
     assert_served_by(real, hf, 6)
+
+
+def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf, monkeypatch):
+    """Every weight-sync wait fails loudly with the peer's error, without waiting out the group's time-out
+    (120 s here): engine 0 is sent the third bucket of a distributed update for a group it does not know,
+    so SGLang refuses it before joining the broadcast, which then can never complete. The broadcast is
+    abandoned at once and engine 0 failed with SGLang's own words. Engine 1 either got the bucket before
+    gloo's sender blocked on engine 0 (the update is then retried on it and carried out) or was left inside
+    the broadcast with its weights half-written (it is failed too, and the update fails naming both).
+    Either way every engine restarts or serves, and all serve the next update."""
+    import time
+
+    from relax_rollout.engines.pool import PoolError
+
+    refusing, other = [m.url for m in real.pool.active()]
+    sent = {"n": 0}
+    call = real._call
+
+    def refuse_third_bucket(url, path, body, *args, **kwargs):
+        if url == refusing and path == "/update_weights_from_distributed":
+            sent["n"] += 1
+            if sent["n"] == 3:
+                body = {**body, "group_name": "no_such_group"}
+        return call(url, path, body, *args, **kwargs)
+
+    monkeypatch.setattr(real, "_call", refuse_third_bucket)
+    pids = {s["url"]: s["pid"] for s in real.engines()}
+    index = {s["url"]: s["index"] for s in real.engines()}
+    t0 = time.monotonic()
+    try:
+        real.update_weights(new_weights(hf, 7), 10)
+    except PoolError as e:  # engine 1 was left in the broadcast
+        assert "Group no_such_group not in" in str(e) and f"{other}: left waiting" in str(e), e
+    else:  # carried out on engine 1
+        assert real.urls == [other] and model_info(other)["weight_version"] == "10"
+    assert time.monotonic() - t0 < 60  # at once, not at the group's time-out (120 s)
+    monkeypatch.setattr(real, "_call", call)
+    refused = real.engines()[index[refusing]]
+    assert "Group no_such_group not in" in refused["error"], refused  # (kept after its restart)
+    # (restarted engines wait for the next update, or serve the checkpoint when no update ever loaded)
+    wait_until(lambda: all(s["state"] in ("waiting", "running") for s in real.engines())
+               and pids[refusing] not in [s["pid"] for s in real.engines()], 300, "the engines to restart")  # fmt: skip
+    tensors = new_weights(hf, 8)
+    real.update_weights(tensors, 11)
+    load(hf, tensors)
+    assert len(real.urls) == 2
+    assert_served_by(real, hf, 11)
 
 
 def test_elastic_scale_out_and_in_with_real_engines(real, hf, tmp_path):

@@ -41,7 +41,14 @@ def main(spec_path: str, out_path: str) -> None:
     out["logp_after"] = backend.compute_log_probs(samples)
     out["optimizer_params"] = len(backend._optimizer_params()) if backend.trainable else 0
     out["params"] = len(list(backend.model.parameters()))
-    if int(os.environ.get("RANK", 0)) == 0:
+    if spec.get("publish_dtype"):  # what a run with --dtype X publishes to the rollout: X
+        backend.cfg.model.dtype = spec["publish_dtype"]
+        out["weights_published"] = dict(backend.named_weights())
+    rank = int(os.environ.get("RANK", 0))
+    # how many weights each rank holds after named_weights(): the whole model on rank 0 only
+    with open(f"{out_path}.rank{rank}.weights", "w") as f:
+        f.write(str(len(backend.named_weights())))
+    if rank == 0:
         torch.save(out, out_path)
     _leave()
 

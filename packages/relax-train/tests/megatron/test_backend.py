@@ -127,7 +127,9 @@ def _megatron(
     errors = [p.communicate(timeout=600)[1] for p in procs]
     for p, err in zip(procs, errors):
         assert p.returncode == 0, err[-4000:]
-    return torch.load(out, weights_only=False)
+    result = torch.load(out, weights_only=False)
+    result["weights_held"] = [int(Path(f"{out}.rank{r}.weights").read_text()) for r in range(world)]
+    return result
 
 
 def _torch(model: str, flags: list[str], train_steps: int = 0, data: dict | None = None) -> dict:
@@ -289,8 +291,15 @@ def test_pipeline_parallel_through_megatrons_schedule_matches_the_torch_backend(
         world=2,
         train_steps=2,
         save=str(ckpt),
+        publish_dtype="bfloat16",
     )
     _assert_same_training(got, ref)
+    # the weights reach rank 0 only (stage 1's bucket by bucket), in the dtype the rollout serves
+    assert got["weights_held"] == [len(got["weights"]), 0]
+    assert set(got["weights_published"]) == set(got["weights"])
+    for name, value in got["weights_published"].items():
+        assert value.dtype == torch.bfloat16, name
+        torch.testing.assert_close(value, got["weights"][name].to(torch.bfloat16), rtol=0, atol=0, msg=name)
     loaded = _megatron(tmp_path, model, flags, load=str(ckpt))
     for name, value in got["weights"].items():
         torch.testing.assert_close(loaded["weights_loaded"][name], value, rtol=0, atol=0, msg=name)

@@ -89,7 +89,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +284,11 @@ def disk_update_request(
     return body
 
 
+def _on(t: Any, device: Any) -> Any:
+    """``t`` on ``device`` (itself when it is there already)."""
+    return t if device is None or t.device == device else t.to(device, non_blocking=True)
+
+
 def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
     """One TP rank's entry of ``serialized_named_tensors``: base64 of a ``ForkingPickler`` dump of the
     ``(name, tensor)`` list, CUDA tensors travelling as IPC handles (the engine must be on this node).
@@ -323,15 +328,24 @@ def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
 def tensor_update_request(
     named_tensors: list[tuple[str, Any]],
     version: int,
-    tp_size: int = 1,
+    devices: list[Any] | int = 1,
     flush_cache: bool = True,
     abort_all_requests: bool = False,
     load_format: str | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``UpdateWeightsFromTensorReqInput``: one serialized entry per TP rank (rank ``r`` reads
-    entry ``r``)."""
-    payload = serialize_named_tensors(list(named_tensors))
-    body = {"serialized_named_tensors": [payload] * tp_size, "flush_cache": flush_cache,
+    entry ``r`` and loads the whole tensors into its shard).
+
+    ``devices``: the CUDA device of each TP rank of the engine (as this process numbers them): rank ``r``'s
+    entry holds tensors on ``devices[r]`` (copied there where they live elsewhere), so each rank maps
+    memory of its own GPU instead of every rank reading rank 0's across the bus. An int: that many ranks,
+    the tensors where they are (one GPU per engine, or a caller that placed them)."""
+    named = list(named_tensors)
+    if isinstance(devices, int):
+        payloads = [serialize_named_tensors(named)] * devices
+    else:
+        payloads = [serialize_named_tensors([(n, _on(t, d)) for n, t in named]) for d in devices]
+    body = {"serialized_named_tensors": payloads, "flush_cache": flush_cache,
             "abort_all_requests": abort_all_requests, "weight_version": str(version)}  # fmt: skip
     if load_format is not None:
         body["load_format"] = load_format
@@ -466,6 +480,47 @@ def _failures(futs: list[tuple[Any, Any]]) -> list[tuple[Any, Exception]]:
         except (ServerError, OSError) as e:
             failed.append((key, e))
     return failed
+
+
+def _in_thread(fn: Callable[[], Any], name: str) -> Future:
+    """``fn()`` in a daemon thread of its own, as a future: a collective stuck for want of a peer can be
+    left behind (it ends at its group's time-out) without holding up a pool's worker."""
+    fut: Future = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 — handed to the caller through the future
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+def _until_done_or_refused(local: Future, requests: list[Future]) -> bool:
+    """Wait for ``local`` (this process's part of a collective) unless one of the engines' ``requests``
+    fails first: an engine that refused never joins, and the collective would wait for it until the
+    group's time-out. True when ``local`` was left waiting."""
+    while not local.done():
+        pending = [f for f in requests if not f.done()]
+        wait([local, *pending], return_when=FIRST_COMPLETED)
+        if not local.done() and _failures([(None, f) for f in requests if f.done()]):
+            return True
+    return False
+
+
+def _abort_collectives(pg: Any) -> None:
+    """Release a collective left waiting on ``pg``: NCCL's kernels would hold the GPU until the time-out
+    (torch's abort is NCCL-only; a gloo collective ends at its time-out in the thread left behind)."""
+    if pg is None:
+        return
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        if "nccl" in str(c10d.get_backend(pg)).lower():
+            c10d._abort_process_group(pg)
+    except Exception as e:  # noqa: BLE001 — best effort: the group is dropped either way
+        logger.debug("aborting the weight group's collectives: %s", e)
 
 
 class WeightUpdateFailed(PoolError):
@@ -1191,9 +1246,10 @@ class SGLangEngine:
             raise PoolError(f"{path}: no engine left serving: {self.engines()}")
 
     def _each(self, urls: Iterable[str], path: str, body: Any) -> dict[str, str]:
-        """``path`` on each of ``urls`` concurrently; those that fail it are marked failed (restarted by the
-        supervisor): ``{url: why}``."""
-        futs = [(url, self._exec.submit(self._call, url, path, body)) for url in urls]
+        """``path`` on each of ``urls`` concurrently (``body``: the same for all, or a function of the url);
+        those that fail it are marked failed (restarted by the supervisor): ``{url: why}``."""
+        futs = [(url, self._exec.submit(self._call, url, path, body(url) if callable(body) else body))
+                for url in urls]  # fmt: skip
         failed = {url: f"{path} failed: {type(e).__name__}: {e}" for url, e in _failures(futs)}
         for url, why in failed.items():
             self._engine_failed(url, why)
@@ -1246,12 +1302,31 @@ class SGLangEngine:
     ) -> None:  # fmt: skip
         """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
         per expert, see :mod:`relax_rollout.engines.expert_names`)."""
-        body = tensor_update_request(
-            self._served_names(named_tensors), version, self.tp_size, flush_cache, load_format=load_format
-        )
+        named = self._served_names(named_tensors)
+        bodies: dict[tuple[Any, ...], dict[str, Any]] = {}  # engines on the same GPUs share one payload
+
+        def body(url: str) -> dict[str, Any]:
+            devices = self._rank_devices(url)
+            key = tuple(devices) if isinstance(devices, list) else (devices,)
+            if key not in bodies:
+                bodies[key] = tensor_update_request(named, version, devices, flush_cache, load_format=load_format)
+            return bodies[key]
+
         with self._session([m.url for m in self.pool.active()], pause=False) as opened:
             self._update_all("/update_weights_from_tensor", body, opened)
         self._updated(version, None)
+
+    def _rank_devices(self, url: str) -> list[Any] | int:
+        """The CUDA device, in this process's numbering, of each TP rank of the engine at ``url``: its
+        slot's GPUs (physical ids) looked up in ``CUDA_VISIBLE_DEVICES``. ``tp_size`` (tensors left where
+        they are) for an engine that is not one of our slots (added from outside) or without CUDA."""
+        import torch
+
+        slot = next((s for s in self.slots if s.url == url), None)
+        if slot is None or not torch.cuda.is_available():
+            return self.tp_size
+        visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        return [torch.device("cuda", visible.index(g) if g in visible else int(g)) for g in slot.gpus]
 
     def connect_dcs(
         self,
@@ -1402,12 +1477,19 @@ class SGLangEngine:
         or a broadcast). An engine that fails it (refused, died, 5xx; see :func:`_failures`) is marked
         failed and :class:`_GroupBroken` raised, naming it."""
         futs = [(url, self._exec.submit(self._call, url, path, body(i))) for i, url in enumerate(group.urls)]
-        local_error: BaseException | None = None
-        try:
-            local()
-        except Exception as e:  # noqa: BLE001 — a peer is gone: which one, the requests tell
-            local_error = e
-        failed = _failures(futs)
+        mine = _in_thread(local, "relax-weight-group")
+        stuck = _until_done_or_refused(mine, [f for _, f in futs])
+        local_error = mine.exception() if not stuck else TimeoutError(
+            "abandoned: an engine refused, so the collective can never complete"
+        )
+        if stuck:  # every member must join a collective: one that refused leaves the others waiting in it
+            done = [(u, f) for u, f in futs if f.done()]
+            failed = _failures(done)
+            failed += [(u, TimeoutError(f"left waiting in {path} after a peer refused")) for u, f in futs
+                       if not f.done()]  # fmt: skip
+            _abort_collectives(group.pg)
+        else:
+            failed = _failures(futs)
         for url, e in failed:
             self._engine_failed(url, f"{path} failed: {type(e).__name__}: {e}")
         if not failed and local_error is None:

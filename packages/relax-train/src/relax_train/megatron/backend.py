@@ -485,31 +485,54 @@ class MegatronBackend(TorchBackend):
 
     @onloaded
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Every weight in HF names (the rollout engines' and ActorFwd's format), gathered over TP, EP and
-        PP: each rank returns the whole model."""
+        """Every weight in HF names (the rollout engines' and ActorFwd's format) on rank 0, in the dtype the
+        rollout serves (``--dtype``); the other ranks return ``[]`` (they take part in the gathers).
+
+        TP and EP shards are gathered per tensor within each stage; with PP, each stage's share goes to
+        rank 0 bucket by bucket (:mod:`relax_train.megatron.gather`), so no rank but rank 0 ever holds
+        the whole model, and it holds it once, in host memory."""
         from megatron.core import parallel_state as ps
 
+        from relax_train.megatron.gather import gather_to_rank0
+
+        dtype = getattr(torch, str(self.cfg.model.dtype))
+        pp_group = ps.get_pipeline_model_parallel_group() if self.pp > 1 else None
+        # the ranks whose shards reach rank 0: stage by stage, the members of rank 0's pipeline
+        keep = dist.get_rank() == 0 if pp_group is None else 0 in dist.get_process_group_ranks(pp_group)
         state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
         if self.layout.tie_word_embeddings:  # (under PP the last stage's copy of the first stage's embedding)
             state.pop("output_layer.weight", None)
-        towers = {n: state.pop(n).float().cpu() for n in [n for n in state if mm.is_tower(n)]}
+        # keys: ("tower", HF name) for a media encoder's weight (replicated: not converted), (tp rank, ep
+        # rank, name) for an expert's shard, (tp rank, None, name) for a shard every EP rank holds alike
+        items: list[tuple[Any, torch.Tensor]] = []
+        for name in [n for n in state if mm.is_tower(n)]:
+            items.append((("tower", name), state.pop(name)))
         tp_group, ep_group = ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group()
-        grid = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
         for name, value in state.items():
             expert = ".mlp.experts." in name
             tp_parts = self._gather(value, ps.get_expert_tensor_parallel_group() if expert else tp_group)
             for t_rank, part in enumerate(tp_parts):
-                ep_parts = self._gather(part, ep_group) if expert else [part] * self.ep
+                ep_parts = self._gather(part, ep_group) if expert else [part]
                 for e_rank, shard in enumerate(ep_parts):
-                    grid[t_rank][e_rank][name] = shard.float().cpu()
-        if self.pp > 1:  # each stage holds its layers (the first, the media encoders): exchange the CPU dicts
-            stages: list[Any] = [None] * self.pp
-            dist.all_gather_object(stages, (grid, towers), group=ps.get_pipeline_model_parallel_group())
-            grid = [
-                [{k: v for s, _ in stages for k, v in s[t][e].items()} for e in range(self.ep)]
-                for t in range(self.tp)
-            ]
-            towers = {k: v for _, s in stages for k, v in s.items()}
+                    if keep:
+                        items.append(((t_rank, e_rank if expert else None, name), shard))
+        if not keep:
+            return []
+        if pp_group is not None:
+            items = gather_to_rank0(items, pp_group, dtype)
+            if dist.get_rank() != 0:
+                return []
+        else:
+            items = [(key, t.to(dtype).cpu()) for key, t in items]
+        grid: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
+        towers: dict[str, torch.Tensor] = {}
+        for key, t in items:
+            if key[0] == "tower":
+                towers[key[1]] = t
+                continue
+            t_rank, e_rank, name = key
+            for e in range(self.ep) if e_rank is None else [e_rank]:
+                grid[t_rank][e][name] = t
         hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
         if self.front is not None:  # (the media encoders are replicated: every rank holds all of them)
             hf = mm.to_hf_names(hf, towers, self.front.family)

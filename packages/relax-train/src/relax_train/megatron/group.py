@@ -48,10 +48,23 @@ def build_megatron(config: RelaxConfig, model_path: str, trainable: bool = True)
     if _RANKS is not None:
         return _RANKS.model(config, model_path, trainable)
     world = world_size(config)
-    if world == 1 or "WORLD_SIZE" in os.environ:  # one rank, or a launcher (torchrun, tests) started them
-        return MegatronBackend(config, model_path, trainable)
+    if "WORLD_SIZE" in os.environ or (world == 1 and not _ray_gpus()):
+        return MegatronBackend(config, model_path, trainable)  # a launcher (torchrun, tests) set the ranks
+    # (one rank on a GPU inside a Ray cluster, too: its GPU is reserved through Ray like any rank's, so
+    # no other role of a fully-async run — SGLang's engines included — is given it)
     _RANKS = _Ranks(config, world)
     return _RANKS.model(config, model_path, trainable)
+
+
+def _ray_gpus() -> bool:
+    """This process is in a Ray cluster and has CUDA: its ranks' GPUs go through Ray's accounting."""
+    import torch
+
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized() and torch.cuda.is_available()
 
 
 class _Rank:
@@ -202,13 +215,6 @@ class Slot:
     gpu_id: str
 
 
-def _where() -> tuple[str, str]:
-    """(node id, Ray's GPU id) of the task running this: probes one bundle."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id(), str(ray.get_gpu_ids()[0])
-
-
 def place_ranks(pg: Any, world: int, tp: int = 1, timeout_s: float = 600.0) -> list[Slot]:
     """The bundles of ``pg`` (one GPU each) in rank order: this process's node first, then node by node,
     by GPU id within a node.
@@ -219,7 +225,8 @@ def place_ranks(pg: Any, world: int, tp: int = 1, timeout_s: float = 600.0) -> l
     ranks (tensor-parallel first), so ranks grouped by node keep each TP group on one node's NVLink when
     the node's GPUs are a multiple of TP."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from relax_core.placement import probe_bundles
 
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
@@ -229,12 +236,7 @@ def place_ranks(pg: Any, world: int, tp: int = 1, timeout_s: float = 600.0) -> l
             f"in {timeout_s:.0f} s (it has {gpus:g} GPUs, some maybe held by other actors): lower "
             "--actor-num-nodes × --actor-num-gpus-per-node, or add nodes to the cluster"
         )
-    probe = ray.remote(num_gpus=1, num_cpus=0)(_where)
-    refs = [
-        probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, b)).remote()
-        for b in range(world)
-    ]
-    slots = [Slot(b, node, gpu) for b, (node, gpu) in enumerate(ray.get(refs))]
+    slots = [Slot(b, node, gpu) for b, (node, gpu) in enumerate(probe_bundles(pg, world))]
     return order_slots(slots, ray.get_runtime_context().get_node_id(), tp)
 
 

@@ -1,0 +1,94 @@
+"""Which GPUs each role of a fully-async run holds: disjoint sets, every one reserved through Ray.
+
+Why: in fully async every role has devices of its own. The megatron roles (trainer, ActorFwd, Reference,
+Teacher) reserve their ranks' GPUs as Ray placement groups; SGLang's engines are processes the rollout
+role starts itself, so before this module they took GPUs ``0..N-1`` of the machine with Ray none the
+wiser, and Ray handed the same ids to the trainer's placement group (two processes per GPU, out of memory
+at the first batch). Now the rollout reserves its engines' GPUs through Ray too (:func:`reserve_gpus`), so
+Ray's own accounting keeps every role's set apart, and the run checks before it starts anything that the
+cluster has the GPUs all the roles together need (:func:`gpu_demand`), instead of waiting minutes for a
+placement group that can never be met.
+
+Each megatron role holds a whole replica in the trainer's parallel layout (``--actor-num-nodes`` ×
+``--actor-num-gpus-per-node`` GPUs): ActorFwd computes log-probs with the trainer's latest weights and
+Reference with the initial ones, each on its own devices so that none waits for another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_core.config import RelaxConfig
+
+
+def gpu_demand(cfg: RelaxConfig) -> dict[str, int]:
+    """GPUs each role of a fully-async run reserves (roles that use none are left out). Colocate mode
+    time-shares one set between the roles, so it has no separate demand: ``{}``."""
+    if cfg.run.mode != "fully_async":
+        return {}
+    t, r = cfg.train, cfg.rollout
+    out: dict[str, int] = {}
+    if r.rollout_backend == "sglang":
+        out["rollout"] = r.rollout_num_gpus
+    if t.train_backend == "megatron" and t.actor_num_gpus_per_node > 0:
+        world = t.actor_num_nodes * t.actor_num_gpus_per_node
+        out["actor"] = world
+        if cfg.algo.use_actor_fwd:
+            out["actor_fwd"] = world
+        if cfg.algo.uses_reference:
+            out["reference"] = world
+        if cfg.uses_teacher:
+            out["teacher"] = world
+    return out
+
+
+def check_gpu_demand(demand: dict[str, int], available: float) -> None:
+    """Refuse, naming each role's share, a run whose roles need more GPUs than the cluster has."""
+    need = sum(demand.values())
+    if need > available:
+        shares = ", ".join(f"{role} {n}" for role, n in demand.items())
+        raise ValueError(
+            f"--fully-async gives every role GPUs of its own: {shares} = {need} GPUs, and the Ray cluster has "
+            f"{available:g}. Lower --rollout-num-gpus or --actor-num-gpus-per-node (ActorFwd, Reference and "
+            "Teacher each hold a replica of the trainer's layout; --no-use-actor-fwd drops ActorFwd), or add "
+            "nodes to the cluster"
+        )
+
+
+def probe_bundles(pg: Any, n: int) -> list[tuple[str, str]]:
+    """(node id, Ray's GPU id) of each of the first ``n`` bundles of ``pg`` (one GPU each), in bundle
+    order: a tiny task runs in each bundle and reports where it landed."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    probe = ray.remote(num_gpus=1, num_cpus=0)(_where)
+    refs = [
+        probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, b)).remote() for b in range(n)
+    ]
+    return [tuple(x) for x in ray.get(refs)]
+
+
+def _where() -> tuple[str, str]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), str(ray.get_gpu_ids()[0])
+
+
+def reserve_gpus(n: int, role: str, timeout_s: float = 600.0) -> tuple[Any, list[str]]:
+    """A placement group of ``n`` GPUs on this node (``STRICT_PACK``) for processes ``role`` starts
+    itself, and their Ray GPU ids in numeric order (what the processes' ``CUDA_VISIBLE_DEVICES`` name).
+    The group holds them until it is removed (``ray.util.remove_placement_group``) or this process
+    ends."""
+    import ray
+
+    pg = ray.util.placement_group([{"GPU": 1}] * n, strategy="STRICT_PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        ray.util.remove_placement_group(pg)
+        free = ray.available_resources().get("GPU", 0)
+        raise RuntimeError(
+            f"the {role} role needs {n} GPUs on its node and Ray could not reserve them in {timeout_s:.0f} s "
+            f"({free:g} GPUs free in the cluster now; other roles hold theirs): lower its GPUs or add them"
+        )
+    ids = [gpu for _, gpu in probe_bundles(pg, n)]
+    return pg, sorted(ids, key=lambda g: (0, int(g), "") if g.isdigit() else (1, 0, g))

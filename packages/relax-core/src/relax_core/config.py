@@ -235,9 +235,12 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0)
     """KL-to-reference coefficient β; > 0 starts the Reference role. Applied as a loss term
     (--use-kl-loss) or as reward shaping (--kl-in-reward)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL(π || π_ref) estimator (Schulman 2020): k1 = log-ratio (unbiased, noisy), k2 = ½ log-ratio²,
-    k3 = exp(-d) + d - 1 (unbiased, low variance, >= 0)."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """Per-token KL estimator (Schulman 2020; d = log π − log π_ref): k1 = d, k2 = ½ d², k3 = exp(−d) + d − 1
+    (clamped to 10). What matters is the gradient each gives. As a loss (--use-kl-loss): k3 (the default,
+    GRPO's and TRL's) pulls along ∇KL(π_ref || π), k2 along ∇KL(π || π_ref); k1 is refused (its expected
+    gradient is zero). In the reward (--kl-in-reward): only k1 (the default there) has the expectation
+    KL(π || π_ref); k2 and k3 are refused. Unset: k3 as a loss, k1 in the reward."""
     use_kl_loss: bool = True
     """With --kl-coef > 0: add β·KL per token to the loss, aggregated like the policy loss (GRPO)."""
     kl_in_reward: bool = False
@@ -249,7 +252,8 @@ class AlgoConfig(_Section):
     distill_mode: Literal["advantage", "loss"] = "advantage"
     """With --teacher-checkpoint: 'advantage' adds β_d·(log π_teacher − log π_old) per token to the
     advantages (a per-token reward: the negative reverse KL, no gradient through the teacher), 'loss' adds
-    β_d·KL(π || π_teacher) per token to the loss with --kl-estimator."""
+    β_d·½(log π − log π_teacher)² per token to the loss (k2, whose gradient on the student's own samples is
+    that of KL(π || π_teacher); --kl-estimator does not apply)."""
     distill_coef: float = Field(1.0, ge=0.0)
     """β_d, the weight of the distillation term."""
     use_actor_fwd: bool = True
@@ -278,6 +282,19 @@ class AlgoConfig(_Section):
             raise ValueError(
                 "--kl-in-reward and --use-kl-loss are exclusive (the KL would count twice); add --no-use-kl-loss"
             )
+        if self.kl_coef > 0 and self.kl_in_reward and self.kl_estimator in ("k2", "k3"):
+            raise ValueError(
+                f"--kl-in-reward with --kl-estimator {self.kl_estimator}: in a reward only k1's expectation is "
+                f"KL(π || π_ref); {self.kl_estimator}'s policy gradient is another objective (k3's: ∇KL(π||ref) "
+                "− ∇KL(ref||π), about 7% of the true gradient near the reference). Drop --kl-estimator (k1 is "
+                "the default in the reward)"
+            )
+        if self.kl_coef > 0 and self.use_kl_loss and not self.kl_in_reward and self.kl_estimator == "k1":
+            raise ValueError(
+                "--use-kl-loss with --kl-estimator k1: as a loss, k1's expected gradient is zero (∇ log π "
+                "averages to 0 under π), so the KL term does nothing; use k2 (gradient of KL(π || π_ref)) or "
+                "k3, the default (GRPO's, gradient of KL(π_ref || π))"
+            )
         if (self.tis_mode != "none" or self.decoupled_ppo) and not self.use_actor_fwd:
             flag = "--decoupled-ppo" if self.decoupled_ppo else f"--tis-mode {self.tis_mode}"
             raise ValueError(
@@ -285,6 +302,16 @@ class AlgoConfig(_Section):
                 "from the ActorFwd role"
             )
         return self
+
+    @property
+    def kl_loss_estimator(self) -> str:
+        """The estimator of the KL loss term (--use-kl-loss): --kl-estimator, else k3."""
+        return self.kl_estimator or "k3"
+
+    @property
+    def kl_reward_estimator(self) -> str:
+        """The estimator of the KL in the reward (--kl-in-reward): --kl-estimator, else k1."""
+        return self.kl_estimator or "k1"
 
     @property
     def uses_reference(self) -> bool:

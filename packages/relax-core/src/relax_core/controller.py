@@ -68,6 +68,7 @@ def bus_config(cfg: RelaxConfig):
     a = cfg.algo
     # KL in the reward: advantages wait for the reference log-probs; KL as a loss: the trainer does
     adv_fields = ["reward", "ref_log_probs"] if a.uses_reference and a.kl_in_reward else ["reward"]
+    # (the KL in the reward counts the model's tokens only: loss_mask, written with the sample)
     consumers = {"advantages": ConsumerSpec(required_fields=adv_fields, sampler="group")}
     required = ["advantages"]
     if a.use_actor_fwd:

@@ -183,17 +183,23 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
             self.backend.close()
 
 
-def kl_shaped_sequence_rewards(rewards, rollout_logp, ref_logp, beta: float, estimator: str) -> np.ndarray:
+def kl_shaped_sequence_rewards(
+    rewards, rollout_logp, ref_logp, beta: float, estimator: str, loss_masks=None
+) -> np.ndarray:
     """KL in the reward for outcome-reward estimators: r - β·Σ_t kl_t per response, kl_t estimated from the
-    behaviour (rollout) log-probs against the reference. With outcome rewards, the return at every token of
-    per-token shaped rewards (InstructGPT Eq. 2) summed to the end; here the whole response's sum, since the
-    estimators work on one scalar per response. numpy, like the estimators: this role needs no torch.
+    behaviour (rollout) log-probs against the reference, over the model's own tokens (``loss_masks`` 1; a
+    multi-turn response's environment tokens were not sampled by the policy and have rollout log-prob 0).
+    With outcome rewards, the return at every token of per-token shaped rewards (InstructGPT Eq. 2) summed
+    to the end; here the whole response's sum, since the estimators work on one scalar per response. Use
+    k1 (the config refuses others here): in a reward only its expectation is KL(π || π_ref). numpy, like
+    the estimators: this role needs no torch.
 
     >>> kl_shaped_sequence_rewards([1.0], [np.array([-1.0, -2.0])], [np.array([-1.0, -1.0])], 0.5, "k1").tolist()
     [0.5]
     """
     out = np.asarray(rewards, dtype=np.float64).copy()
-    for i, (lp, ref) in enumerate(zip(rollout_logp, ref_logp)):
+    masks = loss_masks if loss_masks is not None else [None] * len(out)
+    for i, (lp, ref, mask) in enumerate(zip(rollout_logp, ref_logp, masks)):
         d = np.asarray(lp, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
         if estimator == "k1":
             kl = d
@@ -201,11 +207,26 @@ def kl_shaped_sequence_rewards(rewards, rollout_logp, ref_logp, beta: float, est
             kl = 0.5 * d * d
         elif estimator == "k3":
             e = np.clip(-d, -20.0, 20.0)
-            kl = np.exp(e) - e - 1.0
+            kl = np.minimum(np.exp(e) - e - 1.0, 10.0)
         else:
             raise ValueError(f"unknown --kl-estimator {estimator!r}; available: ['k1', 'k2', 'k3']")
+        if mask is not None:
+            kl = kl * (np.asarray(mask, dtype=np.float64)[: len(kl)] > 0)
         out[i] -= beta * float(kl.sum())
     return out
+
+
+def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
+    """Mean |log π_prox − log π_rollout| over the batch's model tokens (loss mask 1: an environment token's
+    rollout log-prob is 0, not the model's), each token weighing the same; None for a batch without one
+    (all responses empty) rather than NaN."""
+    masks = loss_masks if loss_masks is not None else [None] * len(log_probs)
+    diffs = []
+    for a, b, m in zip(log_probs, rollout_log_probs, masks):
+        d = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+        diffs.append(d if m is None else d[np.asarray(m)[: len(d)] > 0])
+    flat = np.concatenate(diffs) if diffs else np.zeros(0)
+    return float(flat.mean()) if flat.size else None
 
 
 class AdvantagesWorker(_BusLoop):
@@ -225,8 +246,9 @@ class AdvantagesWorker(_BusLoop):
         fields: dict[str, Any] = {}
         if a.uses_reference and a.kl_in_reward:
             rewards = kl_shaped_sequence_rewards(
-                d["reward"], d["rollout_log_probs"], d["ref_log_probs"], a.kl_coef, a.kl_estimator
-            )
+                d["reward"], d["rollout_log_probs"], d["ref_log_probs"], a.kl_coef, a.kl_reward_estimator,
+                d["loss_mask"],
+            )  # fmt: skip
             fields["shaped_reward"] = [float(r) for r in rewards]
         fields["advantages"] = compute_advantages(
             a.advantage_estimator, d["group_id"], rewards, d["response_len"], a.normalize_advantages_std
@@ -430,8 +452,9 @@ class ActorWorker(_DeviceTurns):
             if key in d:  # dynamic sampling: one value per rollout step, repeated on its samples
                 metrics[f"rollout/{key}"] = float(np.mean(d[key]))
         if "log_probs" in d:
-            diffs = [np.mean(np.abs(a - b)) for a, b in zip(d["log_probs"], d["rollout_log_probs"])]
-            metrics["train/rollout_vs_fwd_logp_absdiff"] = float(np.mean(diffs))
+            diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
+            if diff is not None:
+                metrics["train/rollout_vs_fwd_logp_absdiff"] = diff
         if (
             self.evaluate is not None
             and self.cfg.run.eval_interval

@@ -13,7 +13,7 @@ def reference_grpo(rewards, normalize_std=True):
     if not normalize_std:
         return centred
     std = (sum(c * c for c in centred) / (len(r) - 1)) ** 0.5 if len(r) > 1 else 0.0
-    return [c / (std + 1e-6) for c in centred]
+    return [c / (std + 1e-4) for c in centred]  # TRL's epsilon
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -36,7 +36,14 @@ def test_grpo_matches_reference(seed, normalize):
 
 def test_binary_rewards_known_values():
     out = compute_advantages("grpo", [0, 0, 0, 0], [1, 0, 0, 1], [1, 1, 1, 1])
-    np.testing.assert_allclose([a[0] for a in out], [0.866025, -0.866025, -0.866025, 0.866025], atol=1e-5)
+    np.testing.assert_allclose([a[0] for a in out], [0.865875, -0.865875, -0.865875, 0.865875], atol=1e-5)
+
+
+def test_near_tied_continuous_rewards_stay_small_and_a_lone_response_gets_zero():
+    """TRL's epsilon (1e-4): rewards 1e-5 apart are noise, not a ±0.7 advantage (which 1e-6 gave)."""
+    out = compute_advantages("grpo", [0, 0], [0.5, 0.5 + 1e-5], [1, 1])
+    assert max(abs(float(a[0])) for a in out) < 0.05
+    assert float(compute_advantages("grpo", ["solo"], [3.0], [2])[0][0]) == 0.0
 
 
 def test_dr_grpo_centres_only():

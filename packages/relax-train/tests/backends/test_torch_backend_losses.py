@@ -41,7 +41,7 @@ def _samples(be, seed=0):
         {"policy_loss": "ppo", "decoupled_ppo": True},
         {"policy_loss": "ppo", "tis_mode": "token_truncate", "tis_cap": 1.5},
         {"policy_loss": "gspo", "tis_mode": "sequence_mask", "tis_cap": 2.0},
-        {"policy_loss": "ppo", "kl_coef": 0.1, "kl_estimator": "k1"},
+        {"policy_loss": "ppo", "kl_coef": 0.1},
         {"policy_loss": "sapo", "kl_coef": 0.1, "kl_estimator": "k2", "entropy_coef": 0.01},
     ],
     ids=lambda a: "-".join(f"{k}={v}" for k, v in a.items()),
@@ -140,12 +140,36 @@ def test_distillation_in_advantage_mode_is_the_per_token_reverse_kl_reward(tiny_
 
 
 def test_distillation_as_a_loss_is_a_kl_term_to_the_teacher(tiny_model_dir):
-    """β_d·KL(π ‖ π_T) per token in the loss: the same update as the reference-KL loss with the teacher's
-    log-probs in place of the reference's."""
+    """β_d·½(log π − log π_T)² per token in the loss (k2: its gradient on the student's samples is that of
+    KL(π ‖ π_T), test_kl_gradients.py): the same update as a k2 reference-KL loss with the teacher's
+    log-probs in place of the reference's, whatever --kl-estimator says."""
     got, _ = _distill_grads(
         tiny_model_dir, {"distill_mode": "loss", "distill_coef": 0.3, "kl_estimator": "k3"}, True
     )
-    as_ref = {"kl_coef": 0.3, "kl_estimator": "k3", "use_kl_loss": True}
+    as_ref = {"kl_coef": 0.3, "kl_estimator": "k2", "use_kl_loss": True}
     want, _ = _distill_grads(tiny_model_dir, as_ref, False, ref_log_probs=lambda s, t: t)
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_mismatch_metrics_compare_the_proximal_policy_with_the_rollout(tiny_model_dir):
+    """The rollout-vs-trainer gap is π_prox (ActorFwd's log-probs, what the batch is clipped against)
+    against π_rollout, not π_θ, which moves with each optimizer step of the batch: with π_prox set 0.25
+    above the rollout's log-probs on every token, the gap is exactly that."""
+    cfg = make_cfg()
+    cfg.train.global_batch_size = cfg.train.micro_batch_size  # several optimizer steps a batch
+    be = TorchBackend(cfg, tiny_model_dir)
+    samples = _samples(be)
+    samples["log_probs"] = [x + 0.25 for x in samples["rollout_log_probs"]]
+    m = be.train_step(samples)
+    assert m["rollout_abs_logp_diff"] == pytest.approx(0.25, abs=1e-6)
+    assert m["rollout_ratio_min"] == pytest.approx(np.exp(0.25), rel=1e-6)
+
+
+def test_the_trainer_s_logp_gap_counts_model_tokens_and_is_absent_without_any():
+    from relax_train.workers import logp_absdiff
+
+    fwd = [np.array([-1.0, -2.0, -0.5]), np.zeros(0)]  # (an empty response: no NaN)
+    rollout = [np.array([-1.5, 0.0, -0.5]), np.zeros(0)]  # the second token: an environment token
+    assert logp_absdiff(fwd, rollout, [np.array([1.0, 0.0, 1.0]), np.zeros(0)]) == pytest.approx(0.25)
+    assert logp_absdiff([np.zeros(0)], [np.zeros(0)], [np.zeros(0)]) is None

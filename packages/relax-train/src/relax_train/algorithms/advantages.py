@@ -23,11 +23,13 @@ Estimator = Callable[[np.ndarray, list[np.ndarray], np.ndarray, bool], np.ndarra
 
 
 def grpo(rewards: np.ndarray, normalize_std: bool = True) -> np.ndarray:
-    """Group-relative advantage of one group: (r - mean) / (std + 1e-6), std unbiased as in TRL; centring
-    only when ``normalize_std`` is False.
+    """Group-relative advantage of one group: (r - mean) / (std + 1e-4), std unbiased as in TRL; centring
+    only when ``normalize_std`` is False. A group of one gets 0, as in TRL (veRL keeps its raw reward): a
+    lone response has nothing to be relative to, and the raw reward's scale is not an advantage's.
 
     Source: Shao et al. 2024, *DeepSeekMath* (arXiv:2402.03300) §4.1.2, outcome supervision
-    Â_i = (r_i - mean(r)) / std(r); the +1e-6 and the unbiased std follow TRL's GRPOTrainer.
+    Â_i = (r_i - mean(r)) / std(r); the +1e-4 and the unbiased std follow TRL's GRPOTrainer (a smaller
+    epsilon blows near-tied continuous rewards' differences up to unit-size advantages).
 
     >>> grpo(np.array([1.0, 0.0, 0.0, 1.0])).round(3).tolist()
     [0.866, -0.866, -0.866, 0.866]
@@ -36,7 +38,7 @@ def grpo(rewards: np.ndarray, normalize_std: bool = True) -> np.ndarray:
     if not normalize_std:
         return centred
     std = rewards.std(ddof=1) if len(rewards) > 1 else 0.0
-    return centred / (std + 1e-6)
+    return centred / (std + 1e-4)
 
 
 def dr_grpo(rewards: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -157,9 +158,10 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1, always >= 0.
-    Unbiased and low variance ("low_var_kl"); TRL's GRPO KL term."""
+    Unbiased and low variance ("low_var_kl"); TRL's GRPO KL term. Clamped to 10 as veRL's low_var_kl is: a
+    token the reference finds e^10 times likelier would otherwise dominate a batch's loss."""
     d = (ref_logp - logp).clamp(-20.0, 20.0)
-    return d.exp() - d - 1.0
+    return (d.exp() - d - 1.0).clamp(max=10.0)
 
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -168,6 +170,17 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "k3": kl_k3,
     "low_var_kl": kl_k3,
 }
+
+
+DISTILL_LOSS_ESTIMATOR = "k2"
+"""``--distill-mode loss``: on the student's own samples k2's gradient is that of KL(π || π_teacher), the
+divergence the flag documents (k3's would be KL(π_teacher || π), k1's is zero in expectation)."""
+
+
+def loss_kl_estimator(algo: Any, distill: bool = False) -> str:
+    """The estimator of a KL *loss* term: the distillation term's (:data:`DISTILL_LOSS_ESTIMATOR`) or the
+    reference term's (``--kl-estimator``, k3 unset; the config refuses k1 there)."""
+    return DISTILL_LOSS_ESTIMATOR if distill else algo.kl_loss_estimator
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

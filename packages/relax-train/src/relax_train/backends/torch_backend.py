@@ -25,7 +25,13 @@ from relax_core.models import MASKED_LOGIT
 from relax_core.offload import HostOffload, onloaded
 from relax_train.algorithms.aggregation import aggregate_loss
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
-from relax_train.algorithms.losses import POLICY_LOSSES, LossParams, entropy_from_logits, kl_penalty
+from relax_train.algorithms.losses import (
+    POLICY_LOSSES,
+    LossParams,
+    entropy_from_logits,
+    kl_penalty,
+    loss_kl_estimator,
+)
 
 
 @dataclass
@@ -330,11 +336,11 @@ class TorchBackend:
             tok_loss = tok_loss * w
             keep["tis"].append(w.expand_as(logp)[lmask.bool()].cpu())
         if acc.kl_loss:
-            kl = kl_penalty(logp, padded("ref_log_probs"), a.kl_estimator)
+            kl = kl_penalty(logp, padded("ref_log_probs"), loss_kl_estimator(a))
             tok_loss = tok_loss + a.kl_coef * kl
             sums["kl"] += float((kl.detach() * lmask).sum())
         if acc.distill == "loss":
-            tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, a.kl_estimator)
+            tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, loss_kl_estimator(a, distill=True))
         loss = aggregate_loss(
             tok_loss,
             lmask,
@@ -360,8 +366,9 @@ class TorchBackend:
             counts["clipped_low"] = counts.get("clipped_low", 0.0) + float((low_c * lmask).sum())
             counts["clipped_high"] = counts.get("clipped_high", 0.0) + float((high_c * lmask).sum())
         keep["ratio"].append(st["ratio"][sel].detach().cpu())
-        if acc.has_behav:
-            keep["train"].append(logp.detach()[sel].cpu())
+        if acc.has_behav:  # the rollout-vs-trainer gap: π_prox (the trainer's policy the batch is clipped
+            # against; π_θ moves with each optimizer step of the batch) against the rollout's
+            keep["train"].append((old if acc.has_prox else logp.detach())[sel].cpu())
             keep["rollout"].append(behav[sel].cpu())
         return loss
 

@@ -37,11 +37,12 @@ WORKLOADS = {
 }
 
 
-def run_once(assets, mode: str, workload: str, steps: int, out: Path) -> dict:
+def run_once(assets, mode: str, workload: str, steps: int, out: Path, extra: dict | None = None) -> dict:
     flat = {
         **DEMO_DEFAULTS,
         **MODES[mode],
         **WORKLOADS[workload],
+        **(extra or {}),
         "num_rollout": steps,
         "eval_interval": None,
         "tensorboard": False,

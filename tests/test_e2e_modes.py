@@ -142,10 +142,17 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
     step (the default) from the trainer's shared-memory buffers (``ipc``). The on-policy broadcast path
     runs in the megatron rank-group test below and the fault tests."""
     cfg, result = _run(
-        tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", "1", "--weight-sync-transport", "ipc"
-    )
+        tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", "1", "--weight-sync-transport", "ipc",
+        "--decoupled-ppo",
+    )  # fmt: skip
     assert result.mode == "fully_async"
     _check_flow(cfg, result, max_staleness=1)
+    # decoupled PPO's π_prox is the trainer's policy of each step: for the samples ActorFwd scored with
+    # older weights it comes from the training forward itself (one optimizer step per batch here)
+    steps = [h for h in result.history if "train/loss" in h]
+    assert all(h["train/prox_lag_max"] == 0 and h["train/prox_recomputed_frac"] == 0 for h in steps)
+    for h in steps:
+        assert (h["train/prox_from_forward_frac"] > 0) == (h["train/actor_fwd_lag_max"] > 0)
     # with one step of slack rollout really runs ahead: some trained samples are one version old
     assert any(h["train/staleness_max"] == 1 for h in result.history if "train/loss" in h)
     # and the timeline shows it: every role worked, and two roles worked at the same time

@@ -108,3 +108,87 @@ def test_receivers_get_every_version_exactly_over_dcs(tiny_model_dir, tmp_path, 
     receiver.check()
     assert sorted(got) == [0, 1, 2, 3]
     assert got == worker.weight_log  # bitwise the weights of each version, none torn by a later step
+
+
+def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):
+    """The DCS receiver thread loads a new version while ActorFwd's loop computes log-probs: the load waits
+    for the forward in progress, and the forward's stamp is the version it computed with."""
+    from types import SimpleNamespace
+
+    from relax_train.workers import ForwardWorker
+
+    events: list[str] = []
+    started = threading.Event()
+
+    class Backend:
+        version = 0
+
+        def compute_log_probs(self, data):
+            started.set()
+            events.append(f"forward v{self.version} start")
+            threading.Event().wait(0.3)
+            events.append(f"forward v{self.version} end")
+            return [0.0] * len(data["tokens"])
+
+        def load_weights(self, tensors, version):
+            events.append(f"load v{version}")
+            self.version = version
+
+    written: dict = {}
+    bus = SimpleNamespace(add_fields=lambda ids, fields: written.update(fields))
+    fwd = ForwardWorker(_cfg(tmp_path), bus, "actor_fwd", "unused", backend=Backend())
+    t = threading.Thread(target=fwd.handle, args=(SimpleNamespace(data={"tokens": [[1], [2]]}, ids=["a", "b"]),))
+    t.start()
+    started.wait(5)
+    fwd._load_weights(1, {})  # the receiver thread's call
+    t.join(5)
+    assert events == ["forward v0 start", "forward v0 end", "load v1"]
+    assert written["log_probs_version"] == [0, 0]
+
+
+def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older_weights(tiny_model_dir, tmp_path):
+    """Fully async: a sample ActorFwd scored at version 1 is trained at version 3. In the batch's first
+    optimizer step its π_prox is the training forward's own (detached) log-probs; in a later step it is
+    recomputed before the update. Both checked against a recomputation: the update equals the one made
+    with π_prox computed exactly beforehand. A sample scored at version 3 keeps ActorFwd's work, and with
+    ``--no-exact-proximal-policy`` nothing is touched (the lag is reported)."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from relax_train.backends.torch_backend import TorchBackend
+
+    def backend(cfg):
+        b = TorchBackend(cfg, tiny_model_dir)
+        b.version = 3
+        return b
+
+    for gbs, stale in ((2, 0), (1, 1)):  # the stale sample in the first optimizer step / in the second
+        cfg = _cfg(tmp_path, mode="fully_async", max_staleness=2)
+        cfg.algo.decoupled_ppo = True
+        cfg.train.global_batch_size = gbs
+        exact = _samples()
+        exact["log_probs"] = backend(cfg).compute_log_probs(exact)
+        exact["log_probs_version"] = [3, 3]
+        d = {**exact, "log_probs": list(exact["log_probs"]), "log_probs_version": [3, 3]}
+        d["log_probs"][stale] = np.zeros_like(d["log_probs"][stale])  # another policy's values
+        d["log_probs_version"][stale] = 1
+        b = backend(cfg)
+        m = ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=b), d)
+        assert m["train/actor_fwd_lag_max"] == 2.0 and m["train/prox_lag_max"] == 0.0
+        assert d["log_probs_version"] == [3, 3]
+        if gbs == 2:
+            assert (m["train/prox_from_forward_frac"], m["train/prox_recomputed_frac"]) == (0.5, 0.0)
+            assert d["prox_from_forward"] == [True, False]
+        else:
+            assert (m["train/prox_from_forward_frac"], m["train/prox_recomputed_frac"]) == (0.0, 0.5)
+            np.testing.assert_allclose(d["log_probs"][1], exact["log_probs"][1], rtol=0, atol=1e-6)
+        got, want = b.train_step(d), (ref := backend(cfg)).train_step(exact)
+        for key in ("loss", "pg_loss", "grad_norm", "rollout_abs_logp_diff"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (gbs, key)
+        for (name, p), (_, q) in zip(b.model.named_parameters(), ref.model.named_parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+
+    cfg.algo.exact_proximal_policy = False
+    d = {**exact, "log_probs_version": [3, 1]}
+    m = ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=backend(cfg)), d)
+    assert m == {"train/prox_lag_max": 2.0, "train/actor_fwd_lag_max": 2.0}

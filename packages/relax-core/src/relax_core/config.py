@@ -257,8 +257,17 @@ class AlgoConfig(_Section):
     distill_coef: float = Field(1.0, ge=0.0)
     """β_d, the weight of the distillation term."""
     use_actor_fwd: bool = True
-    """Recompute log-probs with the trainer's weights (the proximal policy) in the ActorFwd role;
-    False uses the rollout engine's log-probs as the old policy."""
+    """Recompute log-probs with the trainer's weights (the proximal policy π_prox) in the ActorFwd role;
+    False uses the rollout engine's log-probs as the old policy. Fully async, π_prox is exactly the trainer's
+    policy of the step that trains the sample (see --exact-proximal-policy)."""
+    exact_proximal_policy: bool = True
+    """Fully async: π_prox (--use-actor-fwd's log-probs: the policy the ratio is clipped against and
+    decoupled PPO / TIS correct towards) is the trainer's policy of the step that trains the sample. ActorFwd
+    scores each sample when it lands, with the weights it holds then; the trainer recomputes those it
+    scored with older weights: in the batch's first optimizer step from the training forward itself (which
+    runs with exactly those weights: free), in later ones by a forward just before the update (as AReaL and
+    slime recompute). Off: ActorFwd's values as they are (π_prox then lags the trainer by up to
+    --max-staleness versions). Colocate mode is exact either way."""
     decoupled_ppo: bool = False
     """Decoupled PPO (Hilton et al. 2022): the ratio is clipped against the proximal policy (ActorFwd
     log-probs) and each token's loss is weighted by π_prox / π_behaviour, the behaviour policy being the

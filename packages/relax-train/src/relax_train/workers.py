@@ -145,12 +145,18 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
         if role == "teacher":  # another model: the student's recorded MoE routing (R3) does not apply to it
             self.backend.routing = None
         self._receiver = None
+        self._weights_lock = threading.Lock()
+        """Held by a forward pass and by a weight load: a forward never reads half-loaded weights."""
 
     def handle(self, batch) -> None:
-        lp = self.backend.compute_log_probs(batch.data)
-        self.bus.add_fields(
-            batch.ids, {self.field: lp, f"{self.field}_version": [self.backend.version] * len(lp)}
-        )
+        with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
+            lp = self.backend.compute_log_probs(batch.data)
+            version = self.backend.version
+        self.bus.add_fields(batch.ids, {self.field: lp, f"{self.field}_version": [version] * len(lp)})
+
+    def _load_weights(self, version: int, tensors: dict[str, Any]) -> None:
+        with self._weights_lock:
+            self.backend.load_weights(tensors, version)
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
@@ -160,7 +166,7 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
             self._receiver.close(timeout_s=5.0)
         self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
         self._receiver.connect()
-        self._receiver.start_background(lambda v, t: self.backend.load_weights(t, v))
+        self._receiver.start_background(self._load_weights)
 
     def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
         """Block until weights of ``version`` (or newer) are loaded: a restarted role must not compute
@@ -214,6 +220,11 @@ def kl_shaped_sequence_rewards(
             kl = kl * (np.asarray(mask, dtype=np.float64)[: len(kl)] > 0)
         out[i] -= beta * float(kl.sum())
     return out
+
+
+def _per_sample(values: Any, n: int) -> bool:
+    """Whether a batch field holds one value per sample (lists and arrays of the batch's length)."""
+    return hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict)) and len(values) == n
 
 
 def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
@@ -379,6 +390,53 @@ class ActorWorker(_DeviceTurns):
         return waited
 
     # -- one step ------------------------------------------------------------------------------
+    def _exact_prox(self, d: dict[str, Any]) -> dict[str, float]:
+        """Make ``log_probs`` (π_prox, what decoupled PPO and TIS correct towards and the ratio is clipped
+        against) the trainer's policy at this step, as AReaL and slime have it.
+
+        ActorFwd computes a sample's log-probs when it lands on the bus, with the weights it holds then;
+        in fully-async mode the trainer has often moved on by the time it trains on it (the sample's
+        ``log_probs_version`` is behind), and π_prox could even equal the behaviour policy, so decoupled
+        PPO corrected nothing. For a sample whose version differs from the trainer's:
+        - in the batch's first optimizer step (every sample, with the default --global-batch-size), π_prox
+          is the training forward's own log-probs, detached (``prox_from_forward``): that forward runs
+          with exactly the weights before the update, so this costs nothing;
+        - in a later optimizer step, the weights have moved by then: its log-probs are recomputed here,
+          with the weights before this step's update.
+        The others keep ActorFwd's work. In colocate mode ActorFwd computes with the trainer's own model:
+        nothing is stale."""
+        if "log_probs_version" not in d or "log_probs" not in d:
+            return {}
+        if not self.cfg.algo.exact_proximal_policy:
+            lag = max((self.backend.version - int(v) for v in d["log_probs_version"]), default=0)
+            return {"train/prox_lag_max": float(lag), "train/actor_fwd_lag_max": float(lag)}
+        now = self.backend.version
+        versions = [int(v) for v in d["log_probs_version"]]
+        stale = [i for i, v in enumerate(versions) if v != now]
+        out = {
+            "train/actor_fwd_lag_max": float(max((now - v for v in versions), default=0)),
+            "train/prox_recomputed_frac": 0.0,
+            "train/prox_from_forward_frac": 0.0,
+        }
+        if stale:
+            n = len(versions)
+            first = min(self.cfg.effective_global_batch_size, n)  # the first optimizer step's samples
+            later = [i for i in stale if i >= first]
+            d["log_probs"], d["log_probs_version"] = list(d["log_probs"]), list(d["log_probs_version"])
+            if later:
+                sub = {k: [vals[i] for i in later] for k, vals in d.items() if _per_sample(vals, n)}
+                for i, lp in zip(later, self.backend.compute_log_probs(sub)):
+                    d["log_probs"][i] = lp
+            stale_set = set(stale)
+            d["prox_from_forward"] = [i < first and i in stale_set for i in range(n)]
+            for i in stale:
+                d["log_probs_version"][i] = now
+            out["train/prox_recomputed_frac"] = len(later) / n
+            out["train/prox_from_forward_frac"] = (len(stale) - len(later)) / n
+        # (0 by construction; logged so a run shows it)
+        out["train/prox_lag_max"] = float(max((now - int(v) for v in d["log_probs_version"]), default=0))
+        return out
+
     _beat: float = 0.0
 
     def heartbeat(self) -> dict[str, Any]:
@@ -413,7 +471,9 @@ class ActorWorker(_DeviceTurns):
         d = batch.data
         # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
         with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
+            prox = self._exact_prox(d)
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+        metrics.update(prox)
         self.trained_ids.extend(batch.ids)
         self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
         t2 = time.perf_counter()

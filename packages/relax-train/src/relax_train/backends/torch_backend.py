@@ -320,6 +320,9 @@ class TorchBackend:
             return self._padded(samples[key], idx, width).to(dev)
 
         old = padded(acc.old_key)
+        if "prox_from_forward" in samples:  # π_prox is the weights this forward runs with (see the trainer)
+            live = torch.tensor([bool(samples["prox_from_forward"][i]) for i in idx], device=dev)
+            old = torch.where(live[:, None], logp.detach(), old)
         behav = padded("rollout_log_probs") if acc.has_behav else old
         adv = padded("advantages")
         lmask = padded("loss_mask") * valid

@@ -152,8 +152,9 @@ def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older
     recomputed before the update. Both checked against a recomputation: the update equals the one made
     with π_prox computed exactly beforehand. A sample scored at version 3 keeps ActorFwd's work, and with
     ``--no-exact-proximal-policy`` nothing is touched (the lag is reported)."""
-    import numpy as np
     from types import SimpleNamespace
+
+    import numpy as np
 
     from relax_train.backends.torch_backend import TorchBackend
 

@@ -22,6 +22,7 @@ from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
+from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
 
 
 def _set_threads(n: int | None) -> None:
@@ -261,9 +262,11 @@ class AdvantagesWorker(_BusLoop):
                 d["loss_mask"],
             )  # fmt: skip
             fields["shaped_reward"] = [float(r) for r in rewards]
+        # (REINFORCE++'s whitening spans the trained batch: the trainer does it, see ActorWorker.train)
         fields["advantages"] = compute_advantages(
-            a.advantage_estimator, d["group_id"], rewards, d["response_len"], a.normalize_advantages_std
-        )
+            a.advantage_estimator, d["group_id"], rewards, d["response_len"], a.normalize_advantages_std,
+            batch_step=False,
+        )  # fmt: skip
         self.bus.add_fields(batch.ids, fields)
 
 
@@ -470,6 +473,9 @@ class ActorWorker(_DeviceTurns):
         t1 = time.perf_counter()
         d = batch.data
         # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
+        if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
+            a = self.cfg.algo
+            d["advantages"] = finish_batch_advantages(a.advantage_estimator, d["advantages"], a.normalize_advantages_std)
         with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
             prox = self._exact_prox(d)
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}

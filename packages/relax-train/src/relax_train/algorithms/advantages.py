@@ -133,14 +133,24 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
 }
 
 
+BATCH_NORMALISED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+"""Estimators whose last step (whitening, or centring without ``normalize_std``) spans the whole trained
+batch, not a group: in fully-async mode the Advantages role sees whatever part of a batch is ready, so it
+leaves that step out (``batch_step=False``) and the trainer applies it to the batch it trains on
+(:func:`finish_batch_advantages`)."""
+
+
 def compute_advantages(
     name: str,
     group_ids: Sequence[object],
     rewards: Sequence[float],
     response_lens: Sequence[int],
     normalize_std: bool = True,
+    batch_step: bool = True,
 ) -> list[np.ndarray]:
-    """Per-sample token advantages (float32, one per response token), grouping by ``group_ids``.
+    """Per-sample token advantages (float32, one per response token), grouping by ``group_ids``. With
+    ``batch_step`` False the :data:`BATCH_NORMALISED` estimators stop before their batch-wide step (the
+    return for REINFORCE++, the group-centred return for its baseline variant).
 
     >>> [a.tolist() for a in compute_advantages("rloo", ["p", "p", "q"], [1.0, 0.0, 5.0], [2, 1, 1])]
     [[1.0, 1.0], [-1.0], [0.0]]
@@ -158,5 +168,33 @@ def compute_advantages(
     for i, g in enumerate(group_ids):
         by_group.setdefault(g, []).append(i)
     groups = [np.asarray(idx, dtype=np.int64) for idx in by_group.values()]
-    scalar = ADVANTAGE_ESTIMATORS[name](r, groups, lens, normalize_std)
+    if name in BATCH_NORMALISED and not batch_step:
+        scalar = r if name == "reinforce_plus_plus" else _reinforce_plus_plus_baseline(r, groups, lens, False)
+    else:
+        scalar = ADVANTAGE_ESTIMATORS[name](r, groups, lens, normalize_std)
     return [np.full(int(n), scalar[i], dtype=np.float32) for i, n in enumerate(lens)]
+
+
+def finish_batch_advantages(
+    name: str, advantages: Sequence[np.ndarray], normalize_std: bool = True
+) -> list[np.ndarray]:
+    """The batch-wide step of the :data:`BATCH_NORMALISED` estimator ``name`` over the batch being trained
+    on, for the per-response values :func:`compute_advantages` left with ``batch_step=False``: whitening
+    over its tokens; without ``normalize_std``, REINFORCE++ centres over them and its baseline variant
+    (already group-centred) does nothing.
+
+    >>> [a.tolist() for a in finish_batch_advantages("reinforce_plus_plus", [np.ones(3), np.zeros(1)])]
+    [[0.5773502588272095, 0.5773502588272095, 0.5773502588272095], [-1.7320507764816284]]
+    """
+    if name not in BATCH_NORMALISED:
+        raise ValueError(f"{name!r} has no batch-wide step (those that have: {BATCH_NORMALISED})")
+    lens = np.asarray([len(a) for a in advantages], dtype=np.int64)
+    values = np.asarray([float(a[0]) if len(a) else 0.0 for a in advantages], dtype=np.float64)
+    if normalize_std:
+        out = whiten_over_tokens(values, lens)
+    elif name == "reinforce_plus_plus_baseline":
+        out = values
+    else:
+        w = lens.astype(np.float64)
+        out = values - ((values * w).sum() / w.sum() if w.sum() else 0.0)
+    return [np.full(int(n), out[i], dtype=np.float32) for i, n in enumerate(lens)]

@@ -210,7 +210,8 @@ class AlgoConfig(_Section):
     """GRPO: divide group-centred rewards by the group's std (False = Dr.GRPO-style centring only)."""
     policy_loss: Literal["ppo", "gspo", "sapo", "cispo"] = "ppo"
     """Policy loss in relax-train's POLICY_LOSSES registry: ppo (clipped surrogate, clip-higher and
-    dual-clip), gspo (sequence-level ratio; use a tiny clip range, ~3e-4/4e-4), sapo (soft gate with
+    dual-clip), gspo (sequence-level ratio; its paper's settings unless set: --eps-clip 3e-4,
+    --eps-clip-high 4e-4, --loss-agg-mode seq-mean-token-mean), sapo (soft gate with
     --sapo-tau-pos/--sapo-tau-neg), cispo (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
@@ -287,6 +288,15 @@ class AlgoConfig(_Section):
 
     @model_validator(mode="after")
     def _check_algo(self) -> AlgoConfig:
+        if self.policy_loss == "gspo":  # GSPO's paper settings (Zheng et al. 2025) where the user set none:
+            # a sequence ratio is a geometric mean of token ratios, so PPO's ±0.2 would clip almost nothing
+            given = self.model_fields_set
+            if "eps_clip" not in given:
+                self.__dict__["eps_clip"] = 3e-4
+                if "eps_clip_high" not in given:
+                    self.__dict__["eps_clip_high"] = 4e-4
+            if "loss_agg_mode" not in given:
+                self.__dict__["loss_agg_mode"] = "seq-mean-token-mean"
         if self.kl_coef > 0 and self.kl_in_reward and self.use_kl_loss:
             raise ValueError(
                 "--kl-in-reward and --use-kl-loss are exclusive (the KL would count twice); add --no-use-kl-loss"

@@ -284,9 +284,16 @@ def disk_update_request(
     return body
 
 
-def _on(t: Any, device: Any) -> Any:
-    """``t`` on ``device`` (itself when it is there already)."""
-    return t if device is None or t.device == device else t.to(device, non_blocking=True)
+def _on_device(named: list[tuple[str, Any]], device: Any) -> list[tuple[str, Any]]:
+    """``named`` with every tensor on ``device`` (itself where it is there already), the copies finished
+    before the engine maps them: a copy between GPUs runs on a stream, and an IPC handle is handed over
+    at once."""
+    out = [(n, t if device is None or t.device == device else t.to(device)) for n, t in named]
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return out
 
 
 def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
@@ -344,7 +351,7 @@ def tensor_update_request(
     if isinstance(devices, int):
         payloads = [serialize_named_tensors(named)] * devices
     else:
-        payloads = [serialize_named_tensors([(n, _on(t, d)) for n, t in named]) for d in devices]
+        payloads = [serialize_named_tensors(_on_device(named, d)) for d in devices]
     body = {"serialized_named_tensors": payloads, "flush_cache": flush_cache,
             "abort_all_requests": abort_all_requests, "weight_version": str(version)}  # fmt: skip
     if load_format is not None:

@@ -133,3 +133,5 @@ def test_gspo_takes_its_paper_settings_unless_given():
     assert (a.eps_clip, a.eps_clip_high, a.loss_agg_mode) == (1e-3, None, "token-mean")  # (high = eps-clip)
     a = build_config(None, ["--policy-loss", "ppo"]).algo
     assert (a.eps_clip, a.eps_clip_high, a.loss_agg_mode) == (0.2, None, "token-mean")
+    a = build_config(None, ["--policy-loss", "sapo"]).algo  # SAPO's objective: a mean per response
+    assert (a.loss_agg_mode, a.sapo_tau_pos, a.sapo_tau_neg) == ("seq-mean-token-mean", 1.0, 1.05)

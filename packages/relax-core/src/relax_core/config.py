@@ -212,7 +212,7 @@ class AlgoConfig(_Section):
     """Policy loss in relax-train's POLICY_LOSSES registry: ppo (clipped surrogate, clip-higher and
     dual-clip), gspo (sequence-level ratio; its paper's settings unless set: --eps-clip 3e-4,
     --eps-clip-high 4e-4, --loss-agg-mode seq-mean-token-mean), sapo (soft gate with
-    --sapo-tau-pos/--sapo-tau-neg), cispo (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
+    --sapo-tau-pos/--sapo-tau-neg; --loss-agg-mode seq-mean-token-mean unless set, as its paper), cispo (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -297,6 +297,8 @@ class AlgoConfig(_Section):
                     self.__dict__["eps_clip_high"] = 4e-4
             if "loss_agg_mode" not in given:
                 self.__dict__["loss_agg_mode"] = "seq-mean-token-mean"
+        if self.policy_loss == "sapo" and "loss_agg_mode" not in self.model_fields_set:
+            self.__dict__["loss_agg_mode"] = "seq-mean-token-mean"  # SAPO's objective (Gao et al. 2025)
         if self.kl_coef > 0 and self.kl_in_reward and self.use_kl_loss:
             raise ValueError(
                 "--kl-in-reward and --use-kl-loss are exclusive (the KL would count twice); add --no-use-kl-loss"

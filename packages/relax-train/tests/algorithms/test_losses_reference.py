@@ -16,7 +16,6 @@ from relax_train.algorithms.losses import (  # noqa: E402
     kl_k2,
     kl_k3,
     kl_penalty,
-    kl_shaped_rewards,
     ppo_clip_loss,
 )
 
@@ -85,19 +84,6 @@ def test_kl_estimators_are_unbiased_or_not_as_documented():
     for fn in (kl_k1, kl_k3):
         assert float((p * fn(lp, lq)).sum()) == pytest.approx(exact, abs=1e-12)
     assert float((p * kl_k2(lp, lq)).sum()) == pytest.approx(exact, rel=0.1)
-
-
-def test_kl_shaped_rewards_put_reward_on_last_token():
-    mask, logp, ref, _, lens = _rand(1)
-    kl = kl_k1(logp, ref)
-    rewards = torch.arange(mask.shape[0], dtype=F64)
-    out = kl_shaped_rewards(rewards, kl, mask, beta=0.1)
-    for i in range(mask.shape[0]):
-        for j in range(mask.shape[1]):
-            ref_v = 0.0
-            if j < lens[i]:
-                ref_v = -0.1 * float(kl[i, j]) + (float(rewards[i]) if j == lens[i] - 1 else 0.0)
-            assert float(out[i, j]) == pytest.approx(ref_v, abs=1e-12)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

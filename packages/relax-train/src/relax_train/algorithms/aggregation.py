@@ -65,8 +65,13 @@ def aggregate_loss(
     raise ValueError(f"unknown --loss-agg-mode {mode!r}; available: {list(LOSS_AGG_MODES)}")
 
 
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+def entropy_bonus(
+    entropy: torch.Tensor, mask: torch.Tensor, coef: float, total_tokens: float | None = None
+) -> torch.Tensor:
     """The term to *add* to the loss for an entropy bonus: -coef · token-mean entropy under the mask.
-    Independent of the policy loss's aggregation mode, as in TRL (``entropy_coef``) and veRL."""
+    Independent of the policy loss's aggregation mode, as in TRL (``entropy_coef``) and veRL.
+    ``total_tokens``: the optimizer batch's token count, for a micro-batch's share of the batch's mean
+    (the micro-batches' terms then sum to the whole batch's)."""
     m = mask.to(entropy.dtype)
-    return -coef * (entropy * m).sum() / m.sum().clamp(min=1.0)
+    denom = m.sum().clamp(min=1.0) if total_tokens is None else max(float(total_tokens), 1.0)
+    return -coef * (entropy * m).sum() / denom

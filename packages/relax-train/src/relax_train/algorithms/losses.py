@@ -191,17 +191,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     return KL_ESTIMATORS[estimator](logp, ref_logp)
 
 
-def kl_shaped_rewards(
-    rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float
-) -> torch.Tensor:
-    """Token rewards for KL-in-reward: -β·kl at every response token plus the sequence reward at its last
-    token, shape [B, T] (Ouyang et al. 2022, *InstructGPT* Eq. 2; REINFORCE++ §3). No gradient flows."""
-    m = mask.to(kl.dtype)
-    out = -beta * kl.detach() * m
-    last = (m.cumsum(-1) == m.sum(-1, keepdim=True)) & (m > 0)
-    return out + last.to(kl.dtype) * rewards.to(kl.dtype).reshape(-1, 1)
-
-
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)

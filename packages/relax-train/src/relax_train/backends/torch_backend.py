@@ -23,7 +23,7 @@ import torch
 from relax_core.config import RelaxConfig
 from relax_core.models import MASKED_LOGIT
 from relax_core.offload import HostOffload, onloaded
-from relax_train.algorithms.aggregation import aggregate_loss
+from relax_train.algorithms.aggregation import aggregate_loss, entropy_bonus
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
 from relax_train.algorithms.losses import (
     POLICY_LOSSES,
@@ -353,7 +353,7 @@ class TorchBackend:
             max_len=self.cfg.rollout.rollout_max_response_len,
         )
         if ent is not None:
-            loss = loss - a.entropy_coef * (ent * lmask).sum() / total_tokens
+            loss = loss + entropy_bonus(ent, lmask, a.entropy_coef, total_tokens=total_tokens)
             sums["entropy"] += float((ent.detach() * lmask).sum())
         sel = lmask.bool()
         sums["pg_loss"] += float((pg.detach() * lmask).sum())

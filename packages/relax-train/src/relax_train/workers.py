@@ -229,9 +229,10 @@ def _per_sample(values: Any, n: int) -> bool:
 
 
 def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
-    """Mean |log π_prox − log π_rollout| over the batch's model tokens (loss mask 1: an environment token's
-    rollout log-prob is 0, not the model's), each token weighing the same; None for a batch without one
-    (all responses empty) rather than NaN."""
+    """Mean |ActorFwd's log-prob − the rollout's| over the batch's model tokens (loss mask 1: an environment
+    token's rollout log-prob is 0, not the model's), each token weighing the same; None for a batch without
+    one (all responses empty) rather than NaN. (The gap between π_prox and the rollout, policy lag
+    included, is the backend's ``rollout_abs_logp_diff``.)"""
     masks = loss_masks if loss_masks is not None else [None] * len(log_probs)
     diffs = []
     for a, b, m in zip(log_probs, rollout_log_probs, masks):
@@ -472,10 +473,10 @@ class ActorWorker(_DeviceTurns):
             batch = self._take_batch(step)
         t1 = time.perf_counter()
         d = batch.data
-        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
         if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
             a = self.cfg.algo
             d["advantages"] = finish_batch_advantages(a.advantage_estimator, d["advantages"], a.normalize_advantages_std)
+        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
         with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
             prox = self._exact_prox(d)
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}

@@ -212,7 +212,8 @@ class AlgoConfig(_Section):
     """Policy loss in relax-train's POLICY_LOSSES registry: ppo (clipped surrogate, clip-higher and
     dual-clip), gspo (sequence-level ratio; its paper's settings unless set: --eps-clip 3e-4,
     --eps-clip-high 4e-4, --loss-agg-mode seq-mean-token-mean), sapo (soft gate with
-    --sapo-tau-pos/--sapo-tau-neg; --loss-agg-mode seq-mean-token-mean unless set, as its paper), cispo (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
+    --sapo-tau-pos/--sapo-tau-neg; --loss-agg-mode seq-mean-token-mean unless set, as its paper), cispo
+    (clipped stop-gradient IS weight × log-prob, --cispo-ratio-max)."""
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"

@@ -1428,13 +1428,13 @@ class SGLangEngine:
                     if attempt == 2 or not self.pool.active():
                         raise PoolError(f"weight version {version} could not be broadcast: {e}") from None
                     logger.warning("weight version %d: %s; re-forming the group without it", version, e)
-        for slot in waiting:  # restarted engines hold the new weights now: they serve again (joined before
-            try:  # the version check, which needs them when every engine had been restarted)
+        self._updated(version, None)
+        for slot in waiting:  # restarted engines hold the new weights now: they serve again
+            try:
                 self._join(slot)
             except Exception as e:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, e)
                 self._restart_later(slot, f"rejoin after weight version {version} failed: {e}")
-        self._updated(version, None)
 
     def _gpu_shared(self, device: Any) -> bool:
         """Whether CUDA ``device`` of this process is one an engine on this node runs on (colocated)."""

@@ -1428,13 +1428,16 @@ class SGLangEngine:
                     if attempt == 2 or not self.pool.active():
                         raise PoolError(f"weight version {version} could not be broadcast: {e}") from None
                     logger.warning("weight version %d: %s; re-forming the group without it", version, e)
-        self._updated(version, None)
+        # the pool takes the version first (restarted engines are admitted at it), the check covers them too:
+        # when a refusal had failed every engine, only restarted ones hold the new weights
+        self.pool.adopt_weights(version, None)
         for slot in waiting:  # restarted engines hold the new weights now: they serve again
             try:
                 self._join(slot)
             except Exception as e:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, e)
                 self._restart_later(slot, f"rejoin after weight version {version} failed: {e}")
+        self.check_weight_version(version)
 
     def _gpu_shared(self, device: Any) -> bool:
         """Whether CUDA ``device`` of this process is one an engine on this node runs on (colocated)."""

@@ -27,15 +27,25 @@ def make_params(version: int) -> list[tuple[str, "torch.Tensor"]]:
 
 
 def _receiver_main(
-    init_method: str, world_size: int, rank: int, background: bool, queue, transport: str = "broadcast"
+    init_method: str,
+    world_size: int,
+    rank: int,
+    background: bool,
+    queue,
+    transport: str = "broadcast",
+    backend: str = "gloo",
 ) -> None:
-    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60, transport=transport)
+    if backend == "nccl":  # a GPU per rank where there are enough (NCCL needs that; IPC does not)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60, transport=transport, backend=backend)
     recv.connect()
     results: list[tuple[int, str]] = []
+    devices: set[str] = set()  # where the received tensors live
     if background:
 
         def on_weights(version, tensors):
             results.append((version, checksum(tensors.items())))
+            devices.update(str(t.device) for t in tensors.values())
 
         recv.start_background(on_weights)
         recv.join(timeout=60)
@@ -45,7 +55,9 @@ def _receiver_main(
         while (got := recv.receive()) is not None:
             version, tensors = got
             results.append((version, checksum(tensors.items())))
+            devices.update(str(t.device) for t in tensors.values())
         shutdown_clean = True
     latest = recv.latest_version
     recv.close()
-    queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean})
+    queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean,
+               "devices": sorted(devices)})  # fmt: skip

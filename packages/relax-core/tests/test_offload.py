@@ -106,3 +106,43 @@ def test_onloaded_methods_take_the_tensors_back_first():
     r._host.offload([r.w])
     assert r.total() == 6.0 and r.onloads == 1
     assert r.total() == 6.0 and r.onloads == 1  # already there: no second onload
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_memory_goes_back_to_the_device_and_the_next_step_is_unchanged():
+    """What colocate needs on a GPU: every byte the trainer held is free for the engine (allocated and in
+    the caching allocator's reserve), pinned host copies bring it back exactly."""
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 256),
+                                    torch.nn.Linear(256, 4096)).cuda()  # fmt: skip
+        model[2].weight = model[0].weight
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model, opt, seed: int) -> None:
+        x = torch.randint(0, 4096, (4, 5), generator=torch.Generator().manual_seed(seed)).cuda()
+        torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    (model, opt), (twin, twin_opt) = model_and_optimizer(), model_and_optimizer()
+    for m, o in ((model, opt), (twin, twin_opt)):
+        step(m, o, 1)
+    tensors = _tensors(model, opt)
+    on_gpu = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}.values())
+    assert on_gpu >= 3 * 4 * (4096 * 256 + 256 * 256)  # weights (tied: once) and two moments, fp32
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    host = HostOffload("trainer")
+    assert host.offload(tensors) >= on_gpu  # (+ AdamW's step counters, which live in host memory)
+    offloaded = torch.cuda.memory_allocated()
+    assert allocated - offloaded >= on_gpu
+    assert reserved - torch.cuda.memory_reserved() >= on_gpu  # emptied from the cache, not only unused
+    host.onload()
+    assert torch.cuda.memory_allocated() - offloaded >= on_gpu  # (the allocator rounds blocks up)
+    assert all(t.is_cuda for t in _tensors(model, opt) if t.dim()) and model[2].weight is model[0].weight
+    step(model, opt, 2)
+    step(twin, twin_opt, 2)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # (index_add's atomics: not bit for bit)

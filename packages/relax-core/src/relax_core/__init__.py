@@ -1,3 +1,3 @@
 """relax_core."""
 
-__version__ = "0.4.8"
+__version__ = "0.4.9"

@@ -69,7 +69,7 @@ class HostOffload:
         for s, _, _ in self._saved:
             s.resize_(0)
         if device_used:
-            torch.cuda.empty_cache()  # back to the device, for the other role's allocator
+            _give_back_cached_device_memory()
         return self.bytes
 
     def onload(self) -> int:
@@ -85,6 +85,17 @@ class HostOffload:
         if any(s.device.type == "cuda" for s, _, _ in saved):
             torch.cuda.synchronize()
         return restored
+
+
+def _give_back_cached_device_memory() -> None:
+    """Back to the device, for the other role's allocator: the allocator's free blocks, and cuBLAS's
+    workspaces, which torch keeps per stream (32 MiB each on Hopper; a megatron trainer held 64 MiB of them
+    on an H100 after its weights had gone) and allocates again at the next matrix product."""
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # (private; absent: the workspaces stay)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
 
 
 def _bytes(s: torch.UntypedStorage) -> torch.Tensor:

@@ -29,6 +29,8 @@ def main(spec_path: str, out_path: str) -> None:
         out.setdefault("metrics", []).append(backend.train_step(samples))
     # (copies: for unfused tensors named_weights() gives views of the live parameters)
     out["weights"] = {n: t.clone() for n, t in backend.named_weights()}
+    if spec.get("offload"):  # colocate's hand-over: the device memory out and back, between two steps
+        out["offload"] = _offload_round_trip(backend, samples)
     if spec.get("save"):
         backend.save_checkpoint(spec["save"], extra={"note": "test"})
     if spec.get("load"):
@@ -51,6 +53,24 @@ def main(spec_path: str, out_path: str) -> None:
     if rank == 0:
         torch.save(out, out_path)
     _leave()
+
+
+def _offload_round_trip(backend, samples) -> dict:
+    """What colocate's ``--offload`` does between a trainer's turns: the bytes it frees, the device memory
+    allocated before, in between and after (0 without CUDA), and the log-probs before and after."""
+    cuda = torch.cuda.is_available()
+
+    def allocated() -> int:
+        return torch.cuda.memory_allocated() if cuda else 0
+
+    logp, before = backend.compute_log_probs(samples), allocated()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in backend._device_tensors()
+                if t.is_cuda}  # fmt: skip
+    freed = backend.offload()
+    offloaded = allocated()
+    restored = backend.onload()
+    return {"logp": logp, "freed": freed, "restored": restored, "on_gpu": sum(storages.values()),
+            "allocated": [before, offloaded, allocated()], "logp_after": backend.compute_log_probs(samples)}  # fmt: skip
 
 
 def _leave() -> None:

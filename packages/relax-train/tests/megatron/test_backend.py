@@ -345,6 +345,25 @@ def test_distributed_optimizer_shards_the_moments_and_matches_the_torch_backend(
         _assert_same_update(loaded["weights_then"][name], value, name)
 
 
+def test_offload_and_onload_between_two_steps_change_nothing(tmp_path):
+    """Colocate's ``--offload`` (on by default where CUDA is): between its turns the trainer's weights,
+    gradients and AdamW moments leave the device and come back; the next step is the one a run without the
+    hand-over takes. On a GPU the device memory is measured too: the trainer leaves (next to) nothing."""
+    model = _model(tmp_path, "dense")
+    plain = _megatron(tmp_path, model, FLAGS, train_steps=1, then_train=1)
+    handed = _megatron(tmp_path, model, FLAGS, train_steps=1, offload=True, then_train=1)
+    o = handed["offload"]
+    hf_bytes = sum(t.numel() * t.element_size() for t in plain["weights"].values())
+    assert o["freed"] == o["restored"] >= 3 * hf_bytes  # the weights and AdamW's two moments (+ gradients)
+    assert _max_diff(o["logp_after"], o["logp"]) == 0
+    for name, value in plain["weights_then"].items():
+        _assert_same_update(handed["weights_then"][name], value, name)
+    before, offloaded, after = o["allocated"]
+    if before:  # CUDA: what the trainer held is given back to the device (all but a few KiB), and taken again
+        assert o["on_gpu"] >= 3 * hf_bytes and before - offloaded >= o["on_gpu"], o
+        assert offloaded <= before // 10 and after - offloaded >= o["on_gpu"], o  # (blocks rounded up)
+
+
 def test_checkpoint_round_trip_and_hf_export(tmp_path):
     model = _model(tmp_path, "dense")
     ckpt = tmp_path / "ckpt"

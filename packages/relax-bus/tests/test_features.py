@@ -204,6 +204,35 @@ def test_reset_consumer_keeps_what_the_dead_consumer_already_wrote():
     assert bus.get("train", 4, partial=True).ids == [0, 1]
 
 
+def test_a_get_waiting_when_its_consumer_is_reset_takes_nothing():
+    """The consumer's process died while its ``get`` waited for data (in the bus, or the bus actor, the call
+    waits on). Samples written after the reset must go to the restarted consumer, not to the dead caller's
+    call, which would hold them in a lease nobody acks while the run moved on without them."""
+    import threading
+
+    from relax_bus import ConsumerReset
+
+    bus = DataBus(BusConfig(consumers={"adv": ConsumerSpec()}))
+    outcome: list = []
+
+    def dead_callers_get():
+        try:
+            outcome.append(bus.get("adv", 2, timeout=10))
+        except BusError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=dead_callers_get)
+    t.start()
+    while not bus.stats()["waiting"]["get"]:  # the call is waiting inside the bus
+        threading.Event().wait(0.01)
+    bus.reset_consumer("adv")  # what the health manager does once it saw the process die
+    bus.put([{"x": i} for i in range(2)])
+    t.join(10)
+    assert isinstance(outcome[0], ConsumerReset) and "reset" in str(outcome[0])
+    assert bus.leases("adv") == {}
+    assert bus.get("adv", 2, timeout=1).ids == [0, 1]  # the restarted consumer gets them
+
+
 def test_reset_consumer_after_restore_acks_written_samples(tmp_path):
     """A snapshot saves leases as not delivered: after restore, samples whose output was written before
     the snapshot must not be handed to the consumer again (its field is write-once)."""

@@ -71,6 +71,34 @@ def test_producer_and_consumer_through_ray(ray_session):
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
+def test_a_killed_consumers_waiting_get_takes_nothing_after_its_reset(ray_session):
+    """Kill a consumer actor while its ``get`` waits in the bus controller; the call lives on there. After the
+    supervisor's ``reset_consumer`` the samples put next go to the restarted consumer (before the fix the
+    dead call took them: a lease nobody acks, and the run went on without them)."""
+    ray = ray_session
+    bus = RayBus.create(BusConfig(consumers={"adv": ConsumerSpec()}), name="relax-bus-kill-test")
+
+    @ray.remote(num_cpus=0)
+    class Consumer:
+        def take(self, bus: RayBus, n: int, timeout: float) -> list[int]:
+            return bus.get("adv", n, timeout=timeout).ids
+
+    doomed = Consumer.remote()
+    doomed.take.remote(bus, 2, 60.0)
+    _wait_until(lambda: bus.stats()["waiting"]["get"] == 1)
+    ray.kill(doomed)
+    time.sleep(0.5)
+    assert bus.stats()["waiting"]["get"] == 1  # the dead caller's call still waits in the controller
+    bus.reset_consumer("adv")
+    bus.put([{"x": i} for i in range(2)])
+    _wait_until(lambda: bus.stats()["waiting"]["get"] == 0)
+    assert bus.leases("adv") == {}
+    assert ray.get(Consumer.remote().take.remote(bus, 2, 30.0)) == [0, 1]
+    bus.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
 def test_large_payloads_go_through_object_store_and_snapshot(ray_session, tmp_path):
     cfg = BusConfig(consumers={"fwd": ConsumerSpec(), "train": ConsumerSpec(required_fields=["log_probs"])})
     bus = RayBus.create(cfg, num_storage_units=2)

@@ -6,13 +6,13 @@ Imports neither torch nor ray; the Ray backend imports ray only when used, the l
 from relax_bus.aio import AsyncBus, AsyncDataBus
 from relax_bus.config import BusConfig, ConsumerSpec
 from relax_bus.core import DataBus
-from relax_bus.errors import BusClosed, BusError, BusTimeout, DuplicateIds, StaleSampleError
+from relax_bus.errors import BusClosed, BusError, BusTimeout, ConsumerReset, DuplicateIds, StaleSampleError
 from relax_bus.loader import StreamingDataLoader, collate
 from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
 from relax_bus.state import Batch, ManualClock
 
-__version__ = "0.4.1"
+__version__ = "0.4.2"
 
 __all__ = [
     "AsyncBus",
@@ -22,6 +22,7 @@ __all__ = [
     "BusConfig",
     "BusError",
     "BusTimeout",
+    "ConsumerReset",
     "DuplicateIds",
     "ConsumerSpec",
     "DataBus",

@@ -28,7 +28,7 @@ from typing import Any
 from relax_bus import snapshot as _snapshot
 from relax_bus._book import _Book
 from relax_bus.config import BusConfig
-from relax_bus.errors import BusError, StaleSampleError
+from relax_bus.errors import BusError, ConsumerReset, StaleSampleError
 from relax_bus.prepare import Row, grouped_consumers, prepare_fields, prepare_samples, versioned_consumers
 from relax_bus.samplers import SAMPLERS, in_order
 from relax_bus.state import Batch, ConsumerState, Lease, Sample
@@ -211,9 +211,15 @@ class DataBus(_Book):
             options = st.spec.sampler_options
             enforce = st.spec.enforce_staleness and self.config.max_staleness is not None
             chosen: list[int] = []
+            resets = st.resets
 
             def satisfied() -> bool:
                 nonlocal chosen
+                if st.resets != resets:  # the caller's process died while this call waited (see reset_consumer)
+                    raise ConsumerReset(
+                        f"get({consumer!r}) was waiting when {consumer!r} was reset (its process died): it takes "
+                        "nothing, its samples go to the restarted consumer; a live caller gets again"
+                    )
                 self._expire_leases()
                 t = self._trainer_version if trainer_version is None else trainer_version
                 if enforce and self.config.staleness_policy == "drop":
@@ -275,10 +281,14 @@ class DataBus(_Book):
         ``done_if_written``: the fields this consumer writes. A held or waiting sample on which they are all
         written already (the process died between writing and acking; or a bus restored from a snapshot,
         which saves leases as not delivered) counts as acked instead of coming back, so a restarted
-        consumer never computes it twice (fields are write-once)."""
+        consumer never computes it twice (fields are write-once).
+
+        A ``get`` of the dead process still waiting here (in the bus, or in the bus actor the call reached)
+        raises :class:`ConsumerReset` instead of taking samples: they would sit in a lease nobody acks."""
         with self._cond:
             self._check_open()
             st = self._consumer(consumer)
+            st.resets += 1
             mine = [self._leases.pop(k) for k, ls in list(self._leases.items()) if ls.consumer == consumer]
             again = 0
             for lease in mine:

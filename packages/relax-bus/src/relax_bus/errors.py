@@ -26,6 +26,12 @@ class BusTimeout(BusError, TimeoutError):
     """A blocking call (``put``, ``get``, ``admit``) ran past its ``timeout``; nothing was taken or written."""
 
 
+class ConsumerReset(BusError):
+    """A ``get`` was waiting when its consumer was reset (``reset_consumer``: its process died). It takes
+    nothing: the samples it waited for go to the restarted consumer. Seen only by a caller that is still
+    alive after all (the consumer was reset by mistake, or a second process uses its name): get again."""
+
+
 class StaleSampleError(BusError):
     """Under ``staleness_policy="wait"``, a sample older than ``max_staleness`` reached a training consumer.
 

@@ -41,6 +41,8 @@ class ConsumerState:
     redelivered: int = 0
     dropped_stale: int = 0
     gets: int = 0
+    resets: int = 0
+    """How often ``reset_consumer`` ran: a ``get`` that began before a reset takes nothing."""
 
 
 @dataclass(slots=True)

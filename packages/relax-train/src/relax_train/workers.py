@@ -87,14 +87,14 @@ class _BusLoop:
                 return total
 
     def run(self) -> int:
-        from relax_bus import BusClosed, BusTimeout
+        from relax_bus import BusClosed, BusTimeout, ConsumerReset
 
         total = 0
         self._beat = time.monotonic()
         while True:
             try:
                 total += self.process(timeout=1.0)
-            except BusTimeout:
+            except (BusTimeout, ConsumerReset):  # (reset while alive: what it held comes back; get again)
                 self._beat = time.monotonic()
                 continue
             except BusClosed:
@@ -452,7 +452,7 @@ class ActorWorker(_DeviceTurns):
         }
 
     def _take_batch(self, step: int):
-        from relax_bus import BusTimeout
+        from relax_bus import BusTimeout, ConsumerReset
 
         while True:  # poll, so the heartbeat shows a live trainer while it waits for data
             self._beat = time.monotonic()
@@ -464,7 +464,7 @@ class ActorWorker(_DeviceTurns):
                     trainer_version=step,
                     timeout=1.0,
                 )
-            except BusTimeout:
+            except (BusTimeout, ConsumerReset):
                 continue
 
     def train(self, step: int) -> dict[str, Any]:

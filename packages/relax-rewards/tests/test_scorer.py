@@ -60,6 +60,24 @@ def test_bad_return_value():
     assert scorer.stats()["bad_return"] == 1
 
 
+@pytest.mark.parametrize("score", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_score_is_a_failure_not_a_reward(score):
+    """±inf as a reward made every advantage of its group ±inf or NaN, and the weights NaN after one step."""
+    scorer = Scorer(lambda response, label, metadata=None: RewardResult(score) if score != score else score)
+    r = scorer.score("x", None)
+    assert r.score == 0.0 and r.failure.startswith("bad return") and "finite" in r.failure
+    assert scorer.stats()["bad_return"] == 1
+
+
+def test_malformed_labels_are_failures_and_missing_ones_are_counted():
+    """A dict label (a broken dataset column) used to score 0 like a wrong answer; a missing one too."""
+    scorer = Scorer("math")
+    got = scorer.score_batch([r"\boxed{2}"] * 4, [{"answer": "2"}, None, True, "2"])
+    assert [r.score for r in got] == [0.0, 0.0, 0.0, 1.0]
+    assert "label column" in got[0].failure and "label column" in got[2].failure and got[1].failure is None
+    assert scorer.stats()["raised:ValueError"] == 2 and scorer.stats()["unlabeled"] == 1
+
+
 def test_hanging_reward_times_out_without_blocking_the_batch():
     release = threading.Event()
 

@@ -142,3 +142,25 @@ def test_recover_without_the_data_position_refuses(tiny_model_dir, prompt_file, 
     worker.journal.write_text(json.dumps({"put": 0, "prompts": ["r0"]}) + "\n")  # an old journal
     with pytest.raises(RuntimeError, match="no data position for step 1"):
         worker.recover()
+
+
+def test_a_reward_that_kills_its_process_is_a_counted_failure_with_process_isolation(
+    tiny_model_dir, prompt_file, tmp_path, monkeypatch
+):
+    """User reward code calling ``os._exit`` ended the rollout worker (and the run) with no message: rewards
+    only ran in threads, and no flag reached relax-rewards' process isolation."""
+    (tmp_path / "exiting_reward.py").write_text(
+        "import os\n\ndef reward(response, label, metadata=None):\n    os._exit(3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg, bus, worker = make_worker(
+        tiny_model_dir, prompt_file, rm_type="exiting_reward:reward", reward_isolation="process", reward_timeout_s=30
+    )
+    try:
+        worker.produce(step=0)
+    finally:
+        worker.close()
+    data = bus.get("advantages", cfg.samples_per_rollout, timeout=5).data
+    assert set(data["reward"]) == {0.0}
+    assert all(f.startswith("worker process died") or "exit" in f for f in data["reward_failure"]), data["reward_failure"][:2]
+    assert worker.get_stats()["reward"]["crashed"] == cfg.samples_per_rollout

@@ -27,7 +27,9 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         "reward_last": rewards[-1][1] if rewards else None,
         "staleness_max": max((h.get("train/staleness_max", 0) for h in result.history), default=0),
         "bus_dropped_stale": result.bus_stats.get("dropped_stale", 0),
-        "reward_failures": result.rollout_stats.get("failures", {}),
+        # by reason (timeout, raised:ValueError, bad_return, crashed, ...): each such sample scored the fallback
+        "reward_failures": reward_failures(result.rollout_stats.get("reward", {})),
+        "reward_unlabeled": result.rollout_stats.get("reward", {}).get("unlabeled", 0),
         "skipped_rows": result.rollout_stats.get("skipped_rows", 0),
         "output_dir": str(out),
         **(extra or {}),
@@ -36,6 +38,11 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
     _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
     summary["plot"] = str(out / "curves.png")
     return summary
+
+
+def reward_failures(stats: dict[str, int]) -> dict[str, int]:
+    """The failure reasons of the rollout's reward scorer (``Scorer.stats()`` less its totals)."""
+    return {k: v for k, v in stats.items() if k not in ("scored", "failed", "unlabeled")}
 
 
 def _plot(path: Path, rewards, curve, title: str) -> None:

@@ -89,6 +89,14 @@ class RolloutConfig(_Section):
     """Per-call reward time-out; a reward that exceeds it scores the fallback and is counted."""
     reward_concurrency: int = Field(8, ge=1)
     """Reward calls run concurrently per rollout batch, at most this many at once."""
+    reward_isolation: Literal["thread", "process"] = "thread"
+    """Where reward calls run: "thread" (cheapest) or "process" (pooled worker processes: a reward that
+    hangs in C code is killed at its time-out, one that crashes, calls os._exit or is killed scores the
+    fallback as a "crashed" failure instead of ending the run). Use "process" for untrusted or CPU-heavy
+    reward code; the reward must be importable by name (registered, or a dotted path)."""
+    reward_memory_limit_mb: int | None = Field(None, ge=1)
+    """With --reward-isolation process: each reward worker's address-space limit (MiB); a call past it
+    fails (counted), the run goes on."""
     reward_delay_s: float = Field(0.0, ge=0.0)
     """Extra latency added to every reward call, to emulate a remote judge (benchmarks)."""
     dynamic_sampling: bool = False

@@ -192,12 +192,18 @@ def _tail(text: str) -> str:
 
 
 def _matches(answer: str | None, label: Any) -> bool:
+    labels = label if isinstance(label, list | tuple | set | frozenset) else [label]
+    usable = [c for c in labels if isinstance(c, str | int | float) and not isinstance(c, bool)]
+    if label is None:  # no label: 0 (label-free runs rescore by group; the scorer counts "unlabeled")
+        return False
+    if not usable:  # a malformed label: no response can match it (a failure, not a 0)
+        raise ValueError(
+            f"a math label must be a string, a number or a list of them, not {type(label).__name__} "
+            f"{str(label)[:60]!r}: fix the sample's label column"
+        )
     if answer is None:
         return False
-    labels = label if isinstance(label, list | tuple | set | frozenset) else [label]
-    for candidate in labels:
-        if candidate is None:
-            continue
+    for candidate in usable:
         text = str(candidate)
         boxed = extract_boxed(text) if "\\boxed" in text or "\\fbox" in text else None
         if is_equiv(answer, boxed if boxed is not None else text):

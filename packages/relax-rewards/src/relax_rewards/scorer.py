@@ -157,6 +157,9 @@ class Scorer:
                     results[i] = self._failed("timeout", f"timeout after {self.timeout_s:g} s")
         with self._lock:
             self._counts["scored"] += n
+            unlabeled = sum(label is None for label in labels)
+            if unlabeled and self.group_reward is None:  # (label-free runs score by their group hook)
+                self._counts["unlabeled"] += unlabeled
         return [r if r is not None else self._failed("missing", "no result") for r in results]
 
     async def ascore_batch(
@@ -220,7 +223,8 @@ class Scorer:
 
     def stats(self) -> dict[str, int]:
         """Counts since creation: ``scored`` (samples) and ``failed``, plus one key per failure
-        reason (``timeout``, ``raised:ValueError``, ``bad_return``, ``unknown_reward``, ``crashed``)."""
+        reason (``timeout``, ``raised:ValueError``, ``bad_return``, ``unknown_reward``, ``crashed``), and
+        ``unlabeled``: samples scored with no label (``None``) and no group hook to stand in for one."""
         with self._lock:
             return dict(self._counts)
 

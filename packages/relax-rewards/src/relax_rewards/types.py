@@ -57,7 +57,7 @@ def as_result(value: Any) -> RewardResult:
     """Normalize what a reward returned into a :class:`RewardResult`.
 
     Accepts a ``RewardResult``, a real number (``bool`` included) or anything ``float()`` accepts.
-    A NaN score is refused: it would silently poison advantages downstream.
+    A NaN or infinite score is refused: either one poisons the group's advantages, then the weights.
 
     >>> as_result(1)
     RewardResult(score=1.0, details={}, failure=None)
@@ -72,8 +72,11 @@ def as_result(value: Any) -> RewardResult:
                 f"a reward must return a float or RewardResult (got {type(value).__name__}: {value!r})"
             )
         result = RewardResult(float(value))
-    if not isinstance(result.score, int | float) or math.isnan(result.score):
-        raise ValueError(f"a reward score must be a finite number or ±inf, not {result.score!r}")
+    if not isinstance(result.score, int | float) or not math.isfinite(result.score):
+        raise ValueError(
+            f"a reward score must be a finite number, not {result.score!r} (NaN or ±inf would poison the "
+            "group's advantages and the weights): return a bounded score"
+        )
     if not isinstance(result.score, float):
         result = RewardResult(float(result.score), result.details, result.failure)
     return result

@@ -1,3 +1,3 @@
 """relax_rollout."""
 
-__version__ = "0.6.1"
+__version__ = "0.6.2"

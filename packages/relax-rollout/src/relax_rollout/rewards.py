@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -12,12 +13,14 @@ def build_scorer(cfg: RelaxConfig):
     from relax_rewards import Scorer, get_reward
 
     r = cfg.rollout
-    fn = get_reward(r.rm_type)
+    fn: Any = r.rm_type if r.reward_isolation == "process" else get_reward(r.rm_type)  # (by name: picklable)
     if r.reward_delay_s > 0:
-        base, delay = fn, r.reward_delay_s
+        fn = functools.partial(_delayed, get_reward(r.rm_type), r.reward_delay_s)
+    return Scorer(fn, timeout_s=r.reward_timeout_s, max_concurrency=r.reward_concurrency,
+                  isolation=r.reward_isolation, memory_limit_mb=r.reward_memory_limit_mb)  # fmt: skip
 
-        def fn(response: str, label: Any, metadata: dict | None = None):  # noqa: F811 - wraps the reward
-            time.sleep(delay)  # emulates a remote judge's latency (benchmarks)
-            return base(response, label, metadata)
 
-    return Scorer(fn, timeout_s=r.reward_timeout_s, max_concurrency=r.reward_concurrency)
+def _delayed(reward: Any, delay_s: float, response: str, label: Any, metadata: dict | None = None) -> Any:
+    """``reward`` after ``delay_s`` seconds: emulates a remote judge's latency (benchmarks)."""
+    time.sleep(delay_s)
+    return reward(response, label, metadata)

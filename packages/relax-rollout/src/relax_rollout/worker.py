@@ -684,7 +684,7 @@ class RolloutWorker:
         return start
 
     def get_stats(self) -> dict[str, Any]:
-        return {**self.stats, "skipped_rows": len(self.skipped_rows), **self.scorer.stats()}
+        return {**self.stats, "skipped_rows": len(self.skipped_rows), "reward": self.scorer.stats()}
 
     def get_bad_media(self) -> list[str]:
         """One message per skipped media row (sample, file, reason, what to do)."""
@@ -703,6 +703,7 @@ class RolloutWorker:
         return self.engine_service.elastic_url if self.engine_service is not None else None
 
     def close(self) -> None:
+        self.scorer.close()  # (--reward-isolation process: its worker processes)
         if self._receiver is not None:
             self._receiver.close()
         if self.engine_service is not None:

@@ -123,6 +123,26 @@ def test_loss_mask_zero_means_no_update(tiny_model_dir):
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+@pytest.mark.parametrize("poison", [float("inf"), float("nan")])
+def test_a_non_finite_gradient_never_reaches_the_weights(tiny_model_dir, poison):
+    """Whatever slipped past the reward check (an advantage, an overflow) and made the gradient NaN or inf:
+    the step is skipped and counted, the weights and AdamW's moments stay as they were, training goes on."""
+    be = TorchBackend(make_cfg(), tiny_model_dir)
+    samples = make_samples(advantages=[1.0, poison, 0.5])
+    samples["log_probs"] = be.compute_log_probs(samples)
+    before = weights(be)
+    metrics = be.train_step(samples)
+    assert all(torch.equal(before[n], w) for n, w in weights(be).items())
+    assert metrics["nonfinite_updates_skipped"] == 1.0 and not np.isfinite(metrics["grad_norm"])
+    good = make_samples(advantages=[1.0, -1.0, 0.5])
+    good["log_probs"] = be.compute_log_probs(good)
+    metrics = be.train_step(good)
+    assert metrics["nonfinite_updates_skipped"] == 0.0
+    after = weights(be)
+    assert all(torch.isfinite(w).all() for w in after.values())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
 def test_frozen_backend_cannot_train(tiny_model_dir):
     be = TorchBackend(make_cfg(), tiny_model_dir, trainable=False)
     with pytest.raises(RuntimeError, match="frozen"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -273,7 +274,7 @@ class TorchBackend:
         gbs = min(self.cfg.effective_global_batch_size, n)
         mbs = self.cfg.train.micro_batch_size
         acc = _StepAcc.start(self, samples)
-        loss_total, grad_norm, n_opt = 0.0, 0.0, 0
+        loss_total, grad_norm, n_opt, skipped = 0.0, 0.0, 0, 0
         self.model.train()
         for gstart in range(0, n, gbs):
             gidx = list(range(gstart, min(n, gstart + gbs)))
@@ -281,10 +282,13 @@ class TorchBackend:
             self.optimizer.zero_grad(set_to_none=True)
             micro = [gidx[m : m + mbs] for m in range(0, len(gidx), mbs)]
             loss_total += self._forward_backward(samples, micro, total_tokens, len(gidx), acc)
-            grad_norm += self._clip_and_step()
+            norm = self._clip_and_step()
+            grad_norm += norm
+            skipped += not math.isfinite(norm)
             n_opt += 1
         self.version += 1
         metrics = self._step_metrics(acc.sums, acc.counts, acc.keep, loss_total, grad_norm, n_opt)
+        metrics["nonfinite_updates_skipped"] = float(skipped)
         return {**metrics, **self._r3_metrics()}
 
     def _forward_backward(
@@ -302,11 +306,21 @@ class TorchBackend:
 
     def _clip_and_step(self) -> float:
         """Clip the accumulated gradients to --clip-grad, step the optimizer; the pre-clip gradient norm."""
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
+        gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad))
+        self._update_if_finite(gn)
+        return gn
+
+    def _update_if_finite(self, grad_norm: float) -> bool:
+        """Step the optimizer, unless the gradient norm is NaN or infinite: that step would write NaN into
+        every weight (and, through AdamW's moments, into every later step). It is skipped instead, its
+        gradients dropped, and counted (``train/nonfinite_updates_skipped``). True when it stepped."""
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
         if self.before_update is not None:
             self.before_update()
         self.optimizer.step()
-        return float(gn)
+        return True
 
     def _micro_loss(
         self, samples, idx, logp, valid, ent, total_tokens: float, n_seqs: int, acc

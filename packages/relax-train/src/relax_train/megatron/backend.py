@@ -908,10 +908,8 @@ class MegatronBackend(TorchBackend):
         if coef < 1.0:
             for _, p in named:
                 p.grad.mul_(coef)
-        if self.before_update is not None:
-            self.before_update()
-        self.optimizer.step()
-        self._share_owned()
+        if self._update_if_finite(norm):  # (the norm is the same on every rank: all skip, or none)
+            self._share_owned()
         return norm
 
     # -- the optimizer ------------------------------------------------------------------------------

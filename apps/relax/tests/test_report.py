@@ -1,0 +1,38 @@
+"""The end-of-run summary counts what the reward scorer refused (it read a key the scorer never wrote, and
+said ``reward_failures: {}`` whatever happened)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from relax_app.report import write_report  # noqa: E402
+from relax_bus import DataBus  # noqa: E402
+from relax_core.config import RelaxConfig  # noqa: E402
+from relax_core.controller import RunResult, bus_config  # noqa: E402
+from relax_core.testing import build_tiny_checkpoint  # noqa: E402
+from relax_rollout.worker import RolloutWorker  # noqa: E402
+
+
+def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path):
+    rows = [{"prompt": "1+1=", "label": {"answer": "2"}}, {"prompt": "2+2=", "label": None}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    model = build_tiny_checkpoint(tmp_path / "model")
+    cfg = RelaxConfig.model_validate({
+        "model": {"hf_checkpoint": model}, "data": {"prompt_data": str(data)},
+        "run": {"output_dir": str(tmp_path / "run")},
+        "rollout": {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "rollout_max_response_len": 3, "rm_type": "math"},
+    })  # fmt: skip
+    worker = RolloutWorker(cfg, DataBus(bus_config(cfg)), model, str(data), torch_threads=1)
+    worker.produce(step=0)
+    result = RunResult(history=[], wall_s=1.0, rl_wall_s=1.0, samples=4, mode="colocate", max_staleness=0,
+                       rollout_stats=worker.get_stats())  # fmt: skip
+    (tmp_path / "run").mkdir()
+    summary = write_report(cfg, result)
+    assert summary["reward_failures"] == {"raised:ValueError": 2}  # the dict label's two samples
+    assert summary["reward_unlabeled"] == 2
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_failures"] == {"raised:ValueError": 2}

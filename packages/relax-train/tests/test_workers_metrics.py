@@ -46,3 +46,23 @@ def test_actor_worker_logs_through_the_metrics_service(tiny_model_dir, tmp_path,
     assert sorted(acc.Tags()["scalars"]) == ["eval/accuracy", "rollout/reward_mean", "train/loss"]
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 0.75)]
     assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(0, 0.25)]
+
+
+def test_resuming_reads_the_history_past_a_torn_last_line(tiny_model_dir, tmp_path, caplog):
+    """A kill mid-write tears metrics.jsonl's last line; --load stopped at it with a JSONDecodeError."""
+    out = tmp_path / "run"
+    cfg = RelaxConfig.model_validate({"run": {"output_dir": str(out), "trace": False, "tensorboard": False},
+                                      "train": {"save": str(tmp_path / "ckpt")}})  # fmt: skip
+    worker = ActorWorker(cfg, bus=None, model_path=tiny_model_dir)
+    rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 0, "train/loss": 0.5, "rollout/reward_mean": 0.5}]
+    for row in rows:
+        worker.log(row)
+    saved = worker.save()
+    worker.close()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1, "train/lo')  # the row being written when the process died
+    again = ActorWorker(cfg, bus=None, model_path=tiny_model_dir)
+    assert again.load(saved)["version"] == 0
+    assert again.history == rows
+    assert "metrics.jsonl line 3 is not JSON" in caplog.text
+    again.close()

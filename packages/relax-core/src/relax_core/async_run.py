@@ -300,13 +300,13 @@ class AsyncRun:
 
     def _trainer_checkpoint(self) -> str | None:
         """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
-        from relax_core.controller import _latest_checkpoint
+        from relax_core.checkpoints import latest_checkpoint
 
         acked = set(self.bus.consumed_ids("actor_train"))
         ckpt, covered = None, set()
         if self.cfg.train.save:
             try:
-                ckpt = _latest_checkpoint(self.cfg.train.save)
+                ckpt = latest_checkpoint(self.cfg.train.save)
             except FileNotFoundError:
                 ckpt = None
         if ckpt is not None:
@@ -339,13 +339,13 @@ class AsyncRun:
 
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
-        from relax_core.controller import _latest_checkpoint
+        from relax_core.checkpoints import latest_checkpoint
 
         self.teardown()
         ckpt = None
         if self.cfg.train.save:
             try:
-                ckpt = _latest_checkpoint(self.cfg.train.save)
+                ckpt = latest_checkpoint(self.cfg.train.save)
             except FileNotFoundError:
                 ckpt = None
         if ckpt is None:  # nothing saved yet: the run starts over, so it forgets what it logged

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.async_run import AsyncRun
+from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
 from relax_core.notify import Notifier
 from relax_core.trace import write_trace
@@ -141,18 +142,6 @@ def _start_ray_for_ranks(cfg: RelaxConfig) -> bool:
     return _start_ray(cfg)
 
 
-def _latest_checkpoint(path: str) -> str:
-    p = Path(path)
-    if (p / "meta.json").is_file():
-        return str(p)
-    steps = sorted(p.glob("step_*/meta.json"))
-    if not steps:
-        raise FileNotFoundError(
-            f"--load {path}: no checkpoint found (expected meta.json or step_*/meta.json)"
-        )
-    return str(steps[-1].parent)
-
-
 class Controller:
     def __init__(self, cfg: RelaxConfig, inputs: RunInputs) -> None:
         # absolute paths: Ray workers do not share our working directory
@@ -272,7 +261,7 @@ class Controller:
         actor.save_extra = lambda v: {"data": rollout.data_state(v)}
         start = 0
         if cfg.train.load:
-            meta = actor.load(_latest_checkpoint(cfg.train.load))
+            meta = actor.load(latest_checkpoint(cfg.train.load))
             start = int(meta["version"])
             if "data" in meta:  # the same prompts from here on as the run that wrote the checkpoint
                 rollout.load_data_state(meta["data"])
@@ -347,7 +336,7 @@ class Controller:
         run = self.async_run = AsyncRun(self, notifier, threads)
         try:
             bcfg = bus_config(cfg)
-            start = run.start(_latest_checkpoint(cfg.train.load) if cfg.train.load else None)
+            start = run.start(latest_checkpoint(cfg.train.load) if cfg.train.load else None)
             t_rl = time.perf_counter()
             bar = _progress(cfg, start)
             seen = start

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import threading
 import time
@@ -18,11 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from relax_core.checkpoints import save_atomically
 from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
+
+logger = logging.getLogger(__name__)
 
 
 def _set_threads(n: int | None) -> None:
@@ -645,8 +649,8 @@ class ActorWorker(_DeviceTurns):
         }
         if self.save_extra is not None:
             extra.update(self.save_extra(self.backend.version))
-        with self.tracer.span("save", version=self.backend.version):
-            self.backend.save_checkpoint(target, extra=extra)
+        with self.tracer.span("save", version=self.backend.version):  # whole, or not there (a kill mid-save)
+            save_atomically(target, lambda tmp: self.backend.save_checkpoint(tmp, extra=extra))
         return str(target)
 
     def load(self, path: str) -> dict[str, Any]:
@@ -662,7 +666,7 @@ class ActorWorker(_DeviceTurns):
             self.trained_prompts = [list(p) for p in meta.get("trained_prompts", [])]
         log = self.out / "metrics.jsonl"
         if log.is_file() and not self.history:
-            rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            rows = _json_lines(log)
             kept: dict[tuple, dict] = {}
             for r in rows:  # the latest row per (step, kind): a re-done step replaces the lost one
                 if int(r.get("step", -1)) <= v:
@@ -697,3 +701,17 @@ class ActorWorker(_DeviceTurns):
         if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
             self.backend.close()
         self.metrics.close()
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file; a line that does not parse (the last one, torn by a kill mid-write)
+    is left out with a warning naming it, instead of stopping the resume."""
+    rows = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            logger.warning("%s line %d is not JSON (torn by a kill mid-write?): left out", path, n)
+    return rows

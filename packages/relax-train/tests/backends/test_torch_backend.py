@@ -179,6 +179,22 @@ def test_checkpoint_round_trip(tiny_model_dir, tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=n)
 
 
+def test_a_checkpoint_lacking_tensors_is_refused_not_half_loaded(tiny_model_dir, tmp_path):
+    """Loading took whatever tensors were there (strict=False, for tied weights) and trained on: a checkpoint
+    missing half its tensors went unnoticed. Only a tied weight saved under its other name may be absent."""
+    from safetensors.torch import load_file, save_file
+
+    tied = TorchBackend(make_cfg(), tiny_model_dir)
+    tied.save_checkpoint(tmp_path / "ckpt")
+    tied.load_checkpoint(tmp_path / "ckpt")  # whole (the tiny model ties its embeddings): loads
+    st = tmp_path / "ckpt" / "model" / "model.safetensors"
+    tensors = load_file(str(st))
+    kept = dict(list(tensors.items())[: len(tensors) // 2])
+    save_file(kept, str(st), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"lacks {len(tensors) - len(kept)} of the model's tensors"):
+        TorchBackend(make_cfg(), tiny_model_dir).load_checkpoint(tmp_path / "ckpt")
+
+
 def test_load_checkpoint_missing_is_clear(tiny_model_dir, tmp_path):
     be = TorchBackend(make_cfg(), tiny_model_dir)
     with pytest.raises(FileNotFoundError, match="meta.json"):

@@ -495,7 +495,15 @@ class TorchBackend:
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"--load {path}: no checkpoint there (meta.json missing)")
         weights = load_file(str(path / "model" / "model.safetensors"))
-        self.model.load_state_dict(weights, strict=False)
+        missing = self.model.load_state_dict(weights, strict=False).missing_keys
+        loaded = {t.data_ptr() for name, t in self.model.state_dict().items() if name in weights}
+        state = self.model.state_dict()  # (a tied weight saved once under its other name is not missing)
+        missing = [name for name in missing if state[name].data_ptr() not in loaded]
+        if missing:
+            raise ValueError(
+                f"--load {path}: the checkpoint lacks {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
+                f"{', …' if len(missing) > 3 else ''}): it is damaged or of another model; load another one"
+            )
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         return self._restore_trainer_state(state, path)
 

@@ -1,0 +1,125 @@
+"""Checkpoint directories that are whole or absent, and the newest whole one to resume from.
+
+Why: a run killed while it writes a checkpoint (the end-of-run save, a SIGKILL, a full disk) must not leave
+something ``--load`` trusts. So a checkpoint is written under a temporary name beside its final one and
+renamed into place only once complete (a rename is atomic on one file system), with ``manifest.json``
+listing every file's size, and its SHA-256 where the file is small enough to hash cheaply. Loading checks
+the manifest first; from a directory of ``step_*`` checkpoints the newest that checks out is used, and each
+newer one passed over is named with what is wrong with it. Checkpoints written before manifests existed
+load as before (``meta.json`` present).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+HASH_LIMIT = 1 << 30
+"""Files up to this size (1 GiB: configs, metadata, small models' weights) are hashed; larger ones (a big
+model's shards) are checked by size, which catches truncated and missing writes without reading them."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: str | Path) -> dict:
+    """List every file under ``directory`` (size, and SHA-256 up to :data:`HASH_LIMIT`) in its manifest."""
+    root = Path(directory)
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            entry: dict = {"bytes": p.stat().st_size}
+            if entry["bytes"] <= HASH_LIMIT:
+                entry["sha256"] = _digest(p)
+            files[p.relative_to(root).as_posix()] = entry
+    manifest = {"files": files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def problem(directory: str | Path) -> str | None:
+    """What is wrong with the checkpoint at ``directory`` (None: it is whole). Without a manifest (written
+    before manifests existed) a checkpoint counts as whole when its ``meta.json`` is there."""
+    root = Path(directory)
+    if not (root / "meta.json").is_file():
+        return "meta.json is missing"
+    if not (root / MANIFEST).is_file():
+        return None
+    try:
+        files = json.loads((root / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    for name, entry in files.items():
+        p = root / name
+        if not p.is_file():
+            return f"{name} is missing"
+        size = p.stat().st_size
+        if size != entry["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {entry['bytes']}"
+        if "sha256" in entry and _digest(p) != entry["sha256"]:
+            return f"{name} does not match its checksum (damaged after it was written)"
+    return None
+
+
+def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
+    """Have ``write(directory)`` fill a temporary directory beside ``target``, add the manifest, and rename
+    it to ``target``. An existing whole checkpoint at ``target`` is kept as it is: a checkpoint of the same
+    step holds the same state (the end-of-run save after a step's save), and rewriting it in place was
+    what a kill during the last save destroyed. A damaged one is replaced."""
+    target = Path(target)
+    if target.is_dir() and problem(target) is None:
+        return target
+    tmp = target.with_name(f".{target.name}.writing-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        write_manifest(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: its dot-name is never loaded)
+        raise
+    if target.exists():  # a damaged leftover of this step
+        old = target.with_name(f".{target.name}.damaged-{os.getpid()}")
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def latest_checkpoint(path: str | Path) -> str:
+    """The checkpoint ``--load PATH`` resumes from: PATH itself when it is one (it must be whole), else
+    the newest whole ``step_*`` under it; newer ones that are not whole are passed over, each named with
+    its problem in a warning. Raises ``FileNotFoundError`` when there is none to use."""
+    p = Path(path)
+    if (p / "meta.json").is_file():
+        wrong = problem(p)
+        if wrong:
+            raise FileNotFoundError(f"--load {p}: the checkpoint is damaged: {wrong}; load another one")
+        return str(p)
+    passed_over = []
+    for step in sorted((d for d in p.glob("step_*") if d.is_dir()), reverse=True):
+        wrong = problem(step)
+        if wrong is None:
+            for name, why in passed_over:
+                logger.warning("checkpoint %s is not whole (%s): resuming from %s instead", name, why, step)
+            return str(step)
+        passed_over.append((step, wrong))
+    detail = "; ".join(f"{name.name}: {why}" for name, why in passed_over)
+    raise FileNotFoundError(
+        f"--load {path}: no whole checkpoint found (expected meta.json or step_*/meta.json"
+        + (f"; {detail}" if detail else "")
+        + ")"
+    )

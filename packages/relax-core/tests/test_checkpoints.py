@@ -1,0 +1,65 @@
+"""Checkpoints are whole or absent; --load takes the newest whole one and says what it passed over."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from relax_core.checkpoints import MANIFEST, latest_checkpoint, problem, save_atomically
+
+
+def _writer(weights: bytes = b"w" * 1000, fail: bool = False):
+    def write(d):
+        (d / "model").mkdir()
+        (d / "model" / "model.safetensors").write_bytes(weights)
+        if fail:
+            raise OSError("disk full")
+        (d / "meta.json").write_text(json.dumps({"version": 1}))
+
+    return write
+
+
+def test_a_checkpoint_appears_whole_with_its_manifest_or_not_at_all(tmp_path):
+    target = save_atomically(tmp_path / "step_000001", _writer())
+    files = json.loads((target / MANIFEST).read_text())["files"]
+    assert set(files) == {"model/model.safetensors", "meta.json"} and files["meta.json"]["sha256"]
+    assert problem(target) is None
+    with pytest.raises(OSError, match="disk full"):
+        save_atomically(tmp_path / "step_000002", _writer(fail=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]  # nothing half-written stays
+
+
+def test_saving_a_step_again_keeps_the_whole_checkpoint_there(tmp_path):
+    """The end-of-run save of the step last saved rewrote it in place: a kill then left it unloadable."""
+    first = save_atomically(tmp_path / "step_000003", _writer(b"a" * 10))
+    save_atomically(first, _writer(b"b" * 10))
+    assert (first / "model" / "model.safetensors").read_bytes() == b"a" * 10
+
+
+def test_load_passes_over_damaged_checkpoints_and_names_why(tmp_path, caplog):
+    good = save_atomically(tmp_path / "step_000001", _writer())
+    torn = save_atomically(tmp_path / "step_000002", _writer())
+    with open(torn / "model" / "model.safetensors", "r+b") as f:
+        f.truncate(500)  # a kill mid-copy, a full disk
+    flipped = save_atomically(tmp_path / "step_000003", _writer())
+    (flipped / "model" / "model.safetensors").write_bytes(b"x" * 1000)  # same size, other bytes
+    (tmp_path / ".step_000004.writing-123").mkdir()  # what a kill during a save leaves
+    with caplog.at_level(logging.WARNING, logger="relax_core.checkpoints"):
+        assert latest_checkpoint(tmp_path) == str(good)
+    said = caplog.text
+    assert "step_000003" in said and "checksum" in said
+    assert "step_000002" in said and "has 500 bytes, the manifest says 1000" in said
+    with pytest.raises(FileNotFoundError, match="damaged: model/model.safetensors has 500 bytes"):
+        latest_checkpoint(torn)  # named explicitly: an error, not another checkpoint
+    (good / "meta.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no whole checkpoint.*step_000001: meta.json is missing"):
+        latest_checkpoint(tmp_path)
+
+
+def test_checkpoints_from_before_manifests_still_load(tmp_path):
+    old = tmp_path / "step_000007"
+    (old / "model").mkdir(parents=True)
+    (old / "meta.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == str(old)

@@ -92,10 +92,53 @@ def test_sampling_params_are_honoured(engine_server, call, local):
     ({"input_ids": [3, 4], "sampling_params": {"frequency_penalty": 1.0}}, "sampling_params.frequency_penalty"),
     ({"input_ids": [3, 4], "sampling_params": {"stop_token_ids": "1"}}, "sampling_params.stop_token_ids"),
     ({"input_ids": [3, 4], "return_logprob": "yes"}, "return_logprob"),
+    # values that reached the engine: 500s, or random output (NaN / Infinity are JSON literals to Python)
+    ({"input_ids": [3, 4], "sampling_params": {"temperature": float("nan")}}, "sampling_params.temperature"),
+    ({"input_ids": [3, 4], "sampling_params": {"top_p": float("inf")}}, "sampling_params.top_p"),
+    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 10**12}}, "input_ids"),  # past the context
+    ({"input_ids": [3, 2**63]}, "input_ids"),  # int64 overflow
+    ({"input_ids": [3, -1]}, "input_ids"),
+    ({"input_ids": [[3, 4], [3, 10**6]]}, "input_ids[1]"),  # outside the vocabulary
+    ({"input_ids": [3] * 127, "sampling_params": {"max_new_tokens": 2}}, "input_ids"),  # 129 > 128 positions
+    ({"text": "1+1=" * 5000}, "text"),  # refused before it is tokenized
 ])  # fmt: skip
 def test_bad_generate_payloads_are_400_naming_the_field(engine_server, call, body, field):
     code, err = call(engine_server, "/generate", body)
     assert code == 400 and err["param"] == field and field in err["message"] and err["object"] == "error"
+
+
+def test_a_vanishing_temperature_samples_greedily(engine_server, call):
+    """SGLang treats a temperature under 1e-6 as greedy; 1e-300 divided the logits into infinities (500)."""
+    body = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "temperature": 1e-300}}
+    code, tiny = call(engine_server, "/generate", body)
+    assert code == 200
+    greedy = call(engine_server, "/generate", {**body, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})[1]
+    assert tiny["output_ids"] == greedy["output_ids"]
+
+
+def test_a_flood_of_concurrent_clients_is_answered_not_reset(engine_server):
+    """200 clients at once: the standard library's listen backlog of 5 reset most of them."""
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+    from urllib.parse import urlparse
+
+    u = urlparse(engine_server)
+    start = threading.Barrier(200, timeout=30)
+
+    def health(_):
+        start.wait()  # all connect at once
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status
+        except OSError as e:
+            return type(e).__name__
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(200) as pool:
+        codes = list(pool.map(health, range(200)))
+    assert codes == [200] * 200, sorted({str(c) for c in codes})
 
 
 def test_other_400s(engine_server, call):

@@ -7,6 +7,7 @@ with SGLang's error body (``{"object": "error", "message", "type", "param", "cod
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,10 @@ _SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "s
 _SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
 _IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n"}
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+SAMPLING_EPS = 1e-6
+"""A temperature below this samples greedily, as SGLang's ``SamplingParams`` does (dividing the logits by
+1e-300 made them infinite and the sampler fail with a 500)."""
+INT64_MAX = 2**63 - 1
 
 
 class BadRequest(ValueError):
@@ -69,6 +74,8 @@ def _num(
         raise BadRequest(
             f"{where}.{key}", f"must be a{'n integer' if kind is int else ' number'} (got {v!r})"
         )
+    if not math.isfinite(v) or abs(v) > INT64_MAX:  # (JSON's NaN / Infinity literals parse; int64 ids overflow)
+        raise BadRequest(f"{where}.{key}", f"must be a finite number within int64 (got {v!r})")
     v = kind(v)
     if lo is not None and v < lo:
         raise BadRequest(f"{where}.{key}", f"must be ≥ {lo} (got {v})")
@@ -105,9 +112,9 @@ def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingPar
             seed = _num(sp, key, where, int, None)
     params = SamplingParams(
         max_new_tokens=max_new,
-        temperature=temperature if temperature > 0 else 1.0,
+        temperature=temperature if temperature >= SAMPLING_EPS else 1.0,
         top_p=top_p,
-        greedy=temperature == 0.0,
+        greedy=temperature < SAMPLING_EPS,
         stop_token_ids=tuple(stops),
         seed=seed,
     )
@@ -124,6 +131,9 @@ class GenerateRequest:
     single: bool
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
+    max_new_given: list[bool] | None = None
+    """Per prompt: whether the request named ``max_new_tokens`` (SGLang refuses a named one that does not
+    fit the context, and lets the default stop at the context's end)."""
 
 
 def _token_list(v: Any, field: str) -> list[int]:
@@ -142,7 +152,7 @@ def _has_media(v: Any) -> bool:
     return v is not None
 
 
-def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
+def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None) -> GenerateRequest:
     """SGLang ``GenerateReqInput``: ``text`` or ``input_ids`` (single or batch), ``sampling_params`` (one
     dict, or one per prompt), ``return_logprob``, ``rid``, ``return_routed_experts`` and
     ``routed_experts_start_len``. Media (``image_data``, ``video_data``, ``audio_data``) are refused: this
@@ -168,6 +178,10 @@ def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
         texts = [text] if single else text
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
             raise BadRequest("text", "must be a non-empty string or list of strings")
+        for i, t in enumerate(texts):
+            if max_text_chars and len(t) > max_text_chars:
+                raise BadRequest("text" if single else f"text[{i}]",
+                                 f"has {len(t)} characters: far more than the model's context holds")  # fmt: skip
         prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     sp = body.get("sampling_params")
     if isinstance(sp, list):
@@ -203,7 +217,13 @@ def parse_generate(body: Any, tokenizer: Any) -> GenerateRequest:
     start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
     if routed and any(start > len(p) for p in prompts):
         raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
-    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start)
+    given = [max_new_given(x) for x in sp] if isinstance(sp, list) else [max_new_given(sp)] * len(prompts)
+    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given)
+
+
+def max_new_given(sp: Any) -> bool:
+    """Whether a sampling-params dict names ``max_new_tokens``."""
+    return isinstance(sp, dict) and sp.get("max_new_tokens") is not None
 
 
 def finish_reason(out: GenerateOutput, params: SamplingParams) -> dict:

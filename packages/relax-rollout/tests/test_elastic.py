@@ -289,6 +289,17 @@ def test_validation_errors_are_400_naming_the_field(api, call):
     assert code == 400 and err["param"] == "engine_ids" and "at least 1 must remain" in err["message"]
 
 
+def test_a_scale_out_past_the_clusters_room_is_refused_before_anything_launches(api, call):
+    """{"num_replicas": 1000000} was accepted: 8 engines were launched before a cancel stopped it."""
+    a = api()
+    a.svc.max_engines = 4  # (a run: --elastic-max-engines, else the Ray cluster's CPUs)
+    code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 1000000})
+    assert code == 400 and err["param"] == "num_replicas" and "room for" in err["message"]
+    assert a.launched == [] and call(a.url, "/elastic/operations")[1]["data"] == []
+    code, op = call(a.url, "/elastic/scale_out", {"num_replicas": 3})
+    assert code == 202 and wait_op(call, a, op["id"])["state"] == "succeeded"
+
+
 def test_conflict_cancel_and_rollback_of_a_scale_out(api, call):
     gate = threading.Event()
     a = api(gate=gate, cancel_wait_s=0.2)
@@ -352,6 +363,9 @@ def test_auth_unknown_routes_and_openapi(api, call):
     assert call(a.url, "/elastic/operations/op-1", token="s3cret")[0] == 404
     with pytest.raises(ValueError, match="not a loopback address"):
         make_elastic_server(a.svc, host="0.0.0.0")
+    for blank in (" ", "", "\t"):  # a token of one space was accepted on 0.0.0.0
+        with pytest.raises(ValueError, match="the token is blank"):
+            make_elastic_server(a.svc, host="0.0.0.0", token=blank)
 
     code, doc = call(a.url, "/elastic/openapi.json", token="s3cret")
     assert code == 200 and doc["openapi"].startswith("3.0")

@@ -145,7 +145,9 @@ class RolloutConfig(_Section):
     elastic_host: str = "127.0.0.1"
     """Bind address of the elastic API; anything but loopback needs --elastic-token."""
     elastic_token: str | None = None
-    """Bearer token the elastic API requires (mandatory when --elastic-host is not loopback)."""
+    """Bearer token the elastic API requires (mandatory when --elastic-host is not loopback; not blank)."""
+    elastic_max_engines: int | None = Field(None, ge=1)
+    """The most engines a scale-out may ask for; None: the Ray cluster's CPUs (each engine takes a core)."""
     drain_timeout_s: float = Field(30.0, gt=0.0)
     """Scale-in: how long a removed engine may finish its in-flight requests before they are aborted and
     re-issued on the remaining engines."""

@@ -52,7 +52,7 @@ from urllib.parse import parse_qsl, unquote
 
 from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
 from relax_rollout.server import protocol
-from relax_rollout.server.app import is_loopback
+from relax_rollout.server.app import check_bind
 from relax_rollout.server.protocol import BadRequest, NotFound
 
 logger = logging.getLogger(__name__)
@@ -193,8 +193,11 @@ class ElasticService:
         force: bool = True,
         cancel_wait_s: float = 10.0,
         max_operations: int = 1000,
+        max_engines: int | None = None,
     ) -> None:
         self.pool = pool
+        self.max_engines = max_engines
+        """The most engines a scale-out may ask for (the cluster's room; None: no limit)."""
         self.drain_timeout_s, self.force, self.cancel_wait_s = drain_timeout_s, force, cancel_wait_s
         self.max_operations = max_operations
         self._lock = threading.RLock()
@@ -244,6 +247,12 @@ class ElasticService:
                 if n < active:
                     raise BadRequest(
                         "num_replicas", f"{n} is below the {active} active engines; use /elastic/scale_in"
+                    )
+                if self.max_engines is not None and n > self.max_engines:
+                    raise BadRequest(
+                        "num_replicas",
+                        f"{n} is above the {self.max_engines} engines this cluster has room for "
+                        "(--elastic-max-engines); add nodes or ask for fewer",
                     )
             for i, u in enumerate(urls or []):
                 if (m := self.pool.find(u)) is not None and m.state != "failed":
@@ -635,10 +644,7 @@ def make_elastic_server(
 ) -> ThreadingHTTPServer:
     """Bind the elastic API (port 0: any free port); call ``serve_forever`` (e.g. in a daemon thread). A
     non-loopback ``host`` needs ``token``."""
-    if not is_loopback(host) and not token:
-        raise ValueError(
-            f"elastic API host {host} is not a loopback address: give a token (scaling changes the run)"
-        )
+    check_bind(host, token, "elastic API (--elastic-host / --elastic-token; scaling changes the run)")
     handler = type("BoundElasticHandler", (ElasticHandler,), {"service": service, "token": token})
     httpd = ThreadingHTTPServer((host, port), handler)
     httpd.daemon_threads = True

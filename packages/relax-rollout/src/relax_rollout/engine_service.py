@@ -60,9 +60,12 @@ class EngineService:
         self.elastic_url: str | None = None
         self._httpd = None
         if r.elastic_port is not None:
+            import ray
+
             from relax_rollout.elastic import ElasticService, make_elastic_server
 
-            self.elastic = ElasticService(self.pool, drain_timeout_s=r.drain_timeout_s)
+            room = r.elastic_max_engines or int(ray.cluster_resources().get("CPU", 0)) or None
+            self.elastic = ElasticService(self.pool, drain_timeout_s=r.drain_timeout_s, max_engines=room)
             self._httpd = make_elastic_server(self.elastic, r.elastic_host, r.elastic_port, r.elastic_token)
             host, port = self._httpd.server_address[:2]
             self.elastic_url = f"http://{host}:{port}"

@@ -417,6 +417,9 @@ def test_non_loopback_host_needs_a_token(tiny_model_dir):
     assert r.returncode != 0 and "--token" in r.stderr
     with pytest.raises(ValueError, match="--token"):
         make_server(EngineServer(engine=object()), host="0.0.0.0")
+    r = subprocess.run([sys.executable, "-m", "relax_rollout.server", "--model", tiny_model_dir, "--host", "0.0.0.0",
+                        "--token", " "], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode != 0 and "the token is blank" in r.stderr
     httpd = make_server(EngineServer(engine=object(), token="t"), host="127.0.0.2")  # a token: allowed
     httpd.server_close()
 

@@ -23,10 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    from relax_rollout.server.app import EngineServer, is_loopback, make_server
+    from relax_rollout.server.app import EngineServer, check_bind, make_server
 
-    if not is_loopback(args.host) and not args.token:
-        ap.error(f"--host {args.host} is not a loopback address: give --token (control endpoints need it)")
+    try:  # before the model loads
+        check_bind(args.host, args.token, "--host / --token")
+    except ValueError as e:
+        ap.error(str(e))
     import torch
     from transformers import AutoTokenizer
 

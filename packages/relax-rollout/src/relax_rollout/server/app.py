@@ -720,12 +720,17 @@ class _Server(ThreadingHTTPServer):
     5 reset most of 200 concurrent clients (89 ``/generate`` resets, 21 ``/health`` time-outs, measured)."""
 
 
+def check_bind(host: str, token: str | None, what: str) -> None:
+    """A server that changes the run binds loopback, or needs a token; a blank token protects nothing."""
+    if token is not None and not token.strip():
+        raise ValueError(f"{what}: the token is blank; give one of visible characters (or none on loopback)")
+    if not is_loopback(host) and not token:
+        raise ValueError(f"{what}: host {host} is not a loopback address: give a token so control endpoints need it")
+
+
 def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """Bind (port 0 = any free port); a non-loopback host needs ``state.token``."""
-    if not is_loopback(host) and not state.token:
-        raise ValueError(
-            f"--host {host} is not a loopback address: give --token so control endpoints need it"
-        )
+    check_bind(host, state.token, "engine server (--host / --token)")
     handler = type("BoundHandler", (Handler,), {"state": state})
     httpd = _Server((host, port), handler)
     httpd.daemon_threads = True

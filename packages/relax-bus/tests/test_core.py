@@ -237,6 +237,24 @@ def test_drop_policy_drops_stale_whole_groups():
     assert bus.stats()["live"] == 0
 
 
+def test_a_group_id_used_again_after_its_group_was_dropped_is_a_new_group(tmp_path):
+    """A dropped group's id stayed dropped for good: a producer that reuses group ids (one per prompt slot)
+    had every later group of that id thrown away. Forgotten once all of its members were dropped."""
+    bus = rl_bus(max_staleness=1, staleness_policy="drop")
+    bus.put(group_samples(["slot0"], version=0, advantages=0.0, reward=0.0))
+    bus.set_trainer_version(2)
+    with pytest.raises(BusTimeout):
+        bus.get("actor_train", 2, timeout=0.01)  # both members dropped as stale
+    assert bus.stats()["dropped_stale"] == 2
+    adv = bus.get("advantages", 2)  # the other consumer is done with them too: the group is gone
+    bus.ack("advantages", adv.lease_id)
+    assert bus.stats()["live"] == 0
+    restored = DataBus.restore(bus.snapshot(tmp_path / "snap"))  # (and after a restore)
+    for b in (bus, restored):
+        b.put(group_samples(["slot0"], version=2, advantages=0.0, reward=0.0))  # the same id, fresh samples
+        assert b.get("actor_train", 2, fields=["group_id"], timeout=5).data["group_id"] == ["slot0", "slot0"]
+
+
 def test_nack_and_lease_expiry_redeliver():
     bus = DataBus(BusConfig(consumers={"a": ConsumerSpec()}, lease_timeout_s=0.05))
     bus.put([{"i": 0}, {"i": 1}])

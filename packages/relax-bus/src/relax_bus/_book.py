@@ -54,8 +54,9 @@ class _Book:
                 raise BusError(f"sample {k} of the put: duplicate id {sid} within this put")
             if sid < self._next_id:
                 raise DuplicateIds(
-                    f"sample {k} of the put: duplicate id {sid} (already used on this bus; explicit ids must be "
-                    f"unique and >= {self._next_id})"
+                    f"sample {k} of the put: id {sid} is below {self._next_id}, and explicit ids must exceed every "
+                    "id used so far on this bus (ids are never reused): an id at or below the highest one used "
+                    "counts as a sample put before (a producer's re-send), and nothing is written"
                 )
             seen.add(sid)
         return ids
@@ -119,6 +120,9 @@ class _Book:
         return refs
 
     def _drop_stale(self, name: str, st: ConsumerState, t: int) -> None:
+        """Drop this consumer's stale samples; for a grouped consumer, whole groups: a group with a stale
+        member is dropped, members still to come included, until all ``group_size`` are gone. Then its id
+        is forgotten, so a producer may use it again for a new group."""
         limit = self.config.max_staleness
         grouped = name in self._grouped
         stale = set()
@@ -126,11 +130,16 @@ class _Book:
             s = self._samples[sid]
             if t - s.version > limit:
                 stale.add(sid)
-                if grouped:
-                    st.dropped_groups.add(s.group_id)
+                if grouped and s.group_id not in st.dropped_groups:
+                    st.dropped_groups[s.group_id] = s.group_size or self.config.group_size
         if grouped and st.dropped_groups:
             stale.update(sid for sid in st.available if self._samples[sid].group_id in st.dropped_groups)
         for sid in stale:
+            if grouped:
+                gid = self._samples[sid].group_id
+                st.dropped_groups[gid] -= 1
+                if st.dropped_groups[gid] <= 0:
+                    del st.dropped_groups[gid]
             st.available.discard(sid)
             st.dropped_stale += 1
             self._counts["dropped_stale"] += 1

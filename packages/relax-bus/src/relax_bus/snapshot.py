@@ -39,7 +39,7 @@ def export_state(bus: Any) -> dict[str, Any]:
                 available.update(ls.ids)  # in flight = not delivered
         consumers[name] = {
             "available": sorted(available),
-            "dropped_groups": list(st.dropped_groups),
+            "dropped_groups": [[g, n] for g, n in st.dropped_groups.items()],
             "acked_ids": list(st.acked_ids),
             "counters": {
                 k: getattr(st, k) for k in ("delivered", "acked", "redelivered", "dropped_stale", "gets")
@@ -84,7 +84,8 @@ def import_state(bus: Any, state: dict[str, Any]) -> None:
     for name, c in state["consumers"].items():
         st = bus._consumers[name]
         st.available = set(c["available"])
-        st.dropped_groups = set(c["dropped_groups"])
+        # (pairs; a snapshot of bus 0.4.1 or older lists ids: their members still to come are unknown)
+        st.dropped_groups = {g[0]: g[1] for g in c["dropped_groups"] if isinstance(g, list)}
         st.acked_ids = list(c["acked_ids"])
         for k, v in c["counters"].items():
             setattr(st, k, v)

@@ -34,7 +34,8 @@ class ConsumerState:
 
     spec: ConsumerSpec
     available: set[int] = field(default_factory=set)
-    dropped_groups: set[Hashable] = field(default_factory=set)
+    dropped_groups: dict[Hashable, int] = field(default_factory=dict)
+    """Groups dropped as stale -> how many of their members are still to be dropped (then forgotten)."""
     acked_ids: list[int] = field(default_factory=list)
     delivered: int = 0
     acked: int = 0

@@ -55,6 +55,8 @@ class AsyncRun:
         self.start_step = 0
         self._engine_jobs: dict[str, tuple[Any, Event, float]] = {}
         """Engine restarts asked of the rollout role: id -> (pending ref or None once handled, event, t0)."""
+        self._recovering: dict[str, tuple[Event, float, Any]] = {}
+        """Roles restarted in place and not yet serving: name -> (event, t0, the new actor's first heartbeat)."""
 
     # -- building ----------------------------------------------------------------------------------
     def _actor(self, name: str, *args: Any, **kw: Any) -> Any:
@@ -178,6 +180,7 @@ class AsyncRun:
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
                 failures.append((name, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+        self._recovered()
         if self.cfg.run.health and not failures:
             failures = self._heartbeats()
         for name, reason in failures[:1]:  # one at a time: a restart re-forms the group for everyone
@@ -253,12 +256,31 @@ class AsyncRun:
             self.global_restart()
         if ev.action == "stop":
             raise RunFailed(self.policy.stop_reason(ev))
-        ev.recovery_s = time.perf_counter() - t0
+        if ev.action == "restart":  # serving again once the new actor answers (its model loaded): see _recovered
+            self._recovering[name] = (ev, t0, self.roles[name].heartbeat.remote())
+        else:  # a global restart returns with every role serving
+            ev.recovery_s = time.perf_counter() - t0
         self.notifier.restart(ev.attempt, f"{name} ({ev.action.replace('_', ' ')}): {reason}")
+
+    def _recovered(self, wait_s: float = 0.0) -> None:
+        """Close the recovery time of roles restarted in place whose new actor has answered (it had to
+        be built, model loaded, first): the time from the failure's detection until the role serves again.
+        Issuing the restart takes far less (Reference: 0.05 s issued, 102 s until it served)."""
+        for name, (ev, t0, ref) in list(self._recovering.items()):
+            ready, _ = self.ray.wait([ref], timeout=wait_s)
+            if not ready:
+                continue
+            del self._recovering[name]
+            try:
+                self.ray.get(ref)
+            except Exception:  # noqa: BLE001 - it died again before serving: that failure is handled on its own
+                continue
+            ev.recovery_s = time.perf_counter() - t0
 
     def _kill(self, name: str) -> None:
         actor = self.roles.get(name)
         self.beats.forget(name)
+        self._recovering.pop(name, None)
         if actor is not None:
             try:
                 self.ray.kill(actor, no_restart=True)
@@ -366,4 +388,5 @@ class AsyncRun:
         self._engine_restarts_done()
 
     def events(self) -> list[Event]:
+        self._recovered(wait_s=60.0)  # (a role restarted near the end: its recovery still counts)
         return sorted(self.policy.events, key=lambda ev: ev.at)

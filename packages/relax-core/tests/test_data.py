@@ -99,6 +99,39 @@ def test_missing_file_and_unknown_format(tmp_path):
         load_prompts(csv)
 
 
+def test_encodings_bom_and_json_arrays(tmp_path):
+    """A non-UTF-8 byte stopped the run with a UnicodeDecodeError naming neither file nor line; a BOM lost
+    the first row; a .json file holding one array was read line by line (every line invalid)."""
+    bad = tmp_path / "mixed.jsonl"
+    bad.write_bytes(b'{"prompt": "1+1=", "label": "2"}\n{"prompt": "caf\xe9", "label": "x"}\n')
+    ds = load_prompts(bad)
+    assert [r.prompt for r in ds.rows] == ["1+1="]
+    assert ds.skipped == [f"{bad}:2: not UTF-8 (byte 0xe9 at column 16); re-encode the file as UTF-8"]
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"prompt": "café", "label": "é"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"no usable rows .*latin1.jsonl:1: not UTF-8"):
+        load_prompts(latin)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": "2"}\n')
+    assert [r.prompt for r in load_prompts(bom).rows] == ["a", "b"]
+    array = tmp_path / "rows.json"
+    array.write_text('[\n {"prompt": "a", "label": "1"},\n {"prompt": "b", "label": "2"}\n]\n')
+    assert [r.prompt for r in load_prompts(array).rows] == ["a", "b"]
+
+
+def test_paths_that_are_not_data_files_say_so(tmp_path):
+    with pytest.raises(ValueError, match="is a directory"):
+        load_prompts(tmp_path)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    with pytest.raises(ValueError, match="no usable rows .*file is empty"):
+        load_prompts(blank)
+    torn = tmp_path / "torn.parquet"
+    torn.write_bytes(b"PAR1" + b"\0" * 40)
+    with pytest.raises(ValueError, match=r"torn.parquet: not a readable parquet file"):
+        load_prompts(torn)
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize(("n", "batch"), [(10, 3), (6, 2), (5, 5), (4, 7)])
 def test_every_row_once_per_epoch(n, batch, shuffle):

@@ -71,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2
-    from relax_app.train import train
+    from relax_app.train import check_inputs, train
 
+    try:
+        for note in check_inputs(cfg):
+            print(f"relax: {note}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # before anything heavy starts
+        print(f"relax: {exc}", file=sys.stderr)
+        return 2
     train(cfg)
     return 0
 

@@ -133,7 +133,12 @@ def build_config(
         path = Path(yaml_path)
         if not path.is_file():
             raise ConfigError(f"config file {path} not found")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:  # (its message carries the line and column)
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of flag names to values")
         flat.update(_flatten_yaml(data, str(path)))

@@ -38,22 +38,23 @@ def load_prompts(
     media_keys: dict[str, str] | None = None,
 ) -> PromptDataset:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--prompt-data {path}: is a directory; give a .jsonl or .parquet file")
     if not path.is_file():
         raise FileNotFoundError(f"--prompt-data {path}: file not found")
     raw: list[Any]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        raw = pq.read_table(path).to_pylist()
+        try:
+            raw = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors name neither the file nor what to do
+            raise ValueError(
+                f"--prompt-data {path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]}); "
+                "re-export it, or convert it to .jsonl"
+            ) from None
     elif path.suffix in (".jsonl", ".json"):
-        raw = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                raw.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raw.append(ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line"))
+        raw = _json_rows(path)
     else:
         raise ValueError(f"--prompt-data {path}: unsupported format {path.suffix!r}; use .jsonl or .parquet")
     ds = PromptDataset(rows=[])
@@ -84,6 +85,34 @@ def load_prompts(
             f"{ds.skipped[0] if ds.skipped else 'file is empty'})"
         )
     return ds
+
+
+def _json_rows(path: Path) -> list[Any]:
+    """The records of a JSON-lines file (a ``.json`` file holding one array: its items), a line that is not
+    UTF-8 or not JSON standing as an error that names the file and line (skipped and counted, not fatal).
+    A UTF-8 byte-order mark is dropped (it made the first row invalid JSON)."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    if path.suffix == ".json" and data.lstrip()[:1] == b"[":
+        try:
+            records = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--prompt-data {path}: not a valid JSON array ({e}); fix it, or write one object per line") from None
+        return list(records)
+    rows: list[Any] = []
+    for lineno, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            rows.append(ValueError(f"{path}:{lineno}: not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                                   "re-encode the file as UTF-8"))  # fmt: skip
+            continue
+        try:
+            rows.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            rows.append(ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line"))
+    return rows
 
 
 class PromptIterator:

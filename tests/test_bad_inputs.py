@@ -78,7 +78,9 @@ def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, ca
     from relax_core.cli_config import build_config
 
     data = tmp_path / "data.jsonl"
-    data.write_bytes(b'{"prompt": "1+1=", "label": "2"}\n{"prompt": "x\xff", "label": "1"}\nnot json\n')
+    data.write_bytes(b'{"prompt": "<image>1+1=", "label": "2"}\n{"prompt": "x\xff", "label": "1"}\nnot json\n')
     cfg = build_config(None, ["--prompt-data", str(data), "--hf-checkpoint", model])
-    (note,) = check_inputs(cfg)
-    assert note.startswith(f"--prompt-data {data}: 2 of 3 rows skipped (first: {data}:2: not UTF-8")
+    skipped, media = check_inputs(cfg)
+    assert skipped.startswith(f"--prompt-data {data}: 2 of 3 rows skipped (first: {data}:2: not UTF-8")
+    # a prompt marking an image in a text-only run trained as text, without a word
+    assert "1 prompts mark media" in media and "--multimodal-keys" in media

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from relax_app.report import write_report  # noqa: E402
+from relax_app.report import console_lines, write_report  # noqa: E402
 from relax_bus import DataBus  # noqa: E402
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.controller import RunResult, bus_config  # noqa: E402
@@ -20,7 +20,7 @@ from relax_rollout.worker import RolloutWorker  # noqa: E402
 def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path):
     rows = [{"prompt": "1+1=", "label": {"answer": "2"}}, {"prompt": "2+2=", "label": None}]
     data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     model = build_tiny_checkpoint(tmp_path / "model")
     cfg = RelaxConfig.model_validate({
         "model": {"hf_checkpoint": model}, "data": {"prompt_data": str(data)},
@@ -36,3 +36,11 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
     assert summary["reward_failures"] == {"raised:ValueError": 2}  # the dict label's two samples
     assert summary["reward_unlabeled"] == 2
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_failures"] == {"raised:ValueError": 2}
+    # skips are in the summary too, with what went wrong, and one console line per reason
+    assert summary["skipped_rows"] == 1 and summary["skipped_examples"] == [f"{data}:3: not valid JSON (Expecting "
+                                                                          "value); fix or remove the line"]
+    assert console_lines(summary) == [
+        "1 dataset rows skipped (malformed; see skipped_examples)",
+        "2 rewards failed (raised:ValueError) and scored the fallback",
+        "2 samples scored without a label",
+    ]

@@ -31,6 +31,8 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         "reward_failures": reward_failures(result.rollout_stats.get("reward", {})),
         "reward_unlabeled": result.rollout_stats.get("reward", {}).get("unlabeled", 0),
         "skipped_rows": result.rollout_stats.get("skipped_rows", 0),
+        "bad_media_rows": result.rollout_stats.get("bad_media_rows", 0),
+        "skipped_examples": result.rollout_stats.get("skipped_examples", []),  # the first of each kind
         "output_dir": str(out),
         **(extra or {}),
     }
@@ -38,6 +40,20 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
     _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
     summary["plot"] = str(out / "curves.png")
     return summary
+
+
+def console_lines(summary: dict) -> list[str]:
+    """One line per reason something was skipped or failed in the run (nothing when all went through)."""
+    lines = []
+    if summary["skipped_rows"]:
+        lines.append(f"{summary['skipped_rows']} dataset rows skipped (malformed; see skipped_examples)")
+    if summary["bad_media_rows"]:
+        lines.append(f"{summary['bad_media_rows']} rows skipped for unreadable media (see skipped_examples)")
+    for reason, n in sorted(summary["reward_failures"].items()):
+        lines.append(f"{n} rewards failed ({reason}) and scored the fallback")
+    if summary["reward_unlabeled"]:
+        lines.append(f"{summary['reward_unlabeled']} samples scored without a label")
+    return lines
 
 
 def reward_failures(stats: dict[str, int]) -> dict[str, int]:

@@ -60,7 +60,15 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
         if ds.skipped:
             notes.append(f"{flag} {path}: {len(ds.skipped)} of {len(ds.skipped) + len(ds.rows)} rows skipped "
                          f"(first: {ds.skipped[0]})")  # fmt: skip
+        marked = sum(any(m in r.prompt for m in MEDIA_MARKERS) for r in ds.rows)
+        if marked and not d.multimodal_keys:
+            notes.append(f"{flag} {path}: {marked} prompts mark media ({', '.join(MEDIA_MARKERS)}) but the run has no "
+                         "--multimodal-keys: they train as text; name the media columns, e.g. "
+                         "--multimodal-keys '{image: images}'")  # fmt: skip
     return notes
+
+
+MEDIA_MARKERS = ("<image>", "<video>", "<audio>")
 
 
 def train(cfg: RelaxConfig) -> dict:
@@ -74,8 +82,10 @@ def train(cfg: RelaxConfig) -> dict:
             f"{'cached' if demo_info['warm_start_cached'] else 'built now'})"
         )
     result = Controller(cfg, inputs).run()
-    from relax_app.report import write_report
+    from relax_app.report import console_lines, write_report
 
     summary = write_report(cfg, result, demo_info)
     print(json.dumps(summary, indent=1))
+    for line in console_lines(summary):
+        print(f"[relax] {line}")
     return summary

@@ -684,7 +684,8 @@ class RolloutWorker:
         return start
 
     def get_stats(self) -> dict[str, Any]:
-        return {**self.stats, "skipped_rows": len(self.skipped_rows), "reward": self.scorer.stats()}
+        return {**self.stats, "skipped_rows": len(self.skipped_rows), "reward": self.scorer.stats(),
+                "skipped_examples": self.skipped_rows[:5] + self.bad_media[:5]}  # fmt: skip
 
     def get_bad_media(self) -> list[str]:
         """One message per skipped media row (sample, file, reason, what to do)."""

@@ -164,3 +164,18 @@ def test_a_reward_that_kills_its_process_is_a_counted_failure_with_process_isola
     assert set(data["reward"]) == {0.0}
     assert all(f.startswith("worker process died") or "exit" in f for f in data["reward_failure"]), data["reward_failure"][:2]
     assert worker.get_stats()["reward"]["crashed"] == cfg.samples_per_rollout
+
+
+def test_a_prompt_past_the_context_is_skipped_and_counted_not_generated(tiny_model_dir, tmp_path):
+    """A 100k-character prompt reached the engine and was OOM-killed without a message."""
+    rows = [{"prompt": "1+1=", "label": "2"}, {"prompt": "1+" * 400 + "1=", "label": "401"}]
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg, bus, worker = make_worker(tiny_model_dir, str(path), rollout_batch_size=2, n_samples_per_prompt=1)
+    assert worker.context_len == 128
+    worker.produce(step=0)
+    data = bus.get("advantages", 2, timeout=5).data
+    assert all(len(t) < 128 for t in data["tokens"])  # only the short prompt, drawn twice
+    stats = worker.get_stats()
+    assert stats["long_prompt_rows"] >= 1
+    assert any("exceed the model's context of 128 tokens" in m for m in stats["skipped_examples"])

@@ -32,6 +32,7 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         "reward_unlabeled": result.rollout_stats.get("reward", {}).get("unlabeled", 0),
         "skipped_rows": result.rollout_stats.get("skipped_rows", 0),
         "bad_media_rows": result.rollout_stats.get("bad_media_rows", 0),
+        "long_prompt_rows": result.rollout_stats.get("long_prompt_rows", 0),
         "skipped_examples": result.rollout_stats.get("skipped_examples", []),  # the first of each kind
         "output_dir": str(out),
         **(extra or {}),
@@ -49,6 +50,8 @@ def console_lines(summary: dict) -> list[str]:
         lines.append(f"{summary['skipped_rows']} dataset rows skipped (malformed; see skipped_examples)")
     if summary["bad_media_rows"]:
         lines.append(f"{summary['bad_media_rows']} rows skipped for unreadable media (see skipped_examples)")
+    if summary["long_prompt_rows"]:
+        lines.append(f"{summary['long_prompt_rows']} prompts skipped: longer than the model's context allows")
     for reason, n in sorted(summary["reward_failures"].items()):
         lines.append(f"{n} rewards failed ({reason}) and scored the fallback")
     if summary["reward_unlabeled"]:

@@ -107,6 +107,7 @@ class RolloutWorker:
         self.mm = self._media(model_path) if cfg.data.multimodal_keys else None
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
+        self.context_len = _context_len(model_path)
         self.step_states: dict[int, dict[str, int]] = {}
         self.prompt_log: list[tuple[int, list[str]]] = []
         self.episode_media = (self.mm or self._episode_media(model_path)) if cfg.rollout.env_path else None
@@ -269,23 +270,41 @@ class RolloutWorker:
 
     def _batch(self) -> tuple[list[Any], list[tuple[list[int], dict[str, Any] | None]]]:
         """The next --rollout-batch-size usable rows and their encodings. A row whose media cannot be read
-        is skipped, counted (``bad_media_rows``) and replaced by the next one; the run goes on."""
-        from relax_multimodal import MediaError
+        is skipped, counted (``bad_media_rows``) and replaced by the next one, as is a prompt the model's
+        context cannot hold with a response (``long_prompt_rows``); the run goes on."""
+        skip: tuple[type[Exception], ...] = (PromptTooLong,)
+        if self.mm is not None:
+            from relax_multimodal import MediaError
 
+            skip = (MediaError, PromptTooLong)
         rows, enc = [], []
         budget = 10 * self.cfg.rollout.rollout_batch_size + 10
         while len(rows) < self.cfg.rollout.rollout_batch_size:
             for row in self.prompts.next_batch(self.cfg.rollout.rollout_batch_size - len(rows)):
                 try:
-                    enc.append(self._encode_mm(row))
+                    encoded = self._encode_mm(row)
+                    self._check_fits(row, len(encoded[0]))
+                    enc.append(encoded)
                     rows.append(row)
-                except MediaError as e:
+                except skip as e:
+                    kind = "long_prompt_rows" if isinstance(e, PromptTooLong) else "bad_media_rows"
                     self.bad_media.append(str(e))
-                    self.stats["bad_media_rows"] = self.stats.get("bad_media_rows", 0) + 1
+                    self.stats[kind] = self.stats.get(kind, 0) + 1
                     budget -= 1
                     if budget <= 0:
-                        raise RuntimeError(f"too many unreadable media rows in a row; last: {e}") from e
+                        raise RuntimeError(f"too many unusable rows in a row; last: {e}") from e
         return rows, enc
+
+    def _check_fits(self, row: Any, prompt_tokens: int) -> None:
+        """A prompt that leaves no room for a whole response in the model's context is skipped and counted
+        (a 100k-character prompt was OOM-killed without a message)."""
+        need = prompt_tokens + self.cfg.rollout.rollout_max_response_len
+        if self.context_len is not None and need > self.context_len:
+            raise PromptTooLong(
+                f"row {row.row_id}: {prompt_tokens} prompt tokens + --rollout-max-response-len "
+                f"{self.cfg.rollout.rollout_max_response_len} exceed the model's context of {self.context_len} "
+                "tokens: skipped (shorten it, or filter long prompts out of the dataset)"
+            )
 
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
@@ -370,13 +389,9 @@ class RolloutWorker:
         n = r.n_samples_per_prompt
         if r.env_path:
             return self._generate_episodes(step, round_)
-        if self.mm is None:
-            rows = self.prompts.next_batch()
-            prompts, media = [self._encode(row.prompt) for row in rows for _ in range(n)], None
-        else:
-            rows, enc = self._batch()
-            prompts = [ids for ids, _ in enc for _ in range(n)]
-            media = [mm for _, mm in enc for _ in range(n)]
+        rows, enc = self._batch()
+        prompts = [ids for ids, _ in enc for _ in range(n)]
+        media = [mm for _, mm in enc for _ in range(n)] if self.mm is not None else None
         mins: int | list[int] = 0
         if r.long_tail_min_tokens:
             base = self.cfg.train.seed * 7919 + step
@@ -407,7 +422,7 @@ class RolloutWorker:
 
         r = self.cfg.rollout
         env_factory(r.env_path)  # a wrong --env-path stops the run here, before any sample
-        rows = self._batch()[0] if self.mm is not None else self.prompts.next_batch()
+        rows = self._batch()[0]
         episodes = []
         for row in rows:
             row_media = self._row_media(row)
@@ -716,3 +731,22 @@ class RolloutWorker:
 
             ray.util.remove_placement_group(self._gpus)
             self._gpus = None
+
+
+class PromptTooLong(ValueError):
+    """A dataset prompt that leaves no room for a response in the model's context."""
+
+
+def _context_len(model_path: str) -> int | None:
+    """The model's context (``max_position_embeddings``, a multimodal model's language model's), if its
+    config says."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError):  # (a model the engine serves by another name)
+        return None
+    config = getattr(config, "text_config", None) or getattr(config, "thinker_config", None) or config
+    config = getattr(config, "text_config", None) or config
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) else None

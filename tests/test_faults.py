@@ -121,6 +121,26 @@ def test_repeated_failure_escalates_to_a_global_restart_from_the_checkpoint(
 
 @pytest.mark.integration
 @pytest.mark.slow
+def test_a_killed_bus_controller_restarts_the_run_from_its_checkpoint_and_loses_nothing(
+    tiny_run_inputs, tmp_path, uninterrupted
+):
+    """The bus's state is the run's data. Its controller killed: the role that notices is restarted, and
+    that restart fails on the dead bus (it crashed the run with ConnectionRefusedError / ActorDiedError);
+    now it escalates to a global restart from the last checkpoint, and the run trains exactly the
+    uninterrupted run's prompts."""
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "bus"), tiny_run_inputs)
+    kill = signal_role_after(c, 2, "bus")
+    result = c.run()
+    assert "pid" in kill, "the bus was never killed (the run ended first)"
+    events = result.audit["health"]
+    assert events and events[-1]["action"] == "global_restart", events
+    assert "restart failed" in events[-1]["reason"] or events[0]["action"] == "global_restart", events
+    assert _trained_prompts(result) == _trained_prompts(uninterrupted)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_path, hook):
     """No restart left: the run stops with RunFailed naming the role and the flags, says so by notification,
     and leaves no Ray instance behind."""

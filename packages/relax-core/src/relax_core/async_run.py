@@ -252,8 +252,18 @@ class AsyncRun:
             except _CannotRestartInPlace as e:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
-        if ev.action == "global_restart":
-            self.global_restart()
+            except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
+                why = f"the restart failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                ev = self.policy.escalate(ev, why)
+                print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
+        while ev.action == "global_restart":
+            try:
+                self.global_restart()
+                break
+            except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
+                why = f"the global restart failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
+                print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         if ev.action == "stop":
             raise RunFailed(self.policy.stop_reason(ev))
         if ev.action == "restart":  # serving again once the new actor answers (its model loaded): see _recovered

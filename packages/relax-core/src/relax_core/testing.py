@@ -139,7 +139,8 @@ def dead_json_url() -> str:
 def signal_role_after(controller, trained_steps: int, role: str, sig: int | None = None) -> dict:
     """Fault injection for a running fully-async :class:`~relax_core.controller.Controller`: once
     ``trained_steps`` steps are in its metrics.jsonl, send ``sig`` (default SIGKILL) to the process of
-    ``role`` ("actor", "rollout", "actor_fwd", ... or "engine": the rollout role's first engine process).
+    ``role`` ("actor", "rollout", "actor_fwd", ... "engine": the rollout role's first engine process, or
+    "bus": the bus controller actor, killed through Ray).
     Runs on a daemon thread; the returned dict gets ``pid``, ``at`` (time.time() of the signal) and, for
     an engine, its ``engine`` id."""
     import os
@@ -159,6 +160,10 @@ def signal_role_after(controller, trained_steps: int, role: str, sig: int | None
             if sum('"train/loss"' in line for line in lines) >= trained_steps:
                 break
             time.sleep(0.01)
+        if role == "bus":  # the bus controller actor: its state is the run's data
+            ray.kill(controller.async_run.bus._controller, no_restart=True)
+            out["pid"], out["at"] = "bus", time.time()
+            return
         if role == "engine":
             pids = ray.get(controller.async_run.roles["rollout"].engine_pids.remote())
             out["engine"], pid = sorted(pids.items())[0]

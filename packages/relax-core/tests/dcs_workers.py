@@ -1,9 +1,12 @@
 """Receiver entry points for test_dcs: a plain top-level module, so spawned children can import it
 (pytest's importlib mode gives test modules names a child process cannot import)."""
 
+import json
+import multiprocessing as mp
+
 import torch
 
-from relax_core.dcs import WeightReceiver, checksum
+from relax_core.dcs import WeightReceiver, WeightSender, checksum, free_port
 
 VERSIONS = [1, 2, 5]
 BUCKET_BYTES = 1024  # small: forces several buckets per dtype
@@ -61,3 +64,39 @@ def _receiver_main(
     recv.close()
     queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean,
                "devices": sorted(devices)})  # fmt: skip
+
+
+def run_exchange(transport: str, backend: str = "gloo", world_size: int = 3) -> dict:
+    """One sender (this process) and ``world_size - 1`` spawned receivers: rank 1 calls receive(), rank 2
+    runs in background mode. ``VERSIONS`` are sent (version 5 adds a tensor: new buckets; with ``ipc``, new
+    shared buffers), from GPU 0 with ``backend="nccl"``. Returns what was sent and what each rank got."""
+    ctx = mp.get_context("spawn")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, transport, backend))
+        for rank in range(1, world_size)
+    ]
+    for p in procs:
+        p.start()
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport=transport,
+                          backend=backend)  # fmt: skip
+    sender.connect()  # rendezvous with the receivers connecting concurrently
+    sent, stats = [], []
+    for v in VERSIONS:
+        params = [(n, t.cuda() if backend == "nccl" else t) for n, t in make_params(v)]
+        stats.append(sender.broadcast(params, version=v))
+        sent.append((v, checksum(params)))
+    shm = transport == "ipc" and backend == "gloo"
+    segments = [json.loads(h)["shm"] for h in sender._shared.handles] if shm else []
+    sender.close()
+    got = {}
+    for _ in procs:
+        r = queue.get(timeout=120)
+        got[r["rank"]] = r
+    for p in procs:
+        p.join(timeout=30)
+    return {"sent": sent, "stats": stats, "got": got, "exitcodes": [p.exitcode for p in procs],
+            "segments": segments, "device": sender._ep.device}  # fmt: skip

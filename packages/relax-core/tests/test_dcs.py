@@ -12,42 +12,14 @@ torch = pytest.importorskip("torch")
 from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum, free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params  # noqa: E402
+from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params, run_exchange  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["broadcast", "ipc"])
 def exchange(request):
-    """One sender (this process) and two spawned receivers: rank 1 calls receive(), rank 2 runs in
-    background mode; over a gloo broadcast, or (``ipc``) mapping the sender's shared-memory buffers."""
-    transport = request.param
-    ctx = mp.get_context("spawn")
-    init_method, world_size = f"tcp://127.0.0.1:{free_port()}", 3
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, transport))
-        for rank in (1, 2)
-    ]
-    for p in procs:
-        p.start()
-    sender = WeightSender(
-        init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport=transport
-    )
-    sender.connect()  # rendezvous with the receivers connecting concurrently
-    sent, stats = [], []
-    for v in VERSIONS:  # version 5 adds a tensor: new buckets (with ipc: new segments)
-        params = make_params(v)
-        stats.append(sender.broadcast(params, version=v))
-        sent.append((v, checksum(params)))
-    segments = [json.loads(h)["shm"] for h in sender._shared.handles] if transport == "ipc" else []
-    sender.close()
-    got = {}
-    for _ in procs:
-        r = queue.get(timeout=60)
-        got[r["rank"]] = r
-    for p in procs:
-        p.join(timeout=30)
-    exitcodes = [p.exitcode for p in procs]
-    return {"sent": sent, "stats": stats, "got": got, "exitcodes": exitcodes, "segments": segments}
+    """One sender (this process) and two spawned receivers: over a gloo broadcast, or (``ipc``) mapping the
+    sender's shared-memory buffers."""
+    return run_exchange(request.param)
 
 
 def test_receivers_get_bitwise_equal_weights_in_order(exchange):

@@ -91,8 +91,10 @@ def api(serve):
 
     def make(token=None, launcher=True, gate=None, cancel_wait_s=10.0):
         launched: list[ServedEngine] = []
+        launching = threading.Event()  # a launch has begun (and waits for the gate, if any)
 
         def launch():
+            launching.set()
             if gate is not None:
                 assert gate.wait(20)
             s = serve()
@@ -108,9 +110,8 @@ def api(serve):
         httpd = make_elastic_server(svc, token=token)
         threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
         made.append((httpd, pool))
-        return SimpleNamespace(
-            pool=pool, svc=svc, url=f"http://127.0.0.1:{httpd.server_address[1]}", launched=launched
-        )
+        return SimpleNamespace(pool=pool, svc=svc, url=f"http://127.0.0.1:{httpd.server_address[1]}",
+                               launched=launched, launching=launching)  # fmt: skip
 
     yield make
     for httpd, pool in made:
@@ -310,6 +311,9 @@ def test_conflict_cancel_and_rollback_of_a_scale_out(api, call):
     assert code == 409 and err["operation"] == op["id"] and "cancel it" in err["message"]
     code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 4})
     assert code == 409
+    # (cancelled before its launch began, the operation has nothing to roll back and ends within the
+    # cancel's wait: on a loaded machine that raced the 202 this test is about)
+    assert a.launching.wait(20)
     code, cancelling = call(a.url, f"/elastic/operations/{op['id']}/cancel", {})
     assert code == 202 and cancelling["cancel_requested"] and cancelling["state"] == "running"
     gate.set()  # the launch finishes; the cancelled operation removes the engine it added

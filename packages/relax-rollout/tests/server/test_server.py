@@ -1,6 +1,7 @@
 """The engine server in a subprocess: SGLang /generate equals the in-process TorchEngine, pause/continue,
 abort, weight updates from disk and over DCS, OpenAI chat, auth and 400s."""
 
+import json
 import threading
 import time
 
@@ -139,6 +140,46 @@ def test_a_flood_of_concurrent_clients_is_answered_not_reset(engine_server):
     with ThreadPoolExecutor(200) as pool:
         codes = list(pool.map(health, range(200)))
     assert codes == [200] * 200, sorted({str(c) for c in codes})
+
+
+def test_a_request_after_a_404_on_the_same_connection_is_served(engine_server):
+    """After a 404 (or 401) the server did not read the request's body, so the next request on the same
+    keep-alive connection was parsed from it: a 501 HTML page (seen with curl and the openai client)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(engine_server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = json.dumps({"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    headers = {"Content-Type": "application/json"}
+    conn.request("POST", "/v1/nope", body=body, headers=headers)
+    first = conn.getresponse()
+    assert first.status == 404 and json.loads(first.read())["code"] == 404
+    conn.request("POST", "/generate", body=body, headers=headers)  # (a client reconnects when told to close)
+    second = conn.getresponse()
+    assert second.status == 200, second.read()[:200]
+    assert len(json.loads(second.read())["output_ids"]) == 2
+    conn.close()
+
+
+def test_slime_and_verl_generate_bodies_are_served_with_their_neutral_defaults(engine_server, call):
+    """What slime's and veRL's rollouts send to SGLang's /generate by default: keys this server does not
+    implement at the values that change nothing. ``stop: null`` was a 400, ``top_k``/``min_p``/penalties too;
+    ``n: 2`` came back as one result. Neutral values pass; any other is a 400 naming the key."""
+    slime = {"input_ids": PROMPTS[0], "return_logprob": True, "sampling_params": {
+        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 3, "stop": None, "stop_token_ids": [],
+        "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False}}
+    verl = {"input_ids": PROMPTS[0], "return_logprob": True, "sampling_params": {
+        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0, "presence_penalty": 0.0, "max_new_tokens": 3, "n": 1}}  # fmt: skip
+    for body in (slime, verl):
+        code, res = call(engine_server, "/generate", body)
+        assert code == 200 and 1 <= len(res["output_ids"]) <= 3, res
+        assert len(res["meta_info"]["output_token_logprobs"]) == len(res["output_ids"])
+    for key, value in (("n", 2), ("top_k", 20), ("repetition_penalty", 1.2), ("stop", ["\n"]), ("min_p", 0.1)):
+        body = {"input_ids": PROMPTS[0], "sampling_params": {key: value}}
+        code, err = call(engine_server, "/generate", body)
+        assert code == 400 and err["param"] == f"sampling_params.{key}" and "not supported" in err["message"], err
 
 
 def test_other_400s(engine_server, call):

@@ -365,12 +365,18 @@ class Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + fmt, self.address_string(), *args)
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _send(self, code: int, body: Any = None) -> None:
+    def _send(self, code: int, body: Any = None, close: bool = False) -> None:
+        """``close``: the request's body was not read (refused before it: an unknown route, no token), so
+        this connection cannot carry another request (it would be parsed from that body): close it; the
+        client reconnects. Reading an unauthorised body to keep the connection is what it should not get."""
         data = b"" if body is None else json.dumps(body).encode()
         self.send_response(code)
         if body is not None:
             self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
@@ -388,10 +394,10 @@ class Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         route, params = _match(method, path)
         if route is None:
-            self._send(404, {"object": "error", "message": f"no route {method} {path}", "code": 404})
+            self._send(404, {"object": "error", "message": f"no route {method} {path}", "code": 404}, close=True)
             return
         if not self._authorised(path):
-            self._send(401, {"object": "error", "message": "missing or wrong bearer token", "code": 401})
+            self._send(401, {"object": "error", "message": "missing or wrong bearer token", "code": 401}, close=True)
             return
         try:
             body = self._body() if method == "POST" else {}

@@ -17,7 +17,19 @@ from relax_rollout.engines.base import GenerateOutput, SamplingParams
 # SGLang ``SamplingParams`` keys we honour; presentation-only keys we accept and ignore.
 _SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "stop_token_ids", "ignore_eos"}
 _SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
-_IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "n"}
+_IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
+NEUTRAL = {
+    "n": (1,),
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "repetition_penalty": (1,),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "stop": ([], ""),
+}
+"""SGLang sampling keys this server does not implement, accepted at the value that changes nothing (what
+slime and veRL send by default: ``stop: null``, ``top_k: -1``, ``repetition_penalty: 1.0``, ...); any other
+value is refused with a 400 naming the key, never silently ignored (``n: 2`` returned one result)."""
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 SAMPLING_EPS = 1e-6
 """A temperature below this samples greedily, as SGLang's ``SamplingParams`` does (dividing the logits by
@@ -90,11 +102,12 @@ def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingPar
         sp = {}
     if not isinstance(sp, dict):
         raise BadRequest(where, f"must be an object (got {type(sp).__name__})")
-    for key in sp:
+    for key, value in sp.items():
         if key not in _SAMPLING_KEYS and key not in _IGNORED_KEYS and key not in _SAMPLING_SEED_KEYS:
-            if key == "top_k" and sp[key] in (-1, 0, None):
+            if value is None or (key in NEUTRAL and value in NEUTRAL[key] and not isinstance(value, bool)):
                 continue
-            raise BadRequest(f"{where}.{key}", "is not supported by this server")
+            neutral = f" (only at its neutral value {NEUTRAL[key][0]!r})" if key in NEUTRAL else ""
+            raise BadRequest(f"{where}.{key}", f"is not supported by this server{neutral}; got {value!r}")
     max_new = _num(sp, "max_new_tokens", where, int, DEFAULT_MAX_NEW_TOKENS, lo=1)
     temperature = _num(sp, "temperature", where, float, 1.0, lo=0.0)
     top_p = _num(sp, "top_p", where, float, 1.0, lo=0.0, hi=1.0)

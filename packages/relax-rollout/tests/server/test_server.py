@@ -425,6 +425,28 @@ def test_openai_chat_completion_and_models(engine_server, call):
     assert g["output_ids"] == ch["token_ids"]
 
 
+def test_the_official_openai_client_streams_samples_n_and_sends_content_parts(engine_server):
+    """What agent frameworks send through the official client: ``stream=True`` (a 400 before), ``n=2``
+    (a 400), and OpenAI's list-of-parts message content (a 400); media parts are refused by name."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{engine_server}/v1", api_key="x", max_retries=0)
+    ask = {"model": "default", "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 4, "temperature": 0}
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
+    parts = {**ask, "messages": [{"role": "user", "content": [{"type": "text", "text": "1+"}, {"type": "text", "text": "2="}]}]}
+    assert client.chat.completions.create(**parts).choices[0].message.content == whole.choices[0].message.content
+    two = client.chat.completions.create(**{**ask, "temperature": 1.0, "seed": 3}, n=2)
+    assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == sum(
+        len(c.model_extra["token_ids"]) for c in two.choices)
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
+    with pytest.raises(openai.BadRequestError, match="multimodal model"):
+        client.chat.completions.create(**{**ask, "messages": [image]})
+
+
 def test_token_required_for_control_endpoints(tiny_model_dir, call, local):
     from relax_rollout.server import EngineServer, make_server
 

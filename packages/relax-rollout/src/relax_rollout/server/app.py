@@ -365,6 +365,20 @@ class Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + fmt, self.address_string(), *args)
 
     # -- plumbing --------------------------------------------------------------------------------
+    def _send_events(self, events: protocol.EventStream) -> None:
+        """Server-sent events (``text/event-stream``): one ``data:`` line per event, then ``data: [DONE]``;
+        the connection closes after them (it carries no length)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        for event in events.events:
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
     def _send(self, code: int, body: Any = None, close: bool = False) -> None:
         """``close``: the request's body was not read (refused before it: an unknown route, no token), so
         this connection cannot carry another request (it would be parsed from that body): close it; the
@@ -405,7 +419,10 @@ class Handler(BaseHTTPRequestHandler):
                 code, out = route(self.state, body)
             else:
                 code, out = route(self.state, body, Request(self.headers, params, dict(parse_qsl(query))))
-            self._send(code, out)
+            if isinstance(out, protocol.EventStream):
+                self._send_events(out)
+            else:
+                self._send(code, out)
         except BadRequest as e:
             self._send(400, e.body())
         except NotFound as e:
@@ -602,56 +619,59 @@ def _models(s: EngineServer, _: dict):
 
 def _chat(s: EngineServer, body: dict, req: Request):
     """OpenAI chat. With a session (``X-Relax-Session`` or ``user``) the prompt continues the session's
-    recorded token ids (see ``trajectories``), and the call is recorded."""
+    recorded token ids (see ``trajectories``), and the call is recorded. ``n`` choices are sampled together
+    (each with its own seed when one is given); ``stream`` answers in server-sent events."""
     if s.tokenizer is None or s.recorder is None:
         raise BadRequest("messages", "this server has no tokenizer, so no chat template")
-    messages, sp, logprobs = protocol.parse_chat(body)
+    chat = protocol.parse_chat(body)
     session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
-    params, min_new = protocol.parse_sampling(sp)
+    if session is not None and chat.n > 1:
+        raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
+    params, min_new = protocol.parse_sampling(chat.sampling)
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
+    every = [params if params.seed is None or i == 0 else SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+             for i in range(chat.n)]  # fmt: skip
     rid = f"chatcmpl-{uuid.uuid4().hex}"
+    given = [protocol.max_new_given(chat.sampling)] * chat.n
     recorded = None
     if session is None:
-        prompt = trajectories.render_prompt(s.tokenizer, messages)
-        out = s.generate([prompt], [params], [rid], [protocol.max_new_given(sp)])[0]
-        reply = _decode(s, out.token_ids)
+        prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
+        outs = s.generate([prompt] * chat.n, every, [f"{rid}-{i}" for i in range(chat.n)], given)
     else:
-        with s.recorder.turn(session, messages) as turn:
+        with s.recorder.turn(session, chat.messages) as turn:
             # the session's recorded ids + the template's suffix: the model sees exactly its own tokens
             prompt = turn.prompt_ids
-            out = s.generate([prompt], [params], [rid], [protocol.max_new_given(sp)])[0]
-            reply = _decode(s, out.token_ids)
-            recorded = turn.record(out, reply)
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": reply},
-        "finish_reason": out.finish_reason,
-        "logprobs": None,
-        "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
-    }
-    if logprobs:
-        choice["logprobs"] = {"content": [
-            {"token": _decode(s, [t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(out.token_ids, out.log_probs)
-        ]}  # fmt: skip
-    n_out = len(out.token_ids)
+            outs = s.generate([prompt], every, [rid], given)
+            recorded = turn.record(outs[0], _decode(s, outs[0].token_ids))
+    choices = []
+    for i, out in enumerate(outs):
+        choice = {
+            "index": i,
+            "message": {"role": "assistant", "content": _decode(s, out.token_ids)},
+            "finish_reason": out.finish_reason,
+            "logprobs": None,
+            "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
+        }
+        if chat.logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": _decode(s, [t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(out.token_ids, out.log_probs)
+            ]}  # fmt: skip
+        choices.append(choice)
+    n_out = sum(len(out.token_ids) for out in outs)
     res = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": s.served_model_name,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": n_out,
-            "total_tokens": len(prompt) + n_out,
-        },
+        "choices": choices,
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out},
         "prompt_token_ids": prompt,  # extension: what the trainer should record as the prompt
-        "weight_version": str(out.weight_version),  # extension, as in SGLang's meta_info
+        "weight_version": str(outs[0].weight_version),  # extension, as in SGLang's meta_info
     }
     if recorded:  # extension: which trajectory of the session this call extended
         res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
-    return 200, res
+    return 200, (protocol.chat_stream(res, chat.include_usage) if chat.stream else res)
 
 
 def _recorder(s: EngineServer) -> trajectories.TrajectoryRecorder:

@@ -286,24 +286,63 @@ def generate_response(
     return {"text": text, "output_ids": list(out.token_ids), "meta_info": meta}
 
 
-def parse_chat(body: Any) -> tuple[list[dict], dict, bool]:
-    """OpenAI ``ChatCompletionRequest`` → (messages, SGLang sampling dict, logprobs)."""
+MAX_N = 16
+"""The most choices one chat request may ask for (``n``)."""
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    """With string contents (text parts joined)."""
+    sampling: dict
+    """SGLang sampling dict."""
+    logprobs: bool = False
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    """``stream_options.include_usage``: a last chunk with the usage and no choices."""
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of parts (text parts joined; media parts refused:
+    this server serves text models)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(where, "must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_audio", "video_url", "file"):
+            raise BadRequest(f"{where}[{j}]", f"'{kind}' parts need a multimodal model; this server serves text models")
+        else:
+            raise BadRequest(f"{where}[{j}]", "must be a content part like {'type': 'text', 'text': ...}")
+    return "".join(texts)
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    """OpenAI ``ChatCompletionRequest`` → :class:`ChatRequest`."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages", "must be a non-empty list of {role, content}")
+    out_messages = []
     for i, m in enumerate(messages):
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(m.get("content"), str)
-        ):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("content") is None:
             raise BadRequest(f"messages[{i}]", "must be an object with string 'role' and 'content'")
-    if body.get("stream"):
-        raise BadRequest("stream", "streaming is not supported by this server")
-    if body.get("n", 1) != 1:
-        raise BadRequest("n", "only n=1 is supported; send several requests")
+        out_messages.append({**m, "content": _content(m["content"], f"messages[{i}].content")})
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream", f"must be a boolean (got {stream!r})")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options", "must be an object like {'include_usage': true}")
+    n = 1 if body.get("n") is None else body["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise BadRequest("n", f"must be an integer from 1 to {MAX_N} (got {n!r})")
     sp: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
@@ -326,4 +365,29 @@ def parse_chat(body: Any) -> tuple[list[dict], dict, bool]:
         names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
         leaf = e.field.split(".")[-1]
         raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
-    return messages, sp, logprobs
+    return ChatRequest(out_messages, sp, logprobs, n, stream, bool(options.get("include_usage")))
+
+
+@dataclass
+class EventStream:
+    """A response sent as server-sent events (the server writes each, then ``[DONE]``)."""
+
+    events: list[dict]
+
+
+def chat_stream(res: dict, include_usage: bool) -> EventStream:
+    """A whole chat completion as OpenAI's ``chat.completion.chunk`` stream: per choice a chunk with the
+    role and content (and log-probs), then one with its finish reason; with ``include_usage`` a last chunk
+    with the usage and no choices. The content comes as one delta once generated (not token by token: the
+    engines hand over finished responses)."""
+    head = {k: res[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    events = []
+    for ch in res["choices"]:
+        delta = {"role": "assistant", "content": ch["message"]["content"]}
+        events.append({**head, "choices": [{"index": ch["index"], "delta": delta, "logprobs": ch["logprobs"],
+                                            "finish_reason": None}]})  # fmt: skip
+        events.append({**head, "choices": [{"index": ch["index"], "delta": {}, "logprobs": None,
+                                            "finish_reason": ch["finish_reason"]}]})  # fmt: skip
+    if include_usage:
+        events.append({**head, "choices": [], "usage": res["usage"]})
+    return EventStream(events)

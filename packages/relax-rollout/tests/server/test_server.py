@@ -516,3 +516,68 @@ def test_memory_release_and_resume_over_http(tiny_model_dir, call):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """``GET /metrics`` parsed: sample name (labels dropped, histogram buckets by their ``le``) -> value."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            le = name.split('le="')[1].split('"')[0] if 'le="' in name else None
+            out[name.split("{")[0] + (f"[{le}]" if le else "")] = float(value)
+    return out
+
+
+def test_prometheus_metrics_follow_the_load(engine_server, call):
+    """Upstream Relax scales engines with KEDA on SGLang's metrics; ours had none to scrape."""
+    before = _scrape(engine_server)
+    assert before["sglang:num_queue_reqs"] == 0 and before["sglang:num_running_reqs"] == 0
+    call(engine_server, "/pause_generation", {})
+    try:
+        body = {"input_ids": [PROMPTS[0], PROMPTS[1]], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+        t, box = _generate_in_thread(engine_server, call, body)
+        deadline = time.monotonic() + 10
+        while _scrape(engine_server)["sglang:num_queue_reqs"] != 2:  # held while paused: queued
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        call(engine_server, "/continue_generation", {})
+    t.join(30)
+    made = sum(len(r["output_ids"]) for r in box["res"][1])
+    after = _scrape(engine_server)
+    assert after["sglang:num_queue_reqs"] == 0 and after["sglang:num_running_reqs"] == 0
+    assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == made
+    assert after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"] == len(PROMPTS[0]) + len(PROMPTS[1])
+    assert after["sglang:e2e_request_latency_seconds_count"] - before["sglang:e2e_request_latency_seconds_count"] == 2
+    assert after["sglang:e2e_request_latency_seconds_bucket[+Inf]"] == after["sglang:e2e_request_latency_seconds_count"]
+    assert after["relax:weight_version"] == float(call(engine_server, "/get_weight_version")[1]["weight_version"])
+
+
+def test_completions_tokenize_and_info_as_sglang_serves_them(engine_server, call):
+    """``/v1/completions`` (``bench_serving --backend sglang-oai`` died on its 404), ``/tokenize``,
+    ``/detokenize``, ``/server_info`` and ``/flush_cache``; the completion through the official client."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{engine_server}/v1", api_key="x", max_retries=0)
+    code, tok = call(engine_server, "/tokenize", {"prompt": "1+2="})
+    assert code == 200 and tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 128
+    assert call(engine_server, "/detokenize", {"tokens": tok["tokens"]})[1]["text"] == "1+2="
+    done = client.completions.create(model="default", prompt="1+2=", max_tokens=4, temperature=0, logprobs=0)
+    ids = done.choices[0].model_extra["token_ids"]
+    assert len(done.choices[0].logprobs.token_logprobs) == len(ids) and done.usage.prompt_tokens == tok["count"]
+    _, g = call(engine_server, "/generate", {"input_ids": tok["tokens"], "sampling_params": {"max_new_tokens": 4,
+                                                                                             "temperature": 0}})  # fmt: skip
+    assert g["output_ids"] == ids  # the same greedy tokens as SGLang's native route
+    streamed = client.completions.create(model="default", prompt=tok["tokens"], max_tokens=4, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == done.choices[0].text
+    code, info = call(engine_server, "/server_info")
+    assert code == 200 and info["context_length"] == 128 and info["version"].startswith("relax-rollout")
+    import urllib.request
+
+    with urllib.request.urlopen(urllib.request.Request(engine_server + "/flush_cache", data=b"", method="POST")) as r:
+        assert r.status == 200 and r.read() == b"Cache flushed.\n"  # (SGLang's plain-text answer)

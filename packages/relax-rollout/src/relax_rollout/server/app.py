@@ -24,7 +24,8 @@ from relax_rollout.engines.base import (
     SamplingParams,
     memory_tags,
 )
-from relax_rollout.server import protocol, trajectories
+from relax_rollout.server import extra_routes, protocol, trajectories
+from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest, NotFound
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class EngineServer:
     requires around ``/update_weights_from_distributed``."""
     recorder: trajectories.TrajectoryRecorder | None = None
     """Agent trajectories of chat sessions (built with the tokenizer)."""
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    """Prometheus metrics (``GET /metrics``)."""
     context_len: int | None = field(default=None, init=False)
     """The model's context (prompt + generated tokens), where the engine's model config says it."""
     vocab_size: int | None = field(default=None, init=False)
@@ -149,10 +152,14 @@ class EngineServer:
         with self._cond:
             for r in reqs:
                 self._reqs[r.rid] = r
+        t0, started = time.perf_counter(), False
+        self.metrics.queue(len(prompts))
+        results: list[GenerateOutput | None] = [None] * len(prompts)
         try:
             with self._cond:  # SGLang holds new requests while paused, until continue_generation
                 self._cond.wait_for(lambda: not self.paused or all(r.aborted for r in reqs))
-            results: list[GenerateOutput | None] = [None] * len(prompts)
+            self.metrics.start(len(prompts), sum(len(p) for p in prompts))
+            started = True
             groups: dict[SamplingParams, list[int]] = {}
             for i, p in enumerate(params):  # one engine call per distinct params (min_new_tokens may vary)
                 groups.setdefault(SamplingParams(**{**p.__dict__, "min_new_tokens": 0}), []).append(i)
@@ -174,6 +181,8 @@ class EngineServer:
                     results[i] = o
             return results  # type: ignore[return-value]
         finally:
+            made = sum(len(o.token_ids) for o in results if o is not None)
+            self.metrics.finish(len(prompts), made, time.perf_counter() - t0, started)
             with self._cond:
                 for r in reqs:
                     self._reqs.pop(r.rid, None)
@@ -379,6 +388,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
+    def _send_text(self, code: int, text: protocol.Text) -> None:
+        data = text.body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", text.content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _send(self, code: int, body: Any = None, close: bool = False) -> None:
         """``close``: the request's body was not read (refused before it: an unknown route, no token), so
         this connection cannot carry another request (it would be parsed from that body): close it; the
@@ -421,6 +438,8 @@ class Handler(BaseHTTPRequestHandler):
                 code, out = route(self.state, body, Request(self.headers, params, dict(parse_qsl(query))))
             if isinstance(out, protocol.EventStream):
                 self._send_events(out)
+            elif isinstance(out, protocol.Text):
+                self._send_text(code, out)
             else:
                 self._send(code, out)
         except BadRequest as e:
@@ -713,6 +732,15 @@ ROUTES = {
     ("POST", "/release_memory_occupation"): _release_memory,
     ("POST", "/resume_memory_occupation"): _resume_memory,
     ("GET", "/v1/models"): _models,
+    ("POST", "/v1/completions"): extra_routes.completions,
+    ("POST", "/tokenize"): extra_routes.tokenize,
+    ("POST", "/v1/tokenize"): extra_routes.tokenize,
+    ("POST", "/detokenize"): extra_routes.detokenize,
+    ("POST", "/v1/detokenize"): extra_routes.detokenize,
+    ("GET", "/server_info"): extra_routes.server_info,
+    ("GET", "/flush_cache"): extra_routes.flush_cache,
+    ("POST", "/flush_cache"): extra_routes.flush_cache,
+    ("GET", "/metrics"): extra_routes.metrics,
 }
 # Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).
 REQUEST_ROUTES = [

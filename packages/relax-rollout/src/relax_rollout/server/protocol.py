@@ -369,6 +369,14 @@ def parse_chat(body: Any) -> ChatRequest:
 
 
 @dataclass
+class Text:
+    """A response sent as text (Prometheus metrics, SGLang's plain-text answers)."""
+
+    body: str
+    content_type: str = "text/plain; charset=utf-8"
+
+
+@dataclass
 class EventStream:
     """A response sent as server-sent events (the server writes each, then ``[DONE]``)."""
 

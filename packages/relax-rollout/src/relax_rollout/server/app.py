@@ -505,6 +505,8 @@ def _generate(s: EngineServer, body: dict):
         protocol.generate_response(o, p, rid, len(x), req.return_logprob, _decode(s, o.token_ids), dt, start)
         for o, p, rid, x in zip(outs, req.params, req.rids, req.prompts)
     ]
+    if req.stream:  # (SGLang numbers a batch's chunks by "index")
+        return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
     return 200, res[0] if req.single else res
 
 

@@ -147,6 +147,9 @@ class GenerateRequest:
     max_new_given: list[bool] | None = None
     """Per prompt: whether the request named ``max_new_tokens`` (SGLang refuses a named one that does not
     fit the context, and lets the default stop at the context's end)."""
+    stream: bool = False
+    """Answer in server-sent events: each prompt's whole response as one event (SGLang's chunks carry the
+    text so far; here the text arrives once generated)."""
 
 
 def _token_list(v: Any, field: str) -> list[int]:
@@ -175,8 +178,9 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise BadRequest("input_ids", "give exactly one of 'text' or 'input_ids'")
-    if body.get("stream"):
-        raise BadRequest("stream", "streaming is not supported by this server")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream", f"must be a boolean (got {stream!r})")
     if ids is not None:
         single = not (isinstance(ids, list) and ids and isinstance(ids[0], list))
         prompts = (
@@ -231,7 +235,7 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     if routed and any(start > len(p) for p in prompts):
         raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
     given = [max_new_given(x) for x in sp] if isinstance(sp, list) else [max_new_given(sp)] * len(prompts)
-    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given)
+    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given, stream)
 
 
 def max_new_given(sp: Any) -> bool:

@@ -442,6 +442,11 @@ def test_the_official_openai_client_streams_samples_n_and_sends_content_parts(en
     two = client.chat.completions.create(**{**ask, "temperature": 1.0, "seed": 3}, n=2)
     assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == sum(
         len(c.model_extra["token_ids"]) for c in two.choices)
+    # fields this server does not implement: their neutral values pass, others are refused by name
+    assert client.chat.completions.create(**ask, stop=None, presence_penalty=0.0, frequency_penalty=0.0).choices
+    for field, value in (("stop", ["\n"]), ("presence_penalty", 1.0), ("frequency_penalty", 0.5)):
+        with pytest.raises(openai.BadRequestError, match=f"{field}.*not supported"):
+            client.chat.completions.create(**ask, **{field: value})
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
     with pytest.raises(openai.BadRequestError, match="multimodal model"):
         client.chat.completions.create(**{**ask, "messages": [image]})

@@ -357,6 +357,13 @@ def parse_chat(body: Any) -> ChatRequest:
         ("min_new_tokens", "min_tokens"),
         ("stop_token_ids", "stop_token_ids"),
         ("sampling_seed", "seed"),
+        # not implemented here: passed on so that only their neutral values pass (never ignored silently)
+        ("stop", "stop"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("presence_penalty", "presence_penalty"),
+        ("top_k", "top_k"),
+        ("min_p", "min_p"),
+        ("repetition_penalty", "repetition_penalty"),
     ):
         if body.get(theirs) is not None:
             sp[ours] = body[theirs]

@@ -3,7 +3,7 @@
 Why: a run killed while it writes a checkpoint (the end-of-run save, a SIGKILL, a full disk) must not leave
 something ``--load`` trusts. So a checkpoint is written under a temporary name beside its final one and
 renamed into place only once complete (a rename is atomic on one file system), with ``manifest.json``
-listing every file's size, and its SHA-256 where the file is small enough to hash cheaply. Loading checks
+listing every file's size, and its SHA-256 where the file is small enough to hash cheaply (64 MiB). Loading checks
 the manifest first; from a directory of ``step_*`` checkpoints the newest that checks out is used, and each
 newer one passed over is named with what is wrong with it. Checkpoints written before manifests existed
 load as before (``meta.json`` present).
@@ -22,9 +22,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-HASH_LIMIT = 1 << 30
-"""Files up to this size (1 GiB: configs, metadata, small models' weights) are hashed; larger ones (a big
-model's shards) are checked by size, which catches truncated and missing writes without reading them."""
+HASH_LIMIT = 64 << 20
+"""Files up to this size (64 MiB: configs, metadata, optimizer and RNG states of small models, small
+models' weights) are hashed; larger ones (a big model's shards) are checked by size, which catches
+truncated and missing writes without reading back a checkpoint of hundreds of GB at every save and load."""
 
 
 def _digest(path: Path) -> str:

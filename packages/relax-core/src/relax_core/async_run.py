@@ -179,7 +179,7 @@ class AsyncRun:
                 ray.get(ref)
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
-                failures.append((name, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+                failures.append((name, _first_line(e, 300)))
         self._recovered()
         if self.cfg.run.health and not failures:
             failures = self._heartbeats()
@@ -253,7 +253,7 @@ class AsyncRun:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
             except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
-                why = f"the restart failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                why = f"the restart failed: {_first_line(e)}"
                 ev = self.policy.escalate(ev, why)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         while ev.action == "global_restart":
@@ -261,7 +261,7 @@ class AsyncRun:
                 self.global_restart()
                 break
             except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
-                why = f"the global restart failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                why = f"the global restart failed: {_first_line(e)}"
                 ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         if ev.action == "stop":
@@ -400,3 +400,9 @@ class AsyncRun:
     def events(self) -> list[Event]:
         self._recovered(wait_s=60.0)  # (a role restarted near the end: its recovery still counts)
         return sorted(self.policy.events, key=lambda ev: ev.at)
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """``Type: first line of the message`` (a Ray error's message carries a whole remote traceback)."""
+    text = str(e).splitlines()
+    return f"{type(e).__name__}: {text[0][:limit] if text else ''}"

@@ -60,6 +60,14 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
     return ensure_tied(model, str(path))
 
 
+def context_length(config: Any) -> int | None:
+    """The model's context (its language model's ``max_position_embeddings``: also for VL and Omni
+    configs, through ``get_text_config``), or None where the config does not say."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(text, "max_position_embeddings", None)
+    return n if isinstance(n, int) else None
+
+
 def ensure_tied(model: Any, where: str = "model") -> Any:
     """Tie the output embedding to the input one when the config says so, and refuse parameters left on
     the meta device. transformers normally does both, but in some long test processes it did not (an

@@ -738,15 +738,12 @@ class PromptTooLong(ValueError):
 
 
 def _context_len(model_path: str) -> int | None:
-    """The model's context (``max_position_embeddings``, a multimodal model's language model's), if its
-    config says."""
-    try:
-        from transformers import AutoConfig
+    """The context of the model at ``model_path``, if its config says."""
+    from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_path)
+    from relax_core.models import context_length
+
+    try:
+        return context_length(AutoConfig.from_pretrained(model_path))
     except (OSError, ValueError):  # (a model the engine serves by another name)
         return None
-    config = getattr(config, "text_config", None) or getattr(config, "thinker_config", None) or config
-    config = getattr(config, "text_config", None) or config
-    n = getattr(config, "max_position_embeddings", None)
-    return n if isinstance(n, int) else None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from relax_core.models import context_length
 from relax_rollout.engines.base import (
     GenerateOutput,
     MemoryReleased,
@@ -104,11 +105,11 @@ class EngineServer:
             self._hook_ok = False
         if self.tokenizer is not None and not getattr(self.tokenizer, "chat_template", None):
             self.tokenizer.chat_template = CHATML
-        config = getattr(getattr(self.engine, "model", None), "config", None)
-        config = getattr(config, "text_config", None) or config  # (a multimodal model's language model)
-        ctx, vocab = getattr(config, "max_position_embeddings", None), getattr(config, "vocab_size", None)
-        self.context_len = ctx if isinstance(ctx, int) else None  # known for in-process engines
-        self.vocab_size = vocab if isinstance(vocab, int) else None
+        config = getattr(getattr(self.engine, "model", None), "config", None)  # known for in-process engines
+        if config is not None:
+            vocab = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "vocab_size", None)
+            self.context_len = context_length(config)
+            self.vocab_size = vocab if isinstance(vocab, int) else None
         if self.tokenizer is not None and self.recorder is None:
             self.recorder = trajectories.TrajectoryRecorder(self.tokenizer, self.context_len)
 
@@ -650,8 +651,7 @@ def _chat(s: EngineServer, body: dict, req: Request):
         raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
     params, min_new = protocol.parse_sampling(chat.sampling)
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
-    every = [params if params.seed is None or i == 0 else SamplingParams(**{**params.__dict__, "seed": params.seed + i})
-             for i in range(chat.n)]  # fmt: skip
+    every = protocol.per_choice(params, chat.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     given = [protocol.max_new_given(chat.sampling)] * chat.n
     recorded = None

@@ -44,9 +44,7 @@ def completions(s: EngineServer, body: Any):
             prompts.append(p)
         else:
             raise BadRequest(f"prompt[{i}]", "must be a non-empty string or list of token ids")
-    n = 1 if body.get("n") is None else body["n"]
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= protocol.MAX_N:
-        raise BadRequest("n", f"must be an integer from 1 to {protocol.MAX_N} (got {n!r})")
+    n = protocol.parse_n(body)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise BadRequest("logprobs", f"must be an integer ≥ 0 or null (got {logprobs!r})")
@@ -62,8 +60,7 @@ def completions(s: EngineServer, body: Any):
     params, min_new = protocol.parse_sampling(sp, "body")
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
     every = [p for p in prompts for _ in range(n)]
-    seeded = [params if params.seed is None else SamplingParams(**{**params.__dict__, "seed": params.seed + i % n})
-              for i in range(len(every))]  # fmt: skip
+    seeded = protocol.per_choice(params, n) * len(prompts)
     rid = f"cmpl-{uuid.uuid4().hex}"
     outs = s.generate(every, seeded, [f"{rid}-{i}" for i in range(len(every))],
                       [body.get("max_tokens") is not None] * len(every))  # fmt: skip

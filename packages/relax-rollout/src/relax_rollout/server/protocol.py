@@ -307,6 +307,22 @@ class ChatRequest:
     """``stream_options.include_usage``: a last chunk with the usage and no choices."""
 
 
+def parse_n(body: dict) -> int:
+    """OpenAI's ``n``: choices per prompt, 1 to :data:`MAX_N`."""
+    n = 1 if body.get("n") is None else body["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise BadRequest("n", f"must be an integer from 1 to {MAX_N} (got {n!r})")
+    return n
+
+
+def per_choice(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The params of ``n`` choices of one prompt: with a seed, choice ``i`` samples with seed + i (else
+    all n would be the same sample)."""
+    if params.seed is None:
+        return [params] * n
+    return [SamplingParams(**{**params.__dict__, "seed": params.seed + i}) for i in range(n)]
+
+
 def _content(content: Any, where: str) -> str:
     """A message's content: a string, or OpenAI's list of parts (text parts joined; media parts refused:
     this server serves text models)."""
@@ -344,9 +360,7 @@ def parse_chat(body: Any) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options", "must be an object like {'include_usage': true}")
-    n = 1 if body.get("n") is None else body["n"]
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise BadRequest("n", f"must be an integer from 1 to {MAX_N} (got {n!r})")
+    n = parse_n(body)
     sp: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:

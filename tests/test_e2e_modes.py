@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -68,6 +69,11 @@ def _check_flow(cfg, result, max_staleness):
         assert h["bus/consumers/actor_train/delivered"] > 0 and "bus/depth/step0" not in h
         assert 0 <= h["train/staleness_max"] <= max_staleness
     assert max(result.bus_stats["staleness_hist"]) <= max_staleness
+    # what reaches metrics.jsonl in either mode: the learning rate and the rollout's generation speed
+    lines = (Path(cfg.run.output_dir) / "metrics.jsonl").read_text().splitlines()
+    logged = [r for r in map(json.loads, lines) if "train/loss" in r]
+    assert len(logged) == STEPS
+    assert all(r["train/lr"] == cfg.train.lr and r["rollout/tokens_per_s"] > 0 for r in logged)
     # the rollout engine held exactly the trainer's weights after every sync (version + checksum)
     trainer, rollout = result.audit["trainer_weights"], result.audit["rollout_weights"]
     assert sorted(trainer) == list(range(STEPS + 1))

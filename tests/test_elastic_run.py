@@ -46,6 +46,18 @@ def _wait_op(base: str, op_id: str, timeout_s: float = 240.0) -> dict:
     raise AssertionError(f"operation {op_id} did not finish")
 
 
+def _scrape(url: str, token: str | None = None) -> dict[str, float]:
+    """Prometheus text → {series: value} (comments dropped)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        lines = r.read().decode().splitlines()
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln and not ln.startswith("#")}
+
+
+def _series(scrape: dict[str, float], name: str) -> float:
+    return sum(v for k, v in scrape.items() if k.split("{")[0] == name)
+
+
 def _trained_steps(metrics: Path) -> int:
     lines = metrics.read_text().splitlines() if metrics.exists() else []
     return sum('"train/loss"' in line for line in lines)
@@ -121,8 +133,12 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
             code, op = _call(base, "POST", "/elastic/scale_out", {"engine_urls": [url]})
             assert code == 202, op
             seen["scale_out_external"] = _wait_op(base, op["id"])
+            scrapes = [_scrape(url + "/metrics")]  # a Prometheus scrape of an engine, as load comes
             k = _trained_steps(metrics)
             _wait_steps(metrics, k + 3)  # the three engines serve a few steps
+            scrapes.append(_scrape(url + "/metrics"))
+            seen["scrapes"] = scrapes
+            seen["pool_metrics"] = _scrape(base + "/elastic/metrics", TOKEN)
             seen["engines_before_in"] = _call(base, "GET", "/elastic/engines")[1]
             code, op = _call(base, "POST", "/elastic/scale_in", {"num_replicas": 1})  # while generating
             assert code == 202, op
@@ -156,6 +172,14 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     )
     for key in ("scale_out_ray", "scale_out_external", "scale_in"):
         assert seen[key]["state"] == "succeeded", seen[key]
+    # the engine's metrics moved with the load it took; the pool's count its scaling
+    before, after = seen["scrapes"]
+    for name in ("sglang:generation_tokens_total", "sglang:num_requests_total", "sglang:prompt_tokens_total"):
+        assert _series(after, name) > _series(before, name), (name, before, after)
+    assert _series(after, "relax:weight_version") > _series(before, "relax:weight_version")
+    pool = seen["pool_metrics"]
+    assert pool['relax:elastic_operations_total{kind="scale_out",state="succeeded"}'] == 2, pool
+    assert pool['relax:elastic_engines{state="active"}'] == 3 and pool["relax:elastic_prompts_total"] > 0, pool
     paths = seen["openapi"][1]["paths"]
     assert {"/elastic/scale_out", "/elastic/scale_in", "/elastic/engines"} <= set(paths)
 

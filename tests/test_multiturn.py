@@ -7,8 +7,10 @@ the calculator environment in both modes.
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,6 +225,15 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
     n = sum(stops.values())  # every generated episode's end is recorded (async rollout may run ahead)
     assert n >= 3 * cfg.samples_per_rollout and n % cfg.samples_per_rollout == 0
     assert stops.get("stop/max_turns", 0) > 0  # wrong answers got more turns
+    # metrics.jsonl: turns per episode and the episodes' end reasons of every trained batch
+    lines = (Path(cfg.run.output_dir) / "metrics.jsonl").read_text().splitlines()
+    logged = [r for r in map(json.loads, lines) if "train/loss" in r]
+    assert len(logged) == 3
+    for r in logged:
+        assert 1 <= r["rollout/turns_mean"] <= 2 and r["rollout/tokens_per_s"] > 0
+        ends = {k: v for k, v in r.items() if k.startswith("rollout/stop/")}
+        assert sum(ends.values()) == cfg.samples_per_rollout, ends
+    assert sum(r.get("rollout/stop/max_turns", 0) for r in logged) > 0
 
 
 def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_run_inputs, tmp_path):

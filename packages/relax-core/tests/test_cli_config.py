@@ -204,3 +204,30 @@ def test_offload_is_a_bare_flag_with_an_automatic_default_and_needs_colocate():
     assert build_config(argv=["--no-offload"]).run.offload is False
     with pytest.raises(ConfigError, match="--offload time-shares the devices .* drop --offload"):
         build_config(argv=["--fully-async", "--offload"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["--rollout-batchsize", "4"], "--rollout-batch-size"),
+        (["--no-progres"], "--no-progress"),
+        (["--kl-los-coef", "0.1"], "--kl-loss-coef"),  # slime's names are known too
+        (["--fully-asnyc"], "--fully-async"),
+    ],
+)
+def test_unknown_flag_suggests_the_closest(argv, suggestion):
+    with pytest.raises(ConfigError, match=f"unknown flag {argv[0]} \\(did you mean {suggestion}\\?\\)"):
+        build_config(argv=argv)
+
+
+def test_unknown_yaml_key_suggests_the_closest(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("train:\n  micro_batch_sise: 4\n")
+    with pytest.raises(ConfigError, match="micro_batch_sise.*did you mean --micro-batch-size"):
+        build_config(path)
+
+
+def test_help_shows_no_pydantic_internals():
+    text = help_text()
+    assert "PydanticUndefined" not in text
+    assert "--sglang-env" in text and "(default {})" in text  # a default_factory's value

@@ -102,13 +102,16 @@ def no_network(monkeypatch):
 # -- jsonl and TensorBoard -------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # imports torch
-def test_jsonl_and_tensorboard_read_back(tmp_path):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("tensorboard")
+def _tensorboard_scalars(logdir: Path) -> dict[str, dict[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    torch.set_num_threads(1)
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def test_jsonl_and_tensorboard_read_back(tmp_path):
+    pytest.importorskip("tensorboard")
     out = tmp_path / "run"
     with MetricsService.from_config(_cfg(out, tensorboard=True), out) as service:
         assert service.names == ["jsonl", "tensorboard"]
@@ -120,10 +123,51 @@ def test_jsonl_and_tensorboard_read_back(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows == STEPS  # the whole dict, non-numeric and ungrouped keys included
 
-    acc = EventAccumulator(str(out / "tensorboard"))
-    acc.Reload()
-    tags = acc.Tags()["scalars"]  # no step, time, rollout/note
-    _assert_same({tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in tags}, _expected())
+    _assert_same(_tensorboard_scalars(out / "tensorboard"), _expected())  # no step, time, rollout/note
+
+
+TENSORBOARD_WITHOUT_TORCH = """
+import json, sys
+sys.modules["torch"] = sys.modules["tensorflow"] = None  # importing either raises ImportError
+from relax_core.config import RelaxConfig
+from relax_core.metrics import MetricsService
+out, steps = sys.argv[1], json.loads(sys.argv[2])
+cfg = RelaxConfig.model_validate({"run": {"output_dir": out, "tensorboard": True}})
+with MetricsService.from_config(cfg, out) as service:
+    assert service.names == ["jsonl", "tensorboard"], service.names
+    for m in steps:
+        service.log(m, m["step"])
+print(sorted(m for m in ("torch", "tensorflow") if sys.modules.get(m) is not None))
+"""
+
+
+def test_tensorboard_sink_needs_only_the_tensorboard_package(tmp_path):
+    """Written in a process where torch and TensorFlow cannot be imported; read back with TensorBoard's own
+    EventAccumulator here."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", TENSORBOARD_WITHOUT_TORCH, str(out), json.dumps(STEPS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    (event_file,) = (out / "tensorboard").glob("events.out.tfevents.*")
+    _assert_same(_tensorboard_scalars(event_file.parent), _expected())
+
+
+def test_two_tensorboard_sinks_of_one_process_write_two_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    cfg = _cfg(tmp_path, tensorboard=True)
+    a, b = build_sink("tensorboard", cfg, tmp_path), build_sink("tensorboard", cfg, tmp_path)
+    a.log({"train/loss": 1.0}, 0)
+    b.log({"train/loss": 2.0}, 1)
+    a.close(), b.close()
+    a.close()  # a second close does nothing
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert _tensorboard_scalars(tmp_path / "tensorboard") == {"train/loss": {0: 1.0, 1: 2.0}}
 
 
 def test_jsonl_appends_to_an_existing_file(tmp_path):
@@ -314,7 +358,11 @@ def test_a_sink_raising_on_close_does_not_stop_the_others(tmp_path, caplog):
             "clearml",
             "--clearml-project needs clearml: pip install 'relax-core[clearml]'",
         ),
-        ({"tensorboard": True}, "torch.utils.tensorboard", "--tensorboard needs torch and tensorboard"),
+        (
+            {"tensorboard": True},
+            "tensorboard.compat.proto.event_pb2",  # the sink's first import
+            '--tensorboard needs tensorboard: pip install "relax-core[tensorboard]"',
+        ),
     ],
 )
 def test_a_missing_library_fails_at_start_up(tmp_path, monkeypatch, flags, module, message):

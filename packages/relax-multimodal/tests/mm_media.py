@@ -107,3 +107,12 @@ class CrashingTokenizer(ToyTokenizer):
 
             os._exit(1)
         return super().encode(text, add_special_tokens)
+
+
+class UnstartableTokenizer(ToyTokenizer):
+    """Kills the process that unpickles it: a pool worker dies while starting, before taking any sample."""
+
+    def __setstate__(self, state):
+        import os
+
+        os._exit(1)

@@ -22,11 +22,13 @@ from PIL import Image
 import numpy as np, soundfile as sf
 from relax_multimodal import MultimodalConfig, MultimodalProcessor
 buf = io.BytesIO(); Image.new("RGB", (64, 48), "red").save(buf, format="PNG")
-wav = io.BytesIO(); sf.write(wav, np.zeros(16000, dtype=np.float32), 16000, format="WAV")
+wav = io.BytesIO()  # 22.05 kHz: resampled to the model's 16 kHz (soxr, no librosa)
+sf.write(wav, np.sin(np.arange(22050, dtype=np.float32) / 10), 22050, format="WAV")
 cfg = MultimodalConfig(model="qwen2_5_omni", multimodal_keys={"image": "i", "audio": "a"})
 s = MultimodalProcessor(cfg).process({"prompt": "<image><audio>", "i": buf.getvalue(), "a": wav.getvalue()})
 assert s.text.count("<|IMAGE|>") == s.images[0].num_tokens > 0
 assert s.text.count("<|AUDIO|>") == s.audios[0].num_tokens > 0
+assert s.audios[0].rate == 16000 and s.audios[0].waveform.shape == (16000,)
 assert "torch" not in sys.modules and "transformers" not in sys.modules
 print("ok")
 """
@@ -54,4 +56,4 @@ def test_wheel_in_clean_venv(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     frozen = subprocess.run([uv, "pip", "freeze", "--python", str(py)], capture_output=True, text=True).stdout
     names = {line.split("==")[0].lower() for line in frozen.splitlines()}
-    assert not names & {"torch", "transformers", "ray"}, names
+    assert not names & {"torch", "transformers", "ray", "librosa"}, names

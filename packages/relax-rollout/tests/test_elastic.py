@@ -131,6 +131,13 @@ def wait_op(call, a, op_id, token=None, timeout=30.0, until=TERMINAL):
         time.sleep(0.02)
 
 
+def scrape(url: str, token: str | None = None) -> str:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return r.read().decode()
+
+
 def raw_post(url: str, path: str, data: bytes):
     req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -180,6 +187,11 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
         4,
     )
     assert e2["url"] == newcomer.url
+    metrics = scrape(a.url + "/elastic/metrics")  # Prometheus, for an autoscaler
+    for line in ('relax:elastic_engines{state="active"} 3', "relax:elastic_weight_version 4",
+                 'relax:elastic_operations_total{kind="scale_out",state="succeeded"} 1',
+                 "relax:elastic_operation_seconds_scale_out_count 1", 'relax:elastic_engine_inflight{engine="e2"'):
+        assert line in metrics, metrics  # fmt: skip
     # an engine that does not answer: the op fails and removes what it added before
     from relax_core.dcs import free_port
 
@@ -356,11 +368,12 @@ def test_cancel_of_a_scale_in_reactivates_and_re_adds(api, serve, call):
 def test_auth_unknown_routes_and_openapi(api, call):
     a = api(token="s3cret")
     for path, body in [("/elastic/engines", None), ("/elastic/scale_out", {"num_replicas": 3}),
-                       ("/elastic/openapi.json", None), ("/nope", None)]:  # fmt: skip
+                       ("/elastic/openapi.json", None), ("/elastic/metrics", None), ("/nope", None)]:  # fmt: skip
         assert call(a.url, path, body)[0] == 401
         assert call(a.url, path, body, token="wrong")[0] == 401
     code, eng = call(a.url, "/elastic/engines", token="s3cret")
     assert code == 200 and [m["id"] for m in eng["data"]] == ["e0", "e1"] and eng["active"] == 2
+    assert 'relax:elastic_engines{state="active"} 2' in scrape(a.url + "/elastic/metrics", token="s3cret")
     code, err = call(a.url, "/elastic/nope", token="s3cret")
     assert code == 404 and "openapi.json" in err["message"]
     assert call(a.url, "/elastic/scale_out", token="s3cret")[0] == 404  # GET on a POST route

@@ -56,6 +56,10 @@ def test_produce_writes_one_scored_batch(tiny_model_dir, prompt_file):
     assert set(data["policy_version"]) == {0}
     assert set(data["reward"]) <= {0.0, 1.0}
     assert set(data["rollout_step"]) == {0}
+    # the batch's generation speed, on each sample (the trainer logs it as rollout/tokens_per_s)
+    gen_s = worker.get_stats()["generate_s"]
+    assert gen_s > 0
+    assert data["rollout_tokens_per_s"] == [pytest.approx(sum(data["response_len"]) / gen_s)] * n
     for i in range(n):
         rlen = data["response_len"][i]
         assert 1 <= rlen <= cfg.rollout.rollout_max_response_len

@@ -66,3 +66,29 @@ def test_resuming_reads_the_history_past_a_torn_last_line(tiny_model_dir, tmp_pa
     assert again.history == rows
     assert "metrics.jsonl line 3 is not JSON" in caplog.text
     again.close()
+
+
+def test_rollout_metrics_of_a_multi_turn_batch():
+    """Generation speed (one value per rollout step, on its samples), turns per episode and the episodes'
+    end reasons; a single-turn batch has neither of the last two."""
+    from relax_train.workers import rollout_metrics
+
+    d = {
+        "reward": [1.0, 0.0, 0.0, 1.0],
+        "response_len": [4, 8, 8, 2],
+        "finish_reason": ["env_done", "max_turns", "max_turns", "token_budget"],
+        "reward_failure": ["", "", "", ""],
+        "group_id": ["0:0", "0:0", "1:0", "1:0"],
+        "rollout_step": [0, 0, 1, 1],
+        "rollout_tokens_per_s": [100.0, 100.0, 300.0, 300.0],
+        "turns": [1, 3, 3, 2],
+    }
+    m = rollout_metrics(d)
+    assert m["rollout/tokens_per_s"] == 200.0
+    assert m["rollout/turns_mean"] == 2.25
+    assert {k: v for k, v in m.items() if k.startswith("rollout/stop/")} == {
+        "rollout/stop/env_done": 1.0, "rollout/stop/max_turns": 2.0, "rollout/stop/token_budget": 1.0,
+    }  # fmt: skip
+    assert m["rollout/reward_mean"] == 0.5 and m["rollout/groups"] == 2.0
+    single = {k: v for k, v in d.items() if k != "turns"} | {"finish_reason": ["stop"] * 4}
+    assert not any(k.startswith(("rollout/stop/", "rollout/turns")) for k in rollout_metrics(single))

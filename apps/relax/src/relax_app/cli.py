@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             from relax_app.demo.defaults import DEMO_DEFAULTS
 
             defaults = DEMO_DEFAULTS
-        cfg = build_config(yaml_path, overrides, defaults=defaults)
+        notes: list[str] = []
+        cfg = build_config(yaml_path, overrides, defaults=defaults, notes=notes)
     except ConfigError as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2
+    for note in notes:  # a slime / veRL name that means something else here
+        print(f"relax: WARNING: {note}", file=sys.stderr)
     from relax_app.train import check_inputs, train
 
     try:

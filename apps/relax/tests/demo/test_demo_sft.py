@@ -56,3 +56,24 @@ def test_target_accuracy_stops_at_first_check_that_reaches_it(tokenizer, tiny_ta
         model, tokenizer, rows, steps=6, batch_size=8, target_accuracy=1.01, check_every=3, probe_size=8
     )
     assert not log.stopped_early and log.steps == 6 and [s for s, _ in log.probe_accuracy] == [3, 6]
+
+
+def test_progress_is_reported_with_step_total_and_loss(tokenizer, tiny_task, tiny_model):
+    model = build_tiny_qwen3(tokenizer, **tiny_model)
+    rows = read_jsonl(tiny_task.train_path)
+    lines: list[str] = []
+    log = train_sft(model, tokenizer, rows, steps=5, batch_size=8, report=lines.append, report_every_s=1e9)
+    # throttled: the first step, then the last (every report_every_s seconds in between)
+    assert lines == [f"step 1/5, loss {log.losses[0]:.3f}", f"step 5/5, loss {log.losses[-1]:.3f}"]
+    lines.clear()
+    train_sft(model, tokenizer, rows, steps=4, batch_size=8, report=lines.append, report_every_s=0.0,
+              target_accuracy=1.01, check_every=2, probe_size=8)  # fmt: skip
+    assert [line.split(",")[0] for line in lines] == ["step 1/4", "step 2/4", "step 3/4", "step 4/4"]
+    assert "probe accuracy" in lines[1] and "probe accuracy" in lines[3]
+
+
+def test_warm_start_prints_its_progress_on_the_console(tokenizer, tiny_task, tmp_path, tiny_model, capsys):
+    build_tiny_qwen3(tokenizer, tmp_path / "base", **tiny_model)
+    sft_warm_start(tmp_path / "base", tiny_task.train_path, tmp_path / "sft", steps=3, batch_size=8, lr=1e-3)
+    out = capsys.readouterr().out
+    assert "[relax] demo warm start: step 1/3, loss " in out and "step 3/3, loss " in out

@@ -12,7 +12,7 @@ from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
 from relax_bus.state import Batch, ManualClock
 
-__version__ = "0.4.2"
+__version__ = "0.4.3"
 
 __all__ = [
     "AsyncBus",

@@ -1,3 +1,3 @@
 """relax_core."""
 
-__version__ = "0.4.9"
+__version__ = "0.5.0"

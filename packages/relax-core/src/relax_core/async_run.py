@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
+from relax_core.optional import import_ray
 
 CONSUMER_OUTPUT = {
     "advantages": ["advantages"],
@@ -41,9 +42,7 @@ class _CannotRestartInPlace(Exception):
 
 class AsyncRun:
     def __init__(self, controller: Any, notifier: Any, threads: int) -> None:
-        import ray
-
-        self.ray = ray
+        self.ray = import_ray("--fully-async")
         self.c, self.cfg, self.inp = controller, controller.cfg, controller.inputs
         self.notifier, self.threads = notifier, threads
         self.roles: dict[str, Any] = {}

@@ -2,17 +2,20 @@
 
 Every leaf field of :class:`RelaxConfig` is a flag: ``train.micro_batch_size`` is ``--micro-batch-size``.
 Leaf names are unique across sections, so users never type the section. YAML files may be nested by
-section (``train: {lr: 1e-5}``) or flat (``lr: 1e-5``).
+section (``train: {lr: 1e-5}``) or flat (``lr: 1e-5``). slime's names for the same knobs are accepted too
+(:mod:`relax_core.cli_aliases`), and an unknown flag names the closest known one.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from relax_core import cli_aliases as aliases
 from relax_core.config import RelaxConfig
 
 
@@ -50,8 +53,14 @@ def _is_str_field(section: str, name: str) -> bool:
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
     """Turn ``--flag value`` / ``--flag=value`` / bare boolean flags into {leaf: value}."""
+    return _parse(argv)[0]
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """{leaf: value}, and {leaf: the name it was given under} (ours, or a slime alias: cli_aliases)."""
     index = flag_index()
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -63,19 +72,36 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
             out["mode"] = _MODE_FLAGS[leaf]
             i += 1
             continue
+        if leaf in aliases.MULTI_VALUE and not eq:
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            if j == i + 1:
+                raise ConfigError(f"--{key} needs a value")
+            try:
+                value = aliases.eval_prompt_data([_scalar(a) for a in argv[i + 1 : j]])
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            _put(out, given, aliases.ALIASES[leaf], leaf, value)
+            i = j
+            continue
+        named = leaf
         negated = leaf.startswith("no_") and leaf[3:] in index
         if negated:
-            leaf = leaf[3:]
-        if leaf not in index:
-            raise ConfigError(f"unknown flag --{key}; see `relax train --help` for the list")
-        section, name = index[leaf]
-        if _is_bool_field(section, name) and not eq:
+            leaf = named = leaf[3:]
+        leaf = aliases.ALIASES.get(leaf, leaf)
+        if named in aliases.NO_EQUIVALENT:
+            leaf = named
+        elif leaf not in index:
+            message = _unknown(f"unknown flag --{key}", key)
+            raise ConfigError(f"{message}; see `relax train --help` for the list")
+        if leaf in index and _is_bool_field(*index[leaf]) and not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and nxt.lower() in ("true", "false"):
-                out[leaf] = nxt.lower() == "true"
+                _put(out, given, leaf, named, nxt.lower() == "true")
                 i += 2
             else:
-                out[leaf] = not negated
+                _put(out, given, leaf, named, not negated)
                 i += 1
             continue
         if eq:
@@ -83,15 +109,52 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
             i += 1
         else:
             if i + 1 >= len(argv):
-                raise ConfigError(f"{_flag(leaf)} needs a value")
+                raise ConfigError(f"--{key} needs a value")
             raw = argv[i + 1]
             i += 2
+        if named in aliases.NO_EQUIVALENT:
+            _refuse(named, _scalar(raw))
+            continue
         # a text flag keeps its text even when it looks like a number (--output-dir 2024); "none" means
         # None only where None is allowed (--rm-type none names the no-reward reward)
+        section, name = index[leaf]
         ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
         keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
-        out[leaf] = raw if keep_text else _scalar(raw)
-    return out
+        _put(out, given, leaf, named, raw if keep_text else _scalar(raw))
+    return out, given
+
+
+def _put(out: dict[str, Any], given: dict[str, str], leaf: str, named: str, value: Any) -> None:
+    """Set ``leaf``; set before under another name (ours and an alias): the two must agree (cli_aliases)."""
+    if leaf in given and given[leaf] != named:
+        try:
+            merged = aliases.merge(leaf, (given[leaf], out[leaf]), (named, value))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if merged == out[leaf]:  # (the name the value came under stays: start_notes reads it)
+            return
+        value = merged
+    out[leaf] = value
+    given[leaf] = named
+
+
+def _refuse(name: str, value: Any) -> None:
+    """A slime name with no equivalent here: a value asking for what relax does anyway passes."""
+    if value not in aliases.NEUTRAL.get(name, ()):
+        raise ConfigError(f"{_flag(name)} {value!r}: no equivalent in relax; {aliases.NO_EQUIVALENT[name]}")
+
+
+def _known_names() -> list[str]:
+    index = flag_index()
+    bools = [f"no_{leaf}" for leaf, where in index.items() if _is_bool_field(*where)]
+    return [*index, *bools, *aliases.ALIASES, *_MODE_FLAGS]
+
+
+def _unknown(message: str, key: str) -> str:
+    """``message``, with the closest known flag when one is close: "did you mean --lr?"."""
+    names = [_flag(n) for n in _known_names()]
+    close = difflib.get_close_matches(_flag(key.replace("-", "_")), names, n=1, cutoff=0.6)
+    return f"{message} (did you mean {close[0]}?)" if close else message
 
 
 def _scalar(raw: str) -> Any:
@@ -104,31 +167,48 @@ def _scalar(raw: str) -> Any:
     return value if isinstance(value, (int, float, bool, list, dict)) else raw
 
 
-def _flatten_yaml(data: dict[str, Any], source: str) -> dict[str, Any]:
+def _flatten_yaml(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """{leaf: value} and {leaf: the key it was given under}, like the command line's (slime names too)."""
     index = flag_index()
-    flat: dict[str, Any] = {}
+    pairs: list[tuple[str, Any]] = []
     for key, value in data.items():
         k = key.replace("-", "_")
         if k in RelaxConfig.model_fields and isinstance(value, dict):
-            for sub, v in value.items():
-                flat[sub.replace("-", "_")] = v
-        elif k in _MODE_FLAGS and value is True:
-            flat["mode"] = _MODE_FLAGS[k]
+            pairs.extend((sub.replace("-", "_"), v) for sub, v in value.items())
         else:
-            flat[k] = value
-    for k in flat:
-        if k not in index:
-            raise ConfigError(f"{source}: unknown key {k!r}")
-    return flat
+            pairs.append((k, value))
+    flat: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for k, value in pairs:
+        try:
+            if k in _MODE_FLAGS and value is True:
+                flat["mode"] = _MODE_FLAGS[k]
+            elif k in aliases.NO_EQUIVALENT:
+                _refuse(k, value)
+            elif k in aliases.MULTI_VALUE:
+                values = value if isinstance(value, list) else [value]
+                _put(flat, given, aliases.ALIASES[k], k, aliases.eval_prompt_data(values))
+            elif aliases.ALIASES.get(k, k) in index:
+                _put(flat, given, aliases.ALIASES.get(k, k), k, value)
+            else:
+                raise ConfigError(_unknown(f"unknown key {k!r}", k))
+        except (ConfigError, ValueError) as e:
+            raise ConfigError(f"{source}: {e}") from None
+    return flat, given
 
 
 def build_config(
-    yaml_path: str | Path | None = None, argv: list[str] | None = None, defaults: dict[str, Any] | None = None
+    yaml_path: str | Path | None = None,
+    argv: list[str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
 ) -> RelaxConfig:
     """defaults < YAML file (optional) < command-line overrides → validated config.
 
-    Raises ConfigError naming the flag and the rule."""
+    Raises ConfigError naming the flag and the rule. ``notes``, if given, receives a line per name the
+    user gave that means something else in slime or veRL (``--kl-coef``), for the console."""
     flat: dict[str, Any] = dict(defaults or {})
+    given: dict[str, str] = {}
     if yaml_path is not None:
         path = Path(yaml_path)
         if not path.is_file():
@@ -141,9 +221,15 @@ def build_config(
             raise ConfigError(f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of flag names to values")
-        flat.update(_flatten_yaml(data, str(path)))
-    flat.update(parse_overrides(list(argv or [])))
-    return config_from_flat(flat)
+        from_yaml, given = _flatten_yaml(data, str(path))
+        flat.update(from_yaml)
+    from_argv, on_argv = _parse(list(argv or []))
+    flat.update(from_argv)
+    given.update(on_argv)
+    cfg = config_from_flat(flat)
+    if notes is not None:
+        notes.extend(aliases.start_notes(given, flat))
+    return cfg
 
 
 def config_from_flat(flat: dict[str, Any]) -> RelaxConfig:
@@ -181,6 +267,18 @@ def help_text() -> str:
         rows.append(f"\n{section}:")
         for name, f in info.annotation.model_fields.items():  # type: ignore[union-attr]
             doc = (f.description or "").replace("\n", " ")
-            rows.append(f"  {_flag(name):32s} (default {f.default!r}) {doc}")
+            also = [a for a, ours in aliases.ALIASES.items() if ours == name]
+            names = " / ".join(_flag(n) for n in (name, *also))
+            if name in aliases.OTHER_MEANING:
+                doc += f" NOTE for slime / veRL users: {aliases.OTHER_MEANING[name]}."
+            rows.append(f"  {names:32s} ({_default(f)}) {doc}")
     rows.append("\n  --colocate / --fully-async          shorthand for --mode colocate / --mode fully_async")
+    rows.extend(aliases.help_lines())
     return "\n".join(rows)
+
+
+def _default(f: Any) -> str:
+    """A field's default as --help shows it: the value (a factory's too), or "required"."""
+    if f.is_required():
+        return "required"
+    return f"default {f.get_default(call_default_factory=True)!r}"

@@ -19,6 +19,7 @@ from relax_core.async_run import AsyncRun
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
 from relax_core.notify import Notifier
+from relax_core.optional import import_ray
 from relax_core.trace import write_trace
 
 ROLES: dict[str, str] = {
@@ -107,11 +108,7 @@ def _start_ray(cfg: RelaxConfig) -> bool:
     each, then ``RAY_ADDRESS=<head>:6379 relax train ...`` on the head), else a local cluster started here,
     unless this process is connected already. True when this call connected (the run disconnects at the
     end; a cluster started here stops with it, one started with ``ray start`` keeps running)."""
-    # Under `uv run`, Ray would ship the working directory and rebuild the environment for every
-    # worker; ours is already complete. Must be set before Ray is imported.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    import ray
-
+    ray = import_ray("--fully-async (and a megatron trainer of several ranks)")
     if ray.is_initialized():
         return False
     address = os.environ.get("RAY_ADDRESS", "").strip()

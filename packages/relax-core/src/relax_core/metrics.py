@@ -23,13 +23,18 @@ another exporter by adding to it.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from relax_core.config import RelaxConfig
+from relax_core.optional import TENSORBOARD_INSTALL
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +58,13 @@ SINKS: dict[str, str | SinkFactory] = {
 }
 """Sink name -> ``"module:Class"`` or a factory ``(cfg, output_dir) -> MetricsSink``."""
 
+_EVENT_FILES = itertools.count()
+
 _NEEDS: dict[str, tuple[str, str]] = {
     # sink -> (the flag that turns it on, how to get its library)
     "tensorboard": (
         "--tensorboard",
-        "torch and tensorboard: pip install tensorboard (or turn it off with --no-tensorboard)",
+        f"tensorboard: {TENSORBOARD_INSTALL} (or turn it off with --no-tensorboard)",
     ),
     "wandb": ("--wandb-project", "wandb: pip install 'relax-core[wandb]'"),
     "clearml": ("--clearml-project", "clearml: pip install 'relax-core[clearml]'"),
@@ -108,19 +115,39 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """``output_dir/tensorboard``: one scalar per grouped numeric metric, flushed every call."""
+    """``output_dir/tensorboard``: one event per call holding a scalar per grouped numeric metric, flushed.
+
+    Written with the ``tensorboard`` package alone — its event protos and its record writer (length, data
+    and masked CRC-32C, the framing TensorBoard reads), the same pieces torch's ``SummaryWriter`` wraps —
+    synchronously in this thread: no torch, no TensorFlow, no writer thread."""
 
     def __init__(self, cfg: RelaxConfig, output_dir: Path) -> None:
-        tb = _require("tensorboard", "torch.utils.tensorboard")
-        self.writer = tb.SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        self._event_pb2 = _require("tensorboard", "tensorboard.compat.proto.event_pb2")
+        self._summary_pb2 = _require("tensorboard", "tensorboard.compat.proto.summary_pb2")
+        record_writer = _require("tensorboard", "tensorboard.summary.writer.record_writer")
+        logdir = Path(output_dir) / "tensorboard"
+        logdir.mkdir(parents=True, exist_ok=True)
+        # TensorBoard finds event files by this name ("tfevents"); the counter keeps two sinks of one
+        # process apart within a second
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self.path = logdir / f"{name}.{next(_EVENT_FILES)}"
+        self._writer = record_writer.RecordWriter(open(self.path, "wb"))  # noqa: SIM115 - closed in close()
+        self._write(self._event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event: Any) -> None:
+        self._writer.write(event.SerializeToString())
+        self._writer.flush()
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        for k, v in scalars(metrics).items():
-            self.writer.add_scalar(k, v, step)
-        self.writer.flush()
+        Value = self._summary_pb2.Summary.Value
+        values = [Value(tag=k, simple_value=float(v)) for k, v in scalars(metrics).items()]
+        if values:
+            summary = self._summary_pb2.Summary(value=values)
+            self._write(self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
     def close(self) -> None:
-        self.writer.close()
+        if not self._writer.closed:
+            self._writer.close()
 
 
 class WandbSink:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.optional import import_ray
 
 
 def gpu_demand(cfg: RelaxConfig) -> dict[str, int]:
@@ -58,7 +59,7 @@ def check_gpu_demand(demand: dict[str, int], available: float) -> None:
 def probe_bundles(pg: Any, n: int) -> list[tuple[str, str]]:
     """(node id, Ray's GPU id) of each of the first ``n`` bundles of ``pg`` (one GPU each), in bundle
     order: a tiny task runs in each bundle and reports where it landed."""
-    import ray
+    ray = import_ray("placing roles on GPUs")
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     probe = ray.remote(num_gpus=1, num_cpus=0)(_where)
@@ -79,7 +80,7 @@ def reserve_gpus(n: int, role: str, timeout_s: float = 600.0) -> tuple[Any, list
     itself, and their Ray GPU ids in numeric order (what the processes' ``CUDA_VISIBLE_DEVICES`` name).
     The group holds them until it is removed (``ray.util.remove_placement_group``) or this process
     ends."""
-    import ray
+    ray = import_ray(f"the {role} role's GPU reservation")
 
     pg = ray.util.placement_group([{"GPU": 1}] * n, strategy="STRICT_PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)

@@ -1,7 +1,7 @@
 """relax_multimodal: images, video and audio into Qwen-VL / Qwen-Omni model inputs and rollout payloads.
 
-Standalone (no other relax-* package), and light at import: numpy and pillow only. decord, librosa,
-soundfile, ffmpeg, transformers and torch are imported when a function needs them.
+Standalone (no other relax-* package), and light at import: numpy and pillow only. decord, soundfile,
+soxr, ffmpeg, transformers and torch are imported when a function needs them.
 
 >>> from relax_multimodal import smart_resize
 >>> smart_resize(1080, 1920, 28)
@@ -12,7 +12,7 @@ from .audio import AudioItem, audio_features, process_audio
 from .errors import MediaError
 from .image import ImageItem, process_image, to_rgb
 from .patches import patchify
-from .pool import PreprocessPool
+from .pool import PoolStartError, PreprocessPool
 from .processor import (
     BatchResult,
     ContentCache,
@@ -24,7 +24,7 @@ from .processor import (
 from .specs import MODELS, ModelSpec, get_spec, smart_nframes, smart_resize
 from .video import VideoItem, process_video, sample_indices
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "MODELS",
@@ -36,6 +36,7 @@ __all__ = [
     "ModelSpec",
     "MultimodalConfig",
     "MultimodalProcessor",
+    "PoolStartError",
     "PreprocessPool",
     "ProcessedSample",
     "VideoItem",

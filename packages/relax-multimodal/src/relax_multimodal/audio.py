@@ -2,7 +2,8 @@
 
 soundfile reads WAV/FLAC/OGG/MP3 from paths and bytes without a subprocess; anything else (m4a, the
 audio track of a video) goes through an ffmpeg binary — from PATH, or the one inside the
-``imageio-ffmpeg`` wheel — and the error says so when neither exists. Resampling is soxr's (librosa's default).
+``imageio-ffmpeg`` wheel — and the error says so when neither exists. Resampling is soxr's HQ (what
+librosa calls by default; librosa itself is not needed).
 Log-mel features come from transformers' ``WhisperFeatureExtractor``, imported only when asked for, so
 the token count (mel frames → encoder frames) is known without transformers installed.
 """
@@ -112,14 +113,10 @@ def _to_mono_rate(wave: np.ndarray, sr: int, rate: int, channels_last: bool) -> 
 
 
 def resample(wave: np.ndarray, sr: int, rate: int) -> np.ndarray:
-    """soxr's HQ resampler (what librosa's default ``soxr_hq`` calls), without importing librosa's
-    numba-compiled core, which costs ~20 s on first use on a small machine."""
-    try:
-        import soxr
-    except ImportError:  # pragma: no cover - soxr comes with librosa
-        import librosa
+    """soxr's HQ resampler: what librosa's default (``soxr_hq``) calls, without librosa (~400 MB with
+    numba and scipy, and ~20 s to compile its core on first use on a small machine)."""
+    import soxr
 
-        return librosa.resample(wave, orig_sr=sr, target_sr=rate).astype(np.float32)
     return soxr.resample(wave, sr, rate, quality="HQ").astype(np.float32)
 
 

@@ -8,6 +8,11 @@ of the rows submitted and not yet handed to the consumer stay under ``max_inflig
 always goes, so a single huge row cannot stall the pool). A worker that dies (a decoder segfault)
 fails only the rows it may have held: they come back as ``MediaError(reason="crash")`` and the pool
 restarts.
+
+Workers that cannot start at all are a different failure, not a bad sample: the pool (and every restart)
+first waits for one worker to come up, and raises :class:`PoolStartError` when it dies instead. The
+usual cause: under the ``spawn`` start method each worker re-imports the main module, so a script that
+builds the pool at its top level without ``if __name__ == "__main__":`` kills every worker at start-up.
 """
 
 from __future__ import annotations
@@ -32,12 +37,20 @@ def _init(config: MultimodalConfig, tokenizer: Any) -> None:
     _WORKER = MultimodalProcessor(config, tokenizer)
 
 
+def _ready() -> bool:
+    return _WORKER is not None
+
+
 def _run(row: dict, index: Any) -> ProcessedSample | MediaError:
     assert _WORKER is not None
     out = _WORKER._safe(row, index)
     if isinstance(out, ProcessedSample):
         out.row = None  # the caller has it; do not ship it back
     return out
+
+
+class PoolStartError(RuntimeError):
+    """The pool's worker processes die before taking any sample (see the worker's traceback on stderr)."""
 
 
 class PreprocessPool:
@@ -61,13 +74,29 @@ class PreprocessPool:
         self._ex = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
+        """A new executor, once one of its workers has started and built its processor."""
         start_method, tokenizer = self._args
-        return ProcessPoolExecutor(
+        ex = ProcessPoolExecutor(
             self.workers,
             mp_context=mp.get_context(start_method),
             initializer=_init,
             initargs=(self.config, tokenizer),
         )
+        try:
+            ex.submit(_ready).result()
+        except BrokenProcessPool as e:
+            ex.shutdown(wait=False, cancel_futures=True)
+            guard = 'if __name__ == "__main__":'
+            raise PoolStartError(
+                f"PreprocessPool: a worker process died while starting, before any sample ({e}); its "
+                f"traceback is on stderr above. In a script, build the pool under `{guard}` (the "
+                f"{start_method!r} start method re-imports the main module in every worker); the config and "
+                "tokenizer must be picklable and importable in a fresh process."
+            ) from e
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        return ex
 
     def _estimate(self, row: dict) -> int:
         total = 0

@@ -19,7 +19,7 @@ from relax_rewards.registry import (
 from relax_rewards.scorer import Scorer
 from relax_rewards.types import RewardFn, RewardResult, as_result, is_async_reward
 
-__version__ = "0.3.2"
+__version__ = "0.3.3"
 
 __all__ = [
     "ENTRY_POINT_GROUP",

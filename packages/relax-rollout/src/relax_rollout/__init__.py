@@ -1,3 +1,3 @@
 """relax_rollout."""
 
-__version__ = "0.6.2"
+__version__ = "0.7.0"

@@ -22,7 +22,9 @@ Operations (JSON bodies; unknown fields are refused):
   ``POST /elastic/operations/{id}/cancel`` (rolls back: a scale-out's engines are removed; a scale-in's
   draining engines become active again, removed ones are re-launched or re-added; 200 once cancelled,
   202 while the rollback runs, 409 for a finished operation), ``GET /elastic/engines``,
-  ``GET /elastic/openapi.json`` (OpenAPI 3.0). An operation that fails half-way is rolled back the same
+  ``GET /elastic/openapi.json`` (OpenAPI 3.0), ``GET /elastic/metrics`` (Prometheus: engines by state,
+  prompts in flight per engine, the pool's counters, operations by kind and state and their durations;
+  each engine serves its own ``/metrics``). An operation that fails half-way is rolled back the same
   way (all or nothing), with the reason in ``error``.
 
 Status codes: 200/202 as above; 400 a body that is not a JSON object, an unknown field, a wrong type or a
@@ -36,9 +38,7 @@ Security: binds 127.0.0.1 by default; any other host needs a token, and with a t
 
 from __future__ import annotations
 
-import hmac
 import itertools
-import json
 import logging
 import re
 import threading
@@ -46,13 +46,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
-from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
-from relax_rollout.server import protocol
-from relax_rollout.server.app import check_bind
+from relax_rollout import http_api
+from relax_rollout.engines.pool import STATES, Cancelled, EnginePool, Member, PoolError, check_url
+from relax_rollout.http_api import check_bind
 from relax_rollout.server.protocol import BadRequest, NotFound
 
 logger = logging.getLogger(__name__)
@@ -542,6 +541,46 @@ def _engines(svc: ElasticService, body: Any, params: dict):
                  "weight_version": svc.pool.weight_version, "stats": svc.pool.stats()}  # fmt: skip
 
 
+def _metrics(svc: ElasticService, body: Any, _: dict):
+    return 200, http_api.Text(render_metrics(svc), "text/plain; version=0.0.4; charset=utf-8")
+
+
+def render_metrics(svc: ElasticService) -> str:
+    """The pool and its operations in Prometheus' text format (``GET /elastic/metrics``), beside each
+    engine's own ``/metrics``: engines by state, prompts in flight per engine, the pool's counters,
+    operations by kind and state and their seconds from start to finish (what an autoscaler watches)."""
+    stats, members, ops = svc.pool.stats(), svc.engines(), svc.operations()
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        lines.extend([f"# HELP relax:{name} {help_}", f"# TYPE relax:{name} {kind}"])
+        lines.extend(f"relax:{name}{{{labels}}} {value}" if labels else f"relax:{name} {value}"
+                     for labels, value in samples)  # fmt: skip
+
+    metric("elastic_engines", "gauge", "Engines in the pool by state.",
+           [(f'state="{s}"', stats[f"engines_{s}"]) for s in STATES])  # fmt: skip
+    metric("elastic_engine_inflight", "gauge", "Prompts in flight on each engine.",
+           [(f'engine="{m["id"]}",kind="{m["kind"]}"', m["inflight"]) for m in members])  # fmt: skip
+    for key, help_ in (("requests", "Requests sent to engines."), ("prompts", "Prompts generated."),
+                       ("reissued_prompts", "Prompts re-sent after their engine failed or drained."),
+                       ("failures", "Engines marked failed.")):  # fmt: skip
+        metric(f"elastic_{key}_total", "counter", help_, [("", stats[key])])
+    metric("elastic_weight_version", "gauge", "The policy version the pool's engines serve.",
+           [("", stats["weight_version"])])  # fmt: skip
+    counts: dict[tuple[str, str], int] = {}
+    for op in ops:
+        counts[op["kind"], op["state"]] = counts.get((op["kind"], op["state"]), 0) + 1
+    metric("elastic_operations_total", "counter", "Scaling operations by kind and state.",
+           [(f'kind="{k}",state="{st}"', n) for (k, st), n in sorted(counts.items())])  # fmt: skip
+    done = [op for op in ops if op["started"] is not None and op["finished"] is not None]
+    for kind in ("scale_out", "scale_in"):
+        secs = [op["finished"] - op["started"] for op in done if op["kind"] == kind]
+        lines.extend([f"# TYPE relax:elastic_operation_seconds_{kind} summary",
+                      f"relax:elastic_operation_seconds_{kind}_sum {sum(secs):.6f}",
+                      f"relax:elastic_operation_seconds_{kind}_count {len(secs)}"])  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def _openapi(svc: ElasticService, body: Any, _: dict):
     return 200, openapi()
 
@@ -554,6 +593,7 @@ ROUTES: list[tuple[str, str, Callable]] = [
     ("POST", "/elastic/operations/{id}/cancel", _cancel_op),
     ("GET", "/elastic/engines", _engines),
     ("GET", "/elastic/openapi.json", _openapi),
+    ("GET", "/elastic/metrics", _metrics),
 ]
 
 
@@ -574,81 +614,34 @@ def _route(method: str, path: str) -> tuple[Callable | None, dict[str, str]]:
     return None, {}
 
 
-class ElasticHandler(BaseHTTPRequestHandler):
-    server_version = "relax-elastic"
-    protocol_version = "HTTP/1.1"
-    service: ElasticService
-    token: str | None = None
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        logger.debug("%s " + fmt, self.address_string(), *args)
-
-    def _send(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, code: int, message: str, kind: str) -> None:
-        self._send(code, {"object": "error", "message": message, "type": kind, "code": code})
-
-    def _body(self) -> Any:
-        return protocol.read_json_body(self)
-
-    def _authorised(self) -> bool:
-        if self.token is None:
-            return True
-        got = self.headers.get("Authorization", "")
-        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), self.token.encode())
-
-    def _dispatch(self, method: str) -> None:
-        path, _, query = self.path.partition("?")
-        try:
-            body = self._body() if method == "POST" else {}
-        except BadRequest as e:
-            body = e
-        if not self._authorised():
-            self._error(401, "missing or wrong bearer token (Authorization: Bearer <token>)", "Unauthorized")
-            return
-        fn, params = _route(method, path)
-        if fn is None:
-            self._error(404, f"no route {method} {path}; GET /elastic/openapi.json lists them", "NotFound")
-            return
-        params.update({k: v for k, v in parse_qsl(query) if k not in params})
-        try:
-            if isinstance(body, BadRequest):
-                raise body
-            code, out = fn(self.service, body, params)
-            self._send(code, out)
-        except BadRequest as e:
-            self._send(400, e.body())
-        except NotFound as e:
-            self._send(404, e.body())
-        except Conflict as e:
-            self._send(409, e.body())
-        except Exception as e:  # noqa: BLE001 — report, keep serving
-            logger.exception("elastic request %s %s failed", method, path)
-            self._error(500, f"{type(e).__name__}: {e}", "InternalError")
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
+def _error_body(code: int, message: str, kind: str, exc: BaseException | None) -> dict:
+    if isinstance(exc, (BadRequest, NotFound, Conflict)):
+        return exc.body()
+    body = {"object": "error", "message": message, "type": kind, "code": code}
+    if isinstance(exc, http_api.BodyError):
+        body["param"] = exc.field
+    return body
 
 
 def make_elastic_server(
     service: ElasticService, host: str = "127.0.0.1", port: int = 0, token: str | None = None
-) -> ThreadingHTTPServer:
-    """Bind the elastic API (port 0: any free port); call ``serve_forever`` (e.g. in a daemon thread). A
-    non-loopback ``host`` needs ``token``."""
+) -> http_api.Served:
+    """Bind the elastic API (port 0: any free port); call ``serve_forever`` (e.g. in a daemon thread), stop
+    with ``shutdown()``. A non-loopback ``host`` needs ``token``, which then guards every route."""
     check_bind(host, token, "elastic API (--elastic-host / --elastic-token; scaling changes the run)")
-    handler = type("BoundElasticHandler", (ElasticHandler,), {"service": service, "token": token})
-    httpd = ThreadingHTTPServer((host, port), handler)
-    httpd.daemon_threads = True
-    return httpd
+
+    def resolve(method: str, path: str):
+        fn, params = _route(method, path)
+        if fn is None:
+            return None, {}
+        # query parameters join the path's (``include_removed``)
+        return (lambda body, req: fn(service, body, {**req.query, **params})), params
+
+    api = http_api.JsonApi(
+        "elastic API", resolve, _error_body, errors=[(BadRequest, 400), (NotFound, 404), (Conflict, 409)],
+        token=token, not_found=lambda m, p: f"no route {m} {p}; GET /elastic/openapi.json lists them",
+    )  # fmt: skip
+    return http_api.Served(api, host, port, backlog=64)
 
 
 # -- OpenAPI ---------------------------------------------------------------------------------------------
@@ -836,6 +829,11 @@ def openapi() -> dict:
             "parameters": [{"name": "include_removed", "in": "query", "required": False,
                             "schema": {"type": "boolean"}, "description": "Also list removed engines."}],
             "responses": {"200": _ok("The engines and the pool's counters.", "EngineList"), "401": _UNAUTH}}},
+        "/elastic/metrics": {"get": {
+            "summary": "Prometheus metrics of the pool and its operations", "operationId": "metrics",
+            "responses": {"200": {"description": "Prometheus text format 0.0.4.",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
+                          "401": _UNAUTH}}},
         "/elastic/openapi.json": {"get": {
             "summary": "This document", "operationId": "openapi",
             "responses": {"200": {"description": "The OpenAPI 3.0 document.",

@@ -341,11 +341,12 @@ class RolloutWorker:
         n, want = r.n_samples_per_prompt, r.rollout_batch_size
         kept: list[tuple] = []  # (row, prompts, outs, results, texts) per informative group
         spare: list[tuple] = []
-        dropped, rounds, gen_s, reward_s = 0, 0, 0.0, 0.0
+        dropped, rounds, gen_s, reward_s, tokens = 0, 0, 0.0, 0.0, 0
         while len(kept) < want and rounds <= r.dynamic_sampling_max_rounds:
             pending = self._generate(step, round_=rounds)
             results, secs = self._score(pending)
             gen_s, reward_s, rounds = gen_s + pending["generate_s"], reward_s + secs, rounds + 1
+            tokens += pending["generated_tokens"]
             for g, row in enumerate(pending["rows"]):
                 sl = slice(g * n, (g + 1) * n)
                 media = pending["media"][sl] if pending["media"] is not None else [None] * n
@@ -380,6 +381,7 @@ class RolloutWorker:
             "texts": [t for g in groups for t in g[4]],
             "media": [m for g in groups for m in g[5]],
             "generate_s": gen_s,
+            "generated_tokens": tokens,
             "reward_s": reward_s,
             "extra": counters,
         }
@@ -411,7 +413,7 @@ class RolloutWorker:
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         return {"step": step, "rows": rows, "prompts": prompts, "outs": outs, "generate_s": gen_s,
-                "media": media}  # fmt: skip
+                "generated_tokens": _model_tokens(outs), "media": media}  # fmt: skip
 
     def _generate_episodes(self, step: int, round_: int = 0) -> dict[str, Any]:
         """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment.
@@ -474,7 +476,8 @@ class RolloutWorker:
             )
         media = [ep.mm for ep in episodes]
         return {"step": step, "rows": rows, "prompts": [ep.tokens[: ep.prompt_len] for ep in episodes],
-                "outs": outs, "generate_s": gen_s, "media": media if any(m is not None for m in media) else None,
+                "outs": outs, "generate_s": gen_s, "generated_tokens": _model_tokens(outs),
+                "media": media if any(m is not None for m in media) else None,
                 "texts": [ep.model_text[-1] if ep.model_text else "" for ep in episodes]}  # fmt: skip
 
     def _episode_prompt(
@@ -523,7 +526,9 @@ class RolloutWorker:
         else:
             results, reward_s = self._score(pending)
         texts = pending["texts"]
-        extra = pending.get("extra", {})
+        # generation speed of the whole batch (dropped dynamic-sampling groups included), on every sample
+        tokens_per_s = pending["generated_tokens"] / max(pending["generate_s"], 1e-9)
+        extra = {**pending.get("extra", {}), "rollout_tokens_per_s": tokens_per_s}
         media = pending.get("media") or [None] * len(outs)
         samples = []
         for i, (o, res) in enumerate(zip(outs, results)):
@@ -731,6 +736,12 @@ class RolloutWorker:
 
             ray.util.remove_placement_group(self._gpus)
             self._gpus = None
+
+
+def _model_tokens(outs: list[GenerateOutput]) -> int:
+    """Tokens the engine generated for ``outs``: a multi-turn episode's model tokens (its loss mask), not
+    what the environment and the chat template added."""
+    return int(sum(sum(o.extra["loss_mask"]) if "loss_mask" in o.extra else len(o.token_ids) for o in outs))
 
 
 class PromptTooLong(ValueError):

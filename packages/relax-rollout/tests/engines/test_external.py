@@ -63,6 +63,20 @@ def test_stop_length_and_per_prompt_min_new_tokens(ext, local):
     assert got[1].finish_reason == "length" and len(got[1].token_ids) == 6
 
 
+def test_top_logprobs_and_stop_strings_pass_through_to_the_server(ext, local):
+    """SGLang's ``top_logprobs_num`` and ``sampling_params.stop`` are sent, and read back into the output."""
+    p = SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8, top_logprobs=2)
+    want = local.generate(PROMPTS, p)
+    got = ext.generate(PROMPTS, p)
+    for g, w in zip(got, want):
+        assert [[t for t, _ in row] for row in g.top_logprobs] == [[t for t, _ in row] for row in w.top_logprobs]
+    stop = local.tokenizer.decode(want[0].token_ids[-2:])
+    got = ext.generate(PROMPTS, SamplingParams(**{**p.__dict__, "stop": (stop,)}))
+    want = local.generate(PROMPTS, SamplingParams(**{**p.__dict__, "stop": (stop,)}))
+    assert got[0].matched_stop == stop and got[0].finish_reason == "stop"
+    assert [(o.token_ids, o.matched_stop) for o in got] == [(o.token_ids, o.matched_stop) for o in want]
+
+
 def test_update_weights_changes_outputs_version_and_checksum(ext, local, tiny_model_dir):
     p = SamplingParams(max_new_tokens=6, greedy=True)
     before, v0, sum0 = ext.generate(PROMPTS, p), ext.weight_version, ext.weights_checksum()

@@ -123,7 +123,7 @@ def test_launch_command_uses_sglang_flags():
 
 def test_generate_request_has_sglang_field_names():
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, min_new_tokens=[0, 2],
-                            stop_token_ids=(1,), seed=3)  # fmt: skip
+                            stop_token_ids=(1,), seed=3, stop=("\n\n",), top_logprobs=4)  # fmt: skip
     media = [{"image_data": "data:image/png;base64,AAAA", "audio_data": ["a.wav"]}, None]
     fields = [{"rid": r, **m} for r, m in zip(["r0", "r1"], media_fields(media, 2))]
     body = generate_body([[3, 4], [5]], params, [0, 2], fields, {"return_routed_experts": True})
@@ -131,14 +131,15 @@ def test_generate_request_has_sglang_field_names():
     assert (
         body["input_ids"] == [[3, 4], [5]] and body["rid"] == ["r0", "r1"] and body["return_logprob"] is True
     )
-    assert body["return_routed_experts"] is True
+    assert body["return_routed_experts"] is True and body["top_logprobs_num"] == 4
     # SGLang's batch form: one list per prompt (a list of lists), [] for a prompt without that modality
     assert body["image_data"] == [["data:image/png;base64,AAAA"], []]
     assert body["audio_data"] == [["a.wav"], []] and "video_data" not in body
     assert isinstance(body["sampling_params"], list)  # the minima differ: one dict per prompt
     for sp in body["sampling_params"]:
         assert set(sp) <= SAMPLING_PARAMS, set(sp) - SAMPLING_PARAMS
-        assert sp["sampling_seed"] == 3 and sp["stop_token_ids"] == [1]
+        assert sp["sampling_seed"] == 3 and sp["stop_token_ids"] == [1] and sp["stop"] == ["\n\n"]
+    assert "top_logprobs_num" not in generate_body([[3]], SamplingParams(max_new_tokens=1), [0])
     with pytest.raises(ValueError, match="raw media"):
         media_fields([{"pixel_values": 0}], 1)
     with pytest.raises(ValueError, match="2 prompts"):
@@ -255,6 +256,13 @@ def test_parse_reply_reads_sglang_meta_info():
         parse_reply(bad, [[3]])
     with pytest.raises(ValueError, match="1 results for 2 prompts"):
         parse_reply(reply[:1], [[3], [4]])
+    assert a.top_logprobs is None and a.matched_stop is None
+    # top_logprobs_num's meta_info.output_top_logprobs and a stop string's finish_reason
+    top = [[[-0.1, 7, None], [-2.5, 9, None]], [[-0.2, 8, "b"], [-1.9, 7, "a"]]]
+    (d,) = parse_reply([{"text": "a", "output_ids": [7, 8], "meta_info": {
+        "id": "r2", "finish_reason": {"type": "stop", "matched": "ab"}, "output_top_logprobs": top,
+        "output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]]}}], [[3]])  # fmt: skip
+    assert d.top_logprobs == [[(7, -0.1), (9, -2.5)], [(8, -0.2), (7, -1.9)]] and d.matched_stop == "ab"
 
 
 def test_model_routing_from_config(tiny_model_dir, tmp_path):

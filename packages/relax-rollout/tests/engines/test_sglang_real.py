@@ -92,6 +92,35 @@ def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
     assert cut.finish_reason == "stop" and cut.token_ids == first[: first.index(stop) + 1]  # the stop token kept
 
 
+def _shape(v):
+    """A JSON value's shape: its types, list lengths and dict keys, not its numbers or texts."""
+    if isinstance(v, dict):
+        return {k: _shape(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_shape(x) for x in v]
+    return type(v).__name__
+
+
+def test_top_logprobs_num_and_stop_answer_in_sglang_s_shapes(real, engine_server):
+    """Our server's ``/generate`` with ``top_logprobs_num`` and a stop string, against SGLang's own: the same
+    ``output_top_logprobs`` shape, and the same stop semantics (text cut before the string, the ids through
+    the token completing it, ``finish_reason`` ``{"type": "stop", "matched": <string>}``)."""
+    sp = {"max_new_tokens": 6, "temperature": 0, "min_new_tokens": 6}
+    top = {"input_ids": PROMPTS[0], "return_logprob": True, "top_logprobs_num": 3, "sampling_params": sp}
+    for texts in (False, True):
+        theirs = http_json(real.urls[0], "/generate", {**top, "return_text_in_logprobs": texts})["meta_info"]
+        ours = http_json(engine_server, "/generate", {**top, "return_text_in_logprobs": texts})["meta_info"]
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            assert _shape(ours[key]) == _shape(theirs[key]), key
+    for url in (real.urls[0], engine_server):
+        free = http_json(url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": sp})
+        at = next(i for i in range(1, len(free["text"]) - 1) if free["text"].find(free["text"][i : i + 2]) == i)
+        stop = free["text"][at : at + 2]
+        cut = http_json(url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {**sp, "stop": [stop]}})
+        assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, url
+        assert cut["text"] == free["text"][:at] and cut["output_ids"] == free["output_ids"][: at + 2], url
+
+
 def test_pause_holds_new_requests_and_abort_ends_one(real):
     long = SamplingParams(max_new_tokens=100, temperature=1.0, min_new_tokens=100)
     real.pause("abort")

@@ -114,6 +114,47 @@ def test_min_new_tokens_suppresses_stop_tokens(engine):
     assert len(outs[1].token_ids) >= 4 or outs[1].finish_reason == "length"
 
 
+def test_top_logprobs_are_of_the_distribution_sampled_from(engine):
+    """k = the whole vocabulary: the alternatives sum to 1 and hold the sampled token at its own log-prob, at a
+    temperature (SGLang's: log_softmax(logits / T)) and greedy (log_softmax(logits))."""
+    for params in (SamplingParams(max_new_tokens=5, temperature=0.7, seed=2, top_logprobs=64),
+                   SamplingParams(max_new_tokens=5, greedy=True, top_logprobs=64)):  # fmt: skip
+        for out in engine.generate(PROMPTS[:2], params):
+            assert len(out.top_logprobs) == len(out.token_ids)
+            for t, lp, top in zip(out.token_ids, out.log_probs, out.top_logprobs):
+                lps = [x[1] for x in top]
+                assert lps == sorted(lps, reverse=True) and sum(np.exp(lps)) == pytest.approx(1.0, abs=1e-4)
+                assert dict(top)[t] == pytest.approx(lp, abs=1e-6)
+                assert not params.greedy or top[0][0] == t
+    assert engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, greedy=True))[0].top_logprobs is None
+    few = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=3, greedy=True, top_logprobs=2))[0]
+    assert [len(top) for top in few.top_logprobs] == [2, 2, 2]
+
+
+def test_stop_strings_end_a_sequence_at_the_token_completing_them(engine):
+    """The sequence stops right after its decoded text contains the string (that token kept, matched_stop
+    set, finish "stop"); the others of the batch run on as without it."""
+    free = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8))
+    tok = engine.tokenizer
+    stop = tok.decode(free[0].token_ids[2:4])
+    assert tok.decode(free[0].token_ids[:3]).find(stop) < 0  # (it first appears with token 3)
+    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8,
+                                                   stop=("never-made", stop)))  # fmt: skip
+    assert outs[0].token_ids == free[0].token_ids[:4] and outs[0].log_probs == pytest.approx(free[0].log_probs[:4])
+    assert outs[0].finish_reason == "stop" and outs[0].matched_stop == stop
+    for out, ref in zip(outs[1:], free[1:]):
+        if stop not in tok.decode(ref.token_ids):
+            assert out.token_ids == ref.token_ids and out.matched_stop is None and out.finish_reason == "length"
+
+
+def test_stop_strings_need_a_tokenizer(tiny_model_dir, engine):
+    bare = TorchEngine(model=engine.model, eos_token_ids=[EOS])
+    assert "stop" not in bare.features and "top_logprobs" in bare.features
+    with pytest.raises(ValueError, match="tokenizer="):
+        bare.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2, stop=("a",)))
+    assert "stop" in engine.features
+
+
 def test_min_new_tokens_never_emits_eos_early(engine):
     outs = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=8, min_new_tokens=5, seed=1))
     for o in outs:

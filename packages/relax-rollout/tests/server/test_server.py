@@ -176,7 +176,7 @@ def test_slime_and_verl_generate_bodies_are_served_with_their_neutral_defaults(e
         code, res = call(engine_server, "/generate", body)
         assert code == 200 and 1 <= len(res["output_ids"]) <= 3, res
         assert len(res["meta_info"]["output_token_logprobs"]) == len(res["output_ids"])
-    for key, value in (("n", 2), ("top_k", 20), ("repetition_penalty", 1.2), ("stop", ["\n"]), ("min_p", 0.1)):
+    for key, value in (("n", 2), ("top_k", 20), ("repetition_penalty", 1.2), ("min_p", 0.1)):
         body = {"input_ids": PROMPTS[0], "sampling_params": {key: value}}
         code, err = call(engine_server, "/generate", body)
         assert code == 400 and err["param"] == f"sampling_params.{key}" and "not supported" in err["message"], err
@@ -444,7 +444,7 @@ def test_the_official_openai_client_streams_samples_n_and_sends_content_parts(en
         len(c.model_extra["token_ids"]) for c in two.choices)
     # fields this server does not implement: their neutral values pass, others are refused by name
     assert client.chat.completions.create(**ask, stop=None, presence_penalty=0.0, frequency_penalty=0.0).choices
-    for field, value in (("stop", ["\n"]), ("presence_penalty", 1.0), ("frequency_penalty", 0.5)):
+    for field, value in (("presence_penalty", 1.0), ("frequency_penalty", 0.5)):
         with pytest.raises(openai.BadRequestError, match=f"{field}.*not supported"):
             client.chat.completions.create(**ask, **{field: value})
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}

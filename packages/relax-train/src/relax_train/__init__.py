@@ -1,3 +1,3 @@
 """relax_train."""
 
-__version__ = "0.7.4"
+__version__ = "0.7.5"

@@ -232,6 +232,37 @@ def _per_sample(values: Any, n: int) -> bool:
     return hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict)) and len(values) == n
 
 
+def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
+    """``rollout/*`` of one trained batch, from its samples' fields (both modes: the trainer logs them).
+
+    Per rollout step values (``rollout_tokens_per_s``, dynamic sampling's counters) are repeated on that
+    step's samples: averaged over the batch's samples. Multi-turn samples (``turns``) add the mean
+    turns per episode and how many episodes ended for each reason (``rollout/stop/env_done``, ...)."""
+    out = {
+        "rollout/reward_mean": float(np.mean(d["reward"])),
+        "rollout/response_len_mean": float(np.mean(d["response_len"])),
+        "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
+        "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
+    }
+    by_group: dict[str, list[float]] = {}
+    for g, r in zip(d["group_id"], d["reward"]):
+        by_group.setdefault(str(g), []).append(float(r))
+    out["rollout/groups"] = float(len(by_group))
+    # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
+    out["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
+    for key, name in (("ds_dropped_groups", None), ("ds_extra_rounds", None), ("ds_unfilled_groups", None),
+                      ("rollout_tokens_per_s", "tokens_per_s")):  # fmt: skip
+        values = [v for v in d.get(key, ()) if v is not None]
+        if values:  # one value per rollout step, repeated on its samples
+            out[f"rollout/{name or key}"] = float(np.mean(values))
+    turns = [(t, f) for t, f in zip(d.get("turns", ()), d["finish_reason"]) if t is not None]
+    if turns:
+        out["rollout/turns_mean"] = float(np.mean([t for t, _ in turns]))
+        for _, reason in turns:
+            out[f"rollout/stop/{reason}"] = out.get(f"rollout/stop/{reason}", 0.0) + 1.0
+    return out
+
+
 def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
     """Mean |ActorFwd's log-prob − the rollout's| over the batch's model tokens (loss mask 1: an environment
     token's rollout log-prob is 0, not the model's), each token weighing the same; None for a batch without
@@ -495,13 +526,10 @@ class ActorWorker(_DeviceTurns):
         t3 = time.perf_counter()
         fence_wait_s, self._fence_wait_s = self._fence_wait_s, 0.0
         staleness = [step - int(v) for v in d["policy_version"]]
+        metrics.update(rollout_metrics(d))
         metrics.update(
             {
                 "step": step + 1,
-                "rollout/reward_mean": float(np.mean(d["reward"])),
-                "rollout/response_len_mean": float(np.mean(d["response_len"])),
-                "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
-                "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
                 "train/staleness_mean": float(np.mean(staleness)),
                 "train/staleness_max": float(np.max(staleness)),
                 "perf/wait_for_data_s": t1 - t0,
@@ -513,15 +541,6 @@ class ActorWorker(_DeviceTurns):
                 "time": time.time(),
             }
         )
-        by_group: dict[str, list[float]] = {}
-        for g, r in zip(d["group_id"], d["reward"]):
-            by_group.setdefault(str(g), []).append(float(r))
-        metrics["rollout/groups"] = float(len(by_group))
-        # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
-        metrics["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
-        for key in ("ds_dropped_groups", "ds_extra_rounds", "ds_unfilled_groups"):
-            if key in d:  # dynamic sampling: one value per rollout step, repeated on its samples
-                metrics[f"rollout/{key}"] = float(np.mean(d[key]))
         if "log_probs" in d:
             diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
             if diff is not None:

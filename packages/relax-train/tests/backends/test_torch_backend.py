@@ -83,6 +83,7 @@ def test_train_step_changes_weights_and_returns_finite_metrics(tiny_model_dir):
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # old log-probs are the current ones
     assert metrics["grad_norm"] > 0
     assert metrics["optimizer_steps"] == 1.0
+    assert metrics["lr"] == be.cfg.train.lr  # (the trainer logs it as train/lr)
     assert be.version == 1
 
 

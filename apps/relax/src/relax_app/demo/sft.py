@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,10 @@ def _probe_accuracy(model, tokenizer, rows: list[dict]) -> float:
     return sum(a.strip() == r["label"] for a, r in zip(answers, rows)) / len(rows)
 
 
+def _print_progress(line: str) -> None:
+    print(f"[relax] demo warm start: {line}", flush=True)
+
+
 def train_sft(
     model,
     tokenizer,
@@ -89,11 +94,14 @@ def train_sft(
     target_accuracy: float | None = None,
     check_every: int = 25,
     probe_size: int = 256,
+    report: Callable[[str], None] | None = None,
+    report_every_s: float = 3.0,
 ) -> SFTLog:
     """Train ``model`` in place for at most ``steps`` AdamW steps.
 
     With ``target_accuracy``, stop at the first check where greedy accuracy on ``probe_size``
-    training problems reaches it.
+    training problems reaches it. ``report`` gets a progress line ("step 120/1500, loss 0.412") after the
+    first step, then at most every ``report_every_s`` seconds, at each check and at the last step.
     """
     import torch
     import torch.nn.functional as F
@@ -109,6 +117,7 @@ def train_sft(
     probe = [rows[i] for i in torch.randperm(len(rows), generator=gen)[:probe_size].tolist()]
     model.train()
     log = SFTLog()
+    last_report = time.monotonic()
     for step in range(steps):
         if cursor + batch_size > len(order):
             order, cursor = torch.randperm(len(ids), generator=gen), 0
@@ -125,13 +134,23 @@ def train_sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         log.losses.append(loss.item())
+        line = f"step {step + 1}/{steps}, loss {log.losses[-1]:.3f}"
         if target_accuracy is not None and (step + 1) % check_every == 0:
             acc = _probe_accuracy(model, tokenizer, probe)
             log.probe_accuracy.append((step + 1, acc))
+            line += f", probe accuracy {acc:.2f} (stops at {target_accuracy:.2f})"
             if acc >= target_accuracy:
                 log.stopped_early = True
+                if report is not None:
+                    report(line + ": reached")
                 break
             model.train()
+            due = True
+        else:
+            due = step == 0 or step + 1 == steps or time.monotonic() - last_report >= report_every_s
+        if report is not None and due:
+            report(line)
+            last_report = time.monotonic()
     model.eval()
     return log
 
@@ -146,10 +165,12 @@ def sft_warm_start(
     seed: int = 0,
     max_answer_tokens: int = 8,
     target_accuracy: float | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> Path:
     """Fine-tune the checkpoint in ``model_dir`` on ``train_path`` (at most ``steps`` steps, fewer
     when ``target_accuracy`` is reached); save an HF checkpoint to ``out_dir`` (model + tokenizer,
-    plus ``sft_log.json`` with losses, probe accuracies and wall time)."""
+    plus ``sft_log.json`` with losses, probe accuracies and wall time). Progress goes to ``report``, by
+    default the console (the warm start takes tens of seconds)."""
     from transformers import AutoTokenizer
 
     from relax_core.models import load_model
@@ -167,6 +188,7 @@ def sft_warm_start(
         seed,
         max_answer_tokens,
         target_accuracy=target_accuracy,
+        report=report or _print_progress,
     )
     seconds = time.perf_counter() - start
     out = save_checkpoint(model, tokenizer, out_dir)

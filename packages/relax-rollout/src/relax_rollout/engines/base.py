@@ -23,6 +23,13 @@ class SamplingParams:
     """Suppress EOS until this many tokens (one int, or one per prompt)."""
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (SGLang's ``stop``): a response ends with the token after which its decoded text
+    (special tokens included) contains one of them. That token is kept in ``token_ids`` (the model made it;
+    the trainer scores exactly the tokens generated); servers cut the returned *text* before the string."""
+    top_logprobs: int = 0
+    """Not a sampling choice, what to return: per generated token the log-probs of this many most likely
+    tokens (:attr:`GenerateOutput.top_logprobs`)."""
 
 
 @dataclass
@@ -36,11 +43,30 @@ class GenerateOutput:
     e.g. a server's /abort_request or /pause_generation; the tokens so far are kept)."""
     weight_version: int
     extra: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With ``SamplingParams.top_logprobs`` = k: per generated token, the k most likely ``(token_id,
+    log-prob)`` pairs, most likely first, under the distribution ``log_probs`` are of. None: not asked for,
+    or the engine cannot give them (it must not list ``"top_logprobs"`` in :attr:`RolloutEngine.features`)."""
+    matched_stop: str | None = None
+    """The stop string (``SamplingParams.stop``) that ended the response (finish_reason "stop"); None
+    when an EOS / stop token ended it, or no stop."""
+
+
+OPTIONAL_FEATURES = ("top_logprobs", "stop")
+"""What an engine may implement beyond the protocol, named in its ``features``: ``SamplingParams.top_logprobs``
+and ``SamplingParams.stop``. A server refuses a request needing a feature its engine lacks (a 400 naming the
+field), instead of answering without it."""
+
+
+def supports(engine: Any, feature: str) -> bool:
+    """Whether ``engine`` lists ``feature`` (one of :data:`OPTIONAL_FEATURES`) in its ``features``."""
+    return feature in getattr(engine, "features", ())
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the rollout manager needs from an inference engine."""
+    """What the rollout manager needs from an inference engine (and optionally ``features``, a set of
+    :data:`OPTIONAL_FEATURES`)."""
 
     weight_version: int
 

@@ -105,6 +105,8 @@ def sampling_dict(p: SamplingParams, min_new: int) -> dict:
         sp["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
+    if p.stop:
+        sp["stop"] = list(p.stop)
     return sp
 
 
@@ -129,6 +131,8 @@ def generate_body(
     sps = [sampling_dict(params, m) for m in mins]
     body = {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
             "return_logprob": True}  # fmt: skip
+    if params.top_logprobs:
+        body["top_logprobs_num"] = params.top_logprobs
     if common:
         body.update(common)
     if fields is not None:
@@ -140,6 +144,22 @@ def generate_body(
         for key in sorted(keys):
             body[key] = [f[key] for f in fields]
     return body
+
+
+def top_logprobs(meta: dict) -> list[list[tuple[int, float]]] | None:
+    """SGLang's ``meta_info.output_top_logprobs`` (per token ``[[logprob, token_id, text], ...]``, or None)
+    as :attr:`GenerateOutput.top_logprobs`; None when the reply has none."""
+    rows = meta.get("output_top_logprobs")
+    if rows is None:
+        return None
+    return [[(int(x[1]), float(x[0])) for x in row or []] for row in rows]
+
+
+def matched_stop(meta: dict) -> str | None:
+    """The stop string that ended a reply (SGLang's ``finish_reason.matched`` when a string)."""
+    reason = meta.get("finish_reason")
+    matched = reason.get("matched") if isinstance(reason, dict) else None
+    return matched if isinstance(matched, str) else None
 
 
 def parse_generate(results: list[dict]) -> list[GenerateOutput]:
@@ -155,6 +175,8 @@ def parse_generate(results: list[dict]) -> list[GenerateOutput]:
                 finish_reason=meta["finish_reason"]["type"],
                 weight_version=_version(meta.get("weight_version")),
                 extra={"rid": meta.get("id")},
+                top_logprobs=top_logprobs(meta),
+                matched_stop=matched_stop(meta),
             )
         )
     return outs
@@ -178,6 +200,9 @@ def save_safetensors(tensors: dict[str, Any], directory: str) -> str:
 
 
 class ExternalEngine:
+    features = frozenset({"top_logprobs", "stop"})
+    """Passed on to the servers (SGLang's ``top_logprobs_num`` and ``stop``)."""
+
     def __init__(
         self,
         urls: list[str] | str | None = None,

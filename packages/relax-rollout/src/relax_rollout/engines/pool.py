@@ -134,6 +134,9 @@ class EnginePool:
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
     must be readable by every engine (same host or a shared filesystem)."""
 
+    features = frozenset({"top_logprobs", "stop"})
+    """Passed on to the members (SGLang's ``top_logprobs_num`` and ``stop``)."""
+
     def __init__(
         self,
         urls: list[str] | str | None = None,

@@ -44,22 +44,6 @@ class ServedEngine:
 
         self.state = EngineServer(engine, tokenizer, model_path, model_path or "default", token)
         self.httpd = make_server(self.state, host, port)
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        process, finish = self.httpd.process_request, self.httpd.shutdown_request
-
-        def tracked(request: socket.socket, client_address: Any) -> None:  # remember open connections
-            with self._lock:
-                self._conns.add(request)
-            process(request, client_address)
-
-        def untracked(request: socket.socket) -> None:
-            with self._lock:
-                self._conns.discard(request)
-            finish(request)
-
-        self.httpd.process_request = tracked  # type: ignore[method-assign]
-        self.httpd.shutdown_request = untracked  # type: ignore[method-assign]
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, daemon=True, name="relax-engine-http"
         )
@@ -79,16 +63,8 @@ class ServedEngine:
         if self.closed:
             return
         self.closed = True
-        self.httpd.shutdown()
+        self.httpd.shutdown(abrupt=abrupt)
         self.httpd.server_close()
-        if abrupt:
-            with self._lock:
-                conns = list(self._conns)
-            for c in conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
         self.state.destroy_group()
 
 

@@ -97,7 +97,7 @@ from urllib.parse import urlparse
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 from relax_rollout.engines.expert_names import unfuse_experts
-from relax_rollout.engines.external import ServerError, http_json, model_info
+from relax_rollout.engines.external import ServerError, http_json, matched_stop, model_info, top_logprobs
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
 
 logger = logging.getLogger(__name__)
@@ -440,7 +440,8 @@ def parse_reply(
                 meta["routed_experts"], prompt_len + len(token_ids) - 1 - routed_start, routing
             )
         version = _version(meta.get("weight_version"))
-        outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra))
+        outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra,
+                                   top_logprobs(meta), matched_stop(meta)))  # fmt: skip
     return outs
 
 
@@ -652,6 +653,9 @@ class SGLangEngine:
     (:mod:`relax_rollout.engines.nodes`); an engine on another node binds that node's address and
     requires a token (one is made when none is given); weights then go through ``weights_dir``, which
     every node must see at the same path."""
+
+    features = frozenset({"top_logprobs", "stop"})
+    """SGLang's ``top_logprobs_num`` and ``stop``, passed on."""
 
     def __init__(
         self,

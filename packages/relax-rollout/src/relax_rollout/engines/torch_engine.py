@@ -4,6 +4,11 @@ Why our own loop instead of ``model.generate``: we need the log-prob of every sa
 exact distribution sampled from, per-prompt minimum lengths, a weight version, and in-place weight
 updates between batches — and the positions must match the trainer's recomputation bit for bit, so we
 control padding (left) and ``position_ids`` ourselves.
+
+Top log-probs (``SamplingParams.top_logprobs``) come from the same log-probs as the sampled token's, as in
+SGLang's sampler: ``log_softmax(logits / T)`` (after the temperature, before top-p), ``log_softmax(logits)``
+when greedy. Stop strings (``SamplingParams.stop``) are checked after every decode step on the tail of each
+sequence, so a stopped sequence costs no further steps (SGLang's ``check_finished``, one token a step).
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ class TorchEngine:
         device: str = "cpu",
         max_batch_size: int = 512,
         record_routing: bool = False,
+        tokenizer: Any = None,
     ) -> None:
+        """``tokenizer`` decodes for stop strings; by default the one saved with ``model_path``, loaded at
+        the first request with stop strings."""
         if model is None:
             if model_path is None:
                 raise ValueError("TorchEngine needs model_path or model")
@@ -39,6 +47,7 @@ class TorchEngine:
 
             model = load_model(model_path, dtype)
         self.model = model.to(device).eval()
+        self.model_path, self._tokenizer = model_path, tokenizer
         cfg = self.model.config
         eos = eos_token_ids if eos_token_ids is not None else cfg.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -57,6 +66,22 @@ class TorchEngine:
             from relax_core.routing import install_routing
 
             self.routing = install_routing(self.model)  # None for a dense model: nothing to record
+
+    @property
+    def features(self) -> frozenset[str]:
+        """:data:`~relax_rollout.engines.base.OPTIONAL_FEATURES` served: stop strings need a tokenizer."""
+        stops = self._tokenizer is not None or self.model_path is not None
+        return frozenset({"top_logprobs", *(("stop",) if stops else ())})
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self.model_path is None:
+                raise ValueError("stop strings need a tokenizer: build the TorchEngine with tokenizer=")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -185,6 +210,11 @@ class TorchEngine:
 
         tokens = torch.zeros((bsz, p.max_new_tokens), dtype=torch.long, device=self.device)
         logps = torch.zeros((bsz, p.max_new_tokens), dtype=torch.float32, device=self.device)
+        top_k = k = p.top_logprobs
+        top_lp = torch.zeros((bsz, p.max_new_tokens, top_k), dtype=torch.float32, device=self.device)
+        top_ids = torch.zeros((bsz, p.max_new_tokens, top_k), dtype=torch.long, device=self.device)
+        stops = _StopStrings(self.tokenizer, p.stop) if p.stop else None
+        matched: list[str | None] = [None] * bsz
         done = torch.zeros(bsz, dtype=torch.bool, device=self.device)
         lengths = torch.full((bsz,), p.max_new_tokens, dtype=torch.long, device=self.device)
         stopped = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -222,11 +252,21 @@ class TorchEngine:
                     torch.arange(logits.shape[-1], device=self.device), eos
                 ).unsqueeze(0)
                 logits = logits.masked_fill(block, float("-inf"))
-            nxt, lp = self._sample(logits, p, gen)
+            nxt, logprobs = self._sample(logits, p, gen)
+            lp = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
             tokens[:, t] = nxt
             logps[:, t] = torch.where(done, torch.zeros_like(lp), lp)
+            if top_k:
+                k = min(top_k, logprobs.shape[-1])  # (a vocabulary smaller than k: all of it)
+                vals, idx = logprobs.topk(k, dim=-1)  # (-inf, e.g. masked tokens, clamped as SGLang does)
+                top_lp[:, t, :k] = vals.clamp(min=torch.finfo(vals.dtype).min)
+                top_ids[:, t, :k] = idx
             hit = torch.isin(nxt, eos) & ~done
+            if stops is not None:  # a stop string wins over a stop token completing it, as in SGLang
+                for i, s in stops.check(tokens[:, : t + 1], done).items():
+                    matched[i] = s
+                    hit[i] = True
             lengths = torch.where(hit, torch.full_like(lengths, t + 1), lengths)
             stopped |= hit
             done |= hit
@@ -242,6 +282,10 @@ class TorchEngine:
         results = []
         for i in range(bsz):
             n = int(lengths[i])
+            top = None
+            if top_k:
+                rows = zip(top_ids[i, :n, :k].tolist(), top_lp[i, :n, :k].tolist())
+                top = [list(zip(row_ids, row_lps)) for row_ids, row_lps in rows]
             results.append(
                 GenerateOutput(
                     token_ids=tokens[i, :n].tolist(),
@@ -249,6 +293,8 @@ class TorchEngine:
                     finish_reason="abort" if bool(aborted[i]) else "stop" if bool(stopped[i]) else "length",
                     weight_version=self.weight_version,
                     extra={"routed_experts": routed[i]} if routed is not None else {},
+                    top_logprobs=top,
+                    matched_stop=matched[i],
                 )
             )
         return results
@@ -326,10 +372,9 @@ class TorchEngine:
     def _sample(
         logits: torch.Tensor, p: SamplingParams, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the sampled tokens, the log-probs of every token under the distribution sampled from)."""
         if p.greedy:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            nxt = logits.argmax(-1)
-            return nxt, logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+            return logits.argmax(-1), torch.log_softmax(logits, dim=-1)
         scaled = logits / p.temperature
         logprobs = torch.log_softmax(scaled, dim=-1)
         probs = logprobs.exp()
@@ -338,5 +383,27 @@ class TorchEngine:
             keep = sorted_p.cumsum(-1) - sorted_p < p.top_p
             filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
             probs = filtered / filtered.sum(-1, keepdim=True)
-        nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-        return nxt, logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1), logprobs
+
+
+class _StopStrings:
+    """Which sequences' decoded tails now contain a stop string. Only the last ``4 * len(longest) + 4``
+    tokens are decoded each step (a character is at most 4 byte tokens; the margin keeps a string off the
+    window's first token, whose leading space some tokenizers drop): a string completed by the newest token
+    lies within them, and an earlier one would have stopped the sequence earlier. Decoded with special
+    tokens, as SGLang matches them (``stop="<|im_end|>"`` works)."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.window = 4 * max(len(s) for s in stops) + 4
+
+    def check(self, tokens: torch.Tensor, done: torch.Tensor) -> dict[int, str]:
+        """{row: the stop string its tail now contains} for the rows not ``done``."""
+        tails = tokens[:, -self.window :].tolist()
+        hits = {}
+        for i in (~done).nonzero().flatten().tolist():
+            text = self.tokenizer.decode(tails[i])
+            s = next((s for s in self.stops if s in text), None)
+            if s is not None:
+                hits[i] = s
+        return hits

@@ -12,16 +12,21 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
 
 - ``POST /generate``: ``text`` or ``input_ids`` (one prompt or a batch), ``sampling_params`` (one dict or
   one per prompt: ``max_new_tokens`` (default 128), ``temperature`` (0 = greedy), ``top_p``,
-  ``min_new_tokens``, ``stop_token_ids``, ``ignore_eos``, ``sampling_seed``), ``return_logprob``, ``rid``,
+  ``min_new_tokens``, ``stop_token_ids``, ``stop`` (up to 32 strings), ``no_stop_trim``, ``ignore_eos``,
+  ``sampling_seed``), ``return_logprob``, ``top_logprobs_num`` (0-20, with ``return_logprob``),
+  ``return_text_in_logprobs``, ``rid``,
   ``return_routed_experts`` (with ``--enable-return-routed-experts`` on an MoE model; and
   ``routed_experts_start_len``). Media (``image_data``, ``video_data``, ``audio_data``) are refused with a
   400 (empty lists, SGLang's batch form for text-only prompts, pass).
   Returns ``{"text", "output_ids", "meta_info"}`` (a list for a batch); ``meta_info`` has ``id``,
-  ``finish_reason`` (``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}``,
+  ``finish_reason`` (``{"type": "stop", "matched": id or stop string}``, ``{"type": "length", "length": n}``,
   ``{"type": "abort", "message"}``), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
   ``weight_version`` (a string, as SGLang's ``server_args.weight_version``), ``e2e_latency`` and, with
-  ``return_logprob``, ``output_token_logprobs`` = ``[[logprob, token_id, None], ...]`` (text is None as
-  without ``return_text_in_logprobs``). ``input_token_logprobs`` is not computed. With
+  ``return_logprob``, ``output_token_logprobs`` = ``[[logprob, token_id, text], ...]`` (text None without
+  ``return_text_in_logprobs``) and with ``top_logprobs_num`` k ``output_top_logprobs``, per token k such
+  triples. As SGLang: ``text`` is cut before the matched stop string or stop token (kept with
+  ``no_stop_trim``); ``output_ids`` and the log-probs keep every generated token, the one completing a stop
+  string included. ``input_token_logprobs`` is not computed. With
   ``return_routed_experts``: ``routed_experts`` = base64 of the int32 ``[prompt + generated - 1 - start,
   layers, top_k]`` expert ids, as SGLang sends them.
 - ``GET /health`` (200, empty body), ``GET /model_info`` (and its deprecated name ``/get_model_info``:
@@ -48,8 +53,10 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
 - Errors: 400 with ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
   ``ErrorResponse``; ``param`` names the bad field).
 - OpenAI: ``GET /v1/models``, ``POST /v1/chat/completions`` (the tokenizer's chat template, ChatML when it
-  has none). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
-  ``prompt_token_ids`` (vLLM's names), and ``weight_version``.
+  has none; ``stop`` up to 4 strings, ``logprobs`` with ``top_logprobs`` up to 20), ``POST /v1/completions``
+  (``logprobs`` up to 20). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
+  ``prompt_token_ids`` (vLLM's names), ``weight_version``, and SGLang's ``choices[i].matched_stop``.
+  An engine without top log-probs or stop strings (its ``features``) gets a 400 naming the field.
 - Relax extension: ``GET /weights_checksum`` (for weight-sync verification).
 - Agents outside the engine (``trajectories``): a chat call naming a session (``X-Relax-Session`` header,
   else OpenAI's ``user``) is recorded token in / token out; a later call repeating the history continues

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import hmac
 import inspect
-import ipaddress
-import json
 import logging
 import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 from relax_core.models import context_length
+from relax_rollout import http_api
 from relax_rollout.engines.base import (
     GenerateOutput,
     MemoryReleased,
     ReleasesMemory,
     SamplingParams,
     memory_tags,
+    supports,
 )
+from relax_rollout.http_api import Request, check_bind, is_loopback  # noqa: F401 - importable here too
 from relax_rollout.server import extra_routes, protocol, trajectories
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest, NotFound
@@ -46,28 +45,10 @@ CONTROL_PATHS = {
 CONTROL_PREFIXES = ("/relax/",)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @dataclass
 class _Req:
     rid: str
     aborted: bool = False
-
-
-@dataclass
-class Request:
-    """What a route of ``REQUEST_ROUTES`` gets besides the body: headers, path and query parameters."""
-
-    headers: Any
-    params: dict[str, str]
-    query: dict[str, str]
 
 
 @dataclass
@@ -140,6 +121,15 @@ class EngineServer:
             out[i] = SamplingParams(**{**p.__dict__, "max_new_tokens": ctx - len(ids)})
         return out
 
+    def check_features(self, params: list[SamplingParams], fields: dict[str, str] | None = None) -> None:
+        """A 400 naming the request's field (``fields``: feature → field, default the feature's name) when
+        ``params`` ask for what the engine does not implement (top log-probs, stop strings): never an answer
+        without it (empty lists, a response running past its stop string)."""
+        for feature in ("top_logprobs", "stop"):
+            if any(getattr(p, feature) for p in params) and not supports(self.engine, feature):
+                raise BadRequest((fields or {}).get(feature, feature),
+                                 f"this server's engine ({type(self.engine).__name__}) does not implement it")  # fmt: skip
+
     # -- generation ------------------------------------------------------------------------------
     def generate(
         self,
@@ -147,7 +137,10 @@ class EngineServer:
         params: list[SamplingParams],
         rids: list[str],
         max_new_given: list[bool] | None = None,
+        fields: dict[str, str] | None = None,
     ) -> list[GenerateOutput]:
+        """``fields``: the request's names of the features asked for (see :meth:`check_features`)."""
+        self.check_features(params, fields)
         params = self.check_fits(prompts, params, max_new_given)
         reqs = [_Req(r) for r in rids]
         with self._cond:
@@ -167,7 +160,8 @@ class EngineServer:
             for base, idx in groups.items():
                 live = [i for i in idx if not reqs[i].aborted]
                 for i in set(idx) - set(live):
-                    results[i] = GenerateOutput([], [], "abort", self.engine.weight_version)
+                    results[i] = GenerateOutput([], [], "abort", self.engine.weight_version,
+                                                top_logprobs=[] if base.top_logprobs else None)  # fmt: skip
                 if not live:
                     continue
                 p = SamplingParams(
@@ -179,6 +173,9 @@ class EngineServer:
                 for i, r, o in zip(live, sub, outs):
                     if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
                         o.finish_reason = "abort"
+                    if base.top_logprobs and o.top_logprobs is None:
+                        raise RuntimeError(f"{type(self.engine).__name__} lists top_logprobs among its features "
+                                           "but returned none")  # fmt: skip
                     results[i] = o
             return results  # type: ignore[return-value]
         finally:
@@ -366,102 +363,6 @@ class EngineServer:
         (self.engine.release_memory if release else self.engine.resume_memory)(tags)
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "relax-engine-server"
-    protocol_version = "HTTP/1.1"
-    state: EngineServer  # set on the subclass built by make_server
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        logger.debug("%s " + fmt, self.address_string(), *args)
-
-    # -- plumbing --------------------------------------------------------------------------------
-    def _send_events(self, events: protocol.EventStream) -> None:
-        """Server-sent events (``text/event-stream``): one ``data:`` line per event, then ``data: [DONE]``;
-        the connection closes after them (it carries no length)."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.close_connection = True
-        self.end_headers()
-        for event in events.events:
-            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-    def _send_text(self, code: int, text: protocol.Text) -> None:
-        data = text.body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", text.content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send(self, code: int, body: Any = None, close: bool = False) -> None:
-        """``close``: the request's body was not read (refused before it: an unknown route, no token), so
-        this connection cannot carry another request (it would be parsed from that body): close it; the
-        client reconnects. Reading an unauthorised body to keep the connection is what it should not get."""
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(code)
-        if body is not None:
-            self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> Any:
-        return protocol.read_json_body(self)
-
-    def _authorised(self, path: str) -> bool:
-        token = self.state.token
-        if token is None or (path not in CONTROL_PATHS and not path.startswith(CONTROL_PREFIXES)):
-            return True
-        got = self.headers.get("Authorization", "")
-        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
-
-    def _dispatch(self, method: str) -> None:
-        path, _, query = self.path.partition("?")
-        route, params = _match(method, path)
-        if route is None:
-            self._send(404, {"object": "error", "message": f"no route {method} {path}", "code": 404}, close=True)
-            return
-        if not self._authorised(path):
-            self._send(401, {"object": "error", "message": "missing or wrong bearer token", "code": 401}, close=True)
-            return
-        try:
-            body = self._body() if method == "POST" else {}
-            if params is None:
-                code, out = route(self.state, body)
-            else:
-                code, out = route(self.state, body, Request(self.headers, params, dict(parse_qsl(query))))
-            if isinstance(out, protocol.EventStream):
-                self._send_events(out)
-            elif isinstance(out, protocol.Text):
-                self._send_text(code, out)
-            else:
-                self._send(code, out)
-        except BadRequest as e:
-            self._send(400, e.body())
-        except NotFound as e:
-            self._send(404, e.body())
-        except TimeoutError as e:
-            self._send(504, {"object": "error", "message": str(e), "code": 504})
-        except MemoryReleased as e:  # colocate: the trainer holds the device; try again after the step
-            self._send(503, {"object": "error", "message": str(e), "code": 503})
-        except Exception as e:  # noqa: BLE001 — report, keep serving
-            logger.exception("request %s failed", path)
-            self._send(500, {"object": "error", "message": f"{type(e).__name__}: {e}", "code": 500})
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-
 # -- routes: (state, body) -> (status, json) ----------------------------------------------------------
 def _health(s: EngineServer, _: dict):
     return 200, None
@@ -489,6 +390,18 @@ def _decode(s: EngineServer, ids: list[int]) -> str:
     return s.tokenizer.decode(ids, skip_special_tokens=True) if s.tokenizer is not None else ""
 
 
+def _token_text(s: EngineServer, token_id: int) -> str:
+    """One token's text in log-prob entries, special tokens shown (SGLang's ``batch_decode([[id]])``)."""
+    return s.tokenizer.decode([token_id]) if s.tokenizer is not None else ""
+
+
+def _chat_logprob(s: EngineServer, token_id: int, logprob: float) -> dict:
+    """OpenAI's ``{token, logprob, bytes}``; ``bytes`` are the UTF-8 of the token's text (as SGLang for a
+    tokenizer that is not byte-level; a byte-level token that is part of a character shows U+FFFD)."""
+    text = _token_text(s, token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
 def _generate(s: EngineServer, body: dict):
     # (a text far longer than the context is refused before tokenizing it: a 10 MB prompt held the server)
     req = protocol.parse_generate(body, s.tokenizer, s.context_len and s.context_len * CHARS_PER_TOKEN_MAX)
@@ -499,13 +412,17 @@ def _generate(s: EngineServer, body: dict):
             "on a Mixture-of-Experts model",
         )
     t0 = time.perf_counter()
-    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given)
+    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given,
+                      {"top_logprobs": "top_logprobs_num", "stop": "sampling_params.stop"})  # fmt: skip
     dt = time.perf_counter() - t0
     start = req.routed_experts_start_len if req.return_routed_experts else None
+    text_of = (lambda t: _token_text(s, t)) if req.return_text_in_logprobs else None
+    keep = req.no_stop_trim or [False] * len(outs)
     res = [
-        protocol.generate_response(o, p, rid, len(x), req.return_logprob, _decode(s, o.token_ids), dt, start)
-        for o, p, rid, x in zip(outs, req.params, req.rids, req.prompts)
-    ]
+        protocol.generate_response(o, p, rid, len(x), req.return_logprob,
+                                   protocol.response_text(lambda ids: _decode(s, ids), o, k), dt, start, text_of)
+        for o, p, rid, x, k in zip(outs, req.params, req.rids, req.prompts, keep)
+    ]  # fmt: skip
     if req.stream:  # (SGLang numbers a batch's chunks by "index")
         return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
     return 200, res[0] if req.single else res
@@ -650,33 +567,35 @@ def _chat(s: EngineServer, body: dict, req: Request):
     if session is not None and chat.n > 1:
         raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
     params, min_new = protocol.parse_sampling(chat.sampling)
-    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
+    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs})
     every = protocol.per_choice(params, chat.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     given = [protocol.max_new_given(chat.sampling)] * chat.n
     recorded = None
     if session is None:
         prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
-        outs = s.generate([prompt] * chat.n, every, [f"{rid}-{i}" for i in range(chat.n)], given)
+        outs = s.generate([prompt] * chat.n, every, [f"{rid}-{i}" for i in range(chat.n)], given, CHAT_FIELDS)
     else:
         with s.recorder.turn(session, chat.messages) as turn:
             # the session's recorded ids + the template's suffix: the model sees exactly its own tokens
             prompt = turn.prompt_ids
-            outs = s.generate([prompt], every, [rid], given)
-            recorded = turn.record(outs[0], _decode(s, outs[0].token_ids))
+            outs = s.generate([prompt], every, [rid], given, CHAT_FIELDS)
+            recorded = turn.record(outs[0], _reply(s, outs[0]))
     choices = []
     for i, out in enumerate(outs):
         choice = {
             "index": i,
-            "message": {"role": "assistant", "content": _decode(s, out.token_ids)},
+            "message": {"role": "assistant", "content": _reply(s, out)},
             "finish_reason": out.finish_reason,
             "logprobs": None,
             "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
+            "matched_stop": protocol.matched_stop(out),  # extension (SGLang's): the stop string or token
         }
-        if chat.logprobs:
+        if chat.logprobs:  # every generated token, the stop string's included (as SGLang)
+            tops = out.top_logprobs or [[]] * len(out.token_ids)
             choice["logprobs"] = {"content": [
-                {"token": _decode(s, [t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(out.token_ids, out.log_probs)
+                {**_chat_logprob(s, t, lp), "top_logprobs": [_chat_logprob(s, a, alp) for a, alp in top]}
+                for t, lp, top in zip(out.token_ids, out.log_probs, tops)
             ]}  # fmt: skip
         choices.append(choice)
     n_out = sum(len(out.token_ids) for out in outs)
@@ -693,6 +612,14 @@ def _chat(s: EngineServer, body: dict, req: Request):
     if recorded:  # extension: which trajectory of the session this call extended
         res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
     return 200, (protocol.chat_stream(res, chat.include_usage) if chat.stream else res)
+
+
+CHAT_FIELDS = {"top_logprobs": "top_logprobs", "stop": "stop"}
+
+
+def _reply(s: EngineServer, out: GenerateOutput) -> str:
+    """A choice's text: cut before its stop string (OpenAI's and SGLang's ``stop``)."""
+    return protocol.response_text(lambda ids: _decode(s, ids), out)
 
 
 def _recorder(s: EngineServer) -> trajectories.TrajectoryRecorder:
@@ -770,24 +697,35 @@ CHARS_PER_TOKEN_MAX = 64
 cannot fit, whatever it tokenizes to."""
 
 
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 1024
-    """Connections the kernel holds while the server accepts (``listen``'s backlog). The standard library's
-    5 reset most of 200 concurrent clients (89 ``/generate`` resets, 21 ``/health`` time-outs, measured)."""
+def error_body(code: int, message: str, kind: str, exc: BaseException | None) -> dict:
+    """SGLang's error body (``ErrorResponse``); a payload error names its field (``param``)."""
+    if isinstance(exc, (BadRequest, NotFound)):
+        return exc.body()
+    body = {"object": "error", "message": message, "type": kind, "code": code}
+    if isinstance(exc, http_api.BodyError):
+        body["param"] = exc.field
+    return body
 
 
-def check_bind(host: str, token: str | None, what: str) -> None:
-    """A server that changes the run binds loopback, or needs a token; a blank token protects nothing."""
-    if token is not None and not token.strip():
-        raise ValueError(f"{what}: the token is blank; give one of visible characters (or none on loopback)")
-    if not is_loopback(host) and not token:
-        raise ValueError(f"{what}: host {host} is not a loopback address: give a token so control endpoints need it")
-
-
-def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """Bind (port 0 = any free port); a non-loopback host needs ``state.token``."""
+def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> http_api.Served:
+    """Bind (port 0 = any free port); a non-loopback host needs ``state.token``. Serve with
+    ``serve_forever()`` (in a thread, or the main thread), stop with ``shutdown()``."""
     check_bind(host, state.token, "engine server (--host / --token)")
-    handler = type("BoundHandler", (Handler,), {"state": state})
-    httpd = _Server((host, port), handler)
-    httpd.daemon_threads = True
-    return httpd
+
+    def resolve(method: str, path: str):
+        route, params = _match(method, path)
+        if route is None:
+            return None, {}
+        if params is None:
+            return (lambda body, req: route(state, body)), {}
+        return (lambda body, req: route(state, body, req)), params
+
+    api = http_api.JsonApi(
+        "engine server", resolve, error_body,
+        errors=[(BadRequest, 400), (NotFound, 404), (TimeoutError, 504),
+                # colocate: the trainer holds the device; try again after the step
+                (MemoryReleased, 503)],
+        token=state.token,
+        protected=lambda path: path in CONTROL_PATHS or path.startswith(CONTROL_PREFIXES),
+    )  # fmt: skip
+    return http_api.Served(api, host, port)

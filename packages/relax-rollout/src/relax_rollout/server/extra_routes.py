@@ -27,8 +27,10 @@ def _tokenizer(s: EngineServer, field: str) -> Any:
 
 def completions(s: EngineServer, body: Any):
     """OpenAI ``/v1/completions``: ``prompt`` (a string, token ids, or a list of either), ``max_tokens``
-    (16), ``temperature``, ``top_p``, ``n``, ``seed``, ``logprobs`` (the sampled tokens' log-probs; top
-    alternatives are not computed), ``stream``; SGLang's extras ``stop_token_ids`` and ``min_tokens``."""
+    (16), ``temperature``, ``top_p``, ``n``, ``seed``, ``stop`` (the text is cut before it; ``token_ids``
+    keep every generated token), ``logprobs`` (k: the sampled tokens' log-probs and, per token, a
+    ``{text: logprob}`` of the k most likely, as SGLang builds it: k entries, the sampled token not added),
+    ``stream``; SGLang's extras ``stop_token_ids``, ``min_tokens`` and ``matched_stop``."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     raw = body.get("prompt")
@@ -46,8 +48,9 @@ def completions(s: EngineServer, body: Any):
             raise BadRequest(f"prompt[{i}]", "must be a non-empty string or list of token ids")
     n = protocol.parse_n(body)
     logprobs = body.get("logprobs")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-        raise BadRequest("logprobs", f"must be an integer ≥ 0 or null (got {logprobs!r})")
+    if logprobs is not None:
+        logprobs = protocol.parse_top_logprobs(logprobs, "logprobs")
+    protocol.parse_stop(body.get("stop"), "stop", protocol.MAX_STOP_OPENAI)
     for key in ("echo", "best_of", "suffix", "logit_bias"):
         if body.get(key) not in (None, False, {}, 1 if key == "best_of" else None):
             raise BadRequest(key, "is not supported by this server")
@@ -58,21 +61,24 @@ def completions(s: EngineServer, body: Any):
         if body.get(theirs) is not None:
             sp[ours] = body[theirs]
     params, min_new = protocol.parse_sampling(sp, "body")
-    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new})
+    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": logprobs or 0})
     every = [p for p in prompts for _ in range(n)]
     seeded = protocol.per_choice(params, n) * len(prompts)
     rid = f"cmpl-{uuid.uuid4().hex}"
     outs = s.generate(every, seeded, [f"{rid}-{i}" for i in range(len(every))],
-                      [body.get("max_tokens") is not None] * len(every))  # fmt: skip
+                      [body.get("max_tokens") is not None] * len(every), {"top_logprobs": "logprobs"})  # fmt: skip
+    token = (lambda t: s.tokenizer.decode([t])) if s.tokenizer is not None else str
+    decode = (lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True)) if s.tokenizer is not None else (lambda _: "")
     choices = []
     for i, out in enumerate(outs):
-        text = s.tokenizer.decode(out.token_ids, skip_special_tokens=True) if s.tokenizer is not None else ""
         lp = None
         if logprobs is not None:
-            tokens = [s.tokenizer.decode([t]) if s.tokenizer is not None else str(t) for t in out.token_ids]
+            tokens = [token(t) for t in out.token_ids]
             offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
-            lp = {"tokens": tokens, "token_logprobs": list(out.log_probs), "top_logprobs": None, "text_offset": offsets}
-        choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": out.finish_reason,
+            top = [{token(a): alp for a, alp in row} for row in out.top_logprobs or []] if logprobs else None
+            lp = {"tokens": tokens, "token_logprobs": list(out.log_probs), "top_logprobs": top, "text_offset": offsets}
+        choices.append({"index": i, "text": protocol.response_text(decode, out), "logprobs": lp,
+                        "finish_reason": out.finish_reason, "matched_stop": protocol.matched_stop(out),
                         "token_ids": list(out.token_ids)})  # fmt: skip
     prompt_tokens = sum(len(p) for p in prompts)
     made = sum(len(o.token_ids) for o in outs)

@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.http_api import EventStream, Text  # noqa: F401 - the routes' response kinds
 
-# SGLang ``SamplingParams`` keys we honour; presentation-only keys we accept and ignore.
-_SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "stop_token_ids", "ignore_eos"}
+# SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
+# parse_generate; the others are accepted and ignored).
+_SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "stop_token_ids", "ignore_eos", "stop"}
 _SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
 _IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
+MAX_STOP = 32
+"""The most stop strings one ``/generate`` request may give (SGLang's ``MAX_STOP_COUNT``)."""
+MAX_STOP_OPENAI = 4
+"""The most stop strings OpenAI's chat and completions take."""
+MAX_TOP_LOGPROBS = 20
+"""The most top log-probs per token any route returns (OpenAI's bound for chat; SGLang sets none)."""
 NEUTRAL = {
     "n": (1,),
     "top_k": (-1, 0),
@@ -25,10 +33,9 @@ NEUTRAL = {
     "repetition_penalty": (1,),
     "frequency_penalty": (0,),
     "presence_penalty": (0,),
-    "stop": ([], ""),
 }
 """SGLang sampling keys this server does not implement, accepted at the value that changes nothing (what
-slime and veRL send by default: ``stop: null``, ``top_k: -1``, ``repetition_penalty: 1.0``, ...); any other
+slime and veRL send by default: ``top_k: -1``, ``repetition_penalty: 1.0``, ...); any other
 value is refused with a 400 naming the key, never silently ignored (``n: 2`` returned one result)."""
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 SAMPLING_EPS = 1e-6
@@ -52,21 +59,6 @@ class BadRequest(ValueError):
             "param": self.field,
             "code": 400,
         }
-
-
-def read_json_body(handler: Any) -> Any:
-    """The JSON body of a ``BaseHTTPRequestHandler`` request ({} when empty); BadRequest when not JSON.
-    Shared by the engine server and the elastic API."""
-    import json
-
-    n = int(handler.headers.get("Content-Length") or 0)
-    raw = handler.rfile.read(n) if n else b""
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise BadRequest("body", f"is not valid JSON ({e.msg}); send a JSON object") from None
 
 
 class NotFound(LookupError):
@@ -119,6 +111,7 @@ def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingPar
     stops = sp.get("stop_token_ids") or []
     if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
         raise BadRequest(f"{where}.stop_token_ids", f"must be a list of integers (got {stops!r})")
+    stop = parse_stop(sp.get("stop"), f"{where}.stop", MAX_STOP)
     seed = None
     for key in _SAMPLING_SEED_KEYS:
         if sp.get(key) is not None:
@@ -130,8 +123,31 @@ def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingPar
         greedy=temperature < SAMPLING_EPS,
         stop_token_ids=tuple(stops),
         seed=seed,
+        stop=stop,
     )
     return params, min_new
+
+
+def parse_stop(v: Any, field: str, most: int) -> tuple[str, ...]:
+    """``stop``: None, a string or a list of at most ``most`` strings. Empty strings are dropped (SGLang
+    would end every response at its first token on ``""``; ``stop: ""`` meant no stop here before)."""
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise BadRequest(field, f"must be a string or a list of strings (got {v!r})")
+    if len(items) > most:
+        raise BadRequest(field, f"takes at most {most} stop strings (got {len(items)})")
+    return tuple(dict.fromkeys(x for x in items if x))
+
+
+def parse_top_logprobs(v: Any, field: str) -> int:
+    """How many top log-probs per token: an integer from 0 to :data:`MAX_TOP_LOGPROBS` (None: 0)."""
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS:
+        raise BadRequest(field, f"must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {v!r})")
+    return v
 
 
 @dataclass
@@ -150,6 +166,10 @@ class GenerateRequest:
     stream: bool = False
     """Answer in server-sent events: each prompt's whole response as one event (SGLang's chunks carry the
     text so far; here the text arrives once generated)."""
+    return_text_in_logprobs: bool = False
+    """Each log-prob entry's third item is its token's text (else None), as in SGLang."""
+    no_stop_trim: list[bool] | None = None
+    """Per prompt: keep the matched stop string / stop token in the returned text (SGLang's key)."""
 
 
 def _token_list(v: Any, field: str) -> list[int]:
@@ -170,9 +190,11 @@ def _has_media(v: Any) -> bool:
 
 def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None) -> GenerateRequest:
     """SGLang ``GenerateReqInput``: ``text`` or ``input_ids`` (single or batch), ``sampling_params`` (one
-    dict, or one per prompt), ``return_logprob``, ``rid``, ``return_routed_experts`` and
-    ``routed_experts_start_len``. Media (``image_data``, ``video_data``, ``audio_data``) are refused: this
-    server serves text models (empty media lists, as SGLang's batch form sends for text-only prompts, pass)."""
+    dict, or one per prompt), ``return_logprob``, ``top_logprobs_num`` (one, or one per prompt; as in
+    SGLang it applies with ``return_logprob`` only), ``return_text_in_logprobs``, ``rid``,
+    ``return_routed_experts`` and ``routed_experts_start_len``. Media (``image_data``, ``video_data``,
+    ``audio_data``) are refused: this server serves text models (empty media lists, as SGLang's batch form
+    sends for text-only prompts, pass)."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     text, ids = body.get("text"), body.get("input_ids")
@@ -225,6 +247,18 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     return_logprob = body.get("return_logprob", False)
     if not isinstance(return_logprob, bool):
         raise BadRequest("return_logprob", f"must be a boolean (got {return_logprob!r})")
+    top = body.get("top_logprobs_num")
+    if isinstance(top, list):
+        if len(top) != len(prompts):
+            raise BadRequest("top_logprobs_num", f"has {len(top)} entries for {len(prompts)} prompts")
+        tops = [parse_top_logprobs(x, f"top_logprobs_num[{i}]") for i, x in enumerate(top)]
+    else:
+        tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
+    if return_logprob:
+        params = [SamplingParams(**{**p.__dict__, "top_logprobs": k}) for p, k in zip(params, tops)]
+    text_in_logprobs = body.get("return_text_in_logprobs", False)
+    if not isinstance(text_in_logprobs, bool):
+        raise BadRequest("return_text_in_logprobs", f"must be a boolean (got {text_in_logprobs!r})")
     for key in MEDIA_FIELDS:
         if _has_media(body.get(key)):
             raise BadRequest(key, "media inputs are not supported by this server (it serves text models)")
@@ -234,8 +268,11 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
     if routed and any(start > len(p) for p in prompts):
         raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
-    given = [max_new_given(x) for x in sp] if isinstance(sp, list) else [max_new_given(sp)] * len(prompts)
-    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given, stream)
+    sps = sp if isinstance(sp, list) else [sp] * len(prompts)
+    given = [max_new_given(x) for x in sps]
+    keep = [isinstance(x, dict) and bool(x.get("no_stop_trim")) for x in sps]
+    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given, stream,
+                           text_in_logprobs, keep)  # fmt: skip
 
 
 def max_new_given(sp: Any) -> bool:
@@ -244,12 +281,36 @@ def max_new_given(sp: Any) -> bool:
 
 
 def finish_reason(out: GenerateOutput, params: SamplingParams) -> dict:
-    """SGLang's ``FINISH_MATCHED_TOKEN`` / ``FINISH_LENGTH`` / ``FINISH_ABORT`` ``to_json()`` shapes."""
+    """SGLang's ``FINISH_MATCHED_STR`` / ``FINISH_MATCHED_TOKEN`` / ``FINISH_LENGTH`` / ``FINISH_ABORT``
+    ``to_json()`` shapes."""
     if out.finish_reason == "stop":
+        if out.matched_stop is not None:
+            return {"type": "stop", "matched": out.matched_stop}
         return {"type": "stop", "matched": out.token_ids[-1] if out.token_ids else None}
     if out.finish_reason == "length":
         return {"type": "length", "length": params.max_new_tokens}
     return {"type": "abort", "message": "Abort request."}
+
+
+def matched_stop(out: GenerateOutput) -> str | int | None:
+    """SGLang's ``matched_stop`` of an OpenAI choice: the stop string or stop token that ended it."""
+    return finish_reason(out, SamplingParams(max_new_tokens=0)).get("matched")
+
+
+def response_text(decode: Any, out: GenerateOutput, no_stop_trim: bool = False) -> str:
+    """The returned text of ``out`` as SGLang's detokenizer trims it (``trim_matched_stop``): cut before the
+    matched stop string (through it with ``no_stop_trim``), and without the stop token that ended it (the
+    EOS is not shown anyway). ``decode(ids) -> str``. The token ids and log-probs keep every generated
+    token: the trainer scores exactly what the model produced."""
+    if out.finish_reason != "stop" or not out.token_ids:
+        return decode(out.token_ids)
+    if out.matched_stop is None:
+        return decode(out.token_ids if no_stop_trim else out.token_ids[:-1])
+    text = decode(out.token_ids)
+    pos = text.find(out.matched_stop)
+    if pos < 0:  # (a special token's text: matched with special tokens, the shown text has none)
+        return text
+    return text[: pos + len(out.matched_stop)] if no_stop_trim else text[:pos]
 
 
 def encode_routed_experts(experts: Any, start: int = 0) -> str:
@@ -272,7 +333,11 @@ def generate_response(
     text: str,
     latency: float,
     routed_experts_start: int | None = None,
+    token_text: Any = None,
 ) -> dict:
+    """SGLang's ``/generate`` reply. ``token_text(id) -> str``: the texts in the log-prob entries (SGLang's
+    ``return_text_in_logprobs``; None there otherwise)."""
+    txt = token_text or (lambda _: None)
     meta = {
         "id": rid,
         "finish_reason": finish_reason(out, params),
@@ -284,7 +349,9 @@ def generate_response(
     }
     if return_logprob:
         # SGLang: a list of (logprob, token_id, token_text) with text None unless return_text_in_logprobs
-        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.log_probs, out.token_ids)]
+        meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(out.log_probs, out.token_ids)]
+        if params.top_logprobs:  # per token the k most likely, the same triples
+            meta["output_top_logprobs"] = [[[lp, t, txt(t)] for t, lp in row] for row in out.top_logprobs or []]
     if routed_experts_start is not None and out.extra.get("routed_experts") is not None:
         meta["routed_experts"] = encode_routed_experts(out.extra["routed_experts"], routed_experts_start)
     return {"text": text, "output_ids": list(out.token_ids), "meta_info": meta}
@@ -305,6 +372,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     """``stream_options.include_usage``: a last chunk with the usage and no choices."""
+    top_logprobs: int = 0
+    """With ``logprobs``: per token this many most likely alternatives."""
 
 
 def parse_n(body: dict) -> int:
@@ -371,8 +440,8 @@ def parse_chat(body: Any) -> ChatRequest:
         ("min_new_tokens", "min_tokens"),
         ("stop_token_ids", "stop_token_ids"),
         ("sampling_seed", "seed"),
-        # not implemented here: passed on so that only their neutral values pass (never ignored silently)
         ("stop", "stop"),
+        # not implemented here: passed on so that only their neutral values pass (never ignored silently)
         ("frequency_penalty", "frequency_penalty"),
         ("presence_penalty", "presence_penalty"),
         ("top_k", "top_k"),
@@ -381,31 +450,20 @@ def parse_chat(body: Any) -> ChatRequest:
     ):
         if body.get(theirs) is not None:
             sp[ours] = body[theirs]
-    logprobs = body.get("logprobs", False)
+    logprobs = False if body.get("logprobs") is None else body["logprobs"]
     if not isinstance(logprobs, bool):
         raise BadRequest("logprobs", f"must be a boolean (got {logprobs!r})")
+    top_logprobs = parse_top_logprobs(body.get("top_logprobs"), "top_logprobs")
+    if top_logprobs and not logprobs:
+        raise BadRequest("top_logprobs", "needs logprobs: true (as in OpenAI)")
+    parse_stop(body.get("stop"), "stop", MAX_STOP_OPENAI)
     try:
         parse_sampling(sp, "body")
     except BadRequest as e:  # name the OpenAI field, not our internal one
         names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
         leaf = e.field.split(".")[-1]
         raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
-    return ChatRequest(out_messages, sp, logprobs, n, stream, bool(options.get("include_usage")))
-
-
-@dataclass
-class Text:
-    """A response sent as text (Prometheus metrics, SGLang's plain-text answers)."""
-
-    body: str
-    content_type: str = "text/plain; charset=utf-8"
-
-
-@dataclass
-class EventStream:
-    """A response sent as server-sent events (the server writes each, then ``[DONE]``)."""
-
-    events: list[dict]
+    return ChatRequest(out_messages, sp, logprobs, n, stream, bool(options.get("include_usage")), top_logprobs)
 
 
 def chat_stream(res: dict, include_usage: bool) -> EventStream:

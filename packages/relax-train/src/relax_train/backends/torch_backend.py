@@ -289,6 +289,7 @@ class TorchBackend:
         self.version += 1
         metrics = self._step_metrics(acc.sums, acc.counts, acc.keep, loss_total, grad_norm, n_opt)
         metrics["nonfinite_updates_skipped"] = float(skipped)
+        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])  # (its last optimizer step's)
         return {**metrics, **self._r3_metrics()}
 
     def _forward_backward(

@@ -1,0 +1,280 @@
+"""One JSON HTTP layer for the engine server and the elastic API: an ASGI app served by uvicorn.
+
+Both servers were hand-rolled on ``http.server``, each with its own routing, bearer auth, body reading and
+exception → status mapping, and each had to get keep-alive, server-sent events and the listen backlog
+right by hand (a 404 that left the body unread broke the connection's next request; a backlog of 5 reset
+most of 200 concurrent clients). uvicorn (h11) does the HTTP — keep-alive, chunked streams, back-pressure —
+as it does for SGLang and vLLM; this module keeps only what is ours:
+
+- a route is a plain synchronous function ``(body, request) -> (status, out)`` found by ``resolve``; it runs
+  in a worker thread (routes block: generation, weight updates), so the event loop only moves bytes;
+- ``out`` is JSON (a dict / list / None), :class:`Text` or :class:`EventStream` (SSE, then ``[DONE]``);
+- exceptions map to statuses through one table, each with the error body the server speaks;
+- a bearer token guards the paths ``protected`` says, before the body is read;
+- a body larger than ``max_body_bytes`` is refused with 413 before it is read whole.
+
+:class:`Served` binds the socket itself (port 0 works, ``server_address`` is known at once, the backlog is
+ours) and has the ``serve_forever`` / ``shutdown`` / ``server_close`` of the standard library's servers,
+so callers run it in a thread as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 << 20
+"""Largest request body served (64 MiB: a 128k-token prompt as JSON ids is ~1 MB; base64 media more)."""
+BACKLOG = 1024
+"""Connections the kernel holds while the server accepts (the standard library's 5 reset most of 200
+concurrent clients: 89 ``/generate`` resets, 21 ``/health`` time-outs, measured)."""
+THREADS = 256
+"""Routes running at once (each in a worker thread; the rest wait their turn, their connections open)."""
+
+
+@dataclass
+class Text:
+    """A response sent as text (Prometheus metrics, SGLang's plain-text answers)."""
+
+    body: str
+    content_type: str = "text/plain; charset=utf-8"
+
+
+@dataclass
+class EventStream:
+    """A response sent as server-sent events: one ``data:`` line per event, then ``data: [DONE]``."""
+
+    events: Iterable[dict]
+
+
+@dataclass
+class Request:
+    """What a route gets besides the body: headers, path parameters and query parameters."""
+
+    headers: Mapping[str, str]
+    """Case-insensitive (``headers.get("Authorization")`` and ``"authorization"`` alike)."""
+    params: dict[str, str]
+    query: dict[str, str]
+    method: str = "GET"
+    path: str = "/"
+
+
+class BodyError(ValueError):
+    """The body is not JSON (400) or too large (413); ``field`` is ``body``."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+        self.field = "body"
+
+
+Route = Callable[[Any, Request], tuple[int, Any]]
+
+
+@dataclass
+class JsonApi:
+    """The ASGI app. ``resolve(method, path)`` → ``(route, path params)`` or ``(None, {})``;
+    ``error_body(status, message, kind, exc)`` → the JSON error body this server speaks; ``errors`` maps
+    exception types (checked in order) to statuses — anything else is a 500, logged."""
+
+    name: str
+    resolve: Callable[[str, str], tuple[Route | None, dict[str, str]]]
+    error_body: Callable[[int, str, str, BaseException | None], Any]
+    errors: list[tuple[type[BaseException], int]] = field(default_factory=list)
+    token: str | None = None
+    protected: Callable[[str], bool] = lambda path: True
+    not_found: Callable[[str, str], str] = lambda method, path: f"no route {method} {path}"
+    max_body_bytes: int = MAX_BODY_BYTES
+    threads: int = THREADS
+
+    def __post_init__(self) -> None:
+        self._limiter = None  # built in the serving loop (anyio's limiter belongs to one event loop)
+
+    # -- ASGI ------------------------------------------------------------------------------------------
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":  # (served with lifespan off: nothing to start or stop)
+            return
+        from starlette.requests import Request as StarletteRequest
+
+        request = StarletteRequest(scope, receive)
+        # matched still percent-encoded, as sent (a session "a/b" arrives as a%2Fb: one path segment);
+        # resolvers decode the parameters they take from it
+        method, path = scope["method"], (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        path = path.partition("?")[0]
+        if not self._authorised(path, request.headers.get("authorization", "")):  # (unknown routes too)
+            message = "missing or wrong bearer token (Authorization: Bearer <token>)"
+            await self._json(send, 401, self.error_body(401, message, "Unauthorized", None))
+            return
+        route, params = self.resolve(method, path)
+        if route is None:
+            await self._json(send, 404, self.error_body(404, self.not_found(method, path), "NotFound", None))
+            return
+        req = Request(request.headers, params, dict(parse_qsl(scope.get("query_string", b"").decode())),
+                      method, path)  # fmt: skip
+        try:
+            body = await self._body(request) if method == "POST" else {}
+            code, out = await self._run(route, body, req)
+        except Exception as e:  # noqa: BLE001 — every failure is an answer; the server keeps serving
+            code, out = self._status(e), None
+            kind = type(e).__name__
+            if code == 500:
+                logger.exception("%s: %s %s failed", self.name, method, path)
+                message = f"{kind}: {e}"
+            else:
+                message = str(e)
+            out = self.error_body(code, message, kind, e)
+        if isinstance(out, EventStream):
+            await self._events(send, out)
+        elif isinstance(out, Text):
+            await self._send(send, code, out.body.encode(), out.content_type)
+        else:
+            await self._json(send, code, out)
+
+    # -- pieces ----------------------------------------------------------------------------------------
+    def _authorised(self, path: str, got: str) -> bool:
+        if self.token is None or not self.protected(path):
+            return True
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), self.token.encode())
+
+    def _status(self, e: BaseException) -> int:
+        if isinstance(e, BodyError):
+            return e.status
+        for kind, status in self.errors:
+            if isinstance(e, kind):
+                return status
+        return 500
+
+    async def _body(self, request: Any) -> Any:
+        """The JSON body ({} when empty); refused before it is read whole when over the limit."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise BodyError(self._too_large(int(declared)), 413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise BodyError(self._too_large(size), 413)
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            return {}
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            raise BodyError(f"body: is not valid JSON ({reason}); send a JSON object") from None
+
+    def _too_large(self, size: int) -> str:
+        return (f"body: {size} bytes is over this server's limit of {self.max_body_bytes} bytes; send less "
+                f"per request (split the batch), or raise the limit (max_body_bytes)")  # fmt: skip
+
+    async def _run(self, route: Route, body: Any, req: Request) -> tuple[int, Any]:
+        import anyio.to_thread
+
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.threads)
+        return await anyio.to_thread.run_sync(route, body, req, limiter=self._limiter)
+
+    async def _send(self, send: Callable, code: int, data: bytes, content_type: str | None) -> None:
+        headers = [(b"content-length", str(len(data)).encode())]
+        if content_type is not None:
+            headers.append((b"content-type", content_type.encode()))
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _json(self, send: Callable, code: int, body: Any) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        await self._send(send, code, data, None if body is None else "application/json")
+
+    async def _events(self, send: Callable, events: EventStream) -> None:
+        """200, ``text/event-stream``, chunked (the connection stays open for the client's next request)."""
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in events.events:
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, what: str) -> None:
+    """A server that changes the run binds loopback, or needs a token; a blank token protects nothing."""
+    if token is not None and not token.strip():
+        raise ValueError(f"{what}: the token is blank; give one of visible characters (or none on loopback)")
+    if not is_loopback(host) and not token:
+        raise ValueError(f"{what}: host {host} is not a loopback address: give a token so control endpoints need it")
+
+
+class Served:
+    """An ASGI app bound to ``host:port`` (0: any free port), served by uvicorn when ``serve_forever`` runs
+    (in a thread, or the main thread, where SIGINT / SIGTERM stop it)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, backlog: int = BACKLOG):
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            self._sock.listen(backlog)
+        except OSError:
+            self._sock.close()
+            raise
+        self.server_address = self._sock.getsockname()
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", backlog=backlog,
+                                timeout_graceful_shutdown=3, server_header=False)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._running, self._done, self._loop = False, threading.Event(), None
+
+    def serve_forever(self, poll_interval: float | None = None) -> None:
+        """Serve until :meth:`shutdown` (``poll_interval`` is accepted for the standard library's signature)."""
+        self._running = True
+        try:
+            with asyncio.Runner(loop_factory=self._server.config.get_loop_factory()) as runner:
+                runner.run(self._serve())
+        finally:
+            self._done.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self._sock])
+
+    def shutdown(self, timeout_s: float = 10.0, abrupt: bool = False) -> None:
+        """Stop serving and wait for ``serve_forever`` to return (requests still running get 3 s).
+        ``abrupt``: reset every open connection at once, so requests in flight fail on the client's side as
+        those of a crashed process do (their routes still run to the end here)."""
+        if abrupt and self._loop is not None:
+            self._server.force_exit = True
+            self._loop.call_soon_threadsafe(self._abort_connections)
+        self._server.should_exit = True
+        if self._running and not self._done.wait(timeout_s):
+            raise TimeoutError(f"HTTP server on {self.server_address} did not stop within {timeout_s}s")
+
+    def _abort_connections(self) -> None:
+        for conn in list(self._server.server_state.connections):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+    def server_close(self) -> None:
+        self._sock.close()

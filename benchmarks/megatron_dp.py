@@ -81,7 +81,7 @@ def samples(n: int) -> dict:
 
 def worker(spec_path: str) -> None:
     from relax_core.cli_config import build_config
-    from relax_train.megatron.backend import MegatronBackend
+    from relax_train.backends.megatron.backend import MegatronBackend
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(spec["threads"])

@@ -118,10 +118,10 @@ def test_megatron_ranks_follow_the_nodes(connected, caplog):
     """Four ranks on two nodes of two GPUs (TP 2): rank 0 (this process) gets a GPU of this node, the
     ranks go node by node so each TP pair stays on one node, and every rank's actor lands on the GPU
     its bundle was probed on: four distinct GPUs."""
-    from relax_train.megatron.group import rank_placement
+    from relax_train.backends.megatron.group import rank_placement
 
     here = ray.get_runtime_context().get_node_id()
-    with caplog.at_level(logging.WARNING, logger="relax_train.megatron.group"):
+    with caplog.at_level(logging.WARNING, logger="relax_train.backends.megatron.group"):
         pg, gpu0, options = rank_placement(4, tp=2, cuda=True)
     try:
         assert not [r for r in caplog.records if "span two nodes" in r.getMessage()]
@@ -137,7 +137,7 @@ def test_megatron_ranks_follow_the_nodes(connected, caplog):
     finally:
         ray.util.remove_placement_group(pg)
 
-    with caplog.at_level(logging.WARNING, logger="relax_train.megatron.group"):
+    with caplog.at_level(logging.WARNING, logger="relax_train.backends.megatron.group"):
         pg, _, _ = rank_placement(4, tp=4, cuda=True)  # a TP group of 4 cannot fit on a node of 2
     ray.util.remove_placement_group(pg)
     assert [r for r in caplog.records if "span two nodes" in r.getMessage()]
@@ -146,7 +146,7 @@ def test_megatron_ranks_follow_the_nodes(connected, caplog):
 def test_rank_order_from_probed_bundles():
     """Bundles come back in Ray's order, wherever they landed; ranks are this node's GPUs first (by GPU
     id, 10 after 9), then node by node. No GPU on this node is refused, naming the fix."""
-    from relax_train.megatron.group import Slot, order_slots
+    from relax_train.backends.megatron.group import Slot, order_slots
 
     probed = [Slot(0, "b", "1"), Slot(1, "a", "10"), Slot(2, "b", "0"), Slot(3, "a", "9"), Slot(4, "c", "0")]
     ordered = order_slots(probed, here="b", tp=2)

@@ -41,7 +41,7 @@ def four_gpus():
 def test_rollout_engines_and_megatron_ranks_get_disjoint_gpus(four_gpus):
     from relax_rollout.engines.sglang import engine_kwargs
     from relax_rollout.worker import _reserve_engine_gpus
-    from relax_train.megatron.group import rank_placement
+    from relax_train.backends.megatron.group import rank_placement
 
     cfg = build_config(None, [*GPU_RUN, "--no-use-actor-fwd"])
     assert gpu_demand(cfg) == {"rollout": 2, "actor": 2}

@@ -13,6 +13,6 @@ log=${OUT:-/tmp}/gpu-check.log
   python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
     packages/relax-core/tests/test_dcs_gpu.py packages/relax-core/tests/test_offload.py \
     packages/relax-rollout/tests/engines/test_sglang_tensor_gpu.py
-  python3 -m pytest -p no:cacheprovider -q packages/relax-train/tests/megatron/test_backend.py \
+  python3 -m pytest -p no:cacheprovider -q packages/relax-train/tests/backends/megatron/test_backend.py \
     -k "${MEGATRON_TESTS:-test_log_probs_and_a_training_step or moe_log_probs or offload or checkpoint_round_trip or one-rank}"
 } 2>&1 | tee "$log"

@@ -78,6 +78,24 @@ def test_a_parameter_mapped_from_memory_it_does_not_own_gets_its_own_storage_onc
     assert torch.equal(w, torch.arange(8, dtype=torch.float32)) and w.untyped_storage().resizable()
 
 
+def test_an_optimizer_state_restored_by_torch_load_offloads(tmp_path):
+    # --load then --offload: the optimizer's restored states live in storages torch.load made, which
+    # cannot be resized; offload refused them ("cannot be freed") and the resumed colocate run stopped
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.Adam([w])
+    w.grad = torch.ones(4)
+    opt.step()
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    opt = torch.optim.Adam([w])
+    opt.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=False))
+    state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    before = [v.clone() for v in state]
+    host = HostOffload("trainer")
+    assert host.offload([w, *state]) > 0
+    host.onload()
+    assert all(torch.equal(a, b) for a, b in zip(state, before))
+
+
 def test_offloading_twice_is_refused_and_onload_without_offload_is_a_no_op():
     w = torch.zeros(4)
     host = HostOffload("trainer")

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.elastic import ROUTES, ElasticService, make_elastic_server  # noqa: E402
+from relax_rollout.elastic_api import EngineList, Operation  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.external import http_json  # noqa: E402
 from relax_rollout.engines.pool import EnginePool  # noqa: E402
@@ -168,6 +169,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
         assert code == 202 and op["kind"] == "scale_out" and op["state"] in ("pending", "running")
         op = wait_op(call, a, op["id"])
         assert op["state"] == "succeeded" and op["engines_added"] == ["e2"] and op["error"] is None
+        Operation.model_validate(op)
         assert op["started"] >= op["created"] and op["finished"] >= op["started"]
         wait_until(lambda: newcomer.state.engine.versions)  # it gets traffic now
     finally:
@@ -373,6 +375,7 @@ def test_auth_unknown_routes_and_openapi(api, call):
         assert call(a.url, path, body, token="wrong")[0] == 401
     code, eng = call(a.url, "/elastic/engines", token="s3cret")
     assert code == 200 and [m["id"] for m in eng["data"]] == ["e0", "e1"] and eng["active"] == 2
+    EngineList.model_validate(eng)  # the document's models are what the API answers
     assert 'relax:elastic_engines{state="active"} 2' in scrape(a.url + "/elastic/metrics", token="s3cret")
     code, err = call(a.url, "/elastic/nope", token="s3cret")
     assert code == 404 and "openapi.json" in err["message"]
@@ -385,7 +388,7 @@ def test_auth_unknown_routes_and_openapi(api, call):
             make_elastic_server(a.svc, host="0.0.0.0", token=blank)
 
     code, doc = call(a.url, "/elastic/openapi.json", token="s3cret")
-    assert code == 200 and doc["openapi"].startswith("3.0")
+    assert code == 200 and doc["openapi"].startswith("3.1")
     for method, path, _ in ROUTES:
         op = doc["paths"][path][method.lower()]
         assert op["summary"] and "200" in op["responses"] and "401" in op["responses"]

@@ -44,17 +44,14 @@ class HostOffload:
         seen: set[int] = set()
         device_used = False
         for t in tensors:
-            if isinstance(t, torch.nn.Parameter) and not t.untyped_storage().resizable():
+            if not t.untyped_storage().resizable():
+                # memory this tensor does not own (mapped from a file, numpy's, or torch.load's: an
+                # optimizer state restored by --load): give it memory of its own, once
                 with torch.no_grad():
-                    t.data = t.data.clone()  # mapped from a file: give it memory of its own, once
+                    t.data = t.data.clone()
             s = t.untyped_storage()
             if s.nbytes() == 0 or s.data_ptr() in seen:
                 continue
-            if not s.resizable():
-                raise RuntimeError(
-                    f"{self.name}: a tensor of shape {tuple(t.shape)} lives in a storage that cannot be freed "
-                    "(mapped from a file); offload only tensors this process allocated"
-                )
             seen.add(s.data_ptr())
             host = None
             if keep:

@@ -8,6 +8,8 @@ soxr, ffmpeg, transformers and torch are imported when a function needs them.
 (1092, 1932)
 """
 
+from importlib import metadata as _metadata
+
 from .audio import AudioItem, audio_features, process_audio
 from .errors import MediaError
 from .image import ImageItem, process_image, to_rgb
@@ -24,7 +26,10 @@ from .processor import (
 from .specs import MODELS, ModelSpec, get_spec, smart_nframes, smart_resize
 from .video import VideoItem, process_video, sample_indices
 
-__version__ = "0.4.0"
+try:  # one source: the installed distribution's metadata, written from pyproject.toml
+    __version__ = _metadata.version("relax-multimodal")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "MODELS",

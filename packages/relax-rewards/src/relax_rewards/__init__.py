@@ -8,6 +8,8 @@ tools import it everywhere. Built-in rewards register on the first :func:`get_re
 sympy loads only when a math comparison needs it.
 """
 
+from importlib import metadata as _metadata
+
 from relax_rewards.registry import (
     ENTRY_POINT_GROUP,
     REWARDS,
@@ -19,7 +21,10 @@ from relax_rewards.registry import (
 from relax_rewards.scorer import Scorer
 from relax_rewards.types import RewardFn, RewardResult, as_result, is_async_reward
 
-__version__ = "0.3.3"
+try:  # one source: the installed distribution's metadata, written from pyproject.toml
+    __version__ = _metadata.version("relax-rewards")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ENTRY_POINT_GROUP",

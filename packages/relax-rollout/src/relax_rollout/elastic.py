@@ -22,7 +22,8 @@ Operations (JSON bodies; unknown fields are refused):
   ``POST /elastic/operations/{id}/cancel`` (rolls back: a scale-out's engines are removed; a scale-in's
   draining engines become active again, removed ones are re-launched or re-added; 200 once cancelled,
   202 while the rollback runs, 409 for a finished operation), ``GET /elastic/engines``,
-  ``GET /elastic/openapi.json`` (OpenAPI 3.0), ``GET /elastic/metrics`` (Prometheus: engines by state,
+  ``GET /elastic/openapi.json`` (OpenAPI 3.1, generated from the request models in
+  :mod:`relax_rollout.elastic_api`), ``GET /elastic/metrics`` (Prometheus: engines by state,
   prompts in flight per engine, the pool's counters, operations by kind and state and their durations;
   each engine serves its own ``/metrics``). An operation that fails half-way is rolled back the same
   way (all or nothing), with the reason in ``error``.
@@ -50,13 +51,13 @@ from typing import Any
 from urllib.parse import unquote
 
 from relax_rollout import http_api
+from relax_rollout.elastic_api import SCALE_IN_FIELDS, SCALE_OUT_FIELDS, openapi
 from relax_rollout.engines.pool import STATES, Cancelled, EnginePool, Member, PoolError, check_url
 from relax_rollout.http_api import check_bind
 from relax_rollout.server.protocol import BadRequest, NotFound
 
 logger = logging.getLogger(__name__)
 
-OP_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -176,8 +177,6 @@ def _exactly_one(body: dict, keys: tuple[str, ...]) -> str:
     return given[0]
 
 
-SCALE_OUT_FIELDS = ("num_replicas", "engine_urls", "request_id")
-SCALE_IN_FIELDS = ("num_replicas", "engine_ids", "engine_urls", "drain_timeout_s", "force", "request_id")
 
 
 class ElasticService:
@@ -642,216 +641,3 @@ def make_elastic_server(
         token=token, not_found=lambda m, p: f"no route {m} {p}; GET /elastic/openapi.json lists them",
     )  # fmt: skip
     return http_api.Served(api, host, port, backlog=64)
-
-
-# -- OpenAPI ---------------------------------------------------------------------------------------------
-def _err(description: str) -> dict:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-    }
-
-
-def _ok(description: str, schema: str) -> dict:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-    }
-
-
-def _body(schema: str) -> dict:
-    return {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-    }
-
-
-_UNAUTH = _err("Missing or wrong bearer token (only when the API has a token).")
-_ID = [
-    {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string"},
-        "description": "Operation id.",
-    }
-]
-
-
-def openapi() -> dict:
-    """The API as an OpenAPI 3.0 document (``GET /elastic/openapi.json``)."""
-    str_list = {"type": "array", "items": {"type": "string"}, "minItems": 1}
-    url_list = {**str_list, "items": {"type": "string", "format": "uri", "pattern": "^https?://"}}
-    request_id = {"type": "string", "minLength": 1, "maxLength": 200,
-                  "description": "Idempotency key: the same id returns the same operation (200)."}  # fmt: skip
-    schemas = {
-        "ScaleOutRequest": {
-            "type": "object",
-            "additionalProperties": False,
-            "description": "Exactly one of num_replicas or engine_urls.",
-            "properties": {
-                "num_replicas": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "Target number of active engines; new ones are launched on Ray.",
-                },
-                "engine_urls": {**url_list, "description": "Running SGLang-compatible servers to join."},
-                "request_id": request_id,
-            },
-        },
-        "ScaleInRequest": {
-            "type": "object",
-            "additionalProperties": False,
-            "description": "Exactly one of num_replicas, engine_ids or engine_urls.",
-            "properties": {
-                "num_replicas": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": "Target number of active engines (newest non-protected removed first).",
-                },
-                "engine_ids": {
-                    **str_list,
-                    "description": "Engines to remove (never protected start-up ones).",
-                },
-                "engine_urls": {**url_list, "description": "Engines to remove, by URL."},
-                "drain_timeout_s": {
-                    "type": "number",
-                    "minimum": 0,
-                    "description": "How long in-flight requests may finish.",
-                },
-                "force": {
-                    "type": "boolean",
-                    "default": True,
-                    "description": "After the drain time-out, abort in-flight requests (re-issued elsewhere).",
-                },
-                "request_id": request_id,
-            },
-        },
-        "Operation": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "string"},
-                "kind": {"type": "string", "enum": ["scale_out", "scale_in"]},
-                "request": {"type": "object"},
-                "request_id": {"type": "string", "nullable": True},
-                "state": {"type": "string", "enum": list(OP_STATES)},
-                "engines_added": {"type": "array", "items": {"type": "string"}},
-                "engines_removed": {"type": "array", "items": {"type": "string"}},
-                "targets": {"type": "array", "items": {"type": "string"}},
-                "rollback": {"type": "array", "items": {"type": "string"}},
-                "error": {"type": "string", "nullable": True},
-                "cancel_requested": {"type": "boolean"},
-                "created": {"type": "number"},
-                "started": {"type": "number", "nullable": True},
-                "finished": {"type": "number", "nullable": True},
-            },
-        },
-        "OperationList": {
-            "type": "object",
-            "properties": {
-                "object": {"type": "string"},
-                "data": {"type": "array", "items": {"$ref": "#/components/schemas/Operation"}},
-            },
-        },
-        "Engine": {
-            "type": "object",
-            "properties": {
-                "id": {"type": "string"},
-                "url": {"type": "string"},
-                "kind": {"type": "string", "enum": ["startup", "ray_native", "external"]},
-                "state": {"type": "string", "enum": ["joining", "active", "draining", "removed", "failed"]},
-                "protected": {"type": "boolean"},
-                "inflight": {"type": "integer"},
-                "weight_version": {"type": "integer", "nullable": True},
-                "created": {"type": "number"},
-                "served": {"type": "integer"},
-                "error": {"type": "string", "nullable": True},
-                "replaced_by": {"type": "string", "nullable": True},
-            },
-        },
-        "EngineList": {
-            "type": "object",
-            "properties": {
-                "object": {"type": "string"},
-                "data": {"type": "array", "items": {"$ref": "#/components/schemas/Engine"}},
-                "active": {"type": "integer"},
-                "weight_version": {"type": "integer"},
-                "stats": {"type": "object"},
-            },
-        },
-        "Error": {
-            "type": "object",
-            "properties": {
-                "object": {"type": "string", "enum": ["error"]},
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": "string", "description": "The offending field (400)."},
-                "code": {"type": "integer"},
-                "operation": {
-                    "type": "string",
-                    "nullable": True,
-                    "description": "The conflicting operation (409).",
-                },
-            },
-        },
-    }
-    scale = {
-        "200": _ok("Known request_id: the operation it started.", "Operation"),
-        "202": _ok("Accepted: the operation started (poll GET /elastic/operations/{id}).", "Operation"),
-        "400": _err("Invalid body (param names the field) or a request the pool cannot honour."),
-        "401": _UNAUTH,
-        "409": _err(
-            "Another operation is pending or running, or the request_id was used for another request."
-        ),
-    }
-    paths = {
-        "/elastic/scale_out": {"post": {
-            "summary": "Add engines (launched on Ray, or running servers by URL)", "operationId": "scaleOut",
-            "requestBody": _body("ScaleOutRequest"), "responses": scale}},
-        "/elastic/scale_in": {"post": {
-            "summary": "Drain and remove engines", "operationId": "scaleIn",
-            "requestBody": _body("ScaleInRequest"), "responses": scale}},
-        "/elastic/operations": {"get": {
-            "summary": "Every operation, oldest first", "operationId": "listOperations",
-            "responses": {"200": _ok("The operations.", "OperationList"), "401": _UNAUTH}}},
-        "/elastic/operations/{id}": {"get": {
-            "summary": "One operation's status", "operationId": "getOperation", "parameters": _ID,
-            "responses": {"200": _ok("The operation.", "Operation"), "401": _UNAUTH,
-                          "404": _err("Unknown operation id.")}}},
-        "/elastic/operations/{id}/cancel": {"post": {
-            "summary": "Cancel an operation and roll it back", "operationId": "cancelOperation", "parameters": _ID,
-            "responses": {"200": _ok("Cancelled and rolled back.", "Operation"),
-                          "202": _ok("Cancel requested; the rollback is still running.", "Operation"),
-                          "401": _UNAUTH, "404": _err("Unknown operation id."),
-                          "409": _err("The operation is already finished.")}}},
-        "/elastic/engines": {"get": {
-            "summary": "The pool's engines", "operationId": "listEngines",
-            "parameters": [{"name": "include_removed", "in": "query", "required": False,
-                            "schema": {"type": "boolean"}, "description": "Also list removed engines."}],
-            "responses": {"200": _ok("The engines and the pool's counters.", "EngineList"), "401": _UNAUTH}}},
-        "/elastic/metrics": {"get": {
-            "summary": "Prometheus metrics of the pool and its operations", "operationId": "metrics",
-            "responses": {"200": {"description": "Prometheus text format 0.0.4.",
-                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
-                          "401": _UNAUTH}}},
-        "/elastic/openapi.json": {"get": {
-            "summary": "This document", "operationId": "openapi",
-            "responses": {"200": {"description": "The OpenAPI 3.0 document.",
-                                  "content": {"application/json": {"schema": {"type": "object"}}}},
-                          "401": _UNAUTH}}},
-    }  # fmt: skip
-    return {
-        "openapi": "3.0.3",
-        "info": {
-            "title": "Relax elastic rollout API",
-            "version": "1",
-            "description": "Scale the rollout engine pool of a running Relax job. Asynchronous operations, one "
-            "at a time; unknown routes answer 404.",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
-    }

@@ -53,8 +53,9 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
 - Errors: 400 with ``{"object": "error", "message", "type", "param", "code"}`` (SGLang's
   ``ErrorResponse``; ``param`` names the bad field).
 - OpenAI: ``GET /v1/models``, ``POST /v1/chat/completions`` (the tokenizer's chat template, ChatML when it
-  has none; ``stop`` up to 4 strings, ``logprobs`` with ``top_logprobs`` up to 20), ``POST /v1/completions``
-  (``logprobs`` up to 20). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
+  has none; ``stop`` up to 4 strings, ``logprobs`` with ``top_logprobs`` up to 20; ``image_url`` content
+  parts as ``data:`` URLs for a Qwen-VL/Omni model, expanded by relax-multimodal (``server.media``), not in
+  agent sessions), ``POST /v1/completions`` (``logprobs`` up to 20). Extensions so a trainer can record exact tokens: ``choices[i].token_ids`` and
   ``prompt_token_ids`` (vLLM's names), ``weight_version``, and SGLang's ``choices[i].matched_stop``.
   An engine without top log-probs or stop strings (its ``features``) gets a 400 naming the field.
 - Relax extension: ``GET /weights_checksum`` (for weight-sync verification).

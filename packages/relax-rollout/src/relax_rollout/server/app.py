@@ -25,6 +25,7 @@ from relax_rollout.engines.base import (
 )
 from relax_rollout.http_api import Request, check_bind, is_loopback  # noqa: F401 - importable here too
 from relax_rollout.server import extra_routes, protocol, trajectories
+from relax_rollout.server import media as chat_media
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest, NotFound
 
@@ -75,6 +76,10 @@ class EngineServer:
     """Agent trajectories of chat sessions (built with the tokenizer)."""
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     """Prometheus metrics (``GET /metrics``)."""
+    media: chat_media.ChatMedia | None = None
+    """Images in chat calls (``image_url`` parts): built for a Qwen-VL/Omni model (see ``server.media``)."""
+    no_media: str = field(default="", init=False)
+    """Why chat images are refused (when ``media`` is None)."""
     context_len: int | None = field(default=None, init=False)
     """The model's context (prompt + generated tokens), where the engine's model config says it."""
     vocab_size: int | None = field(default=None, init=False)
@@ -93,6 +98,8 @@ class EngineServer:
             self.vocab_size = vocab if isinstance(vocab, int) else None
         if self.tokenizer is not None and self.recorder is None:
             self.recorder = trajectories.TrajectoryRecorder(self.tokenizer, self.context_len)
+        if self.tokenizer is not None and self.media is None:
+            self.media, self.no_media = chat_media.build(self.engine, self.tokenizer, self.model_path, config)
 
     def check_fits(
         self, prompts: list[list[int]], params: list[SamplingParams], max_new_given: list[bool] | None = None
@@ -138,8 +145,10 @@ class EngineServer:
         rids: list[str],
         max_new_given: list[bool] | None = None,
         fields: dict[str, str] | None = None,
+        mm: list[dict[str, Any] | None] | None = None,
     ) -> list[GenerateOutput]:
-        """``fields``: the request's names of the features asked for (see :meth:`check_features`)."""
+        """``fields``: the request's names of the features asked for (see :meth:`check_features`); ``mm``:
+        per prompt its media tensors (None for a text prompt; see ``server.media``)."""
         self.check_features(params, fields)
         params = self.check_fits(prompts, params, max_new_given)
         reqs = [_Req(r) for r in rids]
@@ -169,6 +178,8 @@ class EngineServer:
                 )
                 sub = [reqs[i] for i in live]
                 kwargs = {"on_step": self._hook(sub)} if self._hook_ok else {}
+                if mm is not None and any(mm[i] is not None for i in live):
+                    kwargs["mm"] = [mm[i] for i in live]
                 outs = self.engine.generate([prompts[i] for i in live], p, **kwargs)
                 for i, r, o in zip(live, sub, outs):
                     if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
@@ -559,22 +570,34 @@ def _models(s: EngineServer, _: dict):
 def _chat(s: EngineServer, body: dict, req: Request):
     """OpenAI chat. With a session (``X-Relax-Session`` or ``user``) the prompt continues the session's
     recorded token ids (see ``trajectories``), and the call is recorded. ``n`` choices are sampled together
-    (each with its own seed when one is given); ``stream`` answers in server-sent events."""
+    (each with its own seed when one is given); ``stream`` answers in server-sent events. ``image_url``
+    parts (``data:`` URLs) are served for a Qwen-VL/Omni model (``server.media``), outside sessions only: a
+    recorded trajectory holds token ids, not the media tensors a trainer would need with them."""
     if s.tokenizer is None or s.recorder is None:
         raise BadRequest("messages", "this server has no tokenizer, so no chat template")
     chat = protocol.parse_chat(body)
     session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
     if session is not None and chat.n > 1:
         raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
+    if chat.images and s.media is None:
+        raise BadRequest(chat.images[0].where, f"'image_url' parts need a multimodal model; {s.no_media}")
+    if chat.images and session is not None:
+        raise BadRequest(chat.images[0].where, "images are not recorded in agent sessions (X-Relax-Session "
+                                               "or 'user'): send calls with images without one")  # fmt: skip
     params, min_new = protocol.parse_sampling(chat.sampling)
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs})
     every = protocol.per_choice(params, chat.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     given = [protocol.max_new_given(chat.sampling)] * chat.n
-    recorded = None
+    recorded, mm = None, None
     if session is None:
-        prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
-        outs = s.generate([prompt] * chat.n, every, [f"{rid}-{i}" for i in range(chat.n)], given, CHAT_FIELDS)
+        if chat.images:
+            prompt, tensors = s.media.prompt(chat.messages, chat.images)
+            mm = [tensors] * chat.n
+        else:
+            prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
+        rids = [f"{rid}-{i}" for i in range(chat.n)]
+        outs = s.generate([prompt] * chat.n, every, rids, given, CHAT_FIELDS, mm)
     else:
         with s.recorder.turn(session, chat.messages) as turn:
             # the session's recorded ids + the template's suffix: the model sees exactly its own tokens

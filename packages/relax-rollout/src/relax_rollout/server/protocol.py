@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
@@ -361,10 +361,23 @@ MAX_N = 16
 """The most choices one chat request may ask for (``n``)."""
 
 
+IMAGE_MARK = "<image>"
+"""Where an ``image_url`` part was in a message's content: relax-multimodal's generic image marker, which it
+turns into the model's vision block (a text part saying ``<image>`` itself counts as one too)."""
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """One ``image_url`` content part: where it is (``messages[i].content[j]``) and its URL, unchecked."""
+
+    where: str
+    url: str
+
+
 @dataclass
 class ChatRequest:
     messages: list[dict]
-    """With string contents (text parts joined)."""
+    """With string contents (text parts joined, :data:`IMAGE_MARK` for each image part)."""
     sampling: dict
     """SGLang sampling dict."""
     logprobs: bool = False
@@ -374,6 +387,8 @@ class ChatRequest:
     """``stream_options.include_usage``: a last chunk with the usage and no choices."""
     top_logprobs: int = 0
     """With ``logprobs``: per token this many most likely alternatives."""
+    images: list[ImagePart] = field(default_factory=list)
+    """The ``image_url`` parts, in message order (the server refuses them for a text-only model)."""
 
 
 def parse_n(body: dict) -> int:
@@ -392,9 +407,9 @@ def per_choice(params: SamplingParams, n: int) -> list[SamplingParams]:
     return [SamplingParams(**{**params.__dict__, "seed": params.seed + i}) for i in range(n)]
 
 
-def _content(content: Any, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of parts (text parts joined; media parts refused:
-    this server serves text models)."""
+def _content(content: Any, where: str, images: list[ImagePart]) -> str:
+    """A message's content: a string, or OpenAI's list of parts (text parts joined; each ``image_url`` part
+    appended to ``images`` and marked with :data:`IMAGE_MARK`; other media parts refused)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -404,11 +419,25 @@ def _content(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in ("image_url", "input_audio", "video_url", "file"):
-            raise BadRequest(f"{where}[{j}]", f"'{kind}' parts need a multimodal model; this server serves text models")
+        elif kind == "image_url":
+            images.append(ImagePart(f"{where}[{j}]", _image_url(part, f"{where}[{j}]")))
+            texts.append(IMAGE_MARK)
+        elif kind in ("input_audio", "video_url", "file"):
+            raise BadRequest(f"{where}[{j}]", f"'{kind}' parts are not supported: this server takes 'text' "
+                                              "parts and, for a multimodal model, 'image_url' parts")  # fmt: skip
         else:
             raise BadRequest(f"{where}[{j}]", "must be a content part like {'type': 'text', 'text': ...}")
     return "".join(texts)
+
+
+def _image_url(part: dict, where: str) -> str:
+    """OpenAI's ``{"type": "image_url", "image_url": {"url": ..., "detail": ...}}`` (``detail`` is
+    ignored: the image is sized by the model's own budget)."""
+    v = part.get("image_url")
+    url = v.get("url") if isinstance(v, dict) else v
+    if not isinstance(url, str) or not url:
+        raise BadRequest(f"{where}.image_url", "must be an object like {'url': 'data:image/png;base64,...'}")
+    return url
 
 
 def parse_chat(body: Any) -> ChatRequest:
@@ -418,11 +447,11 @@ def parse_chat(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages", "must be a non-empty list of {role, content}")
-    out_messages = []
+    out_messages, images = [], []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("content") is None:
             raise BadRequest(f"messages[{i}]", "must be an object with string 'role' and 'content'")
-        out_messages.append({**m, "content": _content(m["content"], f"messages[{i}].content")})
+        out_messages.append({**m, "content": _content(m["content"], f"messages[{i}].content", images)})
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise BadRequest("stream", f"must be a boolean (got {stream!r})")
@@ -463,7 +492,8 @@ def parse_chat(body: Any) -> ChatRequest:
         names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
         leaf = e.field.split(".")[-1]
         raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
-    return ChatRequest(out_messages, sp, logprobs, n, stream, bool(options.get("include_usage")), top_logprobs)
+    usage = bool(options.get("include_usage"))
+    return ChatRequest(out_messages, sp, logprobs, n, stream, usage, top_logprobs, images)
 
 
 def chat_stream(res: dict, include_usage: bool) -> EventStream:

@@ -17,13 +17,15 @@ def main(spec_path: str, out_path: str) -> None:
     import os
 
     from relax_core.cli_config import build_config
-    from relax_train.megatron.backend import MegatronBackend
+    from relax_train.backends import TrainBackend
+    from relax_train.backends.megatron.backend import MegatronBackend
 
     spec = json.loads(open(spec_path).read())
     torch.set_num_threads(1)
     cfg = build_config(None, ["--prompt-data", "unused", "--hf-checkpoint", spec["model"], *spec["flags"]])
     samples = torch.load(spec["samples"], weights_only=False)
     backend = MegatronBackend(cfg, spec["model"])
+    assert isinstance(backend, TrainBackend), "MegatronBackend no longer satisfies TrainBackend"
     out: dict = {"logp": backend.compute_log_probs(samples)}
     for _ in range(spec.get("train_steps", 0)):
         out.setdefault("metrics", []).append(backend.train_step(samples))

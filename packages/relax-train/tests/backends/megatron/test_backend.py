@@ -2,7 +2,7 @@
 one PPO training step (loss, gradient norm, updated weights), weights exported in HF names, checkpoints,
 and tensor and context parallelism over two processes.
 
-megatron-core's real model code runs here on CPU (gloo; see ``relax_train.megatron.backend``), each
+megatron-core's real model code runs here on CPU (gloo; see ``relax_train.backends.megatron.backend``), each
 configuration in fresh processes (its parallel state is global to a process), through Megatron's own
 forward-backward schedules. bf16 and megatron's fused GPU kernels are not exercised here."""
 
@@ -253,7 +253,7 @@ def test_tensor_and_sequence_parallel_two_ranks_equal_one(tmp_path, dense_one_ra
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_context_parallel_two_ranks_equals_one(tmp_path, kind, dense_one_rank):
-    """CP=2 without Transformer Engine (``relax_train.megatron.context_parallel``): each rank holds two of
+    """CP=2 without Transformer Engine (``relax_train.backends.megatron.context_parallel``): each rank holds two of
     four chunks of every sequence and attends to the keys of both; the log-probs, one training step's
     metrics (entropy included) and the updated weights equal one rank's. For the MoE model the experts'
     gradients are summed over the CP ranks through the expert data-parallel group."""
@@ -595,7 +595,7 @@ def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend
 def test_the_backend_refuses_to_start_without_psutil(monkeypatch):
     """megatron-core's checkpoint writer dies without psutil and the save then waits forever: say so at
     start-up (the megatron extra brings it)."""
-    from relax_train.megatron.backend import require_psutil
+    from relax_train.backends.megatron.backend import require_psutil
 
     require_psutil()  # installed here
     monkeypatch.setitem(sys.modules, "psutil", None)  # an environment without it

@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from relax_train.megatron.gather import gather_to_rank0
+from relax_train.backends.megatron.gather import gather_to_rank0
 
 
 def stage_items(rank: int) -> list:

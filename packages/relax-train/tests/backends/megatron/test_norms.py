@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from relax_train.megatron.norms import SequenceParallelRMSNorm, use_sequence_parallel_norms  # noqa: E402
+from relax_train.backends.megatron.norms import SequenceParallelRMSNorm, use_sequence_parallel_norms  # noqa: E402
 
 
 def _config(sequence_parallel: bool):

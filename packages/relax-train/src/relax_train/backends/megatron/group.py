@@ -42,7 +42,7 @@ def build_megatron(config: RelaxConfig, model_path: str, trainable: bool = True)
     when the run gives the trainer several ranks and this process is not already one of them. A second
     model built in a process that leads a rank group (colocate: the reference next to the trainer) is
     built on the same ranks."""
-    from relax_train.megatron.backend import MegatronBackend
+    from relax_train.backends.megatron.backend import MegatronBackend
 
     global _RANKS
     if _RANKS is not None:
@@ -79,7 +79,7 @@ class _Rank:
         self.backends: dict[int, Any] = {}
 
     def add(self, key: int, config, model_path: str, trainable: bool) -> bool:
-        from relax_train.megatron.backend import MegatronBackend
+        from relax_train.backends.megatron.backend import MegatronBackend
 
         self.backends[key] = MegatronBackend(config, model_path, trainable)  # the first joins the group
         return True
@@ -145,7 +145,7 @@ class _Ranks:
         """A backend on every rank (the first one forms the process group)."""
         import ray
 
-        from relax_train.megatron.backend import MegatronBackend
+        from relax_train.backends.megatron.backend import MegatronBackend
 
         key, self._keys = self._keys, self._keys + 1
         refs = [r.add.remote(key, config, model_path, trainable) for r in self._others]

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402
 
-from relax_train.megatron.convert import (  # noqa: E402
+from relax_train.backends.megatron.convert import (  # noqa: E402
     ConversionError,
     MegatronLayout,
     hf_state_shapes,

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from relax_train.megatron import multimodal as mm  # noqa: E402
+from relax_train.backends.megatron import multimodal as mm  # noqa: E402
 
 
 def _text_config(section=(2, 3, 3)):

@@ -2,7 +2,7 @@
 
 A megatron-core ``GPTModel`` built from the HF Qwen3 / Qwen3-MoE config, with tensor, pipeline, context
 and expert parallelism from the run config, loaded from and exported to HF weights with our converter
-(:mod:`relax_train.megatron.convert`). Losses, log-probs and statistics are the torch backend's own
+(:mod:`relax_train.backends.megatron.convert`). Losses, log-probs and statistics are the torch backend's own
 (:class:`~relax_train.backends.torch_backend.TorchBackend` ``_micro_loss`` / ``_logp_from_logits``), so
 both backends optimise the same objective; only the model, the forward and the gradient reductions
 differ.
@@ -22,13 +22,13 @@ The micro-batches go through Megatron's forward-backward schedule (1F1B with pip
 and on CPU. megatron-core assumes CUDA in a few places; on a machine without it (our CI) this module runs
 the same code over gloo, with the CUDA assumptions met on that path patched (see :func:`_cpu_shims`).
 
-Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_train.megatron.routing`).
+Routing replay (R3) goes through megatron-core's own router replay (:mod:`relax_train.backends.megatron.routing`).
 
-Inside a run, a role with several ranks is a :class:`~relax_train.megatron.group.MegatronRankGroup`.
+Inside a run, a role with several ranks is a :class:`~relax_train.backends.megatron.group.MegatronRankGroup`.
 
-Context parallelism without Transformer Engine: :mod:`relax_train.megatron.context_parallel`. Qwen3-VL
+Context parallelism without Transformer Engine: :mod:`relax_train.backends.megatron.context_parallel`. Qwen3-VL
 and Qwen3-Omni's thinker: HF's media encoders in front of the megatron decoder
-(:mod:`relax_train.megatron.multimodal`).
+(:mod:`relax_train.backends.megatron.multimodal`).
 
 ``--use-distributed-optimizer``: AdamW's moments sharded over the data-parallel replicas (ZeRO-1, ours:
 :meth:`MegatronBackend._set_trainable`); weights and gradients stay whole on every replica.
@@ -54,9 +54,9 @@ from relax_core.config import RelaxConfig
 from relax_core.models import media_token_ids
 from relax_core.offload import onloaded
 from relax_train.backends.torch_backend import TorchBackend
-from relax_train.megatron import multimodal as mm
-from relax_train.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
-from relax_train.megatron.norms import use_sequence_parallel_norms
+from relax_train.backends.megatron import multimodal as mm
+from relax_train.backends.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
+from relax_train.backends.megatron.norms import use_sequence_parallel_norms
 
 # The TE layer spec fuses the input / pre-MLP RMSNorm into the following linear (the converter's
 # names); the local spec (no Transformer Engine: CPU, or GPUs without TE) keeps separate norms.
@@ -116,7 +116,7 @@ def _cpu_shims() -> None:
 
     mrandom._CUDA_RNG_STATE_TRACKER = _NoRngTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    from relax_train.megatron.context_parallel import cpu_rotary_shim
+    from relax_train.backends.megatron.context_parallel import cpu_rotary_shim
 
     cpu_rotary_shim()  # (4) context parallelism slices the rotary table with a CUDA index
     # (5) the forward-backward schedules count tokens in a tensor made on device="cuda"
@@ -253,7 +253,7 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_grouped_gemm=False,
-            moe_enable_routing_replay=config.algo.routing_replay,  # R3: relax_train.megatron.routing
+            moe_enable_routing_replay=config.algo.routing_replay,  # R3: relax_train.backends.megatron.routing
             moe_router_dtype="fp32",
         )
     dtype = compute_dtype(config)
@@ -360,7 +360,7 @@ class MegatronBackend(TorchBackend):
         spec = get_gpt_decoder_block_spec(self.mcfg, use_transformer_engine=False, normalization="RMSNorm")
         use_sequence_parallel_norms(spec)  # (torch's own norms refuse --sequence-parallel)
         if self.cp > 1:  # megatron's own CP needs Transformer Engine: ours gathers keys and values
-            from relax_train.megatron.context_parallel import use_context_parallel_attention
+            from relax_train.backends.megatron.context_parallel import use_context_parallel_attention
 
             use_context_parallel_attention(spec)
         with _host_tensors_stay():  # (tied embeddings under PP: megatron syncs the two copies on CUDA)
@@ -390,7 +390,7 @@ class MegatronBackend(TorchBackend):
         self.takes_token_types = False  # (multimodal rows: _mm_forward builds their token types)
         self.routing = None
         if config.algo.routing_replay and self.layout.is_moe:
-            from relax_train.megatron.routing import MegatronRouting
+            from relax_train.backends.megatron.routing import MegatronRouting
 
             self.routing = MegatronRouting(self.model, self.layout.moe_layers, int(text.num_experts_per_tok))
         self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
@@ -489,11 +489,11 @@ class MegatronBackend(TorchBackend):
         rollout serves (``--dtype``); the other ranks return ``[]`` (they take part in the gathers).
 
         TP and EP shards are gathered per tensor within each stage; with PP, each stage's share goes to
-        rank 0 bucket by bucket (:mod:`relax_train.megatron.gather`), so no rank but rank 0 ever holds
+        rank 0 bucket by bucket (:mod:`relax_train.backends.megatron.gather`), so no rank but rank 0 ever holds
         the whole model, and it holds it once, in host memory."""
         from megatron.core import parallel_state as ps
 
-        from relax_train.megatron.gather import gather_to_rank0
+        from relax_train.backends.megatron.gather import gather_to_rank0
 
         dtype = getattr(torch, str(self.cfg.model.dtype))
         pp_group = ps.get_pipeline_model_parallel_group() if self.pp > 1 else None
@@ -678,7 +678,7 @@ class MegatronBackend(TorchBackend):
         entropies) are gathered into whole rows, from which every CP rank computes the same loss."""
         from megatron.core import parallel_state as ps
 
-        from relax_train.megatron.context_parallel import (
+        from relax_train.backends.megatron.context_parallel import (
             gather_token_values,
             gathered_positions,
             local_positions,

@@ -1,4 +1,4 @@
-"""relax_train.megatron.gather: stages' weights to rank 0 in buckets, over a real gloo group of separate
+"""relax_train.backends.megatron.gather: stages' weights to rank 0 in buckets, over a real gloo group of separate
 processes (what a pipeline of three stages does at each weight sync)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from relax_train.megatron.gather import plan_buckets
+from relax_train.backends.megatron.gather import plan_buckets
 
 WORKER = Path(__file__).with_name("_gather_worker.py")
 sys.path.insert(0, str(WORKER.parent))

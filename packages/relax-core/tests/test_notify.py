@@ -121,7 +121,7 @@ def test_flags_parse():
 def test_controller_run_notifies_start_and_finish(hook, monkeypatch, tmp_path):
     url, received = hook
     cfg = build_config(None, ["--notify-urls", url + "/run", "--output-dir", str(tmp_path / "exp2")])
-    monkeypatch.setattr(Controller, "_run_colocate", lambda self: _result())
+    monkeypatch.setattr("relax_core.controller.run_colocate", lambda *a: _result())
     result = Controller(cfg, RunInputs("m", "p")).run()
     assert result.samples == 32
     titles = [b["title"] for _, b in received]
@@ -133,10 +133,10 @@ def test_controller_run_failure_is_notified_and_reraised(hook, monkeypatch, tmp_
     cfg = build_config(None, ["--notify-urls", url, "--output-dir", str(tmp_path / "exp3")])
     error = RuntimeError("trainer diverged: loss is nan")
 
-    def fail(self):
+    def fail(*args):
         raise error
 
-    monkeypatch.setattr(Controller, "_run_colocate", fail)
+    monkeypatch.setattr("relax_core.controller.run_colocate", fail)
     with pytest.raises(RuntimeError) as e:
         Controller(cfg, RunInputs("m", "p")).run()
     assert e.value is error
@@ -147,5 +147,5 @@ def test_controller_run_failure_is_notified_and_reraised(hook, monkeypatch, tmp_
 
 def test_controller_run_with_only_dead_urls_still_succeeds(monkeypatch, tmp_path):
     cfg = build_config(None, ["--notify-urls", json.dumps([_dead_url()]), "--output-dir", str(tmp_path)])
-    monkeypatch.setattr(Controller, "_run_colocate", lambda self: _result())
+    monkeypatch.setattr("relax_core.controller.run_colocate", lambda *a: _result())
     assert Controller(cfg, RunInputs("m", "p")).run().samples == 32

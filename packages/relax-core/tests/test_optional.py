@@ -36,4 +36,4 @@ def test_a_fully_async_run_without_ray_says_what_to_install(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r'--fully-async needs Ray.*pip install "relax-core\[ray\]"'):
-        AsyncRun(controller=None, notifier=None, threads=1)
+        AsyncRun(cfg=None, inputs=None, notifier=None, threads=1)

@@ -3,8 +3,7 @@
 Imports neither torch nor ray; the Ray backend imports ray only when used, the loader torch only if present.
 """
 
-from importlib import metadata as _metadata
-
+from relax_bus._version import __version__ as __version__
 from relax_bus.aio import AsyncBus, AsyncDataBus
 from relax_bus.config import BusConfig, ConsumerSpec
 from relax_bus.core import DataBus
@@ -13,11 +12,6 @@ from relax_bus.loader import StreamingDataLoader, collate
 from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
 from relax_bus.state import Batch, ManualClock
-
-try:  # one source: the installed distribution's metadata, written from pyproject.toml
-    __version__ = _metadata.version("relax-bus")
-except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "AsyncBus",

@@ -29,7 +29,7 @@ FORMAT = 1
 
 def export_state(bus: Any) -> dict[str, Any]:
     """Plain-data state of ``bus`` (lock held by the caller)."""
-    from relax_bus import __version__
+    from relax_bus._version import __version__
 
     consumers = {}
     for name, st in bus._consumers.items():

@@ -26,14 +26,8 @@ from typing import Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
-
-CONSUMER_OUTPUT = {
-    "advantages": ["advantages"],
-    "actor_fwd": ["log_probs"],
-    "reference": ["ref_log_probs"],
-    "teacher": ["teacher_log_probs"],
-}
-"""Bus consumer roles and the fields each writes (what a restarted one must not compute twice)."""
+from relax_core.roles import RolePlan, role_class
+from relax_core.run import teacher_path
 
 
 class _CannotRestartInPlace(Exception):
@@ -41,9 +35,13 @@ class _CannotRestartInPlace(Exception):
 
 
 class AsyncRun:
-    def __init__(self, controller: Any, notifier: Any, threads: int) -> None:
+    """The running roles of a fully-async run (each a Ray actor), the bus, and their supervision. The
+    driver loop that uses it is :func:`relax_core.fully_async.run_fully_async`."""
+
+    def __init__(self, cfg: Any, inputs: Any, notifier: Any, threads: int) -> None:
         self.ray = import_ray("--fully-async")
-        self.c, self.cfg, self.inp = controller, controller.cfg, controller.inputs
+        self.cfg, self.inp = cfg, inputs
+        self.plan = RolePlan.from_config(cfg)
         self.notifier, self.threads = notifier, threads
         self.roles: dict[str, Any] = {}
         self.futures: dict[str, Any] = {}
@@ -58,46 +56,24 @@ class AsyncRun:
         """Roles restarted in place and not yet serving: name -> (event, t0, the new actor's first heartbeat)."""
 
     # -- building ----------------------------------------------------------------------------------
-    def _actor(self, name: str, *args: Any, **kw: Any) -> Any:
-        """A role's actor, on this process's node even in a cluster of several (RAY_ADDRESS): the roles'
-        weight group (DCS) and engine servers listen on loopback."""
+    def _build(self, name: str) -> Any:
+        """Role ``name``'s actor, on this process's node even in a cluster of several (RAY_ADDRESS): the
+        roles' weight group (DCS) and engine servers listen on loopback."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from relax_core.controller import role_class
-
+        teacher = teacher_path(self.cfg, self.inp) if self.cfg.uses_teacher else None
+        args, kwargs = self.plan.arguments(name, self.bus, self.inp, self.threads, teacher)
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=False)
         cls = self.ray.remote(role_class(name))
-        return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=here).remote(*args, **kw)
-
-    def _build(self, name: str) -> Any:
-        cfg, inp, t = self.cfg, self.inp, self.threads
-        if name == "actor":
-            return self._actor("actor", cfg, self.bus, inp.model_path, inp.eval_path, torch_threads=t)
-        if name == "rollout":
-            return self._actor("rollout", cfg, self.bus, inp.model_path, inp.prompt_path, torch_threads=t)
-        if name == "advantages":
-            return self._actor("advantages", cfg, self.bus)
-        path = {
-            "actor_fwd": inp.model_path,
-            "reference": inp.ref_model_path or inp.model_path,
-            "teacher": self.c._teacher_path() if cfg.uses_teacher else None,
-        }[name]
-        return self._actor("forward", cfg, self.bus, name, path, torch_threads=t)
+        return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=here).remote(*args, **kwargs)
 
     @property
     def receivers(self) -> list[str]:
         """DCS receivers, in rank order (rank 0 is the trainer)."""
-        return ["rollout"] + (["actor_fwd"] if self.cfg.algo.use_actor_fwd else [])
+        return self.plan.receivers
 
     def loop_names(self) -> list[str]:
-        names = ["advantages"]
-        if self.cfg.algo.use_actor_fwd:
-            names.append("actor_fwd")
-        if self.cfg.algo.uses_reference:
-            names.append("reference")
-        if self.cfg.uses_teacher:
-            names.append("teacher")
-        return names
+        return self.plan.loops
 
     def connect_dcs(self, republish: bool) -> int:
         from relax_core.dcs import free_port
@@ -113,7 +89,6 @@ class AsyncRun:
     def start(self, load: str | None) -> int:
         """Create the bus and every role, load ``load`` (a checkpoint) if given, start the loops."""
         from relax_bus.ray_backend import RayBus
-        from relax_core.controller import bus_config
 
         ray, cfg = self.ray, self.cfg
         from relax_core.placement import check_gpu_demand, gpu_demand
@@ -125,12 +100,10 @@ class AsyncRun:
         resume = Path(load) / "bus_resume.json" if load else None
         from_snapshot = bool(load) and (snap / "manifest.json").is_file() and resume.is_file()
         # the samples generated and not yet trained when the checkpoint was written come back as they were
-        self.bus = RayBus.restore(snap) if from_snapshot else RayBus.create(bus_config(cfg))
+        self.bus = RayBus.restore(snap) if from_snapshot else RayBus.create(self.plan.bus_config())
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
-            consumers = bus_config(cfg).consumers
-            for name, written in CONSUMER_OUTPUT.items():
-                if name in consumers:
-                    self.bus.reset_consumer(name, done_if_written=written)
+            for name, written in self.plan.outputs.items():
+                self.bus.reset_consumer(name, done_if_written=written)
         for name in ["actor", "rollout", *self.loop_names()]:
             self.roles[name] = self._build(name)
         ray.get(self.roles["rollout"].reset_journal.remote())
@@ -302,8 +275,8 @@ class AsyncRun:
         self._kill(name)
         if name == "actor":
             ckpt = self._trainer_checkpoint()
-        if name in CONSUMER_OUTPUT:
-            self.bus.reset_consumer(name, done_if_written=CONSUMER_OUTPUT[name])
+        if name in self.plan.outputs:
+            self.bus.reset_consumer(name, done_if_written=self.plan.outputs[name])
         new = self.roles[name] = self._build(name)
         if name == "actor":
             start = 0

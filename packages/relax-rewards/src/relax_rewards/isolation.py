@@ -48,7 +48,7 @@ def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the chil
 
         limit = int(memory_limit_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    from relax_rewards.scorer import call_reward
+    from relax_rewards.registry import call_reward
 
     while True:
         try:

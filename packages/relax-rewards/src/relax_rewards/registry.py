@@ -199,3 +199,16 @@ def _same_function(a: Callable, b: Callable) -> bool:
 
 def _describe(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def call_reward(fn: Callable | str, response: str, label: Any, metadata: dict | None) -> Any:
+    """Call a reward (a callable or a registered name), running it to completion if it is async."""
+    if isinstance(fn, str):
+        fn = get_reward(fn)
+    from relax_rewards.types import is_async_reward
+
+    if is_async_reward(fn):
+        import asyncio
+
+        return asyncio.run(fn(response, label, metadata))
+    return fn(response, label, metadata)

@@ -29,23 +29,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from relax_rewards.registry import get_reward, resolve_reward_type
-from relax_rewards.types import RewardResult, as_result, is_async_reward
+from relax_rewards.registry import call_reward, get_reward, resolve_reward_type
+from relax_rewards.types import RewardResult, as_result
 
 __all__ = ["Scorer", "call_reward"]
 
 ISOLATIONS = ("thread", "process")
-
-
-def call_reward(fn: Callable | str, response: str, label: Any, metadata: dict | None) -> Any:
-    """Call a reward (a callable or a registered name), running it to completion if it is async."""
-    if isinstance(fn, str):
-        fn = get_reward(fn)
-    if is_async_reward(fn):
-        import asyncio
-
-        return asyncio.run(fn(response, label, metadata))
-    return fn(response, label, metadata)
 
 
 class Scorer:

@@ -1,0 +1,90 @@
+"""Fully-async mode, the driver: every role a Ray actor running its own loop; this process only watches.
+
+The roles are connected by the bus (data) and DCS (weights) alone: the rollout generates as long as the
+staleness bound lets it, the roles computing on samples consume them as they come, the trainer steps
+whenever a batch is ready and publishes its weights. The driver starts them (from ``--load`` if given),
+then until the trainer's loop ends: passes a stop request on (SIGTERM / SIGINT: the trainer checkpoints
+after its step), lets supervision handle failed roles (:class:`~relax_core.async_run.AsyncRun`), and moves
+the progress bar. Then it collects the history and the audit, and closes the roles.
+"""
+
+from __future__ import annotations
+
+import time
+
+from relax_core import run as shared
+from relax_core.async_run import AsyncRun
+from relax_core.checkpoints import latest_checkpoint
+
+
+def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResult:
+    cfg = run.cfg
+    ray = run.ray
+    t_start = time.perf_counter()
+    started_ray = shared.start_ray(cfg)
+    try:
+        start = run.start(latest_checkpoint(cfg.train.load) if cfg.train.load else None)
+        t_rl = time.perf_counter()
+        bar = shared.progress_bar(cfg, start)
+        seen, asked = start, False
+        stop.__enter__()
+        while True:
+            if stop.requested and not asked:  # the trainer checkpoints after its step, then ends its loop
+                run.roles["actor"].request_stop.remote(shared.checkpoint_dir(cfg))
+                asked = True
+            ready, _ = ray.wait([run.done], timeout=0.1)
+            if ready and run._finished(run.done):
+                break
+            run.poll()  # failed roles: restart in place, escalate, or stop with the reason
+            if bar is not None:
+                try:
+                    cur = ray.get(run.roles["actor"].progress.remote(), timeout=10)
+                except Exception:  # noqa: BLE001 - the trainer is being restarted
+                    cur = seen
+                bar.update(cur - seen)
+                seen = cur
+        actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
+        loops = {n: run.roles[n] for n in run.loop_names()}
+        history = ray.get(run.done)
+        stop.__exit__()  # (a signal from here on gets the default behaviour)
+        interrupted = ray.get(actor.get_interrupted.remote())
+        if interrupted:
+            print(f"[relax] stopped by signal; resume with --load {interrupted}")
+        rl_wall = time.perf_counter() - t_rl
+        if bar is not None:
+            bar.close()
+        bus.close()
+        stats = ray.get(run.futures["rollout"])
+        ray.get([run.futures[n] for n in loops])
+        if interrupted is None:
+            shared.final_eval(cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
+            if cfg.train.save:
+                ray.get(actor.save.remote())
+        history = ray.get(actor.get_history.remote())
+        run.finish_engine_restarts()
+        audit = {
+            "trained_ids": ray.get(actor.get_trained_ids.remote()),
+            "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
+            "trainer_weights": ray.get(actor.get_weight_log.remote()),
+            "rollout_weights": ray.get(rollout.get_weight_log.remote()),
+            "consumed": {c: bus.consumed_ids(c) for c in run.plan.bus_config().consumers},
+            "prompt_log": ray.get(rollout.get_prompt_log.remote()),
+            "health": [vars(e) for e in run.events()],
+            "engines": ray.get(rollout.engines.remote()),
+        }
+        bus_stats = bus.stats()
+        trace_path = None
+        if cfg.run.trace:
+            spans = ray.get([r.get_spans.remote() for r in [rollout, *loops.values(), actor]])
+            trace_path = shared.trace_file(cfg, spans)
+        # the sender first: receivers still listening acknowledge its shutdown, then they close
+        ray.get(actor.close.remote())
+        ray.get([rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"])
+        return shared.RunResult(history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
+                                "fully_async", cfg.run.max_staleness, stats, bus_stats, audit, trace_path,
+                                interrupted)  # fmt: skip
+    finally:
+        stop.__exit__()
+        run.teardown()
+        if started_ray:
+            ray.shutdown()

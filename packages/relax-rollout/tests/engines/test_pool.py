@@ -142,7 +142,7 @@ def test_5xx_marks_member_failed_but_4xx_is_the_callers_error(serve, local):
         assert pool.get("e1").state == "failed" and "HTTP 500" in pool.get("e1").error
         assert "illegal memory access" in pool.get("e1").error
         with pytest.raises(ServerError, match="max_new_tokens") as e:
-            pool.generate(PROMPTS[:1], SamplingParams(max_new_tokens=0))
+            pool.generate(PROMPTS[:1], SamplingParams(max_new_tokens=-1))
         assert e.value.status == 400 and pool.get("e0").state == "active"  # not the engine's fault
     finally:
         pool.close()

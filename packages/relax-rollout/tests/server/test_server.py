@@ -87,7 +87,7 @@ def test_sampling_params_are_honoured(engine_server, call, local):
 @pytest.mark.parametrize(("body", "field"), [
     ({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
     ({"input_ids": [1, "x"]}, "input_ids"),
-    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ({"input_ids": [3, 4], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
     ({"input_ids": [3, 4], "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
     ({"input_ids": [3, 4], "sampling_params": {"frequency_penalty": 1.0}}, "sampling_params.frequency_penalty"),

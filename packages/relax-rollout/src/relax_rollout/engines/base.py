@@ -30,6 +30,10 @@ class SamplingParams:
     top_logprobs: int = 0
     """Not a sampling choice, what to return: per generated token the log-probs of this many most likely
     tokens (:attr:`GenerateOutput.top_logprobs`)."""
+    input_logprobs: bool = False
+    """What to return as well: the prompt tokens' log-probs under the model (:attr:`GenerateOutput.input_logprobs`;
+    with ``top_logprobs`` also the prompt positions' top log-probs), what SGLang's ``logprob_start_len``
+    asks for and its frontend's ``select`` scores choices with."""
 
 
 @dataclass
@@ -50,11 +54,18 @@ class GenerateOutput:
     matched_stop: str | None = None
     """The stop string (``SamplingParams.stop``) that ended the response (finish_reason "stop"); None
     when an EOS / stop token ended it, or no stop."""
+    input_logprobs: list[float | None] | None = None
+    """With ``SamplingParams.input_logprobs``: per prompt token, log p(token | the tokens before it) under
+    the model's own logits (temperature 1, as SGLang's input log-probs), the first token's None. None: not
+    asked for, or the engine cannot give them (it must not list ``"input_logprobs"`` in its features)."""
+    input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    """With ``input_logprobs`` and ``top_logprobs`` = k: per prompt token, the k most likely ``(token_id,
+    log-prob)`` at its position, most likely first (the first token's None)."""
 
 
-OPTIONAL_FEATURES = ("top_logprobs", "stop")
-"""What an engine may implement beyond the protocol, named in its ``features``: ``SamplingParams.top_logprobs``
-and ``SamplingParams.stop``. A server refuses a request needing a feature its engine lacks (a 400 naming the
+OPTIONAL_FEATURES = ("top_logprobs", "stop", "input_logprobs")
+"""What an engine may implement beyond the protocol, named in its ``features``: ``SamplingParams.top_logprobs``,
+``SamplingParams.stop`` and ``SamplingParams.input_logprobs``. A server refuses a request needing a feature its engine lacks (a 400 naming the
 field), instead of answering without it."""
 
 

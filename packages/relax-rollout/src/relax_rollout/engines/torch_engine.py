@@ -9,6 +9,9 @@ Top log-probs (``SamplingParams.top_logprobs``) come from the same log-probs as 
 SGLang's sampler: ``log_softmax(logits / T)`` (after the temperature, before top-p), ``log_softmax(logits)``
 when greedy. Stop strings (``SamplingParams.stop``) are checked after every decode step on the tail of each
 sequence, so a stopped sequence costs no further steps (SGLang's ``check_finished``, one token a step).
+Prompt log-probs (``SamplingParams.input_logprobs``, SGLang's ``logprob_start_len``) come from the prefill's
+logits, untempered, as SGLang's input log-probs: no extra forward (with ``max_new_tokens`` 0, the prefill
+alone runs).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class TorchEngine:
     def features(self) -> frozenset[str]:
         """:data:`~relax_rollout.engines.base.OPTIONAL_FEATURES` served: stop strings need a tokenizer."""
         stops = self._tokenizer is not None or self.model_path is not None
-        return frozenset({"top_logprobs", *(("stop",) if stops else ())})
+        return frozenset({"top_logprobs", "input_logprobs", *(("stop",) if stops else ())})
 
     @property
     def tokenizer(self) -> Any:
@@ -233,6 +236,9 @@ class TorchEngine:
         rec = None
         if self.routing is not None:
             forward, rec = self._recorded(forward)
+        prompt_lps = None
+        if p.input_logprobs and p.max_new_tokens == 0:  # nothing to generate: the prefill alone
+            prompt_lps = self._prompt_logprobs(forward(ids, mask, positions, cache, ids)[0], prompts, top_k)
         for t in range(p.max_new_tokens):
             if hook is not None and (rows := hook(t)):
                 hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -243,8 +249,10 @@ class TorchEngine:
                 done |= hit
                 if bool(done.all()):
                     break
-            logits, cache = forward(step_ids, mask, step_pos, cache, ids)
-            logits = logits.float()
+            full, cache = forward(step_ids, mask, step_pos, cache, ids)
+            if t == 0 and p.input_logprobs:
+                prompt_lps = self._prompt_logprobs(full, prompts, top_k)
+            logits = full[:, -1, :].float()
             if self.masked_token_ids:
                 logits[:, self.masked_token_ids] = MASKED_LOGIT
             if t < int(min_t.max()):
@@ -295,9 +303,33 @@ class TorchEngine:
                     extra={"routed_experts": routed[i]} if routed is not None else {},
                     top_logprobs=top,
                     matched_stop=matched[i],
+                    input_logprobs=prompt_lps[i][0] if prompt_lps is not None else None,
+                    input_top_logprobs=prompt_lps[i][1] if prompt_lps is not None else None,
                 )
             )
         return results
+
+    @staticmethod
+    def _prompt_logprobs(
+        logits: torch.Tensor, prompts: list[list[int]], top_k: int
+    ) -> list[tuple[list[float | None], list[list[tuple[int, float]] | None] | None]]:
+        """Per prompt, from the prefill's logits ``[bsz, width, vocab]`` of the left-padded prompts: each
+        token's log-prob given the tokens before it (the first None), and with ``top_k`` each position's k
+        most likely ``(token_id, log-prob)`` (the first None). Untempered: SGLang's input log-probs are the
+        ``log_softmax`` of the raw logits."""
+        width, out = logits.shape[1], []
+        for i, x in enumerate(prompts):
+            # row j predicts token j + 1
+            lp = torch.log_softmax(logits[i, width - len(x) : -1].float(), dim=-1)
+            nxt = torch.tensor(x[1:], dtype=torch.long, device=lp.device)
+            vals: list[float | None] = [None, *lp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()]
+            top = None
+            if top_k:
+                v, idx = lp.topk(min(top_k, lp.shape[-1]), dim=-1)
+                v = v.clamp(min=torch.finfo(v.dtype).min)
+                top = [None, *(list(zip(r, q)) for r, q in zip(idx.tolist(), v.tolist()))]
+            out.append((vals, top))
+        return out
 
     def _recorded(self, forward):
         """``forward`` recording the experts of each call (in call order) into the returned Recording."""
@@ -335,7 +367,8 @@ class TorchEngine:
         return out
 
     def _cached_forward(self, step_ids, mask, step_pos, cache, ids):
-        """Text models: only the new tokens go through, with a KV cache and explicit positions."""
+        """Text models: only the new tokens go through, with a KV cache and explicit positions. Returns every
+        position's logits (the prefill's give the prompt log-probs) and the cache."""
         out = self.model(
             input_ids=step_ids,
             attention_mask=mask,
@@ -343,7 +376,7 @@ class TorchEngine:
             past_key_values=cache,
             use_cache=True,
         )
-        return out.logits[:, -1, :], out.past_key_values
+        return out.logits, out.past_key_values
 
     def _mm_forward(self, mm: list[dict[str, Any] | None], prompt_lens: list[int]):
         """Multimodal models: the whole sequence (media included) goes through at every step, without a
@@ -364,7 +397,7 @@ class TorchEngine:
                 grown = ids.shape[1] - width  # generated tokens so far: text
                 extra["mm_token_type_ids"] = torch.nn.functional.pad(types, (0, grown))
             out = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **extra)
-            return out.logits[:, -1, :], None
+            return out.logits, None
 
         return forward
 

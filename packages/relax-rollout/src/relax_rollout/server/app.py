@@ -16,6 +16,7 @@ from urllib.parse import unquote
 from relax_core.models import context_length
 from relax_rollout import http_api
 from relax_rollout.engines.base import (
+    OPTIONAL_FEATURES,
     GenerateOutput,
     MemoryReleased,
     ReleasesMemory,
@@ -130,9 +131,9 @@ class EngineServer:
 
     def check_features(self, params: list[SamplingParams], fields: dict[str, str] | None = None) -> None:
         """A 400 naming the request's field (``fields``: feature → field, default the feature's name) when
-        ``params`` ask for what the engine does not implement (top log-probs, stop strings): never an answer
-        without it (empty lists, a response running past its stop string)."""
-        for feature in ("top_logprobs", "stop"):
+        ``params`` ask for what the engine does not implement (top log-probs, stop strings, prompt log-probs):
+        never an answer without it (empty lists, a response running past its stop string)."""
+        for feature in OPTIONAL_FEATURES:
             if any(getattr(p, feature) for p in params) and not supports(self.engine, feature):
                 raise BadRequest((fields or {}).get(feature, feature),
                                  f"this server's engine ({type(self.engine).__name__}) does not implement it")  # fmt: skip
@@ -184,9 +185,10 @@ class EngineServer:
                 for i, r, o in zip(live, sub, outs):
                     if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
                         o.finish_reason = "abort"
-                    if base.top_logprobs and o.top_logprobs is None:
-                        raise RuntimeError(f"{type(self.engine).__name__} lists top_logprobs among its features "
-                                           "but returned none")  # fmt: skip
+                    for feature, got in (("top_logprobs", o.top_logprobs), ("input_logprobs", o.input_logprobs)):
+                        if getattr(base, feature) and got is None and o.finish_reason != "abort":
+                            raise RuntimeError(f"{type(self.engine).__name__} lists {feature} among its features "
+                                               "but returned none")  # fmt: skip
                     results[i] = o
             return results  # type: ignore[return-value]
         finally:
@@ -423,20 +425,25 @@ def _generate(s: EngineServer, body: dict):
             "on a Mixture-of-Experts model",
         )
     t0 = time.perf_counter()
-    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given,
-                      {"top_logprobs": "top_logprobs_num", "stop": "sampling_params.stop"})  # fmt: skip
+    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given, GENERATE_FIELDS)
     dt = time.perf_counter() - t0
     start = req.routed_experts_start_len if req.return_routed_experts else None
     text_of = (lambda t: _token_text(s, t)) if req.return_text_in_logprobs else None
     keep = req.no_stop_trim or [False] * len(outs)
+    firsts = req.logprob_start_len or [-1] * len(outs)
     res = [
         protocol.generate_response(o, p, rid, len(x), req.return_logprob,
-                                   protocol.response_text(lambda ids: _decode(s, ids), o, k), dt, start, text_of)
-        for o, p, rid, x, k in zip(outs, req.params, req.rids, req.prompts, keep)
+                                   protocol.response_text(lambda ids: _decode(s, ids), o, k), dt, start, text_of,
+                                   x, first)
+        for o, p, rid, x, k, first in zip(outs, req.params, req.rids, req.prompts, keep, firsts)
     ]  # fmt: skip
     if req.stream:  # (SGLang numbers a batch's chunks by "index")
         return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
     return 200, res[0] if req.single else res
+
+
+GENERATE_FIELDS = {"top_logprobs": "top_logprobs_num", "stop": "sampling_params.stop",
+                   "input_logprobs": "logprob_start_len"}  # fmt: skip
 
 
 def _update_from_disk(s: EngineServer, body: dict):

@@ -33,6 +33,7 @@ NEUTRAL = {
     "repetition_penalty": (1,),
     "frequency_penalty": (0,),
     "presence_penalty": (0,),
+    "stop_regex": ([], ""),  # (the SGLang frontend sends [] with every gen)
 }
 """SGLang sampling keys this server does not implement, accepted at the value that changes nothing (what
 slime and veRL send by default: ``top_k: -1``, ``repetition_penalty: 1.0``, ...); any other
@@ -88,8 +89,11 @@ def _num(
     return v
 
 
-def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingParams, int]:
-    """One SGLang sampling-params dict → (our SamplingParams with a scalar min_new_tokens, min_new_tokens)."""
+def parse_sampling(sp: Any, where: str = "sampling_params", least_new: int = 1) -> tuple[SamplingParams, int]:
+    """One SGLang sampling-params dict → (our SamplingParams with a scalar min_new_tokens, min_new_tokens).
+    ``least_new``: the smallest ``max_new_tokens`` taken — 0 for ``/generate`` (SGLang: the prompt alone,
+    for its log-probs or to cache it, as the SGLang frontend's ``select`` and ``fork`` send), 1 for OpenAI's
+    routes (SGLang refuses ``max_tokens: 0`` there)."""
     if sp is None:
         sp = {}
     if not isinstance(sp, dict):
@@ -100,7 +104,7 @@ def parse_sampling(sp: Any, where: str = "sampling_params") -> tuple[SamplingPar
                 continue
             neutral = f" (only at its neutral value {NEUTRAL[key][0]!r})" if key in NEUTRAL else ""
             raise BadRequest(f"{where}.{key}", f"is not supported by this server{neutral}; got {value!r}")
-    max_new = _num(sp, "max_new_tokens", where, int, DEFAULT_MAX_NEW_TOKENS, lo=1)
+    max_new = _num(sp, "max_new_tokens", where, int, DEFAULT_MAX_NEW_TOKENS, lo=least_new)
     temperature = _num(sp, "temperature", where, float, 1.0, lo=0.0)
     top_p = _num(sp, "top_p", where, float, 1.0, lo=0.0, hi=1.0)
     if top_p <= 0.0:
@@ -170,6 +174,9 @@ class GenerateRequest:
     """Each log-prob entry's third item is its token's text (else None), as in SGLang."""
     no_stop_trim: list[bool] | None = None
     """Per prompt: keep the matched stop string / stop token in the returned text (SGLang's key)."""
+    logprob_start_len: list[int] | None = None
+    """Per prompt: from which prompt token on ``meta_info.input_token_logprobs`` lists the prompt's log-probs
+    (SGLang's ``logprob_start_len``; -1, the default, or the prompt's length: none)."""
 
 
 def _token_list(v: Any, field: str) -> list[int]:
@@ -191,7 +198,8 @@ def _has_media(v: Any) -> bool:
 def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None) -> GenerateRequest:
     """SGLang ``GenerateReqInput``: ``text`` or ``input_ids`` (single or batch), ``sampling_params`` (one
     dict, or one per prompt), ``return_logprob``, ``top_logprobs_num`` (one, or one per prompt; as in
-    SGLang it applies with ``return_logprob`` only), ``return_text_in_logprobs``, ``rid``,
+    SGLang it applies with ``return_logprob`` only), ``logprob_start_len`` (one, or one per prompt; with
+    ``return_logprob`` only, as in SGLang), ``return_text_in_logprobs``, ``rid``,
     ``return_routed_experts`` and ``routed_experts_start_len``. Media (``image_data``, ``video_data``,
     ``audio_data``) are refused: this server serves text models (empty media lists, as SGLang's batch form
     sends for text-only prompts, pass)."""
@@ -226,9 +234,9 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     if isinstance(sp, list):
         if len(sp) != len(prompts):
             raise BadRequest("sampling_params", f"has {len(sp)} entries for {len(prompts)} prompts")
-        parsed = [parse_sampling(x, f"sampling_params[{i}]") for i, x in enumerate(sp)]
+        parsed = [parse_sampling(x, f"sampling_params[{i}]", least_new=0) for i, x in enumerate(sp)]
     else:
-        parsed = [parse_sampling(sp)] * len(prompts)
+        parsed = [parse_sampling(sp, least_new=0)] * len(prompts)
     params = [SamplingParams(**{**p.__dict__, "min_new_tokens": m}) for p, m in parsed]
     rid = body.get("rid")
     if rid is None:
@@ -254,8 +262,10 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
         tops = [parse_top_logprobs(x, f"top_logprobs_num[{i}]") for i, x in enumerate(top)]
     else:
         tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
+    starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts) if return_logprob else None
     if return_logprob:
-        params = [SamplingParams(**{**p.__dict__, "top_logprobs": k}) for p, k in zip(params, tops)]
+        params = [SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
+                  for p, k, s, x in zip(params, tops, starts, prompts)]  # fmt: skip
     text_in_logprobs = body.get("return_text_in_logprobs", False)
     if not isinstance(text_in_logprobs, bool):
         raise BadRequest("return_text_in_logprobs", f"must be a boolean (got {text_in_logprobs!r})")
@@ -272,7 +282,26 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     given = [max_new_given(x) for x in sps]
     keep = [isinstance(x, dict) and bool(x.get("no_stop_trim")) for x in sps]
     return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given, stream,
-                           text_in_logprobs, keep)  # fmt: skip
+                           text_in_logprobs, keep, starts)  # fmt: skip
+
+
+def parse_logprob_start_len(v: Any, prompts: list[list[int]]) -> list[int]:
+    """SGLang's ``logprob_start_len``, one or one per prompt: -1 (None: the default) or a prompt position
+    up to the prompt's length (SGLang aborts a request asking past it)."""
+    items = v if isinstance(v, list) else [v] * len(prompts)
+    if len(items) != len(prompts):
+        raise BadRequest("logprob_start_len", f"has {len(items)} entries for {len(prompts)} prompts")
+    out = []
+    for i, (x, prompt) in enumerate(zip(items, prompts)):
+        field = "logprob_start_len" if not isinstance(v, list) else f"logprob_start_len[{i}]"
+        x = -1 if x is None else x
+        if isinstance(x, bool) or not isinstance(x, int) or x < -1:
+            raise BadRequest(field, f"must be -1 or a prompt position ≥ 0 (got {x!r})")
+        if x > len(prompt):
+            raise BadRequest(field, f"{x} is higher than the number of input tokens {len(prompt)}: use a "
+                                    "smaller logprob_start_len")  # fmt: skip
+        out.append(x)
+    return out
 
 
 def max_new_given(sp: Any) -> bool:
@@ -334,9 +363,13 @@ def generate_response(
     latency: float,
     routed_experts_start: int | None = None,
     token_text: Any = None,
+    prompt: list[int] | None = None,
+    logprob_start: int = -1,
 ) -> dict:
     """SGLang's ``/generate`` reply. ``token_text(id) -> str``: the texts in the log-prob entries (SGLang's
-    ``return_text_in_logprobs``; None there otherwise)."""
+    ``return_text_in_logprobs``; None there otherwise). With ``return_logprob``, the log-probs of the
+    ``prompt`` tokens from ``logprob_start`` on (-1: none) too: SGLang's ``input_token_logprobs``, whose first
+    entry's log-prob is None whatever the start, and with top log-probs ``input_top_logprobs`` (first None)."""
     txt = token_text or (lambda _: None)
     meta = {
         "id": rid,
@@ -349,8 +382,16 @@ def generate_response(
     }
     if return_logprob:
         # SGLang: a list of (logprob, token_id, token_text) with text None unless return_text_in_logprobs
+        ids = list(prompt or [])
+        first = len(ids) if logprob_start < 0 else logprob_start
+        lps = (out.input_logprobs or [])[first:]  # (none for an aborted request)
+        meta["input_token_logprobs"] = [[None if k == 0 else lp, t, txt(t)]
+                                        for k, (lp, t) in enumerate(zip(lps, ids[first:]))]  # fmt: skip
         meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(out.log_probs, out.token_ids)]
+        meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
         if params.top_logprobs:  # per token the k most likely, the same triples
+            rows = (out.input_top_logprobs or [])[first + 1 :]
+            meta["input_top_logprobs"] = [None, *([[lp, t, txt(t)] for t, lp in row] for row in rows)] if lps else []
             meta["output_top_logprobs"] = [[[lp, t, txt(t)] for t, lp in row] for row in out.top_logprobs or []]
     if routed_experts_start is not None and out.extra.get("routed_experts") is not None:
         meta["routed_experts"] = encode_routed_experts(out.extra["routed_experts"], routed_experts_start)

@@ -1,0 +1,131 @@
+"""The rollout role's samples: a generated batch scored and made into the bus's samples, and put.
+
+Why a room of its own: this is the one place that knows the sample schema the rollout writes to the bus
+(what the trainer, the advantage estimator and the report read), so a field is added or renamed here and
+nowhere else. A sample carries:
+
+- ``tokens`` (int64: prompt then response), ``prompt_len``, ``response_len``;
+- ``loss_mask`` (float32, one per response token: 0 on what an environment or the chat template added
+  between a multi-turn episode's model turns), ``rollout_log_probs`` (float32, one per response token);
+- ``routed_experts``: with --routing-replay, each token's MoE experts as the engine routed them;
+- ``mm``: the media tensors of its prompt (multimodal rows only);
+- ``reward`` (float), ``reward_failure`` (why the reward function failed, or "");
+- ``policy_version``: the weight version that generated it (staleness is measured against it);
+- ``group_id`` (``"step:index"``: the n samples of one prompt), ``prompt_id`` (the row's id),
+  ``rollout_step``, ``finish_reason``;
+- ``turns``, ``env_error``: multi-turn episodes only;
+- ``response_text``: the decoded response (multi-turn: the last model turn);
+- ``rollout_tokens_per_s``: the batch's generation speed; and with dynamic sampling its counters
+  ``ds_dropped_groups``, ``ds_extra_rounds``, ``ds_unfilled_groups``.
+
+``relax_rollout.server.trajectories.to_bus_sample`` writes the same schema for agent trajectories.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from relax_bus import DuplicateIds
+from relax_core.config import RelaxConfig
+from relax_rollout.generation import Generated
+
+logger = logging.getLogger(__name__)
+
+
+class SampleWriter:
+    """Scores generated batches with ``scorer`` and puts their samples on ``bus``. ``journaled``: under the
+    health manager, samples get ids fixed by their step, so a batch re-sent after a restart is refused."""
+
+    def __init__(self, cfg: RelaxConfig, bus: Any, tokenizer: Any, scorer: Any, tracer: Any, journaled: bool):
+        self.cfg, self.bus, self.tokenizer, self.scorer = cfg, bus, tokenizer, scorer
+        self.tracer, self.journaled = tracer, journaled
+
+    def score(self, gen: Generated) -> tuple[list, float]:
+        """Rewards of a generated batch (and its decoded texts, kept in ``gen.texts``), and the seconds spent."""
+        rows, outs = gen.rows, gen.outs
+        n = self.cfg.rollout.n_samples_per_prompt
+        t1 = time.perf_counter()
+        if gen.texts is None:  # (multi-turn: the last model turn, set by Generation.episodes)
+            gen.texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        texts = gen.texts
+        labels = [row.label for row in rows for _ in range(n)]
+        metas = [row.metadata for row in rows for _ in range(n)]
+        with self.tracer.span("reward", step=gen.step):
+            results = self.scorer.score_batch(texts, labels, metas)
+        from relax_rewards import RewardResult
+
+        for i, o in enumerate(outs):  # an environment's own reward wins over --rm-type
+            if o.extra.get("env_reward") is not None:
+                results[i] = RewardResult(float(o.extra["env_reward"]))
+        return results, time.perf_counter() - t1
+
+    def samples(self, gen: Generated, results: list) -> list[dict[str, Any]]:
+        """The bus samples of a scored batch (the fields listed in this module's docstring)."""
+        step, rows, prompts, outs = gen.step, gen.rows, gen.prompts, gen.outs
+        n = self.cfg.rollout.n_samples_per_prompt
+        texts = gen.texts  # (set by score, or by multi-turn generation)
+        # generation speed of the whole batch (dropped dynamic-sampling groups included), on every sample
+        tokens_per_s = gen.generated_tokens / max(gen.generate_s, 1e-9)
+        extra = {**gen.extra, "rollout_tokens_per_s": tokens_per_s}
+        media = gen.media or [None] * len(outs)
+        samples = []
+        for i, (o, res) in enumerate(zip(outs, results)):
+            row = rows[i // n]
+            p = prompts[i]
+            samples.append(
+                {
+                    **({"mm": media[i]} if media[i] is not None else {}),
+                    "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
+                    "prompt_len": len(p),
+                    "response_len": len(o.token_ids),
+                    "loss_mask": np.asarray(
+                        o.extra.get("loss_mask", [1.0] * len(o.token_ids)), dtype=np.float32
+                    ),
+                    "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
+                    **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
+                    "reward": float(res.score),
+                    "reward_failure": res.failure or "",
+                    "policy_version": int(o.weight_version),
+                    "group_id": f"{step}:{i // n}",
+                    "prompt_id": row.row_id,
+                    "rollout_step": step,
+                    "finish_reason": o.finish_reason,
+                    **(
+                        {"turns": o.extra["turns"], "env_error": o.extra["env_error"]}
+                        if "turns" in o.extra
+                        else {}
+                    ),
+                    "response_text": texts[i],
+                    **extra,
+                }
+            )
+        return samples
+
+    def put(self, gen: Generated) -> tuple[int, float]:
+        """Score ``gen`` (unless dynamic sampling already did) and put its samples on the bus, partition
+        ``step<k>``; returns (samples put, seconds spent scoring)."""
+        step = gen.step
+        if gen.results is not None:
+            results, reward_s = gen.results, gen.reward_s
+        else:
+            results, reward_s = self.score(gen)
+        samples = self.samples(gen, results)
+        if not self.journaled:
+            self.bus.put(samples, partition=f"step{step}")
+        else:
+            per = self.cfg.samples_per_rollout
+            if len(samples) > per:
+                raise RuntimeError(f"rollout step {step} made {len(samples)} samples, more than {per}")
+            try:
+                self.bus.put(
+                    samples, partition=f"step{step}", ids=[step * per + i for i in range(len(samples))]
+                )
+            except DuplicateIds:  # this step landed before the previous rollout process died: keep that one
+                logger.warning(
+                    "rollout step %d was already on the bus (sent before a restart); skipped", step
+                )
+        return len(samples), reward_s

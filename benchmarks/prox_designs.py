@@ -35,7 +35,7 @@ from relax_app.demo.assets import prepare_demo
 from relax_app.demo.defaults import DEMO_DEFAULTS
 from relax_core.cli_config import config_from_flat
 from relax_train.backends.torch_backend import TorchBackend
-from relax_train.workers import ActorWorker
+from relax_train.roles.actor import ActorWorker
 
 
 def batch(cfg, tokenizer, prompts: list[str], seed: int) -> dict:

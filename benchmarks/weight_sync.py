@@ -140,7 +140,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from relax_core.config import RelaxConfig
     from relax_core.dcs import free_port
-    from relax_train.workers import ActorWorker
+    from relax_train.roles.actor import ActorWorker
 
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "

@@ -23,11 +23,11 @@ from relax_core.config import RelaxConfig
 
 REGISTRY: dict[str, str] = {
     "rollout": "relax_rollout.worker:RolloutWorker",
-    "actor": "relax_train.workers:ActorWorker",
-    "actor_fwd": "relax_train.workers:ForwardWorker",
-    "reference": "relax_train.workers:ForwardWorker",
-    "teacher": "relax_train.workers:ForwardWorker",
-    "advantages": "relax_train.workers:AdvantagesWorker",
+    "actor": "relax_train.roles.actor:ActorWorker",
+    "actor_fwd": "relax_train.roles.forward:ForwardWorker",
+    "reference": "relax_train.roles.forward:ForwardWorker",
+    "teacher": "relax_train.roles.forward:ForwardWorker",
+    "advantages": "relax_train.roles.advantages:AdvantagesWorker",
 }
 """Role name -> ``"module:Class"``, imported when built (relax-core depends on neither package)."""
 

@@ -1,4 +1,5 @@
-"""Run the algorithm modules' doctests (the examples in the docstrings are part of the contract)."""
+"""Run the algorithm modules' doctests, and the Advantages role's (the examples in the docstrings are part of
+the contract)."""
 
 import doctest
 import importlib
@@ -13,6 +14,7 @@ import pytest
         "relax_train.algorithms.losses",
         "relax_train.algorithms.aggregation",
         "relax_train.algorithms.correction",
+        "relax_train.roles.advantages",
     ],
 )
 def test_doctests(module):

@@ -15,7 +15,7 @@ import torch
 
 from relax_core.config import AlgoConfig
 from relax_train.algorithms.losses import kl_penalty, loss_kl_estimator
-from relax_train.workers import kl_shaped_sequence_rewards
+from relax_train.roles.advantages import kl_shaped_sequence_rewards
 
 F64 = torch.float64
 

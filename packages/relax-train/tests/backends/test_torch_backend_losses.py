@@ -167,7 +167,7 @@ def test_mismatch_metrics_compare_the_proximal_policy_with_the_rollout(tiny_mode
 
 
 def test_the_trainer_s_logp_gap_counts_model_tokens_and_is_absent_without_any():
-    from relax_train.workers import logp_absdiff
+    from relax_train.roles.metrics import logp_absdiff
 
     fwd = [np.array([-1.0, -2.0, -0.5]), np.zeros(0)]  # (an empty response: no NaN)
     rollout = [np.array([-1.5, 0.0, -0.5]), np.zeros(0)]  # the second token: an environment token

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.dcs import WeightReceiver, checksum, free_port  # noqa: E402
 from relax_core.testing import in_background, wait_until  # noqa: E402
-from relax_train.workers import ActorWorker  # noqa: E402
+from relax_train.roles.actor import ActorWorker  # noqa: E402
 
 SEQS = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8, 12, 9, 13], [10])]
 
@@ -115,7 +115,7 @@ def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):
     for the forward in progress, and the forward's stamp is the version it computed with."""
     from types import SimpleNamespace
 
-    from relax_train.workers import ForwardWorker
+    from relax_train.roles.forward import ForwardWorker
 
     events: list[str] = []
     started = threading.Event()

@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from relax_core.config import RelaxConfig  # noqa: E402
-from relax_train.workers import ActorWorker  # noqa: E402
+from relax_train.roles.actor import ActorWorker  # noqa: E402
 
 
 class Broken:
@@ -71,7 +71,7 @@ def test_resuming_reads_the_history_past_a_torn_last_line(tiny_model_dir, tmp_pa
 def test_rollout_metrics_of_a_multi_turn_batch():
     """Generation speed (one value per rollout step, on its samples), turns per episode and the episodes'
     end reasons; a single-turn batch has neither of the last two."""
-    from relax_train.workers import rollout_metrics
+    from relax_train.roles.metrics import rollout_metrics
 
     d = {
         "reward": [1.0, 0.0, 0.0, 1.0],

@@ -77,7 +77,7 @@ class _StepAcc:
 class TorchBackend:
     before_update: Callable[[], None] | None = None
     """Called just before the optimizer writes the weights: the trainer's fence for a weight broadcast
-    still reading them (:class:`~relax_train.workers.ActorWorker` with ``overlap_weight_sync``)."""
+    still reading them (:class:`~relax_train.roles.actor.ActorWorker` with ``overlap_weight_sync``)."""
 
     def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
         from relax_core.models import load_model, media_token_ids

@@ -53,10 +53,10 @@ import torch.distributed as dist
 from relax_core.config import RelaxConfig
 from relax_core.models import media_token_ids
 from relax_core.offload import onloaded
-from relax_train.backends.torch_backend import TorchBackend
 from relax_train.backends.megatron import multimodal as mm
 from relax_train.backends.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
 from relax_train.backends.megatron.norms import use_sequence_parallel_norms
+from relax_train.backends.torch_backend import TorchBackend
 
 # The TE layer spec fuses the input / pre-MLP RMSNorm into the following linear (the converter's
 # names); the local spec (no Transformer Engine: CPU, or GPUs without TE) keeps separate norms.

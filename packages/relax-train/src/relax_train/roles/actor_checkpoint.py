@@ -1,0 +1,140 @@
+"""The trainer's checkpoints: save, resume, and the bus snapshot that makes a fully-async resume exact.
+
+A checkpoint holds the backend's weights and optimizer, what was trained so far (sample and prompt ids, for
+audits and restarts) and, in fully-async mode, the rollout's data position and the samples generated but not
+trained yet. A mixin of :class:`~relax_train.roles.actor.ActorWorker`, apart so the training step reads on
+its own; it uses the trainer's backend, bus, tracer, output folder and history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relax_core.checkpoints import save_atomically
+from relax_core.config import RelaxConfig
+from relax_core.trace import Tracer
+
+logger = logging.getLogger(__name__)
+
+
+class ActorCheckpoints:
+    """Save / load of the trainer's state and the fully-async bus snapshot (mixed into ActorWorker)."""
+
+    cfg: RelaxConfig
+    bus: Any
+    backend: Any
+    tracer: Tracer
+    out: Path
+    history: list[dict[str, Any]]
+    trained_ids: list[int]
+    trained_prompts: list[list[str]]
+    wait_weight_sync: Callable[[], float]
+
+    def attach_rollout(self, rollout: Any) -> None:
+        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version."""
+        self._rollout = rollout
+        self.save_extra = lambda v: {"data": self.data_state(v)}
+
+    def data_state(self, step: int) -> dict:
+        return self.data_states([step])[step]
+
+    def data_states(self, steps: list[int]) -> dict[int, dict]:
+        """Where the rollout's prompts stood when each rollout step began: from the rollout journal (read
+        once) when there is one — the rollout role may be down and restarting —, else from the rollout
+        actor."""
+        import ray
+
+        journal = self.out / "rollout_journal.jsonl"
+        out: dict[int, dict] = {}
+        if journal.is_file():
+            for line in journal.read_text().splitlines():
+                e = json.loads(line) if line.strip() else {}
+                if e.get("begin") in steps:
+                    out[int(e["begin"])] = e["state"]  # the latest entry of a step wins
+        deadline = time.monotonic() + 300.0
+        for step in (s for s in steps if s not in out):
+            while step not in out:
+                try:
+                    out[step] = ray.get(self._rollout.data_state.remote(step), timeout=60)
+                except Exception:  # the rollout role is down: the health manager restarts and re-attaches it
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        return out
+
+    def save_bus(self, checkpoint: str) -> None:
+        """Fully async: put the bus (samples generated and not trained yet) into the checkpoint, with the
+        rollout step that comes after them and where its prompts start, so a resumed run trains those
+        samples instead of generating them again. Called after the step's batch is acked, so the snapshot
+        never holds a trained sample; a checkpoint without it resumes by drawing those prompts again."""
+        if getattr(self, "_rollout", None) is None:
+            return
+        from relax_bus import snapshot
+
+        path = Path(checkpoint) / "bus"
+        with self.tracer.span("save_bus", version=self.backend.version):
+            self.bus.snapshot(path)
+            steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(path)["samples"]]
+            nxt = max([self.backend.version, *(s + 1 for s in steps)])
+            # where each rollout step from the trainer's version on began: the resumed run's journal
+            begun = {
+                str(k): v for k, v in self.data_states(list(range(self.backend.version, nxt + 1))).items()
+            }
+            resume = {"next_step": nxt, "data": begun[str(nxt)], "begun": begun}
+            (Path(checkpoint) / "bus_resume.json").write_text(json.dumps(resume))
+
+    save_extra = None
+    """Set by the Controller: version -> extra checkpoint state from other roles (the rollout's data position)."""
+
+    def save(self, path: str | None = None) -> str:
+        target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
+        # what was trained so far, so a restarted trainer (and the audit) carries on from here
+        extra: dict[str, Any] = {
+            "trained_ids": list(self.trained_ids),
+            "trained_prompts": self.trained_prompts,
+        }
+        if self.save_extra is not None:
+            extra.update(self.save_extra(self.backend.version))
+        with self.tracer.span("save", version=self.backend.version):  # whole, or not there (a kill mid-save)
+            save_atomically(target, lambda tmp: self.backend.save_checkpoint(tmp, extra=extra))
+        return str(target)
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume from a checkpoint; returns its metadata (``version``: the step to continue from).
+
+        The trained ids and prompts come back from the checkpoint and the history from this run's
+        metrics.jsonl (rows up to the checkpoint's step): a restarted trainer reports the whole run."""
+        self.wait_weight_sync()  # (no broadcast may be reading the weights the checkpoint overwrites)
+        meta = self.backend.load_checkpoint(path)
+        v = int(meta["version"])
+        if isinstance(meta.get("trained_ids"), list):
+            self.trained_ids = [int(i) for i in meta["trained_ids"]]
+            self.trained_prompts = [list(p) for p in meta.get("trained_prompts", [])]
+        log = self.out / "metrics.jsonl"
+        if log.is_file() and not self.history:
+            rows = _json_lines(log)
+            kept: dict[tuple, dict] = {}
+            for r in rows:  # the latest row per (step, kind): a re-done step replaces the lost one
+                if int(r.get("step", -1)) <= v:
+                    kept[(int(r["step"]), "rollout/reward_mean" in r)] = r
+            self.history = [kept[k] for k in sorted(kept)]
+        return meta
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file; a line that does not parse (the last one, torn by a kill mid-write)
+    is left out with a warning naming it, instead of stopping the resume."""
+    rows = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            logger.warning("%s line %d is not JSON (torn by a kill mid-write?): left out", path, n)
+    return rows

@@ -1,0 +1,98 @@
+"""ActorFwd, Reference and Teacher: one class, the frozen forward roles.
+
+The three differ only in the weights they hold and the bus field they write (``FORWARD_FIELDS``); each reads
+scored samples from the bus, computes per-token log-probs and writes them back. ActorFwd also joins the
+trainer's weight broadcast (DCS), so it computes with the latest weights, never with half-loaded ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from relax_core.config import RelaxConfig
+from relax_core.trace import Tracer
+from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
+
+FORWARD_FIELDS = {"actor_fwd": "log_probs", "reference": "ref_log_probs", "teacher": "teacher_log_probs"}
+"""Frozen forward roles and the bus field each writes: ActorFwd (latest trainer weights, the proximal
+policy), Reference (the starting policy, for KL) and Teacher (another, possibly larger model, for on-policy
+distillation; same tokenizer)."""
+
+
+class ForwardWorker(_BusLoop, _DeviceTurns):
+    """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
+
+    phase = "forward"
+
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        bus: Any,
+        role: str,
+        model_path: str,
+        backend: Any = None,
+        torch_threads: int | None = None,
+    ) -> None:
+        _set_threads(torch_threads)
+        if role not in FORWARD_FIELDS:
+            raise ValueError(f"ForwardWorker role must be one of {sorted(FORWARD_FIELDS)}, got {role!r}")
+        self.cfg, self.bus, self.consumer = cfg, bus, role
+        self.tracer = Tracer(role, cfg.run.trace)
+        self.field = FORWARD_FIELDS[role]
+        self.batch_size = cfg.train.micro_batch_size
+        self.owns_backend = backend is None
+        """False for ActorFwd in colocate mode, which computes with the trainer's own backend."""
+        if backend is None:
+            from relax_train.backends import build_backend
+
+            backend = build_backend(
+                cfg.train.train_backend, config=cfg, model_path=model_path, trainable=False
+            )
+        self.backend = backend
+        if role == "teacher":  # another model: the student's recorded MoE routing (R3) does not apply to it
+            self.backend.routing = None
+        self._receiver = None
+        self._weights_lock = threading.Lock()
+        """Held by a forward pass and by a weight load: a forward never reads half-loaded weights."""
+
+    def handle(self, batch) -> None:
+        with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
+            lp = self.backend.compute_log_probs(batch.data)
+            version = self.backend.version
+        self.bus.add_fields(batch.ids, {self.field: lp, f"{self.field}_version": [version] * len(lp)})
+
+    def _load_weights(self, version: int, tensors: dict[str, Any]) -> None:
+        with self._weights_lock:
+            self.backend.load_weights(tensors, version)
+
+    def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
+        """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
+        from relax_core.dcs import WeightReceiver
+
+        if self._receiver is not None:  # the old group lost a member: leave it
+            self._receiver.close(timeout_s=5.0)
+        self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
+        self._receiver.connect()
+        self._receiver.start_background(self._load_weights)
+
+    def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
+        """Block until weights of ``version`` (or newer) are loaded: a restarted role must not compute
+        with its start-up weights."""
+        deadline = time.monotonic() + timeout_s
+        while self.backend.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.consumer}: weights of version {version} did not arrive in {timeout_s}s"
+                )
+            time.sleep(0.02)
+        return self.backend.version
+
+    def close(self) -> None:
+        """Leave the weight broadcast; close a backend that owns processes (a megatron rank group)
+        unless it is the trainer's (ActorFwd in colocate shares it)."""
+        if self._receiver is not None:
+            self._receiver.close()
+        if self.owns_backend and callable(getattr(self.backend, "close", None)):
+            self.backend.close()

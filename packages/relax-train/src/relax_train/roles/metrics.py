@@ -1,0 +1,94 @@
+"""The metrics of one training step, computed from the batch's own fields.
+
+Pure functions of the samples (no model, no bus): what the trainer logs after each step in both modes, and
+what a test or a notebook can compute again from a saved batch. ``rollout/*`` describes what was generated,
+``train/*`` and ``perf/*`` the step that trained on it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
+    """``rollout/*`` of one trained batch, from its samples' fields (both modes: the trainer logs them).
+
+    Per rollout step values (``rollout_tokens_per_s``, dynamic sampling's counters) are repeated on that
+    step's samples: averaged over the batch's samples. Multi-turn samples (``turns``) add the mean
+    turns per episode and how many episodes ended for each reason (``rollout/stop/env_done``, ...)."""
+    out = {
+        "rollout/reward_mean": float(np.mean(d["reward"])),
+        "rollout/response_len_mean": float(np.mean(d["response_len"])),
+        "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
+        "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
+    }
+    by_group: dict[str, list[float]] = {}
+    for g, r in zip(d["group_id"], d["reward"]):
+        by_group.setdefault(str(g), []).append(float(r))
+    out["rollout/groups"] = float(len(by_group))
+    # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
+    out["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
+    for key, name in (("ds_dropped_groups", None), ("ds_extra_rounds", None), ("ds_unfilled_groups", None),
+                      ("rollout_tokens_per_s", "tokens_per_s")):  # fmt: skip
+        values = [v for v in d.get(key, ()) if v is not None]
+        if values:  # one value per rollout step, repeated on its samples
+            out[f"rollout/{name or key}"] = float(np.mean(values))
+    turns = [(t, f) for t, f in zip(d.get("turns", ()), d["finish_reason"]) if t is not None]
+    if turns:
+        out["rollout/turns_mean"] = float(np.mean([t for t, _ in turns]))
+        for _, reason in turns:
+            out[f"rollout/stop/{reason}"] = out.get(f"rollout/stop/{reason}", 0.0) + 1.0
+    return out
+
+
+def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
+    """Mean |ActorFwd's log-prob − the rollout's| over the batch's model tokens (loss mask 1: an environment
+    token's rollout log-prob is 0, not the model's), each token weighing the same; None for a batch without
+    one (all responses empty) rather than NaN. (The gap between π_prox and the rollout, policy lag
+    included, is the backend's ``rollout_abs_logp_diff``.)"""
+    masks = loss_masks if loss_masks is not None else [None] * len(log_probs)
+    diffs = []
+    for a, b, m in zip(log_probs, rollout_log_probs, masks):
+        d = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+        diffs.append(d if m is None else d[np.asarray(m)[: len(d)] > 0])
+    flat = np.concatenate(diffs) if diffs else np.zeros(0)
+    return float(flat.mean()) if flat.size else None
+
+
+def step_metrics(
+    d: dict[str, Any],
+    step: int,
+    samples: int,
+    *,
+    wait_for_data_s: float,
+    train_s: float,
+    weight_sync_s: float,
+    weight_sync_wait_s: float,
+) -> dict[str, Any]:
+    """What the trainer logs for step ``step`` besides the backend's ``train/*``: the batch's ``rollout/*``,
+    its staleness (the trainer's step minus each sample's ``policy_version``), the step's timings, and the
+    gap between ActorFwd's log-probs and the rollout's where ActorFwd ran."""
+    staleness = [step - int(v) for v in d["policy_version"]]
+    metrics: dict[str, Any] = rollout_metrics(d)
+    metrics.update(
+        {
+            "step": step + 1,
+            "train/staleness_mean": float(np.mean(staleness)),
+            "train/staleness_max": float(np.max(staleness)),
+            "perf/wait_for_data_s": wait_for_data_s,
+            "perf/train_s": train_s,
+            "perf/weight_sync_s": weight_sync_s,
+            # the time this step's optimizer waited for the previous step's overlapped broadcast
+            "perf/weight_sync_wait_s": weight_sync_wait_s,
+            "perf/samples": float(samples),
+            "time": time.time(),
+        }
+    )
+    if "log_probs" in d:
+        diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
+        if diff is not None:
+            metrics["train/rollout_vs_fwd_logp_absdiff"] = diff
+    return metrics

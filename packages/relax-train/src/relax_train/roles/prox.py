@@ -1,0 +1,67 @@
+"""Exact π_prox: the trainer's own policy as the proximal policy of decoupled PPO.
+
+ActorFwd scores a sample when it lands on the bus; in fully-async mode the trainer has often moved on by the
+time it trains on it. This module decides, per sample, whether ActorFwd's log-probs still stand, come free
+from the training forward, or must be recomputed, and reports how often each happened (``train/prox_*``).
+Apart from the trainer so that it can be tested (and benchmarked, ``benchmarks/prox_designs.py``) with any
+backend that computes log-probs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_core.config import RelaxConfig
+
+
+def _per_sample(values: Any, n: int) -> bool:
+    """Whether a batch field holds one value per sample (lists and arrays of the batch's length)."""
+    return hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict)) and len(values) == n
+
+
+def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, float]:
+    """Make ``log_probs`` (π_prox, what decoupled PPO and TIS correct towards and the ratio is clipped
+    against) the trainer's policy at this step, as AReaL and slime have it.
+
+    ActorFwd computes a sample's log-probs when it lands on the bus, with the weights it holds then;
+    in fully-async mode the trainer has often moved on by the time it trains on it (the sample's
+    ``log_probs_version`` is behind), and π_prox could even equal the behaviour policy, so decoupled
+    PPO corrected nothing. For a sample whose version differs from the trainer's:
+    - in the batch's first optimizer step (every sample, with the default --global-batch-size), π_prox
+      is the training forward's own log-probs, detached (``prox_from_forward``): that forward runs
+      with exactly the weights before the update, so this costs nothing;
+    - in a later optimizer step, the weights have moved by then: its log-probs are recomputed here,
+      with the weights before this step's update.
+    The others keep ActorFwd's work. In colocate mode ActorFwd computes with the trainer's own model:
+    nothing is stale."""
+    if "log_probs_version" not in d or "log_probs" not in d:
+        return {}
+    if not cfg.algo.exact_proximal_policy:
+        lag = max((backend.version - int(v) for v in d["log_probs_version"]), default=0)
+        return {"train/prox_lag_max": float(lag), "train/actor_fwd_lag_max": float(lag)}
+    now = backend.version
+    versions = [int(v) for v in d["log_probs_version"]]
+    stale = [i for i, v in enumerate(versions) if v != now]
+    out = {
+        "train/actor_fwd_lag_max": float(max((now - v for v in versions), default=0)),
+        "train/prox_recomputed_frac": 0.0,
+        "train/prox_from_forward_frac": 0.0,
+    }
+    if stale:
+        n = len(versions)
+        first = min(cfg.effective_global_batch_size, n)  # the first optimizer step's samples
+        later = [i for i in stale if i >= first]
+        d["log_probs"], d["log_probs_version"] = list(d["log_probs"]), list(d["log_probs_version"])
+        if later:
+            sub = {k: [vals[i] for i in later] for k, vals in d.items() if _per_sample(vals, n)}
+            for i, lp in zip(later, backend.compute_log_probs(sub)):
+                d["log_probs"][i] = lp
+        stale_set = set(stale)
+        d["prox_from_forward"] = [i < first and i in stale_set for i in range(n)]
+        for i in stale:
+            d["log_probs_version"][i] = now
+        out["train/prox_recomputed_frac"] = len(later) / n
+        out["train/prox_from_forward_frac"] = (len(stale) - len(later)) / n
+    # (0 by construction; logged so a run shows it)
+    out["train/prox_lag_max"] = float(max((now - int(v) for v in d["log_probs_version"]), default=0))
+    return out

@@ -26,6 +26,7 @@ from typing import Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
+from relax_core.resume import CheckpointDir
 from relax_core.roles import RolePlan, role_class
 from relax_core.run import teacher_path
 
@@ -96,11 +97,11 @@ class AsyncRun:
         gpus = ray.cluster_resources().get("GPU", 0)
         if gpus > 0:  # every role's GPUs apart: refuse now what Ray could never place
             check_gpu_demand(gpu_demand(cfg), gpus)
-        snap = Path(load) / "bus" if load else None
-        resume = Path(load) / "bus_resume.json" if load else None
-        from_snapshot = bool(load) and (snap / "manifest.json").is_file() and resume.is_file()
+        ckpt = CheckpointDir(load) if load else None
+        resume = ckpt.bus_resume() if ckpt else None
+        from_snapshot = resume is not None
         # the samples generated and not yet trained when the checkpoint was written come back as they were
-        self.bus = RayBus.restore(snap) if from_snapshot else RayBus.create(self.plan.bus_config())
+        self.bus = RayBus.restore(ckpt.bus) if from_snapshot else RayBus.create(self.plan.bus_config())
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
             for name, written in self.plan.outputs.items():
                 self.bus.reset_consumer(name, done_if_written=written)
@@ -108,16 +109,14 @@ class AsyncRun:
             self.roles[name] = self._build(name)
         ray.get(self.roles["rollout"].reset_journal.remote())
         self.connect_dcs(republish=False)
-        ray.get(self.roles["actor"].attach_rollout.remote(self.roles["rollout"]))
         start = rollout_start = 0
         if load:
             meta = ray.get(self.roles["actor"].load.remote(load))
             start = rollout_start = int(meta["version"])
             if from_snapshot:  # rollout goes on after the batches the snapshot holds
-                r = json.loads(resume.read_text())
-                rollout_start = int(r["next_step"])
-                ray.get(self.roles["rollout"].load_data_state.remote(r["data"]))
-                ray.get(self.roles["rollout"].seed_journal.remote(r["begun"], rollout_start))
+                rollout_start = int(resume["next_step"])
+                ray.get(self.roles["rollout"].load_data_state.remote(resume["data"]))
+                ray.get(self.roles["rollout"].seed_journal.remote(resume["begun"], rollout_start))
             elif "data" in meta:  # no bus snapshot: batches generated but never trained are drawn again
                 ray.get(self.roles["rollout"].load_data_state.remote(meta["data"]))
             if self.bus.trainer_version < start:
@@ -282,15 +281,12 @@ class AsyncRun:
             start = 0
             if ckpt is not None:
                 start = int(ray.get(new.load.remote(ckpt))["version"])
-            ray.get(new.attach_rollout.remote(self.roles["rollout"]))
         if name == "rollout":
             try:
                 start = ray.get(new.recover.remote())
             except ray.exceptions.RayTaskError as e:  # its journal cannot say where to go on
                 raise _CannotRestartInPlace(f"the rollout cannot go on in place: {e.cause}") from e
             self._engine_jobs = {}  # a new rollout process has its own engines
-            # the trainer's checkpoints ask the rollout for its data position: not the dead actor's handle
-            ray.get(self.roles["actor"].attach_rollout.remote(new))
         if name == "actor" or name in self.receivers:
             version = self.connect_dcs(republish=True)
             if name in self.receivers:

@@ -20,8 +20,8 @@ from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.trace import Tracer
+from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
-from relax_rollout.engines import build_engine
 from relax_rollout.generation import Generated, Generation
 from relax_rollout.journal import Journal
 from relax_rollout.prompts import Prompts
@@ -61,35 +61,14 @@ class RolloutWorker:
         self.cfg, self.bus = cfg, bus
         self.tracer = Tracer("rollout", cfg.run.trace)  # phases for trace.json
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        extra = (
-            {"urls": cfg.rollout.rollout_external_urls} if cfg.rollout.rollout_backend == "external" else {}
-        )
-        self._gpus = None
-        if cfg.rollout.rollout_backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
-            from relax_rollout.engines.sglang import engine_kwargs
-
-            extra = engine_kwargs(cfg)
-            self._gpus = _reserve_engine_gpus(cfg, extra)
-        if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
-            if cfg.rollout.rollout_backend not in ("torch", "sglang"):
-                raise ValueError(
-                    f"--routing-replay needs --rollout-backend torch or sglang (their engines record the experts "
-                    f"each token was routed to); got --rollout-backend {cfg.rollout.rollout_backend}"
-                )
-            extra["record_routing"] = True
+        extra = engine_kwargs(cfg)  # the backend's arguments (relax_rollout.engine_factory)
+        self._gpus = _reserve_engine_gpus(cfg, extra) if cfg.rollout.rollout_backend == "sglang" else None
         self.engine_service = None
         if uses_pool(cfg):  # engines in their own processes, restarted when they crash, elastic
             self.engine_service = EngineService(cfg, model_path)
             engine = self.engine_service.pool
         else:
-            engine = build_engine(
-                cfg.rollout.rollout_backend,
-                model_path=extra.pop("model_path", model_path),  # (--sglang-model-path)
-                dtype=cfg.model.dtype,
-                eos_token_ids=[self.tokenizer.eos_token_id],
-                pad_token_id=self.tokenizer.pad_token_id,
-                **extra,
-            )
+            engine = build_from_config(cfg, model_path, self.tokenizer, extra)
         if cfg.algo.routing_replay and engine.routing is None:
             raise ValueError(f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks")
         self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
@@ -99,13 +78,13 @@ class RolloutWorker:
         self._receiver = None
         self.weight_log: dict[int, str] = {}
         self._beat = 0.0
-        # Under the health manager, every batch's start (prompt position) and landing on the bus are
-        # journaled, so a restarted rollout role continues with exactly the prompts that were not put yet,
-        # and samples get ids fixed by their step, so a batch re-sent after a crash is refused (DuplicateIds).
+        # Fully async, every batch's start (prompt position) and landing on the bus are journaled: the
+        # trainer's checkpoints read the data position there, and a rollout role restarted under the health
+        # manager continues with exactly the prompts that were not put yet; there, samples get ids fixed
+        # by their step, so a batch re-sent after a crash is refused (DuplicateIds).
         self._journal = Journal.for_run(cfg)
-        self.samples = SampleWriter(
-            cfg, bus, self.tokenizer, self.scorer, self.tracer, self._journal.path is not None
-        )
+        restartable = cfg.run.mode == "fully_async" and cfg.run.health
+        self.samples = SampleWriter(cfg, bus, self.tokenizer, self.scorer, self.tracer, restartable)
         self.generation = Generation(cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats,
                                      self.samples.score)  # fmt: skip
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from relax_core.checkpoints import save_atomically
 from relax_core.config import RelaxConfig
+from relax_core.resume import CheckpointDir, Journal
 from relax_core.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -35,64 +35,37 @@ class ActorCheckpoints:
     trained_prompts: list[list[str]]
     wait_weight_sync: Callable[[], float]
 
-    def attach_rollout(self, rollout: Any) -> None:
-        """Fully async: checkpoints ask the rollout actor for its data position at the trainer's version."""
-        self._rollout = rollout
-        self.save_extra = lambda v: {"data": self.data_state(v)}
-
     def data_state(self, step: int) -> dict:
         return self.data_states([step])[step]
 
     def data_states(self, steps: list[int]) -> dict[int, dict]:
-        """Where the rollout's prompts stood when each rollout step began: from the rollout journal (read
-        once) when there is one — the rollout role may be down and restarting —, else from the rollout
-        actor."""
-        import ray
-
-        journal = self.out / "rollout_journal.jsonl"
-        out: dict[int, dict] = {}
-        if journal.is_file():
-            for line in journal.read_text().splitlines():
-                e = json.loads(line) if line.strip() else {}
-                if e.get("begin") in steps:
-                    out[int(e["begin"])] = e["state"]  # the latest entry of a step wins
-        deadline = time.monotonic() + 300.0
-        for step in (s for s in steps if s not in out):
-            while step not in out:
-                try:
-                    out[step] = ray.get(self._rollout.data_state.remote(step), timeout=60)
-                except Exception:  # the rollout role is down: the health manager restarts and re-attaches it
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
-        return out
+        """Where the rollout's prompts stood when each rollout step began: from the rollout journal alone
+        (fully async), so a checkpoint never waits on the rollout role, which may be down and restarting."""
+        return Journal.for_run(self.cfg).data_states(steps)
 
     def save_bus(self, checkpoint: str) -> None:
         """Fully async: put the bus (samples generated and not trained yet) into the checkpoint, with the
         rollout step that comes after them and where its prompts start, so a resumed run trains those
         samples instead of generating them again. Called after the step's batch is acked, so the snapshot
         never holds a trained sample; a checkpoint without it resumes by drawing those prompts again."""
-        if getattr(self, "_rollout", None) is None:
+        if self.cfg.run.mode != "fully_async":
             return
         from relax_bus import snapshot
 
-        path = Path(checkpoint) / "bus"
+        ckpt = CheckpointDir(checkpoint)
         with self.tracer.span("save_bus", version=self.backend.version):
-            self.bus.snapshot(path)
-            steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(path)["samples"]]
+            self.bus.snapshot(ckpt.bus)
+            steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(ckpt.bus)["samples"]]
             nxt = max([self.backend.version, *(s + 1 for s in steps)])
             # where each rollout step from the trainer's version on began: the resumed run's journal
-            begun = {
-                str(k): v for k, v in self.data_states(list(range(self.backend.version, nxt + 1))).items()
-            }
-            resume = {"next_step": nxt, "data": begun[str(nxt)], "begun": begun}
-            (Path(checkpoint) / "bus_resume.json").write_text(json.dumps(resume))
+            ckpt.write_bus_resume(nxt, self.data_states(list(range(self.backend.version, nxt + 1))))
 
-    save_extra = None
-    """Set by the Controller: version -> extra checkpoint state from other roles (the rollout's data position)."""
+    save_extra: Callable[[int], dict[str, Any]] | None = None
+    """version -> extra checkpoint state from other roles: the rollout's data position (colocate: set by
+    the run, from the rollout in this process; fully async: from the journal)."""
 
     def save(self, path: str | None = None) -> str:
-        target = Path(path or self.cfg.train.save) / f"step_{self.backend.version:06d}"
+        target = CheckpointDir.for_step(path or self.cfg.train.save, self.backend.version).path
         # what was trained so far, so a restarted trainer (and the audit) carries on from here
         extra: dict[str, Any] = {
             "trained_ids": list(self.trained_ids),
@@ -100,6 +73,8 @@ class ActorCheckpoints:
         }
         if self.save_extra is not None:
             extra.update(self.save_extra(self.backend.version))
+        elif self.cfg.run.mode == "fully_async":
+            extra["data"] = self.data_state(self.backend.version)
         with self.tracer.span("save", version=self.backend.version):  # whole, or not there (a kill mid-save)
             save_atomically(target, lambda tmp: self.backend.save_checkpoint(tmp, extra=extra))
         return str(target)

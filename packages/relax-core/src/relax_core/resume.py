@@ -1,0 +1,181 @@
+"""What a resumed or restarted run reads back: the rollout journal and the checkpoint directory's layout.
+
+Two small classes, so the files are read and written in one place:
+
+- :class:`Journal` — the rollout role's journal, ``<output_dir>/rollout_journal.jsonl``, one JSON object a
+  line, appended by the rollout as each step begins, draws its prompts and lands on the bus:
+
+  - ``{"begin": step, "state": {...}}``: step ``step`` began at this data position;
+  - ``{"drawn": step, "state": {...}}``: its prompts are drawn; the next step begins here;
+  - ``{"put": step, "prompts": [row ids]}``: its samples are on the bus (``"restored": true``: put by the
+    run a checkpoint resumed, seeded by :meth:`Journal.seed`).
+
+  A rollout process restarted in place continues from :meth:`Journal.recover` (the first step not on the
+  bus, and where its prompts begin: not a batch skipped, none sent twice, no other prompts drawn). The
+  trainer's checkpoints take the data position from :meth:`Journal.data_states` — the journal alone, not
+  a call to the rollout role (which may be down and restarting).
+- :class:`CheckpointDir` — one checkpoint, ``<save>/step_<version>``: what the trainer's backend writes
+  (weights, optimizer, ``meta.json``), and in fully-async runs the bus snapshot (``bus/``) with
+  ``bus_resume.json`` (the rollout step after the snapshot's samples, where each step from the trainer's
+  version on began). Written whole or not at all by :func:`relax_core.checkpoints.save_atomically`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax_core.config import RelaxConfig
+
+JOURNAL = "rollout_journal.jsonl"
+
+
+@dataclass
+class Recovered:
+    """What a restarted rollout process resumes from (:meth:`Journal.recover`)."""
+
+    start: int
+    """The first step not on the bus yet: the next to generate."""
+    state: dict[str, int] | None
+    """The data position step ``start`` begins at (None: step 0 of a journal with none, the data's start)."""
+    prompt_log: list[tuple[int, list[str]]]
+    """(step, prompt row ids) of the batches this run put (not those restored from a checkpoint), in order."""
+    step_states: dict[int, dict[str, int]]
+    """The data position each step before ``start`` began at."""
+
+
+class Journal:
+    """The journal at ``path``; with ``path`` None (no health manager) nothing is written."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    @classmethod
+    def for_run(cls, cfg: RelaxConfig) -> Journal:
+        """Every fully-async run journals: the health manager restarts a rollout process from it, and the
+        trainer's checkpoints take the data position from it. Colocate runs in one process: none."""
+        if cfg.run.mode == "fully_async":
+            return cls(Path(cfg.run.output_dir) / JOURNAL)
+        return cls(None)
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def data_states(self, steps: list[int], timeout_s: float = 300.0) -> dict[int, dict[str, int]]:
+        """Where the prompts stood when each of ``steps`` began: its ``begin`` entry, or for a step not
+        begun yet the position after the step before it drew its prompts (where it will begin). Waits up to
+        ``timeout_s`` for entries the rollout has not written yet, then fails naming them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            begun: dict[int, dict] = {}
+            drawn: dict[int, dict] = {}
+            for e in self._entries():
+                if "begin" in e:
+                    begun[int(e["begin"])] = e["state"]  # (the latest entry of a step wins)
+                elif "drawn" in e:
+                    drawn[int(e["drawn"])] = e["state"]
+            out = {s: begun[s] if s in begun else drawn[s - 1] for s in steps if s in begun or s - 1 in drawn}
+            missing = [s for s in steps if s not in out]
+            if not missing:
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rollout journal {self.path}: no data position for step(s) {missing} after {timeout_s}s: "
+                    "the rollout role has not begun them (is it running?)"
+                )
+            time.sleep(0.2)
+
+    def log(self, entry: dict[str, Any]) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def reset(self) -> None:
+        """A fresh run (or a global restart from a checkpoint): forget the previous process's batches."""
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+
+    def seed(self, begun: dict[str, dict], next_step: int, state: dict[str, int]) -> None:
+        """Resumed from a checkpoint with a bus snapshot: the steps before ``next_step`` are on the bus
+        already (put by the previous run); record where each began, and that ``next_step`` begins at
+        ``state`` (the data position just loaded)."""
+        for step in sorted(int(k) for k in begun):
+            self.log({"begin": step, "state": begun[str(step)]})
+            if step < next_step:
+                self.log({"put": step, "prompts": [], "restored": True})
+        if next_step > 0:
+            self.log({"drawn": next_step - 1, "state": state})
+
+    def recover(self) -> Recovered:
+        """After the previous rollout process died: the first step that is not on the bus yet, and where
+        its prompts begin (they come next, as they would have)."""
+        if self.path is None or not self.path.is_file():
+            raise RuntimeError("rollout recover(): no journal (needs --fully-async with the health manager)")
+        begun: dict[int, dict] = {}
+        drawn: dict[int, dict] = {}
+        put: list[tuple[int, list[str], bool]] = []
+        for line in self.path.read_text().splitlines():
+            if not line.strip():
+                continue
+            e = json.loads(line)
+            if "begin" in e:
+                begun[int(e["begin"])] = e["state"]
+            elif "drawn" in e:
+                drawn[int(e["drawn"])] = e["state"]
+            elif "put" in e:
+                put.append((int(e["put"]), list(e["prompts"]), bool(e.get("restored"))))
+        done = {s for s, _, _ in put}
+        pending = sorted(s for s in begun if s not in done)
+        start = pending[0] if pending else (max(done) + 1 if done else 0)
+        state = None
+        if start in begun:
+            state = begun[start]
+        elif start - 1 in drawn:  # died between two steps: the next one begins where the last one ended
+            state = drawn[start - 1]
+        elif start > 0:
+            raise RuntimeError(
+                f"rollout journal {self.path} has no data position for step {start}: cannot restart in "
+                "place without drawing other prompts (the run restarts from its last checkpoint)"
+            )
+        return Recovered(
+            start,
+            state,
+            prompt_log=sorted((s, p) for s, p, restored in put if not restored),
+            step_states={s: st for s, st in begun.items() if s < start},
+        )
+
+
+class CheckpointDir:
+    """One checkpoint directory (see the module docstring for what lies in it)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @classmethod
+    def for_step(cls, root: str | Path, version: int) -> CheckpointDir:
+        return cls(Path(root) / f"step_{version:06d}")
+
+    @property
+    def bus(self) -> Path:
+        """The bus snapshot (samples generated and not trained when it was written)."""
+        return self.path / "bus"
+
+    def write_bus_resume(self, next_step: int, begun: dict[int, dict[str, int]]) -> None:
+        """Beside the bus snapshot: the rollout step after its samples and where each step from the trainer's
+        version to ``next_step`` began."""
+        resume = {"next_step": next_step, "data": begun[next_step], "begun": {str(k): v for k, v in begun.items()}}
+        (self.path / "bus_resume.json").write_text(json.dumps(resume))
+
+    def bus_resume(self) -> dict[str, Any] | None:
+        """``bus_resume.json`` when the checkpoint holds a whole bus snapshot, else None (a checkpoint without
+        one resumes by drawing those prompts again)."""
+        resume = self.path / "bus_resume.json"
+        if not ((self.bus / "manifest.json").is_file() and resume.is_file()):
+            return None
+        return json.loads(resume.read_text())

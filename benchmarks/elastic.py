@@ -57,7 +57,7 @@ def main() -> None:
     from relax_rollout.elastic import ElasticService, make_elastic_server
     from relax_rollout.engines import SamplingParams
     from relax_rollout.engines.pool import EnginePool
-    from relax_rollout.engines.ray_native import ray_launcher
+    from relax_rollout.server.served import ray_launcher
 
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
     model = str(assets.sft_model_dir)

@@ -172,8 +172,9 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
 
     from relax_core.testing import wait_until
     from relax_rollout.engines import SamplingParams
-    from relax_rollout.engines.external import ServerError, http_json
-    from relax_rollout.engines.sglang import SGLangEngine, group_alive
+    from relax_rollout.engines.processes import group_alive
+    from relax_rollout.engines.sglang import SGLangEngine
+    from relax_rollout.engines.wire import ServerError, http_json
 
     here = ray.get_runtime_context().get_node_id()
     model = tiny_run_inputs.model_path
@@ -188,7 +189,7 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
         assert local["url"].startswith("http://127.0.0.1:") and not remote["url"].startswith(
             "http://127.0.0.1:"
         )
-        launcher = eng._launchers[remote["node_id"]]
+        launcher = eng.launcher.nodes[remote["node_id"]]
         env = ray.get(launcher.environ.remote(remote["pid"]))
         assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the other node's first GPU
         with pytest.raises(ServerError) as denied:  # off loopback: control needs the token
@@ -215,7 +216,7 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
         eng.weight_update = "distributed"
         eng.update_weights({k: v * 0.25 for k, v in weights.items()}, 2)
         eng.check_weight_version(2)
-        assert len(eng._wg.urls) == 2 and eng._wg.backend == "gloo"
+        assert len(eng.weights.group.urls) == 2 and eng.weights.group.backend == "gloo"
         assert len(eng.generate(prompts, greedy)) == 4
     finally:
         eng.close()

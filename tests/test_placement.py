@@ -39,7 +39,7 @@ def four_gpus():
 
 
 def test_rollout_engines_and_megatron_ranks_get_disjoint_gpus(four_gpus):
-    from relax_rollout.engines.sglang import engine_kwargs
+    from relax_rollout.engine_factory import sglang_kwargs
     from relax_rollout.worker import _reserve_engine_gpus
     from relax_train.backends.megatron.group import rank_placement
 
@@ -50,7 +50,7 @@ def test_rollout_engines_and_megatron_ranks_get_disjoint_gpus(four_gpus):
         pg, gpu0, options = rank_placement(2, tp=1, cuda=True)  # the trainer's two ranks
         held.append(pg)
         assert len(options) == 1
-        extra = engine_kwargs(cfg)
+        extra = sglang_kwargs(cfg)
         rollout_pg = _reserve_engine_gpus(cfg, extra)  # the rollout role, started after them
         held.append(rollout_pg)
         assert len(extra["gpu_ids"]) == 2

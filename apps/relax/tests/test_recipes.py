@@ -90,9 +90,9 @@ def test_recipe_specifics(tmp_path):
     assert omni.algo.kl_coef == 0.001 and omni.algo.uses_reference and not omni.algo.routing_replay
     assert omni.rollout.rollout_num_gpus_per_engine == 2
     assert omni.rollout.sglang_model_path.startswith("/path/to/")  # SGLang serves the whole model
-    from relax_rollout.engines.sglang import engine_kwargs
+    from relax_rollout.engine_factory import sglang_kwargs
 
-    kw = engine_kwargs(omni)  # 8 engines of 2 GPUs: 4 on each node
+    kw = sglang_kwargs(omni)  # 8 engines of 2 GPUs: 4 on each node
     assert (kw["num_engines"], kw["tp_size"], kw["gpus_per_node"]) == (8, 2, 8)
 
 

@@ -80,14 +80,13 @@ def test_the_thinker_saved_alone_loads_as_the_thinker(whole, tmp_path, capsys):
 def test_updates_to_sglang_serving_the_whole_model_use_its_names(whole):
     """SGLang serves the whole model: the trainer's thinker weights go under `thinker.`, experts one per
     expert, exactly as the whole checkpoint on the hub names them."""
+    from relax_rollout.engines.checkpoint import checkpoint_config, served_prefix
     from relax_rollout.engines.expert_names import unfuse_experts
-    from relax_rollout.engines.sglang import SGLangEngine, checkpoint_config, served_prefix
+    from relax_rollout.engines.sglang_weights import served_names
 
     src, state = whole
     assert served_prefix(checkpoint_config(str(src))) == "thinker."
-    shim = object.__new__(SGLangEngine)
-    shim.prefix = served_prefix(checkpoint_config(str(src)))
-    served = dict(shim._served_names(state.items()))
+    served = dict(served_names(state.items(), served_prefix(checkpoint_config(str(src)))))
     hub = {"thinker." + k for k, _ in unfuse_experts(state.items())}
     assert set(served) == hub
     assert "thinker.model.layers.0.mlp.experts.3.down_proj.weight" in served

@@ -18,10 +18,10 @@ from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.elastic import ROUTES, ElasticService, make_elastic_server  # noqa: E402
 from relax_rollout.elastic_api import EngineList, Operation  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
-from relax_rollout.engines.external import http_json  # noqa: E402
 from relax_rollout.engines.pool import EnginePool  # noqa: E402
-from relax_rollout.engines.ray_native import ServedEngine  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from relax_rollout.engines.wire import http_json  # noqa: E402
+from relax_rollout.server.served import ServedEngine  # noqa: E402
 
 EOS = 1
 PROMPTS = [

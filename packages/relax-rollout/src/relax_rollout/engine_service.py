@@ -31,7 +31,7 @@ class EngineService:
 
     def __init__(self, cfg: RelaxConfig, model_path: str) -> None:
         from relax_rollout.engines.pool import EnginePool
-        from relax_rollout.engines.ray_native import ray_launcher
+        from relax_rollout.server.served import ray_launcher
 
         r = cfg.rollout
         if cfg.algo.routing_replay:

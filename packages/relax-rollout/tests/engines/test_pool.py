@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 
 from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.engines import RolloutEngine, SamplingParams  # noqa: E402
-from relax_rollout.engines.external import ServerError, http_json  # noqa: E402
 from relax_rollout.engines.pool import DrainTimeout, EnginePool, NoActiveEngine, PoolError  # noqa: E402
-from relax_rollout.engines.ray_native import ServedEngine  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from relax_rollout.engines.wire import ServerError, http_json  # noqa: E402
+from relax_rollout.server.served import ServedEngine  # noqa: E402
 
 EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13], [9, 9], [3, 4, 5], [6, 12, 7]]
@@ -341,7 +341,7 @@ def ray_cluster():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_ray_native_engines_launch_fail_restart_and_kill(ray_cluster, tiny_model_dir, local):
-    from relax_rollout.engines.ray_native import ray_launcher
+    from relax_rollout.server.served import ray_launcher
 
     ray = ray_cluster
     launch, kill = ray_launcher(tiny_model_dir, "float32", torch_threads=1, num_cpus=0.1)

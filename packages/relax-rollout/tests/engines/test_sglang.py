@@ -19,32 +19,30 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 from relax_core.testing import in_background, wait_until  # noqa: E402
+from relax_rollout.engine_factory import sglang_kwargs  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
-from relax_rollout.engines.external import generate_body, http_json  # noqa: E402
+from relax_rollout.engines.base import memory_request  # noqa: E402
+from relax_rollout.engines.checkpoint import model_routing  # noqa: E402
 from relax_rollout.engines.pool import NoActiveEngine  # noqa: E402
-from relax_rollout.engines.sglang import (  # noqa: E402
-    EngineStartError,
+from relax_rollout.engines.processes import EngineStartError, flag_args, group_alive, launch_command  # noqa: E402
+from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
+from relax_rollout.engines.sglang_weights import WeightUpdateFailed, rank_devices  # noqa: E402
+from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+from relax_rollout.engines.wire import (  # noqa: E402
     RoutingInfo,
-    SGLangEngine,
-    WeightUpdateFailed,
     abort_request,
     decode_routed_experts,
     disk_update_request,
     distributed_update_request,
-    engine_kwargs,
-    flag_args,
-    group_alive,
+    generate_body,
+    http_json,
     init_group_request,
-    launch_command,
     media_fields,
-    memory_request,
-    model_routing,
     parse_reply,
     pause_request,
     tensor_metadata,
     tensor_update_request,
 )
-from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 
 EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13]]
@@ -188,9 +186,9 @@ def test_tensor_requests_have_sglang_field_names_and_refuse_host_tensors(monkeyp
     named = [("w", torch.arange(6.0).reshape(2, 3)), ("b", torch.tensor([1, 2], dtype=torch.int64))]
     with pytest.raises(ValueError, match=r"2 tensors are in host memory \(w, b\).*'distributed' or 'disk'"):
         tensor_update_request(named, 3, 2, flush_cache=False)
-    import relax_rollout.engines.sglang as sglang_engine
+    import relax_rollout.engines.wire as wire
 
-    monkeypatch.setattr(sglang_engine, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
+    monkeypatch.setattr(wire, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
     body = tensor_update_request(named, 3, 2, flush_cache=False)
     assert set(body) <= UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT and body["weight_version"] == "3"
     assert body["serialized_named_tensors"] == ["payload", "payload"]  # one entry per TP rank
@@ -203,10 +201,10 @@ def test_each_tp_rank_gets_tensors_on_its_own_device(monkeypatch):
     tensors, ``torch.device('cuda', i)`` objects; the IPC handles themselves need a GPU.)"""
     from types import SimpleNamespace
 
-    import relax_rollout.engines.sglang as sglang_engine
+    import relax_rollout.engines.wire as wire
 
     seen: list[list] = []
-    monkeypatch.setattr(sglang_engine, "serialize_named_tensors", lambda named: seen.append(named) or "p")
+    monkeypatch.setattr(wire, "serialize_named_tensors", lambda named: seen.append(named) or "p")
     w = torch.ones(2, 3)
     body = tensor_update_request([("w", w)], 4, [torch.device("cpu"), torch.device("meta")])
     assert body["serialized_named_tensors"] == ["p", "p"]
@@ -215,10 +213,10 @@ def test_each_tp_rank_gets_tensors_on_its_own_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    engine = SimpleNamespace(tp_size=2, slots=[SimpleNamespace(url="http://a", gpus=["6", "7"])])
-    devices = sglang_engine.SGLangEngine._rank_devices(engine, "http://a")
+    slots = [SimpleNamespace(url="http://a", gpus=["6", "7"])]
+    devices = rank_devices(slots, 2, "http://a")
     assert devices == [torch.device("cuda", 2), torch.device("cuda", 3)]  # physical 6, 7 = our 2, 3
-    assert sglang_engine.SGLangEngine._rank_devices(engine, "http://elsewhere") == 2  # not our slot: as is
+    assert rank_devices(slots, 2, "http://elsewhere") == 2  # not our slot: as is
 
 
 def test_parse_reply_reads_sglang_meta_info():
@@ -282,28 +280,28 @@ def test_engine_kwargs_from_the_config():
         "sglang_mem_fraction_static": 0.6, "sglang_server_args": {"context_length": 4096},
         "sglang_python": "/venv/bin/python", "sglang_env": {"SGLANG_USE_CPU_ENGINE": "1"}}})  # fmt: skip
     # colocate (the default mode) releases the engines' memory while training: SGLang needs its memory saver
-    assert engine_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
+    assert sglang_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
                                   "server_args": {"context_length": 4096, "enable_memory_saver": True},
                                   "weight_update": "disk", "python": "/venv/bin/python",
                                   "env": {"SGLANG_USE_CPU_ENGINE": "1"}}  # fmt: skip
     no_offload = cfg.model_copy(update={"run": cfg.run.model_copy(update={"offload": False})})
-    assert engine_kwargs(no_offload)["server_args"] == {"context_length": 4096}
+    assert sglang_kwargs(no_offload)["server_args"] == {"context_length": 4096}
     # two nodes of 2 GPUs, 4 rollout GPUs: engines on both nodes, weights through the run's directory
     two = RelaxConfig.model_validate({
         "rollout": {"rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2},
         "train": {"actor_num_nodes": 2, "actor_num_gpus_per_node": 2}, "run": {"output_dir": "/shared/run"}})  # fmt: skip
-    kw = engine_kwargs(two)
+    kw = sglang_kwargs(two)
     assert (kw["num_engines"], kw["gpus_per_node"], kw["weights_dir"]) == (2, 2, "/shared/run/engine_weights")
     # broadcast on SGLang's weight group instead: no directory to share
     bcast = two.model_copy(
         update={"rollout": two.rollout.model_copy(update={"sglang_weight_update": "distributed"})}
     )
-    kw = engine_kwargs(bcast)
+    kw = sglang_kwargs(bcast)
     assert kw["gpus_per_node"] == 2 and kw["weight_update"] == "distributed" and "weights_dir" not in kw
     one_node = two.model_copy(update={"rollout": two.rollout.model_copy(update={"rollout_num_gpus": 2})})
-    assert "gpus_per_node" not in engine_kwargs(one_node) and "model_path" not in engine_kwargs(one_node)
+    assert "gpus_per_node" not in sglang_kwargs(one_node) and "model_path" not in sglang_kwargs(one_node)
     omni = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sglang_model_path": "/m/omni"})})
-    assert engine_kwargs(omni)["model_path"] == "/m/omni"  # what SGLang serves (the trainer: --hf-checkpoint)
+    assert sglang_kwargs(omni)["model_path"] == "/m/omni"  # what SGLang serves (the trainer: --hf-checkpoint)
 
 
 def test_constructor_errors_before_launching_anything(tiny_model_dir, tmp_path):
@@ -327,7 +325,7 @@ def test_routed_experts_and_media_through_our_server():
     """Our server answers SGLang's routed-experts request the way SGLang does (base64 int32,
     [prompt + generated - 1, layers, top_k]) and refuses media it cannot serve."""
     from relax_core.testing import tiny_moe
-    from relax_rollout.engines.ray_native import ServedEngine
+    from relax_rollout.server.served import ServedEngine
 
     torch.set_num_threads(1)
     model = tiny_moe(layers=2, top_k=2)
@@ -363,7 +361,7 @@ def test_routed_experts_and_media_through_our_server():
 
 
 def _post(url, path, body):
-    from relax_rollout.engines.external import ServerError
+    from relax_rollout.engines.wire import ServerError
 
     try:
         return 200, http_json(url, path, body)

@@ -20,9 +20,10 @@ torch = pytest.importorskip("torch")
 from relax_core.testing import EOS, VOCAB, model_log_probs, wait_until  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
-from relax_rollout.engines.external import http_json, model_info  # noqa: E402
 from relax_rollout.engines.pool import EnginePool  # noqa: E402
-from relax_rollout.engines.sglang import SGLangEngine, WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
+from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
+from relax_rollout.engines.sglang_weights import WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
+from relax_rollout.engines.wire import http_json, model_info  # noqa: E402
 
 pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 

@@ -344,7 +344,7 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     flattened bucket — and they are applied with the request that carries weight_version."""
     from relax_core.dcs import free_port
     from relax_rollout.engines import weight_group as wg
-    from relax_rollout.engines.sglang import distributed_update_request, tensor_metadata
+    from relax_rollout.engines.wire import distributed_update_request, tensor_metadata
 
     assert call(engine_server, "/init_weights_update_group", {
         "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,

@@ -41,15 +41,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.engines.external import (
+from relax_rollout.engines.wire import (
     ServerError,
-    _version,
     generate_body,
     http_json,
     min_tokens,
     model_info,
-    parse_generate,
+    parse_reply,
     save_safetensors,
+    version_number,
 )
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class EnginePool:
 
     ``urls``: start-up engines already serving (kind ``startup``, protected); more join with :meth:`add`,
     :meth:`spawn` (through ``launch``) or :meth:`start`. ``launch() -> (url, handle)`` starts one engine
-    (e.g. :func:`~relax_rollout.engines.ray_native.ray_launcher`), ``kill(handle)`` ends one.
+    (e.g. :func:`~relax_rollout.server.served.ray_launcher`), ``kill(handle)`` ends one.
     ``on_failure(member)`` and ``on_removed(member)`` are called (from the calling thread, keep them
     short) when a member fails and after one is removed. ``weights_dir``: where the current weights are
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
@@ -243,7 +243,7 @@ class EnginePool:
                         {"model_path": self.weights_path, "weight_version": str(self._version)},
                     )
                 info = model_info(m.url, self.token, self.join_timeout_s)
-                got = _version(info.get("weight_version"))
+                got = version_number(info.get("weight_version"))
                 with self._cond:
                     if self._version is None:  # the first member sets the pool's version
                         self._version = got
@@ -446,8 +446,8 @@ class EnginePool:
         parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
     ) -> list[GenerateOutput]:
         """One output per prompt. ``fields`` (one dict per prompt) and ``common`` are extra ``/generate``
-        request fields (see :func:`~relax_rollout.engines.external.generate_body`); ``parse(reply, prompts)``
-        replaces the default reply parser (e.g. to decode SGLang's routed experts)."""
+        request fields (see :func:`~relax_rollout.engines.wire.generate_body`); ``parse(reply, prompts)``
+        replaces :func:`~relax_rollout.engines.wire.parse_reply` (e.g. routed experts in the model's shape)."""
         if not prompts:
             return []
         if fields is not None and len(fields) != len(prompts):
@@ -544,7 +544,7 @@ class EnginePool:
     ) -> list[GenerateOutput]:
         try:
             reply = self._call(m.url, "/generate", generate_body(prompts, params, mins, fields, common))
-            outs = parse(reply, prompts) if parse is not None else parse_generate(reply)
+            outs = (parse or parse_reply)(reply, prompts)
             if len(outs) != len(prompts):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")
             return outs

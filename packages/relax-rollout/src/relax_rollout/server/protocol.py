@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.wire import encode_routed_experts
 from relax_rollout.http_api import EventStream, Text  # noqa: F401 - the routes' response kinds
 
 # SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
@@ -340,17 +341,6 @@ def response_text(decode: Any, out: GenerateOutput, no_stop_trim: bool = False) 
     if pos < 0:  # (a special token's text: matched with special tokens, the shown text has none)
         return text
     return text[: pos + len(out.matched_stop)] if no_stop_trim else text[:pos]
-
-
-def encode_routed_experts(experts: Any, start: int = 0) -> str:
-    """SGLang's ``meta_info["routed_experts"]``: base64 of the int32 C-order bytes of the
-    ``[tokens, layers, top_k]`` expert ids from token ``start`` on (the caller knows the shape)."""
-    import base64
-
-    import numpy as np
-
-    arr = np.ascontiguousarray(np.asarray(experts)[start:], dtype=np.int32)
-    return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
 def generate_response(

@@ -1,9 +1,12 @@
-"""Engine servers in their own processes on the Ray cluster (``ray_native`` members of the engine pool).
+"""Engines served over HTTP from a thread of this process, or from their own Ray actor process
+(``ray_native`` members of the engine pool).
 
 Why: an engine in its own process can crash without taking the rollout role down; the pool re-issues its
 requests on the other engines and the health manager restarts it. Each engine is a Ray actor that builds a
-rollout engine and serves it with our SGLang-compatible HTTP server (``relax_rollout.server``) in a daemon
-thread; the pool then drives it over HTTP exactly like an external SGLang server.
+rollout engine and serves it with our SGLang-compatible HTTP server (:class:`~relax_rollout.server.EngineServer`)
+in a daemon thread; the pool then drives it over HTTP exactly like an external SGLang server. It lives here,
+beside the server it runs, rather than under ``engines/``: an engine is what a server serves, not the other
+way round, and the pool only sees the ``(launch, kill)`` pair.
 
 - :class:`ServedEngine`: any engine served in a thread of this process (the building block; also what the
   tests use for real in-process servers). ``close(abrupt=True)`` drops the open connections as a dying
@@ -24,6 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from relax_rollout.engines.base import build_engine
+from relax_rollout.server.app import EngineServer, make_server
+
 logger = logging.getLogger(__name__)
 
 
@@ -40,8 +46,6 @@ class ServedEngine:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        from relax_rollout.server import EngineServer, make_server
-
         self.state = EngineServer(engine, tokenizer, model_path, model_path or "default", token)
         self.httpd = make_server(self.state, host, port)
         self._thread = threading.Thread(
@@ -94,8 +98,6 @@ class RayEngineServer:
     ) -> None:
         import torch
         from transformers import AutoTokenizer
-
-        from relax_rollout.engines.base import build_engine
 
         if torch_threads:
             torch.set_num_threads(torch_threads)

@@ -1,0 +1,80 @@
+"""The rollout role's config turned into an engine: which backend, with which arguments.
+
+Why here and not under ``engines/``: an engine takes plain arguments (a model path, GPU counts, launch
+flags) and is built the same way by a test, a benchmark or a served engine process; only the rollout role
+has a ``RelaxConfig``, and reading it is this module's job alone, so nothing under ``engines/`` depends on
+the config's shape. The worker calls :func:`engine_kwargs`, places what it must (GPUs), then
+:func:`build_from_config`; an engine pool (``--rollout-engines``) is built by
+:mod:`relax_rollout.engine_service` instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from relax_core.config import RelaxConfig
+from relax_rollout.engines import build_engine
+
+
+def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
+    """The :class:`~relax_rollout.engines.sglang.SGLangEngine` arguments a ``RelaxConfig`` sets besides the
+    model and its dtype (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``,
+    ``--sglang-mem-fraction-static``, ``--sglang-server-args``, ``--sglang-model-path``,
+    ``--sglang-weight-update``, ``--sglang-python``, ``--sglang-env``; on several nodes, ``gpus_per_node``
+    from ``--actor-num-gpus-per-node``)."""
+    r = cfg.rollout
+    server_args = dict(r.sglang_server_args)
+    if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
+        server_args.setdefault("enable_memory_saver", True)  # what /release_memory_occupation needs
+    out = {
+        "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
+        "tp_size": r.rollout_num_gpus_per_engine,
+        "mem_fraction_static": r.sglang_mem_fraction_static,
+        "server_args": server_args,
+        "weight_update": r.sglang_weight_update,
+        "python": r.sglang_python,
+        "env": dict(r.sglang_env),
+    }
+    t = cfg.train
+    if t.actor_num_nodes > 1 and t.actor_num_gpus_per_node and r.rollout_num_gpus > t.actor_num_gpus_per_node:
+        # more engines than the rollout's node holds: the rest on the cluster's other nodes, which load each
+        # weight version from the run's output directory (on a filesystem every node sees)
+        out["gpus_per_node"] = t.actor_num_gpus_per_node
+        if r.sglang_weight_update == "disk":
+            out["weights_dir"] = str(Path(cfg.run.output_dir).absolute() / "engine_weights")
+    if r.sglang_model_path:  # (Qwen3-Omni: the whole model; the trainer's --hf-checkpoint is its thinker)
+        out["model_path"] = r.sglang_model_path
+    return out
+
+
+def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
+    """The engine arguments of ``--rollout-backend`` beyond the model, its dtype and tokens: the server URLs
+    (``external``), :func:`sglang_kwargs` (``sglang``), and ``record_routing`` with ``--routing-replay``
+    (which only the ``torch`` and ``sglang`` engines can record)."""
+    backend = cfg.rollout.rollout_backend
+    extra = {"urls": cfg.rollout.rollout_external_urls} if backend == "external" else {}
+    if backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
+        extra = sglang_kwargs(cfg)
+    if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer
+        if backend not in ("torch", "sglang"):
+            raise ValueError(
+                f"--routing-replay needs --rollout-backend torch or sglang (their engines record the experts "
+                f"each token was routed to); got --rollout-backend {backend}"
+            )
+        extra["record_routing"] = True
+    return extra
+
+
+def build_from_config(cfg: RelaxConfig, model_path: str, tokenizer: Any, extra: dict[str, Any]) -> Any:
+    """The ``--rollout-backend`` engine on ``model_path`` (``--sglang-model-path`` where given), with the
+    tokenizer's EOS and pad ids and ``extra`` (:func:`engine_kwargs`, plus what the caller placed)."""
+    extra = dict(extra)
+    return build_engine(
+        cfg.rollout.rollout_backend,
+        model_path=extra.pop("model_path", model_path),  # (--sglang-model-path)
+        dtype=cfg.model.dtype,
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )

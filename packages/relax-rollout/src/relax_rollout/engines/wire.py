@@ -1,0 +1,454 @@
+"""SGLang's HTTP API as we speak it: the requests we send, the one parser of a ``/generate`` reply, and the
+formats inside them (routed experts, serialized tensors, the safetensors a disk update loads).
+
+Why one module: the ``sglang`` engine, the ``external`` engine and the engine pool all drive SGLang-compatible
+servers, and our engine server (``relax_rollout.server``) answers in the same shapes; each field name, each
+encoding and each reply's reading is written here once, so the parties cannot drift apart (a reply read two
+ways once gave the pool and the engine different outputs). Only the standard library at import (urllib):
+relax-rollout gains no HTTP dependency; numpy, torch and safetensors are imported by the functions that
+need them.
+
+Request and reply field names follow sgl-project/sglang ``python/sglang/srt/managers/io_struct.py`` (read at
+commit 001067fffe33, after v0.5.x, cross-checked with the v0.5.x dataclasses), ``entrypoints/http_server.py``
+(routes, reply bodies; ``/health`` and ``/health_generate`` answer 503 while the server starts) and
+``sampling/sampling_params.py``; the tests hold the field sets.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
+
+
+class ServerError(RuntimeError):
+    """The server answered with an HTTP error; ``status`` and ``body`` carry its reply."""
+
+    def __init__(self, url: str, status: int, body: Any):
+        msg = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{url} answered HTTP {status}: {msg}")
+        self.status, self.body = status, body
+
+
+@dataclass(frozen=True)
+class RoutingInfo:
+    """What a routed-experts reply is reshaped with (from the model's ``config.json``; None: unknown)."""
+
+    num_layers: int | None
+    top_k: int | None
+
+
+# -- transport ---------------------------------------------------------------------------------------------
+def http_json(
+    url: str,
+    path: str,
+    body: Any = None,
+    token: str | None = None,
+    timeout_s: float = 600.0,
+    retries: int = 0,
+    retry_backoff_s: float = 0.5,
+) -> Any:
+    """GET (``body`` None) or POST JSON to ``url + path``; the parsed reply (None when empty).
+
+    Connection errors (refused, reset, the reply cut short) are retried ``retries`` times with exponential
+    back-off, then raised as :class:`ConnectionError`; an HTTP error status is raised as
+    :class:`ServerError` at once; a reply not read within ``timeout_s`` raises :class:`TimeoutError`."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(
+            url + path, data=data, headers=headers, method="GET" if data is None else "POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                payload = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                payload = raw.decode(errors="replace")
+            raise ServerError(url + path, e.code, payload) from None
+        except (urllib.error.URLError, ConnectionError, http.client.HTTPException) as e:
+            if attempt == retries:
+                raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e
+            time.sleep(retry_backoff_s * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """An engine server's ``/model_info`` (its ``weight_version`` among others); ``/get_model_info``, its
+    name before SGLang 0.5.2x deprecated it, for a server without the new route."""
+    try:
+        return http_json(url, "/model_info", None, token, timeout_s) or {}
+    except ServerError as e:
+        if e.status != 404:
+            raise
+    return http_json(url, "/get_model_info", None, token, timeout_s) or {}
+
+
+# -- /generate ---------------------------------------------------------------------------------------------
+def sampling_dict(p: SamplingParams, min_new: int) -> dict:
+    """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""
+    sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
+          "top_p": p.top_p, "min_new_tokens": min_new}  # fmt: skip
+    if p.stop_token_ids:
+        sp["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        sp["sampling_seed"] = p.seed
+    if p.stop:
+        sp["stop"] = list(p.stop)
+    return sp
+
+
+def min_tokens(params: SamplingParams, n: int) -> list[int]:
+    """``params.min_new_tokens`` as one value per prompt."""
+    mins = params.min_new_tokens
+    return list(mins) if isinstance(mins, list) else [mins] * n
+
+
+def generate_body(
+    prompts: list[list[int]],
+    params: SamplingParams,
+    mins: list[int],
+    fields: list[dict[str, Any]] | None = None,
+    common: dict[str, Any] | None = None,
+) -> dict:
+    """A ``/generate`` request for a batch: one sampling dict, or one per prompt when the minima differ.
+
+    ``fields``: per-prompt request fields (one dict per prompt, all with the same keys), sent as one list per
+    key (SGLang's batch form, e.g. ``rid``, ``image_data``); ``common``: request-level fields (e.g.
+    ``return_routed_experts``)."""
+    sps = [sampling_dict(params, m) for m in mins]
+    body = {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
+            "return_logprob": True}  # fmt: skip
+    if params.top_logprobs:
+        body["top_logprobs_num"] = params.top_logprobs
+    if common:
+        body.update(common)
+    if fields is not None:
+        if len(fields) != len(prompts):
+            raise ValueError(f"{len(fields)} per-prompt field dicts for {len(prompts)} prompts")
+        keys = set(fields[0]) if fields else set()
+        if any(set(f) != keys for f in fields):
+            raise ValueError("every prompt's request fields must have the same keys")
+        for key in sorted(keys):
+            body[key] = [f[key] for f in fields]
+    return body
+
+
+def media_fields(media: list[dict[str, Any] | None] | None, n: int) -> list[dict[str, Any]]:
+    """Per-prompt media as SGLang's batch fields: for every modality any prompt has, one list per prompt
+    (``[]`` for a prompt without it, which SGLang treats as none)."""
+    if media is None:
+        return [{} for _ in range(n)]
+    if len(media) != n:
+        raise ValueError(f"media has {len(media)} entries for {n} prompts")
+    keys: set[str] = set()
+    for i, m in enumerate(media):
+        if m is None:
+            continue
+        if not isinstance(m, dict):
+            raise ValueError(f"media[{i}] must be a dict of {MEDIA_FIELDS} or None (got {type(m).__name__})")
+        unknown = set(m) - set(MEDIA_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"media[{i}] has {sorted(unknown)}: SGLang takes raw media as {MEDIA_FIELDS} (file names, "
+                "URLs or base64/data URIs; e.g. relax_multimodal's ProcessedSample.sglang_payload()), not "
+                "processed tensors"
+            )
+        keys |= {k for k, v in m.items() if v is not None}
+    out = []
+    for m in media:
+        d = {}
+        for k in sorted(keys):
+            v = (m or {}).get(k)
+            d[k] = [] if v is None else list(v) if isinstance(v, (list, tuple)) else [v]
+        out.append(d)
+    return out
+
+
+def top_logprobs(meta: dict) -> list[list[tuple[int, float]]] | None:
+    """SGLang's ``meta_info.output_top_logprobs`` (per token ``[[logprob, token_id, text], ...]``, or None)
+    as :attr:`GenerateOutput.top_logprobs`; None when the reply has none."""
+    rows = meta.get("output_top_logprobs")
+    if rows is None:
+        return None
+    return [[(int(x[1]), float(x[0])) for x in row or []] for row in rows]
+
+
+def matched_stop(meta: dict) -> str | None:
+    """The stop string that ended a reply (SGLang's ``finish_reason.matched`` when a string)."""
+    reason = meta.get("finish_reason")
+    matched = reason.get("matched") if isinstance(reason, dict) else None
+    return matched if isinstance(matched, str) else None
+
+
+def version_number(v: Any) -> int:
+    """A reply's ``weight_version`` (a string in SGLang) as our int; SGLang's default ``"default"`` is 0."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_reply(
+    results: Any, prompts: list[list[int]], routing: RoutingInfo | None = None, routed_start: int = 0
+) -> list[GenerateOutput]:
+    """A batch ``/generate`` reply as our outputs: tokens and log-probs from
+    ``meta_info.output_token_logprobs`` (checked against ``output_ids`` when both are there),
+    ``finish_reason.type``, ``weight_version``, and ``extra`` = ``rid``, ``cached_tokens`` and (when the
+    reply has them) ``routed_experts``: the tokens ``[routed_start, prompt + generated - 1)`` (the request's
+    ``routed_experts_start_len``), the prompt counted as SGLang's ``meta_info.prompt_tokens`` (after it
+    expanded media placeholders) when the reply has it."""
+    if isinstance(results, dict):
+        results = [results]
+    if not isinstance(results, list) or len(results) != len(prompts):
+        n = len(results) if isinstance(results, list) else type(results).__name__
+        raise ValueError(f"/generate answered {n} results for {len(prompts)} prompts")
+    outs = []
+    for r, prompt in zip(results, prompts):
+        meta = r["meta_info"]
+        lps = meta.get("output_token_logprobs")
+        if lps is not None:
+            token_ids = [int(x[1]) for x in lps]
+            log_probs = [float(x[0]) for x in lps]
+            if r.get("output_ids") is not None and list(r["output_ids"]) != token_ids:
+                raise ValueError(
+                    f"request {meta.get('id')}: output_ids and output_token_logprobs disagree "
+                    f"({len(r['output_ids'])} vs {len(token_ids)} tokens)"
+                )
+        else:
+            token_ids, log_probs = [int(t) for t in r["output_ids"]], []
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        extra: dict[str, Any] = {"rid": meta.get("id"), "cached_tokens": meta.get("cached_tokens")}
+        if meta.get("routed_experts") is not None:
+            prompt_len = int(meta.get("prompt_tokens") or len(prompt))
+            extra["routed_experts"] = decode_routed_experts(
+                meta["routed_experts"], prompt_len + len(token_ids) - 1 - routed_start, routing
+            )
+        version = version_number(meta.get("weight_version"))
+        outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra,
+                                   top_logprobs(meta), matched_stop(meta)))  # fmt: skip
+    return outs
+
+
+# -- routed experts (R3): ``meta_info.routed_experts`` ------------------------------------------------------
+def encode_routed_experts(experts: Any, start: int = 0) -> str:
+    """SGLang's ``meta_info["routed_experts"]``: base64 of the int32 C-order bytes of the
+    ``[tokens, layers, top_k]`` expert ids from token ``start`` on (the caller knows the shape)."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(np.asarray(experts)[start:], dtype=np.int32)
+    return base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def decode_routed_experts(b64: str, num_tokens: int, routing: RoutingInfo | None = None) -> Any:
+    """``meta_info.routed_experts`` (base64 of int32 C-order bytes) as ``[num_tokens, layers, top_k]``
+    (layers from the reply's size when the model's count does not fit it)."""
+    import numpy as np
+
+    flat = np.frombuffer(base64.b64decode(b64), dtype=np.int32)
+    layers = routing.num_layers if routing else None
+    k = routing.top_k if routing else None
+    if num_tokens <= 0:
+        if flat.size:
+            raise ValueError(f"routed_experts has {flat.size} ids for no routed token")
+        return flat.reshape(0, layers or 0, k or 0)
+    if layers and k and flat.size == num_tokens * layers * k:
+        return flat.reshape(num_tokens, layers, k)
+    if k and flat.size % (num_tokens * k) == 0:
+        return flat.reshape(num_tokens, -1, k)
+    if not k and flat.size % num_tokens == 0:
+        return flat.reshape(num_tokens, -1)
+    raise ValueError(
+        f"routed_experts has {flat.size} ids, not a multiple of {num_tokens} tokens × top_k {k} "
+        "(prompt + generated - 1 tokens are routed)"
+    )
+
+
+# -- control -----------------------------------------------------------------------------------------------
+def pause_request(mode: str = "abort") -> dict[str, Any]:
+    """SGLang's ``PauseGenerationReqInput``."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode must be one of {PAUSE_MODES} (got {mode!r})")
+    return {"mode": mode}
+
+
+def abort_request(rid: str | None = None) -> dict[str, Any]:
+    """SGLang's ``AbortReq``: one request id, or every request."""
+    return {"abort_all": True} if rid is None else {"rid": rid}
+
+
+# -- weights -----------------------------------------------------------------------------------------------
+def init_group_request(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str,
+    protocol: str = "sglang",
+) -> dict[str, Any]:  # fmt: skip
+    """SGLang's ``InitWeightsUpdateGroupReqInput``; ``protocol="relax_dcs"`` adds the field that makes our
+    engine server join a relax DCS sender instead (SGLang has no such group)."""
+    body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}  # fmt: skip
+    if protocol != "sglang":
+        body["protocol"] = protocol
+    return body
+
+
+def distributed_update_request(
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    version: int | None,
+    group_name: str,
+    flush_cache: bool = True,
+    abort_all_requests: bool = False,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightsFromDistributedReqInput`` (``weight_version`` is a string there; None leaves
+    the engine's version as it is: every bucket but the last of an update)."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
+    body = {"names": list(names), "dtypes": [_dtype_name(d) for d in dtypes],
+            "shapes": [[int(x) for x in s] for s in shapes], "group_name": group_name,
+            "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}  # fmt: skip
+    if version is not None:
+        body["weight_version"] = str(version)
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def tensor_metadata(named_tensors: Iterable[tuple[str, Any]]) -> tuple[list[str], list[str], list[list[int]]]:
+    """(names, dtypes, shapes) of ``named_tensors``, as ``/update_weights_from_distributed`` wants them."""
+    names, dtypes, shapes = [], [], []
+    for name, t in named_tensors:
+        names.append(name)
+        dtypes.append(_dtype_name(t.dtype))
+        shapes.append(list(t.shape))
+    return names, dtypes, shapes
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")  # SGLang resolves it with getattr(torch, name)
+
+
+def disk_update_request(
+    model_path: str,
+    version: int,
+    abort_all_requests: bool = False,
+    flush_cache: bool = True,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightFromDiskReqInput``."""
+    body = {"model_path": model_path, "weight_version": str(version), "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache}  # fmt: skip
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body
+
+
+def save_safetensors(tensors: dict[str, Any], directory: str) -> str:
+    """Write ``tensors`` (CPU, contiguous) to ``directory/model.safetensors`` for /update_weights_from_disk.
+    Views into a larger tensor (one expert of a fused MoE tensor) are copied: safetensors refuses tensors
+    that share memory."""
+    import torch
+    from safetensors.torch import save_file
+
+    def own(t):
+        t = torch.as_tensor(t).detach().cpu().contiguous()
+        return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+    flat = {k: own(v) for k, v in tensors.items()}
+    path = f"{directory}/model.safetensors"
+    save_file(flat, path)
+    return path
+
+
+def _on_device(named: list[tuple[str, Any]], device: Any) -> list[tuple[str, Any]]:
+    """``named`` with every tensor on ``device`` (itself where it is there already), the copies finished
+    before the engine maps them: a copy between GPUs runs on a stream, and an IPC handle is handed over
+    at once."""
+    out = [(n, t if device is None or t.device == device else t.to(device)) for n, t in named]
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return out
+
+
+def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
+    """One TP rank's entry of ``serialized_named_tensors``: base64 of a ``ForkingPickler`` dump of the
+    ``(name, tensor)`` list, CUDA tensors travelling as IPC handles (the engine must be on this node).
+
+    The handle names its GPU by UUID, not by index, as SGLang's ``monkey_patch_torch_reductions`` does on
+    both sides: the engine's ``CUDA_VISIBLE_DEVICES`` differs from the sender's, so an index would open
+    another GPU's memory (SGLang's receiver maps a UUID back to its own index). Host tensors are refused:
+    their shared-memory handles are file descriptors, which cannot cross an HTTP request into an unrelated
+    process."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+    from torch.multiprocessing import reductions
+
+    host = [n for n, t in named_tensors if not t.is_cuda]
+    if host:
+        raise ValueError(
+            f"weight_update='tensor' hands CUDA IPC handles to SGLang; {len(host)} tensors are in host memory "
+            f"({', '.join(host[:3])}{', …' if len(host) > 3 else ''}): use weight_update='distributed' or 'disk'"
+        )
+
+    def reduce_by_uuid(t: Any) -> Any:
+        rebuild, args = reductions.reduce_tensor(t)
+        if t.is_cuda:  # (SGLang's _REDUCE_TENSOR_ARG_DEVICE_INDEX: torch's rebuild_cuda_tensor signature)
+            args = (*args[:6], str(torch.cuda.get_device_properties(args[6]).uuid), *args[7:])
+        return rebuild, args
+
+    buf = io.BytesIO()
+    pickler = ForkingPickler(buf)
+    pickler.dispatch_table = {**ForkingPickler._extra_reducers, torch.Tensor: reduce_by_uuid,
+                              torch.nn.Parameter: reduce_by_uuid}  # fmt: skip
+    pickler.dump(list(named_tensors))
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def tensor_update_request(
+    named_tensors: list[tuple[str, Any]],
+    version: int,
+    devices: list[Any] | int = 1,
+    flush_cache: bool = True,
+    abort_all_requests: bool = False,
+    load_format: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's ``UpdateWeightsFromTensorReqInput``: one serialized entry per TP rank (rank ``r`` reads
+    entry ``r`` and loads the whole tensors into its shard).
+
+    ``devices``: the CUDA device of each TP rank of the engine (as this process numbers them): rank ``r``'s
+    entry holds tensors on ``devices[r]`` (copied there where they live elsewhere), so each rank maps
+    memory of its own GPU instead of every rank reading rank 0's across the bus. An int: that many ranks,
+    the tensors where they are (one GPU per engine, or a caller that placed them)."""
+    named = list(named_tensors)
+    if isinstance(devices, int):
+        payloads = [serialize_named_tensors(named)] * devices
+    else:
+        payloads = [serialize_named_tensors(_on_device(named, d)) for d in devices]
+    body = {"serialized_named_tensors": payloads, "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests, "weight_version": str(version)}  # fmt: skip
+    if load_format is not None:
+        body["load_format"] = load_format
+    return body

@@ -27,8 +27,14 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 def batch(kind: str, start: int = 0) -> list[dict]:
     if kind == "small":
-        return [{"input_ids": np.arange(1024, dtype=np.int64) + i, "log_probs": np.zeros(1024, np.float32),
-                 "reward": float(i)} for i in range(start, start + 64)]  # fmt: skip
+        return [
+            {
+                "input_ids": np.arange(1024, dtype=np.int64) + i,
+                "log_probs": np.zeros(1024, np.float32),
+                "reward": float(i),
+            }
+            for i in range(start, start + 64)
+        ]
     return [{"pixels": np.full(2 * 1024 * 1024, i, np.float32)} for i in range(start, start + 4)]
 
 
@@ -135,8 +141,14 @@ class TQ:
         from omegaconf import OmegaConf
 
         if not hasattr(TQ, "client"):
-            tq.init(OmegaConf.create({"controller": {"polling_mode": True},
-                                      "backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))  # fmt: skip
+            tq.init(
+                OmegaConf.create(
+                    {
+                        "controller": {"polling_mode": True},
+                        "backend": {"SimpleStorage": {"num_data_storage_units": 1}},
+                    }
+                )
+            )
             TQ.client = tq.get_client()
         self.torch, self.part, self.k = torch, f"p{time.monotonic_ns()}", 0
         self.fields = ["input_ids", "log_probs", "reward"] if kind == "small" else ["pixels"]
@@ -195,8 +207,13 @@ def measure(backend, kind: str, iters: int, reps: int) -> dict:
         backend.close()
     put_mbs = [iters * mb / s for s in puts]
     get_mbs = [iters * mb / s for s in gets]
-    row = {"put": put_mbs, "get": get_mbs, "sps_put": [v / mb * len(per) for v in put_mbs],
-           "sps_get": [v / mb * len(per) for v in get_mbs], "rt": rts}  # fmt: skip
+    row = {
+        "put": put_mbs,
+        "get": get_mbs,
+        "sps_put": [v / mb * len(per) for v in put_mbs],
+        "sps_get": [v / mb * len(per) for v in get_mbs],
+        "rt": rts,
+    }
     return row
 
 
@@ -218,8 +235,10 @@ def main() -> None:
     backends = [Memcpy(), RelaxBus(False), RelaxBus(True), RelaxBus(True, fast_local=False), RayQueue()]
     if "tq" not in args.skip:
         backends.append(TQ())
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")  # fmt: skip
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
     print(f"# reps={args.reps} iters={args.iters}; median (min-max)")
     print("| backend | case | put MB/s | get MB/s | put samples/s | get samples/s | 1-sample round trip ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -232,8 +251,11 @@ def main() -> None:
                     f"| {b.name} | {kind} | failed: {type(e).__name__}: {str(e)[:80]} | | | | |", flush=True
                 )
                 continue
-            print(f"| {b.name} | {'64 x 12 KB' if kind == 'small' else '4 x 8 MB'} | {fmt(r['put'])} | "
-                  f"{fmt(r['get'])} | {fmt(r['sps_put'])} | {fmt(r['sps_get'])} | {fmt(r['rt'], 2)} |", flush=True)  # fmt: skip
+            print(
+                f"| {b.name} | {'64 x 12 KB' if kind == 'small' else '4 x 8 MB'} | {fmt(r['put'])} | "
+                f"{fmt(r['get'])} | {fmt(r['sps_put'])} | {fmt(r['sps_get'])} | {fmt(r['rt'], 2)} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,10 @@ def main() -> None:
     rows = read_jsonl(assets.train_path)[: args.batch]
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
     params = SamplingParams(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, temperature=1.0)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)
     launch, kill = ray_launcher(model, torch_threads=1)
     pool = EnginePool(launch=launch, kill=kill)
@@ -105,8 +107,10 @@ def main() -> None:
     base1 = statistics.median(result["throughput_tok_s"][1])
     for n, rates in result["throughput_tok_s"].items():
         med = statistics.median(rates)
-        print(f"{n} engine(s): {med:.0f} tokens/s [{min(rates):.0f}-{max(rates):.0f}] ({med / base1:.2f}x)"
-              + (f"; scale-out took {result['scale_out_s'][n]:.1f} s" if n in result["scale_out_s"] else ""))  # fmt: skip
+        print(
+            f"{n} engine(s): {med:.0f} tokens/s [{min(rates):.0f}-{max(rates):.0f}] ({med / base1:.2f}x)"
+            + (f"; scale-out took {result['scale_out_s'][n]:.1f} s" if n in result["scale_out_s"] else "")
+        )
     print(
         f"scale-in to 1 while generating: {result['scale_in_s']:.1f} s ({op['state']}); pool: {result['pool']}"
     )

@@ -33,8 +33,12 @@ def main() -> None:
     args = ap.parse_args()
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
     tmp = Path("runs/bench_exact_prox")
-    results: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
-                     "steps": args.steps, "repeats": args.repeats, "runs": {}}  # fmt: skip
+    results: dict = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "runs": {},
+    }
     for rep in range(args.repeats):  # interleaved, so drift hits every variant alike
         for mode in ("async_s1", "async_s2"):
             for name, exact in VARIANTS.items():
@@ -42,8 +46,11 @@ def main() -> None:
                 extra = {"decoupled_ppo": True, "exact_proximal_policy": exact}
                 r = run_once(assets, mode, "demo", args.steps, tmp, extra=extra)
                 results["runs"].setdefault(f"{mode}/{name}", []).append(r)
-                print(f"{mode} {name:16s} rep {rep}: {r['rl_wall_s']:.1f} s RL, {r['samples_per_s']:.1f} samples/s "
-                      f"(incl. setup {time.perf_counter() - t:.1f} s)", flush=True)  # fmt: skip
+                print(
+                    f"{mode} {name:16s} rep {rep}: {r['rl_wall_s']:.1f} s RL, {r['samples_per_s']:.1f} samples/s "
+                    f"(incl. setup {time.perf_counter() - t:.1f} s)",
+                    flush=True,
+                )
     print("\n| staleness | π_prox | RL wall s (median) | spread (min–max) | samples/s (median) | vs as-is |")
     print("| --- | --- | --- | --- | --- | --- |")
     for mode in ("async_s1", "async_s2"):
@@ -52,8 +59,10 @@ def main() -> None:
             walls = [r["rl_wall_s"] for r in results["runs"][f"{mode}/{name}"]]
             sps = statistics.median(r["samples_per_s"] for r in results["runs"][f"{mode}/{name}"])
             med = statistics.median(walls)
-            print(f"| {MODES[mode]['max_staleness']} | {name} | {med:.1f} | {min(walls):.1f}–{max(walls):.1f} | "
-                  f"{sps:.1f} | {base / med:.2f}× |")  # fmt: skip
+            print(
+                f"| {MODES[mode]['max_staleness']} | {name} | {med:.1f} | {min(walls):.1f}–{max(walls):.1f} | "
+                f"{sps:.1f} | {base / med:.2f}× |"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
 

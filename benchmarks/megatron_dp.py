@@ -58,9 +58,15 @@ def build_model(root: Path) -> str:
     import transformers
 
     cfg = transformers.Qwen3Config(
-        vocab_size=2000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-    )  # fmt: skip
+        vocab_size=2000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     out = root / "model"
     transformers.Qwen3ForCausalLM(cfg).save_pretrained(out)
@@ -112,17 +118,29 @@ def run_layout(root: Path, model: str, name: str, steps: int, seqs: int) -> list
     out = root / "times.json"
     spec.write_text(
         json.dumps(
-            {"model": model, "steps": steps, "seqs": seqs, "out": str(out), "threads": max(1, os.cpu_count() // world),
-             "replicas_run_all": layout["replicas_run_all"]}
+            {
+                "model": model,
+                "steps": steps,
+                "seqs": seqs,
+                "out": str(out),
+                "threads": max(1, os.cpu_count() // world),
+                "replicas_run_all": layout["replicas_run_all"],
+            }
         )
-    )  # fmt: skip
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=env))
     for p in procs:
         if p.wait(timeout=1800):
@@ -149,8 +167,10 @@ def main() -> None:
             times = run_layout(root, model, name, args.steps, args.seqs)
             per_round[name].append(statistics.median(times))
             every[name].extend(times)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{args.seqs} sequences of 128 tokens, {args.rounds} rounds x {args.steps} steps")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{args.seqs} sequences of 128 tokens, {args.rounds} rounds x {args.steps} steps"
+    )
     base = statistics.median(every["DP 2, every replica runs the batch"])
     print("| layout | s/step (median) | spread (round medians) | vs DP 2 replicated |")
     print("| --- | --- | --- | --- |")

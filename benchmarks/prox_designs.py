@@ -43,8 +43,9 @@ def batch(cfg, tokenizer, prompts: list[str], seed: int) -> dict:
     cost depends on the shapes only), advantages ±1, ActorFwd's log-probs one version behind."""
     rng = np.random.default_rng(seed)
     n, resp = cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len
-    out: dict = {k: [] for k in ("tokens", "prompt_len", "loss_mask", "advantages", "rollout_log_probs",
-                                 "log_probs")}  # fmt: skip
+    out: dict = {
+        k: [] for k in ("tokens", "prompt_len", "loss_mask", "advantages", "rollout_log_probs", "log_probs")
+    }
     for p in prompts:
         ids = tokenizer(p)["input_ids"]
         for _ in range(n):
@@ -69,19 +70,36 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(assets.sft_model_dir)
     rows = [json.loads(line) for line in Path(assets.train_path).read_text().splitlines()]
-    results: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
-                     "steps": args.steps, "cases": {}}  # fmt: skip
+    results: dict = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+        "steps": args.steps,
+        "cases": {},
+    }
     for opt_steps in (1, 2):
-        flat = {**DEMO_DEFAULTS, "mode": "fully_async", "max_staleness": 2, "decoupled_ppo": True,
-                "prompt_data": str(assets.train_path), "hf_checkpoint": str(assets.sft_model_dir),
-                "tensorboard": False, "trace": False}  # fmt: skip
-        flat["global_batch_size"] = DEMO_DEFAULTS["rollout_batch_size"] * DEMO_DEFAULTS["n_samples_per_prompt"] // opt_steps
+        flat = {
+            **DEMO_DEFAULTS,
+            "mode": "fully_async",
+            "max_staleness": 2,
+            "decoupled_ppo": True,
+            "prompt_data": str(assets.train_path),
+            "hf_checkpoint": str(assets.sft_model_dir),
+            "tensorboard": False,
+            "trace": False,
+        }
+        flat["global_batch_size"] = (
+            DEMO_DEFAULTS["rollout_batch_size"] * DEMO_DEFAULTS["n_samples_per_prompt"] // opt_steps
+        )
         cfg = config_from_flat(flat)
-        trainers = {"A": TorchBackend(cfg, str(assets.sft_model_dir)), "B": TorchBackend(cfg, str(assets.sft_model_dir))}
+        trainers = {
+            "A": TorchBackend(cfg, str(assets.sft_model_dir)),
+            "B": TorchBackend(cfg, str(assets.sft_model_dir)),
+        }
         actor_fwd = TorchBackend(cfg, str(assets.sft_model_dir), trainable=False)
         times: dict[str, list[float]] = {"A": [], "B": [], "B_actor_fwd": []}
         for step in range(args.steps + 1):  # step 0 warms up
-            prompts = [rows[(step * 32 + i) % len(rows)]["prompt"] for i in range(cfg.rollout.rollout_batch_size)]
+            prompts = [
+                rows[(step * 32 + i) % len(rows)]["prompt"] for i in range(cfg.rollout.rollout_batch_size)
+            ]
             for design in ("A", "B") if step % 2 else ("B", "A"):  # interleaved, alternating order
                 trainer, d = trainers[design], batch(cfg, tok, prompts, step)
                 d["log_probs_version"] = [trainer.version - 1] * len(d["tokens"])
@@ -99,15 +117,19 @@ def main() -> None:
                     if design == "B":
                         times["B_actor_fwd"].append(t_fwd)
         results["cases"][f"{opt_steps} optimizer step(s)"] = times
-    print("\n| optimizer steps per batch | design | step s (median) | spread (min–max) | of which ActorFwd | B / A |")
+    print(
+        "\n| optimizer steps per batch | design | step s (median) | spread (min–max) | of which ActorFwd | B / A |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for case, times in results["cases"].items():
         med = {k: statistics.median(v) for k, v in times.items()}
         for design in ("A", "B"):
             fwd = f"{med['B_actor_fwd']:.3f}" if design == "B" else "—"
             ratio = f"{med['B'] / med['A']:.2f}×" if design == "A" else "—"
-            print(f"| {case.split()[0]} | {design} | {med[design]:.3f} | {min(times[design]):.3f}–{max(times[design]):.3f} "
-                  f"| {fwd} | {ratio} |")  # fmt: skip
+            print(
+                f"| {case.split()[0]} | {design} | {med[design]:.3f} | {min(times[design]):.3f}–{max(times[design]):.3f} "
+                f"| {fwd} | {ratio} |"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
 

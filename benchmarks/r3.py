@@ -52,11 +52,23 @@ def build_inputs(root: Path, init_range: float) -> tuple[str, str]:
     rows = read_jsonl(files.train_path)
     tok = train_tokenizer([r["prompt"] + r["label"] for r in rows], root / "model", vocab_size=300)
     cfg = Qwen3MoeConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=EXPERTS,
-        num_experts_per_tok=TOP_K, moe_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],
-        norm_topk_prob=True, initializer_range=init_range, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        moe_intermediate_size=64,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        initializer_range=init_range,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     Qwen3MoeForCausalLM(cfg).save_pretrained(root / "model")
     return str(root / "model"), str(files.train_path)
@@ -69,8 +81,9 @@ def rollout_batch(cfg, ckpt: str, data_path: str) -> dict:
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=1000))
     RolloutWorker(cfg, bus, ckpt, data_path).produce(0)
     data = bus.get("c", cfg.samples_per_rollout, timeout=30).data
-    data["advantages"] = [np.full(len(lp), 1.0 - 2 * (k % 2), np.float32)
-                          for k, lp in enumerate(data["rollout_log_probs"])]  # fmt: skip
+    data["advantages"] = [
+        np.full(len(lp), 1.0 - 2 * (k % 2), np.float32) for k, lp in enumerate(data["rollout_log_probs"])
+    ]
     return data
 
 
@@ -105,8 +118,10 @@ def mismatch(cfg, ckpt: str, data: dict, noise: float) -> dict[str, dict[str, fl
         trainer.cfg.algo.routing_replay = mode == "with"
         used, logp = experts_used(trainer, data)
         differ = sum(int((u != r).any(-1).sum()) for u, r in zip(used, data["routed_experts"]))
-        out[mode] = {"differ_frac": differ / pairs,
-                     "mean_abs_dlogp": float(np.mean(np.abs(np.concatenate(logp) - rollout)))}  # fmt: skip
+        out[mode] = {
+            "differ_frac": differ / pairs,
+            "mean_abs_dlogp": float(np.mean(np.abs(np.concatenate(logp) - rollout))),
+        }
     return out
 
 
@@ -120,22 +135,41 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, torch {torch.__version__}, 1 torch thread; init std {args.init_range}")  # fmt: skip
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, 1 torch thread; init std {args.init_range}"
+    )
     print(f"# load before: {uptime()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         ckpt, data_path = build_inputs(root, args.init_range)
-        flags = ["--prompt-data", data_path, "--hf-checkpoint", ckpt, "--routing-replay",
-                 "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "32",
-                 "--micro-batch-size", "64", "--torch-threads", "1", "--no-progress",
-                 "--output-dir", str(root / "out")]  # fmt: skip
+        flags = [
+            "--prompt-data",
+            data_path,
+            "--hf-checkpoint",
+            ckpt,
+            "--routing-replay",
+            "--rollout-batch-size",
+            "16",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "32",
+            "--micro-batch-size",
+            "64",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(root / "out"),
+        ]
         data = rollout_batch(build_config(None, flags), ckpt, data_path)
         lens = [len(t) for t in data["tokens"]]
         print(f"# batch: {len(lens)} sequences, {min(lens)}-{max(lens)} tokens (mean {np.mean(lens):.1f})")
         times = time_steps(build_config(None, flags), ckpt, data, args.reps)
-        effects = {float(s): mismatch(build_config(None, flags), ckpt, data, float(s))
-                   for s in args.noise.split(",")}  # fmt: skip
+        effects = {
+            float(s): mismatch(build_config(None, flags), ckpt, data, float(s)) for s in args.noise.split(",")
+        }
     print(f"# load after: {uptime()}\n")
 
     med = {m: statistics.median(t) for m, t in times.items()}

@@ -75,8 +75,10 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     assets = prepare_demo(cache_dir=os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")  # fmt: skip
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}"
+    )
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for role in args.roles.split(","):
@@ -88,8 +90,11 @@ def main() -> None:
             ]
             print(f"{role:10s} " + "  ".join(cells), flush=True)
     out = Path(__file__).parent / "results" / "recovery.json"
-    out.write_text(json.dumps({"reps": args.reps, "steps": args.steps, "results": results,
-                               "load": os.getloadavg()}, indent=1))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {"reps": args.reps, "steps": args.steps, "results": results, "load": os.getloadavg()}, indent=1
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -43,9 +43,23 @@ for backend, output_len, flags in runs:
 
 def start_server(src: Path, model: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "relax_rollout.server", "--model", model, "--port", "0",
-                             "--torch-threads", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "relax_rollout.server",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--torch-threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         if "listening on " in line:
@@ -70,11 +84,29 @@ def main() -> None:
     model = str(prepare_demo(ROOT / ".relax_cache").sft_model_dir)
     work = Path(tempfile.mkdtemp(prefix="relax-serving-"))
     before = work / "before"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before), args.before], check=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before), args.before], check=True
+    )
     trees = {"before": before, "after": ROOT}
-    flags = ["--dataset-name", "random-ids", "--random-input-len", "8", "--random-range-ratio", "1.0",
-             "--num-prompts", str(args.prompts), "--max-concurrency", str(args.concurrency), "--seed", "1",
-             "--tokenizer", model, "--model", model, "--disable-tqdm"]  # fmt: skip
+    flags = [
+        "--dataset-name",
+        "random-ids",
+        "--random-input-len",
+        "8",
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(args.prompts),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--seed",
+        "1",
+        "--tokenizer",
+        model,
+        "--model",
+        model,
+        "--disable-tqdm",
+    ]
     runs = [(b, n, flags) for n in (16, 1) for b in BACKENDS]
     results: dict[str, dict[str, list[dict]]] = {t: {} for t in trees}
     try:
@@ -83,14 +115,27 @@ def main() -> None:
                 proc, url = start_server(tree / "packages" / "relax-rollout" / "src", model)
                 out = work / f"{name}-{rep}.jsonl"
                 try:
-                    r = subprocess.run([sglang_python, "-c", DRIVER, str(out), json.dumps(
-                        [(b, n, [*f, "--base-url", url]) for b, n, f in runs])], capture_output=True, text=True,
-                        timeout=1800, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=work)  # fmt: skip
+                    r = subprocess.run(
+                        [
+                            sglang_python,
+                            "-c",
+                            DRIVER,
+                            str(out),
+                            json.dumps([(b, n, [*f, "--base-url", url]) for b, n, f in runs]),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        timeout=1800,
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                        cwd=work,
+                    )
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
                 if r.returncode != 0:
-                    raise RuntimeError(f"bench_serving failed against {name}:\n{(r.stdout + r.stderr)[-3000:]}")
+                    raise RuntimeError(
+                        f"bench_serving failed against {name}:\n{(r.stdout + r.stderr)[-3000:]}"
+                    )
                 for (backend, n, _), line in zip(runs, out.read_text().splitlines()):
                     row = json.loads(line)
                     assert row["completed"] == args.prompts, row
@@ -108,19 +153,32 @@ def main() -> None:
         table[case] = {}
         for name in trees:
             rows = results[name][case]
-            table[case][name] = {k: stat(rows, k) for k in
-                                 ("request_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms")}  # fmt: skip
+            table[case][name] = {
+                k: stat(rows, k)
+                for k in ("request_throughput", "median_e2e_latency_ms", "p99_e2e_latency_ms")
+            }
         b, a = table[case]["before"], table[case]["after"]
-        table[case]["after/before throughput"] = a["request_throughput"]["median"] / b["request_throughput"]["median"]
-        print(f"{case:24s}", "  ".join(
-            f"{name}: {t['request_throughput']['median']:.2f} req/s "
-            f"[{t['request_throughput']['min']:.2f}-{t['request_throughput']['max']:.2f}] "
-            f"p50 {t['median_e2e_latency_ms']['median']:.0f} ms p99 {t['p99_e2e_latency_ms']['median']:.0f} ms"
-            for name, t in ((n, table[case][n]) for n in trees)),
-            f" after/before {table[case]['after/before throughput']:.3f}")  # fmt: skip
-    res = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-           "before": args.before, "reps": args.reps, "prompts": args.prompts, "concurrency": args.concurrency,
-           "cases": table}  # fmt: skip
+        table[case]["after/before throughput"] = (
+            a["request_throughput"]["median"] / b["request_throughput"]["median"]
+        )
+        print(
+            f"{case:24s}",
+            "  ".join(
+                f"{name}: {t['request_throughput']['median']:.2f} req/s "
+                f"[{t['request_throughput']['min']:.2f}-{t['request_throughput']['max']:.2f}] "
+                f"p50 {t['median_e2e_latency_ms']['median']:.0f} ms p99 {t['p99_e2e_latency_ms']['median']:.0f} ms"
+                for name, t in ((n, table[case][n]) for n in trees)
+            ),
+            f" after/before {table[case]['after/before throughput']:.3f}",
+        )
+    res = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "before": args.before,
+        "reps": args.reps,
+        "prompts": args.prompts,
+        "concurrency": args.concurrency,
+        "cases": table,
+    }
     path = ROOT / "benchmarks" / "results" / "serving.json"
     path.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {path}")

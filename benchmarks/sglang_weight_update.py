@@ -61,16 +61,34 @@ def main() -> None:
             sys.exit(f"no SGLang venv: run `{sglang_cpu.SETUP}` first (or --server ours)")
         launch = {**sglang_cpu.engine_kwargs(python), "startup_timeout_s": 600}
     else:
-        launch = {"launch_cmd": [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port",
-                                 "{port}", "--torch-threads", "1"], "gpu_ids": list(range(args.engines))}  # fmt: skip
+        launch = {
+            "launch_cmd": [
+                sys.executable,
+                "-m",
+                "relax_rollout.server",
+                "--model",
+                "{model_path}",
+                "--port",
+                "{port}",
+                "--torch-threads",
+                "1",
+            ],
+            "gpu_ids": list(range(args.engines)),
+        }
     variants = [(m, d) for m in ("disk", "distributed") for d in (torch.float32, torch.bfloat16)]
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", args.layers)
         from safetensors.torch import load_file
 
         weights = load_file(os.path.join(model, "model.safetensors"))
-        eng = SGLangEngine(model, num_engines=args.engines, log_dir=str(Path(tmp) / "logs"), bucket_bytes=64 << 20,
-                           request_timeout_s=600, **launch)  # fmt: skip
+        eng = SGLangEngine(
+            model,
+            num_engines=args.engines,
+            log_dir=str(Path(tmp) / "logs"),
+            bucket_bytes=64 << 20,
+            request_timeout_s=600,
+            **launch,
+        )
         times: dict[tuple, list[float]] = {v: [] for v in variants}
         sent: dict[tuple, int] = {}
         version = 0
@@ -88,20 +106,26 @@ def main() -> None:
                         times[(mode, dtype)].append(dt)
         finally:
             eng.close()
-    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, torch {torch.__version__}; {args.engines} {args.server} servers, "
-          f"{args.reps} reps")  # fmt: skip
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}; {args.engines} {args.server} servers, "
+        f"{args.reps} reps"
+    )
     print("| weight update | wire dtype | MB per version | median s | min-max s | MB/s (median) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (mode, dtype), ts in times.items():
         med, mb = statistics.median(ts), sent[(mode, dtype)] / 1e6
-        print(f"| {mode} | {str(dtype).removeprefix('torch.')} | {mb:.0f} | {med:.3f} | {min(ts):.3f}-{max(ts):.3f} "
-              f"| {mb / med:.0f} |")  # fmt: skip
+        print(
+            f"| {mode} | {str(dtype).removeprefix('torch.')} | {mb:.0f} | {med:.3f} | {min(ts):.3f}-{max(ts):.3f} "
+            f"| {mb / med:.0f} |"
+        )
     med = {v: statistics.median(ts) for v, ts in times.items()}
     f32, b16 = torch.float32, torch.bfloat16
-    print(f"distributed / disk time (float32): {med[('distributed', f32)] / med[('disk', f32)]:.2f}; "
-          f"bfloat16 / float32 time: disk {med[('disk', b16)] / med[('disk', f32)]:.2f}, "
-          f"distributed {med[('distributed', b16)] / med[('distributed', f32)]:.2f}")
+    print(
+        f"distributed / disk time (float32): {med[('distributed', f32)] / med[('disk', f32)]:.2f}; "
+        f"bfloat16 / float32 time: disk {med[('disk', b16)] / med[('disk', f32)]:.2f}, "
+        f"distributed {med[('distributed', b16)] / med[('distributed', f32)]:.2f}"
+    )
 
 
 if __name__ == "__main__":

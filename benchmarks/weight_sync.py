@@ -61,10 +61,17 @@ def build_model(root: Path, layers: int) -> str:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
-        vocab_size=2000, hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
-        pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
+        vocab_size=2000,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(cfg).save_pretrained(root)
     return str(root)
@@ -143,8 +150,10 @@ def main() -> None:
     from relax_train.roles.actor import ActorWorker
 
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, torch {torch.__version__}, 1 torch thread per process")  # fmt: skip
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, 1 torch thread per process"
+    )
     print(f"# load before: {uptime()}")
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", args.layers)
@@ -190,8 +199,10 @@ def main() -> None:
             p.join(60)
         transport_rows = transports(worker.backend.model, args.receivers, args.reps, args.device)
     print(f"# load after: {uptime()}")
-    print(f"# model: {n_params / 1e6:.1f}M parameters, {n_params * 4 / 1e6:.0f} MB float32; "
-          f"{args.receivers} receivers; train_step on {args.seqs} x 64 tokens\n")  # fmt: skip
+    print(
+        f"# model: {n_params / 1e6:.1f}M parameters, {n_params * 4 / 1e6:.0f} MB float32; "
+        f"{args.receivers} receivers; train_step on {args.seqs} x 64 tokens\n"
+    )
     print("| per step | median s | min-max s |")
     print("|---|---|---|")
     for m, ts in [*times.items(), ("broadcast alone (sender)", bcast)]:

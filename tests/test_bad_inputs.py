@@ -43,21 +43,39 @@ def _corpus(root):
         "non-UTF-8": (["--prompt-data", str(latin)], ["latin1.jsonl:1: not UTF-8", "re-encode"]),
         "empty": (["--prompt-data", str(root / "empty.jsonl")], ["no usable rows", "file is empty"]),
         "blank": (["--prompt-data", str(root / "blank.jsonl")], ["no usable rows", "file is empty"]),
-        ".txt": (["--prompt-data", str(root / "notes.txt")], ["unsupported format '.txt'", ".jsonl or .parquet"]),
+        ".txt": (
+            ["--prompt-data", str(root / "notes.txt")],
+            ["unsupported format '.txt'", ".jsonl or .parquet"],
+        ),
         "torn JSON array": (["--prompt-data", str(root / "array.json")], ["not a valid JSON array"]),
         "directory": (["--prompt-data", str(root)], ["is a directory"]),
         "missing": (["--prompt-data", str(root / "absent.jsonl")], ["absent.jsonl: file not found"]),
-        "corrupt parquet": (["--prompt-data", str(root / "corrupt.parquet")], ["not a readable parquet file"]),
-        "truncated parquet": (["--prompt-data", str(root / "truncated.parquet")], ["not a readable parquet file"]),
-        "wrongly typed parquet": (["--prompt-data", str(root / "typed.parquet")],
-                                  ["no usable rows", "missing or empty --input-key column 'prompt'"]),
-        "bad eval data": (["--prompt-data", str(good), "--eval-data", str(root / "empty.jsonl")],
-                          ["--eval-data", "no usable rows"]),
-        "YAML syntax": ([str(root / "bad.yaml"), "--prompt-data", str(good)], ["bad.yaml: not valid YAML", "line 2"]),
+        "corrupt parquet": (
+            ["--prompt-data", str(root / "corrupt.parquet")],
+            ["not a readable parquet file"],
+        ),
+        "truncated parquet": (
+            ["--prompt-data", str(root / "truncated.parquet")],
+            ["not a readable parquet file"],
+        ),
+        "wrongly typed parquet": (
+            ["--prompt-data", str(root / "typed.parquet")],
+            ["no usable rows", "missing or empty --input-key column 'prompt'"],
+        ),
+        "bad eval data": (
+            ["--prompt-data", str(good), "--eval-data", str(root / "empty.jsonl")],
+            ["--eval-data", "no usable rows"],
+        ),
+        "YAML syntax": (
+            [str(root / "bad.yaml"), "--prompt-data", str(good)],
+            ["bad.yaml: not valid YAML", "line 2"],
+        ),
         "YAML not UTF-8": ([str(root / "latin.yaml"), "--prompt-data", str(good)], ["latin.yaml: not UTF-8"]),
-        "no model": (["--prompt-data", str(good), "--hf-checkpoint", str(root / "nowhere")],
-                     ["--hf-checkpoint", "config.json missing"]),
-    }  # fmt: skip
+        "no model": (
+            ["--prompt-data", str(good), "--hf-checkpoint", str(root / "nowhere")],
+            ["--hf-checkpoint", "config.json missing"],
+        ),
+    }
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -68,7 +86,10 @@ def test_each_bad_input_is_one_clear_line_and_exit_2_before_anything_starts(mode
         code = main([*argv, *MODES[mode], "--output-dir", str(tmp_path / "out")])
         err = capsys.readouterr().err.strip()
         assert code == 2, (name, err)
-        assert len(err.splitlines()) == 1 and err.startswith("relax: ") and "Traceback" not in err, (name, err)
+        assert len(err.splitlines()) == 1 and err.startswith("relax: ") and "Traceback" not in err, (
+            name,
+            err,
+        )
         for w in words:
             assert w in err, (name, w, err)
 
@@ -78,7 +99,9 @@ def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, ca
     from relax_core.cli_config import build_config
 
     data = tmp_path / "data.jsonl"
-    data.write_bytes(b'{"prompt": "<image>1+1=", "label": "2"}\n{"prompt": "x\xff", "label": "1"}\nnot json\n')
+    data.write_bytes(
+        b'{"prompt": "<image>1+1=", "label": "2"}\n{"prompt": "x\xff", "label": "1"}\nnot json\n'
+    )
     cfg = build_config(None, ["--prompt-data", str(data), "--hf-checkpoint", model])
     skipped, media = check_inputs(cfg)
     assert skipped.startswith(f"--prompt-data {data}: 2 of 3 rows skipped (first: {data}:2: not UTF-8")

@@ -148,9 +148,15 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
     step (the default) from the trainer's shared-memory buffers (``ipc``). The on-policy broadcast path
     runs in the megatron rank-group test below and the fault tests."""
     cfg, result = _run(
-        tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", "1", "--weight-sync-transport", "ipc",
+        tiny_run_inputs,
+        tmp_path,
+        "--fully-async",
+        "--max-staleness",
+        "1",
+        "--weight-sync-transport",
+        "ipc",
         "--decoupled-ppo",
-    )  # fmt: skip
+    )
     assert result.mode == "fully_async"
     _check_flow(cfg, result, max_staleness=1)
     # decoupled PPO's π_prox is the trainer's policy of each step: for the samples ActorFwd scored with

@@ -51,7 +51,9 @@ def _scrape(url: str, token: str | None = None) -> dict[str, float]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = r.read().decode().splitlines()
-    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln and not ln.startswith("#")}
+    return {
+        ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln and not ln.startswith("#")
+    }
 
 
 def _series(scrape: dict[str, float], name: str) -> float:
@@ -100,13 +102,42 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     out = tmp_path / "run"
     cfg = build_config(
         None,
-        ["--prompt-data", tiny_run_inputs.prompt_path, "--hf-checkpoint", tiny_run_inputs.model_path,
-         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-         "--num-rollout", "100000", "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
-         "--no-trace", "--eval-interval", "1000", "--output-dir", str(out), "--fully-async",
-         "--max-staleness", "1", "--rollout-engines", "1", "--elastic-port", "0",
-         "--elastic-token", TOKEN, "--drain-timeout-s", "0.2"],
-    )  # fmt: skip
+        [
+            "--prompt-data",
+            tiny_run_inputs.prompt_path,
+            "--hf-checkpoint",
+            tiny_run_inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "8",
+            "--num-rollout",
+            "100000",
+            "--micro-batch-size",
+            "8",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--no-trace",
+            "--eval-interval",
+            "1000",
+            "--output-dir",
+            str(out),
+            "--fully-async",
+            "--max-staleness",
+            "1",
+            "--rollout-engines",
+            "1",
+            "--elastic-port",
+            "0",
+            "--elastic-token",
+            TOKEN,
+            "--drain-timeout-s",
+            "0.2",
+        ],
+    )
     c = Controller(cfg, tiny_run_inputs)
     seen: dict = {}
     errors: list[BaseException] = []
@@ -179,7 +210,9 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     assert _series(after, "relax:weight_version") > _series(before, "relax:weight_version")
     pool = seen["pool_metrics"]
     assert pool['relax:elastic_operations_total{kind="scale_out",state="succeeded"}'] == 2, pool
-    assert pool['relax:elastic_engines{state="active"}'] == 3 and pool["relax:elastic_prompts_total"] > 0, pool
+    assert pool['relax:elastic_engines{state="active"}'] == 3 and pool["relax:elastic_prompts_total"] > 0, (
+        pool
+    )
     paths = seen["openapi"][1]["paths"]
     assert {"/elastic/scale_out", "/elastic/scale_in", "/elastic/engines"} <= set(paths)
 

@@ -23,12 +23,39 @@ STEPS = 8
 def _cfg(inputs, out, *extra):
     return build_config(
         None,
-        ["--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-         "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
-         "--no-trace", "--eval-interval", "4", "--output-dir", str(out), "--fully-async", "--max-staleness", "1",
-         "--save", str(Path(out) / "ckpt"), "--save-interval", "1", *extra],
-    )  # fmt: skip
+        [
+            "--prompt-data",
+            inputs.prompt_path,
+            "--hf-checkpoint",
+            inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            str(STEPS),
+            "--micro-batch-size",
+            "8",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--no-trace",
+            "--eval-interval",
+            "4",
+            "--output-dir",
+            str(out),
+            "--fully-async",
+            "--max-staleness",
+            "1",
+            "--save",
+            str(Path(out) / "ckpt"),
+            "--save-interval",
+            "1",
+            *extra,
+        ],
+    )
 
 
 def _trained_prompts(result) -> collections.Counter:

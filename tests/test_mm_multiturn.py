@@ -44,8 +44,14 @@ def _checkpoint(root, family):
     if (out / "config.json").exists():
         return str(out)
     torch.set_num_threads(1)
-    texts = ["What colour is the shape? zoom: 0.25,0.25,0.75,0.75 The zoomed region.", "Answer: A",
-             "Answer: B", "Answer: C", "Answer: D", "red green blue yellow error"]  # fmt: skip
+    texts = [
+        "What colour is the shape? zoom: 0.25,0.25,0.75,0.75 The zoomed region.",
+        "Answer: A",
+        "Answer: B",
+        "Answer: C",
+        "Answer: D",
+        "red green blue yellow error",
+    ]
     base = train_tokenizer(texts * 20, vocab_size=300)
     n_text = len(base)
     tok = extend_tokenizer(base, family)
@@ -221,8 +227,19 @@ def test_row_and_reset_media_open_the_episode(ckpt, data, tmp_path, monkeypatch)
     mod = types.ModuleType("_mmturn_envs")
     mod.Env = _ResetImageEnv
     monkeypatch.setitem(sys.modules, "_mmturn_envs", mod)
-    cfg = _cfg(ckpt, data, tmp_path, "--env-path", "_mmturn_envs:Env", "--rollout-batch-size", "4",
-               "--n-samples-per-prompt", "1", "--max-total-tokens", "200")  # fmt: skip
+    cfg = _cfg(
+        ckpt,
+        data,
+        tmp_path,
+        "--env-path",
+        "_mmturn_envs:Env",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "1",
+        "--max-total-tokens",
+        "200",
+    )
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, ckpt, data)
     worker.engine = ScriptedEngine(worker.tokenizer, ["Answer: A"])
@@ -230,8 +247,9 @@ def test_row_and_reset_media_open_the_episode(ckpt, data, tmp_path, monkeypatch)
     b = bus.get("c", 4, timeout=5)
     image_id = worker.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     bad = 0
-    for toks, m, plen, err, reason in zip(b.data["tokens"], b.data["mm"], b.data["prompt_len"],
-                                          b.data["env_error"], b.data["finish_reason"]):  # fmt: skip
+    for toks, m, plen, err, reason in zip(
+        b.data["tokens"], b.data["mm"], b.data["prompt_len"], b.data["env_error"], b.data["finish_reason"]
+    ):
         images = 1 if err else 2
         bad += bool(err)
         assert len(m["image_grid_thw"]) == images and len(m["mm_token_type_ids"]) == len(toks)
@@ -245,14 +263,44 @@ def _cfg(ckpt, data, out, *flags):
     from relax_app.demo.mm_task import MM_BUDGET, MM_KEYS, REWARD
     from relax_core.cli_config import build_config
 
-    return build_config(None, [
-        "--prompt-data", data, "--hf-checkpoint", ckpt, "--env-path", GUIDED, "--apply-chat-template",
-        "--multimodal-keys", json.dumps({"image": MM_KEYS["image"]}), "--multimodal-options",
-        json.dumps(MM_BUDGET), "--metadata-key", "metadata", "--rm-type", REWARD,
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--rollout-max-response-len", "6",
-        "--max-turns", "3", "--max-total-tokens", "80",
-        "--micro-batch-size", "6", "--torch-threads", "1", "--no-progress", "--output-dir", str(out), *flags,
-    ])  # fmt: skip
+    return build_config(
+        None,
+        [
+            "--prompt-data",
+            data,
+            "--hf-checkpoint",
+            ckpt,
+            "--env-path",
+            GUIDED,
+            "--apply-chat-template",
+            "--multimodal-keys",
+            json.dumps({"image": MM_KEYS["image"]}),
+            "--multimodal-options",
+            json.dumps(MM_BUDGET),
+            "--metadata-key",
+            "metadata",
+            "--rm-type",
+            REWARD,
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "3",
+            "--rollout-max-response-len",
+            "6",
+            "--max-turns",
+            "3",
+            "--max-total-tokens",
+            "80",
+            "--micro-batch-size",
+            "6",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(out),
+            *flags,
+        ],
+    )
 
 
 @pytest.mark.integration

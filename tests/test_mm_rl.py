@@ -44,8 +44,14 @@ def _checkpoint(root, family):
 
     out = root / f"ckpt-{family}"
     if not (out / "config.json").exists():
-        texts = ["What colour is the shape? Which way does the dot move? Which tone is higher?",
-                 "Answer: A", "Answer: B", "Answer: C", "Answer: D", "red green blue yellow left right"]  # fmt: skip
+        texts = [
+            "What colour is the shape? Which way does the dot move? Which tone is higher?",
+            "Answer: A",
+            "Answer: B",
+            "Answer: C",
+            "Answer: D",
+            "red green blue yellow left right",
+        ]
         tok = extend_tokenizer(train_tokenizer(texts * 20, vocab_size=300), family)
         build_tiny_mm_model(family, tok, out_dir=out, seed=0)
     return str(out)
@@ -57,14 +63,34 @@ def _cfg(ckpt, data, out_dir, *flags):
     return build_config(
         None,
         [
-            "--prompt-data", data, "--hf-checkpoint", ckpt,
-            "--multimodal-keys", json.dumps(MM_KEYS), "--multimodal-options", json.dumps(MM_BUDGET),
-            "--metadata-key", "metadata", "--rm-type", REWARD,
-            "--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-            "--micro-batch-size", "6", "--torch-threads", "1", "--no-progress",
-            "--output-dir", str(out_dir), *flags,
+            "--prompt-data",
+            data,
+            "--hf-checkpoint",
+            ckpt,
+            "--multimodal-keys",
+            json.dumps(MM_KEYS),
+            "--multimodal-options",
+            json.dumps(MM_BUDGET),
+            "--metadata-key",
+            "metadata",
+            "--rm-type",
+            REWARD,
+            "--rollout-batch-size",
+            "3",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--micro-batch-size",
+            "6",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(out_dir),
+            *flags,
         ],
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.integration
@@ -130,10 +156,19 @@ def test_multimodal_model_trains_on_a_megatron_rank_group_in_colocate_mode(mm_ro
 
     ckpt, data = _checkpoint(mm_root, family), _dataset(mm_root, MEGATRON_SHAPES[family])
     common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01", "--verify-weight-sync"]
-    ref = Controller(_cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"),
-                     RunInputs(ckpt, data, None)).run()  # fmt: skip
-    megatron = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2",
-                "--tensor-model-parallel-size", "2", "--sequence-parallel", "--offload"]  # fmt: skip
+    ref = Controller(
+        _cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"), RunInputs(ckpt, data, None)
+    ).run()
+    megatron = [
+        "--train-backend",
+        "megatron",
+        "--actor-num-gpus-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--offload",
+    ]
     cfg = _cfg(ckpt, data, tmp_path / "megatron", *common, *megatron, "--num-rollout", "2")
     result = Controller(cfg, RunInputs(ckpt, data, None)).run()
     assert not ray.is_initialized()

@@ -92,10 +92,33 @@ def test_a_fully_async_run_keeps_its_roles_on_the_drivers_node(
     ballast = _node_of_actor().options(num_cpus=0.5, scheduling_strategy=here).remote()
     ray.get(ballast.node.remote())  # half of this node's CPU taken: Ray's default would now spread
     i = tiny_run_inputs
-    cfg = build_config(None, ["--prompt-data", i.prompt_path, "--hf-checkpoint", i.model_path, "--fully-async",
-                              "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
-                              "--rollout-max-response-len", "4", "--eval-interval", "2", "--torch-threads", "1",
-                              "--kl-coef", "0.01", "--no-progress", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    cfg = build_config(
+        None,
+        [
+            "--prompt-data",
+            i.prompt_path,
+            "--hf-checkpoint",
+            i.model_path,
+            "--fully-async",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--eval-interval",
+            "2",
+            "--torch-threads",
+            "1",
+            "--kl-coef",
+            "0.01",
+            "--no-progress",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     try:
         result = Controller(cfg, i).run()
     finally:
@@ -150,8 +173,13 @@ def test_rank_order_from_probed_bundles():
 
     probed = [Slot(0, "b", "1"), Slot(1, "a", "10"), Slot(2, "b", "0"), Slot(3, "a", "9"), Slot(4, "c", "0")]
     ordered = order_slots(probed, here="b", tp=2)
-    assert [(s.node_id, s.gpu_id) for s in ordered] == [("b", "0"), ("b", "1"), ("a", "9"), ("a", "10"),
-                                                        ("c", "0")]  # fmt: skip
+    assert [(s.node_id, s.gpu_id) for s in ordered] == [
+        ("b", "0"),
+        ("b", "1"),
+        ("a", "9"),
+        ("a", "10"),
+        ("c", "0"),
+    ]
     assert [s.bundle for s in ordered] == [2, 0, 3, 1, 4]
     with pytest.raises(
         RuntimeError, match="none of the 5 GPUs .* is on this node: start `relax train` on a node"
@@ -178,11 +206,34 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
 
     here = ray.get_runtime_context().get_node_id()
     model = tiny_run_inputs.model_path
-    cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--host", "{host}",
-           "--port", "{port}", "--token", "{token}", "--torch-threads", "1"]  # fmt: skip
-    eng = SGLangEngine(model, num_engines=2, gpus_per_node=1, gpu_ids=["0"], launch_cmd=cmd,
-                       weights_dir=str(tmp_path / "weights"), log_dir=str(tmp_path / "logs"), startup_timeout_s=300,
-                       max_restarts=1, poll_interval_s=0.2, shutdown_grace_s=5)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "relax_rollout.server",
+        "--model",
+        "{model_path}",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--token",
+        "{token}",
+        "--torch-threads",
+        "1",
+    ]
+    eng = SGLangEngine(
+        model,
+        num_engines=2,
+        gpus_per_node=1,
+        gpu_ids=["0"],
+        launch_cmd=cmd,
+        weights_dir=str(tmp_path / "weights"),
+        log_dir=str(tmp_path / "logs"),
+        startup_timeout_s=300,
+        max_restarts=1,
+        poll_interval_s=0.2,
+        shutdown_grace_s=5,
+    )
     try:
         local, remote = eng.engines()
         assert local["node_id"] is None and remote["node_id"] not in (None, here)
@@ -207,8 +258,12 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
         eng.check_weight_version(1)
 
         os.killpg(remote["pid"], signal.SIGKILL)  # same machine: the "other node" is a second raylet here
-        wait_until(lambda: len(eng.engines()[1]["pids"]) == 2 and eng.engines()[1]["state"] == "running",
-                   timeout=300, what="engine 1 restarted", interval=0.2)  # fmt: skip
+        wait_until(
+            lambda: len(eng.engines()[1]["pids"]) == 2 and eng.engines()[1]["state"] == "running",
+            timeout=300,
+            what="engine 1 restarted",
+            interval=0.2,
+        )
         eng.check_weight_version(1)  # the restarted engine loaded the current weights before serving
         assert len(eng.generate(prompts, greedy)) == 4
 

@@ -90,8 +90,12 @@ def test_trajectory_equals_the_template_rendering_and_masks_cover_the_model_toke
     lines = ["calc 3+4", "7"]
     [ep] = _run(tok, ScriptedEngine(tok, lines), _episodes(tok, turns=2))
     assert ep.stop_reason == "env_done" and ep.turns == 2 and ep.env.closed
-    convo = [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": lines[0]},
-             {"role": "user", "content": "obs 1"}, {"role": "assistant", "content": lines[1]}]  # fmt: skip
+    convo = [
+        {"role": "user", "content": "3+4="},
+        {"role": "assistant", "content": lines[0]},
+        {"role": "user", "content": "obs 1"},
+        {"role": "assistant", "content": lines[1]},
+    ]
     rendered = tok(tok.apply_chat_template(convo, tokenize=False), add_special_tokens=False)["input_ids"]
     # the template ends a turn with EOS + "\n"; the trajectory stops at the model's EOS
     assert ep.tokens == rendered[: len(ep.tokens)] and len(rendered) - len(ep.tokens) <= 1
@@ -182,8 +186,10 @@ def test_model_tokens_log_probs_equal_the_trainers(tiny_run_inputs, chatty, tmp_
     from relax_train.backends.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
-    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, "--max-turns", "3", "--env-path", RETRY,
-                                    "--hf-checkpoint", chatty))  # fmt: skip
+    cfg = build_config(
+        None,
+        _flags(tiny_run_inputs, tmp_path, "--max-turns", "3", "--env-path", RETRY, "--hf-checkpoint", chatty),
+    )
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, chatty, tiny_run_inputs.prompt_path)
     worker.produce(0)
@@ -200,11 +206,31 @@ RETRY = "relax_app.demo.envs:RetryEnv"
 
 
 def _flags(inputs, tmp_path, *extra):
-    return ["--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-            "--env-path", "relax_app.demo.envs:CalculatorEnv", "--apply-chat-template",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-            "--max-total-tokens", "40", "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
-            "--output-dir", str(tmp_path / "out"), *extra]  # fmt: skip
+    return [
+        "--prompt-data",
+        inputs.prompt_path,
+        "--hf-checkpoint",
+        inputs.model_path,
+        "--env-path",
+        "relax_app.demo.envs:CalculatorEnv",
+        "--apply-chat-template",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "4",
+        "--max-total-tokens",
+        "40",
+        "--micro-batch-size",
+        "8",
+        "--torch-threads",
+        "1",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "out"),
+        *extra,
+    ]
 
 
 @pytest.mark.integration
@@ -215,8 +241,21 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
     from relax_core.cli_config import build_config
     from relax_core.controller import Controller, RunInputs
 
-    flags = _flags(tiny_run_inputs, tmp_path, *mode, "--num-rollout", "3", "--env-path", RETRY, "--hf-checkpoint", chatty,
-                   "--max-turns", "2", "--max-total-tokens", "60")  # fmt: skip
+    flags = _flags(
+        tiny_run_inputs,
+        tmp_path,
+        *mode,
+        "--num-rollout",
+        "3",
+        "--env-path",
+        RETRY,
+        "--hf-checkpoint",
+        chatty,
+        "--max-turns",
+        "2",
+        "--max-total-tokens",
+        "60",
+    )
     cfg = build_config(None, flags)
     result = Controller(cfg, RunInputs(chatty, tiny_run_inputs.prompt_path, None)).run()
     steps = [h for h in result.history if "train/loss" in h]

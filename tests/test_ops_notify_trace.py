@@ -28,11 +28,33 @@ _dead_url = dead_json_url
 def _config(inputs, out: Path, *flags):
     return build_config(
         None,
-        ["--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-         "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "2", "--kl-coef", "0.01",
-         "--torch-threads", "1", "--no-progress", "--output-dir", str(out), *flags],
-    )  # fmt: skip
+        [
+            "--prompt-data",
+            inputs.prompt_path,
+            "--hf-checkpoint",
+            inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            str(STEPS),
+            "--micro-batch-size",
+            "8",
+            "--eval-interval",
+            "2",
+            "--kl-coef",
+            "0.01",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(out),
+            *flags,
+        ],
+    )
 
 
 def _spans(result) -> tuple[dict[int, str], list[dict]]:

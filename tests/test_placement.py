@@ -14,16 +14,32 @@ from relax_core.placement import check_gpu_demand, gpu_demand
 
 ray = pytest.importorskip("ray")
 
-GPU_RUN = ["--prompt-data", "unused", "--hf-checkpoint", "unused", "--fully-async", "--max-staleness", "1",
-           "--rollout-backend", "sglang", "--rollout-num-gpus", "2", "--train-backend", "megatron",
-           "--actor-num-gpus-per-node", "2"]  # fmt: skip
+GPU_RUN = [
+    "--prompt-data",
+    "unused",
+    "--hf-checkpoint",
+    "unused",
+    "--fully-async",
+    "--max-staleness",
+    "1",
+    "--rollout-backend",
+    "sglang",
+    "--rollout-num-gpus",
+    "2",
+    "--train-backend",
+    "megatron",
+    "--actor-num-gpus-per-node",
+    "2",
+]
 
 
 def test_each_role_demands_its_gpus_and_too_many_is_refused_naming_each():
     cfg = build_config(None, [*GPU_RUN, "--use-actor-fwd"])
     assert gpu_demand(cfg) == {"rollout": 2, "actor": 2, "actor_fwd": 2}
     check_gpu_demand(gpu_demand(cfg), 6)
-    with pytest.raises(ValueError, match=r"rollout 2, actor 2, actor_fwd 2 = 6 GPUs, and the Ray cluster has 5"):
+    with pytest.raises(
+        ValueError, match=r"rollout 2, actor 2, actor_fwd 2 = 6 GPUs, and the Ray cluster has 5"
+    ):
         check_gpu_demand(gpu_demand(cfg), 5)
     colocate = build_config(None, [a for a in GPU_RUN if a not in ("--fully-async", "--max-staleness", "1")])
     assert gpu_demand(colocate) == {}  # the roles time-share one set of GPUs

@@ -56,11 +56,26 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
     cfg = build_config(
         None,
         [
-            "--prompt-data", data_path, "--hf-checkpoint", ckpt, "--routing-replay",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
-            "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress", "--output-dir", str(root / "out"),
+            "--prompt-data",
+            data_path,
+            "--hf-checkpoint",
+            ckpt,
+            "--routing-replay",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--micro-batch-size",
+            "8",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(root / "out"),
         ],
-    )  # fmt: skip
+    )
     assert cfg.algo.routing_replay
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, ckpt, data_path)
@@ -87,5 +102,7 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
     assert 0 < differing_pairs(without, data) < pairs
     gap_r3, gap_plain = mean_abs_logp_gap(logp_r3, data), mean_abs_logp_gap(logp_plain, data)
     assert gap_r3 < gap_plain, (gap_r3, gap_plain)
-    print(f"differing pairs without R3: {differing_pairs(without, data)}/{pairs}; "
-          f"mean |Δ log p|: {gap_r3:.4f} with R3, {gap_plain:.4f} without")  # fmt: skip
+    print(
+        f"differing pairs without R3: {differing_pairs(without, data)}/{pairs}; "
+        f"mean |Δ log p|: {gap_r3:.4f} with R3, {gap_plain:.4f} without"
+    )

@@ -29,15 +29,48 @@ def sglang_python() -> str:
 
 
 def _run(inputs, tmp_path, python: str, *flags: str):
-    cfg = build_config(None, [
-        "--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-        "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--eval-interval", "100", "--rm-type", "relax_core.testing:parity_reward",
-        "--verify-weight-sync", "--torch-threads", "1", "--no-progress", "--output-dir", str(tmp_path / "out"),
-        "--rollout-backend", "sglang", "--rollout-num-gpus", "1", "--sglang-python", python,
-        "--sglang-env", json.dumps(sglang_cpu.ENV), "--sglang-server-args", json.dumps(sglang_cpu.SERVER_ARGS),
-        "--sglang-mem-fraction-static", "0.3", *flags,
-    ])  # fmt: skip
+    cfg = build_config(
+        None,
+        [
+            "--prompt-data",
+            inputs.prompt_path,
+            "--hf-checkpoint",
+            inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            str(STEPS),
+            "--micro-batch-size",
+            "8",
+            "--eval-interval",
+            "100",
+            "--rm-type",
+            "relax_core.testing:parity_reward",
+            "--verify-weight-sync",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--rollout-backend",
+            "sglang",
+            "--rollout-num-gpus",
+            "1",
+            "--sglang-python",
+            python,
+            "--sglang-env",
+            json.dumps(sglang_cpu.ENV),
+            "--sglang-server-args",
+            json.dumps(sglang_cpu.SERVER_ARGS),
+            "--sglang-mem-fraction-static",
+            "0.3",
+            *flags,
+        ],
+    )
     return Controller(cfg, inputs).run()
 
 
@@ -59,12 +92,27 @@ def _check(result) -> None:
 
 def test_colocate_without_offload(tiny_run_inputs, tmp_path, sglang_python):
     """Weights through disk here; the broadcast path runs in the fully-async test and the engine tier."""
-    result = _run(tiny_run_inputs, tmp_path, sglang_python, "--colocate", "--no-offload",
-                  "--sglang-weight-update", "disk")  # fmt: skip
+    result = _run(
+        tiny_run_inputs,
+        tmp_path,
+        sglang_python,
+        "--colocate",
+        "--no-offload",
+        "--sglang-weight-update",
+        "disk",
+    )
     _check(result)
 
 
 def test_fully_async(tiny_run_inputs, tmp_path, sglang_python):
-    result = _run(tiny_run_inputs, tmp_path, sglang_python, "--fully-async", "--max-staleness", "1",
-                  "--sglang-weight-update", "distributed")  # fmt: skip
+    result = _run(
+        tiny_run_inputs,
+        tmp_path,
+        sglang_python,
+        "--fully-async",
+        "--max-staleness",
+        "1",
+        "--sglang-weight-update",
+        "distributed",
+    )
     _check(result)

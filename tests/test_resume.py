@@ -19,11 +19,30 @@ STEPS = 8
 def _cfg(inputs, out, *extra):
     return build_config(
         None,
-        ["--prompt-data", inputs.prompt_path, "--hf-checkpoint", inputs.model_path,
-         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-         "--num-rollout", str(STEPS), "--micro-batch-size", "8", "--torch-threads", "1", "--no-progress",
-         "--no-trace", "--output-dir", str(out), *extra],
-    )  # fmt: skip
+        [
+            "--prompt-data",
+            inputs.prompt_path,
+            "--hf-checkpoint",
+            inputs.model_path,
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "4",
+            "--num-rollout",
+            str(STEPS),
+            "--micro-batch-size",
+            "8",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--no-trace",
+            "--output-dir",
+            str(out),
+            *extra,
+        ],
+    )
 
 
 def _signal_after(metrics: Path, trained_steps: int, fire) -> threading.Thread:
@@ -89,8 +108,10 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing
     It loaded the torn one (or failed with a traceback)."""
     full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", "--colocate"), tiny_run_inputs).run()
     ckpt = tmp_path / "ckpt"
-    first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", "--colocate", "--save", str(ckpt), "--save-interval", "1"),
-                       tiny_run_inputs)  # fmt: skip
+    first = Controller(
+        _cfg(tiny_run_inputs, tmp_path / "a", "--colocate", "--save", str(ckpt), "--save-interval", "1"),
+        tiny_run_inputs,
+    )
     _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=3, fire=sigterm_self)
     first.run()
     steps = sorted(ckpt.glob("step_*"))
@@ -98,6 +119,10 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing
     weights = steps[-1] / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])  # truncated
     with caplog.at_level("WARNING", logger="relax_core.checkpoints"):
-        rest = Controller(_cfg(tiny_run_inputs, tmp_path / "b", "--colocate", "--load", str(ckpt)), tiny_run_inputs).run()
-    assert f"checkpoint {steps[-1]} is not whole" in caplog.text and f"resuming from {steps[-2]}" in caplog.text
+        rest = Controller(
+            _cfg(tiny_run_inputs, tmp_path / "b", "--colocate", "--load", str(ckpt)), tiny_run_inputs
+        ).run()
+    assert (
+        f"checkpoint {steps[-1]} is not whole" in caplog.text and f"resuming from {steps[-2]}" in caplog.text
+    )
     assert rest.audit["trained_prompts"] == full.audit["trained_prompts"]

@@ -17,8 +17,15 @@ def test_help_has_required_or_real_defaults_only(capsys):
 
 def test_kl_coef_warns_at_start(tmp_path, capsys):
     # (a missing model stops the run right after the warning, before anything starts)
-    argv = ["train", "--prompt-data", str(tmp_path / "p.jsonl"), "--hf-checkpoint", str(tmp_path / "m"),
-            "--kl-coef", "0.01"]  # fmt: skip
+    argv = [
+        "train",
+        "--prompt-data",
+        str(tmp_path / "p.jsonl"),
+        "--hf-checkpoint",
+        str(tmp_path / "m"),
+        "--kl-coef",
+        "0.01",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "relax: WARNING: --kl-coef 0.01: in slime (--kl-coef) and veRL" in err

@@ -47,9 +47,15 @@ def write_video(path, n_frames=8, fps=4.0, size=(32, 32), seed=0):
     imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
     w, h = size
     gen = imageio_ffmpeg.write_frames(
-        str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
-        output_params=["-g", "4"], ffmpeg_log_level="error",
-    )  # fmt: skip
+        str(path),
+        (w, h),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_out="yuv420p",
+        macro_block_size=1,
+        output_params=["-g", "4"],
+        ffmpeg_log_level="error",
+    )
     gen.send(None)
     base = np.random.default_rng(seed).integers(0, 60, (h, w, 3), dtype=np.uint8)
     for k in range(n_frames):
@@ -181,11 +187,15 @@ def test_forward_kwargs_renames_per_family():
     t = {"pixel_values_videos": 1, "video_grid_thw": 2, "second_per_grid_ts": 3}
     assert forward_kwargs("qwen2_5_vl", t, mm_token_type_ids=4) == dict(t, mm_token_type_ids=4)
     assert forward_kwargs("qwen3_vl", t, mm_token_type_ids=4) == {
-        "pixel_values_videos": 1, "video_grid_thw": 2, "mm_token_type_ids": 4,
-    }  # fmt: skip
+        "pixel_values_videos": 1,
+        "video_grid_thw": 2,
+        "mm_token_type_ids": 4,
+    }
     assert forward_kwargs("qwen3_omni", t, mm_token_type_ids=4) == {
-        "pixel_values_videos": 1, "video_grid_thw": 2, "video_second_per_grid": 3,
-    }  # fmt: skip
+        "pixel_values_videos": 1,
+        "video_grid_thw": 2,
+        "video_second_per_grid": 3,
+    }
     assert "second_per_grid_ts" in t  # the caller's dict is left alone
     with pytest.raises(ValueError, match="unknown family"):
         forward_kwargs("qwen2_5_omni", t)

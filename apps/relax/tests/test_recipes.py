@@ -200,17 +200,37 @@ def image_bytes(colour: tuple[int, int, int], size=(24, 16), fmt="PNG") -> bytes
 def test_openr1_mm_parquet_writes_images(tmp_path):
     hf_image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the HF Image feature on disk
     schema = pa.schema(
-        [("image", hf_image), ("problem", pa.string()), ("solution", pa.string()),
-         ("original_question", pa.string()), ("original_answer", pa.string())]
-    )  # fmt: skip
+        [
+            ("image", hf_image),
+            ("problem", pa.string()),
+            ("solution", pa.string()),
+            ("original_question", pa.string()),
+            ("original_answer", pa.string()),
+        ]
+    )
     rows = [
-        {"image": {"bytes": image_bytes((255, 0, 0)), "path": "a.png"}, "problem": "How many red squares?",
-         "solution": "<think>one</think><answer> 1 </answer>", "original_question": "q", "original_answer": "1"},
-        {"image": {"bytes": image_bytes((0, 0, 255), fmt="JPEG"), "path": None}, "problem": "Angle ABC?",
-         "solution": "<answer>45</answer>", "original_question": "q", "original_answer": "45"},
-        {"image": {"bytes": b"\x89PNG\r\n\x1a\n not an image", "path": "bad.png"}, "problem": "Broken?",
-         "solution": "<answer>0</answer>", "original_question": "q", "original_answer": "0"},
-    ]  # fmt: skip
+        {
+            "image": {"bytes": image_bytes((255, 0, 0)), "path": "a.png"},
+            "problem": "How many red squares?",
+            "solution": "<think>one</think><answer> 1 </answer>",
+            "original_question": "q",
+            "original_answer": "1",
+        },
+        {
+            "image": {"bytes": image_bytes((0, 0, 255), fmt="JPEG"), "path": None},
+            "problem": "Angle ABC?",
+            "solution": "<answer>45</answer>",
+            "original_question": "q",
+            "original_answer": "45",
+        },
+        {
+            "image": {"bytes": b"\x89PNG\r\n\x1a\n not an image", "path": "bad.png"},
+            "problem": "Broken?",
+            "solution": "<answer>0</answer>",
+            "original_question": "q",
+            "original_answer": "0",
+        },
+    ]
     src = tmp_path / "train-00000-of-00001.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), src)
     out = tmp_path / "train.converted.jsonl"

@@ -22,23 +22,41 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     model = build_tiny_checkpoint(tmp_path / "model")
-    cfg = RelaxConfig.model_validate({
-        "model": {"hf_checkpoint": model}, "data": {"prompt_data": str(data)},
-        "run": {"output_dir": str(tmp_path / "run")},
-        "rollout": {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "rollout_max_response_len": 3, "rm_type": "math"},
-    })  # fmt: skip
+    cfg = RelaxConfig.model_validate(
+        {
+            "model": {"hf_checkpoint": model},
+            "data": {"prompt_data": str(data)},
+            "run": {"output_dir": str(tmp_path / "run")},
+            "rollout": {
+                "rollout_batch_size": 2,
+                "n_samples_per_prompt": 2,
+                "rollout_max_response_len": 3,
+                "rm_type": "math",
+            },
+        }
+    )
     worker = RolloutWorker(cfg, DataBus(bus_config(cfg)), model, str(data), torch_threads=1)
     worker.produce(step=0)
-    result = RunResult(history=[], wall_s=1.0, rl_wall_s=1.0, samples=4, mode="colocate", max_staleness=0,
-                       rollout_stats=worker.get_stats())  # fmt: skip
+    result = RunResult(
+        history=[],
+        wall_s=1.0,
+        rl_wall_s=1.0,
+        samples=4,
+        mode="colocate",
+        max_staleness=0,
+        rollout_stats=worker.get_stats(),
+    )
     (tmp_path / "run").mkdir()
     summary = write_report(cfg, result)
     assert summary["reward_failures"] == {"raised:ValueError": 2}  # the dict label's two samples
     assert summary["reward_unlabeled"] == 2
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_failures"] == {"raised:ValueError": 2}
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_failures"] == {
+        "raised:ValueError": 2
+    }
     # skips are in the summary too, with what went wrong, and one console line per reason
-    assert summary["skipped_rows"] == 1 and summary["skipped_examples"] == [f"{data}:3: not valid JSON (Expecting "
-                                                                          "value); fix or remove the line"]
+    assert summary["skipped_rows"] == 1 and summary["skipped_examples"] == [
+        f"{data}:3: not valid JSON (Expecting value); fix or remove the line"
+    ]
     assert console_lines(summary) == [
         "1 dataset rows skipped (malformed; see skipped_examples)",
         "2 rewards failed (raised:ValueError) and scored the fallback",

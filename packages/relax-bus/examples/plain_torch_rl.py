@@ -26,11 +26,17 @@ def main() -> None:
     policy = torch.nn.Linear(1, VOCAB)
     opt = torch.optim.Adam(policy.parameters(), lr=0.1)
     lock = threading.Lock()
-    bus = DataBus(BusConfig(
-        consumers={"advantages": ConsumerSpec(required_fields=["reward"], sampler="group"),
-                   "train": ConsumerSpec(required_fields=["advantage"], sampler="group", enforce_staleness=True)},
-        capacity=256, max_staleness=1, group_size=GROUP,
-    ))  # fmt: skip
+    bus = DataBus(
+        BusConfig(
+            consumers={
+                "advantages": ConsumerSpec(required_fields=["reward"], sampler="group"),
+                "train": ConsumerSpec(required_fields=["advantage"], sampler="group", enforce_staleness=True),
+            },
+            capacity=256,
+            max_staleness=1,
+            group_size=GROUP,
+        )
+    )
 
     def rollout() -> None:
         try:
@@ -39,8 +45,18 @@ def main() -> None:
                 with lock, torch.no_grad():
                     probs = torch.softmax(policy(torch.ones(1, 1)), -1)[0]
                 toks = torch.multinomial(probs, PROMPTS * GROUP * LEN, replacement=True).view(-1, LEN).numpy()
-                bus.put([{"group_id": (step, i // GROUP), "policy_version": version, "tokens": t,
-                          "reward": float((t == 3).mean())} for i, t in enumerate(toks)], partition=f"step{step}")  # fmt: skip
+                bus.put(
+                    [
+                        {
+                            "group_id": (step, i // GROUP),
+                            "policy_version": version,
+                            "tokens": t,
+                            "reward": float((t == 3).mean()),
+                        }
+                        for i, t in enumerate(toks)
+                    ],
+                    partition=f"step{step}",
+                )
         except BusClosed:
             pass
 
@@ -59,8 +75,14 @@ def main() -> None:
         t.start()
     for step in range(steps):
         total = 0.0
-        loader = StreamingDataLoader(bus, "train", micro_batch_size=2 * GROUP, total=PROMPTS * GROUP,
-                                     fields=["tokens", "advantage"], trainer_version=step)  # fmt: skip
+        loader = StreamingDataLoader(
+            bus,
+            "train",
+            micro_batch_size=2 * GROUP,
+            total=PROMPTS * GROUP,
+            fields=["tokens", "advantage"],
+            trainer_version=step,
+        )
         for mb in loader:  # starts while rollout is still writing the step
             with lock:
                 logp = torch.log_softmax(policy(torch.ones(1, 1)), -1)[0][mb["tokens"]].sum(-1)

@@ -46,8 +46,15 @@ def test_seq_balanced_sampler():
 
 
 def test_token_budget_consumer_on_bus():
-    bus = DataBus(BusConfig(consumers={"t": ConsumerSpec(sampler="token_budget", length_field="input_ids",
-                                                         sampler_options={"max_tokens": 10})}))  # fmt: skip
+    bus = DataBus(
+        BusConfig(
+            consumers={
+                "t": ConsumerSpec(
+                    sampler="token_budget", length_field="input_ids", sampler_options={"max_tokens": 10}
+                )
+            }
+        )
+    )
     bus.put([{"input_ids": np.zeros(n, np.int64)} for n in (4, 4, 4, 9)])
     assert bus.get("t", 100).ids == [0, 1]
     assert bus.get("t", 100).ids == [2]

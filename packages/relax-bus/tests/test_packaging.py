@@ -30,8 +30,11 @@ def _wheel_and_venv(tmp_path):
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("uv not on PATH")
-    subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("relax_bus-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
@@ -82,7 +85,12 @@ def test_ray_extra_in_clean_venv(tmp_path):
     frozen = subprocess.run([uv, "pip", "freeze", "--python", str(py)], capture_output=True, text=True).stdout
     assert "ray==" in frozen and "torch" not in frozen
     venv = py.parent.parent
-    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), "VIRTUAL_ENV": str(venv),
-           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "HOME": str(Path.home()),
+        "VIRTUAL_ENV": str(venv),
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     out = subprocess.run([str(py), "-c", RAY_SMOKE], capture_output=True, text=True, env=env, timeout=240)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

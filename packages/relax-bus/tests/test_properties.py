@@ -37,8 +37,12 @@ def make_cfg(policy: str) -> BusConfig:
             "fwd": ConsumerSpec(required_fields=["x"], sampler="in_order"),
             "train": ConsumerSpec(required_fields=["lp"], sampler="group", enforce_staleness=True),
         },
-        capacity=8, max_staleness=1, staleness_policy=policy, group_size=G, lease_timeout_s=5.0,
-    )  # fmt: skip
+        capacity=8,
+        max_staleness=1,
+        staleness_policy=policy,
+        group_size=G,
+        lease_timeout_s=5.0,
+    )
 
 
 def run_ops(make_bus, restore, ops, policy, tmp_path, advance):
@@ -60,8 +64,13 @@ def run_ops(make_bus, restore, ops, policy, tmp_path, advance):
         if op == "put":
             try:
                 v = bus.admit(step, timeout=0)
-                ids = bus.put([{"group_id": gid, "policy_version": v, "x": i, "tok": np.full(2 + i, gid)}
-                               for i in range(G)], timeout=0)  # fmt: skip
+                ids = bus.put(
+                    [
+                        {"group_id": gid, "policy_version": v, "x": i, "tok": np.full(2 + i, gid)}
+                        for i in range(G)
+                    ],
+                    timeout=0,
+                )
             except BusTimeout:
                 continue
             put_ids += ids
@@ -69,8 +78,13 @@ def run_ops(make_bus, restore, ops, policy, tmp_path, advance):
             step += 1
         elif op in ("fwd", "train"):
             try:
-                b = bus.get(op, 1 + arg % 4 if op == "fwd" else G * (1 + arg % 2), timeout=0, partial=True,
-                            trainer_version=version)  # fmt: skip
+                b = bus.get(
+                    op,
+                    1 + arg % 4 if op == "fwd" else G * (1 + arg % 2),
+                    timeout=0,
+                    partial=True,
+                    trainer_version=version,
+                )
             except BusTimeout:
                 continue
             check_batch(op, b, version)
@@ -146,8 +160,14 @@ def _advance(bus, dt):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_in_process_interleavings(policy, ops, tmp_path):
-    run_ops(lambda: DataBus(make_cfg(policy), clock=ManualClock()),
-            lambda p: DataBus.restore(p, clock=ManualClock()), ops, policy, tmp_path, _advance)  # fmt: skip
+    run_ops(
+        lambda: DataBus(make_cfg(policy), clock=ManualClock()),
+        lambda p: DataBus.restore(p, clock=ManualClock()),
+        ops,
+        policy,
+        tmp_path,
+        _advance,
+    )
 
 
 @pytest.mark.integration
@@ -156,8 +176,12 @@ def test_in_process_interleavings(policy, ops, tmp_path):
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("policy", ["wait", "drop"])
 @pytest.mark.parametrize("fast_local", [True, False], ids=["socket+shm", "actor-calls+object-store"])
-@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])  # fmt: skip
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(ops=RAY_OPS)
 def test_ray_interleavings(ray_session, policy, fast_local, ops, tmp_path):
     made = []

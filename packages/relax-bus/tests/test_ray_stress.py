@@ -13,8 +13,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def test_many_producers_and_consumers_processes(ray_session):
     ray = ray_session
-    cfg = BusConfig(consumers={"train": ConsumerSpec(required_fields=["lp"], sampler="group"),
-                               "fwd": ConsumerSpec()}, capacity=64, group_size=4)  # fmt: skip
+    cfg = BusConfig(
+        consumers={"train": ConsumerSpec(required_fields=["lp"], sampler="group"), "fwd": ConsumerSpec()},
+        capacity=64,
+        group_size=4,
+    )
     bus = RayBus.create(cfg, name="stress-bus", num_storage_units=2)
     P, GROUPS = 3, 8  # 96 samples, half of them in object-store blocks; capacity 64 makes producers wait
 
@@ -50,8 +53,12 @@ def test_many_producers_and_consumers_processes(ray_session):
             b.ack(consumer, batch.lease_id)
             got += batch.ids
 
-    consumers = [consume.remote(bus, "fwd", 6), consume.remote(bus, "fwd", 5),
-                 consume.remote(bus, "train", 8), consume.remote(bus, "train", 4)]  # fmt: skip
+    consumers = [
+        consume.remote(bus, "fwd", 6),
+        consume.remote(bus, "fwd", 5),
+        consume.remote(bus, "train", 8),
+        consume.remote(bus, "train", 4),
+    ]
     producers = [Producer.remote() for _ in range(P)]
     produced = sum(ray.get([pr.run.remote(p) for p, pr in enumerate(producers)]), [])
     end = P * GROUPS * 4

@@ -62,8 +62,15 @@ def _receiver_main(
         shutdown_clean = True
     latest = recv.latest_version
     recv.close()
-    queue.put({"rank": rank, "results": results, "latest": latest, "clean": shutdown_clean,
-               "devices": sorted(devices)})  # fmt: skip
+    queue.put(
+        {
+            "rank": rank,
+            "results": results,
+            "latest": latest,
+            "clean": shutdown_clean,
+            "devices": sorted(devices),
+        }
+    )
 
 
 def run_exchange(transport: str, backend: str = "gloo", world_size: int = 3) -> dict:
@@ -74,15 +81,18 @@ def run_exchange(transport: str, backend: str = "gloo", world_size: int = 3) -> 
     init_method = f"tcp://127.0.0.1:{free_port()}"
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, transport, backend))
+        ctx.Process(
+            target=_receiver_main, args=(init_method, world_size, rank, rank == 2, queue, transport, backend)
+        )
         for rank in range(1, world_size)
     ]
     for p in procs:
         p.start()
     if backend == "nccl":
         torch.cuda.set_device(0)
-    sender = WeightSender(init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport=transport,
-                          backend=backend)  # fmt: skip
+    sender = WeightSender(
+        init_method, world_size, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport=transport, backend=backend
+    )
     sender.connect()  # rendezvous with the receivers connecting concurrently
     sent, stats = [], []
     for v in VERSIONS:
@@ -98,5 +108,11 @@ def run_exchange(transport: str, backend: str = "gloo", world_size: int = 3) -> 
         got[r["rank"]] = r
     for p in procs:
         p.join(timeout=30)
-    return {"sent": sent, "stats": stats, "got": got, "exitcodes": [p.exitcode for p in procs],
-            "segments": segments, "device": sender._ep.device}  # fmt: skip
+    return {
+        "sent": sent,
+        "stats": stats,
+        "got": got,
+        "exitcodes": [p.exitcode for p in procs],
+        "segments": segments,
+        "device": sender._ep.device,
+    }

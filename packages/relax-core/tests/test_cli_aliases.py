@@ -7,8 +7,19 @@ from relax_core.cli_config import ConfigError, build_config, help_text
 
 
 def test_slime_names_set_our_flags():
-    cfg = build_config(argv=["--kl-loss-coef", "0.01", "--ref-load", "/ckpt/ref", "--eval-prompt-data", "aime",
-                             "/data/aime.jsonl", "--lr", "1e-6"])  # fmt: skip
+    cfg = build_config(
+        argv=[
+            "--kl-loss-coef",
+            "0.01",
+            "--ref-load",
+            "/ckpt/ref",
+            "--eval-prompt-data",
+            "aime",
+            "/data/aime.jsonl",
+            "--lr",
+            "1e-6",
+        ]
+    )
     assert cfg.algo.kl_coef == 0.01 and cfg.algo.use_kl_loss  # slime's KL loss: ours, in the loss
     assert cfg.model.ref_checkpoint == "/ckpt/ref"
     assert cfg.data.eval_data == "/data/aime.jsonl" and cfg.train.lr == 1e-6
@@ -51,8 +62,13 @@ def test_kl_coef_notes_its_other_meaning():
     notes: list[str] = []
     build_config(argv=["--kl-coef", "0.01"], notes=notes)
     assert len(notes) == 1 and "slime" in notes[0] and "--kl-in-reward --no-use-kl-loss" in notes[0]
-    for argv in (["--kl-coef", "0.01", "--kl-in-reward", "--no-use-kl-loss"], ["--kl-coef", "0.01", "--use-kl-loss"],
-                 ["--kl-loss-coef", "0.01", "--kl-coef", "0"], ["--kl-coef", "0"], []):  # fmt: skip
+    for argv in (
+        ["--kl-coef", "0.01", "--kl-in-reward", "--no-use-kl-loss"],
+        ["--kl-coef", "0.01", "--use-kl-loss"],
+        ["--kl-loss-coef", "0.01", "--kl-coef", "0"],
+        ["--kl-coef", "0"],
+        [],
+    ):
         notes = []
         build_config(argv=argv, notes=notes)
         assert notes == [], argv

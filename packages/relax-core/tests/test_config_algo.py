@@ -129,7 +129,9 @@ def test_policy_loss_choices_match_the_relax_train_registry():
 def test_gspo_takes_its_paper_settings_unless_given():
     a = build_config(None, ["--policy-loss", "gspo"]).algo
     assert (a.eps_clip, a.eps_clip_high, a.loss_agg_mode) == (3e-4, 4e-4, "seq-mean-token-mean")
-    a = build_config(None, ["--policy-loss", "gspo", "--eps-clip", "1e-3", "--loss-agg-mode", "token-mean"]).algo
+    a = build_config(
+        None, ["--policy-loss", "gspo", "--eps-clip", "1e-3", "--loss-agg-mode", "token-mean"]
+    ).algo
     assert (a.eps_clip, a.eps_clip_high, a.loss_agg_mode) == (1e-3, None, "token-mean")  # (high = eps-clip)
     a = build_config(None, ["--policy-loss", "ppo"]).algo
     assert (a.eps_clip, a.eps_clip_high, a.loss_agg_mode) == (0.2, None, "token-mean")

@@ -51,8 +51,14 @@ def test_start_finish_failure_restart_reach_the_endpoint(hook):
     assert start["title"] == "Relax run exp1 started" and start["type"] == "info"
     assert "mode: colocate" in start["message"] and "steps: 2" in start["message"]
     assert finish["title"] == "Relax run exp1 finished" and finish["type"] == "success"
-    for line in ("steps: 2", "samples: 32", "wall_s: 12.3", "final_reward: 0.75", "final_eval_accuracy: 0.5",
-                 "trace: /x/trace.json"):  # fmt: skip
+    for line in (
+        "steps: 2",
+        "samples: 32",
+        "wall_s: 12.3",
+        "final_reward: 0.75",
+        "final_eval_accuracy: 0.5",
+        "trace: /x/trace.json",
+    ):
         assert line in finish["message"].splitlines()
     assert failure["title"] == "Relax run exp1 failed" and failure["type"] == "failure"
     assert failure["message"].startswith("RuntimeError: CUDA out of memory\n")

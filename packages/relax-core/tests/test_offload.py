@@ -134,8 +134,9 @@ def test_on_a_gpu_the_memory_goes_back_to_the_device_and_the_next_step_is_unchan
 
     def model_and_optimizer():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 256),
-                                    torch.nn.Linear(256, 4096)).cuda()  # fmt: skip
+        model = torch.nn.Sequential(
+            torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 4096)
+        ).cuda()
         model[2].weight = model[0].weight
         return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
@@ -149,7 +150,9 @@ def test_on_a_gpu_the_memory_goes_back_to_the_device_and_the_next_step_is_unchan
     for m, o in ((model, opt), (twin, twin_opt)):
         step(m, o, 1)
     tensors = _tensors(model, opt)
-    on_gpu = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}.values())
+    on_gpu = sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.is_cuda}.values()
+    )
     assert on_gpu >= 3 * 4 * (4096 * 256 + 256 * 256)  # weights (tied: once) and two moments, fp32
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     host = HostOffload("trainer")

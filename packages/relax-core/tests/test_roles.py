@@ -16,7 +16,9 @@ def plan(*flags: str) -> RolePlan:
 
 
 def consumers(p: RolePlan) -> dict[str, tuple[list[str], str, bool]]:
-    return {n: (c.required_fields, c.sampler, c.enforce_staleness) for n, c in p.bus_config().consumers.items()}
+    return {
+        n: (c.required_fields, c.sampler, c.enforce_staleness) for n, c in p.bus_config().consumers.items()
+    }
 
 
 def test_the_default_run_actor_fwd_and_no_reference():

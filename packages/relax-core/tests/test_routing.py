@@ -40,8 +40,13 @@ def test_replaying_the_recorded_routing_reproduces_the_forward_and_trains_the_ro
     with routing.replay(experts) as stats:
         out = model(input_ids=IDS).logits
     assert torch.equal(out, ref)
-    assert routing.stats() == {"total": 66.0, "replayed": 66.0, "differ": 0.0, "replayed_frac": 1.0,
-                               "differ_frac": 0.0}  # fmt: skip
+    assert routing.stats() == {
+        "total": 66.0,
+        "replayed": 66.0,
+        "differ": 0.0,
+        "replayed_frac": 1.0,
+        "differ_frac": 0.0,
+    }
     assert stats.as_dict() == routing.stats()
     out.logsumexp(-1).sum().backward()
     for block in routing.blocks:
@@ -60,8 +65,17 @@ def test_install_keeps_names_and_outputs_and_dense_models_get_none():
     assert list(model.state_dict()) == names
     with torch.no_grad():
         assert torch.equal(model(input_ids=IDS).logits, before)
-    dense = Qwen3ForCausalLM(Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8))  # fmt: skip
+    dense = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
     assert install_routing(dense) is None
 
 

@@ -14,8 +14,14 @@ from relax_core.trace import Tracer, chrome_trace, write_trace
 
 
 def _span(role, name, start_ms, dur_ms, **args):
-    return {"name": name, "role": role, "thread": "t", "start_ns": int(start_ms * 1e6),
-            "dur_ns": int(dur_ms * 1e6), "args": args}  # fmt: skip
+    return {
+        "name": name,
+        "role": role,
+        "thread": "t",
+        "start_ns": int(start_ms * 1e6),
+        "dur_ns": int(dur_ms * 1e6),
+        "args": args,
+    }
 
 
 def test_tracer_records_wall_clock_spans_with_args():
@@ -77,8 +83,10 @@ def test_chrome_trace_format():
 
 
 def test_lanes_never_cross():
-    spans = [_span("r", f"s{i}", start, dur) for i, (start, dur) in enumerate(
-        [(0, 10), (5, 10), (10, 1), (12, 5), (14, 1), (20, 1), (0, 30)])]  # fmt: skip
+    spans = [
+        _span("r", f"s{i}", start, dur)
+        for i, (start, dur) in enumerate([(0, 10), (5, 10), (10, 1), (12, 5), (14, 1), (20, 1), (0, 30)])
+    ]
     x = [e for e in chrome_trace(spans)["traceEvents"] if e["ph"] == "X"]
     for a in x:
         for b in x:

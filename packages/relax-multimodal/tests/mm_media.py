@@ -22,9 +22,15 @@ def write_video(path, n_frames=20, fps=10.0, size=(64, 48), audio_hz: float | No
     path = str(path)
     target = path if audio_hz is None else path + ".noaudio.mp4"
     gen = imageio_ffmpeg.write_frames(
-        target, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
-        output_params=["-g", "4"], ffmpeg_log_level="error",
-    )  # fmt: skip
+        target,
+        (w, h),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_out="yuv420p",
+        macro_block_size=1,
+        output_params=["-g", "4"],
+        ffmpeg_log_level="error",
+    )
     gen.send(None)
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 60, (h, w, 3), dtype=np.uint8)

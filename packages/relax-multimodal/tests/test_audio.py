@@ -25,8 +25,14 @@ def test_input_forms(tmp_path):
     p = write_tone(tmp_path / "t.wav", seconds=0.5)
     data = Path(p).read_bytes()
     wave, sr = sf.read(p, dtype="float32")
-    forms = [p, data, "data:audio/wav;base64," + base64.b64encode(data).decode(),
-             {"array": wave, "sampling_rate": sr}, {"bytes": data}, wave]  # fmt: skip
+    forms = [
+        p,
+        data,
+        "data:audio/wav;base64," + base64.b64encode(data).decode(),
+        {"array": wave, "sampling_rate": sr},
+        {"bytes": data},
+        wave,
+    ]
     ref = process_audio(forms[0])
     for f in forms:
         a = process_audio(f, "qwen3_omni")

@@ -21,8 +21,18 @@ def test_every_input_form_gives_the_same_image(tmp_path):
     path = write_image(tmp_path / "a.png", color=(10, 200, 10))
     data = Path(path).read_bytes()
     b64 = base64.b64encode(data).decode()
-    forms = [path, "file://" + path, Path(path), data, b64, "data:image/png;base64," + b64, Image.open(path),
-             {"bytes": data, "path": "a.png"}, {"path": path}, np.asarray(Image.open(path))]  # fmt: skip
+    forms = [
+        path,
+        "file://" + path,
+        Path(path),
+        data,
+        b64,
+        "data:image/png;base64," + b64,
+        Image.open(path),
+        {"bytes": data, "path": "a.png"},
+        {"path": path},
+        np.asarray(Image.open(path)),
+    ]
     items = [process_image(f) for f in forms]
     for it in items:
         assert it.array.shape == items[0].array.shape and (it.array == items[0].array).all()

@@ -14,8 +14,14 @@ from relax_multimodal import MultimodalConfig, MultimodalProcessor
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TEXT = dict(vocab_size=1300, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-            num_key_value_heads=2)  # fmt: skip
+TEXT = dict(
+    vocab_size=1300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def _ids(tok, names):
@@ -33,7 +39,7 @@ def qwen2_5_vl(tok):
             num_heads=2,
             out_hidden_size=64,
             fullatt_block_indexes=[0],
-        ),  # fmt: skip
+        ),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -48,7 +54,7 @@ def qwen3_vl(tok):
             TEXT,
             head_dim=16,
             rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        ),  # fmt: skip
+        ),
         vision_config=dict(
             depth=1,
             hidden_size=32,
@@ -57,7 +63,7 @@ def qwen3_vl(tok):
             out_hidden_size=64,
             deepstack_visual_indexes=[0],
             num_position_embeddings=64,
-        ),  # fmt: skip
+        ),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -76,15 +82,21 @@ def test_tiny_vl_forward_accepts_our_inputs(tmp_path, family):
         model=family, multimodal_keys={"image": "i", "video": "v"}, video_max_pixels=64 * 32 * 32
     )
     proc = MultimodalProcessor(cfg, tok)
-    row = {"prompt": "<image> then <video>?", "i": write_image(tmp_path / "a.png", size=(90, 60)),
-           "v": write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0)}  # fmt: skip
+    row = {
+        "prompt": "<image> then <video>?",
+        "i": write_image(tmp_path / "a.png", size=(90, 60)),
+        "v": write_video(tmp_path / "v.mp4", n_frames=20, fps=10.0),
+    }
     s = proc.process(row)
     tensors = s.tensors(as_torch=True)
     if family == "qwen3_vl":
         tensors.pop("second_per_grid_ts")  # Qwen3-VL takes time from the <t seconds> text instead
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([s.input_ids]), mm_token_type_ids=torch.tensor([s.mm_token_type_ids]),
-                    **tensors)  # fmt: skip
+        out = model(
+            input_ids=torch.tensor([s.input_ids]),
+            mm_token_type_ids=torch.tensor([s.mm_token_type_ids]),
+            **tensors,
+        )
     assert sum(t > 0 for t in s.mm_token_type_ids) == sum(s.num_tokens().values())
     assert out.logits.shape == (1, len(s.input_ids), 1300) and torch.isfinite(out.logits).all()
 
@@ -100,7 +112,7 @@ def qwen2_5_omni(tok):
             encoder_ffn_dim=64,
             d_model=32,
             output_dim=64,
-        ),  # fmt: skip
+        ),
         vision_config=dict(
             depth=1,
             hidden_size=32,
@@ -108,7 +120,7 @@ def qwen2_5_omni(tok):
             num_heads=2,
             out_hidden_size=64,
             fullatt_block_indexes=[0],
-        ),  # fmt: skip
+        ),
         text_config=dict(TEXT, rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 4]}),
         image_token_index=ids["<|IMAGE|>"],
         video_token_index=ids["<|VIDEO|>"],
@@ -125,11 +137,17 @@ def test_tiny_omni_thinker_forward_accepts_audio_and_image(tmp_path):
     tok = ToyTokenizer()
     model = qwen2_5_omni(tok).eval()
     cfg = MultimodalConfig(model="qwen2_5_omni", multimodal_keys={"image": "i", "audio": "a"})
-    row = {"prompt": "<audio> and <image>?", "i": write_image(tmp_path / "a.png", size=(60, 60)),
-           "a": write_tone(tmp_path / "t.wav", seconds=1.3)}  # fmt: skip
+    row = {
+        "prompt": "<audio> and <image>?",
+        "i": write_image(tmp_path / "a.png", size=(60, 60)),
+        "a": write_tone(tmp_path / "t.wav", seconds=1.3),
+    }
     s = MultimodalProcessor(cfg, tok).process(row)
     tensors = s.tensors(as_torch=True)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([s.input_ids]), mm_token_type_ids=torch.tensor([s.mm_token_type_ids]),
-                    **tensors)  # fmt: skip
+        out = model(
+            input_ids=torch.tensor([s.input_ids]),
+            mm_token_type_ids=torch.tensor([s.mm_token_type_ids]),
+            **tensors,
+        )
     assert out.logits.shape[:2] == (1, len(s.input_ids)) and torch.isfinite(out.logits).all()

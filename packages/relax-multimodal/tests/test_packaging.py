@@ -45,8 +45,11 @@ def test_wheel_in_clean_venv(tmp_path):
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("uv not on PATH")
-    subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [uv, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("relax_multimodal-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)

@@ -110,8 +110,12 @@ def test_widths_decord_cannot_batch_decode_fall_back_to_ffmpeg(tmp_path):
     """decord opens a 48-px-wide mp4 but its batch decode fails (a stride bug); ffmpeg decodes it, and the
     frames are the same as a width decord handles (frame k has its square at x = 2k)."""
     ffmpeg_or_skip()
-    odd = process_video(write_video(tmp_path / "w48.mp4", n_frames=12, fps=6.0, size=(48, 32)), fps=6.0,
-                        min_pixels=48 * 32, max_pixels=56 * 56)  # fmt: skip
+    odd = process_video(
+        write_video(tmp_path / "w48.mp4", n_frames=12, fps=6.0, size=(48, 32)),
+        fps=6.0,
+        min_pixels=48 * 32,
+        max_pixels=56 * 56,
+    )
     assert odd.frames.shape[0] == len(odd.indices) >= 4 and odd.frames.shape[-1] == 3
     assert odd.frames.mean() > 5  # real pixels, not zeros
     cols = np.arange(odd.frames.shape[2])

@@ -59,10 +59,22 @@ def start_server(model_dir: str, *extra: str):
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relax_rollout.server", "--model", model_dir, "--port", "0", "--torch-threads", "1",
-         *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "relax_rollout.server",
+            "--model",
+            model_dir,
+            "--port",
+            "0",
+            "--torch-threads",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     url = None
     while url is None:

@@ -111,8 +111,13 @@ def api(serve):
         httpd = make_elastic_server(svc, token=token)
         threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
         made.append((httpd, pool))
-        return SimpleNamespace(pool=pool, svc=svc, url=f"http://127.0.0.1:{httpd.server_address[1]}",
-                               launched=launched, launching=launching)  # fmt: skip
+        return SimpleNamespace(
+            pool=pool,
+            svc=svc,
+            url=f"http://127.0.0.1:{httpd.server_address[1]}",
+            launched=launched,
+            launching=launching,
+        )
 
     yield make
     for httpd, pool in made:
@@ -190,10 +195,14 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
     )
     assert e2["url"] == newcomer.url
     metrics = scrape(a.url + "/elastic/metrics")  # Prometheus, for an autoscaler
-    for line in ('relax:elastic_engines{state="active"} 3', "relax:elastic_weight_version 4",
-                 'relax:elastic_operations_total{kind="scale_out",state="succeeded"} 1',
-                 "relax:elastic_operation_seconds_scale_out_count 1", 'relax:elastic_engine_inflight{engine="e2"'):
-        assert line in metrics, metrics  # fmt: skip
+    for line in (
+        'relax:elastic_engines{state="active"} 3',
+        "relax:elastic_weight_version 4",
+        'relax:elastic_operations_total{kind="scale_out",state="succeeded"} 1',
+        "relax:elastic_operation_seconds_scale_out_count 1",
+        'relax:elastic_engine_inflight{engine="e2"',
+    ):
+        assert line in metrics, metrics
     # an engine that does not answer: the op fails and removes what it added before
     from relax_core.dcs import free_port
 
@@ -223,8 +232,12 @@ def test_scale_out_by_replicas_is_idempotent_by_request_id(api, call):
     code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 5, "request_id": "grow-1"})
     assert code == 409 and "request_id" in err["message"] and err["operation"] == op["id"]
     kinds = {m["id"]: (m["kind"], m["protected"], m["weight_version"]) for m in a.pool.members()}
-    assert kinds == {"e0": ("startup", True, 0), "e1": ("startup", True, 0),
-                     "e2": ("ray_native", False, 0), "e3": ("ray_native", False, 0)}  # fmt: skip
+    assert kinds == {
+        "e0": ("startup", True, 0),
+        "e1": ("startup", True, 0),
+        "e2": ("ray_native", False, 0),
+        "e3": ("ray_native", False, 0),
+    }
     code, same = call(a.url, "/elastic/scale_out", {"num_replicas": 4})  # already there: nothing to do
     assert code == 202 and wait_op(call, a, same["id"])["engines_added"] == []
     code, ops = call(a.url, "/elastic/operations")
@@ -369,8 +382,13 @@ def test_cancel_of_a_scale_in_reactivates_and_re_adds(api, serve, call):
 
 def test_auth_unknown_routes_and_openapi(api, call):
     a = api(token="s3cret")
-    for path, body in [("/elastic/engines", None), ("/elastic/scale_out", {"num_replicas": 3}),
-                       ("/elastic/openapi.json", None), ("/elastic/metrics", None), ("/nope", None)]:  # fmt: skip
+    for path, body in [
+        ("/elastic/engines", None),
+        ("/elastic/scale_out", {"num_replicas": 3}),
+        ("/elastic/openapi.json", None),
+        ("/elastic/metrics", None),
+        ("/nope", None),
+    ]:
         assert call(a.url, path, body)[0] == 401
         assert call(a.url, path, body, token="wrong")[0] == 401
     code, eng = call(a.url, "/elastic/engines", token="s3cret")
@@ -400,6 +418,12 @@ def test_auth_unknown_routes_and_openapi(api, call):
     schemas = doc["components"]["schemas"]
     assert set(schemas["ScaleOutRequest"]["properties"]) == {"num_replicas", "engine_urls", "request_id"}
     assert set(schemas["ScaleInRequest"]["properties"]) == {
-        "num_replicas", "engine_ids", "engine_urls", "drain_timeout_s", "force", "request_id"}  # fmt: skip
+        "num_replicas",
+        "engine_ids",
+        "engine_urls",
+        "drain_timeout_s",
+        "force",
+        "request_id",
+    }
     codes = {c for ops in doc["paths"].values() for o in ops.values() for c in o["responses"]}
     assert codes == {"200", "202", "400", "401", "404", "409"}

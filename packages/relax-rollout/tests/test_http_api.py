@@ -35,8 +35,14 @@ def _routes(gate: threading.Event):
         gate.wait(30)
         return 200, {"ok": True}
 
-    table = {("POST", "/echo"): echo, ("GET", "/events"): events, ("POST", "/refuse"): refuse,
-             ("GET", "/crash"): crash, ("GET", "/slow"): slow, ("POST", "/admin/echo"): echo}  # fmt: skip
+    table = {
+        ("POST", "/echo"): echo,
+        ("GET", "/events"): events,
+        ("POST", "/refuse"): refuse,
+        ("GET", "/crash"): crash,
+        ("GET", "/slow"): slow,
+        ("POST", "/admin/echo"): echo,
+    }
     return lambda method, path: (table.get((method, path)), {})
 
 
@@ -47,9 +53,13 @@ def served():
     def start(**kw):
         gate = threading.Event()
         api = http_api.JsonApi(
-            "toy", _routes(gate), lambda code, msg, kind, exc: {"message": msg, "type": kind, "code": code},
-            errors=[(Refused, 409)], protected=lambda path: path.startswith("/admin/"), **kw,
-        )  # fmt: skip
+            "toy",
+            _routes(gate),
+            lambda code, msg, kind, exc: {"message": msg, "type": kind, "code": code},
+            errors=[(Refused, 409)],
+            protected=lambda path: path.startswith("/admin/"),
+            **kw,
+        )
         srv = http_api.Served(api)
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
@@ -80,7 +90,12 @@ def test_errors_limits_and_streams_on_one_connection(served):
     assert code == 200 and json.loads(data) == {"body": {"a": 1}, "query": {"x": "1"}, "auth": None}
     code, kind, data = _ask(c, "GET", "/events")
     assert code == 200 and kind == "text/event-stream"
-    assert data.decode().split("\n\n")[:4] == ['data: {"i": 0}', 'data: {"i": 1}', 'data: {"i": 2}', "data: [DONE]"]
+    assert data.decode().split("\n\n")[:4] == [
+        'data: {"i": 0}',
+        'data: {"i": 1}',
+        'data: {"i": 2}',
+        "data: [DONE]",
+    ]
     code, _, data = _ask(c, "POST", "/echo", b"{not json")
     assert code == 400 and "is not valid JSON" in json.loads(data)["message"]
     code, _, data = _ask(c, "POST", "/echo", b'"\xff\xfe"')
@@ -88,7 +103,11 @@ def test_errors_limits_and_streams_on_one_connection(served):
     code, _, data = _ask(c, "POST", "/echo", b"[" + b"1," * 600 + b"1]")  # 1201 bytes
     assert code == 413 and "limit of 1000 bytes" in json.loads(data)["message"]
     code, _, data = _ask(c, "POST", "/refuse", b"{}")
-    assert code == 409 and json.loads(data) == {"message": "no, and here is what to do", "type": "Refused", "code": 409}
+    assert code == 409 and json.loads(data) == {
+        "message": "no, and here is what to do",
+        "type": "Refused",
+        "code": 409,
+    }
     code, _, data = _ask(c, "GET", "/crash")
     assert code == 500 and json.loads(data)["message"] == "RuntimeError: boom"
     code, _, data = _ask(c, "GET", "/nope", b"")

@@ -158,7 +158,11 @@ def test_a_reward_that_kills_its_process_is_a_counted_failure_with_process_isola
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg, bus, worker = make_worker(
-        tiny_model_dir, prompt_file, rm_type="exiting_reward:reward", reward_isolation="process", reward_timeout_s=30
+        tiny_model_dir,
+        prompt_file,
+        rm_type="exiting_reward:reward",
+        reward_isolation="process",
+        reward_timeout_s=30,
     )
     try:
         worker.produce(step=0)
@@ -166,7 +170,9 @@ def test_a_reward_that_kills_its_process_is_a_counted_failure_with_process_isola
         worker.close()
     data = bus.get("advantages", cfg.samples_per_rollout, timeout=5).data
     assert set(data["reward"]) == {0.0}
-    assert all(f.startswith("worker process died") or "exit" in f for f in data["reward_failure"]), data["reward_failure"][:2]
+    assert all(f.startswith("worker process died") or "exit" in f for f in data["reward_failure"]), data[
+        "reward_failure"
+    ][:2]
     assert worker.get_stats()["reward"]["crashed"] == cfg.samples_per_rollout
 
 

@@ -22,10 +22,21 @@ def moe_dir(tiny_model_dir, tmp_path_factory):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = Qwen3MoeConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        decoder_sparse_step=1, mlp_only_layers=[], pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("moe")
     Qwen3MoeForCausalLM(cfg).save_pretrained(path)
@@ -43,10 +54,14 @@ def prompt_file(tmp_path):
 
 def make_cfg(model_dir, prompt_file, **rollout) -> RelaxConfig:
     r = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "rollout_max_response_len": 4, **rollout}
-    return RelaxConfig.model_validate({
-        "model": {"hf_checkpoint": model_dir}, "data": {"prompt_data": prompt_file}, "rollout": r,
-        "algo": {"routing_replay": True},
-    })  # fmt: skip
+    return RelaxConfig.model_validate(
+        {
+            "model": {"hf_checkpoint": model_dir},
+            "data": {"prompt_data": prompt_file},
+            "rollout": r,
+            "algo": {"routing_replay": True},
+        }
+    )
 
 
 def test_samples_carry_the_routing_of_their_tokens(moe_dir, prompt_file):
@@ -61,8 +76,9 @@ def test_samples_carry_the_routing_of_their_tokens(moe_dir, prompt_file):
 
 
 def test_refused_for_other_backends_and_dense_models(moe_dir, tiny_model_dir, prompt_file):
-    cfg = make_cfg(moe_dir, prompt_file, rollout_backend="external",
-                   rollout_external_urls=["http://127.0.0.1:9"])  # fmt: skip
+    cfg = make_cfg(
+        moe_dir, prompt_file, rollout_backend="external", rollout_external_urls=["http://127.0.0.1:9"]
+    )
     with pytest.raises(ValueError, match="--routing-replay needs --rollout-backend torch or sglang"):
         RolloutWorker(cfg, DataBus(bus_config(cfg)), moe_dir, prompt_file, torch_threads=1)
     cfg = make_cfg(tiny_model_dir, prompt_file)

@@ -31,8 +31,12 @@ def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
         "train_data": str(assets.train_path),
         "eval_data": str(assets.eval_path),
     }
-    inputs = RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path),
-                       teacher_model_path=cfg.model.teacher_checkpoint)  # fmt: skip
+    inputs = RunInputs(
+        str(assets.sft_model_dir),
+        str(assets.train_path),
+        str(assets.eval_path),
+        teacher_model_path=cfg.model.teacher_checkpoint,
+    )
     return inputs, info
 
 
@@ -43,11 +47,16 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
     one console line per dataset with skipped rows (each skip is also counted in the run's summary)."""
     from relax_core.data import load_prompts
 
-    for flag, path in (("--hf-checkpoint", cfg.model.hf_checkpoint), ("--ref-checkpoint", cfg.model.ref_checkpoint),
-                       ("--teacher-checkpoint", cfg.model.teacher_checkpoint)):  # fmt: skip
+    for flag, path in (
+        ("--hf-checkpoint", cfg.model.hf_checkpoint),
+        ("--ref-checkpoint", cfg.model.ref_checkpoint),
+        ("--teacher-checkpoint", cfg.model.teacher_checkpoint),
+    ):
         hub_id = path is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not Path(path).exists()
         if path is not None and not hub_id and not (Path(path) / "config.json").is_file():
-            raise FileNotFoundError(f"{flag} {path}: no model there (config.json missing); give an HF model directory")
+            raise FileNotFoundError(
+                f"{flag} {path}: no model there (config.json missing); give an HF model directory"
+            )
     notes = []
     d = cfg.data
     for flag, path in (("--prompt-data", d.prompt_data), ("--eval-data", d.eval_data)):
@@ -58,13 +67,17 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(str(e).replace("--prompt-data", flag, 1)) from None
         if ds.skipped:
-            notes.append(f"{flag} {path}: {len(ds.skipped)} of {len(ds.skipped) + len(ds.rows)} rows skipped "
-                         f"(first: {ds.skipped[0]})")  # fmt: skip
+            notes.append(
+                f"{flag} {path}: {len(ds.skipped)} of {len(ds.skipped) + len(ds.rows)} rows skipped "
+                f"(first: {ds.skipped[0]})"
+            )
         marked = sum(any(m in r.prompt for m in MEDIA_MARKERS) for r in ds.rows)
         if marked and not d.multimodal_keys:
-            notes.append(f"{flag} {path}: {marked} prompts mark media ({', '.join(MEDIA_MARKERS)}) but the run has no "
-                         "--multimodal-keys: they train as text; name the media columns, e.g. "
-                         "--multimodal-keys '{image: images}'")  # fmt: skip
+            notes.append(
+                f"{flag} {path}: {marked} prompts mark media ({', '.join(MEDIA_MARKERS)}) but the run has no "
+                "--multimodal-keys: they train as text; name the media columns, e.g. "
+                "--multimodal-keys '{image: images}'"
+            )
     return notes
 
 

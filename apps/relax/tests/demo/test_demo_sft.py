@@ -66,8 +66,18 @@ def test_progress_is_reported_with_step_total_and_loss(tokenizer, tiny_task, tin
     # throttled: the first step, then the last (every report_every_s seconds in between)
     assert lines == [f"step 1/5, loss {log.losses[0]:.3f}", f"step 5/5, loss {log.losses[-1]:.3f}"]
     lines.clear()
-    train_sft(model, tokenizer, rows, steps=4, batch_size=8, report=lines.append, report_every_s=0.0,
-              target_accuracy=1.01, check_every=2, probe_size=8)  # fmt: skip
+    train_sft(
+        model,
+        tokenizer,
+        rows,
+        steps=4,
+        batch_size=8,
+        report=lines.append,
+        report_every_s=0.0,
+        target_accuracy=1.01,
+        check_every=2,
+        probe_size=8,
+    )
     assert [line.split(",")[0] for line in lines] == ["step 1/4", "step 2/4", "step 3/4", "step 4/4"]
     assert "probe accuracy" in lines[1] and "probe accuracy" in lines[3]
 

@@ -27,15 +27,27 @@ class AsyncBus:
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
-    async def put(self, samples: list[dict[str, Any]], partition: str = "default", timeout: float | None = None,
-                  ids: list[int] | None = None) -> list[int]:  # fmt: skip
+    async def put(
+        self,
+        samples: list[dict[str, Any]],
+        partition: str = "default",
+        timeout: float | None = None,
+        ids: list[int] | None = None,
+    ) -> list[int]:
         return await self._run(self.bus.put, samples, partition, timeout, ids)
 
     async def add_fields(self, ids: list[int], fields: dict[str, list[Any]]) -> None:
         return await self._run(self.bus.add_fields, ids, fields)
 
-    async def get(self, consumer: str, n: int, fields: list[str] | None = None, timeout: float | None = None,
-                  partial: bool = False, trainer_version: int | None = None) -> Batch:  # fmt: skip
+    async def get(
+        self,
+        consumer: str,
+        n: int,
+        fields: list[str] | None = None,
+        timeout: float | None = None,
+        partial: bool = False,
+        trainer_version: int | None = None,
+    ) -> Batch:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -61,8 +61,20 @@ class DataBus(_Book):
         self._grouped = grouped_consumers(cfg)
         self._versioned = versioned_consumers(cfg)
         self._counts = dict.fromkeys(
-            ["puts", "samples_put", "gets", "bytes_in", "bytes_out", "dropped_stale", "leases_expired",
-             "put_waits", "get_waits", "admit_waits"], 0)  # fmt: skip
+            [
+                "puts",
+                "samples_put",
+                "gets",
+                "bytes_in",
+                "bytes_out",
+                "dropped_stale",
+                "leases_expired",
+                "put_waits",
+                "get_waits",
+                "admit_waits",
+            ],
+            0,
+        )
         self._wait_s = {"put": 0.0, "get": 0.0, "admit": 0.0}
         self._waiting = {"put": 0, "get": 0, "admit": 0}
         self._staleness_hist: dict[int, int] = {}
@@ -111,8 +123,17 @@ class DataBus(_Book):
             self._schema.commit(new_sigs)
             for sid, row in zip(ids, rows):
                 f = row.fields
-                s = Sample(sid, partition, f, set(self._consumers), f.get("group_id"), f.get("group_size"),
-                           f.get("policy_version"), row.lengths, row.size)  # fmt: skip
+                s = Sample(
+                    sid,
+                    partition,
+                    f,
+                    set(self._consumers),
+                    f.get("group_id"),
+                    f.get("group_size"),
+                    f.get("policy_version"),
+                    row.lengths,
+                    row.size,
+                )
                 self._samples[sid] = s
                 if self._grouped:
                     self._groups.setdefault(s.group_id, []).append(sid)
@@ -215,7 +236,9 @@ class DataBus(_Book):
 
             def satisfied() -> bool:
                 nonlocal chosen
-                if st.resets != resets:  # the caller's process died while this call waited (see reset_consumer)
+                if (
+                    st.resets != resets
+                ):  # the caller's process died while this call waited (see reset_consumer)
                     raise ConsumerReset(
                         f"get({consumer!r}) was waiting when {consumer!r} was reset (its process died): it takes "
                         "nothing, its samples go to the restarted consumer; a live caller gets again"
@@ -292,8 +315,10 @@ class DataBus(_Book):
             mine = [self._leases.pop(k) for k, ls in list(self._leases.items()) if ls.consumer == consumer]
             again = 0
             for lease in mine:
-                written = [bool(done_if_written) and all(f in self._samples[i].fields for f in done_if_written)
-                           for i in lease.ids]  # fmt: skip
+                written = [
+                    bool(done_if_written) and all(f in self._samples[i].fields for f in done_if_written)
+                    for i in lease.ids
+                ]
                 done = [i for i, w in zip(lease.ids, written) if w]
                 redo = [i for i, w in zip(lease.ids, written) if not w]
                 st.acked += len(done)

@@ -40,8 +40,9 @@ def pack(values: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return np.concatenate(values), cu
 
 
-def collate(batch: Batch, mode: Literal["pad", "pack"] = "pad", pad_value: float = 0,
-            to_torch: bool | None = None) -> dict[str, Any]:  # fmt: skip
+def collate(
+    batch: Batch, mode: Literal["pad", "pack"] = "pad", pad_value: float = 0, to_torch: bool | None = None
+) -> dict[str, Any]:
     """A Batch's columns as arrays (see module docstring); ``ids`` and ``lease_id`` are included."""
     if to_torch is None:
         to_torch = importlib.util.find_spec("torch") is not None
@@ -74,10 +75,20 @@ class StreamingDataLoader:
     (partial ones as soon as anything is ready when ``partial=True``). ``timeout`` bounds each wait.
     """
 
-    def __init__(self, bus: Any, consumer: str, micro_batch_size: int, total: int | None = None,
-                 fields: list[str] | None = None, collate_mode: Literal["pad", "pack"] | None = "pad",
-                 pad_value: float = 0, partial: bool = False, timeout: float | None = None,
-                 trainer_version: int | None = None, to_torch: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bus: Any,
+        consumer: str,
+        micro_batch_size: int,
+        total: int | None = None,
+        fields: list[str] | None = None,
+        collate_mode: Literal["pad", "pack"] | None = "pad",
+        pad_value: float = 0,
+        partial: bool = False,
+        timeout: float | None = None,
+        trainer_version: int | None = None,
+        to_torch: bool | None = None,
+    ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (got {micro_batch_size})")
         self.bus, self.consumer, self.mbs, self.total = bus, consumer, micro_batch_size, total
@@ -97,8 +108,14 @@ class StreamingDataLoader:
             n = self.mbs if self.total is None else min(self.mbs, self.total - self.seen)
             self.ack_pending()
             try:
-                batch = self.bus.get(self.consumer, n, fields=self.fields, timeout=self.timeout,
-                                     partial=self.partial, trainer_version=self.trainer_version)  # fmt: skip
+                batch = self.bus.get(
+                    self.consumer,
+                    n,
+                    fields=self.fields,
+                    timeout=self.timeout,
+                    partial=self.partial,
+                    trainer_version=self.trainer_version,
+                )
             except BusClosed:
                 return
             self._pending = batch.lease_id

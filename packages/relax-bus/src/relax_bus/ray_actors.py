@@ -87,8 +87,9 @@ class Controller:
 
     LOCAL_METHODS = frozenset({"call", "put_block", "add_block", "get_local", "trainer_version"})
 
-    def __init__(self, config: dict[str, Any], units: list[Any], manual_clock: bool = False,
-                 fast_local: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, config: dict[str, Any], units: list[Any], manual_clock: bool = False, fast_local: bool = True
+    ) -> None:
         import ray
 
         self.clock = ManualClock() if manual_clock else None
@@ -101,8 +102,12 @@ class Controller:
             local.remove_leftovers()
             self.server = local.Server(self, self.LOCAL_METHODS)
             shm = local.make_shm_dir()
-            self.local = {"address": self.server.address, "authkey": self.server.authkey,
-                          "node_id": ray.get_runtime_context().get_node_id(), "shm_dir": shm and str(shm)}  # fmt: skip
+            self.local = {
+                "address": self.server.address,
+                "authkey": self.server.authkey,
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "shm_dir": shm and str(shm),
+            }
 
     def handles(self) -> tuple[dict[str, Any], list[Any], dict[str, Any] | None]:
         return self.bus.config.model_dump(), self.units, self.local
@@ -124,8 +129,9 @@ class Controller:
                 rows[k].fields[f] = Loc(holder, k)
         return rows
 
-    def put_block(self, rows: list[Row], where: dict, payload: list | str | None, partition: str, timeout: Any,
-                  ids: Any) -> list[int]:  # fmt: skip
+    def put_block(
+        self, rows: list[Row], where: dict, payload: list | str | None, partition: str, timeout: Any, ids: Any
+    ) -> list[int]:
         """put_rows whose payload values sit in one block (``where``: field -> rows)."""
         return self.bus.put_rows(self._located(rows, where, payload), partition, timeout, ids)
 

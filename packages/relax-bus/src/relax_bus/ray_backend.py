@@ -48,8 +48,15 @@ def _actor(kind: str) -> Any:
 class RayBus:
     """Same methods as :class:`~relax_bus.DataBus`, backed by Ray actors. Picklable."""
 
-    def __init__(self, controller: Any, units: list[Any], config: dict[str, Any], inline_bytes: int = INLINE_BYTES,
-                 payload_owner: str = "unit", local_info: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        controller: Any,
+        units: list[Any],
+        config: dict[str, Any],
+        inline_bytes: int = INLINE_BYTES,
+        payload_owner: str = "unit",
+        local_info: dict[str, Any] | None = None,
+    ) -> None:
         if payload_owner not in ("unit", "producer"):
             raise ValueError(f"payload_owner must be 'unit' or 'producer' (got {payload_owner!r})")
         self._controller = controller
@@ -123,8 +130,9 @@ class RayBus:
         return cls(controller, units, cfg.model_dump(), inline_bytes, payload_owner, local_info)
 
     @classmethod
-    def from_name(cls, name: str, namespace: str | None = None, payload_owner: str = "unit",
-                  fast_local: bool = True) -> RayBus:  # fmt: skip
+    def from_name(
+        cls, name: str, namespace: str | None = None, payload_owner: str = "unit", fast_local: bool = True
+    ) -> RayBus:
         """Attach to a bus started with ``create(..., name=name)`` from any process of the cluster
         (``fast_local=False``: this handle uses actor calls and the object store even on the same node)."""
         ray = _ray()

@@ -53,7 +53,7 @@ def export_state(bus: Any) -> dict[str, Any]:
             "waiting": sorted(s.waiting),
             "lengths": dict(s.lengths),
             "size": s.size,
-        }  # fmt: skip
+        }
         for s in sorted(bus._samples.values(), key=lambda s: s.id)
     ]
     return {
@@ -75,8 +75,17 @@ def import_state(bus: Any, state: dict[str, Any]) -> None:
     """Load ``state`` into a freshly built ``bus`` (same config)."""
     for d in state["samples"]:
         f = d["fields"]
-        s = Sample(d["id"], d["partition"], f, set(d["waiting"]), f.get("group_id"), f.get("group_size"),
-                   f.get("policy_version"), d["lengths"], d["size"])  # fmt: skip
+        s = Sample(
+            d["id"],
+            d["partition"],
+            f,
+            set(d["waiting"]),
+            f.get("group_id"),
+            f.get("group_size"),
+            f.get("policy_version"),
+            d["lengths"],
+            d["size"],
+        )
         bus._samples[s.id] = s
         bus._depth[s.partition] = bus._depth.get(s.partition, 0) + 1
         if bus._grouped:

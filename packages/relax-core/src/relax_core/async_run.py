@@ -237,7 +237,9 @@ class AsyncRun:
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         if ev.action == "stop":
             raise RunFailed(self.policy.stop_reason(ev))
-        if ev.action == "restart":  # serving again once the new actor answers (its model loaded): see _recovered
+        if (
+            ev.action == "restart"
+        ):  # serving again once the new actor answers (its model loaded): see _recovered
             self._recovering[name] = (ev, t0, self.roles[name].heartbeat.remote())
         else:  # a global restart returns with every role serving
             ev.recovery_s = time.perf_counter() - t0

@@ -218,7 +218,9 @@ def build_config(
         except yaml.YAMLError as e:  # (its message carries the line and column)
             raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8") from None
+            raise ConfigError(
+                f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8"
+            ) from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of flag names to values")
         from_yaml, given = _flatten_yaml(data, str(path))

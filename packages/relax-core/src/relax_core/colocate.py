@@ -1,10 +1,7 @@
-"""Colocate mode: every role in this process, taking turns, one step at a time.
-
-Each step: the rollout generates a batch onto the bus; the roles computing on it (ActorFwd, Reference,
-Teacher, Advantages) drain the bus in data order; the trainer takes one optimizer step and publishes its
-weights to the rollout's engine. With ``--offload`` the engine and the roles holding models hand the
-devices to each other around generation.
-"""
+"""Colocate mode: every role in this process, taking turns, one step at a time. Each step the rollout puts
+a batch on the bus, the roles computing on it (ActorFwd, Reference, Teacher, Advantages) drain it in data
+order, the trainer steps and publishes its weights to the engine. ``--offload``: the engine and the roles
+holding models hand the devices to each other around generation."""
 
 from __future__ import annotations
 
@@ -55,18 +52,26 @@ def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOn
             "consumed": {c: r.bus.consumed_ids(c) for c in r.bus_cfg.consumers},
             "prompt_log": rollout.get_prompt_log(),
         }
-        result = shared.RunResult(actor.history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
-                                  "colocate", 0, rollout.get_stats(), r.bus.stats(), audit,
-                                  interrupted_at=interrupted)  # fmt: skip
+        result = shared.RunResult(
+            actor.history,
+            time.perf_counter() - t_start,
+            rl_wall,
+            len(audit["trained_ids"]),
+            "colocate",
+            0,
+            rollout.get_stats(),
+            r.bus.stats(),
+            audit,
+            interrupted_at=interrupted,
+        )
         if cfg.run.trace:
             result.trace_path = shared.trace_file(cfg, [x.get_spans() for x in [rollout, *helpers, actor]])
         return result
 
 
 class _Roles:
-    """The roles of a colocate run, built from the :class:`RolePlan` in this process, and their turns on
-    the devices; closed in reverse (the engines' processes, a megatron trainer's rank group last), and
-    the Ray connection a megatron trainer of several ranks needed."""
+    """The roles built from the :class:`RolePlan` in this process and their turns on the devices; closed in
+    reverse (a megatron trainer's rank group last), then the Ray its ranks needed."""
 
     def __init__(self, cfg: RelaxConfig, inputs: shared.RunInputs) -> None:
         from relax_bus import DataBus
@@ -98,8 +103,9 @@ class _Roles:
         self.actor.save_extra = lambda v: {"data": self.rollout.data_state(v)}
         self.rollout = build("rollout")
         # ActorFwd computes with the trainer's own backend here (its weights are the trainer's)
-        self.helpers = [build(n, **({"backend": self.actor.backend} if n == "actor_fwd" else {}))
-                        for n in plan.loops]  # fmt: skip
+        self.helpers = [
+            build(n, **({"backend": self.actor.backend} if n == "actor_fwd" else {})) for n in plan.loops
+        ]
         # --offload: the engine and the roles with models take turns on the devices
         self.offload = shared.offloads(cfg)
         owners = [self.actor, *(h for h in self.helpers if getattr(h, "owns_backend", False))]
@@ -120,8 +126,7 @@ class _Roles:
         self.bus.set_trainer_version(int(meta["version"]))
         return int(meta["version"])
 
-    def engine_turn(self) -> None:
-        """The engine's turn: the trainer's state waits in host memory."""
+    def engine_turn(self) -> None:  # (the trainer's state waits in host memory)
         if self.offload:
             for r in self.turns:
                 r.offload()
@@ -141,6 +146,4 @@ class _Roles:
             if callable(getattr(role, "close", None)):
                 role.close()
         if self.ray_started:
-            import ray
-
-            ray.shutdown()
+            shared.stop_ray()

@@ -53,9 +53,15 @@ class Controller:
         cfg = self.cfg
         notifier = Notifier(cfg.run.notify_urls, run_name=Path(cfg.run.output_dir).name)
         staleness = f" (max staleness {cfg.run.max_staleness})" if cfg.run.max_staleness else ""
-        notifier.start({"mode": cfg.run.mode + staleness, "steps": cfg.train.num_rollout,
-                        "samples per step": cfg.samples_per_rollout, "model": self.inputs.model_path,
-                        "output": cfg.run.output_dir})  # fmt: skip
+        notifier.start(
+            {
+                "mode": cfg.run.mode + staleness,
+                "steps": cfg.train.num_rollout,
+                "samples per step": cfg.samples_per_rollout,
+                "model": self.inputs.model_path,
+                "output": cfg.run.output_dir,
+            }
+        )
         try:
             if cfg.uses_teacher:
                 check_teacher_tokenizer(cfg, self.inputs)

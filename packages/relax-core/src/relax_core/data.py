@@ -96,7 +96,9 @@ def _json_rows(path: Path) -> list[Any]:
         try:
             records = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"--prompt-data {path}: not a valid JSON array ({e}); fix it, or write one object per line") from None
+            raise ValueError(
+                f"--prompt-data {path}: not a valid JSON array ({e}); fix it, or write one object per line"
+            ) from None
         return list(records)
     rows: list[Any] = []
     for lineno, line in enumerate(data.splitlines(), 1):
@@ -105,8 +107,12 @@ def _json_rows(path: Path) -> list[Any]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            rows.append(ValueError(f"{path}:{lineno}: not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
-                                   "re-encode the file as UTF-8"))  # fmt: skip
+            rows.append(
+                ValueError(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                    "re-encode the file as UTF-8"
+                )
+            )
             continue
         try:
             rows.append(json.loads(text))

@@ -102,7 +102,9 @@ def resolve_device(backend: str, device: str | None = None) -> str:
     its own current device, GPU 0 by default, so every rank's background thread would land there."""
     if device is not None:
         if device.startswith("cuda") and ":" not in device:
-            raise ValueError(f"give the GPU's index (cuda:N), not {device!r}: each thread has its own default")
+            raise ValueError(
+                f"give the GPU's index (cuda:N), not {device!r}: each thread has its own default"
+            )
         return device
     if backend == "gloo":
         return "cpu"
@@ -387,7 +389,9 @@ class WeightSender:
                     buf[offset : offset + n].copy_(_as_bytes(tensors[name]))
                     offset += n
         if self._ep.device != "cpu":
-            torch.cuda.current_stream(self._ep.device).synchronize()  # the copies land before a receiver reads
+            torch.cuda.current_stream(
+                self._ep.device
+            ).synchronize()  # the copies land before a receiver reads
         header = {"version": version, "num_buckets": len(layout), "layout": layout if changed else None}
         if new or changed:
             header["handles"] = self._shared.handles

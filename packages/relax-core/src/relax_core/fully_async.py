@@ -57,7 +57,9 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
         stats = ray.get(run.futures["rollout"])
         ray.get([run.futures[n] for n in loops])
         if interrupted is None:
-            shared.final_eval(cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout)))
+            shared.final_eval(
+                cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout))
+            )
             if cfg.train.save:
                 ray.get(actor.save.remote())
         history = ray.get(actor.get_history.remote())
@@ -80,9 +82,19 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
         # the sender first: receivers still listening acknowledge its shutdown, then they close
         ray.get(actor.close.remote())
         ray.get([rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"])
-        return shared.RunResult(history, time.perf_counter() - t_start, rl_wall, len(audit["trained_ids"]),
-                                "fully_async", cfg.run.max_staleness, stats, bus_stats, audit, trace_path,
-                                interrupted)  # fmt: skip
+        return shared.RunResult(
+            history,
+            time.perf_counter() - t_start,
+            rl_wall,
+            len(audit["trained_ids"]),
+            "fully_async",
+            cfg.run.max_staleness,
+            stats,
+            bus_stats,
+            audit,
+            trace_path,
+            interrupted,
+        )
     finally:
         stop.__exit__()
         run.teardown()

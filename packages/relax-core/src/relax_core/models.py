@@ -108,10 +108,17 @@ def adapt_media(family: str, tensors: dict[str, Any]) -> dict[str, Any]:
 
 
 _MEDIA_TOKEN_FIELDS = (
-    "image_token_id", "video_token_id", "audio_token_id", "image_token_index", "video_token_index",
-    "audio_token_index", "vision_start_token_id", "vision_end_token_id", "audio_start_token_id",
+    "image_token_id",
+    "video_token_id",
+    "audio_token_id",
+    "image_token_index",
+    "video_token_index",
+    "audio_token_index",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "audio_start_token_id",
     "audio_end_token_id",
-)  # fmt: skip
+)
 MASKED_LOGIT = -1e9
 """What a never-sampled token's logit is set to (finite, so entropies stay finite; its probability is 0)."""
 

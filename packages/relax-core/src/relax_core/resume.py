@@ -169,7 +169,11 @@ class CheckpointDir:
     def write_bus_resume(self, next_step: int, begun: dict[int, dict[str, int]]) -> None:
         """Beside the bus snapshot: the rollout step after its samples and where each step from the trainer's
         version to ``next_step`` began."""
-        resume = {"next_step": next_step, "data": begun[next_step], "begun": {str(k): v for k, v in begun.items()}}
+        resume = {
+            "next_step": next_step,
+            "data": begun[next_step],
+            "begun": {str(k): v for k, v in begun.items()},
+        }
         (self.path / "bus_resume.json").write_text(json.dumps(resume))
 
     def bus_resume(self) -> dict[str, Any] | None:

@@ -75,15 +75,26 @@ class RolePlan:
         specs = [RoleSpec("rollout", receives_weights=True, model="policy")]  # (writes the sample itself)
         train_needs = ["advantages"]
         if a.use_actor_fwd:  # the exact proximal policy's log-probs, from the trainer's own weights
-            specs.append(RoleSpec("actor_fwd", needs=("tokens",), writes=("log_probs",), receives_weights=True,
-                                  model="policy"))  # fmt: skip
+            specs.append(
+                RoleSpec(
+                    "actor_fwd",
+                    needs=("tokens",),
+                    writes=("log_probs",),
+                    receives_weights=True,
+                    model="policy",
+                )
+            )
             train_needs.append("log_probs")
         if a.uses_reference:
-            specs.append(RoleSpec("reference", needs=("tokens",), writes=("ref_log_probs",), model="reference"))
+            specs.append(
+                RoleSpec("reference", needs=("tokens",), writes=("ref_log_probs",), model="reference")
+            )
             if a.use_kl_loss:
                 train_needs.append("ref_log_probs")
         if cfg.uses_teacher:
-            specs.append(RoleSpec("teacher", needs=("tokens",), writes=("teacher_log_probs",), model="teacher"))
+            specs.append(
+                RoleSpec("teacher", needs=("tokens",), writes=("teacher_log_probs",), model="teacher")
+            )
             train_needs.append("teacher_log_probs")
         # KL in the reward: advantages wait for the reference log-probs; KL as a loss: the trainer does (the
         # KL in the reward counts the model's tokens only: loss_mask, written with the sample)
@@ -112,9 +123,13 @@ class RolePlan:
         from relax_bus import BusConfig, ConsumerSpec
 
         cfg = self.cfg
-        consumers = {s.consumer: ConsumerSpec(required_fields=list(s.needs), sampler=s.sampler,
-                                              enforce_staleness=s.name == "actor")  # fmt: skip
-                     for s in self.roles.values() if s.consumer is not None}
+        consumers = {
+            s.consumer: ConsumerSpec(
+                required_fields=list(s.needs), sampler=s.sampler, enforce_staleness=s.name == "actor"
+            )
+            for s in self.roles.values()
+            if s.consumer is not None
+        }
         return BusConfig(
             consumers=consumers,
             capacity=max(cfg.run.bus_capacity, cfg.samples_per_rollout),
@@ -132,9 +147,9 @@ class RolePlan:
             return teacher_path
         return inputs.model_path if model == "policy" else None
 
-
-    def arguments(self, name: str, bus: Any, inputs: Any, threads: int | None,
-                  teacher_path: str | None = None) -> tuple[tuple, dict[str, Any]]:  # fmt: skip
+    def arguments(
+        self, name: str, bus: Any, inputs: Any, threads: int | None, teacher_path: str | None = None
+    ) -> tuple[tuple, dict[str, Any]]:
         """``(args, kwargs)`` of role ``name``'s constructor, in either mode."""
         cfg, t = self.cfg, {"torch_threads": threads}
         if name == "actor":

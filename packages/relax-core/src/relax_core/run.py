@@ -71,6 +71,11 @@ def start_ray(cfg: RelaxConfig) -> bool:
     return True
 
 
+def stop_ray() -> None:
+    """Disconnect (and stop a cluster this process started)."""
+    import_ray("--fully-async").shutdown()
+
+
 def start_ray_for_ranks(cfg: RelaxConfig) -> bool:
     """Colocate with a megatron trainer of several ranks: ranks 1..N-1 are Ray actors, so connect to Ray
     (see :func:`start_ray`)."""
@@ -117,7 +122,9 @@ def final_eval(cfg: RelaxConfig, inputs: RunInputs, history: list[dict[str, Any]
 
 def trace_file(cfg: RelaxConfig, role_spans: list[list[dict[str, Any]]]) -> str:
     """Every role's spans into ``output_dir/trace.json`` (Chrome's trace format)."""
-    return str(write_trace(Path(cfg.run.output_dir) / "trace.json", [s for spans in role_spans for s in spans]))
+    return str(
+        write_trace(Path(cfg.run.output_dir) / "trace.json", [s for spans in role_spans for s in spans])
+    )
 
 
 def checkpoint_dir(cfg: RelaxConfig) -> str:

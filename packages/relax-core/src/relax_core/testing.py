@@ -73,12 +73,27 @@ def tiny_moe(layers: int = 2, top_k: int = 2, seed: int = 0, **overrides):
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(**{
-        "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts": 8,
-        "num_experts_per_tok": top_k, "moe_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "norm_topk_prob": True, "initializer_range": 0.1, "pad_token_id": 0, "eos_token_id": 1, **overrides,
-    })  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        **{
+            "vocab_size": 300,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "num_experts": 8,
+            "num_experts_per_tok": top_k,
+            "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+            "initializer_range": 0.1,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            **overrides,
+        }
+    )
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(cfg)
 

@@ -69,8 +69,13 @@ class Conflict(RuntimeError):
         self.operation = operation
 
     def body(self) -> dict:
-        return {"object": "error", "message": str(self), "type": "Conflict", "code": 409,
-                "operation": self.operation}  # fmt: skip
+        return {
+            "object": "error",
+            "message": str(self),
+            "type": "Conflict",
+            "code": 409,
+            "operation": self.operation,
+        }
 
 
 @dataclass
@@ -175,8 +180,6 @@ def _exactly_one(body: dict, keys: tuple[str, ...]) -> str:
             given[-1] if given else keys[0], f"give exactly one of {', '.join(keys)} (got {what})"
         )
     return given[0]
-
-
 
 
 class ElasticService:
@@ -415,8 +418,14 @@ class ElasticService:
     def _finish(self, op: Operation, state: str) -> None:
         op.state, op.finished = state, time.time()
         op._done.set()
-        logger.info("elastic %s %s %s (added %s, removed %s)", op.kind, op.id, state, op.engines_added,
-                    op.engines_removed)  # fmt: skip
+        logger.info(
+            "elastic %s %s %s (added %s, removed %s)",
+            op.kind,
+            op.id,
+            state,
+            op.engines_added,
+            op.engines_removed,
+        )
 
     def _run_scale_out(self, op: Operation) -> None:
         urls = op.request.get("engine_urls")
@@ -536,8 +545,13 @@ def _cancel_op(svc: ElasticService, body: Any, params: dict):
 def _engines(svc: ElasticService, body: Any, params: dict):
     everything = params.get("include_removed", "").lower() in ("1", "true", "yes")
     data = svc.engines(everything)
-    return 200, {"object": "list", "data": data, "active": sum(m["state"] == "active" for m in data),
-                 "weight_version": svc.pool.weight_version, "stats": svc.pool.stats()}  # fmt: skip
+    return 200, {
+        "object": "list",
+        "data": data,
+        "active": sum(m["state"] == "active" for m in data),
+        "weight_version": svc.pool.weight_version,
+        "stats": svc.pool.stats(),
+    }
 
 
 def _metrics(svc: ElasticService, body: Any, _: dict):
@@ -553,30 +567,55 @@ def render_metrics(svc: ElasticService) -> str:
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP relax:{name} {help_}", f"# TYPE relax:{name} {kind}"])
-        lines.extend(f"relax:{name}{{{labels}}} {value}" if labels else f"relax:{name} {value}"
-                     for labels, value in samples)  # fmt: skip
+        lines.extend(
+            f"relax:{name}{{{labels}}} {value}" if labels else f"relax:{name} {value}"
+            for labels, value in samples
+        )
 
-    metric("elastic_engines", "gauge", "Engines in the pool by state.",
-           [(f'state="{s}"', stats[f"engines_{s}"]) for s in STATES])  # fmt: skip
-    metric("elastic_engine_inflight", "gauge", "Prompts in flight on each engine.",
-           [(f'engine="{m["id"]}",kind="{m["kind"]}"', m["inflight"]) for m in members])  # fmt: skip
-    for key, help_ in (("requests", "Requests sent to engines."), ("prompts", "Prompts generated."),
-                       ("reissued_prompts", "Prompts re-sent after their engine failed or drained."),
-                       ("failures", "Engines marked failed.")):  # fmt: skip
+    metric(
+        "elastic_engines",
+        "gauge",
+        "Engines in the pool by state.",
+        [(f'state="{s}"', stats[f"engines_{s}"]) for s in STATES],
+    )
+    metric(
+        "elastic_engine_inflight",
+        "gauge",
+        "Prompts in flight on each engine.",
+        [(f'engine="{m["id"]}",kind="{m["kind"]}"', m["inflight"]) for m in members],
+    )
+    for key, help_ in (
+        ("requests", "Requests sent to engines."),
+        ("prompts", "Prompts generated."),
+        ("reissued_prompts", "Prompts re-sent after their engine failed or drained."),
+        ("failures", "Engines marked failed."),
+    ):
         metric(f"elastic_{key}_total", "counter", help_, [("", stats[key])])
-    metric("elastic_weight_version", "gauge", "The policy version the pool's engines serve.",
-           [("", stats["weight_version"])])  # fmt: skip
+    metric(
+        "elastic_weight_version",
+        "gauge",
+        "The policy version the pool's engines serve.",
+        [("", stats["weight_version"])],
+    )
     counts: dict[tuple[str, str], int] = {}
     for op in ops:
         counts[op["kind"], op["state"]] = counts.get((op["kind"], op["state"]), 0) + 1
-    metric("elastic_operations_total", "counter", "Scaling operations by kind and state.",
-           [(f'kind="{k}",state="{st}"', n) for (k, st), n in sorted(counts.items())])  # fmt: skip
+    metric(
+        "elastic_operations_total",
+        "counter",
+        "Scaling operations by kind and state.",
+        [(f'kind="{k}",state="{st}"', n) for (k, st), n in sorted(counts.items())],
+    )
     done = [op for op in ops if op["started"] is not None and op["finished"] is not None]
     for kind in ("scale_out", "scale_in"):
         secs = [op["finished"] - op["started"] for op in done if op["kind"] == kind]
-        lines.extend([f"# TYPE relax:elastic_operation_seconds_{kind} summary",
-                      f"relax:elastic_operation_seconds_{kind}_sum {sum(secs):.6f}",
-                      f"relax:elastic_operation_seconds_{kind}_count {len(secs)}"])  # fmt: skip
+        lines.extend(
+            [
+                f"# TYPE relax:elastic_operation_seconds_{kind} summary",
+                f"relax:elastic_operation_seconds_{kind}_sum {sum(secs):.6f}",
+                f"relax:elastic_operation_seconds_{kind}_count {len(secs)}",
+            ]
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -637,7 +676,11 @@ def make_elastic_server(
         return (lambda body, req: fn(service, body, {**req.query, **params})), params
 
     api = http_api.JsonApi(
-        "elastic API", resolve, _error_body, errors=[(BadRequest, 400), (NotFound, 404), (Conflict, 409)],
-        token=token, not_found=lambda m, p: f"no route {m} {p}; GET /elastic/openapi.json lists them",
-    )  # fmt: skip
+        "elastic API",
+        resolve,
+        _error_body,
+        errors=[(BadRequest, 400), (NotFound, 404), (Conflict, 409)],
+        token=token,
+        not_found=lambda m, p: f"no route {m} {p}; GET /elastic/openapi.json lists them",
+    )
     return http_api.Served(api, host, port, backlog=64)

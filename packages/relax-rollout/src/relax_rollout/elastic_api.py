@@ -17,8 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 OP_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 ENGINE_KINDS = ("startup", "ray_native", "external")
 
-RequestId = Annotated[str, Field(min_length=1, max_length=200,
-                                 description="Idempotency key: the same id returns the same operation (200).")]  # fmt: skip
+RequestId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        description="Idempotency key: the same id returns the same operation (200).",
+    ),
+]
 EngineUrl = Annotated[str, Field(pattern=r"^https?://", json_schema_extra={"format": "uri"})]
 
 
@@ -29,24 +35,29 @@ class _Request(BaseModel):
 class ScaleOutRequest(_Request):
     """Exactly one of num_replicas or engine_urls."""
 
-    num_replicas: int | None = Field(None, ge=1, description="Target number of active engines; new ones are "
-                                                             "launched on Ray.")  # fmt: skip
-    engine_urls: list[EngineUrl] | None = Field(None, min_length=1,
-                                                description="Running SGLang-compatible servers to join.")  # fmt: skip
+    num_replicas: int | None = Field(
+        None, ge=1, description="Target number of active engines; new ones are launched on Ray."
+    )
+    engine_urls: list[EngineUrl] | None = Field(
+        None, min_length=1, description="Running SGLang-compatible servers to join."
+    )
     request_id: RequestId | None = None
 
 
 class ScaleInRequest(_Request):
     """Exactly one of num_replicas, engine_ids or engine_urls."""
 
-    num_replicas: int | None = Field(None, ge=1, description="Target number of active engines (newest "
-                                                             "non-protected removed first).")  # fmt: skip
-    engine_ids: list[str] | None = Field(None, min_length=1,
-                                         description="Engines to remove (never protected start-up ones).")
+    num_replicas: int | None = Field(
+        None, ge=1, description="Target number of active engines (newest non-protected removed first)."
+    )
+    engine_ids: list[str] | None = Field(
+        None, min_length=1, description="Engines to remove (never protected start-up ones)."
+    )
     engine_urls: list[EngineUrl] | None = Field(None, min_length=1, description="Engines to remove, by URL.")
     drain_timeout_s: float | None = Field(None, ge=0, description="How long in-flight requests may finish.")
-    force: bool = Field(True, description="After the drain time-out, abort in-flight requests (re-issued "
-                                          "elsewhere).")  # fmt: skip
+    force: bool = Field(
+        True, description="After the drain time-out, abort in-flight requests (re-issued elsewhere)."
+    )
     request_id: RequestId | None = None
 
 
@@ -65,7 +76,9 @@ class Operation(BaseModel):
     engines_added: list[str]
     engines_removed: list[str]
     targets: list[str] = Field(description="Scale-in: the engines chosen when the request was accepted.")
-    rollback: list[str] = Field(description="What a cancel (or a failed scale-out) undid, one line per engine.")
+    rollback: list[str] = Field(
+        description="What a cancel (or a failed scale-out) undid, one line per engine."
+    )
     error: str | None
     cancel_requested: bool
     created: float
@@ -133,56 +146,122 @@ def _schemas() -> dict[str, dict]:
 def openapi() -> dict:
     """The API as an OpenAPI 3.1 document (``GET /elastic/openapi.json``)."""
     unauth = _json("Error", "Missing or wrong bearer token (only when the API has a token).")
-    op_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
-              "description": "Operation id."}]  # fmt: skip
+    op_id = [
+        {
+            "name": "id",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "Operation id.",
+        }
+    ]
     scale = {
         "200": _json("Operation", "Known request_id: the operation it started."),
         "202": _json("Operation", "Accepted: the operation started (poll GET /elastic/operations/{id})."),
         "400": _json("Error", "Invalid body (param names the field) or a request the pool cannot honour."),
         "401": unauth,
-        "409": _json("Error", "Another operation is pending or running, or the request_id was used for "
-                              "another request."),  # fmt: skip
+        "409": _json(
+            "Error",
+            "Another operation is pending or running, or the request_id was used for another request.",
+        ),
     }
 
     def body(model: type[BaseModel]) -> dict:
-        return {"required": True,
-                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}  # fmt: skip
+        return {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
 
     paths = {
-        "/elastic/scale_out": {"post": {
-            "summary": "Add engines (launched on Ray, or running servers by URL)", "operationId": "scaleOut",
-            "requestBody": body(ScaleOutRequest), "responses": scale}},
-        "/elastic/scale_in": {"post": {
-            "summary": "Drain and remove engines", "operationId": "scaleIn",
-            "requestBody": body(ScaleInRequest), "responses": scale}},
-        "/elastic/operations": {"get": {
-            "summary": "Every operation, oldest first", "operationId": "listOperations",
-            "responses": {"200": _json("OperationList", "The operations."), "401": unauth}}},
-        "/elastic/operations/{id}": {"get": {
-            "summary": "One operation's status", "operationId": "getOperation", "parameters": op_id,
-            "responses": {"200": _json("Operation", "The operation."), "401": unauth,
-                          "404": _json("Error", "Unknown operation id.")}}},
-        "/elastic/operations/{id}/cancel": {"post": {
-            "summary": "Cancel an operation and roll it back", "operationId": "cancelOperation",
-            "parameters": op_id,
-            "responses": {"200": _json("Operation", "Cancelled and rolled back."),
-                          "202": _json("Operation", "Cancel requested; the rollback is still running."),
-                          "401": unauth, "404": _json("Error", "Unknown operation id."),
-                          "409": _json("Error", "The operation is already finished.")}}},
-        "/elastic/engines": {"get": {
-            "summary": "The pool's engines", "operationId": "listEngines",
-            "parameters": [{"name": "include_removed", "in": "query", "required": False,
-                            "schema": {"type": "boolean"}, "description": "Also list removed engines."}],
-            "responses": {"200": _json("EngineList", "The engines and the pool's counters."), "401": unauth}}},
-        "/elastic/metrics": {"get": {
-            "summary": "Prometheus metrics of the pool and its operations", "operationId": "metrics",
-            "responses": {"200": {"description": "Prometheus text format 0.0.4.",
-                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
-                          "401": unauth}}},
-        "/elastic/openapi.json": {"get": {
-            "summary": "This document", "operationId": "openapi",
-            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document."), "401": unauth}}},
-    }  # fmt: skip
+        "/elastic/scale_out": {
+            "post": {
+                "summary": "Add engines (launched on Ray, or running servers by URL)",
+                "operationId": "scaleOut",
+                "requestBody": body(ScaleOutRequest),
+                "responses": scale,
+            }
+        },
+        "/elastic/scale_in": {
+            "post": {
+                "summary": "Drain and remove engines",
+                "operationId": "scaleIn",
+                "requestBody": body(ScaleInRequest),
+                "responses": scale,
+            }
+        },
+        "/elastic/operations": {
+            "get": {
+                "summary": "Every operation, oldest first",
+                "operationId": "listOperations",
+                "responses": {"200": _json("OperationList", "The operations."), "401": unauth},
+            }
+        },
+        "/elastic/operations/{id}": {
+            "get": {
+                "summary": "One operation's status",
+                "operationId": "getOperation",
+                "parameters": op_id,
+                "responses": {
+                    "200": _json("Operation", "The operation."),
+                    "401": unauth,
+                    "404": _json("Error", "Unknown operation id."),
+                },
+            }
+        },
+        "/elastic/operations/{id}/cancel": {
+            "post": {
+                "summary": "Cancel an operation and roll it back",
+                "operationId": "cancelOperation",
+                "parameters": op_id,
+                "responses": {
+                    "200": _json("Operation", "Cancelled and rolled back."),
+                    "202": _json("Operation", "Cancel requested; the rollback is still running."),
+                    "401": unauth,
+                    "404": _json("Error", "Unknown operation id."),
+                    "409": _json("Error", "The operation is already finished."),
+                },
+            }
+        },
+        "/elastic/engines": {
+            "get": {
+                "summary": "The pool's engines",
+                "operationId": "listEngines",
+                "parameters": [
+                    {
+                        "name": "include_removed",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "boolean"},
+                        "description": "Also list removed engines.",
+                    }
+                ],
+                "responses": {
+                    "200": _json("EngineList", "The engines and the pool's counters."),
+                    "401": unauth,
+                },
+            }
+        },
+        "/elastic/metrics": {
+            "get": {
+                "summary": "Prometheus metrics of the pool and its operations",
+                "operationId": "metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format 0.0.4.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": unauth,
+                },
+            }
+        },
+        "/elastic/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "operationId": "openapi",
+                "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document."), "401": unauth},
+            }
+        },
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -192,7 +271,9 @@ def openapi() -> dict:
             "at a time; unknown routes answer 404.",
         },
         "paths": paths,
-        "components": {"schemas": _schemas(),
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},  # fmt: skip
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
         "security": [{"bearer": []}],
     }

@@ -53,8 +53,9 @@ class EngineService:
         self._lock = threading.Lock()
         weights = Path(cfg.run.output_dir) / "engine_weights"
         external = r.rollout_external_urls if r.rollout_backend == "external" else []
-        self.pool = EnginePool(external, launch=launch, kill=kill, on_failure=self._on_failure,
-                               weights_dir=str(weights))  # fmt: skip
+        self.pool = EnginePool(
+            external, launch=launch, kill=kill, on_failure=self._on_failure, weights_dir=str(weights)
+        )
         if r.rollout_engines:  # start-up engines, launched concurrently; protected from scale-in
             self.pool.start(r.rollout_engines)
         self.elastic_url: str | None = None
@@ -81,8 +82,14 @@ class EngineService:
         """Called by the pool (from a generating thread) when an engine fails: its requests were already
         re-issued; the health manager sees it in the next heartbeat and asks for :meth:`restart` (it
         supervises every process of the run, and bounds and reports restarts in one place)."""
-        self.events.append({"engine": member.id, "reason": member.error, "at": time.time(),
-                            "action": "dropped" if member.kind == "external" else "failed"})  # fmt: skip
+        self.events.append(
+            {
+                "engine": member.id,
+                "reason": member.error,
+                "at": time.time(),
+                "action": "dropped" if member.kind == "external" else "failed",
+            }
+        )
 
     def failed(self) -> list[dict[str, Any]]:
         """Engines this service launched that failed and wait for a restart: [{engine, reason}]."""

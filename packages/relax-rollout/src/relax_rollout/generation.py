@@ -194,24 +194,43 @@ class Generation:
         )
         t0 = time.perf_counter()
         with self.tracer.span("generate", step=step):
-            run_episodes(self.engine, self.tokenizer, episodes, params, r.max_turns, r.max_total_tokens,
-                         r.env_step_timeout_s, self.prompts.episode_media)  # fmt: skip
+            run_episodes(
+                self.engine,
+                self.tokenizer,
+                episodes,
+                params,
+                r.max_turns,
+                r.max_total_tokens,
+                r.env_step_timeout_s,
+                self.prompts.episode_media,
+            )
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
         outs = []
         for ep in episodes:
             self.stats[f"stop/{ep.stop_reason}"] = self.stats.get(f"stop/{ep.stop_reason}", 0) + 1
-            extra = {"loss_mask": ep.mask, "turns": ep.turns, "env_reward": ep.info.get("reward"),
-                     "env_error": str(ep.info.get("error", ep.info.get("reset_error", "")))}  # fmt: skip
+            extra = {
+                "loss_mask": ep.mask,
+                "turns": ep.turns,
+                "env_reward": ep.info.get("reward"),
+                "env_error": str(ep.info.get("error", ep.info.get("reset_error", ""))),
+            }
             outs.append(
                 GenerateOutput(
                     ep.tokens[ep.prompt_len :], ep.log_probs, ep.stop_reason, ep.weight_version, extra
                 )
             )
         media = [ep.mm for ep in episodes]
-        return Generated(step, rows, [ep.tokens[: ep.prompt_len] for ep in episodes], outs, gen_s,
-                         _model_tokens(outs), media=media if any(m is not None for m in media) else None,
-                         texts=[ep.model_text[-1] if ep.model_text else "" for ep in episodes])  # fmt: skip
+        return Generated(
+            step,
+            rows,
+            [ep.tokens[: ep.prompt_len] for ep in episodes],
+            outs,
+            gen_s,
+            _model_tokens(outs),
+            media=media if any(m is not None for m in media) else None,
+            texts=[ep.model_text[-1] if ep.model_text else "" for ep in episodes],
+        )
 
     def episode_prompt(
         self, row: Any, history: list[dict[str, Any]], media: dict[str, list]

@@ -120,8 +120,9 @@ class JsonApi:
         if route is None:
             await self._json(send, 404, self.error_body(404, self.not_found(method, path), "NotFound", None))
             return
-        req = Request(request.headers, params, dict(parse_qsl(scope.get("query_string", b"").decode())),
-                      method, path)  # fmt: skip
+        req = Request(
+            request.headers, params, dict(parse_qsl(scope.get("query_string", b"").decode())), method, path
+        )
         try:
             body = await self._body(request) if method == "POST" else {}
             code, out = await self._run(route, body, req)
@@ -176,8 +177,10 @@ class JsonApi:
             raise BodyError(f"body: is not valid JSON ({reason}); send a JSON object") from None
 
     def _too_large(self, size: int) -> str:
-        return (f"body: {size} bytes is over this server's limit of {self.max_body_bytes} bytes; send less "
-                f"per request (split the batch), or raise the limit (max_body_bytes)")  # fmt: skip
+        return (
+            f"body: {size} bytes is over this server's limit of {self.max_body_bytes} bytes; send less "
+            f"per request (split the batch), or raise the limit (max_body_bytes)"
+        )
 
     async def _run(self, route: Route, body: Any, req: Request) -> tuple[int, Any]:
         import anyio.to_thread
@@ -221,7 +224,9 @@ def check_bind(host: str, token: str | None, what: str) -> None:
     if token is not None and not token.strip():
         raise ValueError(f"{what}: the token is blank; give one of visible characters (or none on loopback)")
     if not is_loopback(host) and not token:
-        raise ValueError(f"{what}: host {host} is not a loopback address: give a token so control endpoints need it")
+        raise ValueError(
+            f"{what}: host {host} is not a loopback address: give a token so control endpoints need it"
+        )
 
 
 class Served:
@@ -241,8 +246,15 @@ class Served:
             self._sock.close()
             raise
         self.server_address = self._sock.getsockname()
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", backlog=backlog,
-                                timeout_graceful_shutdown=3, server_header=False)  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            backlog=backlog,
+            timeout_graceful_shutdown=3,
+            server_header=False,
+        )
         self._server = uvicorn.Server(config)
         self._running, self._done, self._loop = False, threading.Event(), None
 

@@ -37,8 +37,14 @@ from relax_core.env import as_messages, resolve
 from relax_rollout.engines.base import SamplingParams
 from relax_rollout.turns import turn_suffix_ids, turn_suffix_text
 
-MEDIA_FIELDS = {"images": "image", "image": "image", "videos": "video", "video": "video", "audio": "audio",
-                "audios": "audio"}  # fmt: skip
+MEDIA_FIELDS = {
+    "images": "image",
+    "image": "image",
+    "videos": "video",
+    "video": "video",
+    "audio": "audio",
+    "audios": "audio",
+}
 """Message keys that carry an observation's media, and their modality."""
 MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 
@@ -168,8 +174,9 @@ def run_episodes(
             extra = {"mm": mm} if any(m is not None for m in mm) else {}
             outs = engine.generate([ep.tokens for ep in active], params, **extra)
             for ep, out in zip(active, outs):
-                _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pools[id(ep)],
-                           step_timeout_s, media)  # fmt: skip
+                _take_turn(
+                    ep, out, tokenizer, eos, max_turns, max_total_tokens, pools[id(ep)], step_timeout_s, media
+                )
             active = [ep for ep in active if ep.stop_reason is None]
     finally:
         for ep in episodes:

@@ -30,8 +30,13 @@ class Prompts:
         self, cfg: RelaxConfig, tokenizer: Any, model_path: str, prompt_path: str, stats: dict[str, Any]
     ):
         self.cfg, self.tokenizer, self.stats = cfg, tokenizer, stats
-        ds = load_prompts(prompt_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key,
-                          cfg.data.multimodal_keys)  # fmt: skip
+        ds = load_prompts(
+            prompt_path,
+            cfg.data.input_key,
+            cfg.data.label_key,
+            cfg.data.metadata_key,
+            cfg.data.multimodal_keys,
+        )
         self.skipped_rows = ds.skipped
         self.iterator = PromptIterator(
             ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed

@@ -16,8 +16,13 @@ def build_scorer(cfg: RelaxConfig):
     fn: Any = r.rm_type if r.reward_isolation == "process" else get_reward(r.rm_type)  # (by name: picklable)
     if r.reward_delay_s > 0:
         fn = functools.partial(_delayed, get_reward(r.rm_type), r.reward_delay_s)
-    return Scorer(fn, timeout_s=r.reward_timeout_s, max_concurrency=r.reward_concurrency,
-                  isolation=r.reward_isolation, memory_limit_mb=r.reward_memory_limit_mb)  # fmt: skip
+    return Scorer(
+        fn,
+        timeout_s=r.reward_timeout_s,
+        max_concurrency=r.reward_concurrency,
+        isolation=r.reward_isolation,
+        memory_limit_mb=r.reward_memory_limit_mb,
+    )
 
 
 def _delayed(reward: Any, delay_s: float, response: str, label: Any, metadata: dict | None = None) -> Any:

@@ -85,8 +85,9 @@ class RolloutWorker:
         self._journal = Journal.for_run(cfg)
         restartable = cfg.run.mode == "fully_async" and cfg.run.health
         self.samples = SampleWriter(cfg, bus, self.tokenizer, self.scorer, self.tracer, restartable)
-        self.generation = Generation(cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats,
-                                     self.samples.score)  # fmt: skip
+        self.generation = Generation(
+            cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score
+        )
 
     @property
     def engine(self) -> Any:
@@ -306,8 +307,12 @@ class RolloutWorker:
 
     def get_stats(self) -> dict[str, Any]:
         p = self.prompts
-        return {**self.stats, "skipped_rows": len(p.skipped_rows), "reward": self.scorer.stats(),
-                "skipped_examples": p.skipped_rows[:5] + p.bad_media[:5]}  # fmt: skip
+        return {
+            **self.stats,
+            "skipped_rows": len(p.skipped_rows),
+            "reward": self.scorer.stats(),
+            "skipped_examples": p.skipped_rows[:5] + p.bad_media[:5],
+        }
 
     def get_bad_media(self) -> list[str]:
         """One message per skipped media row (sample, file, reason, what to do)."""

@@ -30,7 +30,11 @@ COMMON = ("SafeUnpickler", "MultiprocessingSerializer", "_safe_load_torch_storag
 def sglang_site() -> Path | None:
     """The folder holding the ``sglang`` package, or None where it is not installed."""
     named = os.environ.get("RELAX_SGLANG_SRC")
-    candidates = [Path(named)] if named else sorted(Path(__file__).parents[4].glob(".venv-sglang/lib/python3*/site-packages"))
+    candidates = (
+        [Path(named)]
+        if named
+        else sorted(Path(__file__).parents[4].glob(".venv-sglang/lib/python3*/site-packages"))
+    )
     for site in candidates:
         if (site / "sglang" / "srt" / "utils" / "patch_torch.py").is_file():
             return site
@@ -43,15 +47,24 @@ def load(site: Path) -> tuple[types.ModuleType, types.ModuleType]:
     for pkg in ("sglang", "sglang.srt", "sglang.srt.utils"):
         sys.modules.setdefault(pkg, types.ModuleType(pkg))
     common = types.ModuleType("sglang.srt.utils.common")
-    common.__dict__.update(io=io, pickle=pickle, torch=torch, ForkingPickler=ForkingPickler, pybase64=base64,
-                           is_npu=lambda: False, is_musa=lambda: False,
-                           torch_release=tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:3]))  # fmt: skip
+    common.__dict__.update(
+        io=io,
+        pickle=pickle,
+        torch=torch,
+        ForkingPickler=ForkingPickler,
+        pybase64=base64,
+        is_npu=lambda: False,
+        is_musa=lambda: False,
+        torch_release=tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:3]),
+    )
     path = utils / "common.py"
     tree = ast.parse(path.read_text())
     body = [node for node in tree.body if getattr(node, "name", None) in COMMON]
     missing = set(COMMON) - {node.name for node in body}
     if missing:
-        raise RuntimeError(f"{path} no longer defines {sorted(missing)}: this SGLang is not the pinned 0.5.23")
+        raise RuntimeError(
+            f"{path} no longer defines {sorted(missing)}: this SGLang is not the pinned 0.5.23"
+        )
     exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), common.__dict__)
     sys.modules["sglang.srt.utils.common"] = common
     spec = importlib.util.spec_from_file_location("sglang.srt.utils.patch_torch", utils / "patch_torch.py")
@@ -70,7 +83,12 @@ def receive_main(site: str, payload: str, queue) -> None:
         named = common.MultiprocessingSerializer.deserialize(payload)
         from relax_core.dcs import checksum
 
-        queue.put({"checksum": checksum(named), "devices": sorted({str(t.device) for _, t in named}),
-                   "names": [n for n, _ in named]})  # fmt: skip
+        queue.put(
+            {
+                "checksum": checksum(named),
+                "devices": sorted({str(t.device) for _, t in named}),
+                "names": [n for n, _ in named],
+            }
+        )
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
         queue.put({"error": f"{type(e).__name__}: {e}"})

@@ -69,7 +69,9 @@ def test_top_logprobs_and_stop_strings_pass_through_to_the_server(ext, local):
     want = local.generate(PROMPTS, p)
     got = ext.generate(PROMPTS, p)
     for g, w in zip(got, want):
-        assert [[t for t, _ in row] for row in g.top_logprobs] == [[t for t, _ in row] for row in w.top_logprobs]
+        assert [[t for t, _ in row] for row in g.top_logprobs] == [
+            [t for t, _ in row] for row in w.top_logprobs
+        ]
     stop = local.tokenizer.decode(want[0].token_ids[-2:])
     got = ext.generate(PROMPTS, SamplingParams(**{**p.__dict__, "stop": (stop,)}))
     want = local.generate(PROMPTS, SamplingParams(**{**p.__dict__, "stop": (stop,)}))

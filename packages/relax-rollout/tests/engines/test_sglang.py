@@ -54,38 +54,142 @@ GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
 # since v0.5.2). SamplingParams from python/sglang/srt/sampling/sampling_params.py of the same era.
 BASE_REQ = {"rid", "http_worker_ipc"}
 GENERATE_REQ_INPUT = {
-    "rid", "session_id", "text", "input_ids", "input_embeds", "image_data", "video_data", "audio_data",
-    "mm_hashes", "mm_content_hashes", "use_audio_in_video", "video_config", "sampling_params",
-    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_sampling_mask",
-    "return_text_in_logprobs", "return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64", "stream",
-    "log_metrics", "return_hidden_states", "return_routed_experts", "routed_experts_start_len",
-    "return_indexer_topk", "modalities", "session_params", "lora_path", "lora_id", "custom_logit_processor",
-    "positional_embed_overrides", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
-    "decode_tp_size", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "kv_router_hint",
-    "routing_key", "conversation_id", "http_worker_ipc", "background", "require_reasoning",
-    "max_thinking_tokens", "priority", "extra_key", "no_logs", "custom_labels", "return_bytes",
-    "return_entropy", "return_prompt_token_ids", "external_trace_header", "received_time",
-    "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch",
-    "image_max_dynamic_patch", "video_max_dynamic_patch", "images_config", "multi_item_delimiter_indices",
+    "rid",
+    "session_id",
+    "text",
+    "input_ids",
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "mm_hashes",
+    "mm_content_hashes",
+    "use_audio_in_video",
+    "video_config",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_sampling_mask",
+    "return_text_in_logprobs",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_top_logprobs_b64",
+    "stream",
+    "log_metrics",
+    "return_hidden_states",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_indexer_topk",
+    "modalities",
+    "session_params",
+    "lora_path",
+    "lora_id",
+    "custom_logit_processor",
+    "positional_embed_overrides",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "disagg_prefill_dp_rank",
+    "kv_router_hint",
+    "routing_key",
+    "conversation_id",
+    "http_worker_ipc",
+    "background",
+    "require_reasoning",
+    "max_thinking_tokens",
+    "priority",
+    "extra_key",
+    "no_logs",
+    "custom_labels",
+    "return_bytes",
+    "return_entropy",
+    "return_prompt_token_ids",
+    "external_trace_header",
+    "received_time",
+    "need_wait_for_mm_inputs",
+    "num_items_assigned",
+    "encoder_urls",
+    "max_dynamic_patch",
+    "min_dynamic_patch",
+    "image_max_dynamic_patch",
+    "video_max_dynamic_patch",
+    "images_config",
+    "multi_item_delimiter_indices",
     "cache_salt",
-}  # fmt: skip
+}
 SAMPLING_PARAMS = {
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "custom_params", "stream_interval", "logit_bias", "sampling_seed",
-}  # fmt: skip
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "custom_params",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+}
 INIT_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {
-    "master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}  # fmt: skip
+    "master_address",
+    "master_port",
+    "rank_offset",
+    "world_size",
+    "group_name",
+    "backend",
+}
 UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT = BASE_REQ | {
-    "names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version",
-    "load_format", "torch_empty_cache"}  # fmt: skip
+    "names",
+    "dtypes",
+    "shapes",
+    "group_name",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "load_format",
+    "torch_empty_cache",
+}
 UPDATE_WEIGHT_FROM_DISK_REQ_INPUT = BASE_REQ | {
-    "model_path", "load_format", "abort_all_requests", "weight_version", "is_async", "torch_empty_cache",
-    "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache", "manifest"}  # fmt: skip
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+    "manifest",
+}
 UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT = BASE_REQ | {
-    "serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version",
-    "disable_draft_model", "torch_empty_cache"}  # fmt: skip
+    "serialized_named_tensors",
+    "load_format",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "disable_draft_model",
+    "torch_empty_cache",
+}
 DESTROY_WEIGHTS_UPDATE_GROUP_REQ_INPUT = BASE_REQ | {"group_name"}
 PAUSE_GENERATION_REQ_INPUT = BASE_REQ | {"mode"}
 CONTINUE_GENERATION_REQ_INPUT = BASE_REQ | {"torch_empty_cache"}
@@ -103,16 +207,48 @@ def _assert_same(outs, want):
 
 # -- request bodies (no processes) -------------------------------------------------------------------
 def test_launch_command_uses_sglang_flags():
-    cmd = launch_command("/m", "127.0.0.1", 30001, tp_size=2, dtype="bfloat16", mem_fraction_static=0.7,
-                         server_args={"context_length": 4096, "enable_metrics": True, "disable_radix_cache": False,
-                                      "json_model_override_args": {"a": 1}, "--log-level": "warning"},
-                         record_routing=True, python="py")  # fmt: skip
+    cmd = launch_command(
+        "/m",
+        "127.0.0.1",
+        30001,
+        tp_size=2,
+        dtype="bfloat16",
+        mem_fraction_static=0.7,
+        server_args={
+            "context_length": 4096,
+            "enable_metrics": True,
+            "disable_radix_cache": False,
+            "json_model_override_args": {"a": 1},
+            "--log-level": "warning",
+        },
+        record_routing=True,
+        python="py",
+    )
     assert cmd == [
-        "py", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port", "30001",
-        "--tp-size", "2", "--dtype", "bfloat16", "--mem-fraction-static", "0.7", "--context-length", "4096",
-        "--enable-metrics", "--json-model-override-args", '{"a": 1}', "--log-level", "warning",
+        "py",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30001",
+        "--tp-size",
+        "2",
+        "--dtype",
+        "bfloat16",
+        "--mem-fraction-static",
+        "0.7",
+        "--context-length",
+        "4096",
+        "--enable-metrics",
+        "--json-model-override-args",
+        '{"a": 1}',
+        "--log-level",
+        "warning",
         "--enable-return-routed-experts",
-    ]  # fmt: skip
+    ]
     assert "--mem-fraction-static" not in launch_command("/m", "h", 1)
     for reserved in ("port", "tp_size", "--model-path", "host"):
         with pytest.raises(ValueError, match="the engine sets it"):
@@ -120,8 +256,16 @@ def test_launch_command_uses_sglang_flags():
 
 
 def test_generate_request_has_sglang_field_names():
-    params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, min_new_tokens=[0, 2],
-                            stop_token_ids=(1,), seed=3, stop=("\n\n",), top_logprobs=4)  # fmt: skip
+    params = SamplingParams(
+        max_new_tokens=5,
+        temperature=0.7,
+        top_p=0.9,
+        min_new_tokens=[0, 2],
+        stop_token_ids=(1,),
+        seed=3,
+        stop=("\n\n",),
+        top_logprobs=4,
+    )
     media = [{"image_data": "data:image/png;base64,AAAA", "audio_data": ["a.wav"]}, None]
     fields = [{"rid": r, **m} for r, m in zip(["r0", "r1"], media_fields(media, 2))]
     body = generate_body([[3, 4], [5]], params, [0, 2], fields, {"return_routed_experts": True})
@@ -149,11 +293,21 @@ def test_weight_and_control_requests_have_sglang_field_names():
     names, dtypes, shapes = tensor_metadata(t.items())
     assert (names, dtypes, shapes) == (["a.weight", "b"], ["bfloat16", "float32"], [[2, 3], [4]])
     cases = [
-        (init_group_request("10.0.0.1", 29500, 1, 3, "relax_dcs", "nccl"), INIT_WEIGHTS_UPDATE_GROUP_REQ_INPUT,
-         {"master_address", "master_port", "rank_offset", "world_size"}),
-        (distributed_update_request(names, dtypes, shapes, 7, "relax_dcs"), UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT,
-         {"names", "dtypes", "shapes"}),
-        (disk_update_request("/ckpt", 7, load_format="auto"), UPDATE_WEIGHT_FROM_DISK_REQ_INPUT, {"model_path"}),
+        (
+            init_group_request("10.0.0.1", 29500, 1, 3, "relax_dcs", "nccl"),
+            INIT_WEIGHTS_UPDATE_GROUP_REQ_INPUT,
+            {"master_address", "master_port", "rank_offset", "world_size"},
+        ),
+        (
+            distributed_update_request(names, dtypes, shapes, 7, "relax_dcs"),
+            UPDATE_WEIGHTS_FROM_DISTRIBUTED_REQ_INPUT,
+            {"names", "dtypes", "shapes"},
+        ),
+        (
+            disk_update_request("/ckpt", 7, load_format="auto"),
+            UPDATE_WEIGHT_FROM_DISK_REQ_INPUT,
+            {"model_path"},
+        ),
         (pause_request("retract"), PAUSE_GENERATION_REQ_INPUT, {"mode"}),
         (abort_request("r1"), ABORT_REQ, {"rid"}),
         (abort_request(), ABORT_REQ, {"abort_all"}),
@@ -161,7 +315,7 @@ def test_weight_and_control_requests_have_sglang_field_names():
         ({}, CONTINUE_GENERATION_REQ_INPUT, set()),
         (memory_request(["weights"]), RESUME_MEMORY_OCCUPATION_REQ_INPUT, {"tags"}),
         (memory_request(), RELEASE_MEMORY_OCCUPATION_REQ_INPUT, set()),  # no tags: every kind of memory
-    ]  # fmt: skip
+    ]
     for body, allowed, required in cases:
         assert set(body) <= allowed, set(body) - allowed
         assert required <= set(body)
@@ -222,15 +376,31 @@ def test_each_tp_rank_gets_tensors_on_its_own_device(monkeypatch):
 def test_parse_reply_reads_sglang_meta_info():
     experts = np.arange(2 * 3 * 2 * 2, dtype=np.int32).reshape(2 * 3, 2, 2)  # prompt 4 + 3 generated - 1 = 6
     reply = [
-        {"text": "ab", "output_ids": [7, 8, 1], "meta_info": {
-            "id": "r0", "finish_reason": {"type": "stop", "matched": 1}, "prompt_tokens": 4, "completion_tokens": 3,
-            "cached_tokens": 2, "weight_version": "5",
-            "output_token_logprobs": [[-0.1, 7, "a"], [-0.2, 8, "b"], [-0.3, 1, None]],
-            "routed_experts": base64.b64encode(experts.tobytes()).decode()}},
-        {"text": "", "output_ids": [], "meta_info": {
-            "id": "r1", "finish_reason": {"type": "abort", "message": "Abort request."}, "weight_version": "default",
-            "output_token_logprobs": []}},
-    ]  # fmt: skip
+        {
+            "text": "ab",
+            "output_ids": [7, 8, 1],
+            "meta_info": {
+                "id": "r0",
+                "finish_reason": {"type": "stop", "matched": 1},
+                "prompt_tokens": 4,
+                "completion_tokens": 3,
+                "cached_tokens": 2,
+                "weight_version": "5",
+                "output_token_logprobs": [[-0.1, 7, "a"], [-0.2, 8, "b"], [-0.3, 1, None]],
+                "routed_experts": base64.b64encode(experts.tobytes()).decode(),
+            },
+        },
+        {
+            "text": "",
+            "output_ids": [],
+            "meta_info": {
+                "id": "r1",
+                "finish_reason": {"type": "abort", "message": "Abort request."},
+                "weight_version": "default",
+                "output_token_logprobs": [],
+            },
+        },
+    ]
     a, b = parse_reply(reply, [[3, 4, 5, 6], [2]], RoutingInfo(2, 2))
     assert a.token_ids == [7, 8, 1] and a.log_probs == [-0.1, -0.2, -0.3] and a.finish_reason == "stop"
     assert a.weight_version == 5 and a.extra["rid"] == "r0" and a.extra["cached_tokens"] == 2
@@ -257,9 +427,21 @@ def test_parse_reply_reads_sglang_meta_info():
     assert a.top_logprobs is None and a.matched_stop is None
     # top_logprobs_num's meta_info.output_top_logprobs and a stop string's finish_reason
     top = [[[-0.1, 7, None], [-2.5, 9, None]], [[-0.2, 8, "b"], [-1.9, 7, "a"]]]
-    (d,) = parse_reply([{"text": "a", "output_ids": [7, 8], "meta_info": {
-        "id": "r2", "finish_reason": {"type": "stop", "matched": "ab"}, "output_top_logprobs": top,
-        "output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]]}}], [[3]])  # fmt: skip
+    (d,) = parse_reply(
+        [
+            {
+                "text": "a",
+                "output_ids": [7, 8],
+                "meta_info": {
+                    "id": "r2",
+                    "finish_reason": {"type": "stop", "matched": "ab"},
+                    "output_top_logprobs": top,
+                    "output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]],
+                },
+            }
+        ],
+        [[3]],
+    )
     assert d.top_logprobs == [[(7, -0.1), (9, -2.5)], [(8, -0.2), (7, -1.9)]] and d.matched_stop == "ab"
 
 
@@ -275,21 +457,39 @@ def test_model_routing_from_config(tiny_model_dir, tmp_path):
 def test_engine_kwargs_from_the_config():
     from relax_core.config import RelaxConfig
 
-    cfg = RelaxConfig.model_validate({"rollout": {
-        "rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2,
-        "sglang_mem_fraction_static": 0.6, "sglang_server_args": {"context_length": 4096},
-        "sglang_python": "/venv/bin/python", "sglang_env": {"SGLANG_USE_CPU_ENGINE": "1"}}})  # fmt: skip
+    cfg = RelaxConfig.model_validate(
+        {
+            "rollout": {
+                "rollout_backend": "sglang",
+                "rollout_num_gpus": 4,
+                "rollout_num_gpus_per_engine": 2,
+                "sglang_mem_fraction_static": 0.6,
+                "sglang_server_args": {"context_length": 4096},
+                "sglang_python": "/venv/bin/python",
+                "sglang_env": {"SGLANG_USE_CPU_ENGINE": "1"},
+            }
+        }
+    )
     # colocate (the default mode) releases the engines' memory while training: SGLang needs its memory saver
-    assert sglang_kwargs(cfg) == {"num_engines": 2, "tp_size": 2, "mem_fraction_static": 0.6,
-                                  "server_args": {"context_length": 4096, "enable_memory_saver": True},
-                                  "weight_update": "disk", "python": "/venv/bin/python",
-                                  "env": {"SGLANG_USE_CPU_ENGINE": "1"}}  # fmt: skip
+    assert sglang_kwargs(cfg) == {
+        "num_engines": 2,
+        "tp_size": 2,
+        "mem_fraction_static": 0.6,
+        "server_args": {"context_length": 4096, "enable_memory_saver": True},
+        "weight_update": "disk",
+        "python": "/venv/bin/python",
+        "env": {"SGLANG_USE_CPU_ENGINE": "1"},
+    }
     no_offload = cfg.model_copy(update={"run": cfg.run.model_copy(update={"offload": False})})
     assert sglang_kwargs(no_offload)["server_args"] == {"context_length": 4096}
     # two nodes of 2 GPUs, 4 rollout GPUs: engines on both nodes, weights through the run's directory
-    two = RelaxConfig.model_validate({
-        "rollout": {"rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2},
-        "train": {"actor_num_nodes": 2, "actor_num_gpus_per_node": 2}, "run": {"output_dir": "/shared/run"}})  # fmt: skip
+    two = RelaxConfig.model_validate(
+        {
+            "rollout": {"rollout_backend": "sglang", "rollout_num_gpus": 4, "rollout_num_gpus_per_engine": 2},
+            "train": {"actor_num_nodes": 2, "actor_num_gpus_per_node": 2},
+            "run": {"output_dir": "/shared/run"},
+        }
+    )
     kw = sglang_kwargs(two)
     assert (kw["num_engines"], kw["gpus_per_node"], kw["weights_dir"]) == (2, 2, "/shared/run/engine_weights")
     # broadcast on SGLang's weight group instead: no directory to share
@@ -330,8 +530,11 @@ def test_routed_experts_and_media_through_our_server():
     torch.set_num_threads(1)
     model = tiny_moe(layers=2, top_k=2)
     local = TorchEngine(model=model, eos_token_ids=[EOS], pad_token_id=0, record_routing=True)
-    served = ServedEngine(TorchEngine(model=tiny_moe(layers=2, top_k=2), eos_token_ids=[EOS], pad_token_id=0,
-                                      record_routing=True))  # fmt: skip
+    served = ServedEngine(
+        TorchEngine(
+            model=tiny_moe(layers=2, top_k=2), eos_token_ids=[EOS], pad_token_id=0, record_routing=True
+        )
+    )
     dense = ServedEngine(TorchEngine(model=tiny_moe(layers=2, top_k=2), eos_token_ids=[EOS], pad_token_id=0))
     try:
         params = SamplingParams(max_new_tokens=5, greedy=True)
@@ -344,7 +547,9 @@ def test_routed_experts_and_media_through_our_server():
             assert o.extra["routed_experts"].shape == (len(p) + len(o.token_ids) - 1, 2, 2)
             assert np.array_equal(o.extra["routed_experts"], w.extra["routed_experts"].astype(np.int32))
         start = {**body, "routed_experts_start_len": 2}  # SGLang: the reply covers [start, seqlen - 1)
-        cut = parse_reply(http_json(served.url, "/generate", start), PROMPTS, RoutingInfo(2, 2), routed_start=2)
+        cut = parse_reply(
+            http_json(served.url, "/generate", start), PROMPTS, RoutingInfo(2, 2), routed_start=2
+        )
         assert all(
             np.array_equal(c.extra["routed_experts"], o.extra["routed_experts"][2:])
             for c, o in zip(cut, outs)
@@ -435,8 +640,15 @@ def test_restarts_are_bounded_then_the_engine_stays_failed(tmp_path):
     script, marker = tmp_path / "fake.py", tmp_path / "broken"
     script.write_text(FAKE_SERVER)
     cmd = [sys.executable, str(script), "{port}", str(marker)]
-    eng = SGLangEngine("m", launch_cmd=cmd, max_restarts=2, poll_interval_s=0.1, startup_timeout_s=60,
-                       shutdown_grace_s=2, log_dir=str(tmp_path / "logs"))  # fmt: skip
+    eng = SGLangEngine(
+        "m",
+        launch_cmd=cmd,
+        max_restarts=2,
+        poll_interval_s=0.1,
+        startup_timeout_s=60,
+        shutdown_grace_s=2,
+        log_dir=str(tmp_path / "logs"),
+    )
     try:
         out = eng.generate([[1, 2]], SamplingParams(max_new_tokens=1))[0]
         assert out.token_ids == [5] and out.log_probs == [-0.5] and out.finish_reason == "length"
@@ -473,14 +685,25 @@ def test_a_weight_update_an_engine_refuses_or_fails_drops_it_and_the_others_go_o
     script = tmp_path / "fake.py"
     script.write_text(FAKE_SERVER)
     cmd = [sys.executable, str(script), "{port}", str(tmp_path / "never"), "{engine_index}"]
-    eng = SGLangEngine("m", num_engines=2, launch_cmd=cmd, max_restarts=0, poll_interval_s=0.1,
-                       startup_timeout_s=60, shutdown_grace_s=2, log_dir=str(tmp_path / "logs"))  # fmt: skip
+    eng = SGLangEngine(
+        "m",
+        num_engines=2,
+        launch_cmd=cmd,
+        max_restarts=0,
+        poll_interval_s=0.1,
+        startup_timeout_s=60,
+        shutdown_grace_s=2,
+        log_dir=str(tmp_path / "logs"),
+    )
     try:
         eng.update_weights_from_disk("/ckpt", 4)
         assert eng.weight_version == 4 and eng.pool.weights_path == "/ckpt"
         eng.update_weights_from_disk("reject1", 5)  # engine 1 refuses: dropped, engine 0 serves version 5
         assert eng.weight_version == 5 and len(eng.urls) == 1
-        assert [o.weight_version for o in eng.generate([[1], [2]], SamplingParams(max_new_tokens=1))] == [5, 5]
+        assert [o.weight_version for o in eng.generate([[1], [2]], SamplingParams(max_new_tokens=1))] == [
+            5,
+            5,
+        ]
         wait_until(lambda: eng.engines()[1]["state"] == "failed", 30, "engine 1 to fail (max_restarts=0)")
         assert "shape mismatch" in eng.engines()[1]["error"]
         with pytest.raises(WeightUpdateFailed, match=r"no engine took the update.*CUDA error"):
@@ -500,14 +723,21 @@ def test_seeds_are_not_sent_to_sglang_without_deterministic_inference(tmp_path, 
     script.write_text(FAKE_SERVER)
     cmd = [sys.executable, str(script), "{port}", str(tmp_path / "never")]
     seeded = SamplingParams(max_new_tokens=1, seed=3)
-    with SGLangEngine("m", launch_cmd=cmd, startup_timeout_s=60, shutdown_grace_s=2,
-                      log_dir=str(tmp_path / "logs")) as eng:  # fmt: skip
+    with SGLangEngine(
+        "m", launch_cmd=cmd, startup_timeout_s=60, shutdown_grace_s=2, log_dir=str(tmp_path / "logs")
+    ) as eng:
         eng.generate([[1]], seeded)
         eng.generate([[2]], seeded)
     assert sum("--enable-deterministic-inference" in r.message for r in caplog.records) == 1
     caplog.clear()
-    with SGLangEngine("m", launch_cmd=cmd, startup_timeout_s=60, shutdown_grace_s=2, log_dir=str(tmp_path / "l2"),
-                      server_args={"enable_deterministic_inference": True}) as eng:  # fmt: skip
+    with SGLangEngine(
+        "m",
+        launch_cmd=cmd,
+        startup_timeout_s=60,
+        shutdown_grace_s=2,
+        log_dir=str(tmp_path / "l2"),
+        server_args={"enable_deterministic_inference": True},
+    ) as eng:
         assert eng.deterministic
         eng.generate([[1]], seeded)
     assert not any("deterministic" in r.message for r in caplog.records)
@@ -525,11 +755,29 @@ def local(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    cmd = [sys.executable, "-m", "relax_rollout.server", "--model", "{model_path}", "--port", "{port}",
-           "--torch-threads", "1"]  # fmt: skip
-    eng = SGLangEngine(tiny_model_dir, num_engines=2, launch_cmd=cmd, gpu_ids=["3", "5"], eos_token_ids=[EOS],
-                       log_dir=str(tmp_path_factory.mktemp("sglang-logs")), startup_timeout_s=300,
-                       max_restarts=2, poll_interval_s=0.2, shutdown_grace_s=5)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "relax_rollout.server",
+        "--model",
+        "{model_path}",
+        "--port",
+        "{port}",
+        "--torch-threads",
+        "1",
+    ]
+    eng = SGLangEngine(
+        tiny_model_dir,
+        num_engines=2,
+        launch_cmd=cmd,
+        gpu_ids=["3", "5"],
+        eos_token_ids=[EOS],
+        log_dir=str(tmp_path_factory.mktemp("sglang-logs")),
+        startup_timeout_s=300,
+        max_restarts=2,
+        poll_interval_s=0.2,
+        shutdown_grace_s=5,
+    )
     yield eng
     eng.close()
 
@@ -601,8 +849,11 @@ def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local, tin
         wait_until(
             lambda: engine.pool.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure"
         )
-        wait_until(lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1, 300,
-              "the supervisor's restart")  # fmt: skip
+        wait_until(
+            lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1,
+            300,
+            "the supervisor's restart",
+        )
         assert pending.thread.is_alive()  # the other engine still holds its half: paused
     finally:
         engine.resume()

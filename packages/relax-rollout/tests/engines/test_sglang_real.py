@@ -41,10 +41,18 @@ def hf(tiny_model_dir):
 @pytest.fixture(scope="module")
 def real(tiny_model_dir, sglang_python, tmp_path_factory):
     eng = SGLangEngine(
-        tiny_model_dir, num_engines=2, eos_token_ids=[EOS_ID], weight_update="distributed", bucket_bytes=16 << 10,
-        log_dir=str(tmp_path_factory.mktemp("sglang-real-logs")), max_restarts=5, poll_interval_s=0.5,
-        shutdown_grace_s=5, request_timeout_s=120, **{**sglang_cpu.engine_kwargs(sglang_python), "gpu_ids": ["3", "5"]},
-    )  # fmt: skip
+        tiny_model_dir,
+        num_engines=2,
+        eos_token_ids=[EOS_ID],
+        weight_update="distributed",
+        bucket_bytes=16 << 10,
+        log_dir=str(tmp_path_factory.mktemp("sglang-real-logs")),
+        max_restarts=5,
+        poll_interval_s=0.5,
+        shutdown_grace_s=5,
+        request_timeout_s=120,
+        **{**sglang_cpu.engine_kwargs(sglang_python), "gpu_ids": ["3", "5"]},
+    )
     yield eng
     eng.close()
 
@@ -89,8 +97,12 @@ def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
         assert out.extra["rid"] and out.weight_version == 0  # SGLang's "default" version reads as 0
     first = outs[0].token_ids
     stop = first[2]
-    cut = real.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(stop,)))[0]
-    assert cut.finish_reason == "stop" and cut.token_ids == first[: first.index(stop) + 1]  # the stop token kept
+    cut = real.generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(stop,))
+    )[0]
+    assert (
+        cut.finish_reason == "stop" and cut.token_ids == first[: first.index(stop) + 1]
+    )  # the stop token kept
 
 
 def _shape(v):
@@ -115,9 +127,13 @@ def test_top_logprobs_num_and_stop_answer_in_sglang_s_shapes(real, engine_server
             assert _shape(ours[key]) == _shape(theirs[key]), key
     for url in (real.urls[0], engine_server):
         free = http_json(url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": sp})
-        at = next(i for i in range(1, len(free["text"]) - 1) if free["text"].find(free["text"][i : i + 2]) == i)
+        at = next(
+            i for i in range(1, len(free["text"]) - 1) if free["text"].find(free["text"][i : i + 2]) == i
+        )
         stop = free["text"][at : at + 2]
-        cut = http_json(url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {**sp, "stop": [stop]}})
+        cut = http_json(
+            url, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {**sp, "stop": [stop]}}
+        )
         assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, url
         assert cut["text"] == free["text"][:at] and cut["output_ids"] == free["output_ids"][: at + 2], url
 
@@ -136,7 +152,9 @@ def test_pause_holds_new_requests_and_abort_ends_one(real):
     for url in real.urls:  # slow every decode step so the abort lands mid-generation
         http_json(url, "/slow_down", {"forward_sleep_time": 0.05})
     try:
-        t = threading.Thread(target=lambda: box.update(out=real.generate([PROMPTS[1]], long, rids=["doomed"])))
+        t = threading.Thread(
+            target=lambda: box.update(out=real.generate([PROMPTS[1]], long, rids=["doomed"]))
+        )
         t.start()
         wait_until(lambda: "doomed" in real.inflight_rids(), 10, "the request to be sent")
         threading.Event().wait(1.0)  # SGLang ignores an abort of a request it has not registered yet
@@ -184,14 +202,19 @@ def test_bucketed_update_never_runs_requests_on_half_updated_weights(real, hf):
     ``weight_versions`` spans; its log-prob must be that version's model's."""
     old = {k: v.clone() for k, v in hf.state_dict().items()}
     tensors = new_weights(hf, 3)
-    body = {"input_ids": PROMPTS[2], "sampling_params": {"max_new_tokens": 60, "temperature": 0.0,
-                                                         "ignore_eos": True}, "return_logprob": True}  # fmt: skip
+    body = {
+        "input_ids": PROMPTS[2],
+        "sampling_params": {"max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True},
+        "return_logprob": True,
+    }
     replies: dict = {}
     for url in real.urls:
         http_json(url, "/slow_down", {"forward_sleep_time": 0.03})
     try:
-        threads = [threading.Thread(target=lambda u=u: replies.update({u: http_json(u, "/generate", body)}))
-                   for u in real.urls]  # fmt: skip
+        threads = [
+            threading.Thread(target=lambda u=u: replies.update({u: http_json(u, "/generate", body)}))
+            for u in real.urls
+        ]
         for t in threads:
             t.start()
         threading.Event().wait(0.5)  # the requests are decoding
@@ -225,7 +248,9 @@ def test_bucketed_update_never_runs_requests_on_half_updated_weights(real, hf):
 def test_a_killed_engine_restarts_and_serves_after_the_next_update(real, hf):
     slot = real.engines()[0]
     os.killpg(slot["pid"], signal.SIGKILL)
-    wait_until(lambda: real.engines()[0]["state"] == "waiting", 240, "engine 0 to restart and wait for weights")
+    wait_until(
+        lambda: real.engines()[0]["state"] == "waiting", 240, "engine 0 to restart and wait for weights"
+    )
     assert len(real.urls) == 1  # not served: it does not hold the current weights
     tensors = new_weights(hf, 4)
     real.update_weights(tensors, 6)  # re-forms the weight group with the restarted engine
@@ -271,8 +296,14 @@ def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf
     monkeypatch.setattr(real, "_call", call)
     # (restarted engines wait for the next update, or serve the checkpoint when no update ever loaded; the
     # supervisor records why an engine failed when it takes it up, from its own thread)
-    wait_until(lambda: all(s["state"] in ("waiting", "running") for s in real.engines())
-               and pids[refusing] not in [s["pid"] for s in real.engines()], 300, "the engines to restart")  # fmt: skip
+    wait_until(
+        lambda: (
+            all(s["state"] in ("waiting", "running") for s in real.engines())
+            and pids[refusing] not in [s["pid"] for s in real.engines()]
+        ),
+        300,
+        "the engines to restart",
+    )
     refused = real.engines()[index[refusing]]
     assert "Group no_such_group not in" in (refused["error"] or ""), refused  # (kept after its restart)
     tensors = new_weights(hf, 8)
@@ -331,6 +362,9 @@ def test_an_update_every_engine_refuses_raises_and_restarts_them(real, hf, tmp_p
     with pytest.raises(WeightUpdateFailed, match="no engine took the update"):
         real.update_weights_from_disk(str(bad), 8)
     assert real.weight_version == 7
-    wait_until(lambda: all(s["state"] == "running" and s["pid"] not in pids for s in real.engines()), 300,
-               "both engines to restart")  # fmt: skip
+    wait_until(
+        lambda: all(s["state"] == "running" and s["pid"] not in pids for s in real.engines()),
+        300,
+        "both engines to restart",
+    )
     assert_served_by(real, hf, 7)

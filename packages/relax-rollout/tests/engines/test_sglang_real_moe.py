@@ -43,17 +43,24 @@ def moe_dir(tiny_model_dir, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def real(moe_dir, sglang_python, tmp_path_factory):
     eng = SGLangEngine(
-        moe_dir, num_engines=1, eos_token_ids=[VOCAB.index(EOS)], weight_update="distributed",
-        bucket_bytes=4096, log_dir=str(tmp_path_factory.mktemp("sglang-moe-logs")), request_timeout_s=120,
+        moe_dir,
+        num_engines=1,
+        eos_token_ids=[VOCAB.index(EOS)],
+        weight_update="distributed",
+        bucket_bytes=4096,
+        log_dir=str(tmp_path_factory.mktemp("sglang-moe-logs")),
+        request_timeout_s=120,
         **sglang_cpu.engine_kwargs(sglang_python),
-    )  # fmt: skip
+    )
     yield eng
     eng.close()
 
 
 def assert_served_by(real, model) -> None:
     for prompt, out in zip(PROMPTS, real.generate(PROMPTS, GREEDY)):
-        assert out.token_ids and out.log_probs == pytest.approx(model_log_probs(model, prompt, out.token_ids), abs=1e-3)
+        assert out.token_ids and out.log_probs == pytest.approx(
+            model_log_probs(model, prompt, out.token_ids), abs=1e-3
+        )
 
 
 def test_serves_the_moe_model(real, moe_dir):

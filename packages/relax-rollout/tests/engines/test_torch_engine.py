@@ -117,8 +117,10 @@ def test_min_new_tokens_suppresses_stop_tokens(engine):
 def test_top_logprobs_are_of_the_distribution_sampled_from(engine):
     """k = the whole vocabulary: the alternatives sum to 1 and hold the sampled token at its own log-prob, at a
     temperature (SGLang's: log_softmax(logits / T)) and greedy (log_softmax(logits))."""
-    for params in (SamplingParams(max_new_tokens=5, temperature=0.7, seed=2, top_logprobs=64),
-                   SamplingParams(max_new_tokens=5, greedy=True, top_logprobs=64)):  # fmt: skip
+    for params in (
+        SamplingParams(max_new_tokens=5, temperature=0.7, seed=2, top_logprobs=64),
+        SamplingParams(max_new_tokens=5, greedy=True, top_logprobs=64),
+    ):
         for out in engine.generate(PROMPTS[:2], params):
             assert len(out.top_logprobs) == len(out.token_ids)
             for t, lp, top in zip(out.token_ids, out.log_probs, out.top_logprobs):
@@ -138,13 +140,18 @@ def test_stop_strings_end_a_sequence_at_the_token_completing_them(engine):
     tok = engine.tokenizer
     stop = tok.decode(free[0].token_ids[2:4])
     assert tok.decode(free[0].token_ids[:3]).find(stop) < 0  # (it first appears with token 3)
-    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8,
-                                                   stop=("never-made", stop)))  # fmt: skip
-    assert outs[0].token_ids == free[0].token_ids[:4] and outs[0].log_probs == pytest.approx(free[0].log_probs[:4])
+    outs = engine.generate(
+        PROMPTS, SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8, stop=("never-made", stop))
+    )
+    assert outs[0].token_ids == free[0].token_ids[:4] and outs[0].log_probs == pytest.approx(
+        free[0].log_probs[:4]
+    )
     assert outs[0].finish_reason == "stop" and outs[0].matched_stop == stop
     for out, ref in zip(outs[1:], free[1:]):
         if stop not in tok.decode(ref.token_ids):
-            assert out.token_ids == ref.token_ids and out.matched_stop is None and out.finish_reason == "length"
+            assert (
+                out.token_ids == ref.token_ids and out.matched_stop is None and out.finish_reason == "length"
+            )
 
 
 def test_stop_strings_need_a_tokenizer(tiny_model_dir, engine):

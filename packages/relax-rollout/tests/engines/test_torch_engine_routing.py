@@ -64,8 +64,9 @@ def test_recorded_routing_equals_an_unpadded_full_forward(engine, greedy):
 
 def test_aborted_rows_keep_only_their_own_tokens(engine):
     abort_at = {2: {1}, 4: {3}}  # step -> rows aborted before that step's forward
-    outs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, greedy=True),
-                           on_step=lambda t: abort_at.get(t))  # fmt: skip
+    outs = engine.generate(
+        PROMPTS, SamplingParams(max_new_tokens=6, greedy=True), on_step=lambda t: abort_at.get(t)
+    )
     assert [len(o.token_ids) for o in outs][1] == 2 and outs[1].finish_reason == "abort"
     for prompt, o in zip(PROMPTS, outs):
         n = len(prompt) + len(o.token_ids) - 1

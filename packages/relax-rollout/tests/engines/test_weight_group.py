@@ -24,8 +24,12 @@ def test_flatten_concatenates_each_tensors_bytes_in_order():
     named = _named()
     flat = flatten(named)
     assert flat.dtype == torch.uint8
-    want = b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16
-                    else t.contiguous().numpy().tobytes() for _, t in named)  # fmt: skip
+    want = b"".join(
+        t.contiguous().view(torch.uint8).numpy().tobytes()
+        if t.dtype == torch.bfloat16
+        else t.contiguous().numpy().tobytes()
+        for _, t in named
+    )
     assert flat.numpy().tobytes() == want
 
 

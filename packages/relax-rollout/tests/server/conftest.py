@@ -20,8 +20,17 @@ def chat_model_dir(tmp_path_factory) -> str:
         "Solve the problem. To compute, write calc: <expression> and wait for the result. Now double it.",
     ]
     tok = tokenizer.train_tokenizer(corpus, out)
-    model.build_tiny_qwen3(tok, out_dir=out, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                           head_dim=16, intermediate_size=64, max_position_embeddings=1024)  # fmt: skip
+    model.build_tiny_qwen3(
+        tok,
+        out_dir=out,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+    )
     return str(out)
 
 
@@ -100,7 +109,9 @@ def backend_cfg():
     """A RelaxConfig for TorchBackend at the rollout temperature the tests sample with (1.0)."""
     from relax_core.config import RelaxConfig
 
-    return RelaxConfig.model_validate({
-        "train": {"micro_batch_size": 2, "lr": 1e-3},
-        "rollout": {"rollout_temperature": 1.0, "rollout_batch_size": 1, "n_samples_per_prompt": 2},
-    })  # fmt: skip
+    return RelaxConfig.model_validate(
+        {
+            "train": {"micro_batch_size": 2, "lr": 1e-3},
+            "rollout": {"rollout_temperature": 1.0, "rollout_batch_size": 1, "n_samples_per_prompt": 2},
+        }
+    )

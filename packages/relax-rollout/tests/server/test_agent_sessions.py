@@ -32,19 +32,26 @@ def ask(url: str, session: str, messages: list[dict], *new: dict, max_tokens: in
     """One step of an agent: send the conversation plus ``new`` messages, append the reply verbatim."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     messages = [*messages, *new]
-    r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                       extra_headers={"X-Relax-Session": session})  # fmt: skip
+    r = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=max_tokens, extra_headers={"X-Relax-Session": session}
+    )
     return [*messages, {"role": "assistant", "content": r.choices[0].message.content}]
 
 
-def test_awkward_replies_splice_and_equal_the_template_rendering(chat_model_dir, tok, serve, scripted, call,
-                                                                 backend_cfg):  # fmt: skip
+def test_awkward_replies_splice_and_equal_the_template_rendering(
+    chat_model_dir, tok, serve, scripted, call, backend_cfg
+):
     # an empty reply and "d" (inside "<|im_end|>") defeat a search for the reply's text; "123456789" is cut
     # at max_tokens=8 (no end-of-turn token: the template's suffix supplies it, outside the loss mask)
     replies = ["calc: 17+25", "", "d", "123456789", "The answer is 84."]
     url = serve(scripted(chat_model_dir, replies), tok)
-    messages = ask(url, "a1", [], {"role": "system", "content": "Use the calculator."},
-                   {"role": "user", "content": "What is 17+25?"})  # fmt: skip
+    messages = ask(
+        url,
+        "a1",
+        [],
+        {"role": "system", "content": "Use the calculator."},
+        {"role": "user", "content": "What is 17+25?"},
+    )
     messages = ask(url, "a1", messages, {"role": "tool", "content": "42"})
     messages = ask(url, "a1", messages, {"role": "user", "content": "Go on"})
     messages = ask(url, "a1", messages, {"role": "user", "content": "Count"}, max_tokens=8)
@@ -98,8 +105,11 @@ def test_context_overflow_closes_with_length(chat_model_dir, tok, serve, scripte
     messages = ask(url, "long", [], {"role": "user", "content": "hi"})
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="context"):
-        client.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "more " * 5}],
-                                       extra_headers={"X-Relax-Session": "long"})  # fmt: skip
+        client.chat.completions.create(
+            model="m",
+            messages=[*messages, {"role": "user", "content": "more " * 5}],
+            extra_headers={"X-Relax-Session": "long"},
+        )
     traj = call(url, "/relax/trajectories/long")[1]
     assert traj["stop_reason"] == "length" and traj["num_calls"] == 1
     assert to_bus_sample(traj, 0.0, "g")["finish_reason"] == "length"
@@ -110,15 +120,27 @@ def test_trajectory_endpoints_need_the_token_when_the_server_has_one(
 ):
     url = serve(scripted(chat_model_dir), tok, token="s3cret")
     ask(url, "t1", [], {"role": "user", "content": "hi"})  # chat stays open, as generation does
-    for path, body in [("/relax/trajectories", None), ("/relax/trajectories/t1", None),
-                       ("/relax/trajectories/t1/close", {"reward": 1})]:  # fmt: skip
+    for path, body in [
+        ("/relax/trajectories", None),
+        ("/relax/trajectories/t1", None),
+        ("/relax/trajectories/t1/close", {"reward": 1}),
+    ]:
         assert call(url, path, body)[0] == 401
         assert call(url, path, body, token="s3cret")[0] == 200, path
 
 
 def test_to_bus_sample_needs_a_reward():
-    traj = {"session": "x", "index": 0, "tokens": [5, 6, 7], "prompt_len": 2, "loss_mask": [1],
-            "rollout_log_probs": [-0.5], "finish_reasons": ["stop"], "weight_versions": [3], "reward": None}  # fmt: skip
+    traj = {
+        "session": "x",
+        "index": 0,
+        "tokens": [5, 6, 7],
+        "prompt_len": 2,
+        "loss_mask": [1],
+        "rollout_log_probs": [-0.5],
+        "finish_reasons": ["stop"],
+        "weight_versions": [3],
+        "reward": None,
+    }
     with pytest.raises(ValueError, match="reward"):
         to_bus_sample(traj, None, "g")
     s = to_bus_sample(traj, 1, "g")

@@ -25,11 +25,34 @@ for backend in backends:
 
 
 def test_sglang_bench_serving_runs_against_our_server(engine_server, tiny_model_dir, sglang_python, tmp_path):
-    flags = ["--base-url", engine_server, "--dataset-name", "random-ids", "--random-input-len", "6",
-             "--random-output-len", "4", "--random-range-ratio", "1.0", "--num-prompts", "6",
-             "--tokenizer", tiny_model_dir, "--model", tiny_model_dir, "--seed", "1"]  # fmt: skip
-    r = subprocess.run([sglang_python, "-c", DRIVER, ",".join(BACKENDS), *flags], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)  # (it writes its results there)
+    flags = [
+        "--base-url",
+        engine_server,
+        "--dataset-name",
+        "random-ids",
+        "--random-input-len",
+        "6",
+        "--random-output-len",
+        "4",
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        "6",
+        "--tokenizer",
+        tiny_model_dir,
+        "--model",
+        tiny_model_dir,
+        "--seed",
+        "1",
+    ]
+    r = subprocess.run(
+        [sglang_python, "-c", DRIVER, ",".join(BACKENDS), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        cwd=tmp_path,
+    )  # (it writes its results there)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     runs = out.split("== backend ")[1:]

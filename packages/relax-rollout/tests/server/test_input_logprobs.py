@@ -49,8 +49,10 @@ def test_input_token_logprobs_in_sglang_shape(engine_server, call, model):
     # from position 2: the tail, whose first log-prob is None too (SGLang's; the frontend's select relies on it)
     _, r = call(engine_server, "/generate", {**body, "logprob_start_len": 2, "return_text_in_logprobs": True})
     assert r["meta_info"]["input_token_logprobs"] == [
-        [None, 4, "2"], [pytest.approx(want[2], abs=1e-5), 13, "="], [pytest.approx(want[3], abs=1e-5), 5, "3"]
-    ]  # fmt: skip
+        [None, 4, "2"],
+        [pytest.approx(want[2], abs=1e-5), 13, "="],
+        [pytest.approx(want[3], abs=1e-5), 5, "3"],
+    ]
     # while generating: the same values (from the prefill); the default start (-1) lists none, as in SGLang
     gen = {**body, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
     _, r = call(engine_server, "/generate", gen)
@@ -67,8 +69,11 @@ def test_input_token_logprobs_in_sglang_shape(engine_server, call, model):
 def test_a_batch_of_unequal_prompts_gets_each_its_own(engine_server, call, model):
     """Left padding must not leak into the log-probs; one start per prompt."""
     texts, starts = ["1+2=3", "12+34=46", "7"], [0, 3, 1]
-    code, rs = call(engine_server, "/generate", {"text": texts, "return_logprob": True, "logprob_start_len": starts,
-                                                 "sampling_params": ONLY_PROMPT})  # fmt: skip
+    code, rs = call(
+        engine_server,
+        "/generate",
+        {"text": texts, "return_logprob": True, "logprob_start_len": starts, "sampling_params": ONLY_PROMPT},
+    )
     assert code == 200, rs
     for text, start, r in zip(texts, starts, rs):
         ids = [2 + int(c) if c.isdigit() else {"+": 12, "=": 13}[c] for c in text]
@@ -79,8 +84,13 @@ def test_a_batch_of_unequal_prompts_gets_each_its_own(engine_server, call, model
 
 
 def test_input_top_logprobs_with_top_logprobs_num(engine_server, call, model):
-    body = {"input_ids": PROMPT, "return_logprob": True, "logprob_start_len": 1, "top_logprobs_num": 3,
-            "sampling_params": ONLY_PROMPT}  # fmt: skip
+    body = {
+        "input_ids": PROMPT,
+        "return_logprob": True,
+        "logprob_start_len": 1,
+        "top_logprobs_num": 3,
+        "sampling_params": ONLY_PROMPT,
+    }
     code, r = call(engine_server, "/generate", body)
     assert code == 200, r
     tops = r["meta_info"]["input_top_logprobs"]
@@ -94,22 +104,38 @@ def test_input_top_logprobs_with_top_logprobs_num(engine_server, call, model):
     assert r["meta_info"]["input_top_logprobs"] == [] == r["meta_info"]["input_token_logprobs"]
 
 
-@pytest.mark.parametrize(("extra", "field"), [
-    ({"logprob_start_len": 6}, "logprob_start_len"),  # past the 5 prompt tokens (SGLang aborts it)
-    ({"logprob_start_len": -2}, "logprob_start_len"),
-    ({"logprob_start_len": "0"}, "logprob_start_len"),
-    ({"logprob_start_len": [0, 0]}, "logprob_start_len"),  # two starts for one prompt
-    ({"sampling_params": {"stop_regex": ["a+"]}}, "sampling_params.stop_regex"),  # refused, never ignored
-    ({"sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"logprob_start_len": 6}, "logprob_start_len"),  # past the 5 prompt tokens (SGLang aborts it)
+        ({"logprob_start_len": -2}, "logprob_start_len"),
+        ({"logprob_start_len": "0"}, "logprob_start_len"),
+        ({"logprob_start_len": [0, 0]}, "logprob_start_len"),  # two starts for one prompt
+        ({"sampling_params": {"stop_regex": ["a+"]}}, "sampling_params.stop_regex"),  # refused, never ignored
+        ({"sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+    ],
+)
 def test_bad_input_logprob_requests_are_400_naming_the_field(engine_server, call, extra, field):
     code, err = call(engine_server, "/generate", {"input_ids": PROMPT, "return_logprob": True, **extra})
     assert code == 400 and err["param"] == field, err
 
 
 def test_the_frontends_empty_stop_regex_passes(engine_server, call):
-    code, r = call(engine_server, "/generate", {"text": "1+2=", "sampling_params": {
-        "max_new_tokens": 2, "stop_regex": [], "regex": None, "json_schema": None, "n": 1, "top_k": -1}})  # fmt: skip
+    code, r = call(
+        engine_server,
+        "/generate",
+        {
+            "text": "1+2=",
+            "sampling_params": {
+                "max_new_tokens": 2,
+                "stop_regex": [],
+                "regex": None,
+                "json_schema": None,
+                "n": 1,
+                "top_k": -1,
+            },
+        },
+    )
     assert code == 200 and len(r["output_ids"]) == 2, r
 
 

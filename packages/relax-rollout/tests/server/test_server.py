@@ -25,9 +25,15 @@ def local(tiny_model_dir):
 def test_generate_greedy_equals_in_process_engine(engine_server, call, local):
     # the served engine is shared: other tests update its weights (and restore them) before or after this one
     _, served = call(engine_server, "/get_weight_version")
-    code, res = call(engine_server, "/generate", {
-        "input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "return_logprob": True,
-    })  # fmt: skip
+    code, res = call(
+        engine_server,
+        "/generate",
+        {
+            "input_ids": PROMPTS,
+            "sampling_params": {"max_new_tokens": 10, "temperature": 0},
+            "return_logprob": True,
+        },
+    )
     assert code == 200 and isinstance(res, list) and len(res) == 3
     want = local.generate(PROMPTS, SamplingParams(max_new_tokens=10, greedy=True))
     for r, w in zip(res, want):
@@ -55,14 +61,31 @@ def test_generate_single_prompt_and_text(engine_server, call):
 
 def test_sampling_params_are_honoured(engine_server, call, local):
     first = local.generate([PROMPTS[0]], SamplingParams(max_new_tokens=1, greedy=True))[0].token_ids[0]
-    _, r = call(engine_server, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {
-        "max_new_tokens": 5, "temperature": 0, "stop_token_ids": [first]}})  # fmt: skip
+    _, r = call(
+        engine_server,
+        "/generate",
+        {
+            "input_ids": PROMPTS[0],
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "stop_token_ids": [first]},
+        },
+    )
     assert r["output_ids"] == [first] and r["meta_info"]["finish_reason"] == {
         "type": "stop",
         "matched": first,
     }
-    _, r = call(engine_server, "/generate", {"input_ids": PROMPTS[0], "sampling_params": {
-        "max_new_tokens": 6, "min_new_tokens": 6, "temperature": 0.8, "sampling_seed": 3}})  # fmt: skip
+    _, r = call(
+        engine_server,
+        "/generate",
+        {
+            "input_ids": PROMPTS[0],
+            "sampling_params": {
+                "max_new_tokens": 6,
+                "min_new_tokens": 6,
+                "temperature": 0.8,
+                "sampling_seed": 3,
+            },
+        },
+    )
     assert len(r["output_ids"]) == 6 and EOS not in r["output_ids"]
     assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
     body = {"input_ids": PROMPTS, "sampling_params": {"max_new_tokens": 6, "top_p": 0.9, "sampling_seed": 7}}
@@ -84,25 +107,40 @@ def test_sampling_params_are_honoured(engine_server, call, local):
     assert len(res[0]["output_ids"]) == 4 and len(res[1]["output_ids"]) <= 2
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
-    ({"input_ids": [1, "x"]}, "input_ids"),
-    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
-    ({"input_ids": [3, 4], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
-    ({"input_ids": [3, 4], "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
-    ({"input_ids": [3, 4], "sampling_params": {"frequency_penalty": 1.0}}, "sampling_params.frequency_penalty"),
-    ({"input_ids": [3, 4], "sampling_params": {"stop_token_ids": "1"}}, "sampling_params.stop_token_ids"),
-    ({"input_ids": [3, 4], "return_logprob": "yes"}, "return_logprob"),
-    # values that reached the engine: 500s, or random output (NaN / Infinity are JSON literals to Python)
-    ({"input_ids": [3, 4], "sampling_params": {"temperature": float("nan")}}, "sampling_params.temperature"),
-    ({"input_ids": [3, 4], "sampling_params": {"top_p": float("inf")}}, "sampling_params.top_p"),
-    ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 10**12}}, "input_ids"),  # past the context
-    ({"input_ids": [3, 2**63]}, "input_ids"),  # int64 overflow
-    ({"input_ids": [3, -1]}, "input_ids"),
-    ({"input_ids": [[3, 4], [3, 10**6]]}, "input_ids[1]"),  # outside the vocabulary
-    ({"input_ids": [3] * 127, "sampling_params": {"max_new_tokens": 2}}, "input_ids"),  # 129 > 128 positions
-    ({"text": "1+1=" * 5000}, "text"),  # refused before it is tokenized
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
+        ({"input_ids": [1, "x"]}, "input_ids"),
+        ({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+        ({"input_ids": [3, 4], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+        ({"input_ids": [3, 4], "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
+        (
+            {"input_ids": [3, 4], "sampling_params": {"frequency_penalty": 1.0}},
+            "sampling_params.frequency_penalty",
+        ),
+        ({"input_ids": [3, 4], "sampling_params": {"stop_token_ids": "1"}}, "sampling_params.stop_token_ids"),
+        ({"input_ids": [3, 4], "return_logprob": "yes"}, "return_logprob"),
+        # values that reached the engine: 500s, or random output (NaN / Infinity are JSON literals to Python)
+        (
+            {"input_ids": [3, 4], "sampling_params": {"temperature": float("nan")}},
+            "sampling_params.temperature",
+        ),
+        ({"input_ids": [3, 4], "sampling_params": {"top_p": float("inf")}}, "sampling_params.top_p"),
+        (
+            {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 10**12}},
+            "input_ids",
+        ),  # past the context
+        ({"input_ids": [3, 2**63]}, "input_ids"),  # int64 overflow
+        ({"input_ids": [3, -1]}, "input_ids"),
+        ({"input_ids": [[3, 4], [3, 10**6]]}, "input_ids[1]"),  # outside the vocabulary
+        (
+            {"input_ids": [3] * 127, "sampling_params": {"max_new_tokens": 2}},
+            "input_ids",
+        ),  # 129 > 128 positions
+        ({"text": "1+1=" * 5000}, "text"),  # refused before it is tokenized
+    ],
+)
 def test_bad_generate_payloads_are_400_naming_the_field(engine_server, call, body, field):
     code, err = call(engine_server, "/generate", body)
     assert code == 400 and err["param"] == field and field in err["message"] and err["object"] == "error"
@@ -113,7 +151,9 @@ def test_a_vanishing_temperature_samples_greedily(engine_server, call):
     body = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "temperature": 1e-300}}
     code, tiny = call(engine_server, "/generate", body)
     assert code == 200
-    greedy = call(engine_server, "/generate", {**body, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})[1]
+    greedy = call(
+        engine_server, "/generate", {**body, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    )[1]
     assert tiny["output_ids"] == greedy["output_ids"]
 
 
@@ -166,12 +206,36 @@ def test_slime_and_verl_generate_bodies_are_served_with_their_neutral_defaults(e
     """What slime's and veRL's rollouts send to SGLang's /generate by default: keys this server does not
     implement at the values that change nothing. ``stop: null`` was a 400, ``top_k``/``min_p``/penalties too;
     ``n: 2`` came back as one result. Neutral values pass; any other is a 400 naming the key."""
-    slime = {"input_ids": PROMPTS[0], "return_logprob": True, "sampling_params": {
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 3, "stop": None, "stop_token_ids": [],
-        "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False}}
-    verl = {"input_ids": PROMPTS[0], "return_logprob": True, "sampling_params": {
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
-        "frequency_penalty": 0.0, "presence_penalty": 0.0, "max_new_tokens": 3, "n": 1}}  # fmt: skip
+    slime = {
+        "input_ids": PROMPTS[0],
+        "return_logprob": True,
+        "sampling_params": {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "max_new_tokens": 3,
+            "stop": None,
+            "stop_token_ids": [],
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "spaces_between_special_tokens": False,
+        },
+    }
+    verl = {
+        "input_ids": PROMPTS[0],
+        "return_logprob": True,
+        "sampling_params": {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "max_new_tokens": 3,
+            "n": 1,
+        },
+    }
     for body in (slime, verl):
         code, res = call(engine_server, "/generate", body)
         assert code == 200 and 1 <= len(res["output_ids"]) <= 3, res
@@ -179,7 +243,9 @@ def test_slime_and_verl_generate_bodies_are_served_with_their_neutral_defaults(e
     for key, value in (("n", 2), ("top_k", 20), ("repetition_penalty", 1.2), ("min_p", 0.1)):
         body = {"input_ids": PROMPTS[0], "sampling_params": {key: value}}
         code, err = call(engine_server, "/generate", body)
-        assert code == 400 and err["param"] == f"sampling_params.{key}" and "not supported" in err["message"], err
+        assert (
+            code == 400 and err["param"] == f"sampling_params.{key}" and "not supported" in err["message"]
+        ), err
 
 
 def test_other_400s(engine_server, call):
@@ -209,11 +275,16 @@ def _generate_in_thread(url, call, body):
 
 
 def test_pause_blocks_new_requests_until_continue(engine_server, call):
-    assert call(engine_server, "/pause_generation", {})[1] == {"message": "Generation paused successfully.",
-                                                               "status": "ok"}  # fmt: skip
+    assert call(engine_server, "/pause_generation", {})[1] == {
+        "message": "Generation paused successfully.",
+        "status": "ok",
+    }
     try:
-        t, box = _generate_in_thread(engine_server, call, {"input_ids": PROMPTS[0], "sampling_params": {
-            "max_new_tokens": 3, "temperature": 0}})  # fmt: skip
+        t, box = _generate_in_thread(
+            engine_server,
+            call,
+            {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+        )
         t.join(0.5)
         assert t.is_alive()  # held, as SGLang holds requests while paused
     finally:
@@ -313,16 +384,33 @@ def test_update_weights_over_dcs(engine_server, call, local):
     v0 = int(call(engine_server, "/get_model_info")[1]["weight_version"])
     t = threading.Thread(target=sender.connect)
     t.start()
-    code, res = call(engine_server, "/init_weights_update_group", {
-        "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-        "backend": "gloo", "group_name": "relax_dcs", "protocol": "relax_dcs"})  # fmt: skip
+    code, res = call(
+        engine_server,
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "backend": "gloo",
+            "group_name": "relax_dcs",
+            "protocol": "relax_dcs",
+        },
+    )
     t.join(30)
     assert code == 200 and res["success"], res
     try:
         box = {}
         assert call(engine_server, "/begin_weight_update", {})[0] == 200
-        w = threading.Thread(target=lambda: box.update(res=call(engine_server, "/update_weights_from_distributed", {
-            "names": [], "dtypes": [], "shapes": [], "weight_version": str(v0 + 1)})))  # fmt: skip
+        w = threading.Thread(
+            target=lambda: box.update(
+                res=call(
+                    engine_server,
+                    "/update_weights_from_distributed",
+                    {"names": [], "dtypes": [], "shapes": [], "weight_version": str(v0 + 1)},
+                )
+            )
+        )
         w.start()
         sender.broadcast(local.named_weights(), v0 + 1)  # the same weights the server started with
         w.join(30)
@@ -346,16 +434,46 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     from relax_rollout.engines import weight_group as wg
     from relax_rollout.engines.wire import distributed_update_request, tensor_metadata
 
-    assert call(engine_server, "/init_weights_update_group", {
-        "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2,
-        "protocol": "nccl2"})[1]["param"] == "protocol"  # fmt: skip
-    assert call(engine_server, "/init_weights_update_group", {
-        "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 0, "world_size": 2})[1]["param"] == "rank_offset"  # fmt: skip
+    assert (
+        call(
+            engine_server,
+            "/init_weights_update_group",
+            {
+                "master_address": "127.0.0.1",
+                "master_port": 1,
+                "rank_offset": 1,
+                "world_size": 2,
+                "protocol": "nccl2",
+            },
+        )[1]["param"]
+        == "protocol"
+    )
+    assert (
+        call(
+            engine_server,
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 0, "world_size": 2},
+        )[1]["param"]
+        == "rank_offset"
+    )
     port = free_port()
     box = {}
-    joiner = threading.Thread(target=lambda: box.update(res=call(engine_server, "/init_weights_update_group", {
-        "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-        "backend": "gloo", "group_name": "sg"})))  # fmt: skip
+    joiner = threading.Thread(
+        target=lambda: box.update(
+            res=call(
+                engine_server,
+                "/init_weights_update_group",
+                {
+                    "master_address": "127.0.0.1",
+                    "master_port": port,
+                    "rank_offset": 1,
+                    "world_size": 2,
+                    "backend": "gloo",
+                    "group_name": "sg",
+                },
+            )
+        )
+    )
     joiner.start()
     pg = wg.new_group("gloo", f"tcp://127.0.0.1:{port}", 2, 0, "sg", timeout_s=60)
     joiner.join(30)
@@ -368,8 +486,9 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     first, rest = items[:2], items[2:]
 
     def update(bucket, version, load_format):
-        body = distributed_update_request(*tensor_metadata(bucket), version, "sg", flush_cache=version is not None,
-                                          load_format=load_format)  # fmt: skip
+        body = distributed_update_request(
+            *tensor_metadata(bucket), version, "sg", flush_cache=version is not None, load_format=load_format
+        )
         t = threading.Thread(
             target=lambda: box.update(res=call(engine_server, "/update_weights_from_distributed", body))
         )
@@ -378,12 +497,17 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
         t.join(30)
         assert box["res"][0] == 200 and box["res"][1]["success"], box["res"]
 
-    code, err = call(engine_server, "/update_weights_from_distributed", distributed_update_request(
-        *tensor_metadata(first), None, "sg"))  # fmt: skip
+    code, err = call(
+        engine_server,
+        "/update_weights_from_distributed",
+        distributed_update_request(*tensor_metadata(first), None, "sg"),
+    )
     assert (code, err["success"]) == (400, False) and "between begin_weight_update()" in err["message"]
     assert call(engine_server, "/end_weight_update", {})[0] == 400  # no session open
     assert call(engine_server, "/begin_weight_update", {})[0] == 200
-    assert call(engine_server, "/begin_weight_update", {})[1]["message"].startswith("a weight-update session is")
+    assert call(engine_server, "/begin_weight_update", {})[1]["message"].startswith(
+        "a weight-update session is"
+    )
     try:
         update(first, None, None)  # per-tensor broadcasts; held: no version yet
         assert call(engine_server, "/get_model_info")[1]["weight_version"] == str(v0)
@@ -393,8 +517,11 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
         from relax_core.dcs import checksum
 
         assert call(engine_server, "/weights_checksum")[1]["checksum"] == checksum(items)
-        code, err = call(engine_server, "/update_weights_from_distributed", {
-            "names": ["x"], "dtypes": ["f"], "shapes": [[1]], "group_name": "other"})  # fmt: skip
+        code, err = call(
+            engine_server,
+            "/update_weights_from_distributed",
+            {"names": ["x"], "dtypes": ["f"], "shapes": [[1]], "group_name": "other"},
+        )
         assert code == 400 and err["param"] == "group_name"
     finally:
         assert call(engine_server, "/end_weight_update", {})[0] == 200
@@ -408,9 +535,17 @@ def test_openai_chat_completion_and_models(engine_server, call):
     code, models = call(engine_server, "/v1/models")
     assert code == 200 and models["object"] == "list" and len(models["data"]) == 1
     name = models["data"][0]["id"]
-    code, r = call(engine_server, "/v1/chat/completions", {
-        "model": name, "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 5, "temperature": 0,
-        "logprobs": True})  # fmt: skip
+    code, r = call(
+        engine_server,
+        "/v1/chat/completions",
+        {
+            "model": name,
+            "messages": [{"role": "user", "content": "1+2="}],
+            "max_tokens": 5,
+            "temperature": 0,
+            "logprobs": True,
+        },
+    )
     assert code == 200 and r["object"] == "chat.completion"
     ch = r["choices"][0]
     assert isinstance(ch["message"]["content"], str) and ch["message"]["role"] == "assistant"
@@ -420,8 +555,11 @@ def test_openai_chat_completion_and_models(engine_server, call):
     assert u["completion_tokens"] == len(ch["token_ids"]) and u["prompt_tokens"] == len(r["prompt_token_ids"])
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     # the prompt ids are the chat template applied to the messages
-    _, g = call(engine_server, "/generate", {"input_ids": r["prompt_token_ids"],
-                                             "sampling_params": {"max_new_tokens": 5, "temperature": 0}})  # fmt: skip
+    _, g = call(
+        engine_server,
+        "/generate",
+        {"input_ids": r["prompt_token_ids"], "sampling_params": {"max_new_tokens": 5, "temperature": 0}},
+    )
     assert g["output_ids"] == ch["token_ids"]
 
 
@@ -430,24 +568,42 @@ def test_the_official_openai_client_streams_samples_n_and_sends_content_parts(en
     (a 400), and OpenAI's list-of-parts message content (a 400); media parts are refused by name."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{engine_server}/v1", api_key="x", max_retries=0)
-    ask = {"model": "default", "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 4, "temperature": 0}
+    ask = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "1+2="}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
     whole = client.chat.completions.create(**ask)
     chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens and not chunks[-1].choices
-    parts = {**ask, "messages": [{"role": "user", "content": [{"type": "text", "text": "1+"}, {"type": "text", "text": "2="}]}]}
-    assert client.chat.completions.create(**parts).choices[0].message.content == whole.choices[0].message.content
+    parts = {
+        **ask,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "1+"}, {"type": "text", "text": "2="}]}
+        ],
+    }
+    assert (
+        client.chat.completions.create(**parts).choices[0].message.content == whole.choices[0].message.content
+    )
     two = client.chat.completions.create(**{**ask, "temperature": 1.0, "seed": 3}, n=2)
     assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == sum(
-        len(c.model_extra["token_ids"]) for c in two.choices)
+        len(c.model_extra["token_ids"]) for c in two.choices
+    )
     # fields this server does not implement: their neutral values pass, others are refused by name
-    assert client.chat.completions.create(**ask, stop=None, presence_penalty=0.0, frequency_penalty=0.0).choices
+    assert client.chat.completions.create(
+        **ask, stop=None, presence_penalty=0.0, frequency_penalty=0.0
+    ).choices
     for field, value in (("presence_penalty", 1.0), ("frequency_penalty", 0.5)):
         with pytest.raises(openai.BadRequestError, match=f"{field}.*not supported"):
             client.chat.completions.create(**ask, **{field: value})
-    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
+    image = {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}],
+    }
     with pytest.raises(openai.BadRequestError, match="multimodal model"):
         client.chat.completions.create(**{**ask, "messages": [image]})
 
@@ -459,8 +615,12 @@ def test_token_required_for_control_endpoints(tiny_model_dir, call, local):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:
-        for path, body in [("/pause_generation", {}), ("/continue_generation", {}), ("/abort_request", {"abort_all": True}),
-                           ("/update_weights_from_disk", {"model_path": tiny_model_dir})]:  # fmt: skip
+        for path, body in [
+            ("/pause_generation", {}),
+            ("/continue_generation", {}),
+            ("/abort_request", {"abort_all": True}),
+            ("/update_weights_from_disk", {"model_path": tiny_model_dir}),
+        ]:
             assert call(url, path, body)[0] == 401
             assert call(url, path, body, token="wrong")[0] == 401
             assert call(url, path, body, token="s3cret")[0] == 200, path
@@ -480,13 +640,31 @@ def test_non_loopback_host_needs_a_token(tiny_model_dir):
 
     from relax_rollout.server import EngineServer, make_server
 
-    r = subprocess.run([sys.executable, "-m", "relax_rollout.server", "--model", tiny_model_dir, "--host", "0.0.0.0"],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "relax_rollout.server", "--model", tiny_model_dir, "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "--token" in r.stderr
     with pytest.raises(ValueError, match="--token"):
         make_server(EngineServer(engine=object()), host="0.0.0.0")
-    r = subprocess.run([sys.executable, "-m", "relax_rollout.server", "--model", tiny_model_dir, "--host", "0.0.0.0",
-                        "--token", " "], capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relax_rollout.server",
+            "--model",
+            tiny_model_dir,
+            "--host",
+            "0.0.0.0",
+            "--token",
+            " ",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "the token is blank" in r.stderr
     httpd = make_server(EngineServer(engine=object(), token="t"), host="127.0.0.2")  # a token: allowed
     httpd.server_close()
@@ -545,7 +723,10 @@ def test_prometheus_metrics_follow_the_load(engine_server, call):
     assert before["sglang:num_queue_reqs"] == 0 and before["sglang:num_running_reqs"] == 0
     call(engine_server, "/pause_generation", {})
     try:
-        body = {"input_ids": [PROMPTS[0], PROMPTS[1]], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+        body = {
+            "input_ids": [PROMPTS[0], PROMPTS[1]],
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+        }
         t, box = _generate_in_thread(engine_server, call, body)
         deadline = time.monotonic() + 10
         while _scrape(engine_server)["sglang:num_queue_reqs"] != 2:  # held while paused: queued
@@ -558,10 +739,20 @@ def test_prometheus_metrics_follow_the_load(engine_server, call):
     after = _scrape(engine_server)
     assert after["sglang:num_queue_reqs"] == 0 and after["sglang:num_running_reqs"] == 0
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == made
-    assert after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"] == len(PROMPTS[0]) + len(PROMPTS[1])
-    assert after["sglang:e2e_request_latency_seconds_count"] - before["sglang:e2e_request_latency_seconds_count"] == 2
-    assert after["sglang:e2e_request_latency_seconds_bucket[+Inf]"] == after["sglang:e2e_request_latency_seconds_count"]
-    assert after["relax:weight_version"] == float(call(engine_server, "/get_weight_version")[1]["weight_version"])
+    assert after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"] == len(
+        PROMPTS[0]
+    ) + len(PROMPTS[1])
+    assert (
+        after["sglang:e2e_request_latency_seconds_count"] - before["sglang:e2e_request_latency_seconds_count"]
+        == 2
+    )
+    assert (
+        after["sglang:e2e_request_latency_seconds_bucket[+Inf]"]
+        == after["sglang:e2e_request_latency_seconds_count"]
+    )
+    assert after["relax:weight_version"] == float(
+        call(engine_server, "/get_weight_version")[1]["weight_version"]
+    )
 
 
 def test_completions_tokenize_and_info_as_sglang_serves_them(engine_server, call):
@@ -574,15 +765,24 @@ def test_completions_tokenize_and_info_as_sglang_serves_them(engine_server, call
     assert call(engine_server, "/detokenize", {"tokens": tok["tokens"]})[1]["text"] == "1+2="
     done = client.completions.create(model="default", prompt="1+2=", max_tokens=4, temperature=0, logprobs=0)
     ids = done.choices[0].model_extra["token_ids"]
-    assert len(done.choices[0].logprobs.token_logprobs) == len(ids) and done.usage.prompt_tokens == tok["count"]
-    _, g = call(engine_server, "/generate", {"input_ids": tok["tokens"], "sampling_params": {"max_new_tokens": 4,
-                                                                                             "temperature": 0}})  # fmt: skip
+    assert (
+        len(done.choices[0].logprobs.token_logprobs) == len(ids) and done.usage.prompt_tokens == tok["count"]
+    )
+    _, g = call(
+        engine_server,
+        "/generate",
+        {"input_ids": tok["tokens"], "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+    )
     assert g["output_ids"] == ids  # the same greedy tokens as SGLang's native route
-    streamed = client.completions.create(model="default", prompt=tok["tokens"], max_tokens=4, temperature=0, stream=True)
+    streamed = client.completions.create(
+        model="default", prompt=tok["tokens"], max_tokens=4, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == done.choices[0].text
     code, info = call(engine_server, "/server_info")
     assert code == 200 and info["context_length"] == 128 and info["version"].startswith("relax-rollout")
     import urllib.request
 
-    with urllib.request.urlopen(urllib.request.Request(engine_server + "/flush_cache", data=b"", method="POST")) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(engine_server + "/flush_cache", data=b"", method="POST")
+    ) as r:
         assert r.status == 200 and r.read() == b"Cache flushed.\n"  # (SGLang's plain-text answer)

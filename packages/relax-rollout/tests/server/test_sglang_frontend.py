@@ -116,9 +116,14 @@ def test_the_sglang_frontend_runs_against_our_server(
     assert len(free["text"]) == 6, free
     stop = free["text"][2]  # (one character: one token here); the greedy text is cut before its first match
     want = free["text"][: free["text"].index(stop)]
-    r = subprocess.run([sglang_python, "-c", DRIVER, engine_server, stop, PREFIX, json.dumps(CHOICES)],
-                       capture_output=True, text=True, timeout=400, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                       cwd=tmp_path)  # fmt: skip
+    r = subprocess.run(
+        [sglang_python, "-c", DRIVER, engine_server, stop, PREFIX, json.dumps(CHOICES)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        cwd=tmp_path,
+    )
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
     res = json.loads(lines[0].removeprefix("RESULT "))

@@ -64,8 +64,9 @@ def test_chat_stop_cuts_the_text_and_keeps_the_tokens(client):
     free = client.chat.completions.create(**ASK, max_tokens=8, extra_body={"min_tokens": 8})
     text, ids = free.choices[0].message.content, free.choices[0].model_extra["token_ids"]
     stop, at = _stop_inside(text)
-    res = client.chat.completions.create(**ASK, max_tokens=8, stop=["zz-never", stop], logprobs=True,
-                                         extra_body={"min_tokens": 8})  # fmt: skip
+    res = client.chat.completions.create(
+        **ASK, max_tokens=8, stop=["zz-never", stop], logprobs=True, extra_body={"min_tokens": 8}
+    )
     ch = res.choices[0]
     assert (
         ch.message.content == text[:at]
@@ -106,8 +107,9 @@ def test_completions_top_logprobs_and_stop(client, local):
         model="default", prompt="1+2=", max_tokens=8, temperature=0, extra_body={"min_tokens": 8}
     )
     stop, at = _stop_inside(free.choices[0].text)
-    cut = client.completions.create(model="default", prompt="1+2=", max_tokens=8, temperature=0, stop=stop,
-                                    extra_body={"min_tokens": 8})  # fmt: skip
+    cut = client.completions.create(
+        model="default", prompt="1+2=", max_tokens=8, temperature=0, stop=stop, extra_body={"min_tokens": 8}
+    )
     ch = cut.choices[0]
     assert (
         ch.text == free.choices[0].text[:at]
@@ -122,8 +124,12 @@ def test_completions_top_logprobs_and_stop(client, local):
 
 def test_generate_top_logprobs_num_in_sglang_shape(engine_server, call, local):
     prompt = [3, 12, 4, 13]
-    body = {"input_ids": prompt, "return_logprob": True, "top_logprobs_num": 3,
-            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}  # fmt: skip
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+    }
     code, r = call(engine_server, "/generate", body)
     assert code == 200, r
     want = local.generate([prompt], SamplingParams(max_new_tokens=4, greedy=True, top_logprobs=3))[0]
@@ -159,8 +165,11 @@ def test_generate_stop_strings_as_sglang(engine_server, call):
     sp = {"max_new_tokens": 8, "temperature": 0, "min_new_tokens": 8}
     _, free = call(engine_server, "/generate", {"text": "1+2=", "sampling_params": sp})
     stop, at = _stop_inside(free["text"])
-    code, r = call(engine_server, "/generate", {"text": "1+2=", "return_logprob": True,
-                                                "sampling_params": {**sp, "stop": [stop]}})  # fmt: skip
+    code, r = call(
+        engine_server,
+        "/generate",
+        {"text": "1+2=", "return_logprob": True, "sampling_params": {**sp, "stop": [stop]}},
+    )
     assert code == 200, r
     assert r["text"] == free["text"][:at] and r["output_ids"] == free["output_ids"][: at + 2]
     assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
@@ -219,7 +228,9 @@ def test_an_engine_without_them_is_a_400_naming_the_field(serve, call, tiny_mode
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="default", prompt="1", max_tokens=1, logprobs=1)
     assert e.value.body["param"] == "logprobs"
-    for body, field in (({"return_logprob": True, "top_logprobs_num": 1}, "top_logprobs_num"),
-                        ({"sampling_params": {"stop": "a"}}, "sampling_params.stop")):  # fmt: skip
+    for body, field in (
+        ({"return_logprob": True, "top_logprobs_num": 1}, "top_logprobs_num"),
+        ({"sampling_params": {"stop": "a"}}, "sampling_params.stop"),
+    ):
         code, err = call(url, "/generate", {"input_ids": [3, 4], **body})
         assert code == 400 and err["param"] == field, err

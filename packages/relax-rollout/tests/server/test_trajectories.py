@@ -18,9 +18,21 @@ pytestmark = pytest.mark.integration
 MAX_TOKENS = 24
 # What the agent sends after each model reply: the question, a tool result, a follow-up.
 SCRIPT = [("user", "What is 17+25? Use the calculator."), ("tool", "42"), ("user", "Now double it.")]
-WORKER_KEYS = {"tokens", "prompt_len", "response_len", "loss_mask", "rollout_log_probs", "reward",
-               "reward_failure", "policy_version", "group_id", "prompt_id", "rollout_step", "finish_reason",
-               "response_text"}  # fmt: skip
+WORKER_KEYS = {
+    "tokens",
+    "prompt_len",
+    "response_len",
+    "loss_mask",
+    "rollout_log_probs",
+    "reward",
+    "reward_failure",
+    "policy_version",
+    "group_id",
+    "prompt_id",
+    "rollout_step",
+    "finish_reason",
+    "response_text",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +60,14 @@ def chat(client, messages, **kw) -> dict:
         model="default", messages=messages, max_tokens=MAX_TOKENS, temperature=1.0, logprobs=True, **kw
     )
     c = r.choices[0]
-    return {"content": c.message.content, "finish": c.finish_reason, "ids": c.model_extra["token_ids"],
-            "prompt": r.model_extra["prompt_token_ids"], "logprobs": [x.logprob for x in c.logprobs.content],
-            "relax": r.model_extra.get("relax_trajectory")}  # fmt: skip
+    return {
+        "content": c.message.content,
+        "finish": c.finish_reason,
+        "ids": c.model_extra["token_ids"],
+        "prompt": r.model_extra["prompt_token_ids"],
+        "logprobs": [x.logprob for x in c.logprobs.content],
+        "relax": r.model_extra.get("relax_trajectory"),
+    }
 
 
 def run_agent(client, session_kw: dict, script=SCRIPT) -> tuple[list[dict], list[dict]]:
@@ -124,15 +141,17 @@ def test_three_turns_are_recorded_token_in_token_out(s1, tok):
 def test_trainer_log_probs_equal_the_recorded_ones(s1, chat_model_dir, backend_cfg):
     traj = s1[2]
     backend = TorchBackend(backend_cfg, chat_model_dir, trainable=False)
-    got = backend.compute_log_probs({"tokens": [np.asarray(traj["tokens"], dtype=np.int64)],
-                                     "prompt_len": [traj["prompt_len"]]})[0]  # fmt: skip
+    got = backend.compute_log_probs(
+        {"tokens": [np.asarray(traj["tokens"], dtype=np.int64)], "prompt_len": [traj["prompt_len"]]}
+    )[0]
     mask = np.asarray(traj["loss_mask"], dtype=bool)
     diff = np.abs(got[mask] - np.asarray(traj["rollout_log_probs"], dtype=np.float32)[mask])
     assert mask.sum() > 0 and diff.max() < 1e-4, diff.max()
 
 
-def test_rewritten_history_starts_a_new_trajectory_and_both_train(s1, client, url, call, tok, chat_model_dir,
-                                                                   backend_cfg):  # fmt: skip
+def test_rewritten_history_starts_a_new_trajectory_and_both_train(
+    s1, client, url, call, tok, chat_model_dir, backend_cfg
+):
     calls, messages = run_agent(client, {"user": "s2"}, SCRIPT[:2])  # the session named by OpenAI's `user`
     edited = [*messages[:1], {"role": "user", "content": "What is 18+25?"}, *messages[2:4]]
     c = chat(client, edited, user="s2")
@@ -148,8 +167,10 @@ def test_rewritten_history_starts_a_new_trajectory_and_both_train(s1, client, ur
 
     code, closed = call(url, "/relax/trajectories/s1/close", {"reward": 1.0})
     assert code == 200 and closed["stop_reason"] == "closed_by_client" and closed["reward"] == 1.0
-    samples = [to_bus_sample(call(url, "/relax/trajectories/s1")[1], None, "task-0"),
-               to_bus_sample(old, 0.0, "task-0")]  # fmt: skip
+    samples = [
+        to_bus_sample(call(url, "/relax/trajectories/s1")[1], None, "task-0"),
+        to_bus_sample(old, 0.0, "task-0"),
+    ]
     assert all(set(s) == WORKER_KEYS for s in samples)
     assert samples[0]["response_text"] == s1[1][-1]["content"] and samples[0]["policy_version"] == 0
     from relax_train.algorithms import compute_advantages
@@ -169,8 +190,12 @@ def test_errors_name_what_to_fix(url, call, client):
     assert code == 404 and "nobody" in err["message"] and "X-Relax-Session" in err["message"]
     assert call(url, "/relax/trajectories/nobody/close", {"reward": 1})[0] == 404
     chat(client, [{"role": "user", "content": "1+2="}], extra_headers={"X-Relax-Session": "e1"})
-    for body, field in [({"reward": "high"}, "reward"), ({"reward": True}, "reward"), ({"rewrd": 1}, "rewrd"),
-                        ([1], "body")]:  # fmt: skip
+    for body, field in [
+        ({"reward": "high"}, "reward"),
+        ({"reward": True}, "reward"),
+        ({"rewrd": 1}, "rewrd"),
+        ([1], "body"),
+    ]:
         code, err = call(url, "/relax/trajectories/e1/close", body)
         assert code == 400 and err["param"] == field, err
     assert call(url, "/relax/trajectories/e1?index=x")[1]["param"] == "index"

@@ -211,8 +211,10 @@ def test_reinforce_plus_plus_whitens_over_the_trained_batch_whatever_parts_it_wa
     for name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         for std in (True, False):
             whole = compute_advantages(name, groups, rewards, lens, normalize_std=std)
-            parts = [compute_advantages(name, groups[s], rewards[s], lens[s], std, batch_step=False)
-                     for s in (slice(0, 4), slice(4, 16))]  # fmt: skip
+            parts = [
+                compute_advantages(name, groups[s], rewards[s], lens[s], std, batch_step=False)
+                for s in (slice(0, 4), slice(4, 16))
+            ]
             got = finish_batch_advantages(name, parts[0] + parts[1], normalize_std=std)
             for a, b in zip(got, whole):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -72,9 +72,13 @@ def _reward_grad(theta: torch.Tensor, ref: torch.Tensor, estimator: str, beta: f
     logp = torch.log_softmax(theta, -1)
     lp = logp.detach().numpy()
     shaped = kl_shaped_sequence_rewards(
-        [0.0] * 6, [lp[[y]] for y in range(6)], [ref.numpy()[[y]] for y in range(6)], beta, estimator,
+        [0.0] * 6,
+        [lp[[y]] for y in range(6)],
+        [ref.numpy()[[y]] for y in range(6)],
+        beta,
+        estimator,
         [np.ones(1)] * 6,
-    )  # fmt: skip
+    )
     r = torch.as_tensor(shaped, dtype=F64)
     (g,) = torch.autograd.grad((logp.exp().detach() * r * logp).sum(), theta)
     return g

@@ -13,7 +13,9 @@ import pytest
 
 from relax_train.backends import BACKENDS, TrainBackend
 
-METHODS = [name for name, v in vars(TrainBackend).items() if inspect.isfunction(v) and not name.startswith("_")]
+METHODS = [
+    name for name, v in vars(TrainBackend).items() if inspect.isfunction(v) and not name.startswith("_")
+]
 
 
 def _classes():
@@ -28,8 +30,17 @@ def _classes():
 
 
 def test_the_protocol_names_what_the_roles_call():
-    assert set(METHODS) == {"compute_log_probs", "train_step", "eval_model", "named_weights", "load_weights",
-                            "save_checkpoint", "load_checkpoint", "offload", "onload"}  # fmt: skip
+    assert set(METHODS) == {
+        "compute_log_probs",
+        "train_step",
+        "eval_model",
+        "named_weights",
+        "load_weights",
+        "save_checkpoint",
+        "load_checkpoint",
+        "offload",
+        "onload",
+    }
     assert set(BACKENDS) == {"torch", "megatron"}
 
 
@@ -46,10 +57,12 @@ def test_the_torch_backend_through_the_protocol(tiny_model_dir, tmp_path):
     from relax_train.backends import build_backend
 
     seqs = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8], [10]), ([4, 13], [3, 3, 1])]
-    samples = {"tokens": [np.asarray(p + r, dtype=np.int64) for p, r in seqs],
-               "prompt_len": [len(p) for p, _ in seqs],
-               "loss_mask": [np.ones(len(r), dtype=np.float32) for _, r in seqs],
-               "advantages": [np.full(len(r), a, dtype=np.float32) for (_, r), a in zip(seqs, (1.0, -1.0, 0.5))]}  # fmt: skip
+    samples = {
+        "tokens": [np.asarray(p + r, dtype=np.int64) for p, r in seqs],
+        "prompt_len": [len(p) for p, _ in seqs],
+        "loss_mask": [np.ones(len(r), dtype=np.float32) for _, r in seqs],
+        "advantages": [np.full(len(r), a, dtype=np.float32) for (_, r), a in zip(seqs, (1.0, -1.0, 0.5))],
+    }
     cfg = RelaxConfig.model_validate({"rollout": {"rollout_batch_size": 1, "n_samples_per_prompt": 3}})
     backend = build_backend("torch", config=cfg, model_path=tiny_model_dir)
     assert isinstance(backend, TrainBackend) and backend.version == 0

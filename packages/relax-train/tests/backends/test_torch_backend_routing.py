@@ -27,11 +27,13 @@ def moe_dir(tmp_path_factory):
 
 
 def make_cfg(replay=True, mbs=2) -> RelaxConfig:
-    return RelaxConfig.model_validate({
-        "train": {"micro_batch_size": mbs, "lr": 1e-2},
-        "rollout": {"rollout_batch_size": 1, "n_samples_per_prompt": len(SEQS)},
-        "algo": {"routing_replay": replay},
-    })  # fmt: skip
+    return RelaxConfig.model_validate(
+        {
+            "train": {"micro_batch_size": mbs, "lr": 1e-2},
+            "rollout": {"rollout_batch_size": 1, "n_samples_per_prompt": len(SEQS)},
+            "algo": {"routing_replay": replay},
+        }
+    )
 
 
 def routing_of(model, routing, seqs):

@@ -137,7 +137,9 @@ def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):
     written: dict = {}
     bus = SimpleNamespace(add_fields=lambda ids, fields: written.update(fields))
     fwd = ForwardWorker(_cfg(tmp_path), bus, "actor_fwd", "unused", backend=Backend())
-    t = threading.Thread(target=fwd.handle, args=(SimpleNamespace(data={"tokens": [[1], [2]]}, ids=["a", "b"]),))
+    t = threading.Thread(
+        target=fwd.handle, args=(SimpleNamespace(data={"tokens": [[1], [2]]}, ids=["a", "b"]),)
+    )
     t.start()
     started.wait(5)
     fwd._load_weights(1, {})  # the receiver thread's call
@@ -146,7 +148,9 @@ def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):
     assert written["log_probs_version"] == [0, 0]
 
 
-def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older_weights(tiny_model_dir, tmp_path):
+def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older_weights(
+    tiny_model_dir, tmp_path
+):
     """Fully async: a sample ActorFwd scored at version 1 is trained at version 3. In the batch's first
     optimizer step its π_prox is the training forward's own (detached) log-probs; in a later step it is
     recomputed before the update. Both checked against a recomputation: the update equals the one made

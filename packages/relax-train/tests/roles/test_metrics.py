@@ -51,8 +51,12 @@ def test_actor_worker_logs_through_the_metrics_service(tiny_model_dir, tmp_path,
 def test_resuming_reads_the_history_past_a_torn_last_line(tiny_model_dir, tmp_path, caplog):
     """A kill mid-write tears metrics.jsonl's last line; --load stopped at it with a JSONDecodeError."""
     out = tmp_path / "run"
-    cfg = RelaxConfig.model_validate({"run": {"output_dir": str(out), "trace": False, "tensorboard": False},
-                                      "train": {"save": str(tmp_path / "ckpt")}})  # fmt: skip
+    cfg = RelaxConfig.model_validate(
+        {
+            "run": {"output_dir": str(out), "trace": False, "tensorboard": False},
+            "train": {"save": str(tmp_path / "ckpt")},
+        }
+    )
     worker = ActorWorker(cfg, bus=None, model_path=tiny_model_dir)
     rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 0, "train/loss": 0.5, "rollout/reward_mean": 0.5}]
     for row in rows:
@@ -87,8 +91,10 @@ def test_rollout_metrics_of_a_multi_turn_batch():
     assert m["rollout/tokens_per_s"] == 200.0
     assert m["rollout/turns_mean"] == 2.25
     assert {k: v for k, v in m.items() if k.startswith("rollout/stop/")} == {
-        "rollout/stop/env_done": 1.0, "rollout/stop/max_turns": 2.0, "rollout/stop/token_budget": 1.0,
-    }  # fmt: skip
+        "rollout/stop/env_done": 1.0,
+        "rollout/stop/max_turns": 2.0,
+        "rollout/stop/token_budget": 1.0,
+    }
     assert m["rollout/reward_mean"] == 0.5 and m["rollout/groups"] == 2.0
     single = {k: v for k, v in d.items() if k != "turns"} | {"finish_reason": ["stop"] * 4}
     assert not any(k.startswith(("rollout/stop/", "rollout/turns")) for k in rollout_metrics(single))

@@ -13,7 +13,16 @@ handle (e.g. its mock ``scalar_types``).
 __version__ = "0.0.0+relax.cpu.shim"
 
 # the names SGLang 0.5.23's CPU start-up imports without a fallback (found by starting it)
-NAMES: list[str] = ["copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu", "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "assign_draft_cache_locs_contiguous_cpu", "assign_extend_cache_locs_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu"]
+NAMES: list[str] = [
+    "copy_all_layer_kv_cache_cpu",
+    "assign_req_to_token_pool_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "verify_tree_greedy_cpu",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+]
 
 
 def _stub(name: str):

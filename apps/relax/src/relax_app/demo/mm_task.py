@@ -131,9 +131,15 @@ def write_mp4(path: Path, frames: np.ndarray, fps: float = VIDEO_FPS) -> None:
         raise ImportError("writing the video task needs imageio-ffmpeg: pip install imageio-ffmpeg") from e
     h, w = frames.shape[1:3]
     gen = imageio_ffmpeg.write_frames(
-        str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
-        output_params=["-threads", "1"], ffmpeg_log_level="error",
-    )  # fmt: skip
+        str(path),
+        (w, h),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_out="yuv420p",
+        macro_block_size=1,
+        output_params=["-threads", "1"],
+        ffmpeg_log_level="error",
+    )
     gen.send(None)
     for f in frames:
         gen.send(np.ascontiguousarray(f))

@@ -125,8 +125,10 @@ class ExternalEngine:
 
         u = urlparse(init_method)
         # protocol "relax_dcs": a relax engine server's extension, DCS rather than SGLang's group
-        bodies = [init_group_request(u.hostname, u.port, rank + k, world_size, "relax_dcs", backend, "relax_dcs")
-                  for k in range(len(self.urls))]  # fmt: skip
+        bodies = [
+            init_group_request(u.hostname, u.port, rank + k, world_size, "relax_dcs", backend, "relax_dcs")
+            for k in range(len(self.urls))
+        ]
         futs = [
             self._pool.submit(self.request, url, "/init_weights_update_group", b)
             for url, b in zip(self.urls, bodies)

@@ -89,8 +89,21 @@ def launch_command(
     python: str | None = None,
 ) -> list[str]:
     """``python -m sglang.launch_server`` for one engine (flags of SGLang's ``server_args.py``)."""
-    cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-           "--host", host, "--port", str(port), "--tp-size", str(tp_size), "--dtype", dtype]  # fmt: skip
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--dtype",
+        dtype,
+    ]
     if mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     extra = dict(server_args or {})
@@ -131,10 +144,19 @@ class EngineProcess:
     """The :class:`NodeGPUs` of another node it runs on; None: this node."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "gpus": self.gpus, "url": self.url, "state": self.state,
-                "node_id": self.node.node_id if self.node is not None else None,
-                "pid": self.proc.pid if self.proc else None, "restarts": self.restarts, "error": self.error,
-                "member_id": self.member_id, "log_path": str(self.log_path), "pids": list(self.pids)}  # fmt: skip
+        return {
+            "index": self.index,
+            "gpus": self.gpus,
+            "url": self.url,
+            "state": self.state,
+            "node_id": self.node.node_id if self.node is not None else None,
+            "pid": self.proc.pid if self.proc else None,
+            "restarts": self.restarts,
+            "error": self.error,
+            "member_id": self.member_id,
+            "log_path": str(self.log_path),
+            "pids": list(self.pids),
+        }
 
 
 def _free_port(host: str) -> int:
@@ -291,8 +313,14 @@ class NodeLauncher:
         with open(log_path, "ab") as log:
             log.write(header.encode())
             log.flush()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=full, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full,
+                start_new_session=True,
+            )
         self._procs[proc.pid] = proc
         return proc.pid
 
@@ -392,8 +420,14 @@ class Launcher:
             with open(slot.log_path, "ab") as log:
                 log.write(self._header(slot, cmd).encode())
                 log.flush()
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)  # fmt: skip
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
             self.procs.append(proc)
             connect = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
             slot.proc, slot.url, slot.member_id = proc, f"http://{connect}:{port}", None
@@ -406,8 +440,10 @@ class Launcher:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         where = f" on node {slot.node.node_id} ({slot.node.ip})" if slot.node is not None else ""
         shown = " ".join("***" if self.token and part == self.token else part for part in cmd)
-        return (f"=== {stamp} relax: launch #{len(slot.pids) + 1} of engine {slot.index}{where} on GPUs "
-                f"{','.join(slot.gpus)}: {shown}\n")  # fmt: skip
+        return (
+            f"=== {stamp} relax: launch #{len(slot.pids) + 1} of engine {slot.index}{where} on GPUs "
+            f"{','.join(slot.gpus)}: {shown}\n"
+        )
 
     def _launch_remote(self, slot: EngineProcess) -> None:
         """:meth:`launch` on another node, through its :class:`NodeLauncher`."""
@@ -437,8 +473,14 @@ class Launcher:
             self.procs.append(proc)
             slot.proc, slot.url, slot.member_id = proc, f"http://{ip}:{port}", None
             slot.pids.append(pid)
-        logger.info("engine %d: started pid %d on node %s, GPUs %s, %s", slot.index, pid, node.node_id,
-                    ",".join(slot.gpus), slot.url)  # fmt: skip
+        logger.info(
+            "engine %d: started pid %d on node %s, GPUs %s, %s",
+            slot.index,
+            pid,
+            node.node_id,
+            ",".join(slot.gpus),
+            slot.url,
+        )
 
     def tail(self, slot: EngineProcess, lines: int = 30) -> str:
         """The end of an engine's log, read on its node."""

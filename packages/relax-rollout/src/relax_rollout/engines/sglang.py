@@ -174,15 +174,23 @@ class SGLangEngine:
                     "record_routing: %s is not a Mixture-of-Experts model; no experts recorded", model_path
                 )
         if "SGLANG_RETURN_ORIGINAL_LOGPROB" in {**os.environ, **self.env}:
-            logger.warning("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang then returns log-probs before the "
-                           "temperature, not of the distribution sampled from")  # fmt: skip
+            logger.warning(
+                "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang then returns log-probs before the "
+                "temperature, not of the distribution sampled from"
+            )
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         places = place_engines(num_engines, tp_size, gpu_ids, gpus_per_node)
         self.slots = [
-            EngineProcess(k, gpus, self.log_dir / f"engine{k}.log", None if base_port is None else base_port + k,
-                          node=node) for k, (node, gpus) in enumerate(places)
-        ]  # fmt: skip
+            EngineProcess(
+                k,
+                gpus,
+                self.log_dir / f"engine{k}.log",
+                None if base_port is None else base_port + k,
+                node=node,
+            )
+            for k, (node, gpus) in enumerate(places)
+        ]
         if any(slot.node is not None for slot in self.slots):
             if weight_update == "tensor":
                 raise ValueError(
@@ -205,17 +213,32 @@ class SGLangEngine:
         """The weight updates (:mod:`relax_rollout.engines.sglang_weights`)."""
         self._inflight: set[str] = set()
         self._stop = threading.Event()
-        self.launcher = Launcher(self._command, host, self.env, self.token, self._lock, lambda: self._closed,
-                                 self._stop, self._shared_paths)  # fmt: skip
+        self.launcher = Launcher(
+            self._command,
+            host,
+            self.env,
+            self.token,
+            self._lock,
+            lambda: self._closed,
+            self._stop,
+            self._shared_paths,
+        )
         self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
-        self._exec = ThreadPoolExecutor(max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang")
+        self._exec = ThreadPoolExecutor(
+            max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang"
+        )
         self.pool = EnginePool(
-            token=self.token, timeout_s=request_timeout_s, join_timeout_s=max(60.0, request_timeout_s / 10),
-            weights_dir=weights_dir, on_failure=self._on_pool_failure,
-        )  # fmt: skip
+            token=self.token,
+            timeout_s=request_timeout_s,
+            join_timeout_s=max(60.0, request_timeout_s / 10),
+            weights_dir=weights_dir,
+            on_failure=self._on_pool_failure,
+        )
         self._start()
         self._initial_version = self.pool.weight_version  # what a fresh engine reports
-        self._supervisor = threading.Thread(target=self._supervise, name="relax-sglang-supervisor", daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="relax-sglang-supervisor", daemon=True
+        )
         self._supervisor.start()
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -241,12 +264,27 @@ class SGLangEngine:
 
     def _command(self, slot: EngineProcess, port: int, host: str) -> list[str]:
         if self.launch_cmd is not None:
-            return fill_template(self.launch_cmd, port=port, host=host, model_path=self.model_path,
-                                 tp_size=self.tp_size, dtype=self.dtype, engine_index=slot.index,
-                                 token=self.token or "")  # fmt: skip
-        return launch_command(self.model_path, host, port, self.tp_size, self.dtype,
-                              self.mem_fraction_static, self.server_args, self.routing is not None,
-                              self.python)  # fmt: skip
+            return fill_template(
+                self.launch_cmd,
+                port=port,
+                host=host,
+                model_path=self.model_path,
+                tp_size=self.tp_size,
+                dtype=self.dtype,
+                engine_index=slot.index,
+                token=self.token or "",
+            )
+        return launch_command(
+            self.model_path,
+            host,
+            port,
+            self.tp_size,
+            self.dtype,
+            self.mem_fraction_static,
+            self.server_args,
+            self.routing is not None,
+            self.python,
+        )
 
     def _shared_paths(self) -> list[str]:
         """What an engine on another node must see at the same path: the weights directory, the model."""
@@ -288,12 +326,18 @@ class SGLangEngine:
             else:
                 return
             slot.state, slot.error = "restarting", reason
-        logger.warning("engine %d: %s; the end of %s:\n%s", slot.index, reason, slot.log_path,
-                       self.launcher.tail(slot, 10))  # fmt: skip
+        logger.warning(
+            "engine %d: %s; the end of %s:\n%s",
+            slot.index,
+            reason,
+            slot.log_path,
+            self.launcher.tail(slot, 10),
+        )
         if member is not None:
             self.pool.mark_failed(member.id, reason)
-        threading.Thread(target=self._restart, args=(slot, member), name=f"relax-sglang-restart-{slot.index}",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self._restart, args=(slot, member), name=f"relax-sglang-restart-{slot.index}", daemon=True
+        ).start()
 
     def _restart(self, slot: EngineProcess, old: Member | None) -> None:
         while True:
@@ -321,8 +365,13 @@ class SGLangEngine:
                                 self.pool.retire(old.id)
                             except PoolError:
                                 pass
-                        logger.info("engine %d restarted (%d/%d) at %s; it serves after the next weight "
-                                    "update", slot.index, slot.restarts, self.max_restarts, slot.url)  # fmt: skip
+                        logger.info(
+                            "engine %d restarted (%d/%d) at %s; it serves after the next weight update",
+                            slot.index,
+                            slot.restarts,
+                            self.max_restarts,
+                            slot.url,
+                        )
                         return
                     raise PoolError(
                         f"the current weights (version {self.pool.weight_version}) came over NCCL or as tensors "
@@ -356,8 +405,9 @@ class SGLangEngine:
         """Restart an engine that is not in the pool (it was waiting for weights) from a thread."""
         with self._lock:
             slot.state, slot.error = "restarting", reason
-        threading.Thread(target=self._restart, args=(slot, None), daemon=True,
-                         name=f"relax-sglang-restart-{slot.index}").start()  # fmt: skip
+        threading.Thread(
+            target=self._restart, args=(slot, None), daemon=True, name=f"relax-sglang-restart-{slot.index}"
+        ).start()
 
     # -- introspection ----------------------------------------------------------------------------
     def engines(self) -> list[dict[str, Any]]:
@@ -437,9 +487,11 @@ class SGLangEngine:
         if params.seed is not None and not self.deterministic:  # SGLang would drop it without a word
             if not self._warned_seed:
                 self._warned_seed = True
-                logger.warning("SGLang ignores sampling seeds unless launched with --enable-deterministic-inference "
-                               "(sglang_server_args: {enable_deterministic_inference: true}): generation is not "
-                               "reproducible; the seeds are not sent")  # fmt: skip
+                logger.warning(
+                    "SGLang ignores sampling seeds unless launched with --enable-deterministic-inference "
+                    "(sglang_server_args: {enable_deterministic_inference: true}): generation is not "
+                    "reproducible; the seeds are not sent"
+                )
             params = dataclasses.replace(params, seed=None)
         routing = self.routing
 
@@ -449,8 +501,13 @@ class SGLangEngine:
         with self._lock:
             self._inflight.update(rids)
         try:
-            return self.pool.generate(prompts, params, fields=fields,
-                                      common={"return_routed_experts": True} if routed else None, parse=parse)  # fmt: skip
+            return self.pool.generate(
+                prompts,
+                params,
+                fields=fields,
+                common={"return_routed_experts": True} if routed else None,
+                parse=parse,
+            )
         finally:
             with self._lock:
                 self._inflight.difference_update(rids)
@@ -469,8 +526,10 @@ class SGLangEngine:
             return self.pool.weights_checksum()
         except NotImplementedError:
             pass
-        sums = {m.url: (r or {}).get("per_engine_checksum") for m, r in
-                self._all("/weights_checker", {"action": "checksum"})}  # fmt: skip
+        sums = {
+            m.url: (r or {}).get("per_engine_checksum")
+            for m, r in self._all("/weights_checker", {"action": "checksum"})
+        }
         if len(set(sums.values())) != 1 or None in sums.values():
             raise RuntimeError(f"SGLang engines hold different weights: {sums}")
         return f"sglang:{next(iter(sums.values()))}"
@@ -522,17 +581,25 @@ class SGLangEngine:
         self.weights.from_disk(model_path, version, abort_all_requests)
 
     def update_weights_from_tensor(
-        self, named_tensors: list[tuple[str, Any]], version: int, flush_cache: bool = True,
+        self,
+        named_tensors: list[tuple[str, Any]],
+        version: int,
+        flush_cache: bool = True,
         load_format: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
         per expert, see :mod:`relax_rollout.engines.expert_names`)."""
         self.weights.from_tensor(named_tensors, version, flush_cache, load_format)
 
     def connect_dcs(
-        self, init_method: str, world_size: int, rank: int = 1, backend: str = "nccl",
-        group_name: str = "relax_dcs", protocol: str = "sglang",
-    ) -> None:  # fmt: skip
+        self,
+        init_method: str,
+        world_size: int,
+        rank: int = 1,
+        backend: str = "nccl",
+        group_name: str = "relax_dcs",
+        protocol: str = "sglang",
+    ) -> None:
         """Engine ``i`` (in order) joins the trainer's weight group as ranks ``rank + i*tp_size ...``
         (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
         sender's (:func:`relax_rollout.engines.weight_group.new_group` at rank 0). ``protocol="relax_dcs"``:
@@ -540,13 +607,20 @@ class SGLangEngine:
         self.weights.connect_dcs(init_method, world_size, rank, backend, group_name, protocol)
 
     def update_weights_from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
-        flush_cache: bool = True, abort_all_requests: bool = False, load_format: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        load_format: str | None = None,
+    ) -> None:
         """``/update_weights_from_distributed`` on every engine while the trainer broadcasts (call it
         concurrently with the broadcast), then the version check."""
-        self.weights.from_distributed(names, dtypes, shapes, version, flush_cache, abort_all_requests,
-                                      load_format)  # fmt: skip
+        self.weights.from_distributed(
+            names, dtypes, shapes, version, flush_cache, abort_all_requests, load_format
+        )
 
     def destroy_weights_update_group(self) -> None:
         """Leave the trainer's weight group (``/destroy_weights_update_group``)."""
@@ -580,4 +654,3 @@ class SGLangEngine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

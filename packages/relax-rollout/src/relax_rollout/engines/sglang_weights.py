@@ -230,8 +230,9 @@ class SGLangWeights:
         """``path`` on each of ``urls`` concurrently (``body``: the same for all, or a function of the url);
         those that fail it are marked failed (restarted by the supervisor): ``{url: why}``."""
         e = self.engine
-        futs = [(url, e._exec.submit(e._call, url, path, body(url) if callable(body) else body))
-                for url in urls]  # fmt: skip
+        futs = [
+            (url, e._exec.submit(e._call, url, path, body(url) if callable(body) else body)) for url in urls
+        ]
         failed = {url: f"{path} failed: {type(x).__name__}: {x}" for url, x in _failures(futs)}
         for url, why in failed.items():
             self._engine_failed(url, why)
@@ -288,9 +289,12 @@ class SGLangWeights:
         self._updated(version, model_path)
 
     def from_tensor(
-        self, named_tensors: list[tuple[str, Any]], version: int, flush_cache: bool = True,
+        self,
+        named_tensors: list[tuple[str, Any]],
+        version: int,
+        flush_cache: bool = True,
         load_format: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
         per expert, see :mod:`relax_rollout.engines.expert_names`)."""
         e = self.engine
@@ -301,7 +305,9 @@ class SGLangWeights:
             devices = rank_devices(e.slots, e.tp_size, url)
             key = tuple(devices) if isinstance(devices, list) else (devices,)
             if key not in bodies:
-                bodies[key] = tensor_update_request(named, version, devices, flush_cache, load_format=load_format)
+                bodies[key] = tensor_update_request(
+                    named, version, devices, flush_cache, load_format=load_format
+                )
             return bodies[key]
 
         with self._session([m.url for m in e.pool.active()], pause=False) as opened:
@@ -310,9 +316,14 @@ class SGLangWeights:
 
     # -- a caller's broadcast -----------------------------------------------------------------------------
     def connect_dcs(
-        self, init_method: str, world_size: int, rank: int = 1, backend: str = "nccl",
-        group_name: str = "relax_dcs", protocol: str = "sglang",
-    ) -> None:  # fmt: skip
+        self,
+        init_method: str,
+        world_size: int,
+        rank: int = 1,
+        backend: str = "nccl",
+        group_name: str = "relax_dcs",
+        protocol: str = "sglang",
+    ) -> None:
         """Engine ``i`` (in order) joins the caller's weight group as ranks ``rank + i*tp_size ...``
         (``/init_weights_update_group``); returns after the rendezvous."""
         e = self.engine
@@ -324,19 +335,30 @@ class SGLangWeights:
             raise ValueError(
                 f"{n} engines × {e.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
             )
-        e._all("/init_weights_update_group", lambda i, m: init_group_request(
-            u.hostname, u.port, rank + i * e.tp_size, world_size, group_name, backend, protocol))  # fmt: skip
+        e._all(
+            "/init_weights_update_group",
+            lambda i, m: init_group_request(
+                u.hostname, u.port, rank + i * e.tp_size, world_size, group_name, backend, protocol
+            ),
+        )
         self.trainer_group = group_name
 
     def from_distributed(
-        self, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
-        flush_cache: bool = True, abort_all_requests: bool = False, load_format: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        load_format: str | None = None,
+    ) -> None:
         """``/update_weights_from_distributed`` on every engine while the caller broadcasts, then the check."""
         if self.trainer_group is None:
             raise PoolError("no weight update group: call connect_dcs first")
-        body = distributed_update_request(names, dtypes, shapes, version, self.trainer_group, flush_cache,
-                                          abort_all_requests, load_format)  # fmt: skip
+        body = distributed_update_request(
+            names, dtypes, shapes, version, self.trainer_group, flush_cache, abort_all_requests, load_format
+        )
         with self._session([m.url for m in self.engine.pool.active()], pause=False) as opened:
             self._update_all("/update_weights_from_distributed", body, opened)
         self._updated(version, None)
@@ -380,11 +402,19 @@ class SGLangWeights:
                             raise _GroupBroken("an engine did not open the weight-update session")
                         for i, bucket in enumerate(parts):
                             last = i == len(parts) - 1
-                            body = distributed_update_request(*tensor_metadata(bucket), version if last else None,
-                                                              group.name, flush_cache=last and flush,
-                                                              load_format=wg.FLATTENED)  # fmt: skip
-                            self._on_group(group, "/update_weights_from_distributed", lambda _i, b=body: b,
-                                           lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device))  # fmt: skip
+                            body = distributed_update_request(
+                                *tensor_metadata(bucket),
+                                version if last else None,
+                                group.name,
+                                flush_cache=last and flush,
+                                load_format=wg.FLATTENED,
+                            )
+                            self._on_group(
+                                group,
+                                "/update_weights_from_distributed",
+                                lambda _i, b=body: b,
+                                lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device),
+                            )
                     break
                 except _GroupBroken as x:
                     if attempt == 2 or not e.pool.active():
@@ -453,14 +483,19 @@ class SGLangWeights:
         futs = [(url, e._exec.submit(e._call, url, path, body(i))) for i, url in enumerate(group.urls)]
         mine = _in_thread(local, "relax-weight-group")
         stuck = _until_done_or_refused(mine, [f for _, f in futs])
-        local_error = mine.exception() if not stuck else TimeoutError(
-            "abandoned: an engine refused, so the collective can never complete"
+        local_error = (
+            mine.exception()
+            if not stuck
+            else TimeoutError("abandoned: an engine refused, so the collective can never complete")
         )
         if stuck:  # every member must join a collective: one that refused leaves the others waiting in it
             done = [(u, f) for u, f in futs if f.done()]
             failed = _failures(done)
-            failed += [(u, TimeoutError(f"left waiting in {path} after a peer refused")) for u, f in futs
-                       if not f.done()]  # fmt: skip
+            failed += [
+                (u, TimeoutError(f"left waiting in {path} after a peer refused"))
+                for u, f in futs
+                if not f.done()
+            ]
             _abort_collectives(group.pg)
         else:
             failed = _failures(futs)

@@ -148,9 +148,13 @@ def send(pg: Any, bucket: list[tuple[str, Any]], load_format: str | None, device
 
 
 def receive(
-    pg: Any, names: list[str], dtypes: list[Any], shapes: list[list[int]], load_format: str | None,
+    pg: Any,
+    names: list[str],
+    dtypes: list[Any],
+    shapes: list[list[int]],
+    load_format: str | None,
     device: Any = "cpu",
-) -> list[tuple[str, Any]]:  # fmt: skip
+) -> list[tuple[str, Any]]:
     """A receiver's side: the tensors ``names`` / ``dtypes`` / ``shapes`` describe, taken from rank 0."""
     import torch
     import torch.distributed as dist

@@ -104,8 +104,12 @@ def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> d
 # -- /generate ---------------------------------------------------------------------------------------------
 def sampling_dict(p: SamplingParams, min_new: int) -> dict:
     """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""
-    sp = {"max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
-          "top_p": p.top_p, "min_new_tokens": min_new}  # fmt: skip
+    sp = {
+        "max_new_tokens": p.max_new_tokens,
+        "temperature": 0.0 if p.greedy else p.temperature,
+        "top_p": p.top_p,
+        "min_new_tokens": min_new,
+    }
     if p.stop_token_ids:
         sp["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
@@ -134,8 +138,11 @@ def generate_body(
     key (SGLang's batch form, e.g. ``rid``, ``image_data``); ``common``: request-level fields (e.g.
     ``return_routed_experts``)."""
     sps = [sampling_dict(params, m) for m in mins]
-    body = {"input_ids": prompts, "sampling_params": sps if len(set(mins)) > 1 else sps[0],
-            "return_logprob": True}  # fmt: skip
+    body = {
+        "input_ids": prompts,
+        "sampling_params": sps if len(set(mins)) > 1 else sps[0],
+        "return_logprob": True,
+    }
     if params.top_logprobs:
         body["top_logprobs_num"] = params.top_logprobs
     if common:
@@ -243,8 +250,17 @@ def parse_reply(
                 meta["routed_experts"], prompt_len + len(token_ids) - 1 - routed_start, routing
             )
         version = version_number(meta.get("weight_version"))
-        outs.append(GenerateOutput(token_ids, log_probs, str(kind or "abort"), version, extra,
-                                   top_logprobs(meta), matched_stop(meta)))  # fmt: skip
+        outs.append(
+            GenerateOutput(
+                token_ids,
+                log_probs,
+                str(kind or "abort"),
+                version,
+                extra,
+                top_logprobs(meta),
+                matched_stop(meta),
+            )
+        )
     return outs
 
 
@@ -297,13 +313,24 @@ def abort_request(rid: str | None = None) -> dict[str, Any]:
 
 # -- weights -----------------------------------------------------------------------------------------------
 def init_group_request(
-    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
     protocol: str = "sglang",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """SGLang's ``InitWeightsUpdateGroupReqInput``; ``protocol="relax_dcs"`` adds the field that makes our
     engine server join a relax DCS sender instead (SGLang has no such group)."""
-    body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend}  # fmt: skip
+    body = {
+        "master_address": master_address,
+        "master_port": master_port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+        "group_name": group_name,
+        "backend": backend,
+    }
     if protocol != "sglang":
         body["protocol"] = protocol
     return body
@@ -323,9 +350,14 @@ def distributed_update_request(
     the engine's version as it is: every bucket but the last of an update)."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes")
-    body = {"names": list(names), "dtypes": [_dtype_name(d) for d in dtypes],
-            "shapes": [[int(x) for x in s] for s in shapes], "group_name": group_name,
-            "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}  # fmt: skip
+    body = {
+        "names": list(names),
+        "dtypes": [_dtype_name(d) for d in dtypes],
+        "shapes": [[int(x) for x in s] for s in shapes],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+        "abort_all_requests": abort_all_requests,
+    }
     if version is not None:
         body["weight_version"] = str(version)
     if load_format is not None:
@@ -355,8 +387,12 @@ def disk_update_request(
     load_format: str | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``UpdateWeightFromDiskReqInput``."""
-    body = {"model_path": model_path, "weight_version": str(version), "abort_all_requests": abort_all_requests,
-            "flush_cache": flush_cache}  # fmt: skip
+    body = {
+        "model_path": model_path,
+        "weight_version": str(version),
+        "abort_all_requests": abort_all_requests,
+        "flush_cache": flush_cache,
+    }
     if load_format is not None:
         body["load_format"] = load_format
     return body
@@ -421,8 +457,11 @@ def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
 
     buf = io.BytesIO()
     pickler = ForkingPickler(buf)
-    pickler.dispatch_table = {**ForkingPickler._extra_reducers, torch.Tensor: reduce_by_uuid,
-                              torch.nn.Parameter: reduce_by_uuid}  # fmt: skip
+    pickler.dispatch_table = {
+        **ForkingPickler._extra_reducers,
+        torch.Tensor: reduce_by_uuid,
+        torch.nn.Parameter: reduce_by_uuid,
+    }
     pickler.dump(list(named_tensors))
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -447,8 +486,12 @@ def tensor_update_request(
         payloads = [serialize_named_tensors(named)] * devices
     else:
         payloads = [serialize_named_tensors(_on_device(named, d)) for d in devices]
-    body = {"serialized_named_tensors": payloads, "flush_cache": flush_cache,
-            "abort_all_requests": abort_all_requests, "weight_version": str(version)}  # fmt: skip
+    body = {
+        "serialized_named_tensors": payloads,
+        "flush_cache": flush_cache,
+        "abort_all_requests": abort_all_requests,
+        "weight_version": str(version),
+    }
     if load_format is not None:
         body["load_format"] = load_format
     return body

@@ -17,9 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--torch-threads", type=int, default=None)
-    ap.add_argument("--enable-return-routed-experts", action="store_true",
-                    help="record each token's MoE experts (SGLang's flag): /generate may then ask for "
-                         "return_routed_experts")  # fmt: skip
+    ap.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="record each token's MoE experts (SGLang's flag): /generate may then ask for "
+        "return_routed_experts",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -38,8 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     tok = AutoTokenizer.from_pretrained(args.model)
     routing = {"record_routing": True} if args.enable_return_routed_experts else {}
-    engine = build_engine(args.engine, model_path=args.model, dtype=args.dtype,
-                          eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, **routing)  # fmt: skip
+    engine = build_engine(
+        args.engine,
+        model_path=args.model,
+        dtype=args.dtype,
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        **routing,
+    )
     state = EngineServer(engine, tok, args.model, args.served_model_name or args.model, args.token)
     httpd = make_server(state, args.host, args.port)
     host, port = httpd.server_address[:2]

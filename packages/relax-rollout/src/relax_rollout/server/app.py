@@ -37,11 +37,19 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 CONTROL_PATHS = {
-    "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
-    "/destroy_weights_update_group", "/pause_generation", "/continue_generation", "/abort_request",
-    "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update", "/end_weight_update",
+    "/update_weights_from_disk",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/destroy_weights_update_group",
+    "/pause_generation",
+    "/continue_generation",
+    "/abort_request",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "/begin_weight_update",
+    "/end_weight_update",
     "/update_weights_from_tensor",
-}  # fmt: skip
+}
 # Relax endpoints (recorded agent trajectories: other agents' conversations, and closing ends a trajectory)
 # need the token too; generation, health and model info stay open.
 CONTROL_PREFIXES = ("/relax/",)
@@ -94,7 +102,9 @@ class EngineServer:
             self.tokenizer.chat_template = CHATML
         config = getattr(getattr(self.engine, "model", None), "config", None)  # known for in-process engines
         if config is not None:
-            vocab = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "vocab_size", None)
+            vocab = getattr(
+                config.get_text_config() if hasattr(config, "get_text_config") else config, "vocab_size", None
+            )
             self.context_len = context_length(config)
             self.vocab_size = vocab if isinstance(vocab, int) else None
         if self.tokenizer is not None and self.recorder is None:
@@ -119,7 +129,9 @@ class EngineServer:
             if ctx is None or len(ids) + p.max_new_tokens <= ctx:
                 continue
             if len(ids) >= ctx:
-                raise BadRequest(where, f"{len(ids)} prompt tokens fill the model's context of {ctx}: shorten it")
+                raise BadRequest(
+                    where, f"{len(ids)} prompt tokens fill the model's context of {ctx}: shorten it"
+                )
             if max_new_given is None or max_new_given[i]:
                 raise BadRequest(
                     where,
@@ -135,8 +147,10 @@ class EngineServer:
         never an answer without it (empty lists, a response running past its stop string)."""
         for feature in OPTIONAL_FEATURES:
             if any(getattr(p, feature) for p in params) and not supports(self.engine, feature):
-                raise BadRequest((fields or {}).get(feature, feature),
-                                 f"this server's engine ({type(self.engine).__name__}) does not implement it")  # fmt: skip
+                raise BadRequest(
+                    (fields or {}).get(feature, feature),
+                    f"this server's engine ({type(self.engine).__name__}) does not implement it",
+                )
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -170,8 +184,13 @@ class EngineServer:
             for base, idx in groups.items():
                 live = [i for i in idx if not reqs[i].aborted]
                 for i in set(idx) - set(live):
-                    results[i] = GenerateOutput([], [], "abort", self.engine.weight_version,
-                                                top_logprobs=[] if base.top_logprobs else None)  # fmt: skip
+                    results[i] = GenerateOutput(
+                        [],
+                        [],
+                        "abort",
+                        self.engine.weight_version,
+                        top_logprobs=[] if base.top_logprobs else None,
+                    )
                 if not live:
                     continue
                 p = SamplingParams(
@@ -185,10 +204,15 @@ class EngineServer:
                 for i, r, o in zip(live, sub, outs):
                     if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
                         o.finish_reason = "abort"
-                    for feature, got in (("top_logprobs", o.top_logprobs), ("input_logprobs", o.input_logprobs)):
+                    for feature, got in (
+                        ("top_logprobs", o.top_logprobs),
+                        ("input_logprobs", o.input_logprobs),
+                    ):
                         if getattr(base, feature) and got is None and o.finish_reason != "abort":
-                            raise RuntimeError(f"{type(self.engine).__name__} lists {feature} among its features "
-                                               "but returned none")  # fmt: skip
+                            raise RuntimeError(
+                                f"{type(self.engine).__name__} lists {feature} among its features "
+                                "but returned none"
+                            )
                     results[i] = o
             return results  # type: ignore[return-value]
         finally:
@@ -432,18 +456,31 @@ def _generate(s: EngineServer, body: dict):
     keep = req.no_stop_trim or [False] * len(outs)
     firsts = req.logprob_start_len or [-1] * len(outs)
     res = [
-        protocol.generate_response(o, p, rid, len(x), req.return_logprob,
-                                   protocol.response_text(lambda ids: _decode(s, ids), o, k), dt, start, text_of,
-                                   x, first)
+        protocol.generate_response(
+            o,
+            p,
+            rid,
+            len(x),
+            req.return_logprob,
+            protocol.response_text(lambda ids: _decode(s, ids), o, k),
+            dt,
+            start,
+            text_of,
+            x,
+            first,
+        )
         for o, p, rid, x, k, first in zip(outs, req.params, req.rids, req.prompts, keep, firsts)
-    ]  # fmt: skip
+    ]
     if req.stream:  # (SGLang numbers a batch's chunks by "index")
         return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
     return 200, res[0] if req.single else res
 
 
-GENERATE_FIELDS = {"top_logprobs": "top_logprobs_num", "stop": "sampling_params.stop",
-                   "input_logprobs": "logprob_start_len"}  # fmt: skip
+GENERATE_FIELDS = {
+    "top_logprobs": "top_logprobs_num",
+    "stop": "sampling_params.stop",
+    "input_logprobs": "logprob_start_len",
+}
 
 
 def _update_from_disk(s: EngineServer, body: dict):
@@ -453,8 +490,11 @@ def _update_from_disk(s: EngineServer, body: dict):
     if body.get("abort_all_requests"):
         s.abort("", abort_all=True)
     v = s.update_from_disk(path, body.get("weight_version"))
-    return 200, {"success": True, "message": f"Succeeded to update model weights. Weight version {v}.",
-                 "num_paused_requests": 0}  # fmt: skip
+    return 200, {
+        "success": True,
+        "message": f"Succeeded to update model weights. Weight version {v}.",
+        "num_paused_requests": 0,
+    }
 
 
 def _init_group(s: EngineServer, body: dict):
@@ -508,8 +548,10 @@ def _update_from_distributed(s: EngineServer, body: dict):
         raise BadRequest("names", "must be a list of parameter names")
     if names is not None and (len(dtypes or []) != len(names) or len(shapes or []) != len(names)):
         raise BadRequest("dtypes", "names, dtypes and shapes must have the same length")
-    flags = {k: _flag(body, k, d) for k, d in (("flush_cache", True), ("abort_all_requests", False),
-                                                ("torch_empty_cache", False))}  # fmt: skip
+    flags = {
+        k: _flag(body, k, d)
+        for k, d in (("flush_cache", True), ("abort_all_requests", False), ("torch_empty_cache", False))
+    }
     s.check_group(body.get("group_name"))
     if not s.session:  # SGLang 0.5.23 refuses it outside a session, before joining the broadcast
         return _refused(
@@ -569,8 +611,13 @@ def _resume_memory(s: EngineServer, body: dict):
 
 
 def _models(s: EngineServer, _: dict):
-    card = {"id": s.served_model_name, "object": "model", "created": 0, "owned_by": "relax",
-            "root": s.served_model_name}  # fmt: skip
+    card = {
+        "id": s.served_model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "relax",
+        "root": s.served_model_name,
+    }
     return 200, {"object": "list", "data": [card]}
 
 
@@ -589,10 +636,15 @@ def _chat(s: EngineServer, body: dict, req: Request):
     if chat.images and s.media is None:
         raise BadRequest(chat.images[0].where, f"'image_url' parts need a multimodal model; {s.no_media}")
     if chat.images and session is not None:
-        raise BadRequest(chat.images[0].where, "images are not recorded in agent sessions (X-Relax-Session "
-                                               "or 'user'): send calls with images without one")  # fmt: skip
+        raise BadRequest(
+            chat.images[0].where,
+            "images are not recorded in agent sessions (X-Relax-Session "
+            "or 'user'): send calls with images without one",
+        )
     params, min_new = protocol.parse_sampling(chat.sampling)
-    params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs})
+    params = SamplingParams(
+        **{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs}
+    )
     every = protocol.per_choice(params, chat.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     given = [protocol.max_new_given(chat.sampling)] * chat.n
@@ -623,10 +675,12 @@ def _chat(s: EngineServer, body: dict, req: Request):
         }
         if chat.logprobs:  # every generated token, the stop string's included (as SGLang)
             tops = out.top_logprobs or [[]] * len(out.token_ids)
-            choice["logprobs"] = {"content": [
-                {**_chat_logprob(s, t, lp), "top_logprobs": [_chat_logprob(s, a, alp) for a, alp in top]}
-                for t, lp, top in zip(out.token_ids, out.log_probs, tops)
-            ]}  # fmt: skip
+            choice["logprobs"] = {
+                "content": [
+                    {**_chat_logprob(s, t, lp), "top_logprobs": [_chat_logprob(s, a, alp) for a, alp in top]}
+                    for t, lp, top in zip(out.token_ids, out.log_probs, tops)
+                ]
+            }
         choices.append(choice)
     n_out = sum(len(out.token_ids) for out in outs)
     res = {
@@ -635,7 +689,11 @@ def _chat(s: EngineServer, body: dict, req: Request):
         "created": int(time.time()),
         "model": s.served_model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out},
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": n_out,
+            "total_tokens": len(prompt) + n_out,
+        },
         "prompt_token_ids": prompt,  # extension: what the trainer should record as the prompt
         "weight_version": str(outs[0].weight_version),  # extension, as in SGLang's meta_info
     }
@@ -751,11 +809,17 @@ def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> 
         return (lambda body, req: route(state, body, req)), params
 
     api = http_api.JsonApi(
-        "engine server", resolve, error_body,
-        errors=[(BadRequest, 400), (NotFound, 404), (TimeoutError, 504),
-                # colocate: the trainer holds the device; try again after the step
-                (MemoryReleased, 503)],
+        "engine server",
+        resolve,
+        error_body,
+        errors=[
+            (BadRequest, 400),
+            (NotFound, 404),
+            (TimeoutError, 504),
+            # colocate: the trainer holds the device; try again after the step
+            (MemoryReleased, 503),
+        ],
         token=state.token,
         protected=lambda path: path in CONTROL_PATHS or path.startswith(CONTROL_PREFIXES),
-    )  # fmt: skip
+    )
     return http_api.Served(api, host, port)

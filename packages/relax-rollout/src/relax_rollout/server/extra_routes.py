@@ -55,9 +55,16 @@ def completions(s: EngineServer, body: Any):
         if body.get(key) not in (None, False, {}, 1 if key == "best_of" else None):
             raise BadRequest(key, "is not supported by this server")
     sp = {"max_new_tokens": body.get("max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("sampling_seed", "seed"),
-                         ("min_new_tokens", "min_tokens"), ("stop_token_ids", "stop_token_ids"), ("stop", "stop"),
-                         ("frequency_penalty", "frequency_penalty"), ("presence_penalty", "presence_penalty")):  # fmt: skip
+    for ours, theirs in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("sampling_seed", "seed"),
+        ("min_new_tokens", "min_tokens"),
+        ("stop_token_ids", "stop_token_ids"),
+        ("stop", "stop"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("presence_penalty", "presence_penalty"),
+    ):
         if body.get(theirs) is not None:
             sp[ours] = body[theirs]
     params, min_new = protocol.parse_sampling(sp, "body")
@@ -65,10 +72,19 @@ def completions(s: EngineServer, body: Any):
     every = [p for p in prompts for _ in range(n)]
     seeded = protocol.per_choice(params, n) * len(prompts)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    outs = s.generate(every, seeded, [f"{rid}-{i}" for i in range(len(every))],
-                      [body.get("max_tokens") is not None] * len(every), {"top_logprobs": "logprobs"})  # fmt: skip
+    outs = s.generate(
+        every,
+        seeded,
+        [f"{rid}-{i}" for i in range(len(every))],
+        [body.get("max_tokens") is not None] * len(every),
+        {"top_logprobs": "logprobs"},
+    )
     token = (lambda t: s.tokenizer.decode([t])) if s.tokenizer is not None else str
-    decode = (lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True)) if s.tokenizer is not None else (lambda _: "")
+    decode = (
+        (lambda ids: s.tokenizer.decode(ids, skip_special_tokens=True))
+        if s.tokenizer is not None
+        else (lambda _: "")
+    )
     choices = []
     for i, out in enumerate(outs):
         lp = None
@@ -76,21 +92,49 @@ def completions(s: EngineServer, body: Any):
             tokens = [token(t) for t in out.token_ids]
             offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
             top = [{token(a): alp for a, alp in row} for row in out.top_logprobs or []] if logprobs else None
-            lp = {"tokens": tokens, "token_logprobs": list(out.log_probs), "top_logprobs": top, "text_offset": offsets}
-        choices.append({"index": i, "text": protocol.response_text(decode, out), "logprobs": lp,
-                        "finish_reason": out.finish_reason, "matched_stop": protocol.matched_stop(out),
-                        "token_ids": list(out.token_ids)})  # fmt: skip
+            lp = {
+                "tokens": tokens,
+                "token_logprobs": list(out.log_probs),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            }
+        choices.append(
+            {
+                "index": i,
+                "text": protocol.response_text(decode, out),
+                "logprobs": lp,
+                "finish_reason": out.finish_reason,
+                "matched_stop": protocol.matched_stop(out),
+                "token_ids": list(out.token_ids),
+            }
+        )
     prompt_tokens = sum(len(p) for p in prompts)
     made = sum(len(o.token_ids) for o in outs)
-    res = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": s.served_model_name,
-           "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": made,
-                                         "total_tokens": prompt_tokens + made}}  # fmt: skip
+    res = {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": s.served_model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": made,
+            "total_tokens": prompt_tokens + made,
+        },
+    }
     if not body.get("stream"):
         return 200, res
     head = {k: res[k] for k in ("id", "object", "created", "model")}
     events = [{**head, "choices": [{**c, "finish_reason": None}]} for c in choices]
-    events += [{**head, "choices": [{"index": c["index"], "text": "", "logprobs": None,
-                                     "finish_reason": c["finish_reason"]}]} for c in choices]  # fmt: skip
+    events += [
+        {
+            **head,
+            "choices": [
+                {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
+            ],
+        }
+        for c in choices
+    ]
     if (body.get("stream_options") or {}).get("include_usage"):
         events.append({**head, "choices": [], "usage": res["usage"]})
     return 200, EventStream(events)
@@ -126,10 +170,15 @@ def server_info(s: EngineServer, _: Any):
     """What SGLang's ``/server_info`` reports that applies here."""
     from relax_rollout import __version__
 
-    return 200, {"model_path": s.model_path, "served_model_name": s.served_model_name,
-                 "context_length": s.context_len, "vocab_size": s.vocab_size,
-                 "weight_version": str(s.engine.weight_version), "version": f"relax-rollout {__version__}",
-                 "paused": s.paused}  # fmt: skip
+    return 200, {
+        "model_path": s.model_path,
+        "served_model_name": s.served_model_name,
+        "context_length": s.context_len,
+        "vocab_size": s.vocab_size,
+        "weight_version": str(s.engine.weight_version),
+        "version": f"relax-rollout {__version__}",
+        "paused": s.paused,
+    }
 
 
 def flush_cache(s: EngineServer, _: Any):
@@ -138,5 +187,7 @@ def flush_cache(s: EngineServer, _: Any):
 
 
 def metrics(s: EngineServer, _: Any):
-    return 200, Text(s.metrics.render(s.served_model_name, str(s.engine.weight_version)),
-                     "text/plain; version=0.0.4; charset=utf-8")  # fmt: skip
+    return 200, Text(
+        s.metrics.render(s.served_model_name, str(s.engine.weight_version)),
+        "text/plain; version=0.0.4; charset=utf-8",
+    )

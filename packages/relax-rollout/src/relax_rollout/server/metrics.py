@@ -55,9 +55,19 @@ class ServerMetrics:
         with self._lock:
             lines = [
                 *_metric("num_running_reqs", "gauge", "Requests generating now.", lab, self.running),
-                *_metric("num_queue_reqs", "gauge", "Requests waiting (generation paused).", lab, self.queued),
-                *_metric("prompt_tokens_total", "counter", "Prompt tokens of the requests run.", lab, self.prompt_tokens),
-                *_metric("generation_tokens_total", "counter", "Tokens generated.", lab, self.generation_tokens),
+                *_metric(
+                    "num_queue_reqs", "gauge", "Requests waiting (generation paused).", lab, self.queued
+                ),
+                *_metric(
+                    "prompt_tokens_total",
+                    "counter",
+                    "Prompt tokens of the requests run.",
+                    lab,
+                    self.prompt_tokens,
+                ),
+                *_metric(
+                    "generation_tokens_total", "counter", "Tokens generated.", lab, self.generation_tokens
+                ),
                 *_metric("num_requests_total", "counter", "Requests finished.", lab, self.requests),
                 "# HELP sglang:e2e_request_latency_seconds End-to-end request latency.",
                 "# TYPE sglang:e2e_request_latency_seconds histogram",
@@ -83,7 +93,11 @@ class ServerMetrics:
 
 
 def _metric(name: str, kind: str, help_: str, labels: str, value: float) -> list[str]:
-    return [f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} {kind}", f"sglang:{name}{{{labels}}} {value}"]
+    return [
+        f"# HELP sglang:{name} {help_}",
+        f"# TYPE sglang:{name} {kind}",
+        f"sglang:{name}{{{labels}}} {value}",
+    ]
 
 
 def _number(version: str) -> str:

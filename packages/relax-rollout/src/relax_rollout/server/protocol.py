@@ -18,7 +18,15 @@ from relax_rollout.http_api import EventStream, Text  # noqa: F401 - the routes'
 
 # SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
 # parse_generate; the others are accepted and ignored).
-_SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "min_new_tokens", "stop_token_ids", "ignore_eos", "stop"}
+_SAMPLING_KEYS = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "min_new_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "stop",
+}
 _SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
 _IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
 MAX_STOP = 32
@@ -80,7 +88,9 @@ def _num(
         raise BadRequest(
             f"{where}.{key}", f"must be a{'n integer' if kind is int else ' number'} (got {v!r})"
         )
-    if not math.isfinite(v) or abs(v) > INT64_MAX:  # (JSON's NaN / Infinity literals parse; int64 ids overflow)
+    if (
+        not math.isfinite(v) or abs(v) > INT64_MAX
+    ):  # (JSON's NaN / Infinity literals parse; int64 ids overflow)
         raise BadRequest(f"{where}.{key}", f"must be a finite number within int64 (got {v!r})")
     v = kind(v)
     if lo is not None and v < lo:
@@ -228,8 +238,10 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
             raise BadRequest("text", "must be a non-empty string or list of strings")
         for i, t in enumerate(texts):
             if max_text_chars and len(t) > max_text_chars:
-                raise BadRequest("text" if single else f"text[{i}]",
-                                 f"has {len(t)} characters: far more than the model's context holds")  # fmt: skip
+                raise BadRequest(
+                    "text" if single else f"text[{i}]",
+                    f"has {len(t)} characters: far more than the model's context holds",
+                )
         prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     sp = body.get("sampling_params")
     if isinstance(sp, list):
@@ -265,8 +277,10 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
         tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
     starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts) if return_logprob else None
     if return_logprob:
-        params = [SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
-                  for p, k, s, x in zip(params, tops, starts, prompts)]  # fmt: skip
+        params = [
+            SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
+            for p, k, s, x in zip(params, tops, starts, prompts)
+        ]
     text_in_logprobs = body.get("return_text_in_logprobs", False)
     if not isinstance(text_in_logprobs, bool):
         raise BadRequest("return_text_in_logprobs", f"must be a boolean (got {text_in_logprobs!r})")
@@ -282,8 +296,20 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     sps = sp if isinstance(sp, list) else [sp] * len(prompts)
     given = [max_new_given(x) for x in sps]
     keep = [isinstance(x, dict) and bool(x.get("no_stop_trim")) for x in sps]
-    return GenerateRequest(prompts, params, rids, return_logprob, single, routed, start, given, stream,
-                           text_in_logprobs, keep, starts)  # fmt: skip
+    return GenerateRequest(
+        prompts,
+        params,
+        rids,
+        return_logprob,
+        single,
+        routed,
+        start,
+        given,
+        stream,
+        text_in_logprobs,
+        keep,
+        starts,
+    )
 
 
 def parse_logprob_start_len(v: Any, prompts: list[list[int]]) -> list[int]:
@@ -299,8 +325,11 @@ def parse_logprob_start_len(v: Any, prompts: list[list[int]]) -> list[int]:
         if isinstance(x, bool) or not isinstance(x, int) or x < -1:
             raise BadRequest(field, f"must be -1 or a prompt position ≥ 0 (got {x!r})")
         if x > len(prompt):
-            raise BadRequest(field, f"{x} is higher than the number of input tokens {len(prompt)}: use a "
-                                    "smaller logprob_start_len")  # fmt: skip
+            raise BadRequest(
+                field,
+                f"{x} is higher than the number of input tokens {len(prompt)}: use a "
+                "smaller logprob_start_len",
+            )
         out.append(x)
     return out
 
@@ -375,14 +404,19 @@ def generate_response(
         ids = list(prompt or [])
         first = len(ids) if logprob_start < 0 else logprob_start
         lps = (out.input_logprobs or [])[first:]  # (none for an aborted request)
-        meta["input_token_logprobs"] = [[None if k == 0 else lp, t, txt(t)]
-                                        for k, (lp, t) in enumerate(zip(lps, ids[first:]))]  # fmt: skip
+        meta["input_token_logprobs"] = [
+            [None if k == 0 else lp, t, txt(t)] for k, (lp, t) in enumerate(zip(lps, ids[first:]))
+        ]
         meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(out.log_probs, out.token_ids)]
         meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
         if params.top_logprobs:  # per token the k most likely, the same triples
             rows = (out.input_top_logprobs or [])[first + 1 :]
-            meta["input_top_logprobs"] = [None, *([[lp, t, txt(t)] for t, lp in row] for row in rows)] if lps else []
-            meta["output_top_logprobs"] = [[[lp, t, txt(t)] for t, lp in row] for row in out.top_logprobs or []]
+            meta["input_top_logprobs"] = (
+                [None, *([[lp, t, txt(t)] for t, lp in row] for row in rows)] if lps else []
+            )
+            meta["output_top_logprobs"] = [
+                [[lp, t, txt(t)] for t, lp in row] for row in out.top_logprobs or []
+            ]
     if routed_experts_start is not None and out.extra.get("routed_experts") is not None:
         meta["routed_experts"] = encode_routed_experts(out.extra["routed_experts"], routed_experts_start)
     return {"text": text, "output_ids": list(out.token_ids), "meta_info": meta}
@@ -454,8 +488,11 @@ def _content(content: Any, where: str, images: list[ImagePart]) -> str:
             images.append(ImagePart(f"{where}[{j}]", _image_url(part, f"{where}[{j}]")))
             texts.append(IMAGE_MARK)
         elif kind in ("input_audio", "video_url", "file"):
-            raise BadRequest(f"{where}[{j}]", f"'{kind}' parts are not supported: this server takes 'text' "
-                                              "parts and, for a multimodal model, 'image_url' parts")  # fmt: skip
+            raise BadRequest(
+                f"{where}[{j}]",
+                f"'{kind}' parts are not supported: this server takes 'text' "
+                "parts and, for a multimodal model, 'image_url' parts",
+            )
         else:
             raise BadRequest(f"{where}[{j}]", "must be a content part like {'type': 'text', 'text': ...}")
     return "".join(texts)
@@ -536,10 +573,27 @@ def chat_stream(res: dict, include_usage: bool) -> EventStream:
     events = []
     for ch in res["choices"]:
         delta = {"role": "assistant", "content": ch["message"]["content"]}
-        events.append({**head, "choices": [{"index": ch["index"], "delta": delta, "logprobs": ch["logprobs"],
-                                            "finish_reason": None}]})  # fmt: skip
-        events.append({**head, "choices": [{"index": ch["index"], "delta": {}, "logprobs": None,
-                                            "finish_reason": ch["finish_reason"]}]})  # fmt: skip
+        events.append(
+            {
+                **head,
+                "choices": [
+                    {"index": ch["index"], "delta": delta, "logprobs": ch["logprobs"], "finish_reason": None}
+                ],
+            }
+        )
+        events.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": ch["index"],
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": ch["finish_reason"],
+                    }
+                ],
+            }
+        )
     if include_usage:
         events.append({**head, "choices": [], "usage": res["usage"]})
     return EventStream(events)

@@ -146,8 +146,9 @@ def ray_launcher(
         here = NodeAffinitySchedulingStrategy(
             ray.get_runtime_context().get_node_id(), soft=host != "127.0.0.1"
         )
-        cls = ray.remote(RayEngineServer).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
-                                                  scheduling_strategy=here)  # fmt: skip
+        cls = ray.remote(RayEngineServer).options(
+            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy=here
+        )
         actor = cls.remote(model_path, dtype, engine, torch_threads, token, host)
         try:
             url = ray.get(actor.url.remote(), timeout=start_timeout_s)

@@ -106,8 +106,15 @@ class Trajectory:
     stop_reason: str | None = None
     reward: float | None = None
 
-    def add_call(self, gap: list[int], completion: list[int], log_probs: list[float], finish: str,
-                 version: int, eos_id: int | None) -> None:  # fmt: skip
+    def add_call(
+        self,
+        gap: list[int],
+        completion: list[int],
+        log_probs: list[float],
+        finish: str,
+        version: int,
+        eos_id: int | None,
+    ) -> None:
         """Append template tokens (``gap``, mask 0) then the model's completion (mask 1, its log-probs)."""
         self.tokens += gap
         self.loss_mask += [0] * len(gap)
@@ -123,17 +130,29 @@ class Trajectory:
         assert len(self.loss_mask) == len(self.rollout_log_probs) == len(self.tokens) - self.prompt_len
 
     def summary(self) -> dict:
-        return {"session": self.session, "index": self.index, "num_calls": len(self.finish_reasons),
-                "num_tokens": len(self.tokens), "prompt_len": self.prompt_len,
-                "completion_tokens": sum(self.loss_mask), "finish_reasons": list(self.finish_reasons),
-                "closed": self.stop_reason is not None, "stop_reason": self.stop_reason,
-                "reward": self.reward}  # fmt: skip
+        return {
+            "session": self.session,
+            "index": self.index,
+            "num_calls": len(self.finish_reasons),
+            "num_tokens": len(self.tokens),
+            "prompt_len": self.prompt_len,
+            "completion_tokens": sum(self.loss_mask),
+            "finish_reasons": list(self.finish_reasons),
+            "closed": self.stop_reason is not None,
+            "stop_reason": self.stop_reason,
+            "reward": self.reward,
+        }
 
     def to_json(self) -> dict:
-        return {**self.summary(), "tokens": list(self.tokens), "loss_mask": list(self.loss_mask),
-                "rollout_log_probs": list(self.rollout_log_probs), "weight_versions": list(self.weight_versions),
-                "completion_spans": [list(s) for s in self.completion_spans],
-                "messages": [dict(m) for m in self.messages]}  # fmt: skip
+        return {
+            **self.summary(),
+            "tokens": list(self.tokens),
+            "loss_mask": list(self.loss_mask),
+            "rollout_log_probs": list(self.rollout_log_probs),
+            "weight_versions": list(self.weight_versions),
+            "completion_spans": [list(s) for s in self.completion_spans],
+            "messages": [dict(m) for m in self.messages],
+        }
 
 
 @dataclass
@@ -228,8 +247,11 @@ class TrajectoryRecorder:
 
     def sessions(self) -> list[dict]:
         with self._lock:
-            return [{"session": name, "trajectories": [t.summary() for t in s.trajectories.values()]}
-                    for name, s in self._sessions.items() if s.trajectories]  # fmt: skip
+            return [
+                {"session": name, "trajectories": [t.summary() for t in s.trajectories.values()]}
+                for name, s in self._sessions.items()
+                if s.trajectories
+            ]
 
 
 class Turn:
@@ -318,16 +340,20 @@ def to_bus_sample(
     t = trajectory.to_json() if isinstance(trajectory, Trajectory) else trajectory
     reward = t.get("reward") if reward is None else reward
     if reward is None or isinstance(reward, bool) or not math.isfinite(float(reward)):
-        raise ValueError(f"trajectory {t['session']!r}#{t['index']} has no finite reward (got {reward!r}): "
-                         "pass reward=..., or close the session with {\"reward\": x}")  # fmt: skip
+        raise ValueError(
+            f"trajectory {t['session']!r}#{t['index']} has no finite reward (got {reward!r}): "
+            'pass reward=..., or close the session with {"reward": x}'
+        )
     if not t["finish_reasons"]:
         raise ValueError(f"trajectory {t['session']!r}#{t['index']} has no calls")
     tokens, plen = np.asarray(t["tokens"], dtype=np.int64), int(t["prompt_len"])
     mask = np.asarray(t["loss_mask"], dtype=np.float32)
     logp = np.asarray(t["rollout_log_probs"], dtype=np.float32)
     if not len(mask) == len(logp) == len(tokens) - plen:
-        raise ValueError(f"inconsistent trajectory: {len(tokens)} tokens, prompt_len {plen}, "
-                         f"{len(mask)} loss_mask and {len(logp)} log-prob entries")  # fmt: skip
+        raise ValueError(
+            f"inconsistent trajectory: {len(tokens)} tokens, prompt_len {plen}, "
+            f"{len(mask)} loss_mask and {len(logp)} log-prob entries"
+        )
     version = min(t["weight_versions"]) if policy_version is None else int(policy_version)
     finish = "length" if t.get("stop_reason") == "length" else t["finish_reasons"][-1]
     replies = [m["content"] for m in t.get("messages", []) if m.get("role") == "assistant"]

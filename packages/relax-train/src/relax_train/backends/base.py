@@ -53,6 +53,7 @@ class TrainBackend(Protocol):
     def onload(self) -> int:
         """Bring back what ``offload`` moved (a no-op when nothing is offloaded); bytes moved."""
 
+
 BACKENDS: dict[str, str] = {
     "torch": "relax_train.backends.torch_backend:TorchBackend",
     "megatron": "relax_train.backends.megatron.group:build_megatron",

@@ -358,7 +358,9 @@ class TorchBackend:
             tok_loss = tok_loss + a.kl_coef * kl
             sums["kl"] += float((kl.detach() * lmask).sum())
         if acc.distill == "loss":
-            tok_loss = tok_loss + a.distill_coef * kl_penalty(logp, teacher, loss_kl_estimator(a, distill=True))
+            tok_loss = tok_loss + a.distill_coef * kl_penalty(
+                logp, teacher, loss_kl_estimator(a, distill=True)
+            )
         loss = aggregate_loss(
             tok_loss,
             lmask,

@@ -187,7 +187,9 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         d = batch.data
         if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
             a = self.cfg.algo
-            d["advantages"] = finish_batch_advantages(a.advantage_estimator, d["advantages"], a.normalize_advantages_std)
+            d["advantages"] = finish_batch_advantages(
+                a.advantage_estimator, d["advantages"], a.normalize_advantages_std
+            )
         # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
         with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
             prox = self._exact_prox(d)
@@ -204,10 +206,15 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         fence_wait_s, self._fence_wait_s = self._fence_wait_s, 0.0
         metrics.update(
             step_metrics(
-                d, step, len(batch), wait_for_data_s=t1 - t0, train_s=t2 - t1, weight_sync_s=t3 - t2,
+                d,
+                step,
+                len(batch),
+                wait_for_data_s=t1 - t0,
+                train_s=t2 - t1,
+                weight_sync_s=t3 - t2,
                 weight_sync_wait_s=fence_wait_s,
             )
-        )  # fmt: skip
+        )
         if (
             self.evaluate is not None
             and self.cfg.run.eval_interval

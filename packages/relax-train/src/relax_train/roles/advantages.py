@@ -67,13 +67,21 @@ class AdvantagesWorker(_BusLoop):
         fields: dict[str, Any] = {}
         if a.uses_reference and a.kl_in_reward:
             rewards = kl_shaped_sequence_rewards(
-                d["reward"], d["rollout_log_probs"], d["ref_log_probs"], a.kl_coef, a.kl_reward_estimator,
+                d["reward"],
+                d["rollout_log_probs"],
+                d["ref_log_probs"],
+                a.kl_coef,
+                a.kl_reward_estimator,
                 d["loss_mask"],
-            )  # fmt: skip
+            )
             fields["shaped_reward"] = [float(r) for r in rewards]
         # (REINFORCE++'s whitening spans the trained batch: the trainer does it, see ActorWorker.train)
         fields["advantages"] = compute_advantages(
-            a.advantage_estimator, d["group_id"], rewards, d["response_len"], a.normalize_advantages_std,
+            a.advantage_estimator,
+            d["group_id"],
+            rewards,
+            d["response_len"],
+            a.normalize_advantages_std,
             batch_step=False,
-        )  # fmt: skip
+        )
         self.bus.add_fields(batch.ids, fields)

@@ -31,8 +31,12 @@ def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
     out["rollout/groups"] = float(len(by_group))
     # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
     out["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
-    for key, name in (("ds_dropped_groups", None), ("ds_extra_rounds", None), ("ds_unfilled_groups", None),
-                      ("rollout_tokens_per_s", "tokens_per_s")):  # fmt: skip
+    for key, name in (
+        ("ds_dropped_groups", None),
+        ("ds_extra_rounds", None),
+        ("ds_unfilled_groups", None),
+        ("rollout_tokens_per_s", "tokens_per_s"),
+    ):
         values = [v for v in d.get(key, ()) if v is not None]
         if values:  # one value per rollout step, repeated on its samples
             out[f"rollout/{name or key}"] = float(np.mean(values))

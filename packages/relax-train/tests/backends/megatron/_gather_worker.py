@@ -15,8 +15,11 @@ from relax_train.backends.megatron.gather import gather_to_rank0
 def stage_items(rank: int) -> list:
     g = torch.Generator().manual_seed(rank)
     # float32 master weights, as megatron keeps them; keys are arbitrary picklable values
-    return [((rank, "w"), torch.randn(8, 8, generator=g)), ((rank, None, "b"), torch.randn(3, generator=g)),
-            (("big", rank), torch.randn(64, 16, generator=g))]  # fmt: skip
+    return [
+        ((rank, "w"), torch.randn(8, 8, generator=g)),
+        ((rank, None, "b"), torch.randn(3, generator=g)),
+        (("big", rank), torch.randn(64, 16, generator=g)),
+    ]
 
 
 def main(case: str, out_dir: str) -> None:

@@ -66,13 +66,22 @@ def _offload_round_trip(backend, samples) -> dict:
         return torch.cuda.memory_allocated() if cuda else 0
 
     logp, before = backend.compute_log_probs(samples), allocated()
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in backend._device_tensors()
-                if t.is_cuda}  # fmt: skip
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in backend._device_tensors()
+        if t.is_cuda
+    }
     freed = backend.offload()
     offloaded = allocated()
     restored = backend.onload()
-    return {"logp": logp, "freed": freed, "restored": restored, "on_gpu": sum(storages.values()),
-            "allocated": [before, offloaded, allocated()], "logp_after": backend.compute_log_probs(samples)}  # fmt: skip
+    return {
+        "logp": logp,
+        "freed": freed,
+        "restored": restored,
+        "on_gpu": sum(storages.values()),
+        "allocated": [before, offloaded, allocated()],
+        "logp_after": backend.compute_log_probs(samples),
+    }
 
 
 def _leave() -> None:

@@ -78,8 +78,11 @@ def _sharpen(model, keep: tuple[str, ...] = ()) -> None:
         for name, p in model.named_parameters():
             if name.startswith(keep):
                 continue
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.ndim == 1
-                    else 0.2 * torch.randn(p.shape, generator=gen))  # fmt: skip
+            p.copy_(
+                1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                if p.ndim == 1
+                else 0.2 * torch.randn(p.shape, generator=gen)
+            )
 
 
 def _rl_fields(rng, resp: tuple[int, ...]) -> dict:
@@ -117,8 +120,15 @@ def _megatron(
         port = s.getsockname()[1]
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(WORKER), str(spec), str(out)], env=env, stderr=subprocess.PIPE, text=True
@@ -420,15 +430,33 @@ def _vl_model(tmp: Path) -> str:
     blocks), interleaved M-RoPE; weights scaled as in :func:`_model`."""
     cfg = transformers.Qwen3VLConfig(
         text_config=dict(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0,
-            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3],
-                             "mrope_interleaved": True},
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5e6,
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+            },
         ),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                           deepstack_visual_indexes=[0, 1], num_position_embeddings=64),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            deepstack_visual_indexes=[0, 1],
+            num_position_embeddings=64,
+        ),
         **VL_IDS,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = transformers.Qwen3VLForConditionalGeneration(cfg)
     _sharpen(model, keep=("model.visual",))
@@ -441,21 +469,27 @@ def _vl_samples(seed: int = 0) -> dict:
     """Four rows as relax-multimodal and the rollout worker make them: an image (4 merged tokens), a
     two-frame video (4 tokens a frame, text between the frames), a text-only row and a wider image (8)."""
     rng = np.random.default_rng(seed)
-    s, e, img, vid = (VL_IDS[k] for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id",
-                                           "video_token_id"))  # fmt: skip
+    s, e, img, vid = (
+        VL_IDS[k]
+        for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+    )
 
     def text(n):
         return list(rng.integers(1, 280, n))
 
     def image(grid):
         n = grid[1] * grid[2] // 4
-        return {"pixel_values": rng.normal(size=(grid[0] * grid[1] * grid[2], PATCH)).astype(np.float32),
-                "image_grid_thw": np.array([grid])}, [s, *[img] * n, e]  # fmt: skip
+        return {
+            "pixel_values": rng.normal(size=(grid[0] * grid[1] * grid[2], PATCH)).astype(np.float32),
+            "image_grid_thw": np.array([grid]),
+        }, [s, *[img] * n, e]
 
     m_img, t_img = image([1, 4, 4])
     m_wide, t_wide = image([1, 4, 8])
-    m_vid = {"pixel_values_videos": rng.normal(size=(32, PATCH)).astype(np.float32),
-             "video_grid_thw": np.array([[2, 4, 4]])}  # fmt: skip
+    m_vid = {
+        "pixel_values_videos": rng.normal(size=(32, PATCH)).astype(np.float32),
+        "video_grid_thw": np.array([[2, 4, 4]]),
+    }
     t_vid = [*text(2), s, *[vid] * 4, e, *text(2), s, *[vid] * 4, e]
     prompts = [text(3) + t_img + text(2), t_vid + text(1), text(6), text(2) + t_wide + text(3)]
     media = [m_img, m_vid, None, m_wide]
@@ -480,8 +514,9 @@ def test_qwen3_vl_under_context_parallelism_matches_the_torch_backend(tmp_path):
     itself and keeps two of four chunks of every row (media positions included); media features, M-RoPE
     positions and DeepStack go into megatron's decoder as HF's Qwen3-VL does it, and the vision tower
     trains like the rest. (TP with sequence parallelism: ``tests/test_mm_rl.py``, in a colocate run.)"""
-    _assert_multimodal_matches_torch(tmp_path, _vl_model(tmp_path), _vl_samples(), world=2,
-                                     flags=["--context-parallel-size", "2"])  # fmt: skip
+    _assert_multimodal_matches_torch(
+        tmp_path, _vl_model(tmp_path), _vl_samples(), world=2, flags=["--context-parallel-size", "2"]
+    )
 
 
 def test_qwen3_vl_data_parallel_replica_without_media_matches_the_torch_backend(tmp_path):
@@ -489,8 +524,9 @@ def test_qwen3_vl_data_parallel_replica_without_media_matches_the_torch_backend(
     other only text rows, so its vision tower gets no gradient of its own; it joins the replicas' gradient
     sum with zeros (otherwise the two replicas' reductions would pair different tensors)."""
     data = {k: [v[i] for i in (0, 2, 1, 2)] for k, v in _vl_samples().items()}  # image, text, video, text
-    _assert_multimodal_matches_torch(tmp_path, _vl_model(tmp_path), data, world=2,
-                                     flags=["--micro-batch-size", "1"])  # fmt: skip
+    _assert_multimodal_matches_torch(
+        tmp_path, _vl_model(tmp_path), data, world=2, flags=["--micro-batch-size", "1"]
+    )
 
 
 def _assert_multimodal_matches_torch(tmp_path, model: str, data: dict, world: int = 1, flags=()) -> None:
@@ -504,28 +540,64 @@ def _assert_multimodal_matches_torch(tmp_path, model: str, data: dict, world: in
     assert _max_diff(bare["logp"], ref["logp"]) > 1e-2
 
 
-OMNI_IDS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=292, vision_end_token_id=293,
-                audio_token_id=294, audio_start_token_id=295, audio_end_token_id=296)  # fmt: skip
+OMNI_IDS = dict(
+    image_token_id=290,
+    video_token_id=291,
+    vision_start_token_id=292,
+    vision_end_token_id=293,
+    audio_token_id=294,
+    audio_start_token_id=295,
+    audio_end_token_id=296,
+)
 
 
 def _omni_model(tmp: Path, deepstack: tuple[int, ...] = (0, 1)) -> str:
     """A tiny random Qwen3-Omni thinker: MoE decoder (4 experts, top 2; layer 1 dense), vision tower with
     DeepStack (from the blocks ``deepstack``, into as many first decoder layers), audio tower."""
     cfg = transformers.Qwen3OmniMoeThinkerConfig(
-        audio_config=dict(num_mel_bins=128, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
-                          d_model=32, downsample_hidden_size=16, output_dim=64),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                           deepstack_visual_indexes=list(deepstack), num_position_embeddings=64),
+        audio_config=dict(
+            num_mel_bins=128,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            d_model=32,
+            downsample_hidden_size=16,
+            output_dim=64,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            deepstack_visual_indexes=list(deepstack),
+            num_position_embeddings=64,
+        ),
         text_config=dict(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
-            num_experts_per_tok=2, mlp_only_layers=[1], num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3],
-                             "interleaved": True, "mrope_interleaved": False},
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            mlp_only_layers=[1],
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "mrope_section": [2, 3, 3],
+                "interleaved": True,
+                "mrope_interleaved": False,
+            },
         ),
         position_id_per_seconds=13,
         **OMNI_IDS,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(cfg)
     _sharpen(model, keep=("visual", "audio_tower"))
@@ -548,8 +620,10 @@ def _omni_samples(seed: int = 0) -> dict:
 
     def audio(frames):
         n = int(_get_feat_extract_output_lengths(torch.tensor(frames)))
-        feats = {"input_features": rng.normal(size=(1, 128, frames)).astype(np.float32),
-                 "feature_attention_mask": np.ones((1, frames), np.int64)}  # fmt: skip
+        feats = {
+            "input_features": rng.normal(size=(1, 128, frames)).astype(np.float32),
+            "feature_attention_mask": np.ones((1, frames), np.int64),
+        }
         return feats, [ids["audio_start_token_id"], *[ids["audio_token_id"]] * n, ids["audio_end_token_id"]]
 
     m_img = {
@@ -588,8 +662,13 @@ def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend
     first encodes image, video and audio, puts the features in place and adds DeepStack's after its MoE layer;
     the second, the dense layer and the output, needs only Omni's M-RoPE positions (audio clips advance
     time). As HF computes it, through the torch backend."""
-    _assert_multimodal_matches_torch(tmp_path, _omni_model(tmp_path, deepstack=(1,)), _omni_samples(), world=2,
-                                     flags=["--pipeline-model-parallel-size", "2"])  # fmt: skip
+    _assert_multimodal_matches_torch(
+        tmp_path,
+        _omni_model(tmp_path, deepstack=(1,)),
+        _omni_samples(),
+        world=2,
+        flags=["--pipeline-model-parallel-size", "2"],
+    )
 
 
 def test_the_backend_refuses_to_start_without_psutil(monkeypatch):

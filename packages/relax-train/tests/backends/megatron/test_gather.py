@@ -25,8 +25,14 @@ def _ranks(case: str, world: int, out: Path) -> list[dict]:
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), case, str(out)],
-            env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},  # fmt: skip
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            },
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -15,10 +15,17 @@ from relax_train.backends.megatron import multimodal as mm  # noqa: E402
 
 def _text_config(section=(2, 3, 3)):
     return transformers.Qwen3VLTextConfig(
-        hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=1,
-        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": list(section),
-                         "mrope_interleaved": True},
-    )  # fmt: skip
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        num_hidden_layers=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 5e6,
+            "mrope_section": list(section),
+            "mrope_interleaved": True,
+        },
+    )
 
 
 @pytest.mark.parametrize("section", [(2, 3, 3), (4, 2, 2)])
@@ -51,13 +58,21 @@ def test_weight_names_split_into_decoder_and_media_encoders_and_back():
     }
     fam = mm.FAMILIES["qwen3_vl"]
     text, towers = mm.to_text_names(vl, fam)
-    assert set(text) == {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
-                         "model.norm.weight", "lm_head.weight"}  # fmt: skip
+    assert set(text) == {
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    }
     assert set(towers) == {"visual.blocks.0.attn.qkv.weight", "visual.merger.linear_fc1.bias"}
     assert set(mm.to_hf_names(text, towers, fam)) == set(vl)
     # Qwen3-Omni's thinker: the decoder already has Qwen3(-MoE) names; two encoders
-    omni = {"model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(1), "lm_head.weight": torch.zeros(1),
-            "visual.patch_embed.proj.weight": torch.zeros(1), "audio_tower.conv2d1.weight": torch.zeros(1)}  # fmt: skip
+    omni = {
+        "model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(1),
+        "lm_head.weight": torch.zeros(1),
+        "visual.patch_embed.proj.weight": torch.zeros(1),
+        "audio_tower.conv2d1.weight": torch.zeros(1),
+    }
     fam = mm.FAMILIES["qwen3_omni_moe_thinker"]
     text, towers = mm.to_text_names(omni, fam)
     assert set(text) == {"model.layers.0.mlp.experts.0.up_proj.weight", "lm_head.weight"}
@@ -83,11 +98,16 @@ def test_a_first_pipeline_stage_without_every_deepstack_layer_is_refused():
     """DeepStack's additions are made on the first stage (the vision tower's features do not travel down
     the pipeline): a split that puts a DeepStack layer on a later stage is refused, naming the fix."""
     cfg = transformers.Qwen3VLConfig(
-        text_config=dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
-                                                       "mrope_section": [2, 3, 3]}),
+        text_config=dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+        ),
         vision_config=dict(depth=2, deepstack_visual_indexes=[0, 1]),
-    )  # fmt: skip
+    )
     stage = torch.nn.Module()
     stage.decoder = torch.nn.Module()
     stage.decoder.layers = torch.nn.ModuleList([torch.nn.Identity()])  # one of the two layers

@@ -23,7 +23,9 @@ def test_every_torch_norm_of_a_decoder_spec_is_swapped(moe):
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(num_experts=4 if moe else None, qk_layernorm=True, normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(
+        num_experts=4 if moe else None, qk_layernorm=True, normalization="RMSNorm"
+    )
     if layer.submodules.input_layernorm is not WrappedTorchNorm:
         pytest.skip("Apex is installed: megatron builds its own fused norms")
     spec = TransformerBlockSubmodules(layer_specs=[layer, layer], layer_norm=WrappedTorchNorm)

@@ -103,12 +103,21 @@ class ContextParallelAttention(DotProductAttention):
         super().__init__(local, layer_number, AttnMaskType.arbitrary, attention_type, *args, **kwargs)
         self.cp_group = ps.get_context_parallel_group()
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):  # fmt: skip
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+    ):
         key = gather_keys_values(key, self.cp_group)
         value = gather_keys_values(value, self.cp_group)
-        return super().forward(query, key, value, attention_mask, AttnMaskType.arbitrary, attention_bias,
-                               packed_seq_params)  # fmt: skip
+        return super().forward(
+            query, key, value, attention_mask, AttnMaskType.arbitrary, attention_bias, packed_seq_params
+        )
 
 
 def use_context_parallel_attention(block_spec) -> None:

@@ -127,8 +127,9 @@ class _Ranks:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        self._pg, gpu0, options = rank_placement(world, config.train.tensor_model_parallel_size,
-                                                 torch.cuda.is_available())  # fmt: skip
+        self._pg, gpu0, options = rank_placement(
+            world, config.train.tensor_model_parallel_size, torch.cuda.is_available()
+        )
         if gpu0 is not None:
             os.environ["LOCAL_RANK"] = str(_device_index(gpu0))
         rank_actor = ray.remote(_Rank)
@@ -258,8 +259,10 @@ def order_slots(slots: list[Slot], here: str, tp: int = 1) -> list[Slot]:
         logger.warning(
             "tensor-parallel groups starting at ranks %s span two nodes (TP %d; GPUs per node: %s): every "
             "layer's all-reduce then crosses the network; make each node's GPUs a multiple of TP",
-            split, tp, {n: sum(s.node_id == n for s in ordered) for n in dict.fromkeys(s.node_id for s in ordered)},
-        )  # fmt: skip
+            split,
+            tp,
+            {n: sum(s.node_id == n for s in ordered) for n in dict.fromkeys(s.node_id for s in ordered)},
+        )
     return ordered
 
 

@@ -40,11 +40,11 @@ def sigterm_self():
     """``fire()`` sends this process SIGTERM, but only while a run's own graceful-stop handler is
     installed. Any other handler would end pytest, and the CI with it (exit 143): ``ray.init`` leaves
     one behind that exits, and a test's watcher thread can outlive the run it was meant to stop."""
-    from relax_core.controller import _StopOnSignal
+    from relax_core.run import StopOnSignal
 
     def fire() -> bool:
         handler = signal.getsignal(signal.SIGTERM)
-        if isinstance(getattr(handler, "__self__", None), _StopOnSignal):
+        if isinstance(getattr(handler, "__self__", None), StopOnSignal):
             os.kill(os.getpid(), signal.SIGTERM)
             return True
         return False

@@ -48,7 +48,7 @@ def test_a_run_joins_the_cluster_that_ray_address_names(two_nodes, monkeypatch):
     """``RAY_ADDRESS=<head> relax train`` (the multi-node recipe's launch) connects to the running
     cluster instead of starting one (Ray refuses ``num_cpus`` there), and leaving the run only
     disconnects: the cluster keeps running."""
-    from relax_core.controller import _start_ray
+    from relax_core.run import start_ray as _start_ray
 
     monkeypatch.setenv("RAY_ADDRESS", two_nodes)
     assert _start_ray(_config()) is True

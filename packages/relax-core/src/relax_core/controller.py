@@ -22,7 +22,6 @@ from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tok
 
 # (names other packages and tests import from here)
 __all__ = ["Controller", "REGISTRY", "RunInputs", "RunResult", "bus_config", "role_class", "start_ray"]
-_StopOnSignal, _start_ray = StopOnSignal, start_ray
 
 
 class Controller:

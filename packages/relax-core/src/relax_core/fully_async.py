@@ -69,7 +69,7 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
             "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
             "trainer_weights": ray.get(actor.get_weight_log.remote()),
             "rollout_weights": ray.get(rollout.get_weight_log.remote()),
-            "consumed": {c: bus.consumed_ids(c) for c in run.plan.bus_config().consumers},
+            "consumed": {c: bus.consumed_ids(c) for c in run.plan.consumers},
             "prompt_log": ray.get(rollout.get_prompt_log.remote()),
             "health": [vars(e) for e in run.events()],
             "engines": ray.get(rollout.engines.remote()),

@@ -115,6 +115,11 @@ class RolePlan:
         return [n for n, s in self.roles.items() if s.receives_weights]
 
     @property
+    def consumers(self) -> list[str]:
+        """The bus consumers, in data order (the trainer's last)."""
+        return [s.consumer for s in self.roles.values() if s.consumer is not None]
+
+    @property
     def outputs(self) -> dict[str, list[str]]:
         """Bus-consumer loop -> the fields it writes."""
         return {n: list(self.roles[n].writes) for n in self.loops}

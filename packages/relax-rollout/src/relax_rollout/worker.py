@@ -7,7 +7,7 @@ in the background over DCS). Every sample carries the policy version that genera
 This class is the facade the controller and Ray call: it owns the engine (weights, device memory, DCS,
 engine processes) and the loop, and hands the rest to rooms by concern: the prompts and the data position
 (``prompts.py``), the generation of a batch (``generation.py``), the samples scored and put on the bus
-(``samples.py``), the restart journal (``journal.py``).
+(``samples.py``), the restart journal (``relax_core.resume.Journal``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.resume import Journal
 from relax_core.trace import Tracer
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
 from relax_rollout.generation import Generated, Generation
-from relax_rollout.journal import Journal
 from relax_rollout.prompts import Prompts
 from relax_rollout.rewards import build_scorer
 from relax_rollout.samples import SampleWriter

@@ -576,8 +576,7 @@ class SGLangEngine:
     def update_weights_from_disk(
         self, model_path: str, version: int, abort_all_requests: bool = False
     ) -> None:
-        """Every engine loads the checkpoint directory ``model_path`` (readable by them) as ``version``; a
-        restarted engine loads it too (the directory is the caller's and is never deleted)."""
+        """See :meth:`SGLangWeights.from_disk`."""
         self.weights.from_disk(model_path, version, abort_all_requests)
 
     def update_weights_from_tensor(
@@ -587,8 +586,7 @@ class SGLangEngine:
         flush_cache: bool = True,
         load_format: str | None = None,
     ) -> None:
-        """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
-        per expert, see :mod:`relax_rollout.engines.expert_names`)."""
+        """See :meth:`SGLangWeights.from_tensor`."""
         self.weights.from_tensor(named_tensors, version, flush_cache, load_format)
 
     def connect_dcs(

@@ -53,6 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from relax_rollout.engines import sglang_cpu
+    from relax_rollout.engines.processes import server_command
     from relax_rollout.engines.sglang import SGLangEngine
 
     if args.server == "sglang":
@@ -62,17 +63,7 @@ def main() -> None:
         launch = {**sglang_cpu.engine_kwargs(python), "startup_timeout_s": 600}
     else:
         launch = {
-            "launch_cmd": [
-                sys.executable,
-                "-m",
-                "relax_rollout.server",
-                "--model",
-                "{model_path}",
-                "--port",
-                "{port}",
-                "--torch-threads",
-                "1",
-            ],
+            "launch_cmd": server_command("--torch-threads", "1"),
             "gpu_ids": list(range(args.engines)),
         }
     variants = [(m, d) for m in ("disk", "distributed") for d in (torch.float32, torch.bfloat16)]

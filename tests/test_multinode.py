@@ -194,33 +194,18 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
     then take a version broadcast on SGLang's weight group; close() leaves no process. (Our engine server stands in for SGLang, as in relax-rollout's tests.)"""
     import os
     import signal
-    import sys
 
     from safetensors.torch import load_file
 
     from relax_core.testing import wait_until
     from relax_rollout.engines import SamplingParams
-    from relax_rollout.engines.processes import group_alive
+    from relax_rollout.engines.processes import group_alive, server_command
     from relax_rollout.engines.sglang import SGLangEngine
     from relax_rollout.engines.wire import ServerError, http_json
 
     here = ray.get_runtime_context().get_node_id()
     model = tiny_run_inputs.model_path
-    cmd = [
-        sys.executable,
-        "-m",
-        "relax_rollout.server",
-        "--model",
-        "{model_path}",
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "--token",
-        "{token}",
-        "--torch-threads",
-        "1",
-    ]
+    cmd = server_command("--host", "{host}", "--token", "{token}", "--torch-threads", "1")
     eng = SGLangEngine(
         model,
         num_engines=2,

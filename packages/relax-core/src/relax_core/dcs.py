@@ -26,7 +26,8 @@ Why it looks like this:
 - **A dedicated process group.** Sender and receivers build a standalone gloo/NCCL group from their own
   ``TCPStore`` and never touch ``torch.distributed``'s default group, so DCS coexists with a trainer that
   already runs FSDP or Megatron collectives in the same process. ``connect()`` is a rendezvous: call it
-  on every rank concurrently (each in its own process or Ray actor).
+  on every rank concurrently (each in its own process or Ray actor). The store, the group and the shared
+  buffers are :mod:`relax_core.dcs_transport`; this module is the protocol over them.
 
 torch is imported inside functions only: relax-core does not depend on torch at import time.
 """
@@ -36,15 +37,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+
+from relax_core.dcs_transport import (  # noqa: F401 - TRANSPORTS, free_port, resolve_device: importable here too
+    TRANSPORTS,
+    Endpoint,
+    SharedBuckets,
+    free_port,
+    resolve_device,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -52,13 +57,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_VERSION = -1
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1, for ``init_method=f"tcp://127.0.0.1:{port}"``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -86,182 +84,6 @@ class SyncStats:
     seconds: float
 
 
-def _parse_tcp(init_method: str) -> tuple[str, int]:
-    url = urlparse(init_method)
-    if url.scheme != "tcp" or not url.hostname or not url.port:
-        raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
-    return url.hostname, url.port
-
-
-TRANSPORTS = ("broadcast", "ipc")
-
-
-def resolve_device(backend: str, device: str | None = None) -> str:
-    """The device DCS buffers live on: ``device`` when given, ``cpu`` for gloo, else ``cuda:<index>`` of
-    the calling thread's current GPU. A bare ``cuda`` is never returned: another thread would read it as
-    its own current device, GPU 0 by default, so every rank's background thread would land there."""
-    if device is not None:
-        if device.startswith("cuda") and ":" not in device:
-            raise ValueError(
-                f"give the GPU's index (cuda:N), not {device!r}: each thread has its own default"
-            )
-        return device
-    if backend == "gloo":
-        return "cpu"
-    import torch
-
-    return f"cuda:{torch.cuda.current_device()}"
-
-
-class _Endpoint:
-    """Store + standalone process group shared by sender and receivers (no group for ``ipc``)."""
-
-    def __init__(
-        self,
-        init_method: str,
-        world_size: int,
-        rank: int,
-        backend: str,
-        timeout_s: float,
-        group_name: str,
-        transport: str = "broadcast",
-        device: str | None = None,
-    ):
-        if world_size < 2:
-            raise ValueError(
-                f"world_size must be ≥ 2: one sender plus at least one receiver (got {world_size})"
-            )
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}) (got {rank})")
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {list(TRANSPORTS)} (got {transport!r})")
-        self.transport = transport
-        self.device = resolve_device(backend, device)
-        """Where buffers are allocated: ``cpu`` (gloo), else one GPU by index, fixed when the endpoint is
-        made — CUDA's current device is per thread, and the overlapped sender and the receiver thread are
-        other threads than the one that chose the GPU."""
-        self.host, self.port = _parse_tcp(init_method)
-        self.world_size, self.rank, self.backend = world_size, rank, backend
-        self.timeout = timedelta(seconds=timeout_s)
-        self.group_name = group_name
-        self.store: Any = None
-        self.pg: Any = None
-
-    def connect(self) -> None:
-        import torch.distributed as dist
-
-        if self.pg is not None:
-            return
-        store = dist.TCPStore(
-            self.host, self.port, self.world_size, self.rank == 0, self.timeout, wait_for_workers=False
-        )
-        self.store = dist.PrefixStore(f"{self.group_name}/ctl/", store)
-        self._root_store = store
-        if self.transport == "ipc":  # the buffers are shared, not sent: no collective
-            self.pg = False
-            return
-        pg_store = dist.PrefixStore(f"{self.group_name}/pg/", store)
-        if self.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, self.timeout)
-        else:
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self.timeout
-            self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
-        self._root_store = store
-
-    def bcast(self, t: torch.Tensor) -> None:
-        pg = self.pg
-        if not pg:  # closed by another thread: the group is being re-formed
-            raise RuntimeError("DCS: the group was closed during a broadcast (a member died)")
-        pg.broadcast([t]).wait()
-
-    def close(self) -> None:
-        if self.pg and self.backend == "nccl":
-            self.pg.shutdown()
-        self.pg = self.store = self._root_store = None
-
-
-def _map_shm(name: str, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over the POSIX shared-memory segment ``name`` (Linux: its /dev/shm file)."""
-    import torch
-
-    path = Path("/dev/shm") / name
-    if not path.exists():
-        raise RuntimeError(
-            f"DCS transport='ipc': shared-memory segment {path} not found (the sender closed, or this "
-            "platform has no /dev/shm: use transport='broadcast')"
-        )
-    if nbytes == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
-
-
-class _SharedBuckets:
-    """``transport="ipc"``: one buffer per bucket that other processes of this machine can map — device
-    memory exported as a CUDA IPC handle, or a named POSIX shared-memory segment on CPU. The sender's are
-    created (and re-created when the bucket sizes change); a receiver's are attached from the handles."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-        self.sizes: list[int] = []
-        self.bufs: list[torch.Tensor] = []
-        self.handles: list[str] = []
-        self._segments: list[Any] = []
-
-    def create(self, sizes: list[int]) -> bool:
-        """Buffers of these sizes; True when they are new (the handles must be sent again)."""
-        import torch
-
-        if sizes == self.sizes:
-            return False
-        self.free()
-        self.sizes = list(sizes)
-        for n in sizes:
-            if self.device == "cpu":
-                from multiprocessing.shared_memory import SharedMemory
-
-                # a tracked segment (removed even if this process dies), mapped through its /dev/shm file
-                seg = SharedMemory(create=True, size=max(n, 1))
-                seg.close()
-                self._segments.append(seg)
-                self.bufs.append(_map_shm(seg.name, n))
-                self.handles.append(json.dumps({"shm": seg.name}))
-            else:
-                import base64
-                import pickle
-
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                buf = torch.empty(n, dtype=torch.uint8, device=self.device)
-                self.bufs.append(buf)
-                self.handles.append(
-                    json.dumps({"cuda": base64.b64encode(pickle.dumps(reduce_tensor(buf))).decode()})
-                )
-        return True
-
-    def attach(self, sizes: list[int], handles: list[str]) -> None:
-        self.free()
-        self.sizes = list(sizes)
-        for n, handle in zip(sizes, handles):
-            h = json.loads(handle)
-            if "shm" in h:  # mapped straight from its file: not tracked, the sender owns the segment
-                self.bufs.append(_map_shm(h["shm"], n))
-            else:
-                import base64
-                import pickle
-
-                rebuild, args = pickle.loads(base64.b64decode(h["cuda"]))
-                self.bufs.append(rebuild(*args))
-
-    def free(self) -> None:
-        self.bufs, self.handles, self.sizes = [], [], []  # a mapping goes with the last view of it
-        for seg in self._segments:
-            seg.unlink()
-        self._segments = []
-
-
 def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[dict]:
     """Buckets of one dtype, ≤ bucket_bytes each (a larger tensor gets its own)."""
     by_dtype: dict[str, list[tuple[str, torch.Tensor]]] = {}
@@ -278,6 +100,17 @@ def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[di
             cur["params"].append([name, list(t.shape), n])
             cur["nbytes"] += n
     return buckets
+
+
+def _unpack(bucket: dict, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors of ``bucket`` (one entry of :func:`_layout`), zero-copy views of its bytes ``flat``."""
+    import torch
+
+    dtype, offset, out = getattr(torch, bucket["dtype"]), 0, {}
+    for name, shape, n in bucket["params"]:
+        out[name] = flat[offset : offset + n].view(dtype).reshape(shape)
+        offset += n
+    return out
 
 
 class WeightSender:
@@ -297,8 +130,8 @@ class WeightSender:
     ):
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0 (got {bucket_bytes})")
-        self._ep = _Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport, device)
-        self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
+        self._ep = Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport, device)
+        self._shared = SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._abandoned = False
         self._share_lock = threading.Lock()  # held while the shared buffers are written and read
         self.bucket_bytes = bucket_bytes
@@ -454,8 +287,8 @@ class WeightReceiver:
     ):
         if rank == 0:
             raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
-        self._ep = _Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport, device)
-        self._shared = _SharedBuckets(self._ep.device) if transport == "ipc" else None
+        self._ep = Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport, device)
+        self._shared = SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._layout: list[dict] | None = None
         self._seq = 0
         self._latest = -1
@@ -532,11 +365,7 @@ class WeightReceiver:
         for bucket in self._layout:
             flat = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self._ep.device)
             self._ep.bcast(flat)
-            dtype = getattr(torch, bucket["dtype"])
-            offset = 0
-            for name, shape, n in bucket["params"]:
-                out[name] = flat[offset : offset + n].view(dtype).reshape(shape)
-                offset += n
+            out.update(_unpack(bucket, flat))
             num_bytes += flat.numel()
         self._latest = header["version"]
         self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
@@ -551,10 +380,7 @@ class WeightReceiver:
             raise RuntimeError("DCS protocol error: no shared buffers for this version")
         out: dict[str, torch.Tensor] = {}
         for bucket, flat in zip(self._layout, self._shared.bufs):
-            dtype, offset = getattr(torch, bucket["dtype"]), 0
-            for name, shape, n in bucket["params"]:
-                out[name] = flat[offset : offset + n].view(dtype).reshape(shape)
-                offset += n
+            out.update(_unpack(bucket, flat))
         seq, store = self._seq, self._ep.store
         self._latest = header["version"]
 

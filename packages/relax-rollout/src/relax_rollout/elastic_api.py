@@ -3,9 +3,9 @@
 The document was a 172-line hand-written dict beside the code that validated the same fields, free to
 drift from it. Here each body is a pydantic model: its JSON Schema is the document's, and the field names
 the service accepts are the models' (``SCALE_OUT_FIELDS`` / ``SCALE_IN_FIELDS``). Validation itself stays
-in :mod:`relax_rollout.elastic`, which answers each mistake with a message naming the field and what to do
-(the models describe; they do not produce the 400s). OpenAPI 3.1, whose schemas are JSON Schema 2020-12,
-what pydantic writes.
+in :mod:`relax_rollout.elastic_service`, which answers each mistake with a message naming the field and
+what to do (the models describe; they do not produce the 400s). OpenAPI 3.1, whose schemas are JSON
+Schema 2020-12, what pydantic writes.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ SCALE_IN_FIELDS = tuple(ScaleInRequest.model_fields)
 
 
 class Operation(BaseModel):
-    """A scaling operation (``Operation.to_dict`` in :mod:`relax_rollout.elastic`)."""
+    """A scaling operation (``Operation.to_dict`` in :mod:`relax_rollout.elastic_service`)."""
 
     id: str
     kind: Literal["scale_out", "scale_in"]

@@ -11,7 +11,12 @@ as it does for SGLang and vLLM; this module keeps only what is ours:
 - ``out`` is JSON (a dict / list / None), :class:`Text` or :class:`EventStream` (SSE, then ``[DONE]``);
 - exceptions map to statuses through one table, each with the error body the server speaks;
 - a bearer token guards the paths ``protected`` says, before the body is read;
-- a body larger than ``max_body_bytes`` is refused with 413 before it is read whole.
+- a body larger than ``max_body_bytes`` is refused with 413 before it is read whole;
+- admission control: the routes ``admitted`` names (those that generate) are bounded by ``max_admitted``
+  requests at once (running + waiting for the engine); one beyond is refused at once, before its body is
+  read, with 503, the server's error body and ``Retry-After``, so a flood is answered, not queued without
+  end. Other routes (health, metrics) are never refused and run on their own threads, so health checks
+  pass under load.
 
 :class:`Served` binds the socket itself (port 0 works, ``server_address`` is known at once, the backlog is
 ours) and has the ``serve_forever`` / ``shutdown`` / ``server_close`` of the standard library's servers,
@@ -41,6 +46,8 @@ BACKLOG = 1024
 concurrent clients: 89 ``/generate`` resets, 21 ``/health`` time-outs, measured)."""
 THREADS = 256
 """Routes running at once (each in a worker thread; the rest wait their turn, their connections open)."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` (seconds) of a 503 refused by admission control: a generation slot frees in about that."""
 
 
 @dataclass
@@ -70,6 +77,10 @@ class Request:
     path: str = "/"
 
 
+class Overloaded(RuntimeError):
+    """A request refused by admission control (503 with ``Retry-After``): too many admitted at once."""
+
+
 class BodyError(ValueError):
     """The body is not JSON (400) or too large (413); ``field`` is ``body``."""
 
@@ -97,9 +108,30 @@ class JsonApi:
     not_found: Callable[[str, str], str] = lambda method, path: f"no route {method} {path}"
     max_body_bytes: int = MAX_BODY_BYTES
     threads: int = THREADS
+    admitted: Callable[[str, str], bool] = lambda method, path: False
+    """``(method, path)`` → whether the request counts against ``max_admitted`` (the routes that generate)."""
+    max_admitted: int | None = None
+    """At most this many ``admitted`` requests at once, running or waiting for the engine (each has its own
+    worker thread, apart from ``threads``); one beyond is refused at once with 503 and ``Retry-After``.
+    None: no bound (they share ``threads`` with the other routes)."""
+    limit_name: str = "max_admitted"
+    """How the refusal names the bound (the server's flag), so its reader knows what to raise."""
+    retry_after_s: int = RETRY_AFTER_S
+    on_refused: Callable[[str, str], None] = lambda method, path: None
+    """Called (in the event loop) for each request refused by admission control: count it."""
 
     def __post_init__(self) -> None:
-        self._limiter = None  # built in the serving loop (anyio's limiter belongs to one event loop)
+        if self.max_admitted is not None and (
+            isinstance(self.max_admitted, bool)
+            or not isinstance(self.max_admitted, int)
+            or self.max_admitted < 1
+        ):
+            raise ValueError(
+                f"{self.limit_name}: must be a positive integer or None (got {self.max_admitted!r})"
+            )
+        # built in the serving loop (anyio's limiter belongs to one event loop)
+        self._limiter = self._admitted_limiter = None
+        self._running_admitted = 0  # read and changed only in the event loop: no lock
 
     # -- ASGI ------------------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -123,24 +155,35 @@ class JsonApi:
         req = Request(
             request.headers, params, dict(parse_qsl(scope.get("query_string", b"").decode())), method, path
         )
+        limited = self.max_admitted is not None and self.admitted(method, path)
+        if limited:
+            if self._running_admitted >= self.max_admitted:  # refused at once, its body unread (h11 skips it)
+                await self._refuse(send, method, path)
+                return
+            self._running_admitted += 1  # (no await between the check and this: the loop is one thread)
         try:
-            body = await self._body(request) if method == "POST" else {}
-            code, out = await self._run(route, body, req)
-        except Exception as e:  # noqa: BLE001 — every failure is an answer; the server keeps serving
-            code, out = self._status(e), None
-            kind = type(e).__name__
-            if code == 500:
-                logger.exception("%s: %s %s failed", self.name, method, path)
-                message = f"{kind}: {e}"
-            else:
-                message = str(e)
-            out = self.error_body(code, message, kind, e)
-        if isinstance(out, EventStream):
-            await self._events(send, out)
-        elif isinstance(out, Text):
-            await self._send(send, code, out.body.encode(), out.content_type)
-        else:
-            await self._json(send, code, out)
+            try:
+                body = await self._body(request) if method == "POST" else {}
+                code, out = await self._run(route, body, req, limited)
+            except Exception as e:  # noqa: BLE001 — every failure is an answer; the server keeps serving
+                code, out = self._status(e), None
+                kind = type(e).__name__
+                if code == 500:
+                    logger.exception("%s: %s %s failed", self.name, method, path)
+                    message = f"{kind}: {e}"
+                else:
+                    message = str(e)
+                out = self.error_body(code, message, kind, e)
+            if isinstance(out, EventStream):
+                await self._events(send, out)
+            elif isinstance(out, Text):
+                await self._send(send, code, out.body.encode(), out.content_type)
+            else:  # every 503 (busy, or the device lent to the trainer) says when to try again
+                retry = [(b"retry-after", str(self.retry_after_s).encode())] if code == 503 else None
+                await self._json(send, code, out, retry)
+        finally:
+            if limited:
+                self._running_admitted -= 1
 
     # -- pieces ----------------------------------------------------------------------------------------
     def _authorised(self, path: str, got: str) -> bool:
@@ -182,23 +225,51 @@ class JsonApi:
             f"per request (split the batch), or raise the limit (max_body_bytes)"
         )
 
-    async def _run(self, route: Route, body: Any, req: Request) -> tuple[int, Any]:
+    async def _refuse(self, send: Callable, method: str, path: str) -> None:
+        """503 with ``Retry-After``: ``max_admitted`` requests are running or waiting for the engine."""
+        n = self.max_admitted
+        e = Overloaded(
+            f"server busy: {n} requests are already running or waiting for the engine, this server's limit "
+            f"({self.limit_name} {n}); retry after {self.retry_after_s}s (Retry-After), send fewer at once, "
+            f"or raise {self.limit_name}"
+        )
+        self.on_refused(method, path)
+        retry = [(b"retry-after", str(self.retry_after_s).encode())]
+        await self._json(send, 503, self.error_body(503, str(e), type(e).__name__, e), retry)
+
+    async def _run(self, route: Route, body: Any, req: Request, admitted: bool = False) -> tuple[int, Any]:
         import anyio.to_thread
 
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.threads)
-        return await anyio.to_thread.run_sync(route, body, req, limiter=self._limiter)
+        if admitted:  # a thread for each admitted request: the other routes keep theirs (health under load)
+            if self._admitted_limiter is None:
+                self._admitted_limiter = anyio.CapacityLimiter(self.max_admitted)
+            limiter = self._admitted_limiter
+        else:
+            if self._limiter is None:
+                self._limiter = anyio.CapacityLimiter(self.threads)
+            limiter = self._limiter
+        return await anyio.to_thread.run_sync(route, body, req, limiter=limiter)
 
-    async def _send(self, send: Callable, code: int, data: bytes, content_type: str | None) -> None:
+    async def _send(
+        self,
+        send: Callable,
+        code: int,
+        data: bytes,
+        content_type: str | None,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         headers = [(b"content-length", str(len(data)).encode())]
         if content_type is not None:
             headers.append((b"content-type", content_type.encode()))
+        headers += extra or []
         await send({"type": "http.response.start", "status": code, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
-    async def _json(self, send: Callable, code: int, body: Any) -> None:
+    async def _json(
+        self, send: Callable, code: int, body: Any, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         data = b"" if body is None else json.dumps(body).encode()
-        await self._send(send, code, data, None if body is None else "application/json")
+        await self._send(send, code, data, None if body is None else "application/json", extra)
 
     async def _events(self, send: Callable, events: EventStream) -> None:
         """200, ``text/event-stream``, chunked (the connection stays open for the client's next request)."""

@@ -24,7 +24,13 @@ from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.base import memory_request  # noqa: E402
 from relax_rollout.engines.checkpoint import model_routing  # noqa: E402
 from relax_rollout.engines.pool import NoActiveEngine  # noqa: E402
-from relax_rollout.engines.processes import EngineStartError, flag_args, group_alive, launch_command  # noqa: E402
+from relax_rollout.engines.processes import (  # noqa: E402
+    EngineStartError,
+    flag_args,
+    group_alive,
+    launch_command,
+    server_command,
+)
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
 from relax_rollout.engines.sglang_weights import WeightUpdateFailed, rank_devices  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
@@ -625,6 +631,16 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
+def fake_engine(tmp_path, *args, **kwargs):
+    """An engine of FAKE_SERVER processes, ``args`` the script's after the port (the marker file, the
+    engine index); ``kwargs`` over quick start-up and shutdown settings."""
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_SERVER)
+    cmd = [sys.executable, str(script), "{port}", *args]
+    quick = {"startup_timeout_s": 60, "shutdown_grace_s": 2, "log_dir": str(tmp_path / "logs")}
+    return SGLangEngine("m", launch_cmd=cmd, **{**quick, **kwargs})
+
+
 @pytest.mark.integration
 def test_start_failure_reports_the_log_and_leaves_no_process(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('CUDA error: no device', flush=True); sys.exit(3)"]
@@ -637,18 +653,8 @@ def test_start_failure_reports_the_log_and_leaves_no_process(tmp_path):
 
 @pytest.mark.integration
 def test_restarts_are_bounded_then_the_engine_stays_failed(tmp_path):
-    script, marker = tmp_path / "fake.py", tmp_path / "broken"
-    script.write_text(FAKE_SERVER)
-    cmd = [sys.executable, str(script), "{port}", str(marker)]
-    eng = SGLangEngine(
-        "m",
-        launch_cmd=cmd,
-        max_restarts=2,
-        poll_interval_s=0.1,
-        startup_timeout_s=60,
-        shutdown_grace_s=2,
-        log_dir=str(tmp_path / "logs"),
-    )
+    marker = tmp_path / "broken"
+    eng = fake_engine(tmp_path, str(marker), max_restarts=2, poll_interval_s=0.1)
     try:
         out = eng.generate([[1, 2]], SamplingParams(max_new_tokens=1))[0]
         assert out.token_ids == [5] and out.log_probs == [-0.5] and out.finish_reason == "length"
@@ -682,19 +688,8 @@ def test_a_weight_update_an_engine_refuses_or_fails_drops_it_and_the_others_go_o
     then): like a 5xx, the engine is failed and the others serve the new version; when none took it, the
     update raises naming each engine's error and the previous version stays. (A stand-in server: real
     SGLang's refusal is tested in test_sglang_real.py; a crash mid-update cannot be provoked there.)"""
-    script = tmp_path / "fake.py"
-    script.write_text(FAKE_SERVER)
-    cmd = [sys.executable, str(script), "{port}", str(tmp_path / "never"), "{engine_index}"]
-    eng = SGLangEngine(
-        "m",
-        num_engines=2,
-        launch_cmd=cmd,
-        max_restarts=0,
-        poll_interval_s=0.1,
-        startup_timeout_s=60,
-        shutdown_grace_s=2,
-        log_dir=str(tmp_path / "logs"),
-    )
+    never = str(tmp_path / "never")
+    eng = fake_engine(tmp_path, never, "{engine_index}", num_engines=2, max_restarts=0, poll_interval_s=0.1)
     try:
         eng.update_weights_from_disk("/ckpt", 4)
         assert eng.weight_version == 4 and eng.pool.weights_path == "/ckpt"
@@ -719,25 +714,15 @@ def test_a_weight_update_an_engine_refuses_or_fails_drops_it_and_the_others_go_o
 def test_seeds_are_not_sent_to_sglang_without_deterministic_inference(tmp_path, caplog):
     """SGLang 0.5.23 drops ``sampling_seed`` unless launched with --enable-deterministic-inference: the
     engine says so once instead of sending seeds that are silently ignored."""
-    script = tmp_path / "fake.py"
-    script.write_text(FAKE_SERVER)
-    cmd = [sys.executable, str(script), "{port}", str(tmp_path / "never")]
+    never = str(tmp_path / "never")
     seeded = SamplingParams(max_new_tokens=1, seed=3)
-    with SGLangEngine(
-        "m", launch_cmd=cmd, startup_timeout_s=60, shutdown_grace_s=2, log_dir=str(tmp_path / "logs")
-    ) as eng:
+    with fake_engine(tmp_path, never) as eng:
         eng.generate([[1]], seeded)
         eng.generate([[2]], seeded)
     assert sum("--enable-deterministic-inference" in r.message for r in caplog.records) == 1
     caplog.clear()
-    with SGLangEngine(
-        "m",
-        launch_cmd=cmd,
-        startup_timeout_s=60,
-        shutdown_grace_s=2,
-        log_dir=str(tmp_path / "l2"),
-        server_args={"enable_deterministic_inference": True},
-    ) as eng:
+    deterministic = {"enable_deterministic_inference": True}
+    with fake_engine(tmp_path, never, log_dir=str(tmp_path / "l2"), server_args=deterministic) as eng:
         assert eng.deterministic
         eng.generate([[1]], seeded)
     assert not any("deterministic" in r.message for r in caplog.records)
@@ -755,21 +740,10 @@ def local(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    cmd = [
-        sys.executable,
-        "-m",
-        "relax_rollout.server",
-        "--model",
-        "{model_path}",
-        "--port",
-        "{port}",
-        "--torch-threads",
-        "1",
-    ]
-    eng = SGLangEngine(
+    with SGLangEngine(
         tiny_model_dir,
         num_engines=2,
-        launch_cmd=cmd,
+        launch_cmd=server_command("--torch-threads", "1"),
         gpu_ids=["3", "5"],
         eos_token_ids=[EOS],
         log_dir=str(tmp_path_factory.mktemp("sglang-logs")),
@@ -777,9 +751,8 @@ def engine(tiny_model_dir, tmp_path_factory):
         max_restarts=2,
         poll_interval_s=0.2,
         shutdown_grace_s=5,
-    )
-    yield eng
-    eng.close()
+    ) as eng:
+        yield eng
 
 
 def _perturbed(local, seed):

@@ -23,9 +23,9 @@ from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 from relax_rollout.engines.wire import (
+    ServerClient,
     ServerError,
     generate_body,
-    http_json,
     init_group_request,
     min_tokens,
     model_info,
@@ -37,10 +37,7 @@ from relax_rollout.engines.wire import (
 )
 
 
-class ExternalEngine:
-    features = frozenset({"top_logprobs", "stop"})
-    """Passed on to the servers (SGLang's ``top_logprobs_num`` and ``stop``)."""
-
+class ExternalEngine(ServerClient):
     def __init__(
         self,
         urls: list[str] | str | None = None,
@@ -54,21 +51,14 @@ class ExternalEngine:
             urls = [urls]
         if not urls:
             raise ValueError("the external engine needs server URLs: set --rollout-external-urls")
+        super().__init__(token, timeout_s, retries, retry_backoff_s)
         self.urls = [u.rstrip("/") for u in urls]
-        self.token, self.timeout_s = token, timeout_s
-        self.retries, self.retry_backoff_s = retries, retry_backoff_s
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, len(self.urls)), thread_name_prefix="relax-external"
         )
         self._lock = threading.Lock()
 
     # -- HTTP ------------------------------------------------------------------------------------
-    def request(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        """GET (body None) or POST JSON; retries connection errors; raises :class:`ServerError`."""
-        return http_json(
-            url, path, body, self.token, timeout_s or self.timeout_s, self.retries, self.retry_backoff_s
-        )
-
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
         futs = [self._pool.submit(self.request, u, path, body, timeout_s) for u in self.urls]
         return [f.result() for f in futs]

@@ -22,7 +22,9 @@ some — while the rollout manager keeps seeing one ``RolloutEngine``. The pool 
   (the elastic API's scale-in never picks them).
 
 Member states: ``joining`` (receiving the current weights), ``active``, ``draining``, ``removed``,
-``failed``. Ids (``e0``, ``e1``, ...) are never reused.
+``failed``. Ids (``e0``, ``e1``, ...) are never reused. Members and how they join, drain, fail and leave
+are :mod:`relax_rollout.engines.pool_members` (the pool's base class); sending requests and weights over
+them is here.
 """
 
 from __future__ import annotations
@@ -31,99 +33,31 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.engines.wire import (
-    ServerError,
-    generate_body,
-    http_json,
-    min_tokens,
-    model_info,
-    parse_reply,
-    save_safetensors,
-    version_number,
+from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here too
+    KINDS,
+    STATES,
+    Cancelled,
+    DrainTimeout,
+    Member,
+    NoActiveEngine,
+    PoolError,
+    PoolMembership,
+    check_url,
+    describe,
 )
+from relax_rollout.engines.wire import ServerError, generate_body, min_tokens, parse_reply, save_safetensors
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("startup", "ray_native", "external")
-STATES = ("joining", "active", "draining", "removed", "failed")
 
-
-class PoolError(RuntimeError):
-    """A pool operation that cannot be done (the last active member, an unknown id, a failed join...)."""
-
-
-class NoActiveEngine(PoolError):
-    """No active member is left to serve a request."""
-
-
-class DrainTimeout(PoolError):
-    """``remove(force=False)``: the member still had requests in flight at the drain time-out."""
-
-
-class Cancelled(PoolError):
-    """A drain was cancelled (the elastic operation that asked for it was cancelled)."""
-
-
-@dataclass
-class Member:
-    id: str
-    url: str
-    kind: str
-    state: str = "joining"
-    protected: bool = False
-    inflight: int = 0
-    """Prompts sent to this member and not answered yet."""
-    created: float = field(default_factory=time.time)
-    handle: Any = None
-    """What the launcher returned for it (a Ray actor): ``kill(handle)`` ends it."""
-    weight_version: int | None = None
-    served: int = 0
-    """Prompts this member answered."""
-    error: str | None = None
-    """Why it failed (or why it was removed)."""
-    replaced_by: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "kind": self.kind,
-            "state": self.state,
-            "protected": self.protected,
-            "inflight": self.inflight,
-            "weight_version": self.weight_version,
-            "created": self.created,
-            "served": self.served,
-            "error": self.error,
-            "replaced_by": self.replaced_by,
-        }
-
-
-def check_url(url: str) -> str:
-    """``http(s)://host[:port]`` without a trailing slash, or ValueError."""
-    if not isinstance(url, str):
-        raise ValueError(f"must be a string URL (got {url!r})")
-    u = urlparse(url.strip())
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"must be an http:// or https:// URL with a host (got {url!r})")
-    try:
-        u.port  # noqa: B018 — raises on a bad port
-    except ValueError:
-        raise ValueError(f"has an invalid port (got {url!r})") from None
-    return url.strip().rstrip("/")
-
-
-class EnginePool:
+class EnginePool(PoolMembership):
     """A :class:`~relax_rollout.engines.base.RolloutEngine` over HTTP engine servers.
 
     ``urls``: start-up engines already serving (kind ``startup``, protected); more join with :meth:`add`,
@@ -133,9 +67,6 @@ class EnginePool:
     short) when a member fails and after one is removed. ``weights_dir``: where the current weights are
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
     must be readable by every engine (same host or a shared filesystem)."""
-
-    features = frozenset({"top_logprobs", "stop"})
-    """Passed on to the members (SGLang's ``top_logprobs_num`` and ``stop``)."""
 
     def __init__(
         self,
@@ -154,8 +85,8 @@ class EnginePool:
         max_workers: int = 64,
         **_ignored: Any,  # model_path, dtype, eos/pad ids: the servers own their model
     ) -> None:
-        self.token, self.timeout_s = token, timeout_s
-        self.retries, self.retry_backoff_s, self.join_timeout_s = retries, retry_backoff_s, join_timeout_s
+        super().__init__(token, timeout_s, retries, retry_backoff_s)
+        self.join_timeout_s = join_timeout_s
         self.launch, self.kill = launch, kill
         self.on_failure, self.on_removed = on_failure, on_removed
         self._own_dir = weights_dir is None
@@ -180,254 +111,6 @@ class EnginePool:
             urls = [urls]
         for url in urls or []:
             self.add(url, kind="startup", protected=True)
-
-    # -- HTTP ------------------------------------------------------------------------------------
-    def _call(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        return http_json(
-            url, path, body, self.token, timeout_s or self.timeout_s, self.retries, self.retry_backoff_s
-        )
-
-    # -- membership ------------------------------------------------------------------------------
-    def get(self, member_id: str) -> Member:
-        with self._cond:
-            if member_id not in self._members:
-                raise PoolError(f"unknown engine {member_id!r}; known: {sorted(self._members)}")
-            return self._members[member_id]
-
-    def members(self, include_removed: bool = False) -> list[dict[str, Any]]:
-        """Every member as a dict (id, url, kind, state, protected, inflight, weight_version, created,
-        served, error, replaced_by), oldest first; removed ones only with ``include_removed``."""
-        with self._cond:
-            return [m.to_dict() for m in self._members.values() if include_removed or m.state != "removed"]
-
-    def active(self) -> list[Member]:
-        with self._cond:
-            return [m for m in self._members.values() if m.state == "active"]
-
-    def find(self, url: str) -> Member | None:
-        """The member (not removed) serving ``url``."""
-        url = url.rstrip("/")
-        with self._cond:
-            for m in self._members.values():
-                if m.url == url and m.state != "removed":
-                    return m
-        return None
-
-    def add(self, url: str, kind: str = "external", handle: Any = None, protected: bool = False) -> Member:
-        """Join the engine serving ``url``: it must answer ``/health``; it gets the current weights (when an
-        update happened) and must then report the pool's weight version in ``/model_info``; only then
-        does it become active. On failure it is left ``removed`` (with the reason) and PoolError raised. A
-        failed member at the same URL is replaced (marked removed)."""
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS} (got {kind!r})")
-        try:
-            url = check_url(url)
-        except ValueError as e:
-            raise PoolError(f"engine url {e}") from None
-        with self._cond:
-            other = self.find(url)
-            if other is not None and other.state != "failed":
-                raise PoolError(f"{url} is already in the pool as {other.id} ({other.state})")
-            m = Member(id=f"e{self._next_id}", url=url, kind=kind, protected=protected, handle=handle)
-            self._next_id += 1
-            self._members[m.id] = m
-            if other is not None:  # a failed engine at this URL came back: the new member replaces it
-                other.state, other.replaced_by = "removed", m.id
-        try:
-            self._wait_healthy(m)
-            with self._weights_lock:  # no update may slip in between the sync and the activation
-                if self.weights_path is not None:
-                    self._call(
-                        m.url,
-                        "/update_weights_from_disk",
-                        {"model_path": self.weights_path, "weight_version": str(self._version)},
-                    )
-                info = model_info(m.url, self.token, self.join_timeout_s)
-                got = version_number(info.get("weight_version"))
-                with self._cond:
-                    if self._version is None:  # the first member sets the pool's version
-                        self._version = got
-                    if got != self._version:
-                        raise PoolError(
-                            f"{url} holds weight version {got} after the sync, the pool serves "
-                            f"{self._version}"
-                        )
-                    m.weight_version, m.state = got, "active"
-                    self._cond.notify_all()
-        except Exception as e:
-            with self._cond:
-                m.state, m.error = "removed", f"join failed: {_describe(e)}"
-            if isinstance(e, PoolError):
-                raise
-            raise PoolError(f"engine {url} could not join the pool: {_describe(e)}") from e
-        logger.info("engine %s (%s, %s) joined at weight version %s", m.id, kind, url, m.weight_version)
-        return m
-
-    def _wait_healthy(self, m: Member) -> None:
-        deadline = time.monotonic() + self.join_timeout_s
-        while True:
-            try:
-                http_json(m.url, "/health", None, self.token, min(10.0, self.join_timeout_s))
-                return
-            except (ConnectionError, ServerError) as e:  # not listening yet, or 503 while warming up
-                if isinstance(e, ServerError) and e.status < 500 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def spawn(self, kind: str = "ray_native", protected: bool = False) -> Member:
-        """Launch one engine with ``launch`` and :meth:`add` it (killed again when it cannot join)."""
-        if self.launch is None:
-            raise PoolError("this pool has no engine launcher (engines are not launched on Ray)")
-        url, handle = self.launch()
-        try:
-            return self.add(url, kind=kind, handle=handle, protected=protected)
-        except Exception:
-            self._kill(handle)
-            raise
-
-    def start(self, n: int) -> list[Member]:
-        """Launch ``n`` protected start-up engines concurrently."""
-        futs = [self._exec.submit(self.spawn, "startup", True) for _ in range(n)]
-        return [f.result() for f in futs]
-
-    def remove(
-        self,
-        member_id: str,
-        drain_timeout_s: float = 30.0,
-        force: bool = True,
-        cancel: threading.Event | None = None,
-    ) -> Member:
-        """Drain then remove a member: no new requests; its in-flight ones may finish for
-        ``drain_timeout_s``, then (``force``) are aborted and come back to be re-issued elsewhere (without
-        ``force``: :class:`DrainTimeout`, and it is active again). Setting ``cancel`` during the drain
-        makes it active again and raises :class:`Cancelled`. The last active member is never removed."""
-        with self._cond:
-            m = self.get(member_id)
-            if m.state == "removed":
-                raise PoolError(f"engine {member_id} is already removed")
-            if m.state == "joining":
-                raise PoolError(f"engine {member_id} is still joining; remove it once it is active")
-            if m.state == "active" and not any(
-                o.state == "active" for o in self._members.values() if o is not m
-            ):
-                raise PoolError(f"engine {member_id} is the last active engine; the pool never removes it")
-            was_active = m.state in ("active", "draining")
-            if was_active:
-                m.state = "draining"
-            deadline = time.monotonic() + drain_timeout_s
-            while m.inflight and was_active:
-                left = deadline - time.monotonic()
-                if cancel is not None and cancel.is_set():
-                    m.state = "active"
-                    self._cond.notify_all()
-                    raise Cancelled(f"the drain of engine {member_id} was cancelled; it is active again")
-                if left <= 0:
-                    break
-                self._cond.wait(min(left, 0.05))
-            pending = m.inflight if was_active else 0
-        if pending:
-            if not force:
-                with self._cond:
-                    m.state = "active"
-                    self._cond.notify_all()
-                raise DrainTimeout(
-                    f"engine {member_id} still had {pending} request(s) in flight after {drain_timeout_s}s; "
-                    "it is active again (use force to abort them and re-issue them elsewhere)"
-                )
-            logger.info("engine %s: aborting %d in-flight request(s) after the drain time-out", m.id, pending)
-            try:
-                self._call(m.url, "/abort_request", {"abort_all": True}, timeout_s=10.0)
-            except (OSError, ServerError) as e:
-                logger.warning("engine %s: abort_request failed (%s)", m.id, _describe(e))
-            with self._cond:  # the aborted requests come back (and are re-issued) before it goes away
-                self._cond.wait_for(lambda: m.inflight == 0, timeout=max(10.0, drain_timeout_s))
-        with self._cond:
-            m.state = "removed"
-            self._cond.notify_all()
-        self._kill(m.handle)
-        self._notify(self.on_removed, m)
-        logger.info("engine %s (%s) removed", m.id, m.url)
-        return m
-
-    def reactivate(self, member_id: str) -> Member:
-        """Put a draining member back to active (a cancelled scale-in)."""
-        with self._cond:
-            m = self.get(member_id)
-            if m.state != "draining":
-                raise PoolError(f"engine {member_id} is {m.state}, not draining")
-            m.state = "active"
-            self._cond.notify_all()
-            return m
-
-    def restart(self, member_id: str) -> Member:
-        """Replace a (failed) launched member in place: kill its process, launch a new one with the current
-        weights and the same ``protected`` flag (a new id). The old member ends ``removed``."""
-        with self._cond:
-            old = self.get(member_id)
-            if old.kind == "external":
-                raise PoolError(
-                    f"engine {member_id} is external: it was not launched here, so it cannot be restarted"
-                )
-            if old.state == "removed":
-                raise PoolError(f"engine {member_id} is removed; nothing to restart")
-            if self.launch is None:
-                raise PoolError("this pool has no engine launcher: cannot restart engines")
-            if old.state in ("active", "draining") and not any(
-                o.state == "active" for o in self._members.values() if o is not old
-            ):
-                logger.warning("restarting %s, the last active engine: requests wait for the new one", old.id)
-            old.state, old.error = "failed", old.error or "restarted"
-            self._cond.notify_all()
-        self._kill(old.handle)
-        new = self.spawn(kind=old.kind, protected=old.protected)
-        with self._cond:
-            old.state, old.replaced_by = "removed", new.id
-        logger.info("engine %s restarted as %s (%s)", old.id, new.id, new.url)
-        return new
-
-    def mark_failed(self, member_id: str, reason: str) -> Member:
-        """Mark a member failed from outside (its process was seen to exit): it gets no more requests, and
-        ``on_failure`` is called as for a failure the pool saw itself. A no-op for a failed or removed one."""
-        m = self.get(member_id)
-        self._fail(m, RuntimeError(reason))
-        return m
-
-    def retire(self, member_id: str, replaced_by: str | None = None) -> Member:
-        """Mark a failed member removed (replaced by ``replaced_by``, e.g. a restarted process)."""
-        with self._cond:
-            m = self.get(member_id)
-            if m.state not in ("failed", "removed"):
-                raise PoolError(f"engine {member_id} is {m.state}: only a failed engine is retired")
-            m.state = "removed"
-            m.replaced_by = replaced_by or m.replaced_by
-            self._cond.notify_all()
-            return m
-
-    def _kill(self, handle: Any) -> None:
-        if handle is not None and self.kill is not None:
-            try:
-                self.kill(handle)
-            except Exception as e:  # noqa: BLE001 — it may be dead already
-                logger.warning("killing an engine failed: %s", _describe(e))
-
-    def _notify(self, cb: Callable[[Member], None] | None, m: Member) -> None:
-        if cb is not None:
-            try:
-                cb(m)
-            except Exception:  # noqa: BLE001 — a callback must not break the pool
-                logger.exception("pool callback %s failed for %s", cb, m.id)
-
-    def _fail(self, m: Member, err: BaseException) -> None:
-        with self._cond:
-            if m.state in ("failed", "removed"):
-                return
-            if m.state == "draining":  # it was going away anyway: no failure to report
-                return
-            m.state, m.error = "failed", _describe(err)
-            self._stats["failures"] += 1
-            self._cond.notify_all()
-        logger.warning("engine %s (%s) failed: %s", m.id, m.url, m.error)
-        self._notify(self.on_failure, m)
 
     # -- RolloutEngine ---------------------------------------------------------------------------
     @property
@@ -543,7 +226,7 @@ class EnginePool:
         parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
     ) -> list[GenerateOutput]:
         try:
-            reply = self._call(m.url, "/generate", generate_body(prompts, params, mins, fields, common))
+            reply = self.request(m.url, "/generate", generate_body(prompts, params, mins, fields, common))
             outs = (parse or parse_reply)(reply, prompts)
             if len(outs) != len(prompts):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")
@@ -552,13 +235,6 @@ class EnginePool:
             with self._cond:
                 m.inflight -= len(prompts)
                 self._cond.notify_all()
-
-    def _summary(self) -> str:
-        parts = []
-        for m in self._members.values():
-            why = f" ({m.error})" if m.error and m.state in ("failed", "removed") else ""
-            parts.append(f"{m.id} {m.state}{why}")
-        return "; ".join(parts) or "the pool has no engines"
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Keep ``tensors`` as the current weights (for newcomers) and load them on every serving member."""
@@ -575,7 +251,8 @@ class EnginePool:
                 targets = [m for m in self._members.values() if m.state in ("active", "draining")]
             body = {"model_path": str(final), "weight_version": str(version)}
             futs = [
-                (m, self._exec.submit(self._call, m.url, "/update_weights_from_disk", body)) for m in targets
+                (m, self._exec.submit(self.request, m.url, "/update_weights_from_disk", body))
+                for m in targets
             ]
             # A member that did not load it is failed, a refusal (HTTP 400) included: SGLang refuses after a
             # partial load whose roll-back re-reads the new directory, so its weights are unknown.
@@ -587,7 +264,7 @@ class EnginePool:
                         m.weight_version = version
                 except (OSError, ValueError, ServerError) as e:
                     self._fail(m, e)
-                    errors.append(f"{m.id} ({m.url}): {_describe(e)}")
+                    errors.append(f"{m.id} ({m.url}): {describe(e)}")
             if targets and len(errors) == len(targets):  # none took it: the previous version stays
                 shutil.rmtree(final, ignore_errors=True)
                 raise PoolError(f"no engine loaded weight version {version}: {'; '.join(errors)}")
@@ -621,7 +298,7 @@ class EnginePool:
         sums: dict[str, str] = {}
         for m in self.active():
             try:
-                sums[m.id] = self._call(m.url, "/weights_checksum")["checksum"]
+                sums[m.id] = self.request(m.url, "/weights_checksum")["checksum"]
             except ServerError as e:
                 if e.status == 404:
                     raise NotImplementedError(
@@ -645,20 +322,6 @@ class EnginePool:
             out["weight_version"] = self._version
             return out
 
-    def health(self) -> dict[str, bool]:
-        """Probe every active or draining member's ``/health`` (a failing one is marked failed)."""
-        ok: dict[str, bool] = {}
-        with self._cond:
-            targets = [m for m in self._members.values() if m.state in ("active", "draining")]
-        for m in targets:
-            try:
-                http_json(m.url, "/health", None, self.token, 10.0)
-                ok[m.id] = True
-            except (OSError, ServerError) as e:
-                self._fail(m, e)
-                ok[m.id] = False
-        return ok
-
     def close(self, kill: bool = False) -> None:
         """Stop the pool's threads; ``kill``: also end every launched engine. Deletes its own weights dir."""
         self._exec.shutdown(wait=False, cancel_futures=True)
@@ -669,7 +332,3 @@ class EnginePool:
                 self._kill(h)
         if self._own_dir:
             shutil.rmtree(self.weights_root, ignore_errors=True)
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"

@@ -121,6 +121,14 @@ def fill_template(template: list[str], **values: Any) -> list[str]:
         raise ValueError(f"launch_cmd has an unknown placeholder {e}; known: {sorted(values)}") from None
 
 
+def server_command(*flags: str) -> list[str]:
+    """A ``launch_cmd`` that runs our engine server (``python -m relax_rollout.server``) in SGLang's place,
+    serving ``{model_path}`` on ``{port}``, ``flags`` after (e.g. ``--host {host} --token {token}`` on another
+    node): what tests and benchmarks launch where they need a stand-in for SGLang."""
+    serve = [sys.executable, "-m", "relax_rollout.server"]
+    return [*serve, "--model", "{model_path}", "--port", "{port}", *flags]
+
+
 # -- process groups ----------------------------------------------------------------------------------------
 @dataclass
 class EngineProcess:
@@ -205,6 +213,22 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             logger.error("engine process %d did not exit after SIGKILL", p.pid)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: str | Path, header: str) -> subprocess.Popen:
+    """Start ``cmd`` with ``env`` in a session of its own (so its process group ends with it), its output
+    appended to ``log_path`` after ``header``."""
+    with open(log_path, "ab") as log:
+        log.write(header.encode())
+        log.flush()
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -309,18 +333,7 @@ class NodeLauncher:
         """Start ``cmd`` in its own session with ``env`` over this node's environment; its output appended to
         ``log_path`` (created here) after ``header``. Returns its pid."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        full = {**os.environ, **env}
-        with open(log_path, "ab") as log:
-            log.write(header.encode())
-            log.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=full,
-                start_new_session=True,
-            )
+        proc = _spawn(cmd, {**os.environ, **env}, log_path, header)
         self._procs[proc.pid] = proc
         return proc.pid
 
@@ -417,17 +430,7 @@ class Launcher:
         with self._lock:
             if self._closed():
                 raise EngineStartError("the engine is closed")
-            with open(slot.log_path, "ab") as log:
-                log.write(self._header(slot, cmd).encode())
-                log.flush()
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
+            proc = _spawn(cmd, env, slot.log_path, self._header(slot, cmd))
             self.procs.append(proc)
             connect = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
             slot.proc, slot.url, slot.member_id = proc, f"http://{connect}:{port}", None

@@ -12,10 +12,11 @@ An :class:`SGLangEngine` composes the engine processes (:mod:`~relax_rollout.eng
 (requests split over them and re-issued when one fails), SGLang's API (:mod:`~relax_rollout.engines.wire`)
 and the weight updates (:mod:`~relax_rollout.engines.sglang_weights`, ``self.weights``). What it adds:
 
-- **Supervision.** A background thread polls the processes every ``poll_interval_s``. An engine whose
-  process exited (or that the pool marked failed: reset connections, 5xx, time-outs) is killed (its whole
-  process group) and relaunched on the same GPUs, at most ``max_restarts`` times; it rejoins the pool
-  only after loading the current weights. Past the bound it stays ``failed`` and the pool no longer uses it.
+- **Supervision** (:mod:`~relax_rollout.engines.sglang_lifecycle`, ``self.lifecycle``). A background
+  thread polls the processes every ``poll_interval_s``. An engine whose process exited (or that the pool
+  marked failed: reset connections, 5xx, time-outs) is killed (its whole process group) and relaunched on
+  the same GPUs, at most ``max_restarts`` times; it rejoins the pool only after loading the current
+  weights. Past the bound it stays ``failed`` and the pool no longer uses it.
 - **Generation.** ``rid`` per prompt (for ``abort(rid)``); the tokenizer's EOS ids given at construction
   are added to ``stop_token_ids``, so generation stops where the in-process engine's would. With
   ``record_routing`` the servers start with ``--enable-return-routed-experts`` and replies carry
@@ -30,6 +31,7 @@ and the weight updates (:mod:`~relax_rollout.engines.sglang_weights`, ``self.wei
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import logging
 import os
@@ -41,42 +43,45 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
 from relax_rollout.engines.checkpoint import checkpoint_config, model_routing, served_prefix
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
-from relax_rollout.engines.processes import (  # noqa: F401 - importable here too
-    EngineProcess,
-    EngineStartError,
-    Launcher,
-    fill_template,
-    flag_args,
-    group_alive,
-    launch_command,
-    place_engines,
-    stop_processes,
-)
-from relax_rollout.engines.sglang_weights import SGLangWeights, WeightUpdateFailed, WeightVersionMismatch  # noqa: F401
-from relax_rollout.engines.wire import (  # noqa: F401 - the request builders: importable here too
-    RoutingInfo,
-    abort_request,
-    decode_routed_experts,
-    disk_update_request,
-    distributed_update_request,
-    http_json,
-    init_group_request,
-    media_fields,
-    parse_reply,
-    pause_request,
-    tensor_metadata,
-    tensor_update_request,
-)
+from relax_rollout.engines.processes import EngineProcess, Launcher, flag_args, place_engines, stop_processes
+from relax_rollout.engines.sglang_lifecycle import SGLangLifecycle
+from relax_rollout.engines.sglang_weights import SGLangWeights
+from relax_rollout.engines.wire import abort_request, http_json, media_fields, parse_reply, pause_request
+
+if TYPE_CHECKING:
+    from relax_rollout.engines.wire import RoutingInfo
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_UPDATES = ("disk", "tensor", "distributed")
 INSTALL_HINT = "the sglang engine needs `pip install 'relax-rollout[sglang]'` (and a GPU)"
+
+
+def __getattr__(name: str) -> Any:
+    """What moved out of this module stays importable from it: SGLang's API (request builders, the reply
+    parser, ``http_json``), the processes and the weight updates."""
+    from relax_rollout.engines import processes, sglang_weights, wire
+
+    for module in (wire, processes, sglang_weights):
+        if not name.startswith("_") and name in vars(module):
+            return vars(module)[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _weights_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An engine method that is ``method`` of its :class:`SGLangWeights` (``self.weights``), with the
+    same signature and docstring."""
+
+    @functools.wraps(method)
+    def call(self: SGLangEngine, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.weights, method.__name__)(*args, **kwargs)
+
+    return call
 
 
 class SGLangEngine:
@@ -213,15 +218,17 @@ class SGLangEngine:
         """The weight updates (:mod:`relax_rollout.engines.sglang_weights`)."""
         self._inflight: set[str] = set()
         self._stop = threading.Event()
+        self.lifecycle = SGLangLifecycle(self)
+        """Start-up, supervision and restarts (:mod:`relax_rollout.engines.sglang_lifecycle`)."""
         self.launcher = Launcher(
-            self._command,
+            self.lifecycle.command,
             host,
             self.env,
             self.token,
             self._lock,
             lambda: self._closed,
             self._stop,
-            self._shared_paths,
+            self.lifecycle.shared_paths,
         )
         self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
         self._exec = ThreadPoolExecutor(
@@ -232,182 +239,9 @@ class SGLangEngine:
             timeout_s=request_timeout_s,
             join_timeout_s=max(60.0, request_timeout_s / 10),
             weights_dir=weights_dir,
-            on_failure=self._on_pool_failure,
+            on_failure=self.lifecycle.on_pool_failure,
         )
-        self._start()
-        self._initial_version = self.pool.weight_version  # what a fresh engine reports
-        self._supervisor = threading.Thread(
-            target=self._supervise, name="relax-sglang-supervisor", daemon=True
-        )
-        self._supervisor.start()
-
-    # -- start-up ---------------------------------------------------------------------------------
-    def _start(self) -> None:
-        try:
-            for slot in self.slots:
-                self.launcher.launch(slot)
-            ready = self.launcher.wait_ready
-            futs = [self._exec.submit(ready, slot, self.startup_timeout_s) for slot in self.slots]
-            errors = []
-            for slot, f in zip(self.slots, futs):
-                try:
-                    f.result()
-                except Exception as e:  # noqa: BLE001 — reported all together below
-                    errors.append(f"engine {slot.index}: {e}")
-            if errors:
-                raise EngineStartError("SGLang engines failed to start:\n" + "\n".join(errors))
-            for slot in self.slots:
-                self._join(slot)
-        except BaseException:
-            self.close()
-            raise
-
-    def _command(self, slot: EngineProcess, port: int, host: str) -> list[str]:
-        if self.launch_cmd is not None:
-            return fill_template(
-                self.launch_cmd,
-                port=port,
-                host=host,
-                model_path=self.model_path,
-                tp_size=self.tp_size,
-                dtype=self.dtype,
-                engine_index=slot.index,
-                token=self.token or "",
-            )
-        return launch_command(
-            self.model_path,
-            host,
-            port,
-            self.tp_size,
-            self.dtype,
-            self.mem_fraction_static,
-            self.server_args,
-            self.routing is not None,
-            self.python,
-        )
-
-    def _shared_paths(self) -> list[str]:
-        """What an engine on another node must see at the same path: the weights directory, the model."""
-        return ([str(self.pool.weights_root)] if self.weight_update == "disk" else []) + (
-            [self.model_path] if os.path.exists(self.model_path) else []
-        )
-
-    def _join(self, slot: EngineProcess) -> None:
-        assert slot.url is not None
-        member = self.pool.add(slot.url, kind="startup", handle=slot.index, protected=True)
-        with self._lock:
-            slot.member_id, slot.state = member.id, "running"  # error: why it last failed, if ever
-            paused = self._paused
-        if paused is not None:  # the others are paused: so is a newcomer
-            self._call(slot.url, "/pause_generation", pause_request(paused))
-
-    # -- supervision ------------------------------------------------------------------------------
-    def _on_pool_failure(self, member: Member) -> None:
-        logger.warning("engine %s (%s) failed in the pool: %s", member.id, member.url, member.error)
-
-    def _supervise(self) -> None:
-        while not self._stop.wait(self.poll_interval_s):
-            for slot in self.slots:
-                try:
-                    self._check(slot)
-                except Exception:  # noqa: BLE001 — the supervisor must keep running
-                    logger.exception("engine %d: supervision failed", slot.index)
-
-    def _check(self, slot: EngineProcess) -> None:
-        with self._lock:
-            if self._closed or slot.state != "running" or slot.proc is None:
-                return
-            rc = slot.proc.poll()
-            member = self.pool.get(slot.member_id) if slot.member_id else None
-            if rc is not None:
-                reason = f"process {slot.proc.pid} exited with code {rc}"
-            elif member is not None and member.state == "failed":
-                reason = f"unhealthy ({member.error})"
-            else:
-                return
-            slot.state, slot.error = "restarting", reason
-        logger.warning(
-            "engine %d: %s; the end of %s:\n%s",
-            slot.index,
-            reason,
-            slot.log_path,
-            self.launcher.tail(slot, 10),
-        )
-        if member is not None:
-            self.pool.mark_failed(member.id, reason)
-        threading.Thread(
-            target=self._restart, args=(slot, member), name=f"relax-sglang-restart-{slot.index}", daemon=True
-        ).start()
-
-    def _restart(self, slot: EngineProcess, old: Member | None) -> None:
-        while True:
-            if slot.proc is not None:
-                stop_processes([slot.proc], self.shutdown_grace_s)  # the rest of its process group too
-            with self._lock:
-                if self._closed:
-                    slot.state = "stopped"
-                    return
-                if slot.restarts >= self.max_restarts:
-                    slot.state = "failed"
-                    slot.error = f"{slot.error}; not restarted again (max_restarts={self.max_restarts})"
-                    logger.error("engine %d failed for good: %s", slot.index, slot.error)
-                    return
-                slot.restarts += 1
-            try:
-                self.launcher.launch(slot)
-                self.launcher.wait_ready(slot, self.startup_timeout_s)
-                if self.pool.weights_path is None and self.pool.weight_version != self._initial_version:
-                    if self.weight_update == "distributed":  # the next update re-forms the group with it
-                        with self._lock:
-                            slot.state = "waiting"
-                        if old is not None:
-                            try:
-                                self.pool.retire(old.id)
-                            except PoolError:
-                                pass
-                        logger.info(
-                            "engine %d restarted (%d/%d) at %s; it serves after the next weight update",
-                            slot.index,
-                            slot.restarts,
-                            self.max_restarts,
-                            slot.url,
-                        )
-                        return
-                    raise PoolError(
-                        f"the current weights (version {self.pool.weight_version}) came over NCCL or as tensors "
-                        "and cannot be given to a restarted engine; it rejoins after the next update from disk "
-                        "(update_weights with weight_update='disk', or update_weights_from_disk)"
-                    )
-                self._join(slot)
-            except Exception as e:  # noqa: BLE001 — try again within the bound
-                with self._lock:
-                    slot.error = f"restart {slot.restarts} failed: {e}"
-                    closed = self._closed
-                logger.warning("engine %d: %s", slot.index, slot.error)
-                if closed or isinstance(e, PoolError) and "cannot be given" in str(e):
-                    if slot.proc is not None:
-                        stop_processes([slot.proc], self.shutdown_grace_s)
-                    with self._lock:
-                        slot.state = "stopped" if closed else "failed"
-                    return
-                continue
-            if old is not None:
-                try:
-                    self.pool.retire(old.id, replaced_by=slot.member_id)
-                except PoolError:
-                    pass
-            logger.info(
-                "engine %d restarted (%d/%d) at %s", slot.index, slot.restarts, self.max_restarts, slot.url
-            )
-            return
-
-    def _restart_later(self, slot: EngineProcess, reason: str) -> None:
-        """Restart an engine that is not in the pool (it was waiting for weights) from a thread."""
-        with self._lock:
-            slot.state, slot.error = "restarting", reason
-        threading.Thread(
-            target=self._restart, args=(slot, None), daemon=True, name=f"relax-sglang-restart-{slot.index}"
-        ).start()
+        self.lifecycle.start()
 
     # -- introspection ----------------------------------------------------------------------------
     def engines(self) -> list[dict[str, Any]]:
@@ -568,61 +402,13 @@ class SGLangEngine:
         weight update, so resume ``weights``, update, then the rest (what the colocate loop does)."""
         self._all("/resume_memory_occupation", memory_request(tags))
 
-    # -- weights (self.weights) ------------------------------------------------------------------
-    def check_weight_version(self, version: int) -> None:
-        """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
-        self.weights.check_version(version)
-
-    def update_weights_from_disk(
-        self, model_path: str, version: int, abort_all_requests: bool = False
-    ) -> None:
-        """See :meth:`SGLangWeights.from_disk`."""
-        self.weights.from_disk(model_path, version, abort_all_requests)
-
-    def update_weights_from_tensor(
-        self,
-        named_tensors: list[tuple[str, Any]],
-        version: int,
-        flush_cache: bool = True,
-        load_format: str | None = None,
-    ) -> None:
-        """See :meth:`SGLangWeights.from_tensor`."""
-        self.weights.from_tensor(named_tensors, version, flush_cache, load_format)
-
-    def connect_dcs(
-        self,
-        init_method: str,
-        world_size: int,
-        rank: int = 1,
-        backend: str = "nccl",
-        group_name: str = "relax_dcs",
-        protocol: str = "sglang",
-    ) -> None:
-        """Engine ``i`` (in order) joins the trainer's weight group as ranks ``rank + i*tp_size ...``
-        (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
-        sender's (:func:`relax_rollout.engines.weight_group.new_group` at rank 0). ``protocol="relax_dcs"``:
-        our engine servers join a relax DCS ``WeightSender`` instead (``group_name`` must be the sender's)."""
-        self.weights.connect_dcs(init_method, world_size, rank, backend, group_name, protocol)
-
-    def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        version: int,
-        flush_cache: bool = True,
-        abort_all_requests: bool = False,
-        load_format: str | None = None,
-    ) -> None:
-        """``/update_weights_from_distributed`` on every engine while the trainer broadcasts (call it
-        concurrently with the broadcast), then the version check."""
-        self.weights.from_distributed(
-            names, dtypes, shapes, version, flush_cache, abort_all_requests, load_format
-        )
-
-    def destroy_weights_update_group(self) -> None:
-        """Leave the trainer's weight group (``/destroy_weights_update_group``)."""
-        self.weights.leave_trainer_group()
+    # -- weights (self.weights, where each is documented) ----------------------------------------
+    check_weight_version = _weights_method(SGLangWeights.check_version)
+    update_weights_from_disk = _weights_method(SGLangWeights.from_disk)
+    update_weights_from_tensor = _weights_method(SGLangWeights.from_tensor)
+    connect_dcs = _weights_method(SGLangWeights.connect_dcs)
+    update_weights_from_distributed = _weights_method(SGLangWeights.from_distributed)
+    destroy_weights_update_group = _weights_method(SGLangWeights.leave_trainer_group)
 
     # -- shutdown ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -634,9 +420,7 @@ class SGLangEngine:
             self._closed = True
             procs = list(self.launcher.procs)
         self._stop.set()
-        supervisor = getattr(self, "_supervisor", None)
-        if supervisor is not None and supervisor is not threading.current_thread():
-            supervisor.join(timeout=self.poll_interval_s + 5)
+        self.lifecycle.wait_stopped()
         stop_processes(procs, self.shutdown_grace_s)
         self.weights.close()  # its engines are gone: only this side of the group is left
         self.launcher.release_nodes()

@@ -246,7 +246,7 @@ class SGLangWeights:
             return
         for slot in e.slots:  # a restarted engine that was waiting for weights: restart it again
             if slot.url == url and slot.state == "waiting":
-                e._restart_later(slot, reason)
+                e.lifecycle.restart_later(slot, reason)
 
     @contextlib.contextmanager
     def _session(self, urls: list[str], pause: bool) -> Iterator[list[str]]:
@@ -325,7 +325,9 @@ class SGLangWeights:
         protocol: str = "sglang",
     ) -> None:
         """Engine ``i`` (in order) joins the caller's weight group as ranks ``rank + i*tp_size ...``
-        (``/init_weights_update_group``); returns after the rendezvous."""
+        (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
+        sender's (:func:`relax_rollout.engines.weight_group.new_group` at rank 0). ``protocol="relax_dcs"``:
+        our engine servers join a relax DCS ``WeightSender`` instead (``group_name`` must be the sender's)."""
         e = self.engine
         u = urlparse(init_method)
         if not u.hostname or not u.port:
@@ -353,7 +355,8 @@ class SGLangWeights:
         abort_all_requests: bool = False,
         load_format: str | None = None,
     ) -> None:
-        """``/update_weights_from_distributed`` on every engine while the caller broadcasts, then the check."""
+        """``/update_weights_from_distributed`` on every engine while the caller broadcasts (call it
+        concurrently with the broadcast), then the version check."""
         if self.trainer_group is None:
             raise PoolError("no weight update group: call connect_dcs first")
         body = distributed_update_request(
@@ -425,10 +428,10 @@ class SGLangWeights:
         e.pool.adopt_weights(version, None)
         for slot in waiting:  # restarted engines hold the new weights now: they serve again
             try:
-                e._join(slot)
+                e.lifecycle.join(slot)
             except Exception as x:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, x)
-                e._restart_later(slot, f"rejoin after weight version {version} failed: {x}")
+                e.lifecycle.restart_later(slot, f"rejoin after weight version {version} failed: {x}")
         self.check_version(version)
 
     def _gpu_shared(self, device: Any) -> bool:

@@ -101,6 +101,25 @@ def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> d
     return http_json(url, "/get_model_info", None, token, timeout_s) or {}
 
 
+class ServerClient:
+    """What the engines that drive servers they did not build share (the ``external`` engine and the
+    engine pool): the features they pass on, and one request policy — bearer token, time-out, and
+    connection errors retried with back-off."""
+
+    features = frozenset({"top_logprobs", "stop"})
+    """Passed on to the servers (SGLang's ``top_logprobs_num`` and ``stop``)."""
+
+    def __init__(self, token: str | None, timeout_s: float, retries: int, retry_backoff_s: float) -> None:
+        self.token, self.timeout_s = token, timeout_s
+        self.retries, self.retry_backoff_s = retries, retry_backoff_s
+
+    def request(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        """GET (body None) or POST JSON; retries connection errors; raises :class:`ServerError`."""
+        return http_json(
+            url, path, body, self.token, timeout_s or self.timeout_s, self.retries, self.retry_backoff_s
+        )
+
+
 # -- /generate ---------------------------------------------------------------------------------------------
 def sampling_dict(p: SamplingParams, min_new: int) -> dict:
     """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""

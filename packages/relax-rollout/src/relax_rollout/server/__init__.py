@@ -1,6 +1,7 @@
 """Serve any rollout engine as its own process over HTTP, speaking SGLang's native API and OpenAI's.
 
-``python -m relax_rollout.server --model DIR [--port P] [--host 127.0.0.1] [--token T]``
+``python -m relax_rollout.server --model DIR [--port P] [--host 127.0.0.1] [--token T]
+[--max-queued-requests N]``
 
 Why: the rollout manager, the elastic-scaling API and the ``external`` engine drive engines over HTTP, so
 the same client code runs against a real SGLang server on a GPU and against our CPU ``TorchEngine`` here.
@@ -65,6 +66,13 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
   ``GET /relax/trajectories/<session>[?index=N]`` (tokens, prompt_len, loss_mask, rollout_log_probs, ...),
   ``POST /relax/trajectories/<session>/close`` (``{"reward": x}``); ``to_bus_sample`` makes a training
   sample of one. Unknown session: 404.
+
+Load: ``--max-queued-requests N`` (default 256; 0: no bound; ``EngineServer.max_queued_requests``) bounds
+the generation requests (``/generate``, ``/v1/chat/completions``, ``/v1/completions``) admitted at once,
+running or waiting for the engine; one more is refused at once with HTTP 503, the error body above (``type``
+``Overloaded``, the message naming the limit) and ``Retry-After: 1``, counted in ``GET /metrics`` as
+``relax:num_refused_requests_total``. Other routes (``/health``, ``/metrics``, model info, weights, pause)
+are never refused and keep threads of their own, so health checks pass under a flood.
 
 Security: binds 127.0.0.1 by default. Another ``--host`` requires ``--token``; with a token, control
 endpoints (weights, pause/continue, abort) and ``/relax/...`` need ``Authorization: Bearer <token>`` (401

@@ -23,7 +23,17 @@ def main(argv: list[str] | None = None) -> int:
         help="record each token's MoE experts (SGLang's flag): /generate may then ask for "
         "return_routed_experts",
     )
+    ap.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="generation requests (/generate, /v1/chat/completions, /v1/completions) admitted at once, "
+        "running or waiting for the engine; one more is refused at once with HTTP 503 and Retry-After "
+        "(default 256; 0: no bound)",
+    )
     args = ap.parse_args(argv)
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        ap.error(f"--max-queued-requests: must be 0 (no bound) or more (got {args.max_queued_requests})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     from relax_rollout.server.app import EngineServer, check_bind, make_server
@@ -50,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         **routing,
     )
     state = EngineServer(engine, tok, args.model, args.served_model_name or args.model, args.token)
+    if args.max_queued_requests is not None:
+        state.max_queued_requests = args.max_queued_requests or None
     httpd = make_server(state, args.host, args.port)
     host, port = httpd.server_address[:2]
     print(f"relax engine server listening on http://{host}:{port}", flush=True)

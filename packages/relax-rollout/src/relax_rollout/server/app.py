@@ -1,4 +1,11 @@
-"""The engine server: state (pause gate, in-flight requests, weight receiver) and the HTTP handler."""
+"""The engine server: its state (pause gate, in-flight requests, weight receiver), the table of its routes
+and the HTTP server.
+
+The routes themselves live by the API they belong to — SGLang's native one (:mod:`.sglang_routes`), its
+extras (:mod:`.extra_routes`), OpenAI's (:mod:`.openai_routes`) and the agent trajectories
+(:mod:`.trajectories`) — and call :class:`EngineServer`, which knows no HTTP, so that it stays
+unit-testable; ``ROUTES`` / ``REQUEST_ROUTES`` here are the one place a path is mapped to its route.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +31,10 @@ from relax_rollout.engines.base import (
     supports,
 )
 from relax_rollout.http_api import Request, check_bind, is_loopback  # noqa: F401 - importable here too
-from relax_rollout.server import extra_routes, protocol, trajectories
+from relax_rollout.server import extra_routes, openai_routes, protocol, sglang_routes, trajectories
 from relax_rollout.server import media as chat_media
 from relax_rollout.server.metrics import ServerMetrics
-from relax_rollout.server.protocol import BadRequest, NotFound
+from relax_rollout.server.protocol import BadRequest, NotFound, error_body
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,16 @@ CONTROL_PATHS = {
     "/end_weight_update",
     "/update_weights_from_tensor",
 }
+GENERATE_ROUTES = {
+    ("POST", "/generate"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+}
+"""The routes that generate: admission control (``max_queued_requests``) bounds them; every other route
+(health, metrics, model info, weights, pause) is never refused by it."""
+MAX_QUEUED_REQUESTS = http_api.THREADS
+"""Default of ``--max-queued-requests``: as many generation requests at once as the server had worker
+threads before it refused any (256)."""
 # Relax endpoints (recorded agent trajectories: other agents' conversations, and closing ends a trajectory)
 # need the token too; generation, health and model info stay open.
 CONTROL_PREFIXES = ("/relax/",)
@@ -87,6 +103,13 @@ class EngineServer:
     """Prometheus metrics (``GET /metrics``)."""
     media: chat_media.ChatMedia | None = None
     """Images in chat calls (``image_url`` parts): built for a Qwen-VL/Omni model (see ``server.media``)."""
+    max_queued_requests: int | None = MAX_QUEUED_REQUESTS
+    """Admission control (``--max-queued-requests``): at most this many generation requests
+    (:data:`GENERATE_ROUTES`) at once, running or waiting for the engine (a batch ``/generate`` counts once);
+    one more is refused at once with HTTP 503, SGLang's error body and ``Retry-After: 1``, and counted in
+    ``relax:num_refused_requests_total``. None: no bound (each waits its turn, as before). SGLang's flag of
+    the same name bounds its scheduler's waiting queue only (beside ``--max-running-requests``) and refuses
+    with 429; this server has no running bound of its own, so it bounds both together."""
     no_media: str = field(default="", init=False)
     """Why chat images are refused (when ``media`` is None)."""
     context_len: int | None = field(default=None, init=False)
@@ -151,6 +174,21 @@ class EngineServer:
                     (fields or {}).get(feature, feature),
                     f"this server's engine ({type(self.engine).__name__}) does not implement it",
                 )
+
+    # -- text ------------------------------------------------------------------------------------
+    def need_tokenizer(self, field_name: str) -> Any:
+        """The tokenizer, or a 400 naming ``field_name`` (a server without one takes and answers ids)."""
+        if self.tokenizer is None:
+            raise BadRequest(field_name, "this server has no tokenizer; send and read token ids")
+        return self.tokenizer
+
+    def decode(self, ids: list[int]) -> str:
+        """A response's text, special tokens skipped ("" without a tokenizer)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text in log-prob entries, special tokens shown (SGLang's ``batch_decode([[id]])``)."""
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -401,355 +439,28 @@ class EngineServer:
 
 
 # -- routes: (state, body) -> (status, json) ----------------------------------------------------------
-def _health(s: EngineServer, _: dict):
-    return 200, None
-
-
-def _model_info(s: EngineServer, _: dict):
-    return 200, {
-        "model_path": s.model_path,
-        "tokenizer_path": s.model_path,
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": str(s.engine.weight_version),
-    }
-
-
-def _weight_version(s: EngineServer, _: dict):
-    return 200, {"weight_version": str(s.engine.weight_version)}
-
-
-def _checksum(s: EngineServer, _: dict):
-    return 200, {"checksum": s.engine.weights_checksum(), "weight_version": str(s.engine.weight_version)}
-
-
-def _decode(s: EngineServer, ids: list[int]) -> str:
-    return s.tokenizer.decode(ids, skip_special_tokens=True) if s.tokenizer is not None else ""
-
-
-def _token_text(s: EngineServer, token_id: int) -> str:
-    """One token's text in log-prob entries, special tokens shown (SGLang's ``batch_decode([[id]])``)."""
-    return s.tokenizer.decode([token_id]) if s.tokenizer is not None else ""
-
-
-def _chat_logprob(s: EngineServer, token_id: int, logprob: float) -> dict:
-    """OpenAI's ``{token, logprob, bytes}``; ``bytes`` are the UTF-8 of the token's text (as SGLang for a
-    tokenizer that is not byte-level; a byte-level token that is part of a character shows U+FFFD)."""
-    text = _token_text(s, token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-def _generate(s: EngineServer, body: dict):
-    # (a text far longer than the context is refused before tokenizing it: a 10 MB prompt held the server)
-    req = protocol.parse_generate(body, s.tokenizer, s.context_len and s.context_len * CHARS_PER_TOKEN_MAX)
-    if req.return_routed_experts and getattr(s.engine, "routing", None) is None:
-        raise BadRequest(
-            "return_routed_experts",
-            "this server records no routed experts: start it with --enable-return-routed-experts "
-            "on a Mixture-of-Experts model",
-        )
-    t0 = time.perf_counter()
-    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given, GENERATE_FIELDS)
-    dt = time.perf_counter() - t0
-    start = req.routed_experts_start_len if req.return_routed_experts else None
-    text_of = (lambda t: _token_text(s, t)) if req.return_text_in_logprobs else None
-    keep = req.no_stop_trim or [False] * len(outs)
-    firsts = req.logprob_start_len or [-1] * len(outs)
-    res = [
-        protocol.generate_response(
-            o,
-            p,
-            rid,
-            len(x),
-            req.return_logprob,
-            protocol.response_text(lambda ids: _decode(s, ids), o, k),
-            dt,
-            start,
-            text_of,
-            x,
-            first,
-        )
-        for o, p, rid, x, k, first in zip(outs, req.params, req.rids, req.prompts, keep, firsts)
-    ]
-    if req.stream:  # (SGLang numbers a batch's chunks by "index")
-        return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
-    return 200, res[0] if req.single else res
-
-
-GENERATE_FIELDS = {
-    "top_logprobs": "top_logprobs_num",
-    "stop": "sampling_params.stop",
-    "input_logprobs": "logprob_start_len",
-}
-
-
-def _update_from_disk(s: EngineServer, body: dict):
-    path = body.get("model_path")
-    if not isinstance(path, str) or not path:
-        raise BadRequest("model_path", "is required (a directory of *.safetensors)")
-    if body.get("abort_all_requests"):
-        s.abort("", abort_all=True)
-    v = s.update_from_disk(path, body.get("weight_version"))
-    return 200, {
-        "success": True,
-        "message": f"Succeeded to update model weights. Weight version {v}.",
-        "num_paused_requests": 0,
-    }
-
-
-def _init_group(s: EngineServer, body: dict):
-    s.init_group(body)
-    return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
-
-
-def _refused(message: str):
-    """SGLang's answer to a weight request it does not carry out: HTTP 400, ``success`` false."""
-    return 400, {"success": False, "message": message}
-
-
-def _begin_update(s: EngineServer, body: dict):
-    if s.session:
-        return _refused("a weight-update session is already open; call end_weight_update() first")
-    s.session = True
-    return 200, {"success": True, "message": "Success"}
-
-
-def _end_update(s: EngineServer, body: dict):
-    if not s.session:
-        return _refused("no weight-update session is open; call begin_weight_update() first")
-    s.session = False
-    return 200, {"success": True, "message": "Success"}
-
-
-def _update_from_tensor(s: EngineServer, body: dict):
-    """SGLang's ``/update_weights_from_tensor`` hands CUDA IPC handles to an engine on the same GPUs; this
-    server's engine runs in another process on the CPU, where such handles do not exist."""
-    return _refused(
-        "update_weights_from_tensor is not supported by the relax engine server (its tensors are CUDA IPC "
-        "handles, for an SGLang engine on the sender's GPUs): use /update_weights_from_disk or "
-        "/update_weights_from_distributed"
-    )
-
-
-def _flag(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key, default)
-    if not isinstance(v, bool):
-        raise BadRequest(key, f"must be a boolean (got {v!r})")
-    return v
-
-
-def _update_from_distributed(s: EngineServer, body: dict):
-    """SGLang's ``UpdateWeightsFromDistributedReqInput``: ``names``, ``dtypes``, ``shapes``,
-    ``group_name``, ``flush_cache``, ``abort_all_requests``, ``weight_version``, ``load_format``,
-    ``torch_empty_cache`` (cache knobs have nothing to act on here); ``load_format``:
-    ``flattened_bucket`` or per-tensor broadcasts."""
-    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-    if names is not None and not isinstance(names, list):
-        raise BadRequest("names", "must be a list of parameter names")
-    if names is not None and (len(dtypes or []) != len(names) or len(shapes or []) != len(names)):
-        raise BadRequest("dtypes", "names, dtypes and shapes must have the same length")
-    flags = {
-        k: _flag(body, k, d)
-        for k, d in (("flush_cache", True), ("abort_all_requests", False), ("torch_empty_cache", False))
-    }
-    s.check_group(body.get("group_name"))
-    if not s.session:  # SGLang 0.5.23 refuses it outside a session, before joining the broadcast
-        return _refused(
-            "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
-        )
-    if flags["abort_all_requests"]:
-        s.abort("", abort_all=True)
-    if s._pg is not None:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
-        v = s.receive_weights(body, body.get("weight_version") is not None or flags["flush_cache"])
-        if v is None:
-            return 200, {"success": True, "message": "Succeeded to update parameter online."}
-    else:
-        timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
-        v = s.wait_for_version(body.get("weight_version"), timeout)
-    return 200, {"success": True, "message": f"Succeeded to update parameter online. Weight version {v}."}
-
-
-def _destroy_group(s: EngineServer, body: dict):
-    s.check_group(body.get("group_name"))
-    s.destroy_group()
-    return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
-
-
-def _pause(s: EngineServer, body: dict):
-    mode = body.get("mode", "abort")
-    if mode not in ("abort", "retract", "in_place"):
-        raise BadRequest("mode", f"must be one of 'abort', 'retract', 'in_place' (got {mode!r})")
-    s.pause(mode)
-    return 200, {"message": "Generation paused successfully.", "status": "ok"}
-
-
-def _continue(s: EngineServer, body: dict):
-    s.resume()
-    return 200, {"message": "Generation continued successfully.", "status": "ok"}
-
-
-def _abort(s: EngineServer, body: dict):
-    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
-    if not isinstance(rid, str):
-        raise BadRequest("rid", f"must be a string (got {rid!r})")
-    if not isinstance(abort_all, bool):
-        raise BadRequest("abort_all", f"must be a boolean (got {abort_all!r})")
-    if not rid and not abort_all:
-        raise BadRequest("rid", "give a request id, or abort_all: true")
-    s.abort(rid, abort_all)
-    return 200, None
-
-
-def _release_memory(s: EngineServer, body: dict):
-    s.memory(body, release=True)
-    return 200, None
-
-
-def _resume_memory(s: EngineServer, body: dict):
-    s.memory(body, release=False)
-    return 200, None
-
-
-def _models(s: EngineServer, _: dict):
-    card = {
-        "id": s.served_model_name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "relax",
-        "root": s.served_model_name,
-    }
-    return 200, {"object": "list", "data": [card]}
-
-
-def _chat(s: EngineServer, body: dict, req: Request):
-    """OpenAI chat. With a session (``X-Relax-Session`` or ``user``) the prompt continues the session's
-    recorded token ids (see ``trajectories``), and the call is recorded. ``n`` choices are sampled together
-    (each with its own seed when one is given); ``stream`` answers in server-sent events. ``image_url``
-    parts (``data:`` URLs) are served for a Qwen-VL/Omni model (``server.media``), outside sessions only: a
-    recorded trajectory holds token ids, not the media tensors a trainer would need with them."""
-    if s.tokenizer is None or s.recorder is None:
-        raise BadRequest("messages", "this server has no tokenizer, so no chat template")
-    chat = protocol.parse_chat(body)
-    session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
-    if session is not None and chat.n > 1:
-        raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
-    if chat.images and s.media is None:
-        raise BadRequest(chat.images[0].where, f"'image_url' parts need a multimodal model; {s.no_media}")
-    if chat.images and session is not None:
-        raise BadRequest(
-            chat.images[0].where,
-            "images are not recorded in agent sessions (X-Relax-Session "
-            "or 'user'): send calls with images without one",
-        )
-    params, min_new = protocol.parse_sampling(chat.sampling)
-    params = SamplingParams(
-        **{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs}
-    )
-    every = protocol.per_choice(params, chat.n)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    given = [protocol.max_new_given(chat.sampling)] * chat.n
-    recorded, mm = None, None
-    if session is None:
-        if chat.images:
-            prompt, tensors = s.media.prompt(chat.messages, chat.images)
-            mm = [tensors] * chat.n
-        else:
-            prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
-        rids = [f"{rid}-{i}" for i in range(chat.n)]
-        outs = s.generate([prompt] * chat.n, every, rids, given, CHAT_FIELDS, mm)
-    else:
-        with s.recorder.turn(session, chat.messages) as turn:
-            # the session's recorded ids + the template's suffix: the model sees exactly its own tokens
-            prompt = turn.prompt_ids
-            outs = s.generate([prompt], every, [rid], given, CHAT_FIELDS)
-            recorded = turn.record(outs[0], _reply(s, outs[0]))
-    choices = []
-    for i, out in enumerate(outs):
-        choice = {
-            "index": i,
-            "message": {"role": "assistant", "content": _reply(s, out)},
-            "finish_reason": out.finish_reason,
-            "logprobs": None,
-            "token_ids": list(out.token_ids),  # extension (vLLM's name): the exact sampled tokens
-            "matched_stop": protocol.matched_stop(out),  # extension (SGLang's): the stop string or token
-        }
-        if chat.logprobs:  # every generated token, the stop string's included (as SGLang)
-            tops = out.top_logprobs or [[]] * len(out.token_ids)
-            choice["logprobs"] = {
-                "content": [
-                    {**_chat_logprob(s, t, lp), "top_logprobs": [_chat_logprob(s, a, alp) for a, alp in top]}
-                    for t, lp, top in zip(out.token_ids, out.log_probs, tops)
-                ]
-            }
-        choices.append(choice)
-    n_out = sum(len(out.token_ids) for out in outs)
-    res = {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": s.served_model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": n_out,
-            "total_tokens": len(prompt) + n_out,
-        },
-        "prompt_token_ids": prompt,  # extension: what the trainer should record as the prompt
-        "weight_version": str(outs[0].weight_version),  # extension, as in SGLang's meta_info
-    }
-    if recorded:  # extension: which trajectory of the session this call extended
-        res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
-    return 200, (protocol.chat_stream(res, chat.include_usage) if chat.stream else res)
-
-
-CHAT_FIELDS = {"top_logprobs": "top_logprobs", "stop": "stop"}
-
-
-def _reply(s: EngineServer, out: GenerateOutput) -> str:
-    """A choice's text: cut before its stop string (OpenAI's and SGLang's ``stop``)."""
-    return protocol.response_text(lambda ids: _decode(s, ids), out)
-
-
-def _recorder(s: EngineServer) -> trajectories.TrajectoryRecorder:
-    if s.recorder is None:
-        raise NotFound("this server has no tokenizer, so it serves no chat and records no trajectories")
-    return s.recorder
-
-
-def _trajectory_list(s: EngineServer, body: dict, req: Request):
-    return 200, {"object": "list", "data": _recorder(s).sessions()}
-
-
-def _trajectory_get(s: EngineServer, body: dict, req: Request):
-    return 200, _recorder(s).get(req.params["session"], trajectories.parse_index(req.query))
-
-
-def _trajectory_close(s: EngineServer, body: dict, req: Request):
-    return 200, _recorder(s).close(req.params["session"], trajectories.parse_close(body))
-
-
 ROUTES = {
-    ("GET", "/health"): _health,
-    ("GET", "/health_generate"): _health,
-    ("GET", "/get_model_info"): _model_info,
-    ("GET", "/model_info"): _model_info,
-    ("GET", "/get_weight_version"): _weight_version,
-    ("GET", "/weights_checksum"): _checksum,
-    ("POST", "/generate"): _generate,
-    ("POST", "/update_weights_from_disk"): _update_from_disk,
-    ("POST", "/init_weights_update_group"): _init_group,
-    ("POST", "/update_weights_from_distributed"): _update_from_distributed,
-    ("POST", "/destroy_weights_update_group"): _destroy_group,
-    ("POST", "/begin_weight_update"): _begin_update,
-    ("POST", "/end_weight_update"): _end_update,
-    ("POST", "/update_weights_from_tensor"): _update_from_tensor,
-    ("POST", "/pause_generation"): _pause,
-    ("POST", "/continue_generation"): _continue,
-    ("POST", "/abort_request"): _abort,
-    ("POST", "/release_memory_occupation"): _release_memory,
-    ("POST", "/resume_memory_occupation"): _resume_memory,
-    ("GET", "/v1/models"): _models,
-    ("POST", "/v1/completions"): extra_routes.completions,
+    ("GET", "/health"): sglang_routes.health,
+    ("GET", "/health_generate"): sglang_routes.health,
+    ("GET", "/get_model_info"): sglang_routes.model_info,
+    ("GET", "/model_info"): sglang_routes.model_info,
+    ("GET", "/get_weight_version"): sglang_routes.weight_version,
+    ("GET", "/weights_checksum"): sglang_routes.checksum,
+    ("POST", "/generate"): sglang_routes.generate,
+    ("POST", "/update_weights_from_disk"): sglang_routes.update_from_disk,
+    ("POST", "/init_weights_update_group"): sglang_routes.init_group,
+    ("POST", "/update_weights_from_distributed"): sglang_routes.update_from_distributed,
+    ("POST", "/destroy_weights_update_group"): sglang_routes.destroy_group,
+    ("POST", "/begin_weight_update"): sglang_routes.begin_update,
+    ("POST", "/end_weight_update"): sglang_routes.end_update,
+    ("POST", "/update_weights_from_tensor"): sglang_routes.update_from_tensor,
+    ("POST", "/pause_generation"): sglang_routes.pause,
+    ("POST", "/continue_generation"): sglang_routes.continue_generation,
+    ("POST", "/abort_request"): sglang_routes.abort,
+    ("POST", "/release_memory_occupation"): sglang_routes.release_memory,
+    ("POST", "/resume_memory_occupation"): sglang_routes.resume_memory,
+    ("GET", "/v1/models"): openai_routes.models,
+    ("POST", "/v1/completions"): openai_routes.completions,
     ("POST", "/tokenize"): extra_routes.tokenize,
     ("POST", "/v1/tokenize"): extra_routes.tokenize,
     ("POST", "/detokenize"): extra_routes.detokenize,
@@ -761,10 +472,10 @@ ROUTES = {
 }
 # Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).
 REQUEST_ROUTES = [
-    ("POST", re.compile(r"/v1/chat/completions"), _chat),
-    ("GET", re.compile(r"/relax/trajectories"), _trajectory_list),
-    ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), _trajectory_get),
-    ("POST", re.compile(r"/relax/trajectories/(?P<session>[^/]+)/close"), _trajectory_close),
+    ("POST", re.compile(r"/v1/chat/completions"), openai_routes.chat_completions),
+    ("GET", re.compile(r"/relax/trajectories"), trajectories.trajectory_list),
+    ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), trajectories.trajectory_get),
+    ("POST", re.compile(r"/relax/trajectories/(?P<session>[^/]+)/close"), trajectories.trajectory_close),
 ]
 
 
@@ -778,21 +489,6 @@ def _match(method: str, path: str) -> tuple[Any, dict[str, str] | None]:
         if hit:
             return fn, {k: unquote(v) for k, v in hit.groupdict().items()}
     return None, None
-
-
-CHARS_PER_TOKEN_MAX = 64
-"""More characters per token than any tokenizer averages: a text longer than this many per context token
-cannot fit, whatever it tokenizes to."""
-
-
-def error_body(code: int, message: str, kind: str, exc: BaseException | None) -> dict:
-    """SGLang's error body (``ErrorResponse``); a payload error names its field (``param``)."""
-    if isinstance(exc, (BadRequest, NotFound)):
-        return exc.body()
-    body = {"object": "error", "message": message, "type": kind, "code": code}
-    if isinstance(exc, http_api.BodyError):
-        body["param"] = exc.field
-    return body
 
 
 def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> http_api.Served:
@@ -821,5 +517,9 @@ def make_server(state: EngineServer, host: str = "127.0.0.1", port: int = 0) -> 
         ],
         token=state.token,
         protected=lambda path: path in CONTROL_PATHS or path.startswith(CONTROL_PREFIXES),
+        admitted=lambda method, path: (method, path) in GENERATE_ROUTES,
+        max_admitted=state.max_queued_requests,
+        limit_name="--max-queued-requests",
+        on_refused=lambda method, path: state.metrics.refuse(),
     )
     return http_api.Served(api, host, port)

@@ -4,7 +4,9 @@ Why SGLang's names: operators scale engines on SGLang's metrics (upstream Relax 
 ``sglang:num_running_reqs`` and ``sglang:num_queue_reqs``); a scaler written for an SGLang engine works on
 ours unchanged. Counted around every generation the server runs (``/generate``, chat, completions):
 requests waiting (held while generation is paused for a weight update) and running, prompt and generated
-tokens, end-to-end latency as a histogram, and the weight version. Rendered by hand in Prometheus' text
+tokens, end-to-end latency as a histogram, the weight version, and the requests refused with 503 by
+admission control (``--max-queued-requests``; ``relax:num_refused_requests_total``, a relax name: SGLang
+counts no such refusals). Rendered by hand in Prometheus' text
 format 0.0.4 (a few lines; no client library needed).
 """
 
@@ -22,6 +24,7 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self.queued = self.running = 0
         self.requests = self.prompt_tokens = self.generation_tokens = 0
+        self.refused = 0
         self.latency_sum = 0.0
         self.latency_buckets = [0] * len(BUCKETS)
 
@@ -34,6 +37,11 @@ class ServerMetrics:
             self.queued -= n
             self.running += n
             self.prompt_tokens += prompt_tokens
+
+    def refuse(self) -> None:
+        """A request refused with 503: the server held its limit of requests (``--max-queued-requests``)."""
+        with self._lock:
+            self.refused += 1
 
     def finish(self, n: int, generation_tokens: int, seconds: float, started: bool = True) -> None:
         """``n`` requests ended after ``seconds`` (``started``: they ran; else they left the queue unrun)."""
@@ -77,7 +85,12 @@ class ServerMetrics:
                 lines.append(f'sglang:e2e_request_latency_seconds_bucket{{{lab},le="{le}"}} {count}')
             lines.append(f"sglang:e2e_request_latency_seconds_sum{{{lab}}} {self.latency_sum:.6f}")
             lines.append(f"sglang:e2e_request_latency_seconds_count{{{lab}}} {self.requests}")
+            refused = self.refused
         lines += [
+            "# HELP relax:num_refused_requests_total Generation requests refused with 503 "
+            "(over --max-queued-requests).",
+            "# TYPE relax:num_refused_requests_total counter",
+            f"relax:num_refused_requests_total{{{lab}}} {refused}",
             "# HELP relax:weight_version The policy version of the weights served.",
             "# TYPE relax:weight_version gauge",
             f"relax:weight_version{{{lab}}} {_number(weight_version)}",

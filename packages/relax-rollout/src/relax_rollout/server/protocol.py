@@ -14,7 +14,7 @@ from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 from relax_rollout.engines.wire import encode_routed_experts
-from relax_rollout.http_api import EventStream, Text  # noqa: F401 - the routes' response kinds
+from relax_rollout.http_api import BodyError, EventStream, Text  # noqa: F401 - the routes' response kinds
 
 # SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
 # parse_generate; the others are accepted and ignored).
@@ -62,20 +62,33 @@ class BadRequest(ValueError):
         self.field = field
 
     def body(self) -> dict:
-        return {
-            "object": "error",
-            "message": str(self),
-            "type": "BadRequest",
-            "param": self.field,
-            "code": 400,
-        }
+        return error_dict(str(self), "BadRequest", param=self.field, code=400)
 
 
 class NotFound(LookupError):
     """A named resource (a session's trajectory) does not exist: the server answers 404."""
 
     def body(self) -> dict:
-        return {"object": "error", "message": str(self), "type": "NotFound", "code": 404}
+        return error_dict(str(self), "NotFound", code=404)
+
+
+def error_dict(message: str, kind: str, **fields: Any) -> dict:
+    """SGLang's error body (``ErrorResponse``): ``fields`` (``param``, ``code``, ...) follow in their order."""
+    return {"object": "error", "message": message, "type": kind, **fields}
+
+
+def error_body(
+    code: int, message: str, kind: str, exc: BaseException | None, own: tuple[type, ...] = ()
+) -> dict:
+    """The error body of a JSON API (the engine server's, the elastic API's): :class:`BadRequest`,
+    :class:`NotFound` and the errors in ``own`` give their own ``body()``; a body that is not JSON names
+    the field ``body`` (``param``)."""
+    if isinstance(exc, (BadRequest, NotFound, *own)):
+        return exc.body()  # type: ignore[union-attr]
+    body = error_dict(message, kind, code=code)
+    if isinstance(exc, BodyError):
+        body["param"] = exc.field
+    return body
 
 
 def _num(
@@ -508,6 +521,27 @@ def _image_url(part: dict, where: str) -> str:
     return url
 
 
+OPENAI_SAMPLING = (
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("min_new_tokens", "min_tokens"),
+    ("stop_token_ids", "stop_token_ids"),
+    ("sampling_seed", "seed"),
+    ("stop", "stop"),
+    # not implemented here: passed on so that only their neutral values pass (never ignored silently)
+    ("frequency_penalty", "frequency_penalty"),
+    ("presence_penalty", "presence_penalty"),
+)
+"""(SGLang's sampling key, OpenAI's field) of the sampling fields both OpenAI routes take."""
+NEUTRAL_ONLY = (("top_k", "top_k"), ("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"))
+"""More keys chat passes on, for their neutral values only (see :data:`NEUTRAL`)."""
+
+
+def openai_sampling(body: dict, keys: tuple[tuple[str, str], ...] = OPENAI_SAMPLING) -> dict[str, Any]:
+    """The OpenAI sampling fields ``body`` gives, under SGLang's names (for :func:`parse_sampling`)."""
+    return {ours: body[theirs] for ours, theirs in keys if body.get(theirs) is not None}
+
+
 def parse_chat(body: Any) -> ChatRequest:
     """OpenAI ``ChatCompletionRequest`` → :class:`ChatRequest`."""
     if not isinstance(body, dict):
@@ -531,22 +565,7 @@ def parse_chat(body: Any) -> ChatRequest:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         sp["max_new_tokens"] = max_tokens
-    for ours, theirs in (
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("min_new_tokens", "min_tokens"),
-        ("stop_token_ids", "stop_token_ids"),
-        ("sampling_seed", "seed"),
-        ("stop", "stop"),
-        # not implemented here: passed on so that only their neutral values pass (never ignored silently)
-        ("frequency_penalty", "frequency_penalty"),
-        ("presence_penalty", "presence_penalty"),
-        ("top_k", "top_k"),
-        ("min_p", "min_p"),
-        ("repetition_penalty", "repetition_penalty"),
-    ):
-        if body.get(theirs) is not None:
-            sp[ours] = body[theirs]
+    sp |= openai_sampling(body, OPENAI_SAMPLING + NEUTRAL_ONLY)
     logprobs = False if body.get("logprobs") is None else body["logprobs"]
     if not isinstance(logprobs, bool):
         raise BadRequest("logprobs", f"must be a boolean (got {logprobs!r})")
@@ -562,38 +581,3 @@ def parse_chat(body: Any) -> ChatRequest:
         raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
     usage = bool(options.get("include_usage"))
     return ChatRequest(out_messages, sp, logprobs, n, stream, usage, top_logprobs, images)
-
-
-def chat_stream(res: dict, include_usage: bool) -> EventStream:
-    """A whole chat completion as OpenAI's ``chat.completion.chunk`` stream: per choice a chunk with the
-    role and content (and log-probs), then one with its finish reason; with ``include_usage`` a last chunk
-    with the usage and no choices. The content comes as one delta once generated (not token by token: the
-    engines hand over finished responses)."""
-    head = {k: res[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    events = []
-    for ch in res["choices"]:
-        delta = {"role": "assistant", "content": ch["message"]["content"]}
-        events.append(
-            {
-                **head,
-                "choices": [
-                    {"index": ch["index"], "delta": delta, "logprobs": ch["logprobs"], "finish_reason": None}
-                ],
-            }
-        )
-        events.append(
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": ch["index"],
-                        "delta": {},
-                        "logprobs": None,
-                        "finish_reason": ch["finish_reason"],
-                    }
-                ],
-            }
-        )
-    if include_usage:
-        events.append({**head, "choices": [], "usage": res["usage"]})
-    return EventStream(events)

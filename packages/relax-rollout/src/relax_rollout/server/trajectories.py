@@ -13,6 +13,7 @@ Sessions are named by the ``X-Relax-Session`` header, else the body's ``user``; 
 session is one conversation, so its calls are served one at a time. A call whose messages do not extend the
 trajectory (the agent edited or dropped turns) closes it with stop reason ``history_rewritten`` and starts
 the session's next trajectory (index + 1) from that call's own rendering; earlier ones stay readable.
+The routes that read and close them (``/relax/trajectories``) end this module.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from relax_rollout.server.protocol import BadRequest, NotFound
 from relax_rollout.turns import turn_suffix_ids
+
+if TYPE_CHECKING:
+    from relax_rollout.http_api import Request
+    from relax_rollout.server.app import EngineServer
 
 logger = logging.getLogger(__name__)
 
@@ -372,3 +377,22 @@ def to_bus_sample(
         "finish_reason": finish,
         "response_text": replies[-1] if replies else "",
     }
+
+
+# -- routes: (EngineServer, body, request) -> (status, json) -------------------------------------------------
+def _recorder(s: EngineServer) -> TrajectoryRecorder:
+    if s.recorder is None:
+        raise NotFound("this server has no tokenizer, so it serves no chat and records no trajectories")
+    return s.recorder
+
+
+def trajectory_list(s: EngineServer, body: dict, req: Request):
+    return 200, {"object": "list", "data": _recorder(s).sessions()}
+
+
+def trajectory_get(s: EngineServer, body: dict, req: Request):
+    return 200, _recorder(s).get(req.params["session"], parse_index(req.query))
+
+
+def trajectory_close(s: EngineServer, body: dict, req: Request):
+    return 200, _recorder(s).close(req.params["session"], parse_close(body))

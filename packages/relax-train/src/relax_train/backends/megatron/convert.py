@@ -70,17 +70,53 @@ as input; :func:`megatron_to_hf` writes either (``expert_format``).
 Not handled: pipeline parallelism (layer-index offsets), attention/MLP biases, ``num_query_groups <
 tp_size`` (megatron-core replicates KV heads then), an expert tensor-parallel size other than ``tp_size``,
 shared experts, MTP layers. Output tensors may share storage with the input tensors.
+
+This module holds the two directions; what they share lives beside it: the layout read from the HF config
+(:mod:`~relax_train.backends.megatron.layout`), the parameter tables (names, shapes, split rules:
+:mod:`~relax_train.backends.megatron.specs`) and the per-tensor rules above (QKV interleave, ``[gate; up]``
+halves, sharding: :mod:`~relax_train.backends.megatron.tensors`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from relax_train.backends.megatron.layout import (  # (TEXT_MODEL_TYPES: re-exported)
+    TEXT_MODEL_TYPES,  # noqa: F401
+    ConversionError,
+    ExpertFormat,
+    MegatronLayout,
+    check_parallel_sizes,
+)
+from relax_train.backends.megatron.specs import (
+    _check_expert_format,
+    _check_keys,
+    _check_shape,
+    _global_megatron_specs,
+    _hf_layer,
+    _hf_shapes,
+    _layout_hint,
+    _mg_layer,
+    _rank_names,
+    _shard_shape,
+    _Split,
+    hf_state_shapes,
+    megatron_shard_shapes,
+)
+from relax_train.backends.megatron.tensors import (
+    _interleave_qkv,
+    _own,
+    _pad_rows,
+    _rows,
+    _shard,
+    _split_qkv,
+    _unshard,
+)
 
 __all__ = [
     "ConversionError",
@@ -94,431 +130,7 @@ __all__ = [
     "megatron_to_hf",
 ]
 
-ExpertFormat = Literal["fused", "per_expert"]
-_Split = Literal["rep", "col", "row", "glu"]
 _EXTRA_STATE = "._extra_state"  # TE modules' fp8 metadata: not a weight, ignored on input
-
-
-TEXT_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_omni_moe_text")
-"""HF ``model_type``s of the decoders this converter maps (Qwen3-VL's and Qwen3-Omni's text models have
-Qwen3's and Qwen3-MoE's layers)."""
-
-
-class ConversionError(ValueError):
-    """A state dict, layout or parallel size that the conversion cannot handle (the message says why)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# layout
-
-
-@dataclass(frozen=True)
-class MegatronLayout:
-    """The shape facts the conversion needs, read from an HF config by :meth:`from_hf_config`.
-
-    ``moe_layers`` lists the (0-based) layers whose MLP is a mixture of experts; the others are dense
-    with ``ffn_hidden_size``. ``num_experts == 0`` means a dense model.
-    """
-
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    ffn_hidden_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    qk_layernorm: bool = True
-    num_experts: int = 0
-    moe_ffn_hidden_size: int | None = None
-    moe_layers: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "head_dim"):
-            _require_positive(name, getattr(self, name))
-        _require_positive("ffn_hidden_size", self.ffn_hidden_size)
-        _require_positive("vocab_size", self.vocab_size)
-        if self.num_attention_heads % self.num_query_groups:
-            raise ConversionError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_query_groups (num_key_value_heads)={self.num_query_groups}"
-            )
-        moe_layers = tuple(sorted(set(int(i) for i in self.moe_layers)))
-        object.__setattr__(self, "moe_layers", moe_layers)
-        bad = [i for i in moe_layers if not 0 <= i < self.num_layers]
-        if bad:
-            raise ConversionError(f"moe_layers {bad} out of range for num_layers={self.num_layers}")
-        if moe_layers:
-            _require_positive("num_experts (MoE layers are set)", self.num_experts)
-            _require_positive("moe_ffn_hidden_size (MoE layers are set)", self.moe_ffn_hidden_size or 0)
-
-    @classmethod
-    def from_hf_config(cls, config: Any) -> MegatronLayout:
-        """Read a ``transformers`` ``Qwen3Config`` / ``Qwen3MoeConfig`` (or its ``config.json`` dict)."""
-
-        def get(name: str, default: Any = None) -> Any:
-            if isinstance(config, Mapping):
-                value = config.get(name, default)
-            else:
-                value = getattr(config, name, default)
-            return default if value is None else value
-
-        def need(name: str) -> int:
-            value = get(name)
-            if value is None:
-                raise ConversionError(f"HF config has no {name}; is it a Qwen3 / Qwen3-MoE config?")
-            return int(value)
-
-        model_type = get("model_type")
-        if model_type is not None and model_type not in TEXT_MODEL_TYPES:
-            raise ConversionError(
-                f"model_type={model_type!r}: only Qwen3, Qwen3-MoE and the decoders of Qwen3-VL and Qwen3-Omni "
-                f"({', '.join(TEXT_MODEL_TYPES)}) are supported by the megatron backend; train other models "
-                "(Qwen3-VL-MoE, ...) with --train-backend torch"
-            )
-        if get("hidden_act", "silu") != "silu":
-            raise ConversionError(
-                f"hidden_act={get('hidden_act')!r}: only SwiGLU ('silu') MLPs are supported"
-            )
-        if get("attention_bias", False):
-            raise ConversionError("attention_bias=True: biases are not supported by this converter")
-        num_layers = need("num_hidden_layers")
-        hidden = need("hidden_size")
-        heads = need("num_attention_heads")
-        num_experts = int(get("num_experts", 0) or get("num_local_experts", 0) or 0)
-        moe_layers: tuple[int, ...] = ()
-        if num_experts > 0:
-            # transformers' Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and
-            # (layer_idx + 1) % decoder_sparse_step == 0
-            mlp_only = set(get("mlp_only_layers", []) or [])
-            step = int(get("decoder_sparse_step", 1))
-            moe_layers = tuple(i for i in range(num_layers) if i not in mlp_only and (i + 1) % step == 0)
-        return cls(
-            num_layers=num_layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_query_groups=int(get("num_key_value_heads", heads)),
-            head_dim=int(get("head_dim", hidden // heads)),
-            ffn_hidden_size=need("intermediate_size"),
-            vocab_size=need("vocab_size"),
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-            qk_layernorm=True,  # Qwen3 always has per-head q_norm / k_norm
-            num_experts=num_experts,
-            moe_ffn_hidden_size=need("moe_intermediate_size") if num_experts > 0 else None,
-            moe_layers=moe_layers,
-        )
-
-    @property
-    def heads_per_group(self) -> int:
-        """Query heads per query group (``np/ng`` in megatron-core)."""
-        return self.num_attention_heads // self.num_query_groups
-
-    @property
-    def is_moe(self) -> bool:
-        return bool(self.moe_layers)
-
-    @property
-    def moe_layer_pattern(self) -> list[int]:
-        """megatron-core's ``moe_layer_freq`` as a list: 1 for a MoE layer, 0 for a dense one."""
-        moe = set(self.moe_layers)
-        return [1 if i in moe else 0 for i in range(self.num_layers)]
-
-    def padded_vocab_size(self, tp_size: int = 1, vocab_divisible_by: int = 128) -> int:
-        """The vocab size megatron pads to: a multiple of ``vocab_divisible_by * tp_size``."""
-        _require_positive("vocab_divisible_by", vocab_divisible_by)
-        _require_positive("tp_size", tp_size)
-        multiple = vocab_divisible_by * tp_size
-        return -(-self.vocab_size // multiple) * multiple
-
-
-def _require_positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConversionError(f"{name} must be a positive int, got {value!r}")
-
-
-def check_parallel_sizes(layout: MegatronLayout, tp_size: int = 1, ep_size: int = 1) -> None:
-    """Raise :class:`ConversionError` naming the dimension when ``tp_size``/``ep_size`` cannot split it."""
-    _require_positive("tp_size", tp_size)
-    _require_positive("ep_size", ep_size)
-    divisible = [
-        ("num_attention_heads", layout.num_attention_heads, "tp_size", tp_size),
-        ("num_query_groups (num_key_value_heads)", layout.num_query_groups, "tp_size", tp_size),
-        ("ffn_hidden_size (intermediate_size)", layout.ffn_hidden_size, "tp_size", tp_size),
-    ]
-    if layout.is_moe:
-        divisible += [
-            ("num_experts", layout.num_experts, "ep_size", ep_size),
-            ("moe_ffn_hidden_size (moe_intermediate_size)", layout.moe_ffn_hidden_size, "tp_size", tp_size),
-        ]
-    elif ep_size > 1:
-        raise ConversionError(f"ep_size={ep_size} needs a MoE model, but the layout has no MoE layers")
-    for what, n, size_name, size in divisible:
-        if n % size:
-            hint = ""
-            if what.startswith("num_query_groups"):
-                hint = (
-                    " (megatron-core can replicate KV heads when tp_size > num_query_groups, but this "
-                    "converter only places whole query groups on each rank)"
-                )
-            raise ConversionError(
-                f"{what}={n} is not divisible by {size_name}={size}: choose a {size_name} that divides "
-                f"{n}{hint}"
-            )
-
-
-# --------------------------------------------------------------------------------------------------
-# names and shapes
-
-
-def _hf_layer(i: int) -> str:
-    return f"model.layers.{i}."
-
-
-def _mg_layer(i: int) -> str:
-    return f"decoder.layers.{i}."
-
-
-def _expert_name(layer: int, local: int, which: str, grouped: bool) -> str:
-    prefix = f"{_mg_layer(layer)}mlp.experts."
-    return f"{prefix}{which}.weight{local}" if grouped else f"{prefix}local_experts.{local}.{which}.weight"
-
-
-def _hf_shapes(
-    layout: MegatronLayout, expert_formats: Mapping[int, ExpertFormat], include_lm_head: bool
-) -> dict[str, tuple[int, ...]]:
-    h, hd, v = layout.hidden_size, layout.head_dim, layout.vocab_size
-    q_out, kv_out = layout.num_attention_heads * hd, layout.num_query_groups * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
-    moe = set(layout.moe_layers)
-    for i in range(layout.num_layers):
-        p = _hf_layer(i)
-        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
-        if layout.qk_layernorm:
-            shapes[p + "self_attn.q_norm.weight"] = (hd,)
-            shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        if i in moe:
-            e, f = layout.num_experts, layout.moe_ffn_hidden_size
-            assert f is not None
-            if expert_formats.get(i, "fused") == "fused":
-                shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * f, h)
-                shapes[p + "mlp.experts.down_proj"] = (e, h, f)
-            else:
-                for j in range(e):
-                    shapes[p + f"mlp.experts.{j}.gate_proj.weight"] = (f, h)
-                    shapes[p + f"mlp.experts.{j}.up_proj.weight"] = (f, h)
-                    shapes[p + f"mlp.experts.{j}.down_proj.weight"] = (h, f)
-            shapes[p + "mlp.gate.weight"] = (e, h)
-        else:
-            f = layout.ffn_hidden_size
-            shapes[p + "mlp.gate_proj.weight"] = (f, h)
-            shapes[p + "mlp.up_proj.weight"] = (f, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, f)
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-    shapes["model.norm.weight"] = (h,)
-    if include_lm_head:
-        shapes["lm_head.weight"] = (v, h)
-    return shapes
-
-
-def hf_state_shapes(
-    layout: MegatronLayout, *, expert_format: ExpertFormat = "fused", include_tied_lm_head: bool = True
-) -> dict[str, tuple[int, ...]]:
-    """The HF state dict's keys and shapes, in ``state_dict()`` order.
-
-    ``include_tied_lm_head``: with tied embeddings ``Module.state_dict()`` still lists ``lm_head.weight``
-    (the embedding tensor) while a saved checkpoint does not.
-    """
-    _check_expert_format(expert_format)
-    formats = dict.fromkeys(layout.moe_layers, expert_format)
-    return _hf_shapes(layout, formats, include_lm_head=include_tied_lm_head or not layout.tie_word_embeddings)
-
-
-def _global_megatron_specs(
-    layout: MegatronLayout, padded_vocab: int
-) -> list[tuple[Any, tuple[int, ...], _Split]]:
-    """Every megatron parameter with its unsharded shape and split rule, in model order.
-
-    Keys are names, except experts: ``("expert", layer, global_index, "linear_fc1"|"linear_fc2")``.
-    """
-    h, hd = layout.hidden_size, layout.head_dim
-    q_out = layout.num_attention_heads * hd
-    qkv_out = (layout.num_attention_heads + 2 * layout.num_query_groups) * hd
-    specs: list[tuple[Any, tuple[int, ...], _Split]] = [
-        ("embedding.word_embeddings.weight", (padded_vocab, h), "col")
-    ]
-    moe = set(layout.moe_layers)
-    for i in range(layout.num_layers):
-        p = _mg_layer(i)
-        specs.append((p + "self_attention.linear_qkv.layer_norm_weight", (h,), "rep"))
-        specs.append((p + "self_attention.linear_qkv.weight", (qkv_out, h), "col"))
-        if layout.qk_layernorm:
-            specs.append((p + "self_attention.q_layernorm.weight", (hd,), "rep"))
-            specs.append((p + "self_attention.k_layernorm.weight", (hd,), "rep"))
-        specs.append((p + "self_attention.linear_proj.weight", (h, q_out), "row"))
-        if i in moe:
-            f = layout.moe_ffn_hidden_size
-            assert f is not None
-            specs.append((p + "pre_mlp_layernorm.weight", (h,), "rep"))
-            specs.append((p + "mlp.router.weight", (layout.num_experts, h), "rep"))
-            for j in range(layout.num_experts):
-                specs.append((("expert", i, j, "linear_fc1"), (2 * f, h), "glu"))
-                specs.append((("expert", i, j, "linear_fc2"), (h, f), "row"))
-        else:
-            f = layout.ffn_hidden_size
-            specs.append((p + "mlp.linear_fc1.layer_norm_weight", (h,), "rep"))
-            specs.append((p + "mlp.linear_fc1.weight", (2 * f, h), "glu"))
-            specs.append((p + "mlp.linear_fc2.weight", (h, f), "row"))
-    specs.append(("decoder.final_layernorm.weight", (h,), "rep"))
-    if not layout.tie_word_embeddings:
-        specs.append(("output_layer.weight", (padded_vocab, h), "col"))
-    return specs
-
-
-def _shard_shape(shape: tuple[int, ...], split: _Split, tp_size: int) -> tuple[int, ...]:
-    if split in ("col", "glu"):
-        return (shape[0] // tp_size, *shape[1:])
-    if split == "row":
-        return (shape[0], shape[1] // tp_size)
-    return shape
-
-
-def _rank_names(
-    layout: MegatronLayout,
-    specs: Iterable[tuple[Any, tuple[int, ...], _Split]],
-    ep_rank: int,
-    ep_size: int,
-    grouped: bool,
-) -> Iterable[tuple[str, Any, tuple[int, ...], _Split]]:
-    """(local name, spec key, global shape, split) of the parameters on EP rank ``ep_rank``."""
-    per_rank = layout.num_experts // ep_size if layout.is_moe else 0
-    for key, shape, split in specs:
-        if isinstance(key, tuple):
-            _, layer, j, which = key
-            if j // per_rank != ep_rank:
-                continue
-            yield _expert_name(layer, j % per_rank, which, grouped), key, shape, split
-        else:
-            yield key, key, shape, split
-
-
-def megatron_shard_shapes(
-    layout: MegatronLayout,
-    *,
-    tp_size: int = 1,
-    ep_size: int = 1,
-    grouped_experts: bool = False,
-    vocab_divisible_by: int = 128,
-) -> dict[str, tuple[int, ...]]:
-    """Keys and shapes of one rank's megatron state dict (the same on every TP/EP rank)."""
-    check_parallel_sizes(layout, tp_size, ep_size)
-    specs = _global_megatron_specs(layout, layout.padded_vocab_size(tp_size, vocab_divisible_by))
-    return {
-        name: _shard_shape(shape, split, tp_size)
-        for name, _, shape, split in _rank_names(layout, specs, 0, ep_size, grouped_experts)
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# tensor plumbing
-
-
-def _interleave_qkv(q: Tensor, k: Tensor, v: Tensor, layout: MegatronLayout) -> Tensor:
-    g, hd, h = layout.num_query_groups, layout.head_dim, q.shape[-1]
-    groups = [q.reshape(g, layout.heads_per_group * hd, h), k.reshape(g, hd, h), v.reshape(g, hd, h)]
-    return torch.cat(groups, dim=1).reshape(-1, h)
-
-
-def _split_qkv(qkv: Tensor, layout: MegatronLayout) -> tuple[Tensor, Tensor, Tensor]:
-    g, hd, h = layout.num_query_groups, layout.head_dim, qkv.shape[-1]
-    per_group = qkv.reshape(g, (layout.heads_per_group + 2) * hd, h)
-    q, k, v = torch.split(per_group, [layout.heads_per_group * hd, hd, hd], dim=1)
-    return q.reshape(-1, h), k.reshape(-1, h), v.reshape(-1, h)
-
-
-def _pad_rows(t: Tensor, rows: int) -> Tensor:
-    if t.shape[0] == rows:
-        return t
-    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])], dim=0)
-
-
-def _rows(t: Tensor, n: int) -> Tensor:
-    return t if t.shape[0] == n else t[:n]
-
-
-def _own(t: Tensor) -> Tensor:
-    """A contiguous tensor that is not a view (safe to save with safetensors next to its siblings)."""
-    return (
-        t.clone(memory_format=torch.contiguous_format) if t._base is not None or not t.is_contiguous() else t
-    )
-
-
-def _shard(t: Tensor, split: _Split, rank: int, size: int) -> Tensor:
-    if split == "rep" or size == 1:
-        return t
-    if split == "col":
-        return t.chunk(size, dim=0)[rank]
-    if split == "row":
-        return t.chunk(size, dim=1)[rank]
-    gate, up = t.chunk(2, dim=0)
-    return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
-
-
-def _unshard(parts: Sequence[Tensor], split: _Split) -> Tensor:
-    if split == "rep" or len(parts) == 1:
-        return parts[0]
-    if split == "col":
-        return torch.cat(list(parts), dim=0)
-    if split == "row":
-        return torch.cat(list(parts), dim=1)
-    halves = [p.chunk(2, dim=0) for p in parts]
-    return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-
-
-def _check_expert_format(expert_format: str) -> None:
-    if expert_format not in ("fused", "per_expert"):
-        raise ConversionError(f"expert_format={expert_format!r}: use 'fused' or 'per_expert'")
-
-
-def _check_keys(
-    present: Iterable[str], expected: Mapping[str, tuple[int, ...]], where: str, hint: str
-) -> None:
-    present = set(present)
-    missing = [k for k in expected if k not in present]
-    unexpected = sorted(k for k in present if k not in expected)
-    problems = []
-    if missing:
-        problems.append(f"missing {len(missing)} key(s): {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected {len(unexpected)} key(s): {_few(unexpected)}")
-    if problems:
-        raise ConversionError(f"{where}: {'; '.join(problems)} ({hint})")
-
-
-def _check_shape(t: Any, key: str, expected: tuple[int, ...], where: str, hint: str) -> None:
-    if not isinstance(t, Tensor):
-        raise ConversionError(f"{where}: {key} is a {type(t).__name__}, not a torch.Tensor")
-    if tuple(t.shape) != tuple(expected):
-        raise ConversionError(
-            f"{where}: {key} has shape {tuple(t.shape)}, expected {tuple(expected)} ({hint})"
-        )
-
-
-def _few(keys: Sequence[str], n: int = 5) -> str:
-    more = f", ... ({len(keys) - n} more)" if len(keys) > n else ""
-    return ", ".join(keys[:n]) + more
-
-
-def _layout_hint(layout: MegatronLayout) -> str:
-    return (
-        f"does the layout match the weights? num_layers={layout.num_layers}, hidden={layout.hidden_size}, "
-        f"heads={layout.num_attention_heads}, query_groups={layout.num_query_groups}, "
-        f"head_dim={layout.head_dim}, vocab={layout.vocab_size}, tied={layout.tie_word_embeddings}, "
-        f"experts={layout.num_experts}, moe_layers={list(layout.moe_layers)}"
-    )
 
 
 # --------------------------------------------------------------------------------------------------

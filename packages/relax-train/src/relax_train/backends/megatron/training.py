@@ -1,0 +1,200 @@
+"""The megatron backend's training step: gradients summed over the data-, context-, tensor- and
+expert-parallel groups, the whole model's gradient norm and clipping, AdamW (sharded over the data-parallel
+replicas with ``--use-distributed-optimizer``) and the step's statistics over every replica. A mixin of
+:class:`~relax_train.backends.megatron.backend.MegatronBackend`, apart so the forward and the checkpoints read
+on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relax_core.config import RelaxConfig
+from relax_train.backends.megatron.layout import MegatronLayout
+from relax_train.backends.torch_backend import TorchBackend
+
+
+class MegatronTraining:
+    """``train_step``'s megatron parts: gradient reductions, clipping, the optimizer (mixed into
+    MegatronBackend over TorchBackend, whose ``train_step`` drives them)."""
+
+    cfg: RelaxConfig
+    model: Any
+    mcfg: Any
+    layout: MegatronLayout
+    device: torch.device | None
+    tp: int
+    ep: int
+    cp: int
+    pp: int
+    pre: bool
+    post: bool
+    optimizer: Any
+    _r3_counts: dict[str, float]
+
+    # -- training -----------------------------------------------------------------------------------
+    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+        # the loss and its statistics exist on the last stage (the norm on all)
+        return self._from_last_stage(super().train_step(samples))
+
+    def _step_metrics(self, sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:
+        """The step's statistics over every data-parallel replica's micro-batches."""
+        from megatron.core import parallel_state as ps
+
+        dp = ps.get_data_parallel_world_size()
+        if dp > 1:
+            parts: list[Any] = [None] * dp
+            dist.all_gather_object(
+                parts, (sums, counts, keep, loss_total), group=ps.get_data_parallel_group()
+            )
+            sums = {k: sum(p[0][k] for p in parts) for k in sums}
+            counts = {k: sum(p[1].get(k, 0.0) for p in parts) for k in {k for p in parts for k in p[1]}}
+            keep = {k: [t for p in parts for t in p[2][k]] for k in keep}
+            loss_total = sum(p[3] for p in parts)
+        return TorchBackend._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
+
+    def _r3_metrics(self) -> dict[str, float]:
+        """Routing replay's counts over the ranks that routed disjoint tokens: context-parallel ranks (each
+        its chunks), tensor-parallel ranks under sequence parallelism (each its share of the sequence), the
+        pipeline stages (each its own MoE layers) and the data-parallel replicas (each its micro-batches)."""
+        from megatron.core import parallel_state as ps
+
+        c = self._r3_counts
+        split = [ps.get_context_parallel_group()] if self.cp > 1 else []
+        if self.mcfg.sequence_parallel and self.tp > 1:
+            split.append(ps.get_tensor_model_parallel_group())
+        if self.pp > 1:
+            split.append(ps.get_pipeline_model_parallel_group())
+        for group in split:
+            both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
+            dist.all_reduce(both, group=group)
+            c["replayed"], c["differ"] = (float(v) for v in both)
+        if ps.get_data_parallel_world_size() > 1:
+            every = torch.tensor([c["replayed"], c["differ"], c["expected"]], dtype=torch.float64)
+            dist.all_reduce(every, group=ps.get_data_parallel_group())
+            c["replayed"], c["differ"], c["expected"] = (float(v) for v in every)
+        return super()._r3_metrics()
+
+    def _forward_backward(self, samples, micro, total_tokens, n_seqs, acc) -> float:
+        total = [0.0]
+
+        def loss(idx, logp, valid, rlens, ent):
+            value = self._micro_loss(samples, idx, logp, valid, ent, total_tokens, n_seqs, acc)
+            total[0] += float(value.detach())
+            return value
+
+        self._schedule(self._step_fn(samples, acc.with_entropy, loss), micro, forward_only=False)
+        return total[0]
+
+    def _fill_missing_grads(self) -> None:
+        """Zero gradients where this data-parallel replica has none but another has one: its micro-batches
+        never reached the parameter (a media encoder on text-only rows), and every replica must join the
+        same gradient reductions. A parameter no replica reached keeps none (AdamW skips it, as it would
+        on one rank)."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        if dist.get_world_size(group) == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=self.device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)  # (the replicas' parameter lists align)
+        for p, anywhere in zip(params, has.tolist()):
+            if anywhere and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def _clip_and_step(self) -> float:
+        """Megatron's gradient finalisation, then clip by the whole model's norm and step: QK-norm (and
+        sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are summed
+        over the data-parallel replicas (each back-propagated its share of the batch: the expert-data-parallel
+        group for experts, whose all-to-all already brought them the rest of their expert-parallel group's
+        tokens); in the norm, TP-sharded and expert tensors are summed over their groups and replicated ones
+        counted once."""
+        from megatron.core import parallel_state as ps
+
+        self._fill_missing_grads()
+        if self.layout.tie_word_embeddings and self.pp > 1 and (self.pre or self.post):
+            # tied embeddings under PP: the first stage's table and the last stage's output layer are one
+            # weight; each copy gets the sum of both gradients (megatron's embedding group)
+            shared = self.model.shared_embedding_or_output_weight()
+            if shared.grad is None:
+                shared.grad = torch.zeros_like(shared)
+            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        if self.tp > 1:
+            for name, p in named:
+                seq_par = self.mcfg.sequence_parallel and getattr(p, "sequence_parallel", False)
+                if seq_par or "q_layernorm" in name or "k_layernorm" in name:
+                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        # context-parallel ranks hold parts of one gradient (their tokens), data-parallel replicas parts of
+        # the batch's (their micro-batches, normalised by the whole batch): both summed
+        dense = ps.get_data_parallel_group(with_context_parallel=True)
+        for _, p in named:
+            group = ps.get_expert_data_parallel_group() if not getattr(p, "allreduce", True) else dense
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(p.grad, group=group)
+        dev = named[0][1].grad.device if named else None
+        sq = {k: torch.zeros(1, dtype=torch.float64, device=dev) for k in ("tp", "rep", "expert")}
+        for _, p in named:
+            if getattr(p, "shared", False) and not self.pre:  # the tied weight's second copy: counted once
+                continue
+            kind = (
+                "expert"
+                if not getattr(p, "allreduce", True)
+                else "tp"
+                if getattr(p, "tensor_model_parallel", False)
+                else "rep"
+            )
+            sq[kind] += p.grad.detach().double().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq["tp"], group=ps.get_tensor_model_parallel_group())
+        if self.tp * self.ep > 1:
+            dist.all_reduce(sq["expert"], group=ps.get_expert_tensor_and_model_parallel_group())
+        total = sq["tp"] + sq["rep"] + sq["expert"]
+        if self.pp > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        norm = float(total.sqrt())
+        coef = self.cfg.train.clip_grad / (norm + 1e-6)
+        if coef < 1.0:
+            for _, p in named:
+                p.grad.mul_(coef)
+        if self._update_if_finite(norm):  # (the norm is the same on every rank: all skip, or none)
+            self._share_owned()
+        return norm
+
+    # -- the optimizer ------------------------------------------------------------------------------
+    def _set_trainable(self, trainable: bool) -> None:
+        """AdamW as the torch backend builds it; with --use-distributed-optimizer, over the parameters this
+        data-parallel replica owns (ZeRO-1). Each parameter is owned by one member of its replica group (the
+        expert data-parallel group for experts), assigned greedily by size in the model's parameter order,
+        which every member shares; after each step the owners send their parameters to the others."""
+        super()._set_trainable(trainable)
+        self._owned: list[tuple[torch.nn.Parameter, Any, int]] = []  # (param, group, owner's global rank)
+        if not (trainable and self.cfg.train.use_distributed_optimizer):
+            return
+        from megatron.core import parallel_state as ps
+
+        dense = ps.get_data_parallel_group(with_context_parallel=True)
+        expert = ps.get_expert_data_parallel_group()
+        loads = {id(dense): [0] * dist.get_world_size(dense), id(expert): [0] * dist.get_world_size(expert)}
+        mine = []
+        for p in self.model.parameters():
+            group = dense if getattr(p, "allreduce", True) else expert
+            load = loads[id(group)]
+            owner = min(range(len(load)), key=lambda r: (load[r], r))
+            load[owner] += p.numel()
+            if len(load) > 1:
+                self._owned.append((p, group, dist.get_global_rank(group, owner)))
+            if owner == dist.get_rank(group):
+                mine.append(p)
+        self.optimizer = self._adamw(mine)
+
+    def _share_owned(self) -> None:
+        """After a distributed-optimizer step: every parameter from the replica that stepped it; gradients
+        dropped (the optimizer's zero_grad reaches only the parameters it owns)."""
+        for p, group, src in self._owned:
+            dist.broadcast(p.data, src=src, group=group)
+            p.grad = None

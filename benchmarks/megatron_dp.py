@@ -26,9 +26,7 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from relax_core.testing import spawn_ranks
 
 LAYOUTS = {
     "one rank": {"world": 1, "replicas_run_all": False},
@@ -128,21 +128,7 @@ def run_layout(root: Path, model: str, name: str, steps: int, seqs: int) -> list
             }
         )
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=env))
-    for p in procs:
+    for p in spawn_ranks([sys.executable, __file__, "--worker", str(spec)], world):
         if p.wait(timeout=1800):
             raise SystemExit(f"{name}: a rank exited with {p.returncode}")
     return json.loads(out.read_text())

@@ -1,11 +1,17 @@
-"""Shared fixtures for cross-package tests: a tiny task, tokenizer and Qwen3 model built locally."""
+"""Shared fixtures for cross-package tests: a tiny task, tokenizer and Qwen3 model built locally. The
+tiny model's shape and a tiny run's flags live in ``_tiny.py`` (imported by the tests through sys.path)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny import tiny_qwen3  # noqa: E402
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -13,7 +19,6 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 @pytest.fixture(scope="session")
 def tiny_run_inputs(tmp_path_factory):
     """A small arithmetic task and an untrained tiny Qwen3 checkpoint (enough to exercise every path)."""
-    from relax_app.demo.model import build_tiny_qwen3
     from relax_app.demo.task import make_arithmetic_task, read_jsonl
     from relax_app.demo.tokenizer import train_tokenizer
     from relax_core.controller import RunInputs
@@ -22,16 +27,7 @@ def tiny_run_inputs(tmp_path_factory):
     files = make_arithmetic_task(root / "task", max_operand=20, n_eval=20)
     rows = read_jsonl(files.train_path)
     tok = train_tokenizer([r["prompt"] + r["label"] for r in rows], root / "model")
-    build_tiny_qwen3(
-        tok,
-        out_dir=root / "model",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-    )
+    tiny_qwen3(tok, root / "model")
     return RunInputs(str(root / "model"), str(files.train_path), str(files.eval_path))
 
 

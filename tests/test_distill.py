@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from _tiny import run_flags, tiny_qwen3
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
@@ -17,52 +18,15 @@ STEPS = 3
 def teacher_dir(tiny_run_inputs, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from relax_app.demo.model import build_tiny_qwen3
-
     out = tmp_path_factory.mktemp("teacher")
     tok = AutoTokenizer.from_pretrained(tiny_run_inputs.model_path)
-    build_tiny_qwen3(
-        tok,
-        out_dir=out,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        seed=1,
-    )
+    tiny_qwen3(tok, out, hidden_size=64, head_dim=32, intermediate_size=128, seed=1)  # twice as wide
     return str(out)
 
 
 def _run(inputs, teacher, tmp_path, *flags):
-    cfg = build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--teacher-checkpoint",
-            teacher,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(tmp_path / "out"),
-            *flags,
-        ],
-    )
+    argv = run_flags(inputs, tmp_path / "out", *flags, teacher_checkpoint=teacher, num_rollout=STEPS)
+    cfg = build_config(None, argv)
     return cfg, Controller(cfg, RunInputs(inputs.model_path, inputs.prompt_path, None)).run()
 
 
@@ -87,20 +51,10 @@ def test_teacher_scores_every_trained_sample(tiny_run_inputs, teacher_dir, tmp_p
 
 
 def test_teacher_with_another_tokenizer_is_refused(tiny_run_inputs, tmp_path):
-    from relax_app.demo.model import build_tiny_qwen3
     from relax_app.demo.tokenizer import train_tokenizer
 
     other = tmp_path / "other"
     tok = train_tokenizer(["something else entirely"] * 10, other, vocab_size=280)
-    build_tiny_qwen3(
-        tok,
-        out_dir=other,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-    )
+    tiny_qwen3(tok, other, num_layers=1)
     with pytest.raises(ValueError, match="different tokenizer.*share one tokenizer"):
         _run(tiny_run_inputs, str(other), tmp_path)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
@@ -16,36 +17,16 @@ STEPS = 4
 
 
 def _run(inputs, tmp_path, *flags):
-    cfg = build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--eval-interval",
-            "2",
-            "--kl-coef",
-            "0.01",
-            "--verify-weight-sync",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(tmp_path / "out"),
-            *flags,
-        ],
+    argv = run_flags(
+        inputs,
+        tmp_path / "out",
+        *flags,
+        num_rollout=STEPS,
+        eval_interval=2,
+        kl_coef=0.01,
+        verify_weight_sync=True,
     )
+    cfg = build_config(None, argv)
     return cfg, Controller(cfg, inputs).run()
 
 
@@ -54,11 +35,11 @@ def _check_flow(cfg, result, max_staleness):
     trained = result.audit["trained_ids"]
     assert len(trained) == STEPS * spr == len(set(trained))
     consumed = result.audit["consumed"]
-    assert set(consumed) == {"advantages", "actor_fwd", "reference", "actor_train"}
+    assert set(consumed) == {"advantages", "actor_fwd", "reference", "actor"}
     for name, ids in consumed.items():
         assert len(ids) == len(set(ids)), f"{name} consumed a sample twice"
         assert set(trained) <= set(ids), f"{name} missed a trained sample"
-    assert sorted(consumed["actor_train"]) == sorted(trained)
+    assert sorted(consumed["actor"]) == sorted(trained)
     # rollout batches are put in step order, so the first STEPS batches are exactly what was trained
     assert sorted(trained) == sorted(consumed["advantages"])[: STEPS * spr]
     steps = [h for h in result.history if "train/loss" in h]
@@ -66,7 +47,7 @@ def _check_flow(cfg, result, max_staleness):
     for h in steps:
         assert math.isfinite(h["train/loss"]) and math.isfinite(h["train/grad_norm"])
         # bus/* metrics (logged before the step acks its batch: it acks after its checkpoint)
-        assert h["bus/consumers/actor_train/delivered"] > 0 and "bus/depth/step0" not in h
+        assert h["bus/consumers/actor/delivered"] > 0 and "bus/depth/step0" not in h
         assert 0 <= h["train/staleness_max"] <= max_staleness
     assert max(result.bus_stats["staleness_hist"]) <= max_staleness
     # what reaches metrics.jsonl in either mode: the learning rate and the rollout's generation speed

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
@@ -74,18 +75,9 @@ def _wait_steps(metrics: Path, n: int, timeout_s: float = 300.0) -> int:
 
 
 def _start_external(model: str) -> tuple[subprocess.Popen, str]:
+    serve = [sys.executable, "-m", "relax_rollout.server"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "relax_rollout.server",
-            "--model",
-            model,
-            "--port",
-            "0",
-            "--torch-threads",
-            "1",
-        ],
+        [*serve, "--model", model, "--port", "0", "--torch-threads", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -100,44 +92,11 @@ def _start_external(model: str) -> tuple[subprocess.Popen, str]:
 @pytest.mark.slow
 def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     out = tmp_path / "run"
-    cfg = build_config(
-        None,
-        [
-            "--prompt-data",
-            tiny_run_inputs.prompt_path,
-            "--hf-checkpoint",
-            tiny_run_inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "2",
-            "--rollout-max-response-len",
-            "8",
-            "--num-rollout",
-            "100000",
-            "--micro-batch-size",
-            "8",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--no-trace",
-            "--eval-interval",
-            "1000",
-            "--output-dir",
-            str(out),
-            "--fully-async",
-            "--max-staleness",
-            "1",
-            "--rollout-engines",
-            "1",
-            "--elastic-port",
-            "0",
-            "--elastic-token",
-            TOKEN,
-            "--drain-timeout-s",
-            "0.2",
-        ],
-    )
+    # longer than the test (the scenario stops it), one engine at the start, the REST API on a free port
+    run = dict(n_samples_per_prompt=2, rollout_max_response_len=8, num_rollout=100000, eval_interval=1000)
+    elastic = dict(rollout_engines=1, elastic_port=0, elastic_token=TOKEN, drain_timeout_s=0.2)
+    argv = run_flags(tiny_run_inputs, out, "--fully-async", max_staleness=1, trace=False, **run, **elastic)
+    cfg = build_config(None, argv)
     c = Controller(cfg, tiny_run_inputs)
     seen: dict = {}
     errors: list[BaseException] = []

@@ -14,6 +14,7 @@ import shutil
 
 import numpy as np
 import pytest
+from _tiny import mm_task, run_flags
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 from relax_rollout.multiturn import Episode, EpisodeMedia, run_episodes
@@ -231,14 +232,10 @@ def test_row_and_reset_media_open_the_episode(ckpt, data, tmp_path, monkeypatch)
         ckpt,
         data,
         tmp_path,
-        "--env-path",
-        "_mmturn_envs:Env",
-        "--rollout-batch-size",
-        "4",
-        "--n-samples-per-prompt",
-        "1",
-        "--max-total-tokens",
-        "200",
+        env_path="_mmturn_envs:Env",
+        rollout_batch_size=4,
+        n_samples_per_prompt=1,
+        max_total_tokens=200,
     )
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, ckpt, data)
@@ -259,48 +256,19 @@ def test_row_and_reset_media_open_the_episode(ckpt, data, tmp_path, monkeypatch)
     assert len(worker.engine.mm[0]) == 4 and all(x is not None for x in worker.engine.mm[0])
 
 
-def _cfg(ckpt, data, out, *flags):
-    from relax_app.demo.mm_task import MM_BUDGET, MM_KEYS, REWARD
-    from relax_core.cli_config import build_config
+ZOOM = dict(env_path=GUIDED, apply_chat_template=True, max_turns=3, max_total_tokens=80)
+"""The guided zoom on the image task, chat-templated: episodes of up to 3 turns and 80 tokens."""
+ZOOM_STEP = dict(rollout_batch_size=2, n_samples_per_prompt=3, rollout_max_response_len=6, micro_batch_size=6)
+"""2 prompts x 3 episodes, at most 6 tokens a turn, trained as one micro-batch."""
 
-    return build_config(
-        None,
-        [
-            "--prompt-data",
-            data,
-            "--hf-checkpoint",
-            ckpt,
-            "--env-path",
-            GUIDED,
-            "--apply-chat-template",
-            "--multimodal-keys",
-            json.dumps({"image": MM_KEYS["image"]}),
-            "--multimodal-options",
-            json.dumps(MM_BUDGET),
-            "--metadata-key",
-            "metadata",
-            "--rm-type",
-            REWARD,
-            "--rollout-batch-size",
-            "2",
-            "--n-samples-per-prompt",
-            "3",
-            "--rollout-max-response-len",
-            "6",
-            "--max-turns",
-            "3",
-            "--max-total-tokens",
-            "80",
-            "--micro-batch-size",
-            "6",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(out),
-            *flags,
-        ],
-    )
+
+def _cfg(ckpt, data, out, *mode, **flags):
+    """A :data:`ZOOM` run of :data:`ZOOM_STEP`, ``flags`` over them (``run_flags``' keywords)."""
+    from relax_core.cli_config import build_config
+    from relax_core.controller import RunInputs
+
+    argv = run_flags(RunInputs(ckpt, data), out, *mode, **{**mm_task("image"), **ZOOM, **ZOOM_STEP, **flags})
+    return build_config(None, argv)
 
 
 @pytest.mark.integration

@@ -10,11 +10,11 @@ path (RolloutWorker → relax-multimodal → TorchEngine → bus → TorchBacken
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
+from _tiny import mm_task, run_flags
 
 from relax_core.cli_config import build_config
 
@@ -58,39 +58,11 @@ def _checkpoint(root, family):
 
 
 def _cfg(ckpt, data, out_dir, *flags):
-    from relax_app.demo.mm_task import MM_BUDGET, MM_KEYS, REWARD
+    """3 prompts x 2 samples of the multimodal task (every medium), one micro-batch per step."""
+    from relax_core.controller import RunInputs
 
-    return build_config(
-        None,
-        [
-            "--prompt-data",
-            data,
-            "--hf-checkpoint",
-            ckpt,
-            "--multimodal-keys",
-            json.dumps(MM_KEYS),
-            "--multimodal-options",
-            json.dumps(MM_BUDGET),
-            "--metadata-key",
-            "metadata",
-            "--rm-type",
-            REWARD,
-            "--rollout-batch-size",
-            "3",
-            "--n-samples-per-prompt",
-            "2",
-            "--rollout-max-response-len",
-            "4",
-            "--micro-batch-size",
-            "6",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(out_dir),
-            *flags,
-        ],
-    )
+    sizes = dict(rollout_batch_size=3, n_samples_per_prompt=2, micro_batch_size=6)
+    return build_config(None, run_flags(RunInputs(ckpt, data), out_dir, *flags, **mm_task(), **sizes))
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _tiny import run_flags
 
 from relax_core.env import check_environment
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
@@ -188,7 +189,7 @@ def test_model_tokens_log_probs_equal_the_trainers(tiny_run_inputs, chatty, tmp_
     torch.set_num_threads(1)
     cfg = build_config(
         None,
-        _flags(tiny_run_inputs, tmp_path, "--max-turns", "3", "--env-path", RETRY, "--hf-checkpoint", chatty),
+        _flags(tiny_run_inputs, tmp_path, max_turns=3, env_path=RETRY, hf_checkpoint=chatty),
     )
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, chatty, tiny_run_inputs.prompt_path)
@@ -205,32 +206,17 @@ def test_model_tokens_log_probs_equal_the_trainers(tiny_run_inputs, chatty, tmp_
 RETRY = "relax_app.demo.envs:RetryEnv"
 
 
-def _flags(inputs, tmp_path, *extra):
-    return [
-        "--prompt-data",
-        inputs.prompt_path,
-        "--hf-checkpoint",
-        inputs.model_path,
-        "--env-path",
-        "relax_app.demo.envs:CalculatorEnv",
-        "--apply-chat-template",
-        "--rollout-batch-size",
-        "4",
-        "--n-samples-per-prompt",
-        "4",
-        "--rollout-max-response-len",
-        "4",
-        "--max-total-tokens",
-        "40",
-        "--micro-batch-size",
-        "8",
-        "--torch-threads",
-        "1",
-        "--no-progress",
-        "--output-dir",
-        str(tmp_path / "out"),
-        *extra,
-    ]
+CALCULATOR = {
+    "env_path": "relax_app.demo.envs:CalculatorEnv",
+    "apply_chat_template": True,
+    "max_total_tokens": 40,
+}
+"""The calculator environment, chat-templated, 40 tokens per episode."""
+
+
+def _flags(inputs, tmp_path, *mode, **flags):
+    """A tiny multi-turn run on :data:`CALCULATOR`, ``flags`` over it (``run_flags``' keywords)."""
+    return run_flags(inputs, tmp_path / "out", *mode, **{**CALCULATOR, **flags})
 
 
 @pytest.mark.integration
@@ -245,16 +231,11 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
         tiny_run_inputs,
         tmp_path,
         *mode,
-        "--num-rollout",
-        "3",
-        "--env-path",
-        RETRY,
-        "--hf-checkpoint",
-        chatty,
-        "--max-turns",
-        "2",
-        "--max-total-tokens",
-        "60",
+        num_rollout=3,
+        env_path=RETRY,
+        hf_checkpoint=chatty,
+        max_turns=2,
+        max_total_tokens=60,
     )
     cfg = build_config(None, flags)
     result = Controller(cfg, RunInputs(chatty, tiny_run_inputs.prompt_path, None)).run()
@@ -281,8 +262,7 @@ def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_
     from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
-    flags = [f for f in _flags(tiny_run_inputs, tmp_path) if f != "--apply-chat-template"]
-    cfg = build_config(None, flags)
+    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, apply_chat_template=None))
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
     worker.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
@@ -301,7 +281,7 @@ def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_r
     from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
-    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, "--env-path", "relax_core.env:BrokenEnv"))
+    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path="relax_core.env:BrokenEnv"))
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
     worker.engine = ScriptedEngine(worker.tokenizer, ["12"])
@@ -310,5 +290,5 @@ def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_r
     assert b.data["finish_reason"] == ["env_error"] * 16 and b.data["turns"] == [1] * 16
     assert all("constructing the environment failed: TypeError" in e for e in b.data["env_error"])
     with pytest.raises(ValueError, match="cannot import"):  # a wrong path, though, is a config error
-        bad = build_config(None, _flags(tiny_run_inputs, tmp_path, "--env-path", "no_such_mod:Env"))
+        bad = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path="no_such_mod:Env"))
         RolloutWorker(bad, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path).produce(1)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
@@ -26,35 +27,8 @@ _dead_url = dead_json_url
 
 
 def _config(inputs, out: Path, *flags):
-    return build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--eval-interval",
-            "2",
-            "--kl-coef",
-            "0.01",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(out),
-            *flags,
-        ],
-    )
+    argv = run_flags(inputs, out, *flags, num_rollout=STEPS, eval_interval=2, kl_coef=0.01)
+    return build_config(None, argv)
 
 
 def _spans(result) -> tuple[dict[int, str], list[dict]]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
+from relax_core.controller import RunInputs
 from relax_core.testing import experts_used, tiny_moe
 
 torch = pytest.importorskip("torch")
@@ -53,29 +55,10 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
 
     torch.set_num_threads(1)
     ckpt, data_path, root = moe_inputs
-    cfg = build_config(
-        None,
-        [
-            "--prompt-data",
-            data_path,
-            "--hf-checkpoint",
-            ckpt,
-            "--routing-replay",
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "8",
-            "--micro-batch-size",
-            "8",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(root / "out"),
-        ],
+    argv = run_flags(
+        RunInputs(ckpt, data_path), root / "out", routing_replay=True, rollout_max_response_len=8
     )
+    cfg = build_config(None, argv)
     assert cfg.algo.routing_replay
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, ckpt, data_path)

@@ -9,10 +9,10 @@ cluster, weights broadcast on SGLang's weight group. With
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
@@ -29,49 +29,22 @@ def sglang_python() -> str:
 
 
 def _run(inputs, tmp_path, python: str, *flags: str):
-    cfg = build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "4",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--eval-interval",
-            "100",
-            "--rm-type",
-            "relax_core.testing:parity_reward",
-            "--verify-weight-sync",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--rollout-backend",
-            "sglang",
-            "--rollout-num-gpus",
-            "1",
-            "--sglang-python",
-            python,
-            "--sglang-env",
-            json.dumps(sglang_cpu.ENV),
-            "--sglang-server-args",
-            json.dumps(sglang_cpu.SERVER_ARGS),
-            "--sglang-mem-fraction-static",
-            "0.3",
-            *flags,
-        ],
+    argv = run_flags(
+        inputs,
+        tmp_path / "out",
+        *flags,
+        num_rollout=STEPS,
+        eval_interval=100,
+        rm_type="relax_core.testing:parity_reward",
+        verify_weight_sync=True,
+        rollout_backend="sglang",
+        rollout_num_gpus=1,
+        sglang_python=python,
+        sglang_env=sglang_cpu.ENV,
+        sglang_server_args=sglang_cpu.SERVER_ARGS,
+        sglang_mem_fraction_static=0.3,
     )
-    return Controller(cfg, inputs).run()
+    return Controller(build_config(None, argv), inputs).run()
 
 
 def _check(result) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
@@ -17,32 +18,9 @@ STEPS = 8
 
 
 def _cfg(inputs, out, *extra):
-    return build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "2",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--no-trace",
-            "--output-dir",
-            str(out),
-            *extra,
-        ],
-    )
+    """Two samples per prompt (a batch of 8), no trace."""
+    argv = run_flags(inputs, out, *extra, n_samples_per_prompt=2, num_rollout=STEPS, trace=False)
+    return build_config(None, argv)
 
 
 def _signal_after(metrics: Path, trained_steps: int, fire) -> threading.Thread:

@@ -10,7 +10,6 @@ multi-item concatenation (``collate``) agree.
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,6 +24,7 @@ from relax_app.demo.mm_models import (
 )
 from relax_app.demo.tokenizer import train_tokenizer
 from relax_multimodal import MultimodalConfig, MultimodalProcessor, collate
+from relax_multimodal.testing import write_image, write_tone, write_video
 
 torch.set_num_threads(1)
 
@@ -32,47 +32,6 @@ TEXTS = [f"look at picture {i}: what is {i} plus {3 * i}? it is {4 * i}." for i 
 KEYS = {"image": "i", "video": "v", "audio": "a"}
 PROMPTS = {"image": "what is in <image>?", "video": "what moves in <video>?", "audio": "what is <audio>?"}
 CASES = [(f, m) for f in FAMILIES for m in ("image", "video")] + [("qwen3_omni", "audio")]
-
-
-# -- media (as relax-multimodal's tests/mm_media.py) ------------------------------------------------
-def write_image(path, size=(40, 30), color=(200, 30, 30)):
-    from PIL import Image
-
-    Image.new("RGB", size, color).save(str(path))
-    return str(path)
-
-
-def write_video(path, n_frames=8, fps=4.0, size=(32, 32), seed=0):
-    """An mp4 whose frame k shows a white square at x = 2k (so frames differ)."""
-    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
-    w, h = size
-    gen = imageio_ffmpeg.write_frames(
-        str(path),
-        (w, h),
-        fps=fps,
-        codec="libx264",
-        pix_fmt_out="yuv420p",
-        macro_block_size=1,
-        output_params=["-g", "4"],
-        ffmpeg_log_level="error",
-    )
-    gen.send(None)
-    base = np.random.default_rng(seed).integers(0, 60, (h, w, 3), dtype=np.uint8)
-    for k in range(n_frames):
-        f = base.copy()
-        x = (2 * k) % max(1, w - 8)
-        f[h // 2 - 4 : h // 2 + 4, x : x + 8] = 255
-        gen.send(np.ascontiguousarray(f))
-    gen.close()
-    return str(path)
-
-
-def write_tone(path, seconds=1.0, hz=440.0, rate=16000):
-    import soundfile as sf
-
-    t = np.arange(int(seconds * rate)) / rate
-    sf.write(str(path), 0.3 * np.sin(2 * np.pi * hz * t), rate)
-    return str(path)
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -92,8 +51,8 @@ def media(tmp_path_factory):
     return {
         "image": write_image(d / "a.png", size=(90, 60)),
         "image2": write_image(d / "b.png", size=(150, 50), color=(20, 90, 200)),
-        "video": write_video(d / "v.mp4"),
-        "video2": write_video(d / "w.mp4", n_frames=12, size=(64, 48), seed=1),
+        "video": write_video(d / "v.mp4", n_frames=8, fps=4.0, size=(32, 32)),
+        "video2": write_video(d / "w.mp4", n_frames=12, fps=4.0, size=(64, 48), seed=1),
         "audio": write_tone(d / "t.wav", seconds=1.3),
         "audio2": write_tone(d / "u.wav", seconds=0.55, hz=300.0),
     }

@@ -11,39 +11,10 @@ transformers = pytest.importorskip("transformers")
 
 from relax_app.cli import main as cli  # noqa: E402
 from relax_app.recipes.thinker import ModelError, omni_thinker  # noqa: E402
+from relax_core.testing import tiny_omni_thinker_config  # noqa: E402
 
-THINKER = dict(
-    audio_config=dict(
-        num_mel_bins=128,
-        encoder_layers=1,
-        encoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        d_model=32,
-        downsample_hidden_size=16,
-        output_dim=64,
-    ),
-    vision_config=dict(
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=64,
-        deepstack_visual_indexes=[1],
-        num_position_embeddings=64,
-    ),
-    text_config=dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        mlp_only_layers=[1],
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    ),
+THINKER = tiny_omni_thinker_config(
+    vision={"deepstack_visual_indexes": [1]}, text={"moe_intermediate_size": 16}
 )
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 

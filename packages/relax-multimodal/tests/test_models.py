@@ -22,6 +22,7 @@ TEXT = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )
+VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
 
 
 def _ids(tok, names):
@@ -32,14 +33,7 @@ def qwen2_5_vl(tok):
     ids = _ids(tok, ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>"])
     cfg = transformers.Qwen2_5_VLConfig(
         text_config=dict(TEXT, rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 4]}),
-        vision_config=dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            fullatt_block_indexes=[0],
-        ),
+        vision_config=dict(VISION, fullatt_block_indexes=[0]),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -55,15 +49,7 @@ def qwen3_vl(tok):
             head_dim=16,
             rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
         ),
-        vision_config=dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            deepstack_visual_indexes=[0],
-            num_position_embeddings=64,
-        ),
+        vision_config=dict(VISION, deepstack_visual_indexes=[0], num_position_embeddings=64),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -113,14 +99,7 @@ def qwen2_5_omni(tok):
             d_model=32,
             output_dim=64,
         ),
-        vision_config=dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            fullatt_block_indexes=[0],
-        ),
+        vision_config=dict(VISION, fullatt_block_indexes=[0]),
         text_config=dict(TEXT, rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 4]}),
         image_token_index=ids["<|IMAGE|>"],
         video_token_index=ids["<|VIDEO|>"],

@@ -1,10 +1,13 @@
-"""A real HTTP server on 127.0.0.1 for the remote and genrm tests (stdlib ``http.server``)."""
+"""A real HTTP server on 127.0.0.1 for the remote and genrm tests (stdlib ``http.server``); the reward
+registry restored after a test that registers."""
 
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from relax_rewards import REWARDS
 
 
 class FakeServer:
@@ -46,3 +49,12 @@ def http_server():
     server = FakeServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def clean_registry():
+    """The registry as it was before the test, whatever the test registered."""
+    saved = dict(REWARDS)
+    yield
+    REWARDS.clear()
+    REWARDS.update(saved)

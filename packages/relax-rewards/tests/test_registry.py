@@ -7,16 +7,8 @@ from importlib.metadata import EntryPoint
 import pytest
 
 import relax_rewards.registry as registry
-from relax_rewards import REWARDS, get_reward, list_rewards, register, resolve_reward_type
+from relax_rewards import get_reward, list_rewards, register, resolve_reward_type
 from relax_rewards.math import dapo_reward, deepscaler_reward, math_reward
-
-
-@pytest.fixture
-def clean_registry():
-    saved = dict(REWARDS)
-    yield
-    REWARDS.clear()
-    REWARDS.update(saved)
 
 
 def test_builtins_are_registered():

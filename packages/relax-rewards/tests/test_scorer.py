@@ -5,15 +5,7 @@ import time
 
 import pytest
 
-from relax_rewards import REWARDS, RewardResult, Scorer, register
-
-
-@pytest.fixture
-def clean_registry():
-    saved = dict(REWARDS)
-    yield
-    REWARDS.clear()
-    REWARDS.update(saved)
+from relax_rewards import RewardResult, Scorer, register
 
 
 def exact(response, label, metadata=None):

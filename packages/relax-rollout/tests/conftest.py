@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.testing import build_tiny_checkpoint
+from relax_core.testing import build_tiny_checkpoint, single_thread_torch
 
 
 @pytest.fixture(scope="session")
@@ -11,6 +11,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
     torch.set_num_threads(1)
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    """A TorchEngine on the tiny checkpoint, in this process: what a served engine must answer like."""
+    from relax_rollout.engines.torch_engine import TorchEngine
+
+    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[1], pad_token_id=0)  # 1: <|im_end|>
 
 
 @pytest.fixture(scope="session")
@@ -23,12 +31,7 @@ def sglang_python() -> str:
 
 @pytest.fixture(autouse=True)
 def _single_thread_torch():
-    """Multi-threaded torch is orders of magnitude slower on a busy 2-core machine."""
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.set_num_threads(1)
+    single_thread_torch()
 
 
 def http(url: str, path: str, body=None, token: str | None = None, timeout: float = 60.0):

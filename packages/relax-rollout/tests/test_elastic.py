@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import in_background, wait_until  # noqa: E402
+from relax_core.testing import SlowEngine, in_background, wait_until  # noqa: E402
 from relax_rollout.elastic import ROUTES, ElasticService, make_elastic_server  # noqa: E402
 from relax_rollout.elastic_api import EngineList, Operation  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
@@ -37,45 +37,13 @@ PROMPTS = [
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-class RecordingEngine:
-    """A TorchEngine that sleeps ``delay`` before every decode step (abortable through the server's
-    ``on_step``) and records the weight version of every batch it generates."""
-
-    def __init__(self, engine: TorchEngine, delay: float = 0.0):
-        self.engine, self.delay, self.versions = engine, delay, []
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    def update_weights(self, tensors, version):
-        self.engine.update_weights(tensors, version)
-
-    def weights_checksum(self) -> str:
-        return self.engine.weights_checksum()
-
-    def generate(self, prompts, params, on_step=None):
-        self.versions.append(self.engine.weight_version)
-
-        def hook(t):
-            time.sleep(self.delay)
-            return on_step(t) if on_step is not None else set()
-
-        return self.engine.generate(prompts, params, on_step=hook)
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
-
-
 @pytest.fixture
 def serve(tiny_model_dir):
     started = []
 
     def start(delay: float = 0.0) -> ServedEngine:
         engine = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
-        s = ServedEngine(RecordingEngine(engine, delay))
+        s = ServedEngine(SlowEngine(engine, delay))
         started.append(s)
         return s
 

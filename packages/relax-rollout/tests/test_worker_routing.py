@@ -12,34 +12,25 @@ pytest.importorskip("transformers")
 from relax_bus import DataBus  # noqa: E402
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.controller import bus_config  # noqa: E402
+from relax_core.testing import tiny_moe  # noqa: E402
 from relax_rollout.worker import RolloutWorker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def moe_dir(tiny_model_dir, tmp_path_factory):
     """A tiny Qwen3-MoE with the tiny checkpoint's tokenizer."""
-    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = Qwen3MoeConfig(
+    model = tiny_moe(
         vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
+        norm_topk_prob=False,  # (transformers' defaults, not tiny_moe's)
+        initializer_range=0.02,
     )
-    torch.manual_seed(0)
     path = tmp_path_factory.mktemp("moe")
-    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
 

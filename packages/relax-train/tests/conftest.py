@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.testing import build_tiny_checkpoint
+from relax_core.testing import build_tiny_checkpoint, single_thread_torch
 
 
 @pytest.fixture(scope="session")
@@ -15,9 +15,4 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(autouse=True)
 def _single_thread_torch():
-    """Multi-threaded torch is orders of magnitude slower on a busy 2-core machine."""
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.set_num_threads(1)
+    single_thread_torch()

@@ -98,6 +98,67 @@ def tiny_moe(layers: int = 2, top_k: int = 2, seed: int = 0, **overrides):
     return Qwen3MoeForCausalLM(cfg)
 
 
+def tiny_qwen3_config(**overrides) -> dict:
+    """Keyword arguments of a tiny Qwen3 decoder: 2 layers, hidden 64, 4 query heads of 16 over 2 KV heads,
+    FFN 96, vocabulary 300 (not a multiple of 128: megatron's vocab padding shows). ``overrides`` replace or
+    add keys (tied embeddings, MoE sizes, rope, token ids). For ``Qwen3Config`` / ``Qwen3MoeConfig``, and the
+    ``text_config`` of a tiny Qwen3-VL or :func:`tiny_omni_thinker_config`."""
+    return {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        **overrides,
+    }
+
+
+def tiny_vision_config(**overrides) -> dict:
+    """The ``vision_config`` of a tiny Qwen3-VL / Qwen3-Omni: two blocks of width 32, both feeding DeepStack,
+    projected to :func:`tiny_qwen3_config`'s hidden size 64; ``overrides`` replace or add keys."""
+    return {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "deepstack_visual_indexes": [0, 1],
+        "num_position_embeddings": 64,
+        **overrides,
+    }
+
+
+def tiny_omni_thinker_config(text: dict | None = None, vision: dict | None = None, **overrides) -> dict:
+    """Keyword arguments of a tiny Qwen3-Omni thinker (``Qwen3OmniMoeThinkerConfig``, or the whole model's
+    ``thinker_config``): a one-layer audio encoder on the real 128 mel bins, :func:`tiny_vision_config`, and
+    :func:`tiny_qwen3_config` as an MoE decoder (4 experts of 32, top 2; layer 1 dense). ``text`` and
+    ``vision`` replace or add keys of those two; ``overrides``, top-level keys (token ids)."""
+    return {
+        "audio_config": {
+            "num_mel_bins": 128,
+            "encoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "encoder_ffn_dim": 64,
+            "d_model": 32,
+            "downsample_hidden_size": 16,
+            "output_dim": 64,
+        },
+        "vision_config": tiny_vision_config(**(vision or {})),
+        "text_config": tiny_qwen3_config(
+            **{
+                "moe_intermediate_size": 32,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "mlp_only_layers": [1],
+                **(text or {}),
+            }
+        ),
+        **overrides,
+    }
+
+
 def experts_used(trainer, data: dict):
     """Per sample, the experts a TorchBackend's forwards routed its first len − 1 tokens to ([T, layers, k]),
     and the log-probs of that pass: what R3 tests and ``benchmarks/r3.py`` compare with the rollout's."""
@@ -192,6 +253,77 @@ def signal_role_after(controller, trained_steps: int, role: str, sig: int | None
     out["thread"] = threading.Thread(target=watch, name=f"signal-{role}", daemon=True)
     out["thread"].start()
     return out
+
+
+def spawn_ranks(argv: list[str], world: int, capture: bool = False, **env: str) -> list:
+    """Start ``argv`` once per rank of a ``world``-rank group on this machine, as ``torchrun`` would:
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (127.0.0.1) and MASTER_PORT (a free port) set on top of this
+    process's environment and ``env``. ``capture``: stderr piped, as text. Returns the ``Popen`` objects."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pipes = {"stderr": subprocess.PIPE, "text": True} if capture else {}
+    return [
+        subprocess.Popen(
+            argv,
+            env={
+                **os.environ,
+                **env,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            **pipes,
+        )
+        for rank in range(world)
+    ]
+
+
+def single_thread_torch() -> None:
+    """One torch thread, where torch is installed: multi-threaded torch is orders of magnitude slower on a
+    busy 2-core machine (the autouse fixture of the packages' conftests)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+class SlowEngine:
+    """Wraps a rollout engine (a ``TorchEngine``): sleeps ``delay`` seconds before every decode step
+    (abortable: it honours the server's ``on_step`` hook), so requests stay in flight long enough to kill,
+    drain or scale in their server, and records in ``versions`` the weight version of every batch it
+    generates."""
+
+    def __init__(self, engine, delay: float = 0.0):
+        self.engine, self.delay, self.versions = engine, delay, []
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def update_weights(self, tensors, version):
+        self.engine.update_weights(tensors, version)
+
+    def weights_checksum(self) -> str:
+        return self.engine.weights_checksum()
+
+    def generate(self, prompts, params, on_step=None):
+        import time
+
+        self.versions.append(self.engine.weight_version)
+
+        def hook(t):
+            time.sleep(self.delay)
+            return on_step(t) if on_step is not None else set()
+
+        return self.engine.generate(prompts, params, on_step=hook)
 
 
 def wait_until(cond, timeout: float = 10.0, what: str = "condition", interval: float = 0.01) -> None:

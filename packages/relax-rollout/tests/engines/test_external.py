@@ -10,16 +10,9 @@ torch = pytest.importorskip("torch")
 
 from relax_rollout.engines import ENGINES, RolloutEngine, SamplingParams, build_engine  # noqa: E402
 from relax_rollout.engines.external import ExternalEngine, ServerError  # noqa: E402
-from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 
 pytestmark = pytest.mark.integration
-EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13]]
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
 
 
 @pytest.fixture(scope="module")

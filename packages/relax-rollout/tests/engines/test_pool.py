@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import in_background, wait_until  # noqa: E402
+from relax_core.testing import SlowEngine, in_background, wait_until  # noqa: E402
 from relax_rollout.engines import RolloutEngine, SamplingParams  # noqa: E402
 from relax_rollout.engines.pool import DrainTimeout, EnginePool, NoActiveEngine, PoolError  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
@@ -23,39 +23,9 @@ PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13], [9
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
 
 
-class SlowEngine:
-    """A TorchEngine that sleeps ``delay`` seconds before every decode step (abortable: it honours the
-    server's ``on_step`` hook), so requests stay in flight long enough to kill or drain their server."""
-
-    def __init__(self, engine: TorchEngine, delay: float):
-        self.engine, self.delay = engine, delay
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    def update_weights(self, tensors, version):
-        self.engine.update_weights(tensors, version)
-
-    def weights_checksum(self) -> str:
-        return self.engine.weights_checksum()
-
-    def generate(self, prompts, params, on_step=None):
-        def hook(t):
-            time.sleep(self.delay)
-            return on_step(t) if on_step is not None else set()
-
-        return self.engine.generate(prompts, params, on_step=hook)
-
-
 class BrokenEngine(SlowEngine):
     def generate(self, prompts, params, on_step=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
 
 
 @pytest.fixture

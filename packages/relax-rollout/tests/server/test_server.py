@@ -17,11 +17,6 @@ EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13]]
 
 
-@pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
-
-
 def test_generate_greedy_equals_in_process_engine(engine_server, call, local):
     # the served engine is shared: other tests update its weights (and restore them) before or after this one
     _, served = call(engine_server, "/get_weight_version")
@@ -376,6 +371,19 @@ def test_update_weights_from_disk_changes_outputs_and_version(engine_server, cal
     ]
 
 
+def _join_group(port: int, group_name: str, **extra) -> dict:
+    """An /init_weights_update_group body: the server joins as rank 1 of a two-rank gloo group on ``port``."""
+    return {
+        "master_address": "127.0.0.1",
+        "master_port": port,
+        "rank_offset": 1,
+        "world_size": 2,
+        "backend": "gloo",
+        "group_name": group_name,
+        **extra,
+    }
+
+
 def test_update_weights_over_dcs(engine_server, call, local):
     from relax_core.dcs import WeightSender, free_port
 
@@ -385,17 +393,7 @@ def test_update_weights_over_dcs(engine_server, call, local):
     t = threading.Thread(target=sender.connect)
     t.start()
     code, res = call(
-        engine_server,
-        "/init_weights_update_group",
-        {
-            "master_address": "127.0.0.1",
-            "master_port": port,
-            "rank_offset": 1,
-            "world_size": 2,
-            "backend": "gloo",
-            "group_name": "relax_dcs",
-            "protocol": "relax_dcs",
-        },
+        engine_server, "/init_weights_update_group", _join_group(port, "relax_dcs", protocol="relax_dcs")
     )
     t.join(30)
     assert code == 200 and res["success"], res
@@ -460,18 +458,7 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     box = {}
     joiner = threading.Thread(
         target=lambda: box.update(
-            res=call(
-                engine_server,
-                "/init_weights_update_group",
-                {
-                    "master_address": "127.0.0.1",
-                    "master_port": port,
-                    "rank_offset": 1,
-                    "world_size": 2,
-                    "backend": "gloo",
-                    "group_name": "sg",
-                },
-            )
+            res=call(engine_server, "/init_weights_update_group", _join_group(port, "sg"))
         )
     )
     joiner.start()

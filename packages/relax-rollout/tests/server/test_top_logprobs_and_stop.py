@@ -10,7 +10,6 @@ torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 from relax_rollout.engines import SamplingParams  # noqa: E402
-from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 
 pytestmark = pytest.mark.integration
 EOS = 1
@@ -20,11 +19,6 @@ ASK = {"model": "default", "messages": [{"role": "user", "content": "1+2="}], "t
 @pytest.fixture(scope="module")
 def client(engine_server):
     return openai.OpenAI(base_url=f"{engine_server}/v1", api_key="x", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
 
 
 def _stop_inside(text: str) -> tuple[str, int]:

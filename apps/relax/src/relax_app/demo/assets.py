@@ -53,6 +53,14 @@ class DemoSettings:
     max_answer_tokens: int = 8
     eval_samples: int = 8
 
+    MODEL_SHAPE = (
+        "hidden_size num_layers num_heads num_kv_heads head_dim intermediate_size max_position_embeddings seed"
+    ).split()
+    """The fields that are :func:`~relax_app.demo.model.build_tiny_qwen3`'s arguments."""
+
+    def model_shape(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.MODEL_SHAPE}
+
     def key(self) -> str:
         """Short hash of the settings and ``CODE_VERSION``: the cache directory's name."""
         blob = json.dumps({"code": CODE_VERSION, **asdict(self)}, sort_keys=True)
@@ -100,18 +108,7 @@ def _build(root: Path, s: DemoSettings) -> dict:
     files = make_arithmetic_task(root / "data", seed=s.seed, max_operand=s.max_operand, n_eval=s.n_eval)
     rows = read_jsonl(files.train_path)
     tokenizer = train_tokenizer((r["prompt"] + r["label"] for r in rows), vocab_size=s.vocab_size)
-    model = build_tiny_qwen3(
-        tokenizer,
-        root / "base",
-        hidden_size=s.hidden_size,
-        num_layers=s.num_layers,
-        num_heads=s.num_heads,
-        num_kv_heads=s.num_kv_heads,
-        head_dim=s.head_dim,
-        intermediate_size=s.intermediate_size,
-        max_position_embeddings=s.max_position_embeddings,
-        seed=s.seed,
-    )
+    model = build_tiny_qwen3(tokenizer, root / "base", **s.model_shape())
     log.info("demo: warm start, at most %d SFT steps on %d problems", s.sft_steps, len(rows))
     start = time.perf_counter()
     sft_dir = sft_warm_start(

@@ -124,26 +124,10 @@ def dot_frames(direction: str, x_start: int, y: int) -> np.ndarray:
 
 
 def write_mp4(path: Path, frames: np.ndarray, fps: float = VIDEO_FPS) -> None:
-    """H.264 mp4 (yuv420p) through the ffmpeg binary in the ``imageio-ffmpeg`` wheel."""
-    try:
-        import imageio_ffmpeg
-    except ImportError as e:  # pragma: no cover - a dev dependency of the workspace
-        raise ImportError("writing the video task needs imageio-ffmpeg: pip install imageio-ffmpeg") from e
-    h, w = frames.shape[1:3]
-    gen = imageio_ffmpeg.write_frames(
-        str(path),
-        (w, h),
-        fps=fps,
-        codec="libx264",
-        pix_fmt_out="yuv420p",
-        macro_block_size=1,
-        output_params=["-threads", "1"],
-        ffmpeg_log_level="error",
-    )
-    gen.send(None)
-    for f in frames:
-        gen.send(np.ascontiguousarray(f))
-    gen.close()
+    """H.264 mp4 (yuv420p) through the ffmpeg binary in the ``imageio-ffmpeg`` wheel, one encoder thread."""
+    from relax_multimodal.testing import write_mp4
+
+    write_mp4(path, frames, fps, output_params=["-threads", "1"])
 
 
 def make_video_sample(rng: random.Random, path: Path) -> tuple[str, str, dict]:

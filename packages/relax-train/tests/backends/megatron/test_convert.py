@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402
 
+from relax_core.testing import tiny_qwen3_config  # noqa: E402
 from relax_train.backends.megatron.convert import (  # noqa: E402
     ConversionError,
     MegatronLayout,
@@ -19,8 +20,10 @@ from relax_train.backends.megatron.convert import (  # noqa: E402
     megatron_to_hf,
 )
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 4, 2, 16, 300  # vocab 300: padding is exercised
-FFN, MOE_FFN, EXPERTS = 96, 32, 8
+TINY = tiny_qwen3_config()  # vocab 300: padding is exercised
+HIDDEN, HEADS, KV_HEADS = TINY["hidden_size"], TINY["num_attention_heads"], TINY["num_key_value_heads"]
+HEAD_DIM, VOCAB, FFN = TINY["head_dim"], TINY["vocab_size"], TINY["intermediate_size"]
+MOE_FFN, EXPERTS = 32, 8
 
 
 def _randomize(model, integer: bool = False):
@@ -39,31 +42,16 @@ def _randomize(model, integer: bool = False):
 
 
 def dense_config(tied: bool = False):
-    return transformers.Qwen3Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=FFN,
-        vocab_size=VOCAB,
-        tie_word_embeddings=tied,
-    )
+    return transformers.Qwen3Config(**TINY, tie_word_embeddings=tied)
 
 
 def moe_config():
     return transformers.Qwen3MoeConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        intermediate_size=FFN,
+        **TINY,
         moe_intermediate_size=MOE_FFN,
         num_experts=EXPERTS,
         num_experts_per_tok=2,
         mlp_only_layers=[1],  # layer 0 MoE, layer 1 dense
-        vocab_size=VOCAB,
     )
 
 

@@ -1,0 +1,59 @@
+"""What the end-to-end tests share: the tiny Qwen3 they train and the command line of a tiny run on it.
+
+Imported by the tests as ``_tiny`` (conftest.py puts this folder on sys.path). A test spells out only the
+flags that matter to it; the sizes every run here shares come from :data:`TINY_STEP` and :data:`QUIET`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TINY_QWEN3: dict[str, int] = dict(
+    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+)
+"""The tiny Qwen3's shape (``relax_app.demo.model.build_tiny_qwen3`` keywords)."""
+
+TINY_STEP = dict(rollout_batch_size=4, n_samples_per_prompt=4, rollout_max_response_len=4, micro_batch_size=8)
+"""A step of a tiny run: 4 prompts x 4 samples of at most 4 tokens, trained as one micro-batch."""
+
+QUIET = dict(torch_threads=1, progress=False)
+"""One torch thread (the test machines' cores are shared), no progress bar."""
+
+
+def tiny_qwen3(tokenizer, out_dir: str | Path, **shape):
+    """``build_tiny_qwen3`` of :data:`TINY_QWEN3`, with ``shape`` changed (``num_layers=1``, ``seed=1``)."""
+    from relax_app.demo.model import build_tiny_qwen3
+
+    return build_tiny_qwen3(tokenizer, out_dir=out_dir, **{**TINY_QWEN3, **shape})
+
+
+def mm_task(*media: str) -> dict[str, Any]:
+    """``run_flags`` keywords of the demo's multimodal task (``relax_app.demo.mm_task``): its ``media``
+    columns (all three when none are named) and their budget, the metadata column, the reward."""
+    from relax_app.demo.mm_task import MM_BUDGET, MM_KEYS, REWARD
+
+    keys = {m: MM_KEYS[m] for m in media} if media else MM_KEYS
+    return dict(multimodal_keys=keys, multimodal_options=MM_BUDGET, metadata_key="metadata", rm_type=REWARD)
+
+
+def run_flags(inputs, output_dir: str | Path, *extra: str, **flags) -> list[str]:
+    """The command line of a tiny run: ``inputs``' prompts and checkpoint (a ``RunInputs``), :data:`TINY_STEP`
+    and :data:`QUIET`, ``flags`` over them; then ``--output-dir output_dir`` and ``extra`` as given (a test's
+    ``"--colocate"`` or parametrized mode).
+
+    A flag is its field's name: ``num_rollout=3`` is ``--num-rollout 3``; ``True`` gives the bare flag
+    (``verify_weight_sync=True``), ``False`` its ``--no-`` form (``trace=False``), ``None`` leaves it out
+    (``progress=None``); a dict or list is passed as JSON. ``hf_checkpoint=...`` overrides ``inputs``'."""
+    named = {"prompt_data": inputs.prompt_path, "hf_checkpoint": inputs.model_path, **TINY_STEP, **QUIET}
+    argv: list[str] = []
+    for name, value in {**named, **flags}.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return [*argv, "--output-dir", str(output_dir), *extra]

@@ -177,7 +177,7 @@ def main() -> None:
         bcast: list[float] = []
 
         def iteration(mode: str) -> float:
-            worker.overlap = mode == "with overlap"
+            worker.weights.overlap = mode == "with overlap"
             t0 = time.perf_counter()
             if mode != "train alone":
                 worker.publish_weights()

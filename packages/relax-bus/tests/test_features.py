@@ -163,6 +163,17 @@ def test_snapshot_restore_redelivers_in_flight_only(tmp_path):
         DataBus.restore(tmp_path / "nothing")
 
 
+def test_restore_renames_consumers(tmp_path):
+    """A snapshot written before a consumer was renamed restores under the new name, progress and all."""
+    bus = DataBus(BusConfig(consumers={"old": ConsumerSpec(), "b": ConsumerSpec()}))
+    bus.put([{"x": np.full(2, i)} for i in range(4)])
+    bus.ack("old", bus.get("old", 2).lease_id)
+    bus.snapshot(tmp_path / "s")
+    r = DataBus.restore(tmp_path / "s", rename={"old": "new"})
+    assert set(r.stats()["consumers"]) == {"new", "b"} and r.consumed_ids("new") == [0, 1]
+    assert r.get("new", 2).ids == [2, 3] and r.get("b", 4).ids == [0, 1, 2, 3]
+
+
 def test_metrics_flatten():
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}))
     bus.put([{"x": np.zeros(4, np.float32)}], partition="s0")

@@ -42,3 +42,34 @@ def test_a_checkpoint_without_a_whole_bus_snapshot_has_no_bus_resume(tmp_path):
         "begun": {"7": {"pos": 1}, "8": {"pos": 2}, "9": {"pos": 3}},
     }
     assert json.loads((ck.path / "bus_resume.json").read_text())["next_step"] == 9
+
+
+def test_the_run_state_lies_beside_the_backends_files_and_old_checkpoints_still_read(tmp_path):
+    new = CheckpointDir(tmp_path / "new")
+    new.path.mkdir()
+    (new.path / "meta.json").write_text(json.dumps({"version": 3}))  # the backend's: the version only
+    new.write_run_state([1, 2], [["p1"]], {"epoch": 0, "offset": 6})
+    assert new.run_state() == {
+        "trained_ids": [1, 2],
+        "trained_prompts": [["p1"]],
+        "data": {"epoch": 0, "offset": 6},
+    }
+    old = CheckpointDir(tmp_path / "old")  # relax-core 0.5: the run's state inside the backend's meta.json
+    old.path.mkdir()
+    (old.path / "meta.json").write_text(json.dumps({"version": 3, "trained_ids": [1], "data": {"offset": 2}}))
+    assert old.run_state() == {"trained_ids": [1], "data": {"offset": 2}}
+    start = CheckpointDir(tmp_path / "start")
+    start.path.mkdir()
+    start.write_run_state([], [], None)  # (no data position known: the data's start)
+    assert "data" not in start.run_state()
+
+
+def test_without_a_journal_a_checkpoint_has_no_data_position_and_does_not_wait(tmp_path):
+    """A trainer used without our rollout role: nothing journals, and its checkpoints must not wait 300 s
+    for entries that never come; step 0 before any entry is the data's start."""
+    assert Journal(tmp_path / "none.jsonl").data_states([0, 4], timeout_s=0.1) == {0: None, 4: None}
+    j = Journal(tmp_path / "j.jsonl")
+    j.reset()
+    assert j.data_states([0], timeout_s=0.1) == {0: None}
+    with pytest.raises(TimeoutError, match=r"step\(s\) \[2\]"):
+        j.data_states([2], timeout_s=0.1)

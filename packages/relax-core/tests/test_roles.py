@@ -29,7 +29,7 @@ def test_the_default_run_actor_fwd_and_no_reference():
     assert consumers(p) == {
         "actor_fwd": (["tokens"], "in_order", False),
         "advantages": (["reward"], "group", False),
-        "actor_train": (["advantages", "log_probs"], "group", True),
+        "actor": (["advantages", "log_probs"], "group", True),
     }
     assert p.outputs == {"actor_fwd": ["log_probs"], "advantages": ["advantages"]}
 
@@ -38,7 +38,7 @@ def test_a_kl_loss_adds_the_reference_and_the_trainer_waits_for_it():
     p = plan("--kl-coef", "0.05", "--no-use-actor-fwd")
     assert p.loops == ["reference", "advantages"] and p.receivers == ["rollout"]
     assert consumers(p)["reference"] == (["tokens"], "in_order", False)
-    assert consumers(p)["actor_train"] == (["advantages", "ref_log_probs"], "group", True)
+    assert consumers(p)["actor"] == (["advantages", "ref_log_probs"], "group", True)
 
 
 def test_kl_in_the_reward_and_a_teacher():
@@ -46,7 +46,7 @@ def test_kl_in_the_reward_and_a_teacher():
     assert p.loops == ["actor_fwd", "reference", "teacher", "advantages"]
     c = consumers(p)
     assert c["advantages"] == (["reward", "ref_log_probs"], "group", False)  # the KL shapes the reward first
-    assert c["actor_train"] == (["advantages", "log_probs", "teacher_log_probs"], "group", True)
+    assert c["actor"] == (["advantages", "log_probs", "teacher_log_probs"], "group", True)
     assert p.outputs["reference"] == ["ref_log_probs"] and p.outputs["teacher"] == ["teacher_log_probs"]
     inputs = SimpleNamespace(model_path="m", ref_model_path=None, prompt_path="d", eval_path=None)
     assert [p.model_path(n, inputs, "t") for n in p.roles] == ["m", "m", "m", "t", None, "m"]

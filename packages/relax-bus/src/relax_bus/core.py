@@ -412,9 +412,12 @@ class DataBus(_Book):
         return _snapshot.write(path, state)
 
     @classmethod
-    def restore(cls, path: str | Path, clock: Callable[[], float] | None = None) -> DataBus:
-        """A new bus with the state saved by :meth:`snapshot` (config included)."""
-        state = _snapshot.read(path)
+    def restore(
+        cls, path: str | Path, clock: Callable[[], float] | None = None, rename: dict[str, str] | None = None
+    ) -> DataBus:
+        """A new bus with the state saved by :meth:`snapshot` (config included); ``rename``: consumers
+        renamed since (old -> new name)."""
+        state = _snapshot.read(path, rename)
         bus = cls(BusConfig.model_validate(state["config"]), clock=clock)
         _snapshot.import_state(bus, state)
         return bus

@@ -69,7 +69,7 @@ def collate(
 
 
 class StreamingDataLoader:
-    """``for mb in StreamingDataLoader(bus, "actor_train", micro_batch_size=8, total=64): ...``
+    """``for mb in StreamingDataLoader(bus, "actor", micro_batch_size=8, total=64): ...``
 
     Yields up to ``total`` samples (None = until the bus closes) in micro-batches of ``micro_batch_size``
     (partial ones as soon as anything is ready when ``partial=True``). ``timeout`` bounds each wait.

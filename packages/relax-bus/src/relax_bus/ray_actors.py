@@ -191,10 +191,10 @@ class Controller:
             s["fields"] = {f: cols[f][k] for f in s["fields"]}
         return str(_snapshot.write(path, state))
 
-    def load(self, path: str, inline_bytes: int) -> None:
+    def load(self, path: str, inline_bytes: int, rename: dict[str, str] | None = None) -> None:
         import ray
 
-        state = _snapshot.read(Path(path))
+        state = _snapshot.read(Path(path), rename)
         chunk = 256
         for start in range(0, len(state["samples"]), chunk):
             part = state["samples"][start : start + chunk]

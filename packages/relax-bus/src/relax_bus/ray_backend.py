@@ -142,13 +142,20 @@ class RayBus:
         return cls(controller, units, config, payload_owner=payload_owner, local_info=local_info)
 
     @classmethod
-    def restore(cls, path: str | Path, name: str | None = None, **create_options: Any) -> RayBus:
-        """A new Ray bus with the state saved by ``snapshot`` (of either backend)."""
+    def restore(
+        cls,
+        path: str | Path,
+        name: str | None = None,
+        rename: dict[str, str] | None = None,
+        **create_options: Any,
+    ) -> RayBus:
+        """A new Ray bus with the state saved by ``snapshot`` (of either backend); ``rename``: consumers
+        renamed since (old -> new name)."""
         from relax_bus import snapshot as _snapshot
 
-        state = _snapshot.read(path)
+        state = _snapshot.read(path, rename)
         bus = cls.create(state["config"], name=name, **create_options)
-        bus._wait(bus._controller.load.remote(str(Path(path).resolve()), bus.inline_bytes))
+        bus._wait(bus._controller.load.remote(str(Path(path).resolve()), bus.inline_bytes, rename))
         return bus
 
     # ------------------------------------------------------------------ plumbing

@@ -130,7 +130,9 @@ def write(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def read(path: str | Path) -> dict[str, Any]:
+def read(path: str | Path, rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """The state a snapshot holds. ``rename``: consumers renamed since it was written (old -> new name), so
+    a snapshot written under the old names restores into a bus configured with the new ones."""
     path = Path(path)
     if not (path / "manifest.json").is_file():
         raise BusError(f"no bus snapshot at {path} (expected {path / 'manifest.json'})")
@@ -140,7 +142,22 @@ def read(path: str | Path) -> dict[str, Any]:
             f"bus snapshot {path} has format {manifest.get('format')}, this relax-bus reads {FORMAT}"
         )
     with open(path / "state.pkl", "rb") as f:
-        return pickle.load(f)
+        state = pickle.load(f)
+    return rename_consumers(state, rename) if rename else state
+
+
+def rename_consumers(state: dict[str, Any], rename: dict[str, str]) -> dict[str, Any]:
+    """``state`` with each consumer ``old`` of ``rename`` called ``new``: in the config, the consumers'
+    progress and every sample's set of consumers still waiting for it."""
+
+    def new(name: str) -> str:
+        return rename.get(name, name)
+
+    state["config"]["consumers"] = {new(n): c for n, c in state["config"]["consumers"].items()}
+    state["consumers"] = {new(n): c for n, c in state["consumers"].items()}
+    for s in state["samples"]:
+        s["waiting"] = sorted(new(n) for n in s["waiting"])
+    return state
 
 
 def flatten(stats: dict[str, Any], prefix: str) -> dict[str, float]:

@@ -18,7 +18,6 @@ Why the restarts look like this:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
 from relax_core.resume import CheckpointDir
-from relax_core.roles import RolePlan, role_class
+from relax_core.roles import RENAMED_CONSUMERS, TRAINER_CONSUMER, RolePlan, role_class
 from relax_core.run import teacher_path
 
 
@@ -101,7 +100,11 @@ class AsyncRun:
         resume = ckpt.bus_resume() if ckpt else None
         from_snapshot = resume is not None
         # the samples generated and not yet trained when the checkpoint was written come back as they were
-        self.bus = RayBus.restore(ckpt.bus) if from_snapshot else RayBus.create(self.plan.bus_config())
+        self.bus = (
+            RayBus.restore(ckpt.bus, rename=RENAMED_CONSUMERS)
+            if from_snapshot
+            else RayBus.create(self.plan.bus_config())
+        )
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
             for name, written in self.plan.outputs.items():
                 self.bus.reset_consumer(name, done_if_written=written)
@@ -304,7 +307,7 @@ class AsyncRun:
         """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
         from relax_core.checkpoints import latest_checkpoint
 
-        acked = set(self.bus.consumed_ids("actor_train"))
+        acked = set(self.bus.consumed_ids(TRAINER_CONSUMER))
         ckpt, covered = None, set()
         if self.cfg.train.save:
             try:
@@ -312,19 +315,19 @@ class AsyncRun:
             except FileNotFoundError:
                 ckpt = None
         if ckpt is not None:
-            meta = json.loads((Path(ckpt) / "meta.json").read_text())
-            if not isinstance(meta.get("trained_ids"), list):
+            state = CheckpointDir(ckpt).run_state()
+            if not isinstance(state.get("trained_ids"), list):
                 raise _CannotRestartInPlace(f"checkpoint {ckpt} does not list its trained samples")
-            covered = set(meta["trained_ids"])
+            covered = set(state["trained_ids"])
         if not acked <= covered:
             raise _CannotRestartInPlace(
                 f"{len(acked - covered)} trained samples are not in the last checkpoint "
                 f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
             )
-        for lease_id, ids in self.bus.leases("actor_train").items():
+        for lease_id, ids in self.bus.leases(TRAINER_CONSUMER).items():
             if set(ids) <= covered:  # trained and saved; the process died before acking
-                self.bus.ack("actor_train", lease_id)
-        self.bus.reset_consumer("actor_train")
+                self.bus.ack(TRAINER_CONSUMER, lease_id)
+        self.bus.reset_consumer(TRAINER_CONSUMER)
         return ckpt
 
     def teardown(self) -> None:

@@ -98,9 +98,7 @@ class _Roles:
             self.built.append(role)
             return role
 
-        self.actor = build("actor")
-        self.actor.publish = self._publish
-        self.actor.save_extra = lambda v: {"data": self.rollout.data_state(v)}
+        self.actor = build("actor", send_weights=self._publish)  # (its weights: straight to the engine)
         self.rollout = build("rollout")
         # ActorFwd computes with the trainer's own backend here (its weights are the trainer's)
         self.helpers = [
@@ -118,13 +116,16 @@ class _Roles:
 
     def resume(self) -> int:
         """``--load``: the trainer's checkpoint, and the same prompts from there on; the step to start at."""
+        self.rollout.reset_journal()  # (the trainer's checkpoints read the data position there)
         if not self.cfg.train.load:
             return 0
         meta = self.actor.load(latest_checkpoint(self.cfg.train.load))
+        version = int(meta["version"])
         if "data" in meta:
             self.rollout.load_data_state(meta["data"])
-        self.bus.set_trainer_version(int(meta["version"]))
-        return int(meta["version"])
+        self.rollout.seed_journal({}, version)
+        self.bus.set_trainer_version(version)
+        return version
 
     def engine_turn(self) -> None:  # (the trainer's state waits in host memory)
         if self.offload:

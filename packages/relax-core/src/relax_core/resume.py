@@ -15,7 +15,9 @@ Two small classes, so the files are read and written in one place:
   trainer's checkpoints take the data position from :meth:`Journal.data_states` — the journal alone, not
   a call to the rollout role (which may be down and restarting).
 - :class:`CheckpointDir` — one checkpoint, ``<save>/step_<version>``: what the trainer's backend writes
-  (weights, optimizer, ``meta.json``), and in fully-async runs the bus snapshot (``bus/``) with
+  (weights, optimizer and RNG state, ``meta.json`` with the version — nothing else), the run's own state
+  beside it (``run_state.json``: the samples and prompts trained so far and the data position the next
+  step begins at, from the journal), and in fully-async runs the bus snapshot (``bus/``) with
   ``bus_resume.json`` (the rollout step after the snapshot's samples, where each step from the trainer's
   version on began). Written whole or not at all by :func:`relax_core.checkpoints.save_atomically`.
 """
@@ -31,6 +33,7 @@ from typing import Any
 from relax_core.config import RelaxConfig
 
 JOURNAL = "rollout_journal.jsonl"
+RUN_STATE = "run_state.json"
 
 
 @dataclass
@@ -55,21 +58,23 @@ class Journal:
 
     @classmethod
     def for_run(cls, cfg: RelaxConfig) -> Journal:
-        """Every fully-async run journals: the health manager restarts a rollout process from it, and the
-        trainer's checkpoints take the data position from it. Colocate runs in one process: none."""
-        if cfg.run.mode == "fully_async":
-            return cls(Path(cfg.run.output_dir) / JOURNAL)
-        return cls(None)
+        """Every run journals, in either mode: the trainer's checkpoints take the data position from it,
+        and under the health manager a restarted rollout process continues from it."""
+        return cls(Path(cfg.run.output_dir) / JOURNAL)
 
     def _entries(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.is_file():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def data_states(self, steps: list[int], timeout_s: float = 300.0) -> dict[int, dict[str, int]]:
+    def data_states(self, steps: list[int], timeout_s: float = 300.0) -> dict[int, dict[str, int] | None]:
         """Where the prompts stood when each of ``steps`` began: its ``begin`` entry, or for a step not
-        begun yet the position after the step before it drew its prompts (where it will begin). Waits up to
-        ``timeout_s`` for entries the rollout has not written yet, then fails naming them."""
+        begun yet the position after the step before it drew its prompts (where it will begin); None for
+        step 0 before any entry (the data's start) and for every step where no rollout journals (no
+        file: a trainer used without our rollout role). Waits up to ``timeout_s`` for entries the rollout
+        has not written yet, then fails naming them."""
+        if self.path is None or not self.path.is_file():
+            return dict.fromkeys(steps)
         deadline = time.monotonic() + timeout_s
         while True:
             begun: dict[int, dict] = {}
@@ -79,7 +84,11 @@ class Journal:
                     begun[int(e["begin"])] = e["state"]  # (the latest entry of a step wins)
                 elif "drawn" in e:
                     drawn[int(e["drawn"])] = e["state"]
-            out = {s: begun[s] if s in begun else drawn[s - 1] for s in steps if s in begun or s - 1 in drawn}
+            out: dict[int, dict[str, int] | None] = {
+                s: begun[s] if s in begun else drawn[s - 1] for s in steps if s in begun or s - 1 in drawn
+            }
+            if 0 in steps and 0 not in out:
+                out[0] = None
             missing = [s for s in steps if s not in out]
             if not missing:
                 return out
@@ -92,6 +101,8 @@ class Journal:
 
     def log(self, entry: dict[str, Any]) -> None:
         if self.path is not None:
+            if not self.path.parent.is_dir():  # (a rollout role used before any run made its output dir)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
 
@@ -160,6 +171,27 @@ class CheckpointDir:
     @classmethod
     def for_step(cls, root: str | Path, version: int) -> CheckpointDir:
         return cls(Path(root) / f"step_{version:06d}")
+
+    def write_run_state(
+        self, trained_ids: list[int], trained_prompts: list[list[str]], data: dict | None
+    ) -> None:
+        """Beside the backend's files: what was trained so far (a restarted trainer and the audit carry on
+        from it) and ``data``, where the rollout's prompts stand for the next step (None: unknown, or the
+        data's start)."""
+        state: dict[str, Any] = {"trained_ids": trained_ids, "trained_prompts": trained_prompts}
+        if data is not None:
+            state["data"] = data
+        (self.path / RUN_STATE).write_text(json.dumps(state))
+
+    def run_state(self) -> dict[str, Any]:
+        """What :meth:`write_run_state` wrote (``trained_ids``, ``trained_prompts``, ``data``); a checkpoint
+        written before relax-core 0.6 kept them in the backend's ``meta.json``; {} where there is none."""
+        f = self.path / RUN_STATE
+        if f.is_file():
+            return json.loads(f.read_text())
+        meta = self.path / "meta.json"
+        old = json.loads(meta.read_text()) if meta.is_file() else {}
+        return {k: old[k] for k in ("trained_ids", "trained_prompts", "data") if k in old}
 
     @property
     def bus(self) -> Path:

@@ -7,10 +7,10 @@ config, the fields a restarted consumer must not compute twice, the list of loop
 and in both run modes' constructors; :meth:`RolePlan.from_config` now says it once, and colocate, fully
 async and the bus read it from there.
 
-Names: a role's name is its registry key and, for the roles that consume from the bus, its consumer's
-name — except the trainer, whose consumer keeps the name ``actor_train`` (bus snapshots in checkpoints and
-the ``bus/consumers/actor_train/*`` metrics carry it). ActorFwd, Reference and Teacher are one class
-(``ForwardWorker``) under three names.
+Names: one name per role — its registry key, its bus consumer's name (for the roles that consume from
+the bus) and the ``bus/consumers/<name>/*`` metrics. ActorFwd, Reference and Teacher are one class
+(``ForwardWorker``) under three names. (The trainer's consumer was ``actor_train`` before relax-core 0.6:
+:data:`RENAMED_CONSUMERS` restores a bus snapshot written then.)
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ REGISTRY: dict[str, str] = {
 }
 """Role name -> ``"module:Class"``, imported when built (relax-core depends on neither package)."""
 
-TRAINER_CONSUMER = "actor_train"
-"""The trainer's bus consumer."""
+TRAINER_CONSUMER = "actor"
+"""The trainer's bus consumer (its role name, as for every consumer)."""
+
+RENAMED_CONSUMERS = {"actor_train": TRAINER_CONSUMER}
+"""Old consumer name -> new, for bus snapshots in checkpoints written under the old names."""
 
 
 def role_class(name: str) -> type:
@@ -56,8 +59,7 @@ class RoleSpec:
 
     @property
     def consumer(self) -> str | None:
-        if self.name == "actor":
-            return TRAINER_CONSUMER
+        """Its bus consumer: the role's own name, for a role that reads samples from the bus."""
         return self.name if self.needs else None
 
 

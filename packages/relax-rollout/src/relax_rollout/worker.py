@@ -21,6 +21,7 @@ from typing import Any
 from relax_core.config import RelaxConfig
 from relax_core.resume import Journal
 from relax_core.trace import Tracer
+from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
 from relax_rollout.generation import Generated, Generation
@@ -75,7 +76,9 @@ class RolloutWorker:
         self.prompts = Prompts(cfg, self.tokenizer, model_path, prompt_path, self.stats)
         self.scorer = build_scorer(cfg)
         self._cond = threading.Condition()
-        self._receiver = None
+        self.weights = WeightSubscriber(
+            cfg.run, lambda v, t: self.set_weights(t, v), lambda: self.engine.weight_version, "rollout"
+        )
         self.weight_log: dict[int, str] = {}
         self._beat = 0.0
         # Fully async, every batch's start (prompt position) and landing on the bus are journaled: the
@@ -146,25 +149,11 @@ class RolloutWorker:
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
-        from relax_core.dcs import WeightReceiver
-
-        if self._receiver is not None:  # the old group lost a member: leave it
-            self._receiver.close(timeout_s=5.0)
-        self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
-        self._receiver.connect()
-        self._receiver.start_background(lambda v, t: self.set_weights(t, v))
+        self.weights.connect_dcs(init_method, world_size, rank)
 
     def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
         """Block until the engine holds weights of ``version`` or newer (a restarted role)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self.engine.weight_version < version:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"rollout: weights of version {version} did not arrive in {timeout_s}s"
-                    )
-                self._cond.wait(0.1)
-        return self.engine.weight_version
+        return self.weights.wait(version, timeout_s)
 
     def heartbeat(self) -> dict[str, Any]:
         """For the health manager: seconds since the loop last made progress (or polled idle)."""
@@ -195,8 +184,10 @@ class RolloutWorker:
         checkpoint of trainer version ``step`` stores so a resumed run draws the same prompts."""
         return self.prompts.data_state(step)
 
-    def load_data_state(self, state: dict[str, int]) -> None:
-        self.prompts.iterator.load_state_dict(state)
+    def load_data_state(self, state: dict[str, int] | None) -> None:
+        """Continue from data position ``state`` (None: the data's start)."""
+        if state is not None:
+            self.prompts.iterator.load_state_dict(state)
 
     def get_prompt_log(self) -> list[tuple[int, list[str]]]:
         """(step, prompt row ids) of every batch put on the bus, in order."""
@@ -261,8 +252,8 @@ class RolloutWorker:
                 with self._cond:
                     while self.engine.weight_version < need:
                         self._beat = time.monotonic()
-                        if self._receiver is not None and not self.cfg.run.health:
-                            self._receiver.check()  # (under the health manager a broken group is re-formed)
+                        if not self.cfg.run.health:  # (under the health manager a broken group is re-formed)
+                            self.weights.check()
                         self._cond.wait(0.5)
                 self.stats["wait_s"] += time.perf_counter() - t0
                 pending = self._collect(step)
@@ -332,8 +323,7 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.scorer.close()  # (--reward-isolation process: its worker processes)
-        if self._receiver is not None:
-            self._receiver.close()
+        self.weights.close()
         if self.engine_service is not None:
             self.engine_service.close()
         elif callable(getattr(self.engine, "close", None)):  # an engine owning processes (sglang)

@@ -49,19 +49,19 @@ def test_next_step_waits_for_the_broadcast_before_its_optimizer_writes(tiny_mode
         assert release.wait(30)
         sent.append((version, checksum(named)))
 
-    worker.publish, worker.overlap = slow_publish, True
+    worker.weights.send, worker.weights.overlap = slow_publish, True
     before = checksum(worker.backend.named_weights())
     worker.publish_weights()  # returns at once: the broadcast runs in the background
     assert sending.wait(10) and not sent
     step = in_background(worker.backend.train_step, _samples())
-    wait_until(lambda: worker._inflight is None, what="the optimizer reaching the fence")
+    wait_until(lambda: not worker.weights.in_flight, what="the optimizer reaching the fence")
     assert step.thread.is_alive()  # forward and backward done; the optimizer waits for the broadcast
     assert checksum(worker.backend.named_weights()) == before  # nothing written while it reads
     release.set()
     step()
     assert sent == [(0, before)]  # what was sent is version 0's weights, unchanged by step 1
     assert checksum(worker.backend.named_weights()) != before and worker.backend.version == 1
-    assert worker._fence_wait_s > 0
+    assert worker.weights.fence_wait_s > 0
     worker.close()
 
 
@@ -73,14 +73,14 @@ def test_a_failed_background_broadcast_fails_the_next_step_without_the_health_ma
     def broken(named, version):
         raise RuntimeError("receiver gone")
 
-    worker.publish, worker.overlap = broken, True
+    worker.weights.send, worker.weights.overlap = broken, True
     worker.publish_weights()
     with pytest.raises(RuntimeError, match="receiver gone"):
         worker.backend.train_step(_samples())
     worker.close()
 
     tolerant = ActorWorker(_cfg(tmp_path / "h", health=True), bus=None, model_path=tiny_model_dir)
-    tolerant.publish, tolerant.overlap = broken, True
+    tolerant.weights.send, tolerant.weights.overlap = broken, True
     tolerant.publish_weights()
     tolerant.backend.train_step(_samples())  # under the health manager: counted, the group re-formed
     assert tolerant.dcs_failures == 1 and tolerant.backend.version == 1
@@ -96,7 +96,7 @@ def test_receivers_get_every_version_exactly_over_dcs(tiny_model_dir, tmp_path, 
     joined = in_background(receiver.connect)
     worker.connect_dcs(init, 2)
     joined()
-    assert worker.overlap is overlap
+    assert worker.weights.overlap is overlap
     got = {}
     receiver.start_background(lambda v, t: got.setdefault(v, checksum(t.items())))
     for _ in range(3):

@@ -41,8 +41,9 @@ class TrainBackend(Protocol):
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Copy HF-named tensors into the model and take ``version``."""
 
-    def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """Model, optimizer and RNG state into ``path`` (``meta.json`` holds the version and ``extra``)."""
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Model, optimizer and RNG state into the directory ``path``, and ``meta.json`` with the version:
+        only this backend's own state (the run's lies beside it: :class:`relax_core.resume.CheckpointDir`)."""
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore what ``save_checkpoint`` wrote; returns its ``meta.json``. Refuses a damaged one."""

@@ -482,13 +482,13 @@ class TorchBackend:
         self.version = version
 
     @onloaded
-    def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+    def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model")
         state = self._trainer_state()
         torch.save(state, path / "trainer_state.pt")
-        (path / "meta.json").write_text(json.dumps({"version": self.version, **(extra or {})}, indent=1))
+        (path / "meta.json").write_text(json.dumps({"version": self.version}, indent=1))
 
     @onloaded
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:

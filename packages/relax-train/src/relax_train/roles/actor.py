@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import importlib
 import os
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
+from relax_core.roles import TRAINER_CONSUMER
 from relax_core.trace import Tracer
+from relax_core.weight_sync import Send, WeightPublisher
 from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
 from relax_train.roles.actor_checkpoint import ActorCheckpoints
 from relax_train.roles.base import _DeviceTurns, _set_threads
@@ -37,7 +37,10 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         eval_path: str | None = None,
         evaluator: str = "relax_rollout.evaluate:GreedyEvaluator",
         torch_threads: int | None = None,
+        send_weights: Send | None = None,
     ) -> None:
+        """``send_weights(named, version)``: where each new version goes in colocate mode (the run passes
+        the rollout's loader); fully async, the health manager opens a DCS broadcast (:meth:`connect_dcs`)."""
         _set_threads(torch_threads)
         from relax_train.backends import build_backend
 
@@ -50,19 +53,16 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         if eval_path is not None:
             module, _, attr = evaluator.partition(":")
             self.evaluate = getattr(importlib.import_module(module), attr)(cfg, model_path, eval_path)
-        self.publish: Callable[[list, int], None] | None = None
-        self._sender = None
-        self.history: list[dict[str, Any]] = []
         self.weight_log: dict[int, str] = {}
-        self.trained_ids: list[int] = []
-        self._dcs_lock = threading.RLock()
-        self._sync_pool: Any = None  # one background thread: the weight broadcast overlapping the next step
-        self._inflight: Any = None  # that broadcast's future, until the fence has waited for it
-        self._fence_wait_s = 0.0
-        self.overlap = False
-        """Publish from a background thread (DCS with ``overlap_weight_sync``); never in colocate mode,
-        where the rollout generates with the new weights right after the step."""
+        self.weights = WeightPublisher(
+            cfg.run,
+            lambda: (self.backend.named_weights(), self.backend.version),
+            send_weights,
+            self._log_weights if cfg.run.verify_weight_sync else None,
+        )
         self.backend.before_update = self.wait_weight_sync
+        self.history: list[dict[str, Any]] = []
+        self.trained_ids: list[int] = []
         self.trained_prompts: list[list[str]] = []
         """Prompt ids of every trained batch, one list per step (for audits: exact resume, restarts)."""
         self.out = Path(cfg.run.output_dir)
@@ -75,78 +75,34 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         if cfg.algo.uses_reference and cfg.algo.use_kl_loss:
             self.required.append("ref_log_probs")
 
-    # -- weights -------------------------------------------------------------------------------
+    # -- weights (relax_core.weight_sync) --------------------------------------------------------
     def connect_dcs(self, init_method: str, world_size: int, republish: bool = False) -> int:
         """Open the weight broadcast to ``world_size - 1`` receivers. The health manager calls it again
         after a role restarted (``republish``: send the current weights at once, so the newcomer and
         anyone who missed a broadcast catch up). Returns the version the receivers will hold."""
-        from relax_core.dcs import WeightSender
-
-        with self._dcs_lock:  # no training-step broadcast in between: it would race the re-send
-            if self._sender is not None:  # a member died: drop the old group without the handshake
-                self._sender.abandon()
-                self.wait_weight_sync()  # (a broadcast in flight on the old group fails; counted)
-            self._sender = WeightSender.for_run(self.cfg.run, init_method, world_size)
-            self._sender.connect()
-            self.publish = lambda named, v: self._sender.broadcast(named, v)
-            self.overlap = self.cfg.run.overlap_weight_sync
-            if republish:
-                self.publish_weights()
-            return self.backend.version
-
-    dcs_failures = 0
-    """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
+        self.weights.connect_dcs(init_method, world_size, republish)
+        return self.backend.version
 
     def publish_weights(self) -> None:
         """Send the current weights (their version: the steps trained) to every receiver: in colocate
         mode straight to the rollout; over DCS from a background thread when overlapping, which the
         next step's optimizer waits for (:meth:`wait_weight_sync`) before it writes the weights again."""
-        named = self.backend.named_weights()
-        if self.cfg.run.verify_weight_sync:
-            from relax_core.dcs import checksum
-
-            self.weight_log[self.backend.version] = checksum(named)
-        if self.publish is None:
-            return
-        with self._dcs_lock:
-            self.wait_weight_sync()  # one broadcast at a time, in version order
-            last = self._sender.last_version if self._sender is not None else None
-            if last is not None and self.backend.version <= last:
-                return  # this group has these weights already (sent when it was formed)
-            if self.overlap:
-                from concurrent.futures import ThreadPoolExecutor
-
-                if self._sync_pool is None:
-                    self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="relax-dcs-sender")
-                # the weights are read by that thread until the fence (before the next optimizer step)
-                self._inflight = self._sync_pool.submit(self.publish, named, self.backend.version)
-                return
-            try:
-                self.publish(named, self.backend.version)
-            except RuntimeError as e:
-                self._broadcast_failed(e)
-
-    def _broadcast_failed(self, exc: RuntimeError) -> None:
-        if not self.cfg.run.health:
-            raise exc
-        # a receiver died mid-broadcast: train on; the health manager restarts it, re-forms the group and
-        # has these weights sent again
-        self.dcs_failures += 1
+        self.weights.publish()
 
     def wait_weight_sync(self) -> float:
         """The fence: wait for the weight broadcast in flight, if any (the backend calls it before its
         optimizer writes the weights that broadcast reads). Returns the seconds waited."""
-        fut, self._inflight = self._inflight, None
-        if fut is None:
-            return 0.0
-        t0 = time.perf_counter()
-        try:
-            fut.result()
-        except RuntimeError as e:
-            self._broadcast_failed(e)
-        waited = time.perf_counter() - t0
-        self._fence_wait_s += waited
-        return waited
+        return self.weights.fence()
+
+    @property
+    def dcs_failures(self) -> int:
+        """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
+        return self.weights.failures
+
+    def _log_weights(self, named: list, version: int) -> None:
+        from relax_core.dcs import checksum
+
+        self.weight_log[version] = checksum(named)
 
     # -- one step ------------------------------------------------------------------------------
     def _exact_prox(self, d: dict[str, Any]) -> dict[str, float]:
@@ -170,7 +126,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             self._beat = time.monotonic()
             try:
                 return self.bus.get(
-                    "actor_train",
+                    TRAINER_CONSUMER,
                     n=self.cfg.samples_per_rollout,
                     fields=None,
                     trainer_version=step,
@@ -191,7 +147,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                 a.advantage_estimator, d["advantages"], a.normalize_advantages_std
             )
         # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
-        with self.tracer.span("train", step=step, n=len(batch)), self._dcs_lock:
+        with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
             prox = self._exact_prox(d)
             metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
         metrics.update(prox)
@@ -203,7 +159,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             if self.backend.version > self.bus.trainer_version:  # (a restarted trainer re-does a step)
                 self.bus.set_trainer_version(self.backend.version)
         t3 = time.perf_counter()
-        fence_wait_s, self._fence_wait_s = self._fence_wait_s, 0.0
+        fence_wait_s, self.weights.fence_wait_s = self.weights.fence_wait_s, 0.0
         metrics.update(
             step_metrics(
                 d,
@@ -235,7 +191,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             saved = None
         # ack last: if this process dies before, the batch comes back, unless the checkpoint above
         # already holds it (the health manager acks what a restarted trainer's checkpoint covers)
-        self.bus.ack("actor_train", batch.lease_id)
+        self.bus.ack(TRAINER_CONSUMER, batch.lease_id)
         if saved is not None:
             self.save_bus(saved)
         return metrics
@@ -292,11 +248,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         return self.tracer.get_spans()
 
     def close(self) -> None:
-        self.wait_weight_sync()
-        if self._sync_pool is not None:
-            self._sync_pool.shutdown()
-        if self._sender is not None:
-            self._sender.close()
+        self.weights.close()
         if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
             self.backend.close()
         self.metrics.close()

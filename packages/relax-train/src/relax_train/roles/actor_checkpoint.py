@@ -1,8 +1,8 @@
 """The trainer's checkpoints: save, resume, and the bus snapshot that makes a fully-async resume exact.
 
 A checkpoint holds the backend's weights and optimizer, what was trained so far (sample and prompt ids, for
-audits and restarts) and, in fully-async mode, the rollout's data position and the samples generated but not
-trained yet. A mixin of :class:`~relax_train.roles.actor.ActorWorker`, apart so the training step reads on
+audits and restarts), the rollout's data position and, in fully-async mode, the samples generated but not
+trained yet (the layout: :class:`relax_core.resume.CheckpointDir`). A mixin of :class:`~relax_train.roles.actor.ActorWorker`, apart so the training step reads on
 its own; it uses the trainer's backend, bus, tracer, output folder and history.
 """
 
@@ -35,12 +35,12 @@ class ActorCheckpoints:
     trained_prompts: list[list[str]]
     wait_weight_sync: Callable[[], float]
 
-    def data_state(self, step: int) -> dict:
+    def data_state(self, step: int) -> dict | None:
         return self.data_states([step])[step]
 
-    def data_states(self, steps: list[int]) -> dict[int, dict]:
-        """Where the rollout's prompts stood when each rollout step began: from the rollout journal alone
-        (fully async), so a checkpoint never waits on the rollout role, which may be down and restarting."""
+    def data_states(self, steps: list[int]) -> dict[int, dict | None]:
+        """Where the rollout's prompts stood when each rollout step began: from the rollout journal alone,
+        so a checkpoint never waits on the rollout role, which may be down and restarting."""
         return Journal.for_run(self.cfg).data_states(steps)
 
     def save_bus(self, checkpoint: str) -> None:
@@ -60,36 +60,35 @@ class ActorCheckpoints:
             # where each rollout step from the trainer's version on began: the resumed run's journal
             ckpt.write_bus_resume(nxt, self.data_states(list(range(self.backend.version, nxt + 1))))
 
-    save_extra: Callable[[int], dict[str, Any]] | None = None
-    """version -> extra checkpoint state from other roles: the rollout's data position (colocate: set by
-    the run, from the rollout in this process; fully async: from the journal)."""
-
     def save(self, path: str | None = None) -> str:
-        target = CheckpointDir.for_step(path or self.cfg.train.save, self.backend.version).path
-        # what was trained so far, so a restarted trainer (and the audit) carries on from here
-        extra: dict[str, Any] = {
-            "trained_ids": list(self.trained_ids),
-            "trained_prompts": self.trained_prompts,
-        }
-        if self.save_extra is not None:
-            extra.update(self.save_extra(self.backend.version))
-        elif self.cfg.run.mode == "fully_async":
-            extra["data"] = self.data_state(self.backend.version)
-        with self.tracer.span("save", version=self.backend.version):  # whole, or not there (a kill mid-save)
-            save_atomically(target, lambda tmp: self.backend.save_checkpoint(tmp, extra=extra))
+        """A checkpoint of this version under ``path`` (default ``--save``): the backend's weights and
+        optimizer, and beside them what was trained so far and the data position the next step begins at
+        (from the rollout journal, in either mode). Written whole or not at all."""
+        v = self.backend.version
+        target = CheckpointDir.for_step(path or self.cfg.train.save, v).path
+        data = self.data_state(v)
+
+        def write(tmp: Path) -> None:
+            self.backend.save_checkpoint(tmp)
+            CheckpointDir(tmp).write_run_state(list(self.trained_ids), self.trained_prompts, data)
+
+        with self.tracer.span("save", version=v):  # whole, or not there (a kill mid-save)
+            save_atomically(target, write)
         return str(target)
 
     def load(self, path: str) -> dict[str, Any]:
-        """Resume from a checkpoint; returns its metadata (``version``: the step to continue from).
+        """Resume from a checkpoint; returns its ``version`` (the step to continue from) with its run state
+        (``data``: the data position that step begins at; ``trained_ids``, ``trained_prompts``).
 
         The trained ids and prompts come back from the checkpoint and the history from this run's
         metrics.jsonl (rows up to the checkpoint's step): a restarted trainer reports the whole run."""
         self.wait_weight_sync()  # (no broadcast may be reading the weights the checkpoint overwrites)
         meta = self.backend.load_checkpoint(path)
         v = int(meta["version"])
-        if isinstance(meta.get("trained_ids"), list):
-            self.trained_ids = [int(i) for i in meta["trained_ids"]]
-            self.trained_prompts = [list(p) for p in meta.get("trained_prompts", [])]
+        state = CheckpointDir(path).run_state()
+        if isinstance(state.get("trained_ids"), list):
+            self.trained_ids = [int(i) for i in state["trained_ids"]]
+            self.trained_prompts = [list(p) for p in state.get("trained_prompts", [])]
         log = self.out / "metrics.jsonl"
         if log.is_file() and not self.history:
             rows = _json_lines(log)
@@ -98,7 +97,7 @@ class ActorCheckpoints:
                 if int(r.get("step", -1)) <= v:
                     kept[(int(r["step"]), "rollout/reward_mean" in r)] = r
             self.history = [kept[k] for k in sorted(kept)]
-        return meta
+        return {**meta, **state}
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:

@@ -8,11 +8,11 @@ trainer's weight broadcast (DCS), so it computes with the latest weights, never 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.trace import Tracer
+from relax_core.weight_sync import WeightSubscriber
 from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
 
 FORWARD_FIELDS = {"actor_fwd": "log_probs", "reference": "ref_log_probs", "teacher": "teacher_log_probs"}
@@ -53,9 +53,9 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
         self.backend = backend
         if role == "teacher":  # another model: the student's recorded MoE routing (R3) does not apply to it
             self.backend.routing = None
-        self._receiver = None
         self._weights_lock = threading.Lock()
         """Held by a forward pass and by a weight load: a forward never reads half-loaded weights."""
+        self.weights = WeightSubscriber(cfg.run, self._load_weights, lambda: self.backend.version, role)
 
     def handle(self, batch) -> None:
         with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
@@ -69,30 +69,16 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""
-        from relax_core.dcs import WeightReceiver
-
-        if self._receiver is not None:  # the old group lost a member: leave it
-            self._receiver.close(timeout_s=5.0)
-        self._receiver = WeightReceiver.for_run(self.cfg.run, init_method, world_size, rank)
-        self._receiver.connect()
-        self._receiver.start_background(self._load_weights)
+        self.weights.connect_dcs(init_method, world_size, rank)
 
     def wait_weights(self, version: int, timeout_s: float = 300.0) -> int:
         """Block until weights of ``version`` (or newer) are loaded: a restarted role must not compute
         with its start-up weights."""
-        deadline = time.monotonic() + timeout_s
-        while self.backend.version < version:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.consumer}: weights of version {version} did not arrive in {timeout_s}s"
-                )
-            time.sleep(0.02)
-        return self.backend.version
+        return self.weights.wait(version, timeout_s)
 
     def close(self) -> None:
         """Leave the weight broadcast; close a backend that owns processes (a megatron rank group)
         unless it is the trainer's (ActorFwd in colocate shares it)."""
-        if self._receiver is not None:
-            self._receiver.close()
+        self.weights.close()
         if self.owns_backend and callable(getattr(self.backend, "close", None)):
             self.backend.close()

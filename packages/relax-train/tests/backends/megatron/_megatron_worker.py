@@ -34,7 +34,7 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("offload"):  # colocate's hand-over: the device memory out and back, between two steps
         out["offload"] = _offload_round_trip(backend, samples)
     if spec.get("save"):
-        backend.save_checkpoint(spec["save"], extra={"note": "test"})
+        backend.save_checkpoint(spec["save"])
     if spec.get("load"):
         out["meta"] = backend.load_checkpoint(spec["load"])
         out["weights_loaded"] = {n: t.clone() for n, t in backend.named_weights()}

@@ -9,9 +9,6 @@ forward-backward schedules. bf16 and megatron's fused GPU kernels are not exerci
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +20,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
 from relax_core.cli_config import build_config  # noqa: E402
+from relax_core.testing import (  # noqa: E402
+    spawn_ranks,
+    tiny_omni_thinker_config,
+    tiny_qwen3_config,
+    tiny_vision_config,
+)
 from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
 
 WORKER = Path(__file__).with_name("_megatron_worker.py")
@@ -42,16 +45,7 @@ FLAGS = [
 def _model(tmp: Path, kind: str) -> str:
     """A tiny random Qwen3 (dense, tied or MoE) with weights large enough that the logits are far from
     uniform, saved in HF format."""
-    common = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-    )
+    common = tiny_qwen3_config(vocab_size=VOCAB, max_position_embeddings=128)
     torch.manual_seed(0)
     if kind == "moe":
         cfg = transformers.Qwen3MoeConfig(
@@ -115,25 +109,9 @@ def _megatron(
     spec = tmp / f"spec_{len(list(tmp.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"model": model, "flags": flags, "samples": str(samples), **task}))
     out = spec.with_suffix(".pt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(spec), str(out)], env=env, stderr=subprocess.PIPE, text=True
-            )
-        )
+    procs = spawn_ranks(
+        [sys.executable, str(WORKER), str(spec), str(out)], world, capture=True, OMP_NUM_THREADS="1"
+    )
     errors = [p.communicate(timeout=600)[1] for p in procs]
     for p, err in zip(procs, errors):
         assert p.returncode == 0, err[-4000:]
@@ -379,7 +357,7 @@ def test_checkpoint_round_trip_and_hf_export(tmp_path):
     ckpt = tmp_path / "ckpt"
     saved = _megatron(tmp_path, model, FLAGS, train_steps=1, save=str(ckpt), then_train=1)
     meta = json.loads((ckpt / "meta.json").read_text())
-    assert meta == {"version": 1, "note": "test"}
+    assert meta == {"version": 1}  # the backend's own state only (the run's lies beside it)
     assert (ckpt / "dist" / "metadata.json").is_file()  # a megatron distributed checkpoint
     # a fresh backend from the original weights loads the trained state back
     loaded = _megatron(tmp_path, model, FLAGS, load=str(ckpt), then_train=1)
@@ -429,14 +407,8 @@ def _vl_model(tmp: Path) -> str:
     """A tiny random Qwen3-VL: two decoder layers, both receiving DeepStack features (from the two vision
     blocks), interleaved M-RoPE; weights scaled as in :func:`_model`."""
     cfg = transformers.Qwen3VLConfig(
-        text_config=dict(
+        text_config=tiny_qwen3_config(
             vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
             max_position_embeddings=256,
             pad_token_id=0,
             rope_parameters={
@@ -446,15 +418,7 @@ def _vl_model(tmp: Path) -> str:
                 "mrope_interleaved": True,
             },
         ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            deepstack_visual_indexes=[0, 1],
-            num_position_embeddings=64,
-        ),
+        vision_config=tiny_vision_config(),
         **VL_IDS,
     )
     torch.manual_seed(0)
@@ -555,48 +519,23 @@ def _omni_model(tmp: Path, deepstack: tuple[int, ...] = (0, 1)) -> str:
     """A tiny random Qwen3-Omni thinker: MoE decoder (4 experts, top 2; layer 1 dense), vision tower with
     DeepStack (from the blocks ``deepstack``, into as many first decoder layers), audio tower."""
     cfg = transformers.Qwen3OmniMoeThinkerConfig(
-        audio_config=dict(
-            num_mel_bins=128,
-            encoder_layers=1,
-            encoder_attention_heads=2,
-            encoder_ffn_dim=64,
-            d_model=32,
-            downsample_hidden_size=16,
-            output_dim=64,
-        ),
-        vision_config=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            deepstack_visual_indexes=list(deepstack),
-            num_position_embeddings=64,
-        ),
-        text_config=dict(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            mlp_only_layers=[1],
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=256,
-            pad_token_id=0,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 1e6,
-                "mrope_section": [2, 3, 3],
-                "interleaved": True,
-                "mrope_interleaved": False,
+        **tiny_omni_thinker_config(
+            vision={"deepstack_visual_indexes": list(deepstack)},
+            text={
+                "vocab_size": VOCAB,
+                "max_position_embeddings": 256,
+                "pad_token_id": 0,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e6,
+                    "mrope_section": [2, 3, 3],
+                    "interleaved": True,
+                    "mrope_interleaved": False,
+                },
             },
-        ),
-        position_id_per_seconds=13,
-        **OMNI_IDS,
+            position_id_per_seconds=13,
+            **OMNI_IDS,
+        )
     )
     torch.manual_seed(0)
     model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(cfg)

@@ -1,7 +1,7 @@
 """Fault injection on a running fully-async job (real local Ray cluster): a role's process is killed
 with SIGKILL mid-run; the health manager restarts it and the run finishes having trained on exactly the
-prompts an uninterrupted run with the same seed trains on — nothing lost, nothing twice. Also: escalation to a
-global restart, the bound on restarts (RunFailed), and a hung (SIGSTOPped) role found by its heartbeat."""
+prompts an uninterrupted run with the same seed trains on — nothing lost, nothing twice (two roles at once,
+one role twice in a row, an engine, the bus controller). Also: escalation to a global restart, the bound on restarts (RunFailed), and a hung (SIGSTOPped) role found by its heartbeat."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
@@ -21,41 +22,12 @@ STEPS = 8
 
 
 def _cfg(inputs, out, *extra):
-    return build_config(
-        None,
-        [
-            "--prompt-data",
-            inputs.prompt_path,
-            "--hf-checkpoint",
-            inputs.model_path,
-            "--rollout-batch-size",
-            "4",
-            "--n-samples-per-prompt",
-            "2",
-            "--rollout-max-response-len",
-            "4",
-            "--num-rollout",
-            str(STEPS),
-            "--micro-batch-size",
-            "8",
-            "--torch-threads",
-            "1",
-            "--no-progress",
-            "--no-trace",
-            "--eval-interval",
-            "4",
-            "--output-dir",
-            str(out),
-            "--fully-async",
-            "--max-staleness",
-            "1",
-            "--save",
-            str(Path(out) / "ckpt"),
-            "--save-interval",
-            "1",
-            *extra,
-        ],
-    )
+    """8 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a global
+    restart resumes from)."""
+    run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=4, trace=False)
+    ckpt = dict(save=Path(out) / "ckpt", save_interval=1)
+    argv = run_flags(inputs, out, "--fully-async", *extra, max_staleness=1, **run, **ckpt)
+    return build_config(None, argv)
 
 
 def _trained_prompts(result) -> collections.Counter:
@@ -80,6 +52,31 @@ def test_killed_role_is_restarted_and_trains_the_same_prompts(tiny_run_inputs, t
     assert [(e["role"], e["action"]) for e in events] == [(role, "restart")], events
     assert events[0]["recovery_s"] is not None
     # nothing lost, nothing twice: the same prompts, as often, as the uninterrupted run
+    assert _trained_prompts(result) == _trained_prompts(uninterrupted)
+    assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
+    steps = [h["step"] for h in result.history if "train/loss" in h]
+    assert steps == list(range(1, STEPS + 1))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_roles_killed_at_once_then_one_of_them_again_lose_nothing(
+    tiny_run_inputs, tmp_path, uninterrupted
+):
+    """ActorFwd and Advantages SIGKILLed together after step 2, then ActorFwd's replacement after step 5:
+    each death is restarted in place (or, should a restart itself fail, escalates to a global restart from
+    the checkpoint), and the run trains exactly the uninterrupted run's prompts."""
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "twice"), tiny_run_inputs)
+    kills = [signal_role_after(c, 2, "actor_fwd"), signal_role_after(c, 2, "advantages")]
+    again = signal_role_after(c, 5, "actor_fwd")
+    result = c.run()
+    assert all("pid" in k for k in [*kills, again]), "a role was never killed (the run ended first)"
+    assert again["pid"] != kills[0]["pid"]  # the second kill hit the replacement
+    events = result.audit["health"]
+    actions = collections.Counter((e["role"], e["action"]) for e in events)
+    if not any(a == "global_restart" for _, a in actions):
+        assert actions == {("actor_fwd", "restart"): 2, ("advantages", "restart"): 1}, events
+    assert all(e["recovery_s"] is not None for e in events), events
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]

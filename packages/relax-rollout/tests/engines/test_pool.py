@@ -56,6 +56,26 @@ def _same_as_local(outs, local, params=GREEDY, prompts=PROMPTS):
         assert max(abs(a - b) for a, b in zip(g.log_probs, w.log_probs)) < 1e-5
 
 
+def test_a_member_at_its_request_bound_is_asked_again_not_failed(tiny_model_dir, local):
+    """A member refusing a request as busy (503 Overloaded at its --max-queued-requests bound; SGLang
+    answers 429) is alive: its prompts are asked again after a pause and it is neither failed nor
+    restarted (before, the 503 marked it failed and, alone in the pool, the generate failed)."""
+    engine = SlowEngine(TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0), 0.3)
+    served = ServedEngine(engine, max_queued_requests=1)
+    pool = EnginePool([served.url])
+    try:  # another client holds the one admitted request for ~2 s (8 decode steps of 0.3 s)
+        held = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        holder = in_background(http_json, served.url, "/generate", held)
+        wait_until(lambda: engine.versions, what="the other client's request generating")
+        _same_as_local(pool.generate(PROMPTS[1:3], GREEDY), local, prompts=PROMPTS[1:3])
+        holder()
+        assert pool.stats()["busy_retries"] >= 2 and pool.stats()["failures"] == 0
+        assert [m["state"] for m in pool.members()] == ["active"]
+    finally:
+        pool.close()
+        served.close()
+
+
 def test_generate_spreads_over_members_and_equals_one_engine(serve, local):
     servers = [serve() for _ in range(3)]
     pool = EnginePool([s.url for s in servers])

@@ -33,6 +33,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,11 @@ from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here
 from relax_rollout.engines.wire import ServerError, generate_body, min_tokens, parse_reply, save_safetensors
 
 logger = logging.getLogger(__name__)
+
+BUSY_BACKOFF_S = 0.5
+"""Pause before asking members at their request bound again (429 / 503 Overloaded)."""
+BUSY_TIMEOUT_S = 600.0
+"""How long refusals alone may go on before a generate fails (no member failed, none answered)."""
 
 
 class EnginePool(PoolMembership):
@@ -106,11 +112,27 @@ class EnginePool(PoolMembership):
             "reissued_prompts": 0,
             "failures": 0,
             "aborts_reissued": 0,
+            "busy_retries": 0,
         }
         if isinstance(urls, str):
             urls = [urls]
         for url in urls or []:
             self.add(url, kind="startup", protected=True)
+
+    def _wait_busy(self, prompts: int, since: float | None, err: BaseException) -> float:
+        """Members at their request bound refused ``prompts`` prompts: pause, then they are asked again;
+        after :data:`BUSY_TIMEOUT_S` of nothing but refusals, fail naming the last refusal."""
+        now = time.monotonic()
+        since = now if since is None else since
+        if now - since > BUSY_TIMEOUT_S:
+            raise PoolError(
+                f"every engine refused {prompts} prompt(s) as busy for {BUSY_TIMEOUT_S:.0f} s ({err}); "
+                "raise the engines' --max-queued-requests or send fewer requests at once"
+            )
+        with self._cond:
+            self._stats["busy_retries"] += prompts
+        time.sleep(BUSY_BACKOFF_S)
+        return since
 
     # -- RolloutEngine ---------------------------------------------------------------------------
     @property
@@ -140,7 +162,7 @@ class EnginePool(PoolMembership):
         todo = list(range(len(prompts)))
         with self._cond:
             self._stats["prompts"] += len(prompts)
-        rounds = 0
+        rounds, busy_since = 0, None
         while todo:
             rounds += 1
             if rounds > 4 + 2 * max(1, self._next_id):  # every round retires a member: cannot loop forever
@@ -164,21 +186,26 @@ class EnginePool(PoolMembership):
                 for m, idx in chunks
             ]
             again: list[int] = []
-            aborted = 0
+            aborted = busy = failed = 0
+            busy_err: BaseException | None = None
             error: BaseException | None = None
             for m, idx, fut in futs:
                 try:
                     outs = fut.result()
                 except ServerError as e:
+                    if e.busy:  # at its request bound: alive, asked again after a pause
+                        busy, busy_err = busy + len(idx), e
+                        again += idx
+                        continue
                     if e.status < 500:  # the request itself is wrong: no other member will take it
                         error = error or e
                         continue
                     self._fail(m, e)
-                    again += idx
+                    again, failed = again + idx, failed + 1
                     continue
                 except (OSError, ValueError, KeyError) as e:  # died, hung, or answered garbage
                     self._fail(m, e)
-                    again += idx
+                    again, failed = again + idx, failed + 1
                     continue
                 with self._cond:
                     going = m.state in ("draining", "removed")
@@ -191,6 +218,11 @@ class EnginePool(PoolMembership):
                         results[i] = o
             if error is not None:
                 raise error
+            if busy:
+                busy_since = self._wait_busy(busy, busy_since, busy_err)
+                rounds -= 0 if failed else 1  # (busy members retire nothing: bounded in time instead)
+            else:
+                busy_since = None
             if again:
                 with self._cond:
                     self._stats["reissued_prompts"] += len(again)

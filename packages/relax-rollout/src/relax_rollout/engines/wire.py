@@ -40,6 +40,13 @@ class ServerError(RuntimeError):
         super().__init__(f"{url} answered HTTP {status}: {msg}")
         self.status, self.body = status, body
 
+    @property
+    def busy(self) -> bool:
+        """The server is at its bound on requests (SGLang's 429 under ``--max-queued-requests``, our
+        engine server's 503 ``Overloaded``): alive, ask again later — not a failure of the server."""
+        overloaded = isinstance(self.body, dict) and self.body.get("type") == "Overloaded"
+        return self.status == 429 or (self.status == 503 and overloaded)
+
 
 @dataclass(frozen=True)
 class RoutingInfo:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from relax_rollout.engines.base import build_engine
-from relax_rollout.server.app import EngineServer, make_server
+from relax_rollout.server.app import MAX_QUEUED_REQUESTS, EngineServer, make_server
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,10 @@ class ServedEngine:
         token: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        max_queued_requests: int | None = MAX_QUEUED_REQUESTS,
     ) -> None:
         self.state = EngineServer(engine, tokenizer, model_path, model_path or "default", token)
+        self.state.max_queued_requests = max_queued_requests  # (admission control: EngineServer's doc)
         self.httpd = make_server(self.state, host, port)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, daemon=True, name="relax-engine-http"

@@ -67,6 +67,27 @@ def parity_reward(response: str, label, metadata=None) -> float:
     return float(len(response) % 2 == 0)
 
 
+def hostile_reward(response: str, label, metadata=None) -> float:
+    """A reward as hostile user code can be, chosen by the label: ``inf`` / ``nan`` return that, ``raise``
+    raises ValueError, ``hang`` sleeps 60 s, ``exit`` ends its own process (``os._exit``: run it under
+    ``--reward-isolation process``); any other label scores an exact match. Importable in every Ray worker
+    and reward process."""
+    import os
+    import time
+
+    if label == "inf":
+        return float("inf")
+    if label == "nan":
+        return float("nan")
+    if label == "raise":
+        raise ValueError("hostile reward: raised on purpose")
+    if label == "hang":
+        time.sleep(60)
+    if label == "exit":
+        os._exit(3)
+    return float(response.strip() == str(label))
+
+
 def tiny_moe(layers: int = 2, top_k: int = 2, seed: int = 0, **overrides):
     """A tiny random ``Qwen3MoeForCausalLM`` (vocab 300, 8 experts; ``overrides`` go to the config).
     ``initializer_range=0.1`` so the random router is not near-uniform and routing is meaningful."""

@@ -10,6 +10,7 @@ an autoscaler) can drive the service without HTTP.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import threading
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from relax_rollout.elastic_api import SCALE_IN_FIELDS, SCALE_OUT_FIELDS
 from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
@@ -61,23 +62,13 @@ class Operation:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
 
+    API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
+        "id kind request request_id state engines_added engines_removed targets rollback error cancel_requested created started finished".split()
+    )
+    """The operation as the API shows it (each a field of this class, lists copied)."""
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "request": self.request,
-            "request_id": self.request_id,
-            "state": self.state,
-            "engines_added": list(self.engines_added),
-            "engines_removed": list(self.engines_removed),
-            "targets": list(self.targets),
-            "rollback": list(self.rollback),
-            "error": self.error,
-            "cancel_requested": self.cancel_requested,
-            "created": self.created,
-            "started": self.started,
-            "finished": self.finished,
-        }
+        return {k: copy.copy(getattr(self, k)) for k in self.API_FIELDS}
 
 
 # -- validation ---------------------------------------------------------------------------------------

@@ -9,13 +9,14 @@ current weights, drains before it goes, the last active one stays) read here wit
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from relax_rollout.engines.wire import ServerClient, ServerError, http_json, model_info, version_number
@@ -61,20 +62,13 @@ class Member:
     """Why it failed (or why it was removed)."""
     replaced_by: str | None = None
 
+    API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
+        "id url kind state protected inflight weight_version created served error replaced_by".split()
+    )
+    """The member as the API shows it (each a field of this class)."""
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "kind": self.kind,
-            "state": self.state,
-            "protected": self.protected,
-            "inflight": self.inflight,
-            "weight_version": self.weight_version,
-            "created": self.created,
-            "served": self.served,
-            "error": self.error,
-            "replaced_by": self.replaced_by,
-        }
+        return {k: copy.copy(getattr(self, k)) for k in self.API_FIELDS}
 
 
 def check_url(url: str) -> str:

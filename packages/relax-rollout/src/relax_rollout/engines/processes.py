@@ -21,6 +21,7 @@ the pool; the engine composes it with them and decides what a crash means (resta
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from relax_rollout.engines.wire import ServerError, http_json
 
@@ -151,19 +152,17 @@ class EngineProcess:
     node: Any = None
     """The :class:`NodeGPUs` of another node it runs on; None: this node."""
 
+    API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
+        "index gpus url state restarts error member_id pids".split()
+    )
+    """The process as the API shows it (besides ``node_id``, ``pid`` and ``log_path``)."""
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "index": self.index,
-            "gpus": self.gpus,
-            "url": self.url,
-            "state": self.state,
+            **{k: copy.copy(getattr(self, k)) for k in self.API_FIELDS},
             "node_id": self.node.node_id if self.node is not None else None,
             "pid": self.proc.pid if self.proc else None,
-            "restarts": self.restarts,
-            "error": self.error,
-            "member_id": self.member_id,
             "log_path": str(self.log_path),
-            "pids": list(self.pids),
         }
 
 

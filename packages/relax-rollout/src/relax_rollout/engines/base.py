@@ -61,6 +61,15 @@ class GenerateOutput:
     input_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     """With ``input_logprobs`` and ``top_logprobs`` = k: per prompt token, the k most likely ``(token_id,
     log-prob)`` at its position, most likely first (the first token's None)."""
+    token_versions: list[int] | None = None
+    """Per generated token, the weight version of the forward that sampled it: a response that went on
+    across a weight update (an in-place pause) has two or more (SGLang's ``meta_info.weight_versions``
+    spans). None: the engine does not say, every token is ``weight_version``'s."""
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weight version any of its tokens was sampled with (what its staleness is)."""
+        return min(self.token_versions) if self.token_versions else self.weight_version
 
 
 OPTIONAL_FEATURES = ("top_logprobs", "stop", "input_logprobs")

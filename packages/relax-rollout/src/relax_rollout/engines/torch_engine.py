@@ -239,6 +239,7 @@ class TorchEngine:
         prompt_lps = None
         if p.input_logprobs and p.max_new_tokens == 0:  # nothing to generate: the prefill alone
             prompt_lps = self._prompt_logprobs(forward(ids, mask, positions, cache, ids)[0], prompts, top_k)
+        versions: list[int] = []  # per decode step, the weights' version (an in-place pause may change it)
         for t in range(p.max_new_tokens):
             if hook is not None and (rows := hook(t)):
                 hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -249,6 +250,7 @@ class TorchEngine:
                 done |= hit
                 if bool(done.all()):
                     break
+            versions.append(self.weight_version)
             full, cache = forward(step_ids, mask, step_pos, cache, ids)
             if t == 0 and p.input_logprobs:
                 prompt_lps = self._prompt_logprobs(full, prompts, top_k)
@@ -305,6 +307,7 @@ class TorchEngine:
                     matched_stop=matched[i],
                     input_logprobs=prompt_lps[i][0] if prompt_lps is not None else None,
                     input_top_logprobs=prompt_lps[i][1] if prompt_lps is not None else None,
+                    token_versions=versions[:n],
                 )
             )
         return results

@@ -239,12 +239,39 @@ def version_number(v: Any) -> int:
         return 0
 
 
+def version_spans(out: GenerateOutput) -> list[dict[str, Any]]:
+    """SGLang's ``meta_info.weight_versions``: the runs of generated tokens sampled with one weight version,
+    ``{"version", "start", "end"}`` (end exclusive); one span when the engine does not say per token, and
+    one empty span for a response with no token, as SGLang writes them."""
+    per = out.token_versions or [out.weight_version] * len(out.token_ids)
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(per):
+        if spans and spans[-1]["version"] == str(v):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(v), "start": i, "end": i + 1})
+    return spans or [{"version": str(out.weight_version), "start": 0, "end": 0}]
+
+
+def token_versions(meta: dict[str, Any], n: int) -> list[int] | None:
+    """Per generated token its weight version, from a reply's ``weight_versions`` spans (None: none)."""
+    spans = meta.get("weight_versions")
+    if not spans:
+        return None
+    out = [version_number(spans[-1]["version"])] * n
+    for span in spans:
+        v = version_number(span["version"])
+        for i in range(int(span["start"]), min(int(span["end"]), n)):
+            out[i] = v
+    return out
+
+
 def parse_reply(
     results: Any, prompts: list[list[int]], routing: RoutingInfo | None = None, routed_start: int = 0
 ) -> list[GenerateOutput]:
     """A batch ``/generate`` reply as our outputs: tokens and log-probs from
     ``meta_info.output_token_logprobs`` (checked against ``output_ids`` when both are there),
-    ``finish_reason.type``, ``weight_version``, and ``extra`` = ``rid``, ``cached_tokens`` and (when the
+    ``finish_reason.type``, ``weight_version`` (and per token from ``weight_versions``), and ``extra`` = ``rid``, ``cached_tokens`` and (when the
     reply has them) ``routed_experts``: the tokens ``[routed_start, prompt + generated - 1)`` (the request's
     ``routed_experts_start_len``), the prompt counted as SGLang's ``meta_info.prompt_tokens`` (after it
     expanded media placeholders) when the reply has it."""
@@ -285,6 +312,7 @@ def parse_reply(
                 extra,
                 top_logprobs(meta),
                 matched_stop(meta),
+                token_versions=token_versions(meta, len(token_ids)),
             )
         )
     return outs

@@ -93,7 +93,8 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
     ]
     res = _response(s, rid, "chat.completion", choices, len(prompt), sum(len(out.token_ids) for out in outs))
     res["prompt_token_ids"] = prompt  # extension: what the trainer should record as the prompt
-    res["weight_version"] = str(outs[0].weight_version)  # extension, as in SGLang's meta_info
+    res["metadata"] = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
+    res["weight_version"] = res["metadata"]["weight_version"]  # (our extension before SGLang had metadata)
     if recorded:  # extension: which trajectory of the session this call extended
         res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
     return 200, (chat_stream(res, chat.include_usage) if chat.stream else res)
@@ -160,6 +161,7 @@ def completions(s: EngineServer, body: Any):
     prompt_tokens = sum(len(p) for p in prompts)
     made = sum(len(o.token_ids) for o in outs)
     res = _response(s, rid, "text_completion", choices, prompt_tokens, made)
+    res["metadata"] = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
     if not body.get("stream"):
         return 200, res
     return 200, completion_stream(res, bool((body.get("stream_options") or {}).get("include_usage")))

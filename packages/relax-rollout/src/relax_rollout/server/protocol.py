@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.engines.wire import encode_routed_experts
+from relax_rollout.engines.wire import encode_routed_experts, version_spans
 from relax_rollout.http_api import BodyError, EventStream, Text  # noqa: F401 - the routes' response kinds
 
 # SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
@@ -385,6 +385,14 @@ def response_text(decode: Any, out: GenerateOutput, no_stop_trim: bool = False) 
     return text[: pos + len(out.matched_stop)] if no_stop_trim else text[:pos]
 
 
+def weight_metadata(out: GenerateOutput) -> dict[str, Any]:
+    """SGLang's weight fields of a reply (``meta_info``; ``metadata`` of an OpenAI response): the runs of
+    tokens by the weight version that sampled them (``weight_versions``: a request that went on across an
+    in-place update has two or more) and ``weight_version``, the last run's."""
+    spans = version_spans(out)
+    return {"weight_version": spans[-1]["version"], "weight_versions": spans}
+
+
 def generate_response(
     out: GenerateOutput,
     params: SamplingParams,
@@ -409,7 +417,7 @@ def generate_response(
         "prompt_tokens": prompt_len,
         "completion_tokens": len(out.token_ids),
         "cached_tokens": 0,
-        "weight_version": str(out.weight_version),
+        **weight_metadata(out),
         "e2e_latency": latency,
     }
     if return_logprob:

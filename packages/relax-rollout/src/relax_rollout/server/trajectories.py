@@ -321,7 +321,7 @@ class Turn:
                 self._sess.next_index += 1
             gap = self.suffix if self.extends is not None else []
             t.add_call(
-                gap, list(out.token_ids), out.log_probs, out.finish_reason, out.weight_version, rec.eos_id
+                gap, list(out.token_ids), out.log_probs, out.finish_reason, out.oldest_version, rec.eos_id
             )
             t.messages = [dict(m) for m in self.messages] + [{"role": "assistant", "content": text}]
             return t.summary()

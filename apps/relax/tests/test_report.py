@@ -46,7 +46,7 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
         max_staleness=0,
         rollout_stats=worker.get_stats(),
     )
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(exist_ok=True)  # (the rollout role journals there already)
     summary = write_report(cfg, result)
     assert summary["reward_failures"] == {"raised:ValueError": 2}  # the dict label's two samples
     assert summary["reward_unlabeled"] == 2

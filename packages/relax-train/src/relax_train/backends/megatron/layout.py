@@ -61,6 +61,11 @@ class MegatronLayout:
             _require_positive("num_experts (MoE layers are set)", self.num_experts)
             _require_positive("moe_ffn_hidden_size (MoE layers are set)", self.moe_ffn_hidden_size or 0)
 
+    def transformer_sizes(self) -> dict[str, int]:
+        """The sizes under megatron's ``TransformerConfig`` names (``kv_channels``: the head dimension)."""
+        names = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        return {**{n: getattr(self, n) for n in names}, "kv_channels": self.head_dim}
+
     @classmethod
     def from_hf_config(cls, config: Any) -> MegatronLayout:
         """Read a ``transformers`` ``Qwen3Config`` / ``Qwen3MoeConfig`` (or its ``config.json`` dict)."""

@@ -87,6 +87,13 @@ def init_parallel(config: RelaxConfig) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
 
 
+FUSED_KERNELS = (
+    "bias_dropout_fusion apply_rope_fusion masked_softmax_fusion gradient_accumulation_fusion persist_layer_norm"
+).split()
+"""megatron's fused kernels, all off: they need Apex or Transformer Engine, which this backend does without
+(the CPU path, and parity with the torch backend)."""
+
+
 def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
     """megatron-core's TransformerConfig for a Qwen3 / Qwen3-MoE HF config (float32 parameters)."""
     import torch.nn.functional as F
@@ -113,12 +120,7 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
     dtype = compute_dtype(config)
     cuda = torch.cuda.is_available()
     return TransformerConfig(
-        num_layers=layout.num_layers,
-        hidden_size=layout.hidden_size,
-        num_attention_heads=layout.num_attention_heads,
-        num_query_groups=layout.num_query_groups,
-        kv_channels=layout.head_dim,
-        ffn_hidden_size=layout.ffn_hidden_size,
+        **layout.transformer_sizes(),
         normalization="RMSNorm",
         layernorm_epsilon=float(getattr(text, "rms_norm_eps", 1e-6)),
         qk_layernorm=True,
@@ -140,11 +142,7 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
         # weights come from the HF checkpoint right after, but megatron marks which tensors are TP-sharded
         # (``tensor_model_parallel``, read by the gradient norm) only while initialising them
         perform_initialization=True,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
+        **dict.fromkeys(FUSED_KERNELS, False),
         calculate_per_token_loss=True,  # our micro-batch losses are already normalised by the batch
         **moe,
     )

@@ -46,8 +46,6 @@ class Recovered:
     """The data position step ``start`` begins at (None: step 0 of a journal with none, the data's start)."""
     prompt_log: list[tuple[int, list[str]]]
     """(step, prompt row ids) of the batches this run put (not those restored from a checkpoint), in order."""
-    step_states: dict[int, dict[str, int]]
-    """The data position each step before ``start`` began at."""
 
 
 class Journal:
@@ -158,7 +156,6 @@ class Journal:
             start,
             state,
             prompt_log=sorted((s, p) for s, p, restored in put if not restored),
-            step_states={s: st for s, st in begun.items() if s < start},
         )
 
 

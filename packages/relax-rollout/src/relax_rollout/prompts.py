@@ -23,8 +23,8 @@ class PromptTooLong(ValueError):
 
 class Prompts:
     """The rollout's prompts: ``iterator`` (its position is the data state), the encodings, the skips
-    (``skipped_rows`` at load, ``bad_media`` while drawing, counted in the shared ``stats``), the data
-    position where each step began (``step_states``) and the rows each step put (``prompt_log``)."""
+    (``skipped_rows`` at load, ``bad_media`` while drawing, counted in the shared ``stats``) and the rows
+    each step put (``prompt_log``); where each step began is in the rollout journal."""
 
     def __init__(
         self, cfg: RelaxConfig, tokenizer: Any, model_path: str, prompt_path: str, stats: dict[str, Any]
@@ -46,7 +46,6 @@ class Prompts:
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
         self.context_len = _context_len(model_path)
-        self.step_states: dict[int, dict[str, int]] = {}
         self.prompt_log: list[tuple[int, list[str]]] = []
         self.episode_media = (
             (self.mm or episode_media(cfg, tokenizer, model_path)) if cfg.rollout.env_path else None
@@ -54,13 +53,8 @@ class Prompts:
 
     # -- the data position ----------------------------------------------------------------------
     def begin(self, step: int) -> dict[str, int]:
-        """Step ``step`` begins here: remember (and return) the data position it starts from."""
-        self.step_states[step] = self.iterator.state_dict()
-        return self.step_states[step]
-
-    def data_state(self, step: int) -> dict[str, int]:
-        """Where the prompt iterator stood when step ``step`` began (now, if it has not begun)."""
-        return dict(self.step_states.get(step, self.iterator.state_dict()))
+        """Step ``step`` begins here: the data position it starts from (journaled by the rollout role)."""
+        return self.iterator.state_dict()
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:

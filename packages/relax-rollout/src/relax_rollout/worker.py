@@ -81,10 +81,10 @@ class RolloutWorker:
         )
         self.weight_log: dict[int, str] = {}
         self._beat = 0.0
-        # Fully async, every batch's start (prompt position) and landing on the bus are journaled: the
-        # trainer's checkpoints read the data position there, and a rollout role restarted under the health
-        # manager continues with exactly the prompts that were not put yet; there, samples get ids fixed
-        # by their step, so a batch re-sent after a crash is refused (DuplicateIds).
+        # Every batch's start (prompt position) and landing on the bus are journaled: the trainer's
+        # checkpoints read the data position there, and a rollout role restarted under the health manager
+        # continues with exactly the prompts that were not put yet; there (fully async), samples get ids
+        # fixed by their step, so a batch re-sent after a crash is refused (DuplicateIds).
         self._journal = Journal.for_run(cfg)
         restartable = cfg.run.mode == "fully_async" and cfg.run.health
         self.samples = SampleWriter(cfg, bus, self.tokenizer, self.scorer, self.tracer, restartable)
@@ -178,11 +178,6 @@ class RolloutWorker:
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
         return self._finish(self._collect(step))
-
-    def data_state(self, step: int) -> dict[str, int]:
-        """Where the prompt iterator stood when step ``step`` began (now, if it has not begun): what a
-        checkpoint of trainer version ``step`` stores so a resumed run draws the same prompts."""
-        return self.prompts.data_state(step)
 
     def load_data_state(self, state: dict[str, int] | None) -> None:
         """Continue from data position ``state`` (None: the data's start)."""
@@ -293,7 +288,6 @@ class RolloutWorker:
         if got.state is not None:
             self.prompts.iterator.load_state_dict(got.state)
         self.prompts.prompt_log = got.prompt_log
-        self.prompts.step_states = got.step_states
         return got.start
 
     def get_stats(self) -> dict[str, Any]:

@@ -47,8 +47,14 @@ class ServedEngine:
         port: int = 0,
         max_queued_requests: int | None = MAX_QUEUED_REQUESTS,
     ) -> None:
-        self.state = EngineServer(engine, tokenizer, model_path, model_path or "default", token)
-        self.state.max_queued_requests = max_queued_requests  # (admission control: EngineServer's doc)
+        self.state = EngineServer(
+            engine,
+            tokenizer,
+            model_path,
+            model_path or "default",
+            token,
+            max_queued_requests=max_queued_requests,
+        )
         self.httpd = make_server(self.state, host, port)
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, daemon=True, name="relax-engine-http"

@@ -1,7 +1,9 @@
 """Fault injection on a running fully-async job (real local Ray cluster): a role's process is killed
 with SIGKILL mid-run; the health manager restarts it and the run finishes having trained on exactly the
 prompts an uninterrupted run with the same seed trains on — nothing lost, nothing twice (two roles at once,
-one role twice in a row, an engine, the bus controller). Also: escalation to a global restart, the bound on restarts (RunFailed), and a hung (SIGSTOPped) role found by its heartbeat."""
+one role twice in a row, an engine, the bus controller). Also: escalation to a global restart (and the
+trainer killed inside the end-of-run checkpoint), the bound on restarts (RunFailed), and a hung (SIGSTOPped)
+role found by its heartbeat."""
 
 from __future__ import annotations
 
@@ -42,15 +44,19 @@ def uninterrupted(tiny_run_inputs, tmp_path_factory):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("role", ["rollout", "actor"])  # (ActorFwd: the two-kills test below)
-def test_killed_role_is_restarted_and_trains_the_same_prompts(tiny_run_inputs, tmp_path, uninterrupted, role):
-    c = Controller(_cfg(tiny_run_inputs, tmp_path / role), tiny_run_inputs)
-    kill = signal_role_after(c, 2, role)
+def test_killed_rollout_then_trainer_are_restarted_and_train_the_same_prompts(
+    tiny_run_inputs, tmp_path, uninterrupted
+):
+    """The rollout SIGKILLed after step 2, the trainer after step 5 (one run for both: CI minutes; ActorFwd
+    and Advantages: the two-kills test below): each is restarted in place, the rollout from its journal,
+    the trainer from its last checkpoint, and the run trains exactly the uninterrupted run's prompts."""
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "in_place"), tiny_run_inputs)
+    kills = [signal_role_after(c, 2, "rollout"), signal_role_after(c, 5, "actor")]
     result = c.run()
-    assert "pid" in kill, "the role was never killed (the run ended first)"
+    assert all("pid" in k for k in kills), "a role was never killed (the run ended first)"
     events = result.audit["health"]
-    assert [(e["role"], e["action"]) for e in events] == [(role, "restart")], events
-    assert events[0]["recovery_s"] is not None
+    assert [(e["role"], e["action"]) for e in events] == [("rollout", "restart"), ("actor", "restart")], events
+    assert all(e["recovery_s"] is not None for e in events), events
     # nothing lost, nothing twice: the same prompts, as often, as the uninterrupted run
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
@@ -117,30 +123,55 @@ def _titles(received) -> list[str]:
     return [body["title"] for _, body in received]
 
 
+def _writing(ckpt: Path, step: int, seen: dict) -> bool:
+    """True once the trainer writes checkpoint ``step`` (its temporary directory is there); ``seen["inside"]``
+    says whether the checkpoint was not yet renamed into place at that moment."""
+    if not any(p.name.startswith(f".step_{step:06d}.writing-") for p in ckpt.glob(".step_*")):
+        return False
+    seen["inside"] = not (ckpt / f"step_{step:06d}").exists()
+    return True
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_repeated_failure_escalates_to_a_global_restart_from_the_checkpoint(
+def test_failures_that_cannot_restart_in_place_restart_globally_from_the_checkpoint(
     tiny_run_inputs, tmp_path, uninterrupted, hook
 ):
-    """No in-place restart allowed: the killed role's failure restarts every role and the bus from the last
-    checkpoint, the run still trains exactly the uninterrupted run's prompts, and a notification says so."""
+    """Checkpoints every 3 steps, no in-place restart allowed. ActorFwd SIGKILLed after step 4: every role
+    and the bus restart from step 3's checkpoint. Then the trainer is SIGKILLed inside the end-of-run
+    checkpoint (step 8, written by no other save; it crashed the run with ActorDiedError): the atomic save
+    left step 6 whole and the run starts over from it. Both times nothing is lost: the uninterrupted run's
+    prompts, a whole step 8 at the end, and a notification for each restart."""
+    from relax_core.checkpoints import latest_checkpoint
+
     url, received = hook
     out = tmp_path / "global"
-    flags = ["--max-restarts-per-role", "0", "--max-global-restarts", "1", "--notify-urls", url]
-    c = Controller(_cfg(tiny_run_inputs, out, *flags), tiny_run_inputs)
-    kill = signal_role_after(c, 2, "actor_fwd")
+    flags = ["--max-restarts-per-role", "0", "--max-global-restarts", "2", "--notify-urls", url]
+    c = Controller(_cfg(tiny_run_inputs, out, *flags, "--save-interval", "3"), tiny_run_inputs)
+    kill = signal_role_after(c, 4, "actor_fwd")
+    landed: dict = {}
+    final = signal_role_after(c, STEPS, "actor", then=lambda: _writing(out / "ckpt", STEPS, landed))
     result = c.run()
-    assert "pid" in kill, "the role was never killed (the run ended first)"
+    assert "pid" in kill and "pid" in final, "a role was never killed (the run ended first)"
+    assert landed["inside"], "the trainer was killed after its last checkpoint was in place"
     events = result.audit["health"]
-    assert [(e["role"], e["action"], e["attempt"]) for e in events] == [("actor_fwd", "global_restart", 1)]
-    assert events[0]["recovery_s"] is not None
+    assert [(e["role"], e["action"], e["attempt"]) for e in events] == [
+        ("actor_fwd", "global_restart", 1),
+        ("actor", "global_restart", 2),
+    ], events
+    assert "end-of-run checkpoint" in events[1]["reason"], events
+    assert all(e["recovery_s"] is not None for e in events), events
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
-    assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "restarted", "finished")]
+    assert latest_checkpoint(out / "ckpt").endswith(f"step_{STEPS:06d}")
+    assert _titles(received) == [
+        f"Relax run {out.name} {e}" for e in ("started", "restarted", "restarted", "finished")
+    ]
     restarted = received[1][1]["message"]
     assert restarted.startswith("attempt 1: actor_fwd (global restart): "), restarted
+    assert received[2][1]["message"].startswith("attempt 2: actor (global restart): died writing"), received
 
 
 @pytest.mark.integration
@@ -216,3 +247,4 @@ def test_hung_role_misses_its_heartbeat_and_is_restarted(tiny_run_inputs, tmp_pa
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
+

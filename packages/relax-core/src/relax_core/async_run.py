@@ -214,9 +214,9 @@ class AsyncRun:
                 ev.action, ev.reason = "restart_failed", f"{ev.reason}; restart failed: {e}"
             self.notifier.restart(ev.attempt, f"rollout {ev.role} ({ev.action}): {ev.reason}")
 
-    def handle(self, name: str, reason: str) -> None:
+    def handle(self, name: str, reason: str, in_place_possible: bool = True) -> None:
         t0 = time.perf_counter()
-        ev = self.policy.decide(name, reason)
+        ev = self.policy.decide(name, reason, in_place_possible)
         print(
             f"[relax] health: {name} failed ({reason}); {ev.action.replace('_', ' ')} (attempt {ev.attempt})"
         )

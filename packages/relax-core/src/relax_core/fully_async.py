@@ -5,7 +5,8 @@ staleness bound lets it, the roles computing on samples consume them as they com
 whenever a batch is ready and publishes its weights. The driver starts them (from ``--load`` if given),
 then until the trainer's loop ends: passes a stop request on (SIGTERM / SIGINT: the trainer checkpoints
 after its step), lets supervision handle failed roles (:class:`~relax_core.async_run.AsyncRun`), and moves
-the progress bar. Then it collects the history and the audit, and closes the roles.
+the progress bar. Then the final evaluation and the end-of-run checkpoint (a trainer dying inside it: a global
+restart from the previous checkpoint, supervised again), the history and the audit; then it closes the roles.
 """
 
 from __future__ import annotations
@@ -26,42 +27,29 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
         start = run.start(latest_checkpoint(cfg.train.load) if cfg.train.load else None)
         t_rl = time.perf_counter()
         bar = shared.progress_bar(cfg, start)
-        seen, asked = start, False
-        stop.__enter__()
-        while True:
-            if stop.requested and not asked:  # the trainer checkpoints after its step, then ends its loop
-                run.roles["actor"].request_stop.remote(shared.checkpoint_dir(cfg))
-                asked = True
-            ready, _ = ray.wait([run.done], timeout=0.1)
-            if ready and run._finished(run.done):
-                break
-            run.poll()  # failed roles: restart in place, escalate, or stop with the reason
-            if bar is not None:
-                try:
-                    cur = ray.get(run.roles["actor"].progress.remote(), timeout=10)
-                except Exception:  # noqa: BLE001 - the trainer is being restarted
-                    cur = seen
-                bar.update(cur - seen)
-                seen = cur
-        actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
-        loops = {n: run.roles[n] for n in run.loop_names()}
-        history = ray.get(run.done)
-        stop.__exit__()  # (a signal from here on gets the default behaviour)
-        interrupted = ray.get(actor.get_interrupted.remote())
-        if interrupted:
-            print(f"[relax] stopped by signal; resume with --load {interrupted}")
-        rl_wall = time.perf_counter() - t_rl
+        seen = start
+        while True:  # (again after a global restart that the end-of-run checkpoint needed)
+            seen = _supervise(run, stop, bar, seen)
+            actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
+            loops = {n: run.roles[n] for n in run.loop_names()}
+            history = ray.get(run.done)
+            stop.__exit__()  # (a signal from here on gets the default behaviour)
+            interrupted = ray.get(actor.get_interrupted.remote())
+            if interrupted:
+                print(f"[relax] stopped by signal; resume with --load {interrupted}")
+            rl_wall = time.perf_counter() - t_rl
+            bus.close()
+            stats = ray.get(run.futures["rollout"])
+            ray.get([run.futures[n] for n in loops])
+            if interrupted is None:
+                shared.final_eval(
+                    cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout))
+                )
+                if cfg.train.save and not _saved_at_end(run):
+                    continue
+            break
         if bar is not None:
             bar.close()
-        bus.close()
-        stats = ray.get(run.futures["rollout"])
-        ray.get([run.futures[n] for n in loops])
-        if interrupted is None:
-            shared.final_eval(
-                cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout))
-            )
-            if cfg.train.save:
-                ray.get(actor.save.remote())
         history = ray.get(actor.get_history.remote())
         run.finish_engine_restarts()
         audit = {
@@ -100,3 +88,39 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
         run.teardown()
         if started_ray:
             ray.shutdown()
+
+
+def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int) -> int:
+    """Until the trainer's loop ends: pass a stop request on (the trainer checkpoints after its step, then
+    ends its loop), let supervision handle failed roles, move the progress bar; returns where it stands."""
+    ray, asked = run.ray, False
+    stop.__enter__()
+    while True:
+        if stop.requested and not asked:
+            run.roles["actor"].request_stop.remote(shared.checkpoint_dir(run.cfg))
+            asked = True
+        ready, _ = ray.wait([run.done], timeout=0.1)
+        if ready and run._finished(run.done):
+            return seen
+        run.poll()  # failed roles: restart in place, escalate, or stop with the reason
+        if bar is not None:
+            try:
+                cur = ray.get(run.roles["actor"].progress.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - the trainer is being restarted
+                cur = seen
+            bar.update(cur - seen)
+            seen = cur
+
+
+def _saved_at_end(run: AsyncRun) -> bool:
+    """The end-of-run checkpoint. The loops are over, so a trainer that dies while writing it cannot be
+    restarted in place (its last steps are in no checkpoint): the save left the previous checkpoint whole,
+    and the run starts over from it (a global restart; or stops with the reason when none is left).
+    False when it did: the caller supervises the run again."""
+    try:
+        run.ray.get(run.roles["actor"].save.remote())
+        return True
+    except run.ray.exceptions.RayActorError as e:
+        reason = f"died writing the end-of-run checkpoint: {type(e).__name__}"
+        run.handle("actor", reason, in_place_possible=False)
+        return False

@@ -7,6 +7,7 @@ light; callers (relax-rollout's and relax-train's tests) have them installed.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 PAD, EOS = "<|endoftext|>", "<|im_end|>"
 # 64 tokens: the two specials, digits, '+', '=', and letters as filler so every model id decodes
@@ -233,11 +234,15 @@ def dead_json_url() -> str:
         return f"json://127.0.0.1:{s.getsockname()[1]}/nobody"
 
 
-def signal_role_after(controller, trained_steps: int, role: str, sig: int | None = None) -> dict:
+def signal_role_after(
+    controller, trained_steps: int, role: str, sig: int | None = None, then: Callable[[], bool] | None = None
+) -> dict:
     """Fault injection for a running fully-async :class:`~relax_core.controller.Controller`: once
-    ``trained_steps`` steps are in its metrics.jsonl, send ``sig`` (default SIGKILL) to the process of
-    ``role`` ("actor", "rollout", "actor_fwd", ... "engine": the rollout role's first engine process, or
-    "bus": the bus controller actor, killed through Ray).
+    ``trained_steps`` steps are in its metrics.jsonl (and then, if given, once ``then()`` is true: polled
+    every millisecond with the process already found, to hit a short window such as a checkpoint being
+    written), send ``sig`` (default SIGKILL) to the process of ``role`` ("actor", "rollout", "actor_fwd",
+    ... "engine": the rollout role's first engine process, or "bus": the bus controller actor, killed
+    through Ray).
     Runs on a daemon thread; the returned dict gets ``pid``, ``at`` (time.time() of the signal) and, for
     an engine, its ``engine`` id."""
     import os
@@ -268,6 +273,8 @@ def signal_role_after(controller, trained_steps: int, role: str, sig: int | None
             pid = ray.get(controller.async_run.roles[role].heartbeat.remote())["pid"]
         if pid == os.getpid():
             raise RuntimeError(f"{role} runs in this process; refusing to signal it")
+        while then is not None and not then():
+            time.sleep(0.001)
         os.kill(pid, signal.SIGKILL if sig is None else sig)
         out["pid"], out["at"] = pid, time.time()
 

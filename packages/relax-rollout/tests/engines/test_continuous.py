@@ -1,0 +1,135 @@
+"""Continuous batching (``engines/continuous.py``): each request's tokens and log-probs are what it gets
+generated alone, whatever runs beside it and whenever it joins; a short request leaves before a long one
+started earlier; weights updated between decode steps stamp each token with its version, and each
+version's span has that version's log-probs (partial rollout's engine half)."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from relax_rollout.engines import SamplingParams  # noqa: E402
+from relax_rollout.engines.continuous import ContinuousBatcher  # noqa: E402
+from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
+
+EOS = 1
+PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13], [9, 9], [6, 12, 7, 13, 8]]
+
+
+@pytest.fixture
+def engine(tiny_model_dir):
+    return TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+
+
+@pytest.fixture
+def batcher(engine):
+    b = ContinuousBatcher(engine, max_running=3)
+    yield b
+    b.close()
+
+
+def log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """Teacher-forced log-probs of ``tokens`` after ``prompt`` (one forward, no cache, no padding), the end
+    token blocked (the requests here ask for all their tokens: min_new_tokens = max_new_tokens)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logits[:, EOS] = float("-inf")
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "top_p"])
+def test_each_request_gets_what_it_would_get_alone(engine, batcher, sampling):
+    """Six requests of different lengths through three running slots (so later ones join while others
+    decode, and each leaves at its own length): each equals the batch engine generating that prompt alone
+    with the same seed."""
+    base = (
+        SamplingParams(max_new_tokens=14, greedy=True)
+        if sampling == "greedy"
+        else SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.9, seed=5)
+    )
+    lengths, mins = [14, 5, 9, 3, 12, 7], [0, 5, 2, 0, 12, 4]
+    params = [
+        replace(base, max_new_tokens=n, min_new_tokens=m, seed=None if base.seed is None else base.seed + i)
+        for i, (n, m) in enumerate(zip(lengths, mins))
+    ]
+    outs = [f.result(timeout=60) for f in [batcher.submit(x, p) for x, p in zip(PROMPTS, params)]]
+    assert batcher.peak_running == 3
+    for i, (prompt, p, out) in enumerate(zip(PROMPTS, params, outs)):
+        alone = engine.generate([prompt], p)[0]
+        assert out.token_ids == alone.token_ids, i
+        assert out.log_probs == pytest.approx(alone.log_probs, abs=1e-5), i
+        assert out.finish_reason == alone.finish_reason and mins[i] <= len(out.token_ids) <= lengths[i]
+        assert out.token_versions == [0] * len(out.token_ids)
+    assert len({len(o.token_ids) for o in outs}) > 2  # rows left at different steps
+
+
+def test_generate_seeds_request_i_with_seed_plus_i(batcher):
+    params = SamplingParams(max_new_tokens=6, seed=3, min_new_tokens=[6, 2])
+    outs = batcher.generate(PROMPTS[:2], params)
+    one = [batcher.submit(x, replace(params, seed=3 + i, min_new_tokens=m)) for i, (x, m) in enumerate(zip(PROMPTS, [6, 2]))]
+    assert [o.token_ids for o in outs] == [f.result(timeout=60).token_ids for f in one]
+
+
+def test_a_short_request_leaves_before_a_long_one_started_earlier(batcher):
+    long = batcher.submit(PROMPTS[0], SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1))
+    while batcher.steps < 3:
+        time.sleep(0.001)
+    short = batcher.submit(PROMPTS[1], SamplingParams(max_new_tokens=3, seed=2))
+    assert len(short.result(timeout=60).token_ids) == 3
+    assert not long.done()  # joined after it, finished before it
+    assert len(long.result(timeout=60).token_ids) == 60
+
+
+def test_weights_updated_between_decode_steps_stamp_each_token_with_its_version(engine, batcher, tiny_model_dir):
+    """The update goes in between two decode steps of running requests: their tokens before it carry
+    version 0 and the old model's log-probs, the tokens after it version 1 and the new model's. (Only the
+    output head changes here, so the KV cache the requests keep is the new model's too, and the log-probs
+    compare exactly with a fresh forward.)"""
+    from relax_core.models import load_model
+
+    old = load_model(tiny_model_dir, "float32").eval()
+    g = torch.Generator().manual_seed(123)
+    new = {n: 0.5 * torch.randn(p.shape, generator=g) for n, p in engine.named_weights() if "lm_head" in n}
+    N = 150  # (long enough that the update lands mid-request on a loaded machine)
+    params = SamplingParams(max_new_tokens=N, min_new_tokens=N, temperature=1.0, seed=7)
+    futures = [batcher.submit(p, replace(params, seed=7 + i)) for i, p in enumerate(PROMPTS[:3])]
+    while batcher.steps < 10:
+        time.sleep(0.001)
+    batcher.update_weights(new, version=1)
+    outs = [f.result(timeout=60) for f in futures]
+    for prompt, out in zip(PROMPTS, outs):
+        k = out.token_versions.index(1)
+        assert 0 < k < N and out.token_versions == [0] * k + [1] * (N - k)
+        assert out.weight_version == 1
+        want_old = log_probs(old, prompt, out.token_ids, 1.0)[:k]
+        want_new = log_probs(engine.model, prompt, out.token_ids, 1.0)[k:]
+        assert out.log_probs[:k] == pytest.approx(want_old, abs=1e-4)
+        assert out.log_probs[k:] == pytest.approx(want_new, abs=1e-4)
+        assert abs(out.log_probs[k] - log_probs(old, prompt, out.token_ids, 1.0)[k]) > 1e-3  # (it changed)
+
+
+def test_requests_the_batcher_cannot_serve_are_refused_with_the_reason(batcher):
+    with pytest.raises(ValueError, match="top_logprobs"):
+        batcher.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, top_logprobs=2))
+    with pytest.raises(ValueError, match="stop"):
+        batcher.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, stop=("ab",)))
+    with pytest.raises(ValueError, match="empty prompt"):
+        batcher.submit([], SamplingParams(max_new_tokens=4))
+
+
+def test_closing_fails_the_requests_in_flight_loudly(engine):
+    b = ContinuousBatcher(engine, max_running=1)
+    running = b.submit(PROMPTS[0], SamplingParams(max_new_tokens=500, min_new_tokens=500, seed=1))
+    waiting = b.submit(PROMPTS[1], SamplingParams(max_new_tokens=5, seed=1))
+    while b.steps < 2:
+        time.sleep(0.001)
+    b.close()
+    for f in (running, waiting):
+        with pytest.raises(RuntimeError, match="closed before it finished"):
+            f.result(timeout=10)
+    with pytest.raises(RuntimeError, match="closed"):
+        b.submit(PROMPTS[0], SamplingParams(max_new_tokens=5))

@@ -82,7 +82,7 @@ def test_bad_input_names_field_and_sample_and_changes_nothing():
     for samples, msg in cases:
         with pytest.raises(BusError, match=msg):
             bus.put(samples)
-    with pytest.raises(DuplicateIds, match="id 0 is below .* must exceed every id used so far"):  # a re-send
+    with pytest.raises(DuplicateIds, match="id 0 was used before on this bus"):  # a re-send
         bus.put([{"reward": 0.0}], ids=[0])
     with pytest.raises(BusError, match="duplicate id 7"):
         bus.put([{"reward": 0.0}] * 2, ids=[7, 7])
@@ -274,3 +274,40 @@ def test_example_runs():
     )
     assert out.returncode == 0, out.stderr
     assert "step 2" in out.stdout
+
+
+def test_explicit_ids_come_in_any_order_each_once_and_the_unused_survive_a_snapshot(tmp_path):
+    """A producer streaming prompt groups puts them as they finish, ids fixed by their place in the run:
+    a later group's ids before an earlier one's. Each id is taken once; a re-send of any is refused; ids
+    skipped over stay usable, after a snapshot too (a resumed run fills in the groups it still owes)."""
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}))
+    x = [{"x": np.zeros(2)}] * 2
+    bus.put(x, ids=[8, 9])
+    bus.put(x, ids=[2, 3])  # below the highest used: unused, so taken
+    for ids in ([8, 9], [3, 4], [9, 10]):
+        with pytest.raises(DuplicateIds, match=f"id {ids[0]} was used before"):
+            bus.put(x, ids=ids)
+    assert bus.stats()["depth"]["default"] == 4  # (the refused puts wrote nothing, not even id 4 or 10)
+    bus.snapshot(tmp_path / "s")
+    r = DataBus.restore(tmp_path / "s")
+    r.put(x, ids=[0, 1])
+    r.put(x, ids=[6, 7])
+    r.put(x, ids=[4, 5])
+    with pytest.raises(DuplicateIds, match="id 5 was used before"):
+        r.put(x[:1], ids=[5])
+    assert r.put(x) == [10, 11]  # bus-assigned ids go on past the highest used
+    assert r._holes == []
+
+
+def test_get_takes_one_partition_only_when_asked():
+    """A trainer takes rollout step k's samples at version k while step k+1's groups stream in."""
+    bus = DataBus(BusConfig(consumers={"t": ConsumerSpec(sampler="group")}, group_size=2))
+    g = lambda step, i: [{"group_id": f"{step}:{i}", "x": np.zeros(1)}] * 2  # noqa: E731
+    bus.put(g(1, 0), partition="step1", ids=[4, 5])
+    bus.put(g(0, 0), partition="step0", ids=[0, 1])
+    with pytest.raises(BusTimeout):
+        bus.get("t", 4, timeout=0.05, partition="step0")  # step 0's second group is not there yet
+    bus.put(g(1, 1), partition="step1", ids=[6, 7])
+    assert bus.get("t", 4, partition="step1").ids == [4, 5, 6, 7]
+    bus.put(g(0, 1), partition="step0", ids=[2, 3])
+    assert bus.get("t", 4, partition="step0").ids == [0, 1, 2, 3]

@@ -6,6 +6,8 @@ while the mechanics live here: waiting, readiness, leases, staleness drops, evic
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -52,14 +54,36 @@ class _Book:
                 raise BusError(f"sample {k} of the put: id must be an int >= 0, got {sid!r}")
             if sid in seen:
                 raise BusError(f"sample {k} of the put: duplicate id {sid} within this put")
-            if sid < self._next_id:
+            if sid < self._next_id and not self._unused(sid):
                 raise DuplicateIds(
-                    f"sample {k} of the put: id {sid} is below {self._next_id}, and explicit ids must exceed every "
-                    "id used so far on this bus (ids are never reused): an id at or below the highest one used "
-                    "counts as a sample put before (a producer's re-send), and nothing is written"
+                    f"sample {k} of the put: id {sid} was used before on this bus (ids are never reused; "
+                    "explicit ids may come in any order, each once): a producer's re-send, and nothing is "
+                    "written"
                 )
             seen.add(sid)
         return ids
+
+    # ids below ``_next_id`` that no put has used yet (a producer putting explicit ids out of order, e.g.
+    # prompt groups as they finish): sorted, disjoint ``[lo, hi)`` intervals, so a producer that leaves
+    # ranges unused for good costs one interval per range, not one entry per id
+    _holes: list[list[int]]
+
+    def _unused(self, sid: int) -> bool:
+        i = bisect.bisect_right(self._holes, [sid, float("inf")]) - 1
+        return i >= 0 and self._holes[i][0] <= sid < self._holes[i][1]
+
+    def _mark_used(self, ids: list[int]) -> None:
+        """Record ``ids`` as used: a hole below ``_next_id`` shrinks or splits; an id past it opens one."""
+        for sid in sorted(ids):
+            if sid >= self._next_id:
+                if sid > self._next_id:
+                    self._holes.append([self._next_id, sid])
+                self._next_id = sid + 1
+                continue
+            i = bisect.bisect_right(self._holes, [sid, float("inf")]) - 1
+            lo, hi = self._holes[i]
+            pieces = [x for x in ([lo, sid], [sid + 1, hi]) if x[0] < x[1]]
+            self._holes[i : i + 1] = pieces
 
     def _wait_for(self, pred: Callable[[], bool], timeout: float | None, kind: str, what: str) -> bool:
         """Wait (releasing the lock) until ``pred()``; True if it had to wait at all."""
@@ -106,14 +130,17 @@ class _Book:
             raise BusError(f"sample id {sid!r} is {state}")
         return s
 
-    def _ready_refs(self, st: ConsumerState, limit: int | None = None) -> list[SampleRef]:
-        """Ready samples of a consumer in id order (the first ``limit`` only, when given)."""
+    def _ready_refs(
+        self, st: ConsumerState, limit: int | None = None, partition: str | None = None
+    ) -> list[SampleRef]:
+        """Ready samples of a consumer in id order (the first ``limit`` only, when given; of ``partition``
+        only, when given)."""
         req, lf = st.spec.required_fields, st.spec.length_field
         refs = []
         samples = self._samples
         for sid in sorted(st.available):
             s = samples[sid]
-            if all(f in s.fields for f in req):
+            if (partition is None or s.partition == partition) and all(f in s.fields for f in req):
                 refs.append(SampleRef(sid, s.group_id, s.group_size, s.lengths.get(lf, 0) if lf else 0))
                 if limit is not None and len(refs) >= limit:
                     break

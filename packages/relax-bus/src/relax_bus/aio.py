@@ -47,13 +47,14 @@ class AsyncBus:
         timeout: float | None = None,
         partial: bool = False,
         trainer_version: int | None = None,
+        partition: str | None = None,
     ) -> Batch:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             wait = self.slice_s if left is None else min(self.slice_s, left)
             fut = asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self.bus.get, consumer, n, fields, wait, partial, trainer_version)
+                None, functools.partial(self.bus.get, consumer, n, fields, wait, partial, trainer_version, partition)
             )
             try:
                 return await asyncio.shield(fut)

@@ -55,6 +55,7 @@ class DataBus(_Book):
         self._consumers = {name: ConsumerState(spec) for name, spec in cfg.consumers.items()}
         self._leases: dict[int, Lease] = {}
         self._next_id = 0
+        self._holes = []
         self._next_lease = 0
         self._trainer_version = 0
         self._schema = Schema(cfg.fields, RESERVED_FIELDS)
@@ -140,7 +141,7 @@ class DataBus(_Book):
                 for st in self._consumers.values():
                     st.available.add(sid)
                 self._counts["bytes_in"] += row.size
-            self._next_id = max(self._next_id, max(ids, default=-1) + 1)
+            self._mark_used(ids)
             self._depth[partition] = self._depth.get(partition, 0) + len(ids)
             self._counts["puts"] += 1
             self._counts["samples_put"] += len(ids)
@@ -221,8 +222,11 @@ class DataBus(_Book):
         timeout: float | None = None,
         partial: bool = False,
         trainer_version: int | None = None,
+        partition: str | None = None,
     ) -> Batch:
-        """Take ``n`` ready samples this consumer has not taken yet (see README for blocking and staleness)."""
+        """Take ``n`` ready samples this consumer has not taken yet (see README for blocking and staleness);
+        with ``partition``, only samples put under that partition (a trainer that takes rollout step k's
+        samples at version k while the producer streams later steps' groups)."""
         if not isinstance(n, int) or n < 1:
             raise BusError(f"get: n must be an int >= 1 (got {n!r})")
         with self._cond:
@@ -248,7 +252,8 @@ class DataBus(_Book):
                 if enforce and self.config.staleness_policy == "drop":
                     self._drop_stale(consumer, st, t)
                 limit = n if sampler is in_order else None  # in id order: stop scanning at n
-                chosen = sampler(self._ready_refs(st, limit), n, partial, self.config.group_size, **options)
+                refs = self._ready_refs(st, limit, partition)
+                chosen = sampler(refs, n, partial, self.config.group_size, **options)
                 return bool(chosen)
 
             self._wait_for(satisfied, timeout, "get", f"get({consumer!r}, n={n})")

@@ -227,6 +227,7 @@ class RayBus:
         timeout: float | None = None,
         partial: bool = False,
         trainer_version: int | None = None,
+        partition: str | None = None,
     ) -> Batch:
         from relax_bus.blocks import from_wire
         from relax_bus.ray_actors import fetch
@@ -236,6 +237,7 @@ class RayBus:
             "timeout": timeout,
             "partial": partial,
             "trainer_version": trainer_version,
+            **({"partition": partition} if partition is not None else {}),
         }
         if self._local is not None:
             from relax_bus.local import read_block

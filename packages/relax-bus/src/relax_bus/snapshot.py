@@ -63,6 +63,7 @@ def export_state(bus: Any) -> dict[str, Any]:
         "samples": samples,
         "consumers": consumers,
         "next_id": bus._next_id,
+        "unused_ids": [list(h) for h in bus._holes],
         "next_lease": bus._next_lease,
         "trainer_version": bus._trainer_version,
         "schema": dict(bus._schema.sigs),
@@ -99,6 +100,7 @@ def import_state(bus: Any, state: dict[str, Any]) -> None:
         for k, v in c["counters"].items():
             setattr(st, k, v)
     bus._next_id = state["next_id"]
+    bus._holes = [list(h) for h in state.get("unused_ids", [])]  # (snapshots before 0.5: none)
     bus._next_lease = state["next_lease"]
     bus._trainer_version = state["trainer_version"]
     bus._schema.sigs.update(state["schema"])

@@ -1,9 +1,16 @@
-"""Colocate vs fully async (staleness 1 and 2): the same RL steps, wall time and samples/s.
+"""Colocate vs fully async (staleness 1 and 2, batch-synchronous or streaming with partial rollout): the same
+RL steps, wall time and samples/s.
 
-Two workloads on the CPU demo (warm-started tiny Qwen3, arithmetic task):
-  (a) demo  — as it is: compute-bound on 2 cores, where overlap has little to win;
-  (b) judge — a reward that waits 50 ms per sample (a remote judge) and long-tail response lengths
-              (EOS suppressed up to a Pareto-distributed minimum), where rollout idles and async overlaps.
+Three workloads on the CPU demo's task:
+  (a) demo     — the warm-started tiny Qwen3 as it is: compute-bound on 2 cores, where overlap has little
+                 to win;
+  (b) judge    — a reward that waits 50 ms per sample (a remote judge) and long-tail response lengths
+                 (EOS suppressed up to a Pareto-distributed minimum), where rollout idles and async overlaps;
+  (c) longtail — generation dominates: a larger Qwen3 (hidden 256, 4 layers, random weights) whose
+                 responses end at Pareto-distributed lengths up to 256 tokens (--long-tail-exact), 8
+                 prompts x 4 a step, where a batch waits for its longest response.
+Modes: colocate; async_s1/async_s2 (fully async, batch-synchronous rollout); stream_s1/stream_s2 (fully
+async, --streaming-rollout --partial-rollout).
 Each configuration runs --repeats times (median and spread reported); RL-loop time only (Ray start-up and
 model loading excluded, the same for every mode's count of steps).
 
@@ -30,11 +37,34 @@ MODES = {
     "colocate": {"mode": "colocate"},
     "async_s1": {"mode": "fully_async", "max_staleness": 1},
     "async_s2": {"mode": "fully_async", "max_staleness": 2},
+    "stream_s1": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
+    "stream_s2": {"mode": "fully_async", "max_staleness": 2, "streaming_rollout": True, "partial_rollout": True},
 }
 WORKLOADS = {
     "demo": {},
     "judge": {"reward_delay_s": 0.05, "long_tail_min_tokens": 4, "rollout_max_response_len": 32},
+    "longtail": {
+        "rollout_batch_size": 8,
+        "n_samples_per_prompt": 4,
+        "micro_batch_size": 32,
+        "long_tail_min_tokens": 16,
+        "long_tail_exact": True,
+        "rollout_max_response_len": 256,
+    },
 }
+LONGTAIL_MODEL = dict(hidden_size=256, num_layers=4, intermediate_size=768, max_position_embeddings=320)
+
+
+def longtail_model(assets, root: Path) -> str:
+    """The long-tail workload's policy: the demo's tokenizer, a larger Qwen3 (random weights), made once."""
+    out = root / "longtail_model"
+    if not (out / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        from relax_app.demo.model import build_tiny_qwen3
+
+        build_tiny_qwen3(AutoTokenizer.from_pretrained(assets.sft_model_dir), out_dir=out, **LONGTAIL_MODEL)
+    return str(out)
 
 
 def run_once(assets, mode: str, workload: str, steps: int, out: Path, extra: dict | None = None) -> dict:
@@ -51,8 +81,10 @@ def run_once(assets, mode: str, workload: str, steps: int, out: Path, extra: dic
         "prompt_data": str(assets.train_path),
         "hf_checkpoint": str(assets.sft_model_dir),
     }
+    if workload == "longtail":
+        flat["hf_checkpoint"] = longtail_model(assets, out)
     cfg = config_from_flat(flat)
-    res = Controller(cfg, RunInputs(str(assets.sft_model_dir), str(assets.train_path))).run()
+    res = Controller(cfg, RunInputs(flat["hf_checkpoint"], str(assets.train_path))).run()
     return {
         "rl_wall_s": res.rl_wall_s,
         "samples_per_s": res.samples / res.rl_wall_s,

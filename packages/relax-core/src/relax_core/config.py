@@ -105,9 +105,23 @@ class RolloutConfig(_Section):
     dynamic_sampling_max_rounds: int = Field(8, ge=1)
     """Dynamic sampling: at most this many extra generation rounds per batch; if the batch is still short,
     it is filled with uninformative groups (counted in the metrics) so training never stalls."""
+    streaming_rollout: bool = False
+    """Fully async: keep up to --max-inflight-groups prompt groups generating, each response its own
+    request (the torch engine batches them continuously), and put each group on the bus the moment its
+    last response ends, scored meanwhile; the trainer takes rollout step k's groups at version k."""
+    max_inflight_groups: int | None = Field(None, ge=1)
+    """--streaming-rollout: prompt groups generating at once; default --rollout-batch-size × (--max-staleness
+    + 1), every step the staleness bound admits."""
+    partial_rollout: bool = False
+    """--streaming-rollout: responses in flight go on under new weights (the torch engine swaps them
+    between decode steps; each token records its version, a sample's staleness is its oldest token's).
+    Without it an update waits until the responses in flight end, and none starts meanwhile."""
     long_tail_min_tokens: int = Field(0, ge=0)
     """Benchmark knob: if > 0, each response is forced to a minimum length drawn from a long-tailed
     distribution with this scale (EOS suppressed until then), emulating long-tail generation."""
+    long_tail_exact: bool = False
+    """Benchmark knob, with --long-tail-min-tokens: each response ends at exactly its drawn length (at
+    least 1), for a model that never learned to stop (random weights) to show the long tail too."""
     rollout_external_urls: list[str] = []
     """Base URLs (``http://host:port``) of running SGLang-compatible engine servers, e.g. SGLang or
     ``python -m relax_rollout.server``; required by (and only used with) --rollout-backend external."""
@@ -521,6 +535,8 @@ class RelaxConfig(_Section):
             raise ValueError(
                 f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"
             )
+        if r.streaming_rollout or r.partial_rollout:
+            _check_streaming(self)
         if (self.data.prompt_data is None) != (self.model.hf_checkpoint is None):
             raise ValueError(
                 "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
@@ -544,3 +560,25 @@ class RelaxConfig(_Section):
     def uses_teacher(self) -> bool:
         """Whether the Teacher role runs (on-policy distillation)."""
         return self.model.teacher_checkpoint is not None
+
+
+def _check_streaming(cfg: RelaxConfig) -> None:
+    """--streaming-rollout / --partial-rollout: what they serve today, refused otherwise with the reason."""
+    r = cfg.rollout
+    if r.partial_rollout and not r.streaming_rollout:
+        raise ValueError("--partial-rollout continues responses across weight updates: add --streaming-rollout")
+    off = [
+        flag
+        for flag, on in (
+            ("--dynamic-sampling", r.dynamic_sampling),
+            ("--env-path", r.env_path is not None),
+            ("--routing-replay", cfg.algo.routing_replay),
+            ("--multimodal-keys", bool(cfg.data.multimodal_keys)),
+        )
+        if on
+    ]
+    if cfg.run.mode != "fully_async" or off:
+        raise ValueError(
+            "--streaming-rollout streams single-turn text groups in --fully-async runs"
+            + (f"; it does not combine with {', '.join(off)} yet" if off else ": add --fully-async")
+        )

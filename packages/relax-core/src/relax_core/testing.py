@@ -89,6 +89,16 @@ def hostile_reward(response: str, label, metadata=None) -> float:
     return float(response.strip() == str(label))
 
 
+def uneven_reward(response: str, label, metadata=None) -> float:
+    """An exact match that takes 0.3 s when the label ends in an odd digit: a step's groups finish scoring
+    at different times, so a streaming rollout is part-way through a step most of the time."""
+    import time
+
+    if str(label)[-1:] in "13579":
+        time.sleep(0.3)
+    return float(response.strip() == str(label))
+
+
 def tiny_moe(layers: int = 2, top_k: int = 2, seed: int = 0, **overrides):
     """A tiny random ``Qwen3MoeForCausalLM`` (vocab 300, 8 experts; ``overrides`` go to the config).
     ``initializer_range=0.1`` so the random router is not near-uniform and routing is meaningful."""

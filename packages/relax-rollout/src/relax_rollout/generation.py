@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,9 @@ class Generated:
     """Seconds spent scoring, with ``results``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields put on every sample as they are (dynamic sampling's counters)."""
+    first_group: int = 0
+    """The step's group index of ``rows[0]`` (streaming rollout puts one group at a time): it fixes the
+    samples' ``group_id`` and bus ids."""
 
 
 class Generation:
@@ -129,25 +132,37 @@ class Generation:
         rows, enc = self.prompts.batch()
         prompts = [ids for ids, _ in enc for _ in range(n)]
         media = [mm for _, mm in enc for _ in range(n)] if self.prompts.mm is not None else None
-        mins: int | list[int] = 0
-        if r.long_tail_min_tokens:
-            base = self.cfg.train.seed * 7919 + step
-            rng = np.random.default_rng(base if round_ == 0 else (base, round_))
-            draw = (rng.pareto(1.5, size=len(prompts)) * r.long_tail_min_tokens).astype(int)
-            mins = [int(min(d, r.rollout_max_response_len)) for d in draw]
-        params = SamplingParams(
-            max_new_tokens=r.rollout_max_response_len,
-            temperature=r.rollout_temperature,
-            top_p=r.rollout_top_p,
-            min_new_tokens=mins,
-            seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
-        )
+        params = self.sampling(step, len(prompts), round_)
         t0 = time.perf_counter()
         with self.tracer.span("generate", step=step):
             outs = self.engine.generate(prompts, params, **({"mm": media} if media is not None else {}))
         gen_s = time.perf_counter() - t0
         self.stats["generate_s"] += gen_s
+        if r.long_tail_exact and isinstance(params.min_new_tokens, list):  # (the batch ran to the longest)
+            outs = [_truncated(o, m) for o, m in zip(outs, params.min_new_tokens)]
         return Generated(step, rows, prompts, outs, gen_s, _model_tokens(outs), media=media)
+
+    def sampling(self, step: int, count: int, round_: int = 0) -> SamplingParams:
+        """Step ``step``'s sampling parameters for ``count`` responses: the seed, and with
+        --long-tail-min-tokens each response's drawn minimum length (a list)."""
+        r = self.cfg.rollout
+        mins: int | list[int] = 0
+        if r.long_tail_min_tokens:
+            base = self.cfg.train.seed * 7919 + step
+            rng = np.random.default_rng(base if round_ == 0 else (base, round_))
+            draw = (rng.pareto(1.5, size=count) * r.long_tail_min_tokens).astype(int)
+            mins = [int(min(d, r.rollout_max_response_len)) for d in draw]
+        longest = r.rollout_max_response_len
+        if r.long_tail_exact and isinstance(mins, list):  # each response exactly its draw: a request
+            mins = [max(1, m) for m in mins]  # ends there, a batch runs to the longest and is cut
+            longest = max(mins)
+        return SamplingParams(
+            max_new_tokens=longest,
+            temperature=r.rollout_temperature,
+            top_p=r.rollout_top_p,
+            min_new_tokens=mins,
+            seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
+        )
 
     def episodes(self, step: int, round_: int = 0) -> Generated:
         """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment.
@@ -249,6 +264,19 @@ class Generation:
             raise ValueError(f"the prompt carries {sorted(media)} but the model is text-only")
         keys = tuple(self.cfg.data.multimodal_keys) if self.prompts.mm is not None else ()
         return self.prompts.episode_media.encode(text, media, keys=keys, index=f"row {row.row_id}")
+
+
+def _truncated(out: GenerateOutput, n: int) -> GenerateOutput:
+    """``out`` ended after ``n`` tokens (--long-tail-exact)."""
+    if len(out.token_ids) <= n:
+        return out
+    return replace(
+        out,
+        token_ids=out.token_ids[:n],
+        log_probs=out.log_probs[:n],
+        token_versions=out.token_versions[:n] if out.token_versions else out.token_versions,
+        finish_reason="length",
+    )
 
 
 def _model_tokens(outs: list[GenerateOutput]) -> int:

@@ -10,7 +10,9 @@ nowhere else. A sample carries:
 - ``routed_experts``: with --routing-replay, each token's MoE experts as the engine routed them;
 - ``mm``: the media tensors of its prompt (multimodal rows only);
 - ``reward`` (float), ``reward_failure`` (why the reward function failed, or "");
-- ``policy_version``: the weight version that generated it (staleness is measured against it);
+- ``policy_version``: the oldest weight version among its tokens (staleness is measured against it);
+- ``token_versions`` (int32, one per response token): streaming rollout only, where a response may go on
+  across weight updates (--partial-rollout);
 - ``group_id`` (``"step:index"``: the n samples of one prompt), ``prompt_id`` (the row's id),
   ``rollout_step``, ``finish_reason``;
 - ``turns``, ``env_error``: multi-turn episodes only;
@@ -89,8 +91,13 @@ class SampleWriter:
                     **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
                     "reward": float(res.score),
                     "reward_failure": res.failure or "",
-                    "policy_version": int(o.weight_version),
-                    "group_id": f"{step}:{i // n}",
+                    "policy_version": int(o.oldest_version),
+                    **(
+                        {"token_versions": np.asarray(o.token_versions or [], dtype=np.int32)}
+                        if self.cfg.rollout.streaming_rollout
+                        else {}
+                    ),
+                    "group_id": f"{step}:{gen.first_group + i // n}",
                     "prompt_id": row.row_id,
                     "rollout_step": step,
                     "finish_reason": o.finish_reason,
@@ -118,14 +125,17 @@ class SampleWriter:
             self.bus.put(samples, partition=f"step{step}")
         else:
             per = self.cfg.samples_per_rollout
-            if len(samples) > per:
-                raise RuntimeError(f"rollout step {step} made {len(samples)} samples, more than {per}")
+            first = gen.first_group * self.cfg.rollout.n_samples_per_prompt
+            if first + len(samples) > per:
+                raise RuntimeError(f"rollout step {step} made {first + len(samples)} samples, more than {per}")
             try:
                 self.bus.put(
-                    samples, partition=f"step{step}", ids=[step * per + i for i in range(len(samples))]
+                    samples, partition=f"step{step}", ids=[step * per + first + i for i in range(len(samples))]
                 )
-            except DuplicateIds:  # this step landed before the previous rollout process died: keep that one
+            except DuplicateIds:  # this step (group) landed before the previous rollout process died: keep that
                 logger.warning(
-                    "rollout step %d was already on the bus (sent before a restart); skipped", step
+                    "rollout step %d%s was already on the bus (sent before a restart); skipped",
+                    step,
+                    f" group {gen.first_group}" if self.cfg.rollout.streaming_rollout else "",
                 )
         return len(samples), reward_s

@@ -114,8 +114,13 @@ class RolloutWorker:
         return self.prompts.encode(prompt)
 
     # -- weights -------------------------------------------------------------------------------
+    _stream: Any = None  # the streaming loop (--streaming-rollout), while it runs
+
     def set_weights(self, tensors: dict[str, Any], version: int) -> None:
-        self.engine.update_weights(tensors, version)
+        if self._stream is not None:  # between decode steps (or once the responses in flight end)
+            self._stream.update_weights(tensors, version)
+        else:
+            self.engine.update_weights(tensors, version)
         if self.cfg.run.verify_weight_sync:
             self.weight_log[version] = self.engine.weights_checksum()
         with self._cond:
@@ -215,6 +220,15 @@ class RolloutWorker:
 
         from relax_bus import BusClosed, BusTimeout
 
+        if self.cfg.rollout.streaming_rollout:  # prompt groups one at a time (relax_rollout.streaming)
+            from relax_rollout.streaming import GroupStream
+
+            self._stream = GroupStream(self)
+            try:
+                self._stream.run(start_step)
+            finally:
+                self._stream = None
+            return self.get_stats()
         s = self.cfg.run.max_staleness
         wait_policy = self.cfg.run.staleness_policy == "wait"
         handoff: queue.Queue = queue.Queue(maxsize=1)

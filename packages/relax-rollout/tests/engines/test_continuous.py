@@ -133,3 +133,23 @@ def test_closing_fails_the_requests_in_flight_loudly(engine):
             f.result(timeout=10)
     with pytest.raises(RuntimeError, match="closed"):
         b.submit(PROMPTS[0], SamplingParams(max_new_tokens=5))
+
+
+def test_a_draining_update_waits_for_the_running_and_holds_the_waiting(engine, batcher):
+    """Without partial rollout: the update goes in once the running requests end (all their tokens of the
+    old version), and a request submitted meanwhile starts only under the new weights."""
+    import threading
+
+    g = torch.Generator().manual_seed(5)
+    new = {n: 0.5 * torch.randn(p.shape, generator=g) for n, p in engine.named_weights() if "lm_head" in n}
+    first = batcher.submit(PROMPTS[0], SamplingParams(max_new_tokens=80, min_new_tokens=80, seed=1))
+    while batcher.steps < 3:
+        time.sleep(0.001)
+    update = threading.Thread(target=batcher.update_weights, args=(new, 1), kwargs={"drain": True})
+    update.start()
+    while not batcher._updates:
+        time.sleep(0.001)
+    later = batcher.submit(PROMPTS[1], SamplingParams(max_new_tokens=5, seed=2))
+    update.join(60)
+    assert first.result(timeout=60).token_versions == [0] * 80
+    assert later.result(timeout=60).token_versions == [1] * 5

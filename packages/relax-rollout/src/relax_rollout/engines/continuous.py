@@ -61,7 +61,7 @@ class ContinuousBatcher:
         self.engine, self.max_running = engine, max_running
         self._cond = threading.Condition()
         self._waiting: deque[_Seq] = deque()
-        self._updates: list[tuple[dict[str, Any], int, Future]] = []
+        self._updates: list[tuple[dict[str, Any], int, Future, bool]] = []
         self._running: list[_Seq] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [running, cached length]: 0 on each row's left pads
@@ -102,15 +102,18 @@ class ContinuousBatcher:
             futures.append(self.submit(prompt, replace(params, seed=seed, min_new_tokens=m)))
         return [f.result() for f in futures]
 
-    def update_weights(self, tensors: dict[str, Any], version: int, timeout_s: float = 300.0) -> None:
+    def update_weights(
+        self, tensors: dict[str, Any], version: int, drain: bool = False, timeout_s: float = 300.0
+    ) -> None:
         """Load new weights between two decode steps; returns once they are in. The running requests go on
-        under them (their tokens from here carry ``version``)."""
+        under them (their tokens from here carry ``version``) — or, with ``drain``, the update waits until
+        the running requests end, and no waiting one starts meanwhile (every response of one version)."""
         done: Future = Future()
         with self._cond:
             if self._closed or not self._thread.is_alive():
                 done.set_result(None)
             else:
-                self._updates.append((tensors, version, done))
+                self._updates.append((tensors, version, done, drain))
                 self._cond.notify_all()
         if done.done():
             self.engine.update_weights(tensors, version)
@@ -129,7 +132,7 @@ class ContinuousBatcher:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
-        for tensors, version, done in self._updates:  # (taken after the loop's last turn)
+        for tensors, version, done, _ in self._updates:  # (taken after the loop's last turn)
             if not done.done():
                 try:
                     self.engine.update_weights(tensors, version)
@@ -152,15 +155,18 @@ class ContinuousBatcher:
                     self._cond.wait(1.0)
                 if self._closed:
                     return
-                updates, self._updates = self._updates, []
-            for tensors, version, done in updates:  # between two steps: the running go on under them
+                updates = []  # in order; a draining one (and all after it) waits for the running to end
+                while self._updates and not (self._updates[0][3] and self._running):
+                    updates.append(self._updates.pop(0))
+                hold = bool(self._updates)
+            for tensors, version, done, _ in updates:  # between two steps: the running go on under them
                 try:
                     self.engine.update_weights(tensors, version)
                     done.set_result(None)
                 except BaseException as e:  # noqa: BLE001 - the caller's to see; the old weights stay
                     done.set_exception(e)
             with self._cond:
-                room = self.max_running - len(self._running)
+                room = 0 if hold else self.max_running - len(self._running)
                 joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             try:
                 with self.engine._lock:  # released between steps: a weight update goes in there

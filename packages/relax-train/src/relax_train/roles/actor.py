@@ -131,6 +131,8 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                     fields=None,
                     trainer_version=step,
                     timeout=1.0,
+                    # streaming rollout puts later steps' groups while step k's tail generates: take step k
+                    **({"partition": f"step{step}"} if self.cfg.rollout.streaming_rollout else {}),
                 )
             except (BusTimeout, ConsumerReset):
                 continue

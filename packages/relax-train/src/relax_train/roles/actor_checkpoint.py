@@ -57,6 +57,11 @@ class ActorCheckpoints:
             self.bus.snapshot(ckpt.bus)
             steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(ckpt.bus)["samples"]]
             nxt = max([self.backend.version, *(s + 1 for s in steps)])
+            if self.cfg.rollout.streaming_rollout:  # steps land group by group: resume at the first one
+                # not whole, and the groups it still owes are generated again (those here are refused)
+                nxt, per = self.backend.version, self.cfg.samples_per_rollout
+                while steps.count(nxt) >= per:
+                    nxt += 1
             # where each rollout step from the trainer's version on began: the resumed run's journal
             ckpt.write_bus_resume(nxt, self.data_states(list(range(self.backend.version, nxt + 1))))
 

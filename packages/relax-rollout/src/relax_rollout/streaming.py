@@ -1,0 +1,213 @@
+"""Streaming rollout (``--streaming-rollout``, fully async): prompt groups flow to the bus one at a time.
+
+Why: a batch generated in one engine call waits for its longest response, and the roles downstream start
+only when the slowest sample is done; with heavy-tailed response lengths that tail is the largest cost of
+RL. Here the rollout keeps up to ``--max-inflight-groups`` prompt groups generating, each response its own
+request (the torch engine batches them continuously, :mod:`relax_rollout.engines.continuous`; engine
+processes and servers get concurrent requests, which SGLang batches), scores a group the moment its last
+response ends (rewards run beside generation, on their own threads) and puts it on the bus: partition
+``step<k>``, ids fixed by (step, group, sample), so a group re-sent by a restarted process is refused.
+
+Steps stay the unit of admission (the staleness bound), of drawing prompts and of the journal: step k
+begins when the bus admits it and its groups fit in flight; its ``put`` entry is written when its last
+group lands. The trainer takes step k's groups at version k (``get(partition=...)``), so a sample's
+staleness is exactly bounded as in batch mode, now measured on its oldest token. With ``--partial-rollout``
+responses in flight go on under new weights (each token stamped with its version); without it an update
+waits until they end and none starts meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from relax_rollout.engines.continuous import ContinuousBatcher
+from relax_rollout.generation import Generated, _model_tokens
+
+SEED_STRIDE = 65_537
+"""Request seeds: a step's sampling seed × this + the sample's index in its step (fewer samples a step)."""
+
+
+@dataclass
+class _Group:
+    step: int
+    index: int
+    row: Any
+    prompt: list[int]
+    futures: list[Future]
+    t0: float
+
+
+class GroupStream:
+    """The streaming loop of one :class:`~relax_rollout.worker.RolloutWorker` (its engine, prompts, sample
+    writer, journal and stats)."""
+
+    def __init__(self, worker: Any) -> None:
+        from relax_rollout.engines.torch_engine import TorchEngine
+
+        self.w = worker
+        cfg = worker.cfg
+        r = cfg.rollout
+        self.n = r.n_samples_per_prompt
+        self.limit = r.max_inflight_groups or r.rollout_batch_size * (cfg.run.max_staleness + 1)
+        if self.limit < r.rollout_batch_size:
+            raise ValueError(
+                f"--max-inflight-groups {self.limit} is below --rollout-batch-size {r.rollout_batch_size}: a "
+                "step's groups must fit in flight together"
+            )
+        engine = worker.engine
+        self.batcher = (
+            ContinuousBatcher(engine, max_running=self.limit * self.n) if isinstance(engine, TorchEngine) else None
+        )
+        # engines in processes or servers: concurrent requests, batched by the server
+        self.requests = None if self.batcher else ThreadPoolExecutor(self.limit * self.n, "rollout-request")
+        self.scoring = ThreadPoolExecutor(2, "rollout-score")
+        self._cond = threading.Condition()
+        self.inflight = 0
+        self.steps: dict[int, tuple[list[Any], set[int]]] = {}  # step -> (its prompt ids, groups not put yet)
+        self.failure: list[BaseException] = []
+
+    # -- weights (from the worker's subscriber thread) ---------------------------------------------
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None:
+        if self.batcher is not None:  # between two decode steps; without partial rollout once they end
+            self.batcher.update_weights(tensors, version, drain=not self.w.cfg.rollout.partial_rollout)
+        else:
+            self.w.engine.update_weights(tensors, version)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self, start_step: int) -> None:
+        from relax_bus import BusClosed, BusTimeout
+
+        w, cfg = self.w, self.w.cfg
+        s, groups = cfg.run.max_staleness, cfg.rollout.rollout_batch_size
+        wait_policy = cfg.run.staleness_policy == "wait"
+        step = start_step
+        try:
+            while not self.failure:
+                t0 = time.perf_counter()
+                while True:  # poll, so the heartbeat shows a live loop while back-pressure holds it
+                    w._beat = time.monotonic()
+                    try:
+                        w.bus.admit(step, timeout=1.0)
+                        break
+                    except BusTimeout:
+                        continue
+                need = max(0, step - s) if wait_policy else 0
+                with w._cond:
+                    while w.engine.weight_version < need:
+                        w._beat = time.monotonic()
+                        if not cfg.run.health:
+                            w.weights.check()
+                        w._cond.wait(0.5)
+                with self._cond:  # room for the step's groups
+                    while self.inflight + groups > self.limit and not self.failure:
+                        w._beat = time.monotonic()
+                        self._cond.wait(0.5)
+                w.stats["wait_s"] += time.perf_counter() - t0
+                if self.failure:
+                    break
+                self._begin(step)
+                step += 1
+        except BusClosed:
+            pass
+        finally:
+            self.close()
+        if self.failure:
+            raise self.failure[0]
+
+    def _begin(self, step: int) -> None:
+        """Draw step ``step``'s prompts (journaled) and submit every response of its groups."""
+        w = self.w
+        w._journal.log({"begin": step, "state": w.prompts.begin(step)})
+        rows, enc = w.prompts.batch()
+        w._journal.log({"drawn": step, "state": w.prompts.iterator.state_dict()})
+        params = w.generation.sampling(step, len(rows) * self.n)
+        mins = params.min_new_tokens
+        cfg_exact = w.cfg.rollout.long_tail_exact and isinstance(mins, list)
+        with self._cond:
+            self.steps[step] = ([row.row_id for row in rows], set(range(len(rows))))
+            self.inflight += len(rows)
+        for g, (row, (ids, _)) in enumerate(zip(rows, enc)):
+            futures = []
+            for j in range(self.n):
+                i = g * self.n + j
+                m = mins[i] if isinstance(mins, list) else mins
+                one = replace(params, seed=params.seed * SEED_STRIDE + i, min_new_tokens=m)
+                if cfg_exact:  # (--long-tail-exact: the request ends at its drawn length)
+                    one = replace(one, max_new_tokens=m)
+                futures.append(self._submit(ids, one))
+            group = _Group(step, g, row, list(ids), futures, time.perf_counter())
+            _when_all(futures, lambda group=group: self.scoring.submit(self._finish, group))
+
+    def _submit(self, prompt: list[int], params: Any) -> Future:
+        if self.batcher is not None:
+            return self.batcher.submit(prompt, params)
+        return self.requests.submit(lambda: self.w.engine.generate([prompt], params)[0])
+
+    def _finish(self, group: _Group) -> None:
+        """Score one finished group and put it on the bus; the step's ``put`` once its last group is in."""
+        w = self.w
+        try:
+            outs = [f.result() for f in group.futures]
+            secs = time.perf_counter() - group.t0
+            gen = Generated(
+                group.step,
+                [group.row],
+                [group.prompt] * self.n,
+                outs,
+                secs,
+                _model_tokens(outs),
+                first_group=group.index,
+            )
+            n, reward_s = w.samples.put(gen)
+        except BaseException as e:  # noqa: BLE001 - the loop raises it; the health manager restarts the role
+            with self._cond:
+                self.failure.append(e)
+                self._cond.notify_all()
+            return
+        spread = [max(o.token_versions) - min(o.token_versions) for o in outs if o.token_versions]
+        with self._cond:
+            st = w.stats
+            st["streamed_groups"] = st.get("streamed_groups", 0) + 1
+            # partial rollout: responses that went on across a weight update, and the widest version spread
+            st["responses_across_updates"] = st.get("responses_across_updates", 0) + sum(x > 0 for x in spread)
+            st["token_version_spread_max"] = max([st.get("token_version_spread_max", 0), *spread])
+            st["inflight_groups_peak"] = max(st.get("inflight_groups_peak", 0), self.inflight)
+            w.stats["samples"] += n
+            w.stats["reward_s"] += reward_s
+            w.stats["generate_s"] += secs
+            w._journal.log({"put_group": group.step, "group": group.index})
+            prompts, todo = self.steps[group.step]
+            todo.discard(group.index)
+            if not todo:
+                del self.steps[group.step]
+                w.prompts.prompt_log.append((group.step, prompts))
+                w._journal.log({"put": group.step, "prompts": prompts})
+            self.inflight -= 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.requests is not None:
+            self.requests.shutdown(wait=False, cancel_futures=True)
+        self.scoring.shutdown(wait=False, cancel_futures=True)
+
+
+def _when_all(futures: list[Future], then) -> None:
+    """Call ``then()`` once every future is done (from the thread finishing the last)."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    for f in futures:
+        f.add_done_callback(one)

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from relax_bus import BusClosed
 from relax_rollout.engines.continuous import ContinuousBatcher
 from relax_rollout.generation import Generated, _model_tokens
 
@@ -79,7 +80,7 @@ class GroupStream:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, start_step: int) -> None:
-        from relax_bus import BusClosed, BusTimeout
+        from relax_bus import BusTimeout
 
         w, cfg = self.w, self.w.cfg
         s, groups = cfg.run.max_staleness, cfg.rollout.rollout_batch_size
@@ -163,6 +164,8 @@ class GroupStream:
                 first_group=group.index,
             )
             n, reward_s = w.samples.put(gen)
+        except BusClosed:  # the run is over: groups still in flight are not wanted
+            return
         except BaseException as e:  # noqa: BLE001 - the loop raises it; the health manager restarts the role
             with self._cond:
                 self.failure.append(e)

@@ -91,6 +91,10 @@ def step_metrics(
             "time": time.time(),
         }
     )
+    if "token_versions" in d:  # streaming rollout: responses that went on across weight updates
+        spread = [int(np.max(v)) - int(np.min(v)) if len(v) else 0 for v in d["token_versions"]]
+        metrics["rollout/responses_across_updates"] = float(sum(x > 0 for x in spread))
+        metrics["rollout/token_version_spread_max"] = float(max(spread, default=0))
     if "log_probs" in d:
         diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
         if diff is not None:

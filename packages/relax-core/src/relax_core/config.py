@@ -116,6 +116,9 @@ class RolloutConfig(_Section):
     """--streaming-rollout: responses in flight go on under new weights (the torch engine swaps them
     between decode steps; each token records its version, a sample's staleness is its oldest token's).
     Without it an update waits until the responses in flight end, and none starts meanwhile."""
+    mask_offpolicy_in_partial_rollout: bool = False
+    """--partial-rollout: train only on the tokens of a response's last weight version; the earlier ones
+    (sampled before an update) are masked from the loss (upstream Relax's flag of the same name)."""
     long_tail_min_tokens: int = Field(0, ge=0)
     """Benchmark knob: if > 0, each response is forced to a minimum length drawn from a long-tailed
     distribution with this scale (EOS suppressed until then), emulating long-tail generation."""
@@ -535,7 +538,7 @@ class RelaxConfig(_Section):
             raise ValueError(
                 f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"
             )
-        if r.streaming_rollout or r.partial_rollout:
+        if r.streaming_rollout or r.partial_rollout or r.mask_offpolicy_in_partial_rollout:
             _check_streaming(self)
         if (self.data.prompt_data is None) != (self.model.hf_checkpoint is None):
             raise ValueError(
@@ -567,6 +570,8 @@ def _check_streaming(cfg: RelaxConfig) -> None:
     r = cfg.rollout
     if r.partial_rollout and not r.streaming_rollout:
         raise ValueError("--partial-rollout continues responses across weight updates: add --streaming-rollout")
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
+        raise ValueError("--mask-offpolicy-in-partial-rollout masks what --partial-rollout continues: add it")
     off = [
         flag
         for flag, on in (

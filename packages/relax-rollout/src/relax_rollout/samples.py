@@ -6,7 +6,8 @@ nowhere else. A sample carries:
 
 - ``tokens`` (int64: prompt then response), ``prompt_len``, ``response_len``;
 - ``loss_mask`` (float32, one per response token: 0 on what an environment or the chat template added
-  between a multi-turn episode's model turns), ``rollout_log_probs`` (float32, one per response token);
+  between a multi-turn episode's model turns, and with --mask-offpolicy-in-partial-rollout on the tokens
+  sampled before a response's last weight version), ``rollout_log_probs`` (float32, one per response token);
 - ``routed_experts``: with --routing-replay, each token's MoE experts as the engine routed them;
 - ``mm``: the media tensors of its prompt (multimodal rows only);
 - ``reward`` (float), ``reward_failure`` (why the reward function failed, or "");
@@ -84,9 +85,7 @@ class SampleWriter:
                     "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
                     "prompt_len": len(p),
                     "response_len": len(o.token_ids),
-                    "loss_mask": np.asarray(
-                        o.extra.get("loss_mask", [1.0] * len(o.token_ids)), dtype=np.float32
-                    ),
+                    "loss_mask": self._loss_mask(o),
                     "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
                     **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
                     "reward": float(res.score),
@@ -111,6 +110,15 @@ class SampleWriter:
                 }
             )
         return samples
+
+    def _loss_mask(self, o: Any) -> np.ndarray:
+        """1 per response token the loss trains on: 0 on what an environment added, and with
+        --mask-offpolicy-in-partial-rollout on the tokens sampled before the response's last version."""
+        mask = np.asarray(o.extra.get("loss_mask", [1.0] * len(o.token_ids)), dtype=np.float32)
+        if self.cfg.rollout.mask_offpolicy_in_partial_rollout and o.token_versions:
+            versions = np.asarray(o.token_versions)
+            mask = mask * (versions == versions.max()).astype(np.float32)
+        return mask
 
     def put(self, gen: Generated) -> tuple[int, float]:
         """Score ``gen`` (unless dynamic sampling already did) and put its samples on the bus, partition

@@ -118,8 +118,10 @@ def main() -> None:
     eng = TorchEngine(model=m, eos_token_ids=[EOS], pad_token_id=0, device=args.device)
     prompts, lengths = workload(args.prompts)
     useful = sum(lengths)
-    print(f"{len(prompts)} prompts, response lengths median {int(np.median(lengths))}, max {max(lengths)}, "
-          f"sum {useful} (the batch path computes {len(prompts) * max(lengths)} rows x steps)")
+    print(
+        f"{len(prompts)} prompts, response lengths median {int(np.median(lengths))}, max {max(lengths)}, "
+        f"sum {useful} (the batch path computes {len(prompts) * max(lengths)} rows x steps)"
+    )
     runs: dict[str, list[float]] = {"batch": [], "continuous": [], "transformers_cb": []}
     notes = {}
     continuous(eng, prompts[:2], [4, 4], 2)  # warm-up
@@ -140,10 +142,19 @@ def main() -> None:
     for k, walls in runs.items():
         if walls:
             tps = [useful / w for w in walls]
-            result[k] = {"median_tok_s": statistics.median(tps), "min": min(tps), "max": max(tps), "n": len(tps)}
-            print(f"{k:16s} {statistics.median(tps):9.1f} tok/s  (min {min(tps):.1f}, max {max(tps):.1f}, n {len(tps)})")
+            result[k] = {
+                "median_tok_s": statistics.median(tps),
+                "min": min(tps),
+                "max": max(tps),
+                "n": len(tps),
+            }
+            print(
+                f"{k:16s} {statistics.median(tps):9.1f} tok/s  (min {min(tps):.1f}, max {max(tps):.1f}, n {len(tps)})"
+            )
     if result.get("continuous") and result.get("batch"):
-        result["continuous_over_batch"] = result["continuous"]["median_tok_s"] / result["batch"]["median_tok_s"]
+        result["continuous_over_batch"] = (
+            result["continuous"]["median_tok_s"] / result["batch"]["median_tok_s"]
+        )
         print(f"continuous / batch: {result['continuous_over_batch']:.2f}x")
     for k, v in notes.items():
         print(f"{k}: not measured ({v})")

@@ -37,8 +37,18 @@ MODES = {
     "colocate": {"mode": "colocate"},
     "async_s1": {"mode": "fully_async", "max_staleness": 1},
     "async_s2": {"mode": "fully_async", "max_staleness": 2},
-    "stream_s1": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
-    "stream_s2": {"mode": "fully_async", "max_staleness": 2, "streaming_rollout": True, "partial_rollout": True},
+    "stream_s1": {
+        "mode": "fully_async",
+        "max_staleness": 1,
+        "streaming_rollout": True,
+        "partial_rollout": True,
+    },
+    "stream_s2": {
+        "mode": "fully_async",
+        "max_staleness": 2,
+        "streaming_rollout": True,
+        "partial_rollout": True,
+    },
 }
 WORKLOADS = {
     "demo": {},

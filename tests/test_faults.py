@@ -55,7 +55,9 @@ def test_killed_rollout_then_trainer_are_restarted_and_train_the_same_prompts(
     result = c.run()
     assert all("pid" in k for k in kills), "a role was never killed (the run ended first)"
     events = result.audit["health"]
-    assert [(e["role"], e["action"]) for e in events] == [("rollout", "restart"), ("actor", "restart")], events
+    assert [(e["role"], e["action"]) for e in events] == [("rollout", "restart"), ("actor", "restart")], (
+        events
+    )
     assert all(e["recovery_s"] is not None for e in events), events
     # nothing lost, nothing twice: the same prompts, as often, as the uninterrupted run
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
@@ -247,4 +249,3 @@ def test_hung_role_misses_its_heartbeat_and_is_restarted(tiny_run_inputs, tmp_pa
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
-

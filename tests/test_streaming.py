@@ -67,7 +67,9 @@ def test_streamed_groups_train_the_batch_runs_prompts_step_for_step_and_survive_
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_stop_and_resume_with_groups_in_flight_loses_nothing(tiny_run_inputs, tmp_path, batch_run, sigterm_self):
+def test_stop_and_resume_with_groups_in_flight_loses_nothing(
+    tiny_run_inputs, tmp_path, batch_run, sigterm_self
+):
     """SIGTERM after step 2: the checkpoint's bus snapshot holds the groups already put of steps not yet
     whole (a part of a step), the responses still generating are lost with the process. --load resumes at
     the first step not whole: its missing groups are generated again (the same prompts and seeds), the
@@ -83,11 +85,16 @@ def test_stop_and_resume_with_groups_in_flight_loses_nothing(tiny_run_inputs, tm
     # (a reward slow for some labels: a step's groups land at different times, so the checkpoint finds a
     # step part-way, instead of every admitted step whole or none begun)
     slow = dict(max_staleness=2, rm_type="relax_core.testing:uneven_reward")
-    first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", *flags, "--save", str(ckpt), **slow), tiny_run_inputs)
+    first = Controller(
+        _cfg(tiny_run_inputs, tmp_path / "a", *flags, "--save", str(ckpt), **slow), tiny_run_inputs
+    )
     metrics = tmp_path / "a" / "metrics.jsonl"
 
     def watch():
-        while sum('"train/loss"' in x for x in (metrics.read_text().splitlines() if metrics.exists() else [])) < 2:
+        while (
+            sum('"train/loss"' in x for x in (metrics.read_text().splitlines() if metrics.exists() else []))
+            < 2
+        ):
             time.sleep(0.01)
         sigterm_self()
 
@@ -102,7 +109,9 @@ def test_stop_and_resume_with_groups_in_flight_loses_nothing(tiny_run_inputs, tm
     assert any(0 < n < 8 for n in held.values()), held  # a part of a step: what this test is about
     assert held[resume["next_step"]] < 8 and all(held[s] == 8 for s in held if s < resume["next_step"])
 
-    second = Controller(_cfg(tiny_run_inputs, tmp_path / "b", *flags, "--load", str(ckpt), **slow), tiny_run_inputs)
+    second = Controller(
+        _cfg(tiny_run_inputs, tmp_path / "b", *flags, "--load", str(ckpt), **slow), tiny_run_inputs
+    )
     rest = second.run()
     assert second.async_run.resumed_from_bus
     assert _per_step(rest) == _per_step(batch_run)  # (the checkpoint carries the steps trained before)

@@ -7,7 +7,6 @@ while the mechanics live here: waiting, readiness, leases, staleness drops, evic
 from __future__ import annotations
 
 import bisect
-
 from collections.abc import Callable, Hashable
 from typing import Any
 

@@ -54,7 +54,10 @@ class AsyncBus:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             wait = self.slice_s if left is None else min(self.slice_s, left)
             fut = asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self.bus.get, consumer, n, fields, wait, partial, trainer_version, partition)
+                None,
+                functools.partial(
+                    self.bus.get, consumer, n, fields, wait, partial, trainer_version, partition
+                ),
             )
             try:
                 return await asyncio.shield(fut)

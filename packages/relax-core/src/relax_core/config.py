@@ -569,7 +569,9 @@ def _check_streaming(cfg: RelaxConfig) -> None:
     """--streaming-rollout / --partial-rollout: what they serve today, refused otherwise with the reason."""
     r = cfg.rollout
     if r.partial_rollout and not r.streaming_rollout:
-        raise ValueError("--partial-rollout continues responses across weight updates: add --streaming-rollout")
+        raise ValueError(
+            "--partial-rollout continues responses across weight updates: add --streaming-rollout"
+        )
     if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
         raise ValueError("--mask-offpolicy-in-partial-rollout masks what --partial-rollout continues: add it")
     off = [

@@ -43,7 +43,7 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
             ray.get([run.futures[n] for n in loops])
             if interrupted is None:
                 shared.final_eval(
-                    cfg, run.inp, history, lambda: ray.get(actor.eval_now.remote(cfg.train.num_rollout))
+                    cfg, run.inp, history, lambda a=actor: ray.get(a.eval_now.remote(cfg.train.num_rollout))
                 )
                 if cfg.train.save and not _saved_at_end(run):
                     continue

@@ -135,12 +135,18 @@ class SampleWriter:
             per = self.cfg.samples_per_rollout
             first = gen.first_group * self.cfg.rollout.n_samples_per_prompt
             if first + len(samples) > per:
-                raise RuntimeError(f"rollout step {step} made {first + len(samples)} samples, more than {per}")
+                raise RuntimeError(
+                    f"rollout step {step} made {first + len(samples)} samples, more than {per}"
+                )
             try:
                 self.bus.put(
-                    samples, partition=f"step{step}", ids=[step * per + first + i for i in range(len(samples))]
+                    samples,
+                    partition=f"step{step}",
+                    ids=[step * per + first + i for i in range(len(samples))],
                 )
-            except DuplicateIds:  # this step (group) landed before the previous rollout process died: keep that
+            except (
+                DuplicateIds
+            ):  # this step (group) landed before the previous rollout process died: keep that
                 logger.warning(
                     "rollout step %d%s was already on the bus (sent before a restart); skipped",
                     step,

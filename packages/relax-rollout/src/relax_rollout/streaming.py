@@ -61,7 +61,9 @@ class GroupStream:
             )
         engine = worker.engine
         self.batcher = (
-            ContinuousBatcher(engine, max_running=self.limit * self.n) if isinstance(engine, TorchEngine) else None
+            ContinuousBatcher(engine, max_running=self.limit * self.n)
+            if isinstance(engine, TorchEngine)
+            else None
         )
         # engines in processes or servers: concurrent requests, batched by the server
         self.requests = None if self.batcher else ThreadPoolExecutor(self.limit * self.n, "rollout-request")
@@ -176,7 +178,9 @@ class GroupStream:
             st = w.stats
             st["streamed_groups"] = st.get("streamed_groups", 0) + 1
             # partial rollout: responses that went on across a weight update, and the widest version spread
-            st["responses_across_updates"] = st.get("responses_across_updates", 0) + sum(x > 0 for x in spread)
+            st["responses_across_updates"] = st.get("responses_across_updates", 0) + sum(
+                x > 0 for x in spread
+            )
             st["token_version_spread_max"] = max([st.get("token_version_spread_max", 0), *spread])
             st["inflight_groups_peak"] = max(st.get("inflight_groups_peak", 0), self.inflight)
             w.stats["samples"] += n

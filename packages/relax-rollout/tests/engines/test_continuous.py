@@ -70,7 +70,10 @@ def test_each_request_gets_what_it_would_get_alone(engine, batcher, sampling):
 def test_generate_seeds_request_i_with_seed_plus_i(batcher):
     params = SamplingParams(max_new_tokens=6, seed=3, min_new_tokens=[6, 2])
     outs = batcher.generate(PROMPTS[:2], params)
-    one = [batcher.submit(x, replace(params, seed=3 + i, min_new_tokens=m)) for i, (x, m) in enumerate(zip(PROMPTS, [6, 2]))]
+    one = [
+        batcher.submit(x, replace(params, seed=3 + i, min_new_tokens=m))
+        for i, (x, m) in enumerate(zip(PROMPTS, [6, 2]))
+    ]
     assert [o.token_ids for o in outs] == [f.result(timeout=60).token_ids for f in one]
 
 
@@ -84,7 +87,9 @@ def test_a_short_request_leaves_before_a_long_one_started_earlier(batcher):
     assert len(long.result(timeout=60).token_ids) == 60
 
 
-def test_weights_updated_between_decode_steps_stamp_each_token_with_its_version(engine, batcher, tiny_model_dir):
+def test_weights_updated_between_decode_steps_stamp_each_token_with_its_version(
+    engine, batcher, tiny_model_dir
+):
     """The update goes in between two decode steps of running requests: their tokens before it carry
     version 0 and the old model's log-probs, the tokens after it version 1 and the new model's. (Only the
     output head changes here, so the KV cache the requests keep is the new model's too, and the log-probs

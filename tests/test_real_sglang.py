@@ -77,7 +77,12 @@ def test_colocate_without_offload(tiny_run_inputs, tmp_path, sglang_python):
     _check(result)
 
 
-def test_fully_async(tiny_run_inputs, tmp_path, sglang_python):
+@pytest.mark.parametrize("rollout", ["batch", "streaming"])
+def test_fully_async(tiny_run_inputs, tmp_path, sglang_python, rollout):
+    """``streaming``: every response its own request to SGLang, groups put as they end, and with partial
+    rollout each weight update goes in under ``pause_generation`` in place, the requests in flight going
+    on under the new weights (SGLang's reply says which tokens came from which version)."""
+    stream = ["--streaming-rollout", "--partial-rollout"] if rollout == "streaming" else []
     result = _run(
         tiny_run_inputs,
         tmp_path,
@@ -87,5 +92,10 @@ def test_fully_async(tiny_run_inputs, tmp_path, sglang_python):
         "1",
         "--sglang-weight-update",
         "distributed",
+        *stream,
     )
     _check(result)
+    if stream:
+        trained = [h for h in result.history if "train/loss" in h]
+        assert all(h["train/optimizer_steps"] == 1 and "rollout/token_version_spread_max" in h for h in trained)
+        assert result.rollout_stats["streamed_groups"] >= STEPS * 4

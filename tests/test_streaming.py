@@ -30,15 +30,25 @@ def _per_step(result) -> list[collections.Counter]:
 
 
 @pytest.fixture(scope="module")
-def batch_run(tiny_run_inputs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("batch")
-    return Controller(_cfg(tiny_run_inputs, out, max_staleness=2), tiny_run_inputs).run()
+def batch_steps(tiny_run_inputs, tmp_path_factory) -> list[collections.Counter]:
+    """The prompts a batch-synchronous run trains in each step: its rollout draws them step by step from
+    the same data order (``Prompts.batch``), each prompt n times. (Read from the rollout's own prompt
+    source instead of a run of its own: CI minutes; the e2e and fault tests run batch mode.)"""
+    from transformers import AutoTokenizer
+
+    from relax_rollout.prompts import Prompts
+
+    cfg = _cfg(tiny_run_inputs, tmp_path_factory.mktemp("batch"), max_staleness=2)
+    tok = AutoTokenizer.from_pretrained(tiny_run_inputs.model_path)
+    prompts = Prompts(cfg, tok, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path, {})
+    n = cfg.rollout.n_samples_per_prompt
+    return [collections.Counter(str(r.row_id) for r in prompts.batch()[0] for _ in range(n)) for _ in range(STEPS)]
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_streamed_groups_train_the_batch_runs_prompts_step_for_step_and_survive_a_killed_rollout(
-    tiny_run_inputs, tmp_path, batch_run
+    tiny_run_inputs, tmp_path, batch_steps
 ):
     """Streaming with partial rollout trains the batch run's prompts in every step, within the staleness
     bound on each sample's oldest token. The rollout process is SIGKILLed after step 1, with groups of
@@ -51,7 +61,7 @@ def test_streamed_groups_train_the_batch_runs_prompts_step_for_step_and_survive_
     result = c.run()
     assert "pid" in kill, "the rollout was never killed (the run ended first)"
     assert [(e["role"], e["action"]) for e in result.audit["health"]] == [("rollout", "restart")]
-    assert _per_step(result) == _per_step(batch_run)  # the same prompts in every step
+    assert _per_step(result) == batch_steps  # the same prompts in every step
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     assert result.rollout_stats["streamed_groups"] >= 4  # (the restarted process's)
     # each trained sample's oldest token within the bound; whether a response went on across an update
@@ -59,6 +69,8 @@ def test_streamed_groups_train_the_batch_runs_prompts_step_for_step_and_survive_
     # per-token versions across an update: tests/engines/test_continuous.py)
     trained = [h for h in result.history if "train/loss" in h]
     assert all(h["rollout/token_version_spread_max"] <= 2 for h in trained), trained
+    # the trainer took each step's groups as they came (streamed training: one optimizer step per batch)
+    assert all(h["train/parts"] >= 1 and h["train/optimizer_steps"] == 1 for h in trained), trained
     hist = result.bus_stats["staleness_hist"]
     assert hist and max(int(k) for k in hist) <= 2, hist
     steps = [h["step"] for h in result.history if "train/loss" in h]
@@ -68,7 +80,7 @@ def test_streamed_groups_train_the_batch_runs_prompts_step_for_step_and_survive_
 @pytest.mark.integration
 @pytest.mark.slow
 def test_stop_and_resume_with_groups_in_flight_loses_nothing(
-    tiny_run_inputs, tmp_path, batch_run, sigterm_self
+    tiny_run_inputs, tmp_path, batch_steps, sigterm_self
 ):
     """SIGTERM after step 2: the checkpoint's bus snapshot holds the groups already put of steps not yet
     whole (a part of a step), the responses still generating are lost with the process. --load resumes at
@@ -114,6 +126,6 @@ def test_stop_and_resume_with_groups_in_flight_loses_nothing(
     )
     rest = second.run()
     assert second.async_run.resumed_from_bus
-    assert _per_step(rest) == _per_step(batch_run)  # (the checkpoint carries the steps trained before)
+    assert _per_step(rest) == batch_steps  # (the checkpoint carries the steps trained before)
     steps = [h["step"] for h in part1.history + rest.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1)) and 1 <= stopped < STEPS

@@ -75,10 +75,22 @@ class GroupStream:
 
     # -- weights (from the worker's subscriber thread) ---------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
+        partial = self.w.cfg.rollout.partial_rollout
         if self.batcher is not None:  # between two decode steps; without partial rollout once they end
-            self.batcher.update_weights(tensors, version, drain=not self.w.cfg.rollout.partial_rollout)
-        else:
-            self.w.engine.update_weights(tensors, version)
+            self.batcher.update_weights(tensors, version, drain=not partial)
+            return
+        # SGLang servers (sglang, external): with partial rollout the requests in flight are held in
+        # place (``pause_generation`` in_place), the update goes in, and they go on under it, each reply
+        # saying which tokens came from which version; without it SGLang's update waits for them
+        engine = self.w.engine
+        pauses = partial and callable(getattr(engine, "pause", None))
+        if pauses:
+            engine.pause("in_place")
+        try:
+            engine.update_weights(tensors, version)
+        finally:
+            if pauses:
+                engine.resume()
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, start_step: int) -> None:

@@ -24,6 +24,7 @@ from relax_train.roles.actor_checkpoint import ActorCheckpoints
 from relax_train.roles.base import _DeviceTurns, _set_threads
 from relax_train.roles.metrics import step_metrics
 from relax_train.roles.prox import exact_prox
+from relax_train.roles.stream import Taken, streams_training, train_as_it_arrives
 
 
 class ActorWorker(ActorCheckpoints, _DeviceTurns):
@@ -139,20 +140,25 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
 
     def train(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        with self.tracer.span("wait_for_data", step=step):
-            batch = self._take_batch(step)
-        t1 = time.perf_counter()
-        d = batch.data
-        if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
-            a = self.cfg.algo
-            d["advantages"] = finish_batch_advantages(
-                a.advantage_estimator, d["advantages"], a.normalize_advantages_std
-            )
-        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
-        with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
-            prox = self._exact_prox(d)
-            metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
-        metrics.update(prox)
+        if streams_training(self.cfg, self.backend):  # streaming rollout: parts as they arrive
+            batch, metrics, waited = train_as_it_arrives(self, step)
+            t1, d = t0 + waited, batch.data
+        else:
+            with self.tracer.span("wait_for_data", step=step):
+                got = self._take_batch(step)
+            t1 = time.perf_counter()
+            batch = Taken(got.ids, got.data, [got.lease_id])
+            d = batch.data
+            if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
+                a = self.cfg.algo
+                d["advantages"] = finish_batch_advantages(
+                    a.advantage_estimator, d["advantages"], a.normalize_advantages_std
+                )
+            # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
+            with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
+                prox = self._exact_prox(d)
+                metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+            metrics.update(prox)
         self.trained_ids.extend(batch.ids)
         self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
         t2 = time.perf_counter()
@@ -193,7 +199,8 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             saved = None
         # ack last: if this process dies before, the batch comes back, unless the checkpoint above
         # already holds it (the health manager acks what a restarted trainer's checkpoint covers)
-        self.bus.ack(TRAINER_CONSUMER, batch.lease_id)
+        for lease_id in batch.lease_ids:
+            self.bus.ack(TRAINER_CONSUMER, lease_id)
         if saved is not None:
             self.save_bus(saved)
         return metrics

@@ -1,0 +1,113 @@
+"""The trainer's step under streaming rollout: it trains on step k's groups as they arrive.
+
+Why: with ``--streaming-rollout`` the groups of a step land one at a time (after ActorFwd, Reference and
+Advantages, which take them as they come too). Taking the batch only once it is whole leaves the trainer
+idle while the step's last groups generate; here each arriving part goes through forward and backward at
+once and the optimizer steps when the batch is complete (:class:`~relax_train.backends.streamed.StreamedStep`,
+the whole-batch update to rounding). Where that cannot be exact — another backend, advantages whitened
+over the whole batch, several optimizer steps per batch, a loss normalisation mixing token and sequence
+counts — the trainer takes the whole batch as before (:func:`streams_training` says which).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from relax_core.config import RelaxConfig
+from relax_core.roles import TRAINER_CONSUMER
+from relax_train.algorithms.advantages import BATCH_NORMALISED
+
+
+@dataclass
+class Taken:
+    """What a step trained on: its samples' bus ids, their fields (one list per field), its leases."""
+
+    ids: list[int]
+    data: dict[str, list[Any]]
+    lease_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def streams_training(cfg: RelaxConfig, backend: Any) -> bool:
+    """Whether the trainer trains on a step's parts as they arrive (see the module docstring)."""
+    from relax_train.backends.torch_backend import TorchBackend
+
+    a = cfg.algo
+    return (
+        cfg.rollout.streaming_rollout
+        and isinstance(backend, TorchBackend)
+        and a.advantage_estimator not in BATCH_NORMALISED
+        and cfg.effective_global_batch_size == cfg.samples_per_rollout
+        and (a.loss_agg_mode == "token-mean" or a.entropy_coef == 0)
+    )
+
+
+def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], float]:
+    """Step ``step``'s batch, part by part from the bus (partition ``step<k>``), into one optimizer step;
+    (what was trained, the ``train/*`` metrics, seconds spent waiting for parts)."""
+    from relax_bus import BusTimeout, ConsumerReset
+    from relax_train.backends.streamed import StreamedStep
+
+    per = actor.cfg.samples_per_rollout
+    update = StreamedStep(actor.backend, per)
+    ids: list[int] = []
+    leases: list[int] = []
+    parts: list[dict[str, list[Any]]] = []
+    prox: list[tuple[int, dict[str, float]]] = []
+    waited = 0.0
+    while len(ids) < per:
+        t = time.perf_counter()
+        actor._beat = time.monotonic()  # (a live trainer while it waits)
+        try:
+            batch = actor.bus.get(
+                TRAINER_CONSUMER,
+                n=per - len(ids),
+                partial=True,
+                trainer_version=step,
+                timeout=1.0,
+                partition=f"step{step}",
+            )
+        except (BusTimeout, ConsumerReset):
+            waited += time.perf_counter() - t
+            continue
+        waited += time.perf_counter() - t
+        ids.extend(batch.ids)
+        leases.append(batch.lease_id)
+        with actor.tracer.span("train_part", step=step, n=len(batch)):
+            prox.append((len(batch), actor._exact_prox(batch.data)))
+            update.add(batch.data)
+        parts.append(batch.data)
+    # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
+    with actor.tracer.span("optimizer_step", step=step), actor.weights.lock:
+        metrics = {f"train/{k}": v for k, v in update.finish().items()}
+    metrics.update(_merged(prox))
+    metrics["train/parts"] = float(len(parts))  # the bus deliveries the batch arrived in
+    return Taken(ids, _joined(parts), leases), metrics, waited
+
+
+def _joined(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """The parts' fields as one batch's; a field only some parts carry (``prox_from_forward``, set where
+    π_prox was stale) is False elsewhere for that flag, None for any other."""
+    keys = list(dict.fromkeys(k for p in parts for k in p))
+    out = {}
+    for k in keys:
+        fill = False if k == "prox_from_forward" else None
+        out[k] = [x for p in parts for x in p.get(k, [fill] * len(p["tokens"]))]
+    return out
+
+
+def _merged(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The parts' π_prox metrics as the whole batch's: maxima of ``*_max``, sample-weighted means else."""
+    n = sum(k for k, _ in parts) or 1
+    out: dict[str, float] = {}
+    for key in {k for _, m in parts for k in m}:
+        values = [(k, m[key]) for k, m in parts if key in m]
+        if key.endswith("_max"):
+            out[key] = max(v for _, v in values)
+        else:
+            out[key] = sum(k * v for k, v in values) / n
+    return out

@@ -97,5 +97,7 @@ def test_fully_async(tiny_run_inputs, tmp_path, sglang_python, rollout):
     _check(result)
     if stream:
         trained = [h for h in result.history if "train/loss" in h]
-        assert all(h["train/optimizer_steps"] == 1 and "rollout/token_version_spread_max" in h for h in trained)
+        assert all(
+            h["train/optimizer_steps"] == 1 and "rollout/token_version_spread_max" in h for h in trained
+        )
         assert result.rollout_stats["streamed_groups"] >= STEPS * 4

@@ -42,7 +42,9 @@ def batch_steps(tiny_run_inputs, tmp_path_factory) -> list[collections.Counter]:
     tok = AutoTokenizer.from_pretrained(tiny_run_inputs.model_path)
     prompts = Prompts(cfg, tok, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path, {})
     n = cfg.rollout.n_samples_per_prompt
-    return [collections.Counter(str(r.row_id) for r in prompts.batch()[0] for _ in range(n)) for _ in range(STEPS)]
+    return [
+        collections.Counter(str(r.row_id) for r in prompts.batch()[0] for _ in range(n)) for _ in range(STEPS)
+    ]
 
 
 @pytest.mark.integration

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-
 _SHAPING = {"log_probs", "rollout_log_probs", "ref_log_probs", "teacher_log_probs"}
 """Fields whose presence chooses the loss's terms (``_StepAcc.start``): π_prox, the behaviour correction, the
 KL to the reference, distillation."""

@@ -72,6 +72,7 @@ class GroupStream:
         self.inflight = 0
         self.steps: dict[int, tuple[list[Any], set[int]]] = {}  # step -> (its prompt ids, groups not put yet)
         self.failure: list[BaseException] = []
+        self._closing = False  # (requests ended by the close at the run's end are not failures)
 
     # -- weights (from the worker's subscriber thread) ---------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -129,9 +130,10 @@ class GroupStream:
         except BusClosed:
             pass
         finally:
+            failed = list(self.failure)  # (what went wrong before the close, not the close itself)
             self.close()
-        if self.failure:
-            raise self.failure[0]
+        if failed:
+            raise failed[0]
 
     def _begin(self, step: int) -> None:
         """Draw step ``step``'s prompts (journaled) and submit every response of its groups."""
@@ -155,12 +157,21 @@ class GroupStream:
                     one = replace(one, max_new_tokens=m)
                 futures.append(self._submit(ids, one))
             group = _Group(step, g, row, list(ids), futures, time.perf_counter())
-            _when_all(futures, lambda group=group: self.scoring.submit(self._finish, group))
+            _when_all(futures, lambda group=group: self._score(group))
 
     def _submit(self, prompt: list[int], params: Any) -> Future:
         if self.batcher is not None:
             return self.batcher.submit(prompt, params)
         return self.requests.submit(lambda: self.w.engine.generate([prompt], params)[0])
+
+    def _score(self, group: _Group) -> None:
+        """Hand a finished group to the scoring threads (unless the run is closing)."""
+        if self._closing:
+            return
+        try:
+            self.scoring.submit(self._finish, group)
+        except RuntimeError:  # shut down meanwhile: the run is over
+            pass
 
     def _finish(self, group: _Group) -> None:
         """Score one finished group and put it on the bus; the step's ``put`` once its last group is in."""
@@ -181,6 +192,8 @@ class GroupStream:
         except BusClosed:  # the run is over: groups still in flight are not wanted
             return
         except BaseException as e:  # noqa: BLE001 - the loop raises it; the health manager restarts the role
+            if self._closing:
+                return
             with self._cond:
                 self.failure.append(e)
                 self._cond.notify_all()
@@ -209,11 +222,13 @@ class GroupStream:
             self._cond.notify_all()
 
     def close(self) -> None:
+        """The run is over (the bus closed) or the loop failed: requests still in flight are dropped."""
+        self._closing = True
+        self.scoring.shutdown(wait=False, cancel_futures=True)
         if self.batcher is not None:
             self.batcher.close()
         if self.requests is not None:
             self.requests.shutdown(wait=False, cancel_futures=True)
-        self.scoring.shutdown(wait=False, cancel_futures=True)
 
 
 def _when_all(futures: list[Future], then) -> None:

@@ -35,15 +35,14 @@ EOS = 1
 
 
 def model(device: str) -> Qwen3ForCausalLM:
+    from relax_core.testing import tiny_qwen3_config
+
     torch.manual_seed(0)
+    shape = dict(
+        vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8
+    )
     cfg = Qwen3Config(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
+        **tiny_qwen3_config(**shape, num_key_value_heads=4, head_dim=32),
         max_position_embeddings=1024,
         eos_token_id=EOS,
         pad_token_id=0,

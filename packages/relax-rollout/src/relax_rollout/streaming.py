@@ -95,29 +95,13 @@ class GroupStream:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, start_step: int) -> None:
-        from relax_bus import BusTimeout
-
-        w, cfg = self.w, self.w.cfg
-        s, groups = cfg.run.max_staleness, cfg.rollout.rollout_batch_size
-        wait_policy = cfg.run.staleness_policy == "wait"
+        w = self.w
+        groups = w.cfg.rollout.rollout_batch_size
         step = start_step
         try:
             while not self.failure:
+                w.admit(step)  # the staleness bound and fresh-enough weights
                 t0 = time.perf_counter()
-                while True:  # poll, so the heartbeat shows a live loop while back-pressure holds it
-                    w._beat = time.monotonic()
-                    try:
-                        w.bus.admit(step, timeout=1.0)
-                        break
-                    except BusTimeout:
-                        continue
-                need = max(0, step - s) if wait_policy else 0
-                with w._cond:
-                    while w.engine.weight_version < need:
-                        w._beat = time.monotonic()
-                        if not cfg.run.health:
-                            w.weights.check()
-                        w._cond.wait(0.5)
                 with self._cond:  # room for the step's groups
                     while self.inflight + groups > self.limit and not self.failure:
                         w._beat = time.monotonic()

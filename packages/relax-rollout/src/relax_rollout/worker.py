@@ -218,7 +218,7 @@ class RolloutWorker:
         is generated."""
         import queue
 
-        from relax_bus import BusClosed, BusTimeout
+        from relax_bus import BusClosed
 
         if self.cfg.rollout.streaming_rollout:  # prompt groups one at a time (relax_rollout.streaming)
             from relax_rollout.streaming import GroupStream
@@ -229,8 +229,6 @@ class RolloutWorker:
             finally:
                 self._stream = None
             return self.get_stats()
-        s = self.cfg.run.max_staleness
-        wait_policy = self.cfg.run.staleness_policy == "wait"
         handoff: queue.Queue = queue.Queue(maxsize=1)
         failure: list[BaseException] = []
 
@@ -249,22 +247,7 @@ class RolloutWorker:
         step = start_step
         try:
             while not failure:
-                t0 = time.perf_counter()
-                while True:  # poll, so the heartbeat shows a live loop while back-pressure holds it
-                    self._beat = time.monotonic()
-                    try:
-                        self.bus.admit(step, timeout=1.0)
-                        break
-                    except BusTimeout:
-                        continue
-                need = max(0, step - s) if wait_policy else 0
-                with self._cond:
-                    while self.engine.weight_version < need:
-                        self._beat = time.monotonic()
-                        if not self.cfg.run.health:  # (under the health manager a broken group is re-formed)
-                            self.weights.check()
-                        self._cond.wait(0.5)
-                self.stats["wait_s"] += time.perf_counter() - t0
+                self.admit(step)
                 pending = self._collect(step)
                 while thread.is_alive():
                     self._beat = time.monotonic()  # (waiting for the previous batch's scoring and put)
@@ -284,6 +267,30 @@ class RolloutWorker:
         if failure:
             raise failure[0]
         return self.get_stats()
+
+    def admit(self, step: int) -> None:
+        """Wait until step ``step`` may begin: the bus admits it (the staleness bound) and, with the
+        ``wait`` policy, the engine holds weights of version ``step - max_staleness`` or newer. Polls, so
+        the heartbeat shows a live loop while back-pressure holds it; the seconds count as ``wait_s``."""
+        from relax_bus import BusTimeout
+
+        t0 = time.perf_counter()
+        while True:
+            self._beat = time.monotonic()
+            try:
+                self.bus.admit(step, timeout=1.0)
+                break
+            except BusTimeout:
+                continue
+        run = self.cfg.run
+        need = max(0, step - run.max_staleness) if run.staleness_policy == "wait" else 0
+        with self._cond:
+            while self.engine.weight_version < need:
+                self._beat = time.monotonic()
+                if not run.health:  # (under the health manager a broken group is re-formed)
+                    self.weights.check()
+                self._cond.wait(0.5)
+        self.stats["wait_s"] += time.perf_counter() - t0
 
     # -- journal (restart in place) ---------------------------------------------------------------
     def reset_journal(self) -> None:

@@ -67,7 +67,9 @@ class GroupStream:
         )
         # engines in processes or servers: concurrent requests, batched by the server
         self.requests = None if self.batcher else ThreadPoolExecutor(self.limit * self.n, "rollout-request")
-        self.scoring = ThreadPoolExecutor(2, "rollout-score")
+        # groups scored side by side, their reward calls together within --reward-concurrency (the bound
+        # is per scoring call: batch mode scores one batch at a time)
+        self.scoring = ThreadPoolExecutor(max(1, r.reward_concurrency // self.n), "rollout-score")
         self._cond = threading.Condition()
         self.inflight = 0
         self.steps: dict[int, tuple[list[Any], set[int]]] = {}  # step -> (its prompt ids, groups not put yet)

@@ -237,7 +237,7 @@ class RayBus:
             "timeout": timeout,
             "partial": partial,
             "trainer_version": trainer_version,
-            **({"partition": partition} if partition is not None else {}),
+            "partition": partition,
         }
         if self._local is not None:
             from relax_bus.local import read_block

@@ -144,9 +144,8 @@ class SampleWriter:
                     partition=f"step{step}",
                     ids=[step * per + first + i for i in range(len(samples))],
                 )
-            except (
-                DuplicateIds
-            ):  # this step (group) landed before the previous rollout process died: keep that
+            except DuplicateIds:
+                # this step (group) landed before the previous rollout process died: keep that one
                 logger.warning(
                     "rollout step %d%s was already on the bus (sent before a restart); skipped",
                     step,

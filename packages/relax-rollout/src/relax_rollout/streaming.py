@@ -184,15 +184,9 @@ class GroupStream:
                 self.failure.append(e)
                 self._cond.notify_all()
             return
-        spread = [max(o.token_versions) - min(o.token_versions) for o in outs if o.token_versions]
         with self._cond:
-            st = w.stats
+            st = w.stats  # (how far responses went on across updates: the trainer's rollout/* metrics)
             st["streamed_groups"] = st.get("streamed_groups", 0) + 1
-            # partial rollout: responses that went on across a weight update, and the widest version spread
-            st["responses_across_updates"] = st.get("responses_across_updates", 0) + sum(
-                x > 0 for x in spread
-            )
-            st["token_version_spread_max"] = max([st.get("token_version_spread_max", 0), *spread])
             st["inflight_groups_peak"] = max(st.get("inflight_groups_peak", 0), self.inflight)
             w.stats["samples"] += n
             w.stats["reward_s"] += reward_s

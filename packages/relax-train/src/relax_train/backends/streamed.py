@@ -26,27 +26,35 @@ _SHAPING = {"log_probs", "rollout_log_probs", "ref_log_probs", "teacher_log_prob
 KL to the reference, distillation."""
 
 
+def why_not_streamed(cfg: Any, n_seqs: int) -> str | None:
+    """Why a batch of ``n_seqs`` samples cannot be trained part by part into exactly its whole-batch update
+    under ``cfg`` (a message naming the flags), or None when it can."""
+    a, gbs = cfg.algo, cfg.effective_global_batch_size
+    if gbs != n_seqs:
+        return (
+            f"streamed training takes one optimizer step per batch: --global-batch-size ({gbs}) must be "
+            f"the batch ({n_seqs} samples)"
+        )
+    if a.loss_agg_mode != "token-mean" and a.entropy_coef > 0:
+        return (
+            f"streamed training with --loss-agg-mode {a.loss_agg_mode} and --entropy-coef {a.entropy_coef} "
+            "needs the batch's token count before its first part: use --loss-agg-mode token-mean or "
+            "--entropy-coef 0"
+        )
+    return None
+
+
 class StreamedStep:
     """An optimizer step of ``n_seqs`` samples over :class:`~relax_train.backends.torch_backend.TorchBackend`
     ``backend``, fed by :meth:`add` (any split into parts) and taken by :meth:`finish`."""
 
     def __init__(self, backend: Any, n_seqs: int) -> None:
-        a = backend.cfg.algo
         if not backend.trainable:
             raise RuntimeError("this backend was built frozen (actor_fwd/reference); it cannot train")
-        gbs = backend.cfg.effective_global_batch_size
-        if gbs != n_seqs:
-            raise ValueError(
-                f"streamed training takes one optimizer step per batch: --global-batch-size ({gbs}) must be "
-                f"the batch ({n_seqs} samples)"
-            )
-        self.by_tokens = a.loss_agg_mode == "token-mean"
-        if not self.by_tokens and a.entropy_coef > 0:
-            raise ValueError(
-                f"streamed training with --loss-agg-mode {a.loss_agg_mode} and --entropy-coef {a.entropy_coef} "
-                "needs the batch's token count before its first part: use --loss-agg-mode token-mean or "
-                "--entropy-coef 0"
-            )
+        refused = why_not_streamed(backend.cfg, n_seqs)
+        if refused:
+            raise ValueError(refused)
+        self.by_tokens = backend.cfg.algo.loss_agg_mode == "token-mean"
         self.b, self.n_seqs = backend, n_seqs
         self.acc: Any = None
         self.keys: set[str] | None = None

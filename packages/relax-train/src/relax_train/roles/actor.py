@@ -133,7 +133,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                     trainer_version=step,
                     timeout=1.0,
                     # streaming rollout puts later steps' groups while step k's tail generates: take step k
-                    **({"partition": f"step{step}"} if self.cfg.rollout.streaming_rollout else {}),
+                    partition=f"step{step}" if self.cfg.rollout.streaming_rollout else None,
                 )
             except (BusTimeout, ConsumerReset):
                 continue

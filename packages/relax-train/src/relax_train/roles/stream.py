@@ -34,15 +34,14 @@ class Taken:
 
 def streams_training(cfg: RelaxConfig, backend: Any) -> bool:
     """Whether the trainer trains on a step's parts as they arrive (see the module docstring)."""
+    from relax_train.backends.streamed import why_not_streamed
     from relax_train.backends.torch_backend import TorchBackend
 
-    a = cfg.algo
     return (
         cfg.rollout.streaming_rollout
         and isinstance(backend, TorchBackend)
-        and a.advantage_estimator not in BATCH_NORMALISED
-        and cfg.effective_global_batch_size == cfg.samples_per_rollout
-        and (a.loss_agg_mode == "token-mean" or a.entropy_coef == 0)
+        and cfg.algo.advantage_estimator not in BATCH_NORMALISED
+        and why_not_streamed(cfg, cfg.samples_per_rollout) is None
     )
 
 

@@ -57,3 +57,56 @@ def run_flags(inputs, output_dir: str | Path, *extra: str, **flags) -> list[str]
         elif value is not None:
             argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     return [*argv, "--output-dir", str(output_dir), *extra]
+
+
+def stream_in_process(
+    cfg, model_path: str, prompt_path: str, steps: int, between_steps=None
+) -> tuple[list[dict], list[dict]]:
+    """A streaming rollout (``RolloutWorker.run`` on a thread, its torch engine batching continuously) and
+        a trainer's side of it played here: step k's groups taken from partition ``step<k>`` at version k
+        from a real in-process bus that enforces the staleness bound (it raises on a stale sample), then
+        ``between_steps(k, worker)`` (a trainer's time; it may return new weights), and those weights published to
+        the rollout as version k + 1. Returns each step's samples (one dict of fields per step) and the
+    rollout's trace spans. Ray, the
+        other roles and the training are left out: what is tested is the dataflow between them."""
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.roles import TRAINER_CONSUMER
+    from relax_core.testing import in_background
+    from relax_rollout.worker import RolloutWorker
+
+    per = cfg.samples_per_rollout
+    bus = DataBus(
+        BusConfig(
+            consumers={TRAINER_CONSUMER: ConsumerSpec(enforce_staleness=True)},
+            max_staleness=cfg.run.max_staleness,
+        )
+    )
+    worker = RolloutWorker(cfg, bus, model_path, prompt_path)
+    weights = {n: p.detach().clone() for n, p in worker.engine.named_weights()}
+    done = in_background(worker.run, 0)
+    taken: list[dict] = []
+    try:
+        for k in range(steps):
+            fields: dict[str, list] = {}
+            while len(fields.get("tokens", [])) < per:
+                batch = bus.get(
+                    TRAINER_CONSUMER,
+                    n=per - len(fields.get("tokens", [])),
+                    partial=True,
+                    trainer_version=k,
+                    timeout=120,
+                    partition=f"step{k}",
+                )
+                bus.ack(TRAINER_CONSUMER, batch.lease_id)
+                for name, values in batch.data.items():
+                    fields.setdefault(name, []).extend(values)
+            taken.append(fields)
+            new = between_steps(k, worker) if between_steps is not None else None
+            weights = new if new is not None else weights
+            worker.set_weights(weights, k + 1)
+            bus.set_trainer_version(k + 1)
+    finally:
+        bus.close()
+        done(timeout=120)
+        worker.close()
+    return taken, worker.get_spans()

@@ -9,6 +9,8 @@ log-prob mismatch is smaller. On unperturbed weights, R3 log-probs equal the rol
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from _tiny import run_flags
@@ -89,3 +91,52 @@ def test_r3_removes_the_routing_mismatch_of_stale_weights(moe_inputs):
         f"differing pairs without R3: {differing_pairs(without, data)}/{pairs}; "
         f"mean |Δ log p|: {gap_r3:.4f} with R3, {gap_plain:.4f} without"
     )
+
+
+@pytest.mark.integration
+def test_r3_covers_every_segment_of_responses_continued_across_updates_in_streaming(moe_inputs, tmp_path):
+    """Streaming rollout with partial rollout and R3 (verl #5344 kept only a continued response's last
+    segment): each sample carries one routing row per token that went through the engine, the prompt's
+    and every segment's, and they are the trainer's own routing of those tokens (same weights published
+    at every version here, so any row out of place or missing shows). The per-version exactness of the
+    rows of a response continued across a real weight change: tests of ``engines/continuous.py``."""
+    from _tiny import stream_in_process
+
+    from relax_train.backends.torch_backend import TorchBackend
+
+    ckpt, data_path, _ = moe_inputs
+    flags = dict(
+        routing_replay=True,
+        n_samples_per_prompt=2,
+        rollout_max_response_len=48,
+        long_tail_min_tokens=8,
+        long_tail_exact=True,
+        max_staleness=2,
+    )
+    cfg = build_config(
+        None,
+        run_flags(
+            RunInputs(ckpt, data_path),
+            tmp_path,
+            "--fully-async",
+            "--streaming-rollout",
+            "--partial-rollout",
+            **flags,
+        ),
+    )
+
+    def while_some_generate(k, worker):  # (publish the next version while responses are running)
+        deadline = time.monotonic() + 2.0
+        while not worker._stream.batcher._running and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    steps, _ = stream_in_process(cfg, ckpt, data_path, 4, between_steps=while_some_generate)
+    data = {k: [x for s in steps for x in s[k]] for k in steps[0]}
+    versions = [set(v) for v in data["token_versions"]]
+    assert any(len(v) > 1 for v in versions), "no response went on across an update"
+    for tokens, routed in zip(data["tokens"], data["routed_experts"]):
+        assert routed.shape == (len(tokens) - 1, LAYERS, TOP_K) and (routed >= 0).all()
+    trainer = TorchBackend(cfg, ckpt, trainable=False)
+    cfg.algo.routing_replay = False  # the trainer's own routing, not the replayed
+    used, _ = experts_used(trainer, data)
+    assert differing_pairs(used, data) == 0

@@ -45,10 +45,30 @@ def test_span_of_a_failing_block_is_kept_and_the_error_propagates():
     assert [s["name"] for s in t.get_spans()] == ["reward"]
 
 
+def test_spans_timed_elsewhere_are_added_with_their_lane_and_overlapping_ones_get_rows_of_their_own():
+    """A streamed group generates across the engine's steps, begun on one thread and ended on another:
+    its span is added from its two wall-clock ends, on the lane named for it."""
+    t = Tracer("rollout")
+    t.add("generate", 1_000_000, 5_000_000, "generate", step=0, group=0)
+    t.add("generate", 2_000_000, 3_000_000, "generate", step=0, group=1)
+    t.add("generate", 9_000_000, 8_000_000, "generate", step=1, group=0)  # (a clock step back: 0 long)
+    a, b, c = t.get_spans()
+    assert (a["thread"], a["start_ns"], a["dur_ns"], a["args"]) == (
+        "generate",
+        1_000_000,
+        4_000_000,
+        {"step": 0, "group": 0},
+    )
+    assert c["dur_ns"] == 0
+    rows = {e["args"]["group"]: e["tid"] for e in chrome_trace([a, b])["traceEvents"] if e.get("ph") == "X"}
+    assert rows[0] != rows[1]  # (overlapping spans of one lane never share a row)
+
+
 def test_disabled_tracer_records_nothing():
     t = Tracer("actor", enabled=False)
     with t.span("train", step=0) as args:
         args["n"] = 1
+    t.add("generate", 0, 10, "generate")
     assert t.get_spans() == []
 
 

@@ -1,6 +1,7 @@
-"""Streaming rollout scores groups side by side only within --reward-concurrency: the bound is per scoring
-call (a group's n rewards run together), so reward_concurrency // n groups at once at most. Two scoring
-threads let 16 reward calls run under a bound of 8 (found by the judge benchmark)."""
+"""Streaming rollout's bounds. Groups are scored side by side only within --reward-concurrency: the bound is
+per scoring call (a group's n rewards run together), so reward_concurrency // n groups at once at most (two
+scoring threads let 16 reward calls run under a bound of 8, found by the judge benchmark). Requests to
+engine servers: at most --max-inflight-requests threads."""
 
 from types import SimpleNamespace
 
@@ -24,3 +25,15 @@ def test_groups_scored_at_once_stay_within_the_reward_concurrency(n, concurrency
         assert stream.scoring._max_workers * min(n, concurrency) <= concurrency  # reward calls at once
     finally:
         stream.close()
+
+
+def test_requests_to_engine_servers_are_bounded_by_max_inflight_requests():
+    """Engines in processes or servers get one thread per request in flight: every group's responses at
+    once by default (here 4 × (1 + 1) groups × 4), at most --max-inflight-requests."""
+    flags = [*FLAGS, "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-staleness", "1"]
+    for extra, threads in (([], 32), (["--max-inflight-requests", "12"], 12)):
+        stream = GroupStream(SimpleNamespace(cfg=build_config(None, [*flags, *extra]), engine=object()))
+        try:
+            assert stream.requests._max_workers == threads
+        finally:
+            stream.close()

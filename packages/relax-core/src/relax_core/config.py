@@ -112,6 +112,11 @@ class RolloutConfig(_Section):
     max_inflight_groups: int | None = Field(None, ge=1)
     """--streaming-rollout: prompt groups generating at once; default --rollout-batch-size × (--max-staleness
     + 1), every step the staleness bound admits."""
+    max_inflight_requests: int = Field(512, ge=1)
+    """--streaming-rollout with engines in processes or servers (sglang, external, --rollout-engines): requests
+    sent at once, each a thread waiting on its reply; the rest of the groups' responses wait their turn
+    (the in-process torch engine runs them all in its continuous batch). slime's --sglang-server-concurrency
+    (default 512) bounds its requests so."""
     partial_rollout: bool = False
     """--streaming-rollout: responses in flight go on under new weights (the torch engine swaps them
     between decode steps; each token records its version, a sample's staleness is its oldest token's).
@@ -579,7 +584,6 @@ def _check_streaming(cfg: RelaxConfig) -> None:
         for flag, on in (
             ("--dynamic-sampling", r.dynamic_sampling),
             ("--env-path", r.env_path is not None),
-            ("--routing-replay", cfg.algo.routing_replay),
             ("--multimodal-keys", bool(cfg.data.multimodal_keys)),
         )
         if on

@@ -7,6 +7,7 @@ light; callers (relax-rollout's and relax-train's tests) have them installed.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable
 
 PAD, EOS = "<|endoftext|>", "<|im_end|>"
@@ -96,6 +97,19 @@ def uneven_reward(response: str, label, metadata=None) -> float:
 
     if str(label)[-1:] in "13579":
         time.sleep(0.3)
+    return float(response.strip() == str(label))
+
+
+JITTER = random.Random(0)
+"""The random delays of :func:`jittered_reward` (seed it for a test's timings)."""
+
+
+def jittered_reward(response: str, label, metadata=None) -> float:
+    """An exact match that takes a random 0-50 ms (drawn from :data:`JITTER`): groups finish scoring in a
+    random order, for tests of properties that must hold under any timing."""
+    import time
+
+    time.sleep(JITTER.uniform(0.0, 0.05))
     return float(response.strip() == str(label))
 
 

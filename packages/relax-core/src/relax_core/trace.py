@@ -51,6 +51,22 @@ class Tracer:
                 }
             )
 
+    def add(self, name: str, start_ns: int, end_ns: int, lane: str, **args: Any) -> None:
+        """A span timed elsewhere (wall-clock ``time.time_ns()`` both ends): work that begins on one thread
+        and ends on another, e.g. a streamed group generating across the engine's decode steps.
+        ``lane`` names its row (overlapping spans of one lane are spread over rows as usual)."""
+        if self.enabled:
+            self.spans.append(
+                {
+                    "name": name,
+                    "role": self.role,
+                    "thread": lane,
+                    "start_ns": start_ns,
+                    "dur_ns": max(0, end_ns - start_ns),
+                    "args": args,
+                }
+            )
+
     def get_spans(self) -> list[dict[str, Any]]:
         return list(self.spans)
 

@@ -40,6 +40,9 @@ class _Group:
     prompt: list[int]
     futures: list[Future]
     t0: float
+    start_ns: int
+    end_ns: int = 0
+    """When its last response ended (wall clock, ns): the samples' ``generated_at``, its trace span's end."""
 
 
 class GroupStream:
@@ -65,8 +68,10 @@ class GroupStream:
             if isinstance(engine, TorchEngine)
             else None
         )
-        # engines in processes or servers: concurrent requests, batched by the server
-        self.requests = None if self.batcher else ThreadPoolExecutor(self.limit * self.n, "rollout-request")
+        # engines in processes or servers: concurrent requests, batched by the server (at most
+        # --max-inflight-requests at once: every group's responses can be hundreds of threads)
+        threads = min(self.limit * self.n, r.max_inflight_requests)
+        self.requests = None if self.batcher else ThreadPoolExecutor(threads, "rollout-request")
         # groups scored side by side, their reward calls together within --reward-concurrency (the bound
         # is per scoring call: batch mode scores one batch at a time)
         self.scoring = ThreadPoolExecutor(max(1, r.reward_concurrency // self.n), "rollout-score")
@@ -142,7 +147,7 @@ class GroupStream:
                 if cfg_exact:  # (--long-tail-exact: the request ends at its drawn length)
                     one = replace(one, max_new_tokens=m)
                 futures.append(self._submit(ids, one))
-            group = _Group(step, g, row, list(ids), futures, time.perf_counter())
+            group = _Group(step, g, row, list(ids), futures, time.perf_counter(), time.time_ns())
             _when_all(futures, lambda group=group: self._score(group))
 
     def _submit(self, prompt: list[int], params: Any) -> Future:
@@ -152,6 +157,7 @@ class GroupStream:
 
     def _score(self, group: _Group) -> None:
         """Hand a finished group to the scoring threads (unless the run is closing)."""
+        group.end_ns = time.time_ns()
         if self._closing:
             return
         try:
@@ -165,6 +171,9 @@ class GroupStream:
         try:
             outs = [f.result() for f in group.futures]
             secs = time.perf_counter() - group.t0
+            w.tracer.add(
+                "generate", group.start_ns, group.end_ns, "generate", step=group.step, group=group.index
+            )
             gen = Generated(
                 group.step,
                 [group.row],
@@ -172,6 +181,7 @@ class GroupStream:
                 outs,
                 secs,
                 _model_tokens(outs),
+                extra={"generated_at": group.end_ns / 1e9},
                 first_group=group.index,
             )
             n, reward_s = w.samples.put(gen)

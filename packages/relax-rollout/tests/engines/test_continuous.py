@@ -158,3 +158,54 @@ def test_a_draining_update_waits_for_the_running_and_holds_the_waiting(engine, b
     update.join(60)
     assert first.result(timeout=60).token_versions == [0] * 80
     assert later.result(timeout=60).token_versions == [1] * 5
+
+
+def test_routing_is_recorded_for_every_segment_of_a_response_continued_across_an_update():
+    """R3 with partial rollout (verl #5344 kept only the last segment): a response continued across an
+    update carries one routing row per token that went through the model — the prompt's and the segment
+    before the update under the old router, the segment after it under the new one. Only the last MoE
+    layer's router changes, so every earlier layer and every cached key / value is the same under both
+    versions, and each segment compares exactly with a full forward of its version's model."""
+    import numpy as np
+
+    from relax_core.testing import tiny_moe
+
+    engine = TorchEngine(
+        model=tiny_moe(2, 2, seed=0), eos_token_ids=[EOS], pad_token_id=0, record_routing=True
+    )
+    old = tiny_moe(2, 2, seed=0).eval()
+    gate = engine.routing.blocks[-1].gate
+    name = next(n for n, p in engine.model.named_parameters() if p is gate.weight)
+    g = torch.Generator().manual_seed(9)
+    new = {name: 3.0 * torch.randn(gate.weight.shape, generator=g)}
+
+    def routing(model, seq):
+        from relax_core.routing import install_routing
+
+        with torch.no_grad(), install_routing(model).record() as rec:
+            model(input_ids=torch.tensor([seq]))
+        return rec.stacked(0).numpy()
+
+    b = ContinuousBatcher(engine, max_running=3)
+    try:
+        N = 120
+        params = SamplingParams(max_new_tokens=N, min_new_tokens=N, temperature=1.0, seed=3)
+        futures = [b.submit(p, replace(params, seed=3 + i)) for i, p in enumerate(PROMPTS[:3])]
+        while b.steps < 10:
+            time.sleep(0.001)
+        b.update_weights(new, version=1)
+        outs = [f.result(timeout=60) for f in futures]
+    finally:
+        b.close()
+    for prompt, out in zip(PROMPTS, outs):
+        k = out.token_versions.index(1)  # token k is the first sampled under version 1 ...
+        assert 0 < k < N
+        got = out.extra["routed_experts"]
+        P = len(prompt)
+        assert got.shape == (P + N - 1, 2, 2)
+        cut = P + k - 1  # ... by the decode step feeding token k - 1, routing row P + k - 1
+        seq = prompt + out.token_ids
+        want_old, want_new = routing(old, seq), routing(engine.model, seq)
+        np.testing.assert_array_equal(got[:cut], want_old[:cut])
+        np.testing.assert_array_equal(got[cut:], want_new[cut : P + N - 1])
+        assert (want_old[cut : P + N - 1] != want_new[cut : P + N - 1]).any()  # (the router did change)

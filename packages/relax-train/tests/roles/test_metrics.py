@@ -98,3 +98,31 @@ def test_rollout_metrics_of_a_multi_turn_batch():
     assert m["rollout/reward_mean"] == 0.5 and m["rollout/groups"] == 2.0
     single = {k: v for k, v in d.items() if k != "turns"} | {"finish_reason": ["stop"] * 4}
     assert not any(k.startswith(("rollout/stop/", "rollout/turns")) for k in rollout_metrics(single))
+
+
+def test_streaming_metrics_count_interruptions_and_the_time_from_a_groups_end_to_training():
+    """From ``token_versions``: responses that went on across updates, their interruptions (version
+    changes inside a response, a skipped version counting once) and the widest spread; from
+    ``generated_at`` and when the trainer took each sample, the group-to-training latency. A batch
+    without those fields logs none of them."""
+    from relax_train.roles.metrics import step_metrics
+
+    d = {
+        "reward": [1.0, 0.0, 0.0, 1.0],
+        "response_len": [3, 4, 2, 5],
+        "finish_reason": ["stop"] * 4,
+        "reward_failure": [""] * 4,
+        "group_id": ["4:0", "4:0", "4:1", "4:1"],
+        "policy_version": [3, 2, 4, 2],
+        "token_versions": [[3, 3, 3], [2, 2, 3, 4], [4, 4], [2, 4, 4, 4, 4]],
+        "generated_at": [100.0, 100.0, 101.5, 101.5],
+    }
+    timings = dict(wait_for_data_s=0.0, train_s=0.0, weight_sync_s=0.0, weight_sync_wait_s=0.0)
+    m = step_metrics(d, 4, 4, taken_at=[100.5, 100.5, 103.5, 103.5], **timings)
+    assert m["rollout/responses_across_updates"] == 2.0
+    assert m["rollout/interruptions_mean"] == 0.75 and m["rollout/interruptions_max"] == 2.0
+    assert m["rollout/token_version_spread_max"] == 2.0
+    assert m["rollout/group_to_train_s_mean"] == 1.25 and m["rollout/group_to_train_s_max"] == 2.0
+    plain = {k: v for k, v in d.items() if k not in ("token_versions", "generated_at")}
+    m = step_metrics(plain, 4, 4, taken_at=[100.5] * 4, **timings)
+    assert not any("interruptions" in k or "group_to_train" in k or "across" in k for k in m)

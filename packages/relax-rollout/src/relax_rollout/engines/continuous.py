@@ -16,13 +16,19 @@ and their KV cache, computed under the weights of its time — as SGLang's in-pl
 the torch engine's half of partial rollout; recomputing a prefix under the new weights is the
 abort-and-resubmit path.
 
+With ``record_routing`` (routing replay, R3) every forward's experts are kept per request: the prompt's
+from its prefill, then one row per fed token from the decode step that fed it, each under the weights of
+its step, so a response continued across an update carries the routing of every segment (not only the
+last one's, verl #5344) — what the engine actually ran, which is what the trainer must replay.
+
 Text prompts only (the multimodal forward re-reads the whole sequence, uncached); stop strings, top and
-prompt log-probs and routing replay stay with the batch path (``TorchEngine.generate``): asked here,
-they are refused with a message saying so.
+prompt log-probs stay with the batch path (``TorchEngine.generate``): asked here, they are refused with a
+message saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -47,6 +53,8 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routed: list[Any] = field(default_factory=list)
+    """With routing recorded: numpy [tokens, MoE layers, k] blocks, the prefill's then one per decode step."""
     finish: str | None = None
 
 
@@ -200,9 +208,15 @@ class ContinuousBatcher:
         ids, mask = ids.to(eng.device), mask.to(eng.device)
         from transformers import DynamicCache
 
-        logits, cache = eng._cached_forward(
-            ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), DynamicCache(), ids
-        )
+        with self._recording() as rec:
+            logits, cache = eng._cached_forward(
+                ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), DynamicCache(), ids
+            )
+        if rec is not None:  # [rows × width, layers, k]: each prompt's own positions (not its left pads)
+            flat = rec.stacked(0).cpu()
+            experts = flat.view(len(joining), width, *flat.shape[1:]).numpy()
+            for i, s in enumerate(joining):
+                s.routed.append(experts[i, width - len(s.prompt) :])
         self._sample(joining, logits[:, -1, :].float())
         self._join(joining, cache, mask)
 
@@ -216,9 +230,24 @@ class ContinuousBatcher:
         )
         assert self._mask is not None
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
-        logits, self._cache = eng._cached_forward(last, self._mask, pos, self._cache, last)
+        with self._recording() as rec:
+            logits, self._cache = eng._cached_forward(last, self._mask, pos, self._cache, last)
+        if rec is not None:  # [rows, layers, k]: the token each row fed
+            experts = rec.stacked(0).cpu().numpy()
+            for i, s in enumerate(self._running):
+                s.routed.append(experts[i : i + 1])
         self.steps += 1
         self._sample(self._running, logits[:, -1, :].float())
+
+    @contextlib.contextmanager
+    def _recording(self):
+        """The experts of the forward run inside (routing replay), or None when the engine records none."""
+        routing = self.engine.routing
+        if routing is None:
+            yield None
+            return
+        with routing.record() as rec:
+            yield rec
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Each sequence's next token from its own generator, as the batch path samples one prompt alone
@@ -285,12 +314,18 @@ class ContinuousBatcher:
 
     @staticmethod
     def _output(seq: _Seq) -> GenerateOutput:
+        extra = {}
+        if seq.routed:  # [prompt + generated - 1, layers, k]: the last sampled token was never fed
+            import numpy as np
+
+            extra["routed_experts"] = np.concatenate(seq.routed)
         return GenerateOutput(
             token_ids=list(seq.tokens),
             log_probs=list(seq.log_probs),
             finish_reason=seq.finish or "abort",
             weight_version=seq.versions[-1] if seq.versions else 0,
             token_versions=list(seq.versions),
+            extra=extra,
         )
 
 

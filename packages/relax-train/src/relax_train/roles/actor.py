@@ -147,7 +147,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             with self.tracer.span("wait_for_data", step=step):
                 got = self._take_batch(step)
             t1 = time.perf_counter()
-            batch = Taken(got.ids, got.data, [got.lease_id])
+            batch = Taken(got.ids, got.data, [got.lease_id], [time.time()] * len(got.ids))
             d = batch.data
             if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
                 a = self.cfg.algo
@@ -177,6 +177,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                 train_s=t2 - t1,
                 weight_sync_s=t3 - t2,
                 weight_sync_wait_s=fence_wait_s,
+                taken_at=batch.taken_at,
             )
         )
         if (

@@ -71,10 +71,17 @@ def step_metrics(
     train_s: float,
     weight_sync_s: float,
     weight_sync_wait_s: float,
+    taken_at: list[float] | None = None,
 ) -> dict[str, Any]:
     """What the trainer logs for step ``step`` besides the backend's ``train/*``: the batch's ``rollout/*``,
     its staleness (the trainer's step minus each sample's ``policy_version``), the step's timings, and the
-    gap between ActorFwd's log-probs and the rollout's where ActorFwd ran."""
+    gap between ActorFwd's log-probs and the rollout's where ActorFwd ran.
+
+    Streaming rollout adds how far responses went on across weight updates (from ``token_versions``:
+    responses that did, their interruptions — the updates a response went on across — and the widest
+    version spread) and, with ``taken_at`` (when the trainer got each sample), the time from a group's
+    last response to the trainer taking it (``generated_at``; wall clocks, so across machines it carries
+    their skew)."""
     staleness = [step - int(v) for v in d["policy_version"]]
     metrics: dict[str, Any] = rollout_metrics(d)
     metrics.update(
@@ -93,8 +100,17 @@ def step_metrics(
     )
     if "token_versions" in d:  # streaming rollout: responses that went on across weight updates
         spread = [int(np.max(v)) - int(np.min(v)) if len(v) else 0 for v in d["token_versions"]]
+        cuts = [int(np.count_nonzero(np.diff(np.asarray(v)))) for v in d["token_versions"]]
         metrics["rollout/responses_across_updates"] = float(sum(x > 0 for x in spread))
         metrics["rollout/token_version_spread_max"] = float(max(spread, default=0))
+        metrics["rollout/interruptions_mean"] = float(np.mean(cuts)) if cuts else 0.0
+        metrics["rollout/interruptions_max"] = float(max(cuts, default=0))
+    done = d.get("generated_at")
+    if taken_at is not None and done is not None and len(done) == len(taken_at):
+        lag = [t - g for t, g in zip(taken_at, done) if g is not None]
+        if lag:
+            metrics["rollout/group_to_train_s_mean"] = float(np.mean(lag))
+            metrics["rollout/group_to_train_s_max"] = float(np.max(lag))
     if "log_probs" in d:
         diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
         if diff is not None:

@@ -27,6 +27,8 @@ class Taken:
     ids: list[int]
     data: dict[str, list[Any]]
     lease_ids: list[int]
+    taken_at: list[float] | None = None
+    """Per sample, when the trainer got it from the bus (wall clock, s)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -56,6 +58,7 @@ def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], f
     ids: list[int] = []
     leases: list[int] = []
     parts: list[dict[str, list[Any]]] = []
+    taken_at: list[float] = []
     prox: list[tuple[int, dict[str, float]]] = []
     waited = 0.0
     while len(ids) < per:
@@ -74,6 +77,7 @@ def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], f
             waited += time.perf_counter() - t
             continue
         waited += time.perf_counter() - t
+        taken_at.extend([time.time()] * len(batch))
         ids.extend(batch.ids)
         leases.append(batch.lease_id)
         with actor.tracer.span("train_part", step=step, n=len(batch)):
@@ -85,7 +89,7 @@ def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], f
         metrics = {f"train/{k}": v for k, v in update.finish().items()}
     metrics.update(_merged(prox))
     metrics["train/parts"] = float(len(parts))  # the bus deliveries the batch arrived in
-    return Taken(ids, _joined(parts), leases), metrics, waited
+    return Taken(ids, _joined(parts), leases, taken_at), metrics, waited
 
 
 def _joined(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:

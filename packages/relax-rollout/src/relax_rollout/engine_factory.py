@@ -22,11 +22,19 @@ def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     model and its dtype (``--rollout-num-gpus``, ``--rollout-num-gpus-per-engine``,
     ``--sglang-mem-fraction-static``, ``--sglang-server-args``, ``--sglang-model-path``,
     ``--sglang-weight-update``, ``--sglang-python``, ``--sglang-env``; on several nodes, ``gpus_per_node``
-    from ``--actor-num-gpus-per-node``)."""
+    from ``--actor-num-gpus-per-node``). Colocate with offload adds SGLang's memory saver, --partial-rollout
+    turns its overlap scheduler off, unless ``--sglang-server-args`` says otherwise."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
     if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
         server_args.setdefault("enable_memory_saver", True)  # what /release_memory_occupation needs
+    if r.partial_rollout:
+        # exact per-token versions: under SGLang's overlap scheduler an in-place pause leaves the last
+        # decode step's result queued (its loop `continue`s before processing it), so the version change
+        # counts each running request's output without that token, and the reply stamps a token of the old
+        # weights with the new version (measured against SGLang 0.5.23: tests/engines/test_sglang_real.py).
+        # Keep overlap with {"disable_overlap_schedule": false}: the boundary is then one token late.
+        server_args.setdefault("disable_overlap_schedule", True)
     out = {
         "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
         "tp_size": r.rollout_num_gpus_per_engine,

@@ -51,7 +51,13 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
         poll_interval_s=0.5,
         shutdown_grace_s=5,
         request_timeout_s=120,
-        **{**sglang_cpu.engine_kwargs(sglang_python), "gpu_ids": ["3", "5"]},
+        **{
+            **sglang_cpu.engine_kwargs(sglang_python),
+            "gpu_ids": ["3", "5"],
+            # as a --partial-rollout run launches them (engine_factory.sglang_kwargs): the overlap
+            # scheduler off, for exact per-token versions across an in-place pause
+            "server_args": {**sglang_cpu.SERVER_ARGS, "disable_overlap_schedule": True},
+        },
     )
     yield eng
     eng.close()
@@ -243,6 +249,80 @@ def test_bucketed_update_never_runs_requests_on_half_updated_weights(real, hf):
             assert got[lo:hi] == pytest.approx(want, abs=6e-2), (url, spans)
         switched += len(spans) > 1
     assert switched, "no request was decoding during the update: the test did not test the overlap"
+
+
+def no_eos_log_probs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """:func:`model_log_probs` with the end token blocked, as SGLang samples before ``min_new_tokens``."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    logits[:, EOS_ID] = float("-inf")
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def test_partial_rollout_pauses_in_place_and_requests_go_on_with_each_token_stamped(real, hf):
+    """Partial rollout's update on SGLang (``GroupStream.update_weights``, --partial-rollout): every engine
+    paused in place, the weights in, generation continued — requests decoding at the time keep their
+    tokens and KV cache and go on under the new weights. Per token, the version comes from SGLang's reply
+    (``weight_versions``) and the log-prob is that version's model's. Only the output head changes, so the
+    kept KV cache is the new model's too and each span compares exactly with a fresh forward.
+
+    The engines run without SGLang's overlap scheduler, as a --partial-rollout run launches them: with it,
+    SGLang 0.5.23 stamps the token in flight at the pause with the new version although the old weights
+    sampled it (each boundary one token late; measured here before the launch flag was set)."""
+    from types import SimpleNamespace
+
+    from relax_core.cli_config import build_config
+    from relax_rollout.streaming import GroupStream
+
+    old = {k: v.clone() for k, v in hf.state_dict().items()}  # what the engines hold (the last test's)
+    before = real.weight_version
+    g = torch.Generator().manual_seed(12)
+    head = {
+        "lm_head.weight": old["lm_head.weight"] + 0.5 * torch.randn(old["lm_head.weight"].shape, generator=g)
+    }
+    flags = [
+        "--prompt-data",
+        "p",
+        "--hf-checkpoint",
+        "m",
+        "--fully-async",
+        "--streaming-rollout",
+        "--partial-rollout",
+    ]
+    stream = GroupStream(SimpleNamespace(cfg=build_config(None, flags), engine=real))
+    long = SamplingParams(max_new_tokens=60, temperature=1.0, min_new_tokens=60, seed=3)
+    for url in real.urls:
+        http_json(url, "/slow_down", {"forward_sleep_time": 0.03})
+    try:
+        futures = [stream._submit(p, long) for p in PROMPTS * 2]  # (both engines get some)
+        threading.Event().wait(0.6)  # the requests are decoding
+        stream.update_weights(head, 30)
+        outs = [f.result(timeout=120) for f in futures]
+    finally:
+        stream.close()
+        for url in real.urls:
+            http_json(url, "/slow_down", {"forward_sleep_time": None})
+    new_model = type(hf)(hf.config).eval()
+    load(new_model, {**old, **head})
+    old_model = hf
+    switched = 0
+    for prompt, out in zip(PROMPTS * 2, outs):
+        assert out.finish_reason == "length" and len(out.token_ids) == 60  # nothing aborted
+        v = out.token_versions
+        assert len(v) == 60 and v == sorted(v) and set(v) <= {before, 30}, v
+        k = v.index(30) if 30 in v else 60
+        want_old = no_eos_log_probs(old_model, prompt, out.token_ids)
+        want_new = no_eos_log_probs(new_model, prompt, out.token_ids)
+        # (float32 decoding drifts by up to a few 1e-2 over 60 tokens here; the two heads differ by ~1)
+        assert out.log_probs[:k] == pytest.approx(want_old[:k], abs=6e-2)
+        assert out.log_probs[k:] == pytest.approx(want_new[k:], abs=6e-2)
+        if 0 < k < 60:
+            switched += 1
+            gap = sum(abs(a - b) for a, b in zip(want_old[k:], want_new[k:])) / (60 - k)
+            assert gap > 0.3, gap  # (the spans tell the versions apart)
+    assert switched, "no request was decoding during the update: the test did not test the overlap"
+    load(hf, head)
+    print(f"requests going on across the update: {switched} of {len(outs)}")
 
 
 def test_a_killed_engine_restarts_and_serves_after_the_next_update(real, hf):

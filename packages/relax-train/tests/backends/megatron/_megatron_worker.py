@@ -1,10 +1,17 @@
 """One rank of a megatron-backend test, run as its own process (megatron-core's parallel state is global
 to a process): ``python _megatron_worker.py SPEC_JSON OUT_PT``. The spec names the model, the run flags,
-the samples and what to do; rank 0 writes the results to OUT_PT."""
+the samples and what to do; rank 0 writes the results to OUT_PT.
+
+``python _megatron_worker.py --serve``: one rank that runs specs one after another, each read from stdin
+as ``SPEC_JSON OUT_PT MASTER_PORT`` (the same line to every rank of the group), answering each with a
+line ``@@done ok`` or ``@@done fail`` (the traceback in ``OUT_PT.err.rank<R>``). Importing megatron-core
+takes ~15 s a process here, more than most runs take; every run sets up and leaves torch.distributed and
+megatron's parallel state itself, so the next starts from none."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 
@@ -96,5 +103,31 @@ def _leave() -> None:
         dist.destroy_process_group()
 
 
+def serve() -> None:
+    import traceback
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    for line in sys.stdin:
+        spec_path, out_path, port = line.split()
+        os.environ["MASTER_PORT"] = port  # (a fresh rendezvous for every run)
+        try:
+            main(spec_path, out_path)
+            status = "ok"
+        except BaseException:  # noqa: BLE001 - the test's to see
+            with open(f"{out_path}.err.rank{os.environ.get('RANK', 0)}", "w") as f:
+                f.write(traceback.format_exc())
+            status = "fail"
+        finally:
+            if dist.is_initialized():  # (a run that failed part-way: nothing carries over)
+                ps.destroy_model_parallel()
+                dist.destroy_process_group()
+        print(f"@@done {status}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main(sys.argv[1], sys.argv[2])

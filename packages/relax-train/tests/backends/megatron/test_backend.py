@@ -2,13 +2,16 @@
 one PPO training step (loss, gradient norm, updated weights), weights exported in HF names, checkpoints,
 and tensor and context parallelism over two processes.
 
-megatron-core's real model code runs here on CPU (gloo; see ``relax_train.backends.megatron.backend``), each
-configuration in fresh processes (its parallel state is global to a process), through Megatron's own
-forward-backward schedules. bf16 and megatron's fused GPU kernels are not exercised here."""
+megatron-core's real model code runs here on CPU (gloo; see ``relax_train.backends.megatron.backend``),
+through Megatron's own forward-backward schedules. Runs of one size (one rank, two) go one after another
+through one long-lived group of processes, each run setting up and leaving torch.distributed and megatron's
+parallel state (global to a process) itself — CI minutes: importing megatron-core costs ~15 s a process. bf16 and megatron's fused GPU kernels are not exercised here."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +24,6 @@ pytest.importorskip("megatron.core")
 
 from relax_core.cli_config import build_config  # noqa: E402
 from relax_core.testing import (  # noqa: E402
-    spawn_ranks,
     tiny_omni_thinker_config,
     tiny_qwen3_config,
     tiny_vision_config,
@@ -109,15 +111,96 @@ def _megatron(
     spec = tmp / f"spec_{len(list(tmp.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"model": model, "flags": flags, "samples": str(samples), **task}))
     out = spec.with_suffix(".pt")
-    procs = spawn_ranks(
-        [sys.executable, str(WORKER), str(spec), str(out)], world, capture=True, OMP_NUM_THREADS="1"
-    )
-    errors = [p.communicate(timeout=600)[1] for p in procs]
-    for p, err in zip(procs, errors):
-        assert p.returncode == 0, err[-4000:]
+    _RANKS[world].run(spec, out)
     result = torch.load(out, weights_only=False)
     result["weights_held"] = [int(Path(f"{out}.rank{r}.weights").read_text()) for r in range(world)]
     return result
+
+
+class _Ranks:
+    """A long-lived group of ``world`` ranks (``_megatron_worker.py --serve``), started on first use and
+    again after a failed run (a rank left inside a collective is not worth saving); their stderr goes to
+    files, read back when a run fails."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.procs: list[subprocess.Popen] = []
+
+    def run(self, spec: Path, out: Path, timeout_s: float = 600.0) -> None:
+        import threading
+
+        if not self.procs or any(p.poll() is not None for p in self.procs):
+            self.close()
+            self.logs = [spec.with_name(f"ranks{self.world}_rank{r}.log") for r in range(self.world)]
+            self.procs = [
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log.open("w"),
+                    text=True,
+                    env={
+                        **os.environ,
+                        "OMP_NUM_THREADS": "1",
+                        "RANK": str(r),
+                        "WORLD_SIZE": str(self.world),
+                        "LOCAL_RANK": str(r),
+                        "MASTER_ADDR": "127.0.0.1",
+                    },
+                )
+                for r, log in enumerate(self.logs)
+            ]
+        port = _free_port()
+        answers: list[str | None] = [None] * self.world
+
+        def answer(r: int, proc: subprocess.Popen) -> None:
+            for line in proc.stdout:  # (megatron may print; the answer is the sentinel line)
+                if line.startswith("@@done "):
+                    answers[r] = line.split()[1]
+                    return
+
+        readers = []
+        for r, proc in enumerate(self.procs):
+            proc.stdin.write(f"{spec} {out} {port}\n")
+            proc.stdin.flush()
+            readers.append(threading.Thread(target=answer, args=(r, proc), daemon=True))
+            readers[-1].start()
+        for t in readers:
+            t.join(timeout_s)
+        if answers != ["ok"] * self.world:
+            errors = [
+                Path(f"{out}.err.rank{r}").read_text()
+                if Path(f"{out}.err.rank{r}").exists()
+                else log.read_text()
+                for r, log in enumerate(self.logs)
+            ]
+            self.close()
+            raise AssertionError(f"ranks answered {answers}:\n" + "\n".join(e[-4000:] for e in errors))
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        self.procs = []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_RANKS = {world: _Ranks(world) for world in (1, 2)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rank_groups():
+    yield
+    for ranks in _RANKS.values():
+        ranks.close()
 
 
 def _torch(model: str, flags: list[str], train_steps: int = 0, data: dict | None = None) -> dict:

@@ -41,6 +41,17 @@ def log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -
     return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
 
+def across_an_update(batcher, new: dict, n: int, seed: int) -> list:
+    """Three requests of ``n`` sampled tokens each (temperature 1), ``new`` loaded as version 1 after ten
+    decode steps; their outputs."""
+    params = SamplingParams(max_new_tokens=n, min_new_tokens=n, temperature=1.0, seed=seed)
+    futures = [batcher.submit(p, replace(params, seed=seed + i)) for i, p in enumerate(PROMPTS[:3])]
+    while batcher.steps < 10:
+        time.sleep(0.001)
+    batcher.update_weights(new, version=1)
+    return [f.result(timeout=60) for f in futures]
+
+
 @pytest.mark.parametrize("sampling", ["greedy", "top_p"])
 def test_each_request_gets_what_it_would_get_alone(engine, batcher, sampling):
     """Six requests of different lengths through three running slots (so later ones join while others
@@ -100,12 +111,7 @@ def test_weights_updated_between_decode_steps_stamp_each_token_with_its_version(
     g = torch.Generator().manual_seed(123)
     new = {n: 0.5 * torch.randn(p.shape, generator=g) for n, p in engine.named_weights() if "lm_head" in n}
     N = 150  # (long enough that the update lands mid-request on a loaded machine)
-    params = SamplingParams(max_new_tokens=N, min_new_tokens=N, temperature=1.0, seed=7)
-    futures = [batcher.submit(p, replace(params, seed=7 + i)) for i, p in enumerate(PROMPTS[:3])]
-    while batcher.steps < 10:
-        time.sleep(0.001)
-    batcher.update_weights(new, version=1)
-    outs = [f.result(timeout=60) for f in futures]
+    outs = across_an_update(batcher, new, N, seed=7)
     for prompt, out in zip(PROMPTS, outs):
         k = out.token_versions.index(1)
         assert 0 < k < N and out.token_versions == [0] * k + [1] * (N - k)
@@ -189,12 +195,7 @@ def test_routing_is_recorded_for_every_segment_of_a_response_continued_across_an
     b = ContinuousBatcher(engine, max_running=3)
     try:
         N = 120
-        params = SamplingParams(max_new_tokens=N, min_new_tokens=N, temperature=1.0, seed=3)
-        futures = [b.submit(p, replace(params, seed=3 + i)) for i, p in enumerate(PROMPTS[:3])]
-        while b.steps < 10:
-            time.sleep(0.001)
-        b.update_weights(new, version=1)
-        outs = [f.result(timeout=60) for f in futures]
+        outs = across_an_update(b, new, N, seed=3)
     finally:
         b.close()
     for prompt, out in zip(PROMPTS, outs):

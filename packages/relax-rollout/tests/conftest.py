@@ -113,3 +113,75 @@ def call():
 def launch():
     """``start_server`` as a fixture."""
     return start_server
+
+
+class _FlushRefusingSGLang:
+    """A stand-in for one SGLang 0.5.23 answer that cannot be made to happen on demand (read from its
+    ``scheduler_components/weight_updater.py`` and ``entrypoints/http_server.py``): a disk update that lands
+    while the scheduler still holds the requests that just ended loads the weights, refuses the cache flush
+    and answers HTTP 400 with the message below, its reported version staying the old one. The first
+    ``refusals`` updates with ``flush_cache`` true are answered so; every update body is kept in ``bodies``.
+    (Real SGLang met it in 39 of 100 updates on a loaded CPU, not reliably enough for a test.)"""
+
+    MESSAGE = (
+        "Weights were updated, but the cache was not flushed because requests are still running or "
+        "queued. Retract or finish them, then call /flush_cache."
+    )
+
+    def __init__(self, refusals: int) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.refusals, self.bodies, self.version = refusals, [], "0"
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, code: int, body) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                if self.path in ("/model_info", "/get_model_info"):
+                    return self._answer(200, {"weight_version": stand_in.version})
+                self._answer(200, {})  # /health
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/update_weights_from_disk":
+                    return self._answer(200, {})  # /pause_generation, /continue_generation
+                stand_in.bodies.append(body)
+                if body.get("flush_cache", True) and stand_in.refusals > 0:
+                    stand_in.refusals -= 1
+                    return self._answer(400, {"success": False, "message": stand_in.MESSAGE})
+                stand_in.version = body["weight_version"]
+                self._answer(200, {"success": True, "message": "Succeeded to update model weights."})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def flush_refusing_sglang():
+    """``start(refusals) -> _FlushRefusingSGLang`` (closed after the test)."""
+    started = []
+
+    def start(refusals: int) -> _FlushRefusingSGLang:
+        started.append(_FlushRefusingSGLang(refusals))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()

@@ -120,7 +120,9 @@ class RolloutConfig(_Section):
     partial_rollout: bool = False
     """--streaming-rollout: responses in flight go on under new weights (the torch engine swaps them
     between decode steps; each token records its version, a sample's staleness is its oldest token's).
-    Without it an update waits until the responses in flight end, and none starts meanwhile."""
+    Without it an update waits until the responses in flight end, and none starts meanwhile. SGLang engines
+    run with their overlap scheduler and prefix cache off (exact versions; no prompt served from KV of old
+    weights)."""
     mask_offpolicy_in_partial_rollout: bool = False
     """--partial-rollout: train only on the tokens of a response's last weight version; the earlier ones
     (sampled before an update) are masked from the loss (upstream Relax's flag of the same name)."""
@@ -579,6 +581,13 @@ def _check_streaming(cfg: RelaxConfig) -> None:
         )
     if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
         raise ValueError("--mask-offpolicy-in-partial-rollout masks what --partial-rollout continues: add it")
+    if r.partial_rollout and r.sglang_server_args.get("disable_radix_cache") is False:
+        raise ValueError(
+            "--partial-rollout with SGLang's radix cache (--sglang-server-args disable_radix_cache: false): "
+            "an update under an in-place pause cannot flush that cache, so prompts sharing a cached prefix "
+            "would be served from KV of the old weights under the new version; drop disable_radix_cache "
+            "from --sglang-server-args (partial rollout turns the cache off)"
+        )
     off = [
         flag
         for flag, on in (

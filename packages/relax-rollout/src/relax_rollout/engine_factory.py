@@ -23,7 +23,8 @@ def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     ``--sglang-mem-fraction-static``, ``--sglang-server-args``, ``--sglang-model-path``,
     ``--sglang-weight-update``, ``--sglang-python``, ``--sglang-env``; on several nodes, ``gpus_per_node``
     from ``--actor-num-gpus-per-node``). Colocate with offload adds SGLang's memory saver, --partial-rollout
-    turns its overlap scheduler off, unless ``--sglang-server-args`` says otherwise."""
+    turns its overlap scheduler and its prefix (radix) cache off, unless ``--sglang-server-args`` says
+    otherwise (the config refuses the radix cache with --partial-rollout)."""
     r = cfg.rollout
     server_args = dict(r.sglang_server_args)
     if cfg.run.mode == "colocate" and cfg.run.offload is not False:  # SGLang on GPUs: offload by default
@@ -35,6 +36,11 @@ def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
         # weights with the new version (measured against SGLang 0.5.23: tests/engines/test_sglang_real.py).
         # Keep overlap with {"disable_overlap_schedule": false}: the boundary is then one token late.
         server_args.setdefault("disable_overlap_schedule", True)
+        # no prefix cache: an update under an in-place pause cannot flush it (the paused requests use it),
+        # and a later prompt sharing a cached prefix would be served from KV of the old weights under the
+        # new version's label (measured against SGLang 0.5.23: a log-prob off by 3.1 nats; AReaL turns it
+        # off for the same reason). Costs the prompt's prefill once per response instead of once per group.
+        server_args.setdefault("disable_radix_cache", True)
     out = {
         "num_engines": max(1, r.rollout_num_gpus // r.rollout_num_gpus_per_engine),
         "tp_size": r.rollout_num_gpus_per_engine,

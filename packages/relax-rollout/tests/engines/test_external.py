@@ -124,3 +124,20 @@ def test_config_field_and_validation():
     assert RolloutConfig().rollout_external_urls == []
     with pytest.raises(ValidationError, match="rollout-external-urls"):
         RolloutConfig(rollout_backend="external")
+
+
+def test_updates_go_in_across_a_refused_cache_flush_and_without_a_flush_when_paused_in_place(
+    flush_refusing_sglang,
+):
+    """SGLang servers launched by the user: a disk update refused only for its cache flush (requests that
+    just ended, see ``flush_refusing_sglang``) is sent again, and under an in-place pause (partial rollout)
+    the update asks for no flush, which SGLang refuses while the paused requests hold its cache."""
+    sglang = flush_refusing_sglang(refusals=1)
+    ext = ExternalEngine(urls=[sglang.url])
+    ext.update_weights({"w": torch.zeros(2)}, 1)
+    assert sglang.version == "1" and [b["flush_cache"] for b in sglang.bodies] == [True, True]
+    ext.pause("in_place")
+    ext.update_weights({"w": torch.ones(2)}, 2)
+    ext.resume()
+    ext.update_weights({"w": torch.ones(2)}, 3)
+    assert [b["flush_cache"] for b in sglang.bodies[2:]] == [False, True] and ext.weight_version == 3

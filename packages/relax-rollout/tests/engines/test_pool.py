@@ -208,6 +208,24 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
     assert not Path(pool.weights_root).exists()
 
 
+def test_an_update_sglang_refuses_only_for_its_cache_flush_is_sent_again(flush_refusing_sglang):
+    """SGLang refuses a disk update it has loaded when its cache flush meets requests that just ended (see
+    ``flush_refusing_sglang``): the pool sends it again rather than failing the engine (which restarted it:
+    before, this member was failed and, alone, the update raised). ``flush_cache=False`` (requests paused
+    in place) goes on the wire; a refusal for another reason still fails the member at once."""
+    sglang = flush_refusing_sglang(refusals=2)
+    failed = []
+    pool = EnginePool([sglang.url], on_failure=failed.append)
+    try:
+        pool.update_weights({"w": torch.zeros(2)}, 3)
+        assert pool.weight_version == 3 and sglang.version == "3" and not failed
+        assert len(sglang.bodies) == 3 and all(b["flush_cache"] for b in sglang.bodies)
+        pool.update_weights({"w": torch.ones(2)}, 4, flush_cache=False)
+        assert sglang.bodies[-1]["flush_cache"] is False and sglang.version == "4"
+    finally:
+        pool.close()
+
+
 def test_add_checks_the_url_and_reachability(serve):
     a = serve()
     pool = EnginePool([a.url], join_timeout_s=0.5)

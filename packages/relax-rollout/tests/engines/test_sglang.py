@@ -507,7 +507,7 @@ def test_engine_kwargs_from_the_config():
     one_node = two.model_copy(update={"rollout": two.rollout.model_copy(update={"rollout_num_gpus": 2})})
     assert "gpus_per_node" not in sglang_kwargs(one_node) and "model_path" not in sglang_kwargs(one_node)
     # partial rollout: SGLang's overlap scheduler off (exact per-token versions across an in-place pause),
-    # unless the user's server args keep it
+    # unless the user's server args keep it, and its prefix cache off (test_sglang_real.py shows why)
     partial = {
         "run": {"mode": "fully_async"},
         "rollout": {**cfg.rollout.model_dump(), "streaming_rollout": True, "partial_rollout": True},
@@ -515,11 +515,16 @@ def test_engine_kwargs_from_the_config():
     assert sglang_kwargs(RelaxConfig.model_validate(partial))["server_args"] == {
         "context_length": 4096,
         "disable_overlap_schedule": True,
+        "disable_radix_cache": True,
     }
     partial["rollout"]["sglang_server_args"] = {"disable_overlap_schedule": False}
     assert sglang_kwargs(RelaxConfig.model_validate(partial))["server_args"] == {
-        "disable_overlap_schedule": False
+        "disable_overlap_schedule": False,
+        "disable_radix_cache": True,
     }
+    partial["rollout"]["sglang_server_args"] = {"disable_radix_cache": False}
+    with pytest.raises(ValueError, match="radix cache.*drop disable_radix_cache"):
+        RelaxConfig.model_validate(partial)
     omni = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sglang_model_path": "/m/omni"})})
     assert sglang_kwargs(omni)["model_path"] == "/m/omni"  # what SGLang serves (the trainer: --hf-checkpoint)
 

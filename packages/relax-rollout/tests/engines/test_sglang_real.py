@@ -23,7 +23,7 @@ from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.pool import EnginePool  # noqa: E402
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
 from relax_rollout.engines.sglang_weights import WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
-from relax_rollout.engines.wire import http_json, model_info  # noqa: E402
+from relax_rollout.engines.wire import http_json, model_info, retry_flush_refused  # noqa: E402
 
 pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 
@@ -54,8 +54,9 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
         **{
             **sglang_cpu.engine_kwargs(sglang_python),
             "gpu_ids": ["3", "5"],
-            # as a --partial-rollout run launches them (engine_factory.sglang_kwargs): the overlap
-            # scheduler off, for exact per-token versions across an in-place pause
+            # the overlap scheduler off, as a --partial-rollout run launches them (engine_factory.sglang_kwargs),
+            # for exact per-token versions across an in-place pause; the prefix cache on, as SGLang's default
+            # (partial rollout turns it off: test_sglang_real_moe.py)
             "server_args": {**sglang_cpu.SERVER_ARGS, "disable_overlap_schedule": True},
         },
     )
@@ -184,11 +185,16 @@ def test_disk_update_loads_the_checkpoint(real, hf, tmp_path):
     with pytest.raises(WeightVersionMismatch, match=r"version 5 expected.*'3'.*'3'"):
         real.check_weight_version(5)
     e0 = real.pool.active()[0]
-    http_json(e0.url, "/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "9"})
+
+    def load_on_e0(version: str) -> None:  # (sent again while SGLang still clears the last requests)
+        body = {"model_path": str(tmp_path), "weight_version": version}
+        retry_flush_refused(lambda: http_json(e0.url, "/update_weights_from_disk", body))
+
+    load_on_e0("9")
     with pytest.raises(WeightVersionMismatch, match=r"holds '9'") as exc:
         real.check_weight_version(3)  # names the engine that differs, only it
     assert e0.url in str(exc.value) and real.pool.active()[1].url not in str(exc.value)
-    http_json(e0.url, "/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "3"})
+    load_on_e0("3")
 
 
 def test_distributed_update_in_buckets_needs_a_session_and_the_group_name_prefix(real, hf, tmp_path):

@@ -5,6 +5,9 @@ without AMX). A weight update sent as the trainers export it (experts fused) loa
 experts one module each and skips fused names without an error, so the log-probs after the update are the
 new model's only if every expert arrived.
 
+The server runs as a --partial-rollout run launches it (no overlap scheduler, no prefix cache), and an
+update under an in-place pause is checked to leave no KV of the old weights behind.
+
 Not here: routed experts (R3, ``--enable-return-routed-experts``). SGLang 0.5.23 pins its host buffer for
 them with ``cudaHostRegister`` even with ``--device cpu``, so the server cannot start with it on a machine
 without CUDA; the reply format is tested against our engine server (test_sglang.py) and waits for a GPU.
@@ -30,6 +33,24 @@ PROMPTS = [[5, 6, 7], [12, 3], [20, 21, 22, 23]]
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
 
+PARTIAL_ROLLOUT = [
+    *("--prompt-data", "p", "--hf-checkpoint", "m", "--rollout-backend", "sglang", "--rollout-num-gpus", "1"),
+    *("--fully-async", "--streaming-rollout", "--partial-rollout"),
+]
+
+
+def launched_as_partial_rollout() -> dict:
+    """SGLang's launch flags on this CPU as a --partial-rollout run sets them (``engine_factory``): the
+    overlap scheduler off (exact per-token versions across an in-place pause) and the prefix cache off (an
+    update under an in-place pause cannot flush it)."""
+    from relax_core.cli_config import build_config
+    from relax_rollout.engine_factory import sglang_kwargs
+
+    server_args = sglang_kwargs(build_config(None, PARTIAL_ROLLOUT))["server_args"]
+    assert server_args == {"disable_overlap_schedule": True, "disable_radix_cache": True}
+    return {**sglang_cpu.SERVER_ARGS, **server_args}
+
+
 @pytest.fixture(scope="module")
 def moe_dir(tiny_model_dir, tmp_path_factory) -> str:
     moe = tmp_path_factory.mktemp("moe")
@@ -50,7 +71,7 @@ def real(moe_dir, sglang_python, tmp_path_factory):
         bucket_bytes=4096,
         log_dir=str(tmp_path_factory.mktemp("sglang-moe-logs")),
         request_timeout_s=120,
-        **sglang_cpu.engine_kwargs(sglang_python),
+        **{**sglang_cpu.engine_kwargs(sglang_python), "server_args": launched_as_partial_rollout()},
     )
     yield eng
     eng.close()
@@ -99,4 +120,43 @@ def test_a_fused_expert_update_loads(real, path):
     assert "model.layers.0.mlp.experts.7.gate_proj.weight" in names
     assert not any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)
     real.check_weight_version(version)
+    assert_served_by(real, new)
+
+
+def test_a_disk_update_under_an_in_place_pause_goes_in_and_no_prompt_is_served_from_old_kv(real, monkeypatch):
+    """Partial rollout's update with ``weight_update="disk"`` (the default): SGLang refuses to flush its cache
+    while requests are paused in place (HTTP 400, which failed every engine), so the update is sent without
+    the flush. With SGLang's prefix cache on, a prompt served before would then be served from KV of the old
+    weights under the new version (measured: a log-prob off by 3.1 nats): a --partial-rollout run launches
+    SGLang without it, as this engine is. Every layer changes here, so stale KV would show."""
+    import threading
+
+    from relax_rollout.engines.wire import http_json
+
+    monkeypatch.setattr(real, "weight_update", "disk")
+    before = real.weight_version
+    real.generate(PROMPTS, GREEDY)  # the prompts go through the engine once
+    pids = [s["pid"] for s in real.engines()]
+    new = tiny_moe(seed=4, moe_intermediate_size=16).eval()
+    long = SamplingParams(max_new_tokens=60, temperature=1.0, min_new_tokens=60)
+    box: dict = {}
+    for url in real.urls:
+        http_json(url, "/slow_down", {"forward_sleep_time": 0.03})
+    try:
+        t = threading.Thread(target=lambda: box.update(out=real.generate(PROMPTS[:2], long)))
+        t.start()
+        threading.Event().wait(0.6)  # the requests are decoding
+        real.pause("in_place")
+        try:
+            real.update_weights(dict(new.state_dict()), before + 1)
+        finally:
+            real.resume()
+        t.join(120)
+    finally:
+        for url in real.urls:
+            http_json(url, "/slow_down", {"forward_sleep_time": None})
+    for out in box["out"]:  # held, then gone on under the new weights
+        assert out.finish_reason == "length" and set(out.token_versions) == {before, before + 1}, out
+    assert [s["pid"] for s in real.engines()] == pids
+    real.check_weight_version(before + 1)
     assert_served_by(real, new)

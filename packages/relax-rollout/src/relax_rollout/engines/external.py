@@ -25,12 +25,14 @@ from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_re
 from relax_rollout.engines.wire import (
     ServerClient,
     ServerError,
+    disk_update_request,
     generate_body,
     init_group_request,
     min_tokens,
     model_info,
     parse_reply,
     pause_request,
+    retry_flush_refused,
     sampling_dict,
     save_safetensors,
     version_number,
@@ -57,11 +59,23 @@ class ExternalEngine(ServerClient):
             max_workers=max(1, len(self.urls)), thread_name_prefix="relax-external"
         )
         self._lock = threading.Lock()
+        self._paused: str | None = None  # the pause mode the servers are in (None: generating)
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
         futs = [self._pool.submit(self.request, u, path, body, timeout_s) for u in self.urls]
         return [f.result() for f in futs]
+
+    def _update_all(self, body: dict) -> None:
+        """``/update_weights_from_disk`` on every server, each sent again while SGLang refuses it only for
+        its cache flush (:func:`~relax_rollout.engines.wire.retry_flush_refused`)."""
+        send = self.request
+        futs = [
+            self._pool.submit(retry_flush_refused, lambda u=u: send(u, "/update_weights_from_disk", body))
+            for u in self.urls
+        ]
+        for f in futs:
+            f.result()
 
     # -- RolloutEngine ---------------------------------------------------------------------------
     @property
@@ -91,7 +105,8 @@ class ExternalEngine(ServerClient):
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         with self._lock, tempfile.TemporaryDirectory(prefix="relax-weights-") as d:
             save_safetensors(tensors, d)
-            self._all("/update_weights_from_disk", {"model_path": d, "weight_version": str(version)})
+            # requests paused in place still use SGLang's cache: it refuses to flush it then (HTTP 400)
+            self._update_all(disk_update_request(d, version, flush_cache=self._paused != "in_place"))
 
     def weights_checksum(self) -> str:
         """The servers' checksum (a relax extension); servers must agree."""
@@ -128,9 +143,11 @@ class ExternalEngine(ServerClient):
 
     def pause(self, mode: str = "abort") -> None:
         self._all("/pause_generation", pause_request(mode))
+        self._paused = mode
 
     def resume(self) -> None:
         self._all("/continue_generation", {})
+        self._paused = None
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """``/release_memory_occupation`` on every server (colocate: the trainer uses the GPUs next)."""

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,15 @@ from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here
     check_url,
     describe,
 )
-from relax_rollout.engines.wire import ServerError, generate_body, min_tokens, parse_reply, save_safetensors
+from relax_rollout.engines.wire import (
+    ServerError,
+    disk_update_request,
+    generate_body,
+    min_tokens,
+    parse_reply,
+    retry_flush_refused,
+    save_safetensors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -268,8 +277,11 @@ class EnginePool(PoolMembership):
                 m.inflight -= len(prompts)
                 self._cond.notify_all()
 
-    def update_weights(self, tensors: dict[str, Any], version: int) -> None:
-        """Keep ``tensors`` as the current weights (for newcomers) and load them on every serving member."""
+    def update_weights(self, tensors: dict[str, Any], version: int, flush_cache: bool = True) -> None:
+        """Keep ``tensors`` as the current weights (for newcomers) and load them on every serving member.
+        ``flush_cache=False`` while members hold requests paused in place (SGLang refuses the flush then);
+        an update refused only because the last requests were still being cleared is sent again
+        (:func:`~relax_rollout.engines.wire.retry_flush_refused`)."""
         with self._weights_lock:
             tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.weights_root))
             final = self.weights_root / f"v{version}-{uuid.uuid4().hex[:8]}"
@@ -281,9 +293,14 @@ class EnginePool(PoolMembership):
                 raise
             with self._cond:
                 targets = [m for m in self._members.values() if m.state in ("active", "draining")]
-            body = {"model_path": str(final), "weight_version": str(version)}
+            body = disk_update_request(str(final), version, flush_cache=flush_cache)
             futs = [
-                (m, self._exec.submit(self.request, m.url, "/update_weights_from_disk", body))
+                (
+                    m,
+                    self._exec.submit(
+                        retry_flush_refused, partial(self.request, m.url, "/update_weights_from_disk", body)
+                    ),
+                )
                 for m in targets
             ]
             # A member that did not load it is failed, a refusal (HTTP 400) included: SGLang refuses after a

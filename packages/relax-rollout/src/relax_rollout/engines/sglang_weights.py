@@ -39,6 +39,7 @@ others, and raises :class:`WeightUpdateFailed` when none took it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -59,6 +60,7 @@ from relax_rollout.engines.wire import (
     init_group_request,
     model_info,
     pause_request,
+    retry_flush_refused,
     tensor_metadata,
     tensor_update_request,
 )
@@ -190,8 +192,13 @@ class SGLangWeights:
         if mode == "distributed":
             self._update_distributed(self.served_names(tensors.items()), version)
             return
-        pool.update_weights(dict(self.served_names(tensors.items())), version)
+        pool.update_weights(dict(self.served_names(tensors.items())), version, flush_cache=self._may_flush())
         self.check_version(version)
+
+    def _may_flush(self) -> bool:
+        """Whether an update may flush SGLang's cache: not while requests are held paused in place (they
+        still use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
+        return self.engine._paused != "in_place"
 
     def served_names(self, named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         return served_names(named, self.engine.prefix)
@@ -214,24 +221,37 @@ class SGLangWeights:
             )
 
     # -- every engine, or none ----------------------------------------------------------------------------
-    def _update_all(self, path: str, body: Any, urls: list[str] | None = None) -> None:
+    def _update_all(
+        self, path: str, body: Any, urls: list[str] | None = None, send: Callable[..., Any] | None = None
+    ) -> None:
         """A weight update on every engine (or on ``urls``): one that fails it (refused, 5xx, died, timed
         out; see :func:`_failures`) is marked failed, the supervisor restarts it, and the others go on;
-        :class:`WeightUpdateFailed` when none took it."""
+        :class:`WeightUpdateFailed` when none took it. ``send(call)``: how each engine's call is made
+        (default: once)."""
         pool = self.engine.pool
         urls = [m.url for m in pool.active()] if urls is None else urls
-        failed = self._each(urls, path, body)
+        failed = self._each(urls, path, body, send)
         if urls and len(failed) == len(urls):
             raise WeightUpdateFailed(f"{path}: no engine took the update ({'; '.join(failed.values())})")
         if not pool.active():
             raise PoolError(f"{path}: no engine left serving: {self.engine.engines()}")
 
-    def _each(self, urls: Iterable[str], path: str, body: Any) -> dict[str, str]:
-        """``path`` on each of ``urls`` concurrently (``body``: the same for all, or a function of the url);
-        those that fail it are marked failed (restarted by the supervisor): ``{url: why}``."""
+    def _each(
+        self, urls: Iterable[str], path: str, body: Any, send: Callable[..., Any] | None = None
+    ) -> dict[str, str]:
+        """``path`` on each of ``urls`` concurrently (``body``: the same for all, or a function of the url;
+        ``send(call)``: how a call is made, default once); those that fail it are marked failed (restarted
+        by the supervisor): ``{url: why}``."""
         e = self.engine
+        send = send or (lambda call: call())
         futs = [
-            (url, e._exec.submit(e._call, url, path, body(url) if callable(body) else body)) for url in urls
+            (
+                url,
+                e._exec.submit(
+                    send, functools.partial(e._call, url, path, body(url) if callable(body) else body)
+                ),
+            )
+            for url in urls
         ]
         failed = {url: f"{path} failed: {type(x).__name__}: {x}" for url, x in _failures(futs)}
         for url, why in failed.items():
@@ -283,9 +303,8 @@ class SGLangWeights:
     def from_disk(self, model_path: str, version: int, abort_all_requests: bool = False) -> None:
         """Every engine loads the checkpoint directory ``model_path`` (readable by them) as ``version``; a
         restarted engine loads it too (the directory is the caller's and is never deleted)."""
-        self._update_all(
-            "/update_weights_from_disk", disk_update_request(model_path, version, abort_all_requests)
-        )
+        body = disk_update_request(model_path, version, abort_all_requests, flush_cache=self._may_flush())
+        self._update_all("/update_weights_from_disk", body, send=retry_flush_refused)
         self._updated(version, model_path)
 
     def from_tensor(
@@ -398,7 +417,7 @@ class SGLangWeights:
                     raise PoolError(f"no engine to update: {e.engines()}")
                 try:
                     group = self._form_group(urls, backend)
-                    flush = e._paused != "in_place"  # SGLang cannot flush a cache requests still use
+                    flush = self._may_flush()
                     with self._session(list(group.urls), pause=True) as opened:
                         if len(opened) < len(group.urls):  # one left: the broadcast would wait for it
                             self._drop_group()

@@ -22,9 +22,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 
@@ -46,6 +46,17 @@ class ServerError(RuntimeError):
         engine server's 503 ``Overloaded``): alive, ask again later — not a failure of the server."""
         overloaded = isinstance(self.body, dict) and self.body.get("type") == "Overloaded"
         return self.status == 429 or (self.status == 503 and overloaded)
+
+    @property
+    def flush_refused(self) -> bool:
+        """SGLang loaded the weights but refused to flush its cache, requests being still running or queued
+        (HTTP 400; its reported version stays the old one). Without a pause this happens right after the
+        last request ended: the scheduler removes a finished request from its running batch at its next
+        loop turn, and an update reaching it first is refused (measured against SGLang 0.5.23 with its prefix
+        cache on, both cores otherwise busy: 39 of 100 updates sent as a generation returned; it failed the
+        engine, a restart, until :func:`retry_flush_refused`)."""
+        msg = self.body.get("message") if isinstance(self.body, dict) else self.body
+        return self.status == 400 and isinstance(msg, str) and "cache was not flushed" in msg
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,25 @@ def http_json(
                 raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e
             time.sleep(retry_backoff_s * 2**attempt)
     raise AssertionError("unreachable")
+
+
+_T = TypeVar("_T")
+
+
+def retry_flush_refused(send: Callable[[], _T], within_s: float = 10.0) -> _T:
+    """``send()`` (an ``/update_weights_from_disk`` request), sent again while SGLang refuses it only for
+    its cache flush (:attr:`ServerError.flush_refused`), for up to ``within_s`` seconds: no new request
+    starts during the update (SGLang holds its update lock), so the scheduler's next loop turn clears the
+    finished ones. Loading the same directory again is idempotent."""
+    deadline, delay = time.monotonic() + within_s, 0.05
+    while True:
+        try:
+            return send()
+        except ServerError as e:
+            if not e.flush_refused or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 1.0)
 
 
 def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -151,6 +151,8 @@ class _FlushRefusingSGLang:
             def do_GET(self):
                 if self.path in ("/model_info", "/get_model_info"):
                     return self._answer(200, {"weight_version": stand_in.version})
+                if self.path == "/server_info":  # (launched with --disable-radix-cache, overlap on)
+                    return self._answer(200, {"disable_radix_cache": True, "disable_overlap_schedule": False})
                 self._answer(200, {})  # /health
 
             def do_POST(self):

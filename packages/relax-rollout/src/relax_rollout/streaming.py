@@ -63,6 +63,9 @@ class GroupStream:
                 "step's groups must fit in flight together"
             )
         engine = worker.engine
+        check = getattr(engine, "check_partial_rollout", None)
+        if r.partial_rollout and callable(check):  # servers launched by the user: their flags, checked first
+            check()
         self.batcher = (
             ContinuousBatcher(engine, max_running=self.limit * self.n)
             if isinstance(engine, TorchEngine)

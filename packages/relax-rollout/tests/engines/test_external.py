@@ -127,7 +127,7 @@ def test_config_field_and_validation():
 
 
 def test_updates_go_in_across_a_refused_cache_flush_and_without_a_flush_when_paused_in_place(
-    flush_refusing_sglang,
+    flush_refusing_sglang, caplog
 ):
     """SGLang servers launched by the user: a disk update refused only for its cache flush (requests that
     just ended, see ``flush_refusing_sglang``) is sent again, and under an in-place pause (partial rollout)
@@ -141,3 +141,65 @@ def test_updates_go_in_across_a_refused_cache_flush_and_without_a_flush_when_pau
     ext.resume()
     ext.update_weights({"w": torch.ones(2)}, 3)
     assert [b["flush_cache"] for b in sglang.bodies[2:]] == [False, True] and ext.weight_version == 3
+    # its launch flags (the field names are real SGLang's, test_sglang_real*.py): the overlap scheduler on
+    # only warns (a boundary token stamped one version late)
+    ext.check_partial_rollout()
+    assert "--disable-overlap-schedule" in caplog.text
+
+
+def test_our_engine_server_passes_the_partial_rollout_check(ext):
+    ext.check_partial_rollout()  # (no prefix cache, no launch flags to read)
+
+
+def test_a_server_at_its_request_bound_is_asked_again(tiny_model_dir, local):
+    """A server refusing a request as busy (our engine server's 503 Overloaded; SGLang's 503 "The request
+    queue is full.", test_sglang_real.py) is asked again after a pause, as the engine pool does; the
+    external engine raised the 503."""
+    from relax_core.testing import SlowEngine, in_background, wait_until
+    from relax_rollout.engines.torch_engine import TorchEngine
+    from relax_rollout.engines.wire import http_json
+    from relax_rollout.server.served import ServedEngine
+
+    engine = SlowEngine(TorchEngine(model_path=tiny_model_dir, eos_token_ids=[1], pad_token_id=0), 0.3)
+    served = ServedEngine(engine, max_queued_requests=1)
+    try:  # another client holds the one admitted request for ~2 s (8 decode steps of 0.3 s)
+        held = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        holder = in_background(http_json, served.url, "/generate", held)
+        wait_until(lambda: engine.versions, what="the other client's request generating")
+        p = SamplingParams(max_new_tokens=4, greedy=True)
+        got, want = (
+            ExternalEngine(urls=[served.url]).generate(PROMPTS[1:2], p),
+            local.generate(PROMPTS[1:2], p),
+        )
+        assert got[0].token_ids == want[0].token_ids
+        holder()
+        assert served.state.metrics.refused >= 1
+    finally:
+        served.close()
+
+
+def test_one_prompt_calls_go_to_the_least_loaded_servers_at_once(engine_server, tiny_model_dir, local):
+    """Streaming sends one prompt a call, many at once: each goes to the server with the fewest in flight,
+    and calls are not queued behind one another (they all went to the first server, two at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relax_core.testing import SlowEngine
+    from relax_rollout.engines.torch_engine import TorchEngine
+    from relax_rollout.server.served import ServedEngine
+
+    served = [
+        ServedEngine(
+            SlowEngine(TorchEngine(model_path=tiny_model_dir, eos_token_ids=[1], pad_token_id=0), 0.05)
+        )
+        for _ in range(2)
+    ]
+    try:
+        ext = ExternalEngine(urls=[s.url for s in served])
+        p = SamplingParams(max_new_tokens=4, greedy=True)
+        with ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda q: ext.generate([q], p)[0], PROMPTS * 2))
+        assert [g.token_ids for g in got] == [w.token_ids for w in local.generate(PROMPTS * 2, p)]
+        assert min(s.state.metrics.requests for s in served) >= 2  # (4 and 4 unless a call ends early)
+    finally:
+        for s in served:
+            s.close()

@@ -100,6 +100,22 @@ def test_generate_spreads_over_members_and_equals_one_engine(serve, local):
         pool.close()
 
 
+def test_one_prompt_calls_go_to_the_least_loaded_members(serve, local):
+    """Streaming sends one prompt a call, many at once: each goes to a member with the fewest in flight
+    (they all went to the first member, leaving the others idle)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    servers = [serve(delay=0.05) for _ in range(2)]
+    pool = EnginePool([s.url for s in servers])
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda p: pool.generate([p], GREEDY)[0], PROMPTS + PROMPTS[:1]))
+        _same_as_local(outs, local, prompts=PROMPTS + PROMPTS[:1])
+        assert min(m["served"] for m in pool.members()) >= 2  # (4 and 4 unless a call ends early)
+    finally:
+        pool.close()
+
+
 def test_member_dying_mid_batch_has_its_prompts_reissued(serve, local):
     fast, slow = serve(), serve(delay=0.05)
     failed = []

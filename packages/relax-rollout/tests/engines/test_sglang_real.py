@@ -31,6 +31,9 @@ EOS_ID = VOCAB.index(EOS)
 PROMPTS = [[5, 6, 7], [12, 3], [20, 21, 22, 23]]
 
 
+BOUNDS = {"max_running_requests": 8, "max_queued_requests": 8}
+
+
 @pytest.fixture(scope="module")
 def hf(tiny_model_dir):
     from transformers import AutoModelForCausalLM
@@ -56,8 +59,8 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
             "gpu_ids": ["3", "5"],
             # the overlap scheduler off, as a --partial-rollout run launches them (engine_factory.sglang_kwargs),
             # for exact per-token versions across an in-place pause; the prefix cache on, as SGLang's default
-            # (partial rollout turns it off: test_sglang_real_moe.py)
-            "server_args": {**sglang_cpu.SERVER_ARGS, "disable_overlap_schedule": True},
+            # (partial rollout turns it off: test_sglang_real_moe.py); request bounds no other test reaches
+            "server_args": {**sglang_cpu.SERVER_ARGS, "disable_overlap_schedule": True, **BOUNDS},
         },
     )
     yield eng
@@ -171,6 +174,39 @@ def test_pause_holds_new_requests_and_abort_ends_one(real):
         for url in real.urls:
             http_json(url, "/slow_down", {"forward_sleep_time": None})
     assert box["out"][0].finish_reason == "abort" and len(box["out"][0].token_ids) < 100
+
+
+def test_requests_beyond_sglang_s_queue_bound_are_asked_again_not_failed(real):
+    """SGLang 0.5.23 refuses a request beyond ``--max-queued-requests`` with 503 "The request queue is
+    full." (we had read 429): any 5xx failed the engine (a restart, its requests re-issued), so a burst over
+    the bound took engines down, and the external engine raised it. 42 single-prompt requests at once
+    (streaming sends one per response) at engines running 8 and queueing 8, through the pool and then the
+    external engine: every one comes back, some were refused and asked again, no engine failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relax_rollout.engines.external import ExternalEngine
+
+    before, pids = real.pool.stats(), [s["pid"] for s in real.engines()]
+    sp = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=1.0)
+    ext = ExternalEngine(urls=real.urls)  # (the same servers as the user's)
+    for url in real.urls:
+        http_json(url, "/slow_down", {"forward_sleep_time": 0.02})
+    try:
+        for engine in (real, ext):
+            with ThreadPoolExecutor(40) as ex:
+                outs = list(ex.map(lambda p, e=engine: e.generate([p], sp)[0], PROMPTS * 14))
+            assert len(outs) == 42 and all(
+                o.finish_reason == "length" and len(o.token_ids) == 8 for o in outs
+            )
+    finally:
+        for url in real.urls:
+            http_json(url, "/slow_down", {"forward_sleep_time": None})
+    after = real.pool.stats()
+    assert after["busy_retries"] > before["busy_retries"] and after["failures"] == before["failures"]
+    assert [s["pid"] for s in real.engines()] == pids
+    print(
+        f"pool requests refused at the queue bound, asked again: {after['busy_retries'] - before['busy_retries']}"
+    )
 
 
 def test_disk_update_loads_the_checkpoint(real, hf, tmp_path):
@@ -329,6 +365,25 @@ def test_partial_rollout_pauses_in_place_and_requests_go_on_with_each_token_stam
     assert switched, "no request was decoding during the update: the test did not test the overlap"
     load(hf, head)
     print(f"requests going on across the update: {switched} of {len(outs)}")
+
+
+def test_partial_rollout_refuses_user_launched_sglang_running_its_prefix_cache(real):
+    """SGLang servers the user launched (the ``external`` engine) run with the flags they were given: a
+    --partial-rollout stream reads them from ``/server_info`` before it starts and refuses these (SGLang's
+    prefix cache on), naming each server and the flag to relaunch with."""
+    from types import SimpleNamespace
+
+    from relax_core.cli_config import build_config
+    from relax_rollout.engines.external import ExternalEngine
+    from relax_rollout.streaming import GroupStream
+
+    flags = ["--prompt-data", "p", "--hf-checkpoint", "m", "--fully-async", "--streaming-rollout"]
+    cfg = build_config(None, [*flags, "--partial-rollout"])
+    ext = ExternalEngine(urls=real.urls)
+    with pytest.raises(ValueError, match="--disable-radix-cache") as exc:
+        GroupStream(SimpleNamespace(cfg=cfg, engine=ext))
+    assert all(url in str(exc.value) for url in real.urls)
+    GroupStream(SimpleNamespace(cfg=build_config(None, flags), engine=ext)).close()  # without partial rollout
 
 
 def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf, monkeypatch):

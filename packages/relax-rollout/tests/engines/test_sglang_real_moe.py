@@ -160,3 +160,12 @@ def test_a_disk_update_under_an_in_place_pause_goes_in_and_no_prompt_is_served_f
     assert [s["pid"] for s in real.engines()] == pids
     real.check_weight_version(before + 1)
     assert_served_by(real, new)
+
+
+def test_user_launched_sglang_with_the_partial_rollout_flags_passes_the_check(real, caplog):
+    """The same check on a server launched without the prefix cache and the overlap scheduler (what
+    test_sglang_real.py's engines, with the cache on, fail): nothing refused, nothing warned."""
+    from relax_rollout.engines.external import ExternalEngine
+
+    ExternalEngine(urls=real.urls).check_partial_rollout()
+    assert "partial-rollout" not in caplog.text

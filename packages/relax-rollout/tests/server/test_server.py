@@ -765,6 +765,12 @@ def test_completions_tokenize_and_info_as_sglang_serves_them(engine_server, call
         model="default", prompt=tok["tokens"], max_tokens=4, temperature=0, stream=True
     )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == done.choices[0].text
+    # SGLang's extra sampling keys: their neutral values pass, others are refused by name (were ignored)
+    body = {"prompt": "1+2=", "max_tokens": 2, "temperature": 0}
+    assert call(engine_server, "/v1/completions", {**body, "top_k": -1, "repetition_penalty": 1.0})[0] == 200
+    for key, value in (("top_k", 5), ("min_p", 0.1), ("repetition_penalty", 1.2)):
+        code, err = call(engine_server, "/v1/completions", {**body, key: value})
+        assert code == 400 and key in str(err), (key, err)
     code, info = call(engine_server, "/server_info")
     assert code == 200 and info["context_length"] == 128 and info["version"].startswith("relax-rollout")
     import urllib.request

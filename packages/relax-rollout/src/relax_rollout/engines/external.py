@@ -16,12 +16,14 @@ models). For large models, ``connect_dcs`` makes every server join the trainer's
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
+from relax_rollout.engines.pool import BUSY_BACKOFF_S, BUSY_TIMEOUT_S
 from relax_rollout.engines.wire import (
     ServerClient,
     ServerError,
@@ -33,10 +35,14 @@ from relax_rollout.engines.wire import (
     parse_reply,
     pause_request,
     retry_flush_refused,
+    retry_while,
     sampling_dict,
     save_safetensors,
+    server_info,
     version_number,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class ExternalEngine(ServerClient):
@@ -60,6 +66,8 @@ class ExternalEngine(ServerClient):
         )
         self._lock = threading.Lock()
         self._paused: str | None = None  # the pause mode the servers are in (None: generating)
+        self._lock_inflight = threading.Lock()
+        self._inflight = dict.fromkeys(self.urls, 0)  # prompts in flight per server
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
@@ -94,13 +102,32 @@ class ExternalEngine(ServerClient):
         mins = min_tokens(params, len(prompts))
         n = len(self.urls)
         size = -(-len(prompts) // n)
-        chunks = [(u, i, i + size) for u, i in zip(self.urls, range(0, len(prompts), size))]
+        with self._lock_inflight:  # the least loaded servers first (streaming sends one prompt a call)
+            urls = sorted(self.urls, key=lambda u: self._inflight[u])
+            chunks = [(u, i, min(i + size, len(prompts))) for u, i in zip(urls, range(0, len(prompts), size))]
+            for u, lo, hi in chunks:
+                self._inflight[u] += hi - lo
 
         def run(url: str, lo: int, hi: int) -> list[dict]:
-            return self.request(url, "/generate", generate_body(prompts[lo:hi], params, mins[lo:hi]))
+            body = generate_body(prompts[lo:hi], params, mins[lo:hi])
+            # a server at its request bound (ServerError.busy) is asked again, as the engine pool does
+            return retry_while(
+                lambda: self.request(url, "/generate", body),
+                lambda e: e.busy,
+                BUSY_TIMEOUT_S,
+                BUSY_BACKOFF_S,
+                BUSY_BACKOFF_S,
+            )
 
-        futs = [self._pool.submit(run, *c) for c in chunks]
-        return [o for (_, lo, hi), f in zip(chunks, futs) for o in parse_reply(f.result(), prompts[lo:hi])]
+        futs = [self._pool.submit(run, *c) for c in chunks[1:]]
+        try:  # the first chunk in the caller's thread: concurrent callers are not queued behind the pool
+            replies = [run(*chunks[0]), *(f.result() for f in futs)]
+        finally:
+            wait(futs)
+            with self._lock_inflight:
+                for u, lo, hi in chunks:
+                    self._inflight[u] -= hi - lo
+        return [o for (_, lo, hi), r in zip(chunks, replies) for o in parse_reply(r, prompts[lo:hi])]
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         with self._lock, tempfile.TemporaryDirectory(prefix="relax-weights-") as d:
@@ -140,6 +167,33 @@ class ExternalEngine(ServerClient):
         ]
         for f in futs:
             f.result()
+
+    def check_partial_rollout(self) -> None:
+        """--partial-rollout on SGLang servers the user launched (we cannot set their flags), from their
+        ``/server_info``: ``ValueError`` for a server with its prefix (radix) cache on — an update under the
+        in-place pause cannot flush it, and later prompts sharing a cached prefix would be served from KV
+        of the old weights under the new version (measured against SGLang 0.5.23: a log-prob 3.1 nats off);
+        a warning for one with its overlap scheduler on (each update's boundary token stamped one token
+        late, see :func:`relax_rollout.engine_factory.sglang_kwargs`)."""
+        futs = [(u, self._pool.submit(server_info, u, self.token, self.timeout_s)) for u in self.urls]
+        radix = []
+        for url, fut in futs:
+            info = fut.result()
+            if info.get("disable_radix_cache") is False:
+                radix.append(url)
+            if info.get("disable_overlap_schedule") is False:
+                logger.warning(
+                    "--partial-rollout: the SGLang server %s runs its overlap scheduler, under which the token "
+                    "in flight at each update is stamped with the new version although the old weights "
+                    "sampled it; relaunch it with --disable-overlap-schedule for exact versions",
+                    url,
+                )
+        if radix:
+            raise ValueError(
+                f"--partial-rollout: the SGLang servers {', '.join(radix)} run their prefix (radix) cache, "
+                "which an update under the in-place pause cannot flush, so prompts would be served from KV "
+                "of the old weights; relaunch them with --disable-radix-cache"
+            )
 
     def pause(self, mode: str = "abort") -> None:
         self._all("/pause_generation", pause_request(mode))

@@ -67,7 +67,7 @@ from relax_rollout.engines.wire import (
 logger = logging.getLogger(__name__)
 
 BUSY_BACKOFF_S = 0.5
-"""Pause before asking members at their request bound again (429 / 503 Overloaded)."""
+"""Pause before asking members at their request bound again (:attr:`~relax_rollout.engines.wire.ServerError.busy`)."""
 BUSY_TIMEOUT_S = 600.0
 """How long refusals alone may go on before a generate fails (no member failed, none answered)."""
 
@@ -241,10 +241,14 @@ class EnginePool(PoolMembership):
         return results  # type: ignore[return-value]
 
     def _assign(self, todo: list[int], total: int) -> list[tuple[Member, list[int]]]:
-        """Contiguous chunks of ``todo`` over the active members; counts them in flight at once (so a drain
-        that starts now waits for them)."""
+        """Contiguous chunks of ``todo`` over the active members, the least loaded first (a call of fewer
+        prompts than members — streaming sends one per response — goes to those with the fewest in
+        flight; it went to the first member, always); counts them in flight at once (so a drain that
+        starts now waits for them)."""
         with self._cond:
-            live = [m for m in self._members.values() if m.state == "active"]
+            live = sorted(
+                (m for m in self._members.values() if m.state == "active"), key=lambda m: m.inflight
+            )
             if not live:
                 raise NoActiveEngine(
                     f"no active engine left for {len(todo)} of {total} prompt(s): {self._summary()}"

@@ -32,6 +32,10 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
 
 
+SGLANG_BUSY_MESSAGES = ("The request queue is full.", "aborted by a higher priority request")
+"""What SGLang 0.5.23 says with the 503 of a request refused at its queue bound (``scheduler.py``)."""
+
+
 class ServerError(RuntimeError):
     """The server answered with an HTTP error; ``status`` and ``body`` carry its reply."""
 
@@ -42,10 +46,19 @@ class ServerError(RuntimeError):
 
     @property
     def busy(self) -> bool:
-        """The server is at its bound on requests (SGLang's 429 under ``--max-queued-requests``, our
-        engine server's 503 ``Overloaded``): alive, ask again later — not a failure of the server."""
-        overloaded = isinstance(self.body, dict) and self.body.get("type") == "Overloaded"
-        return self.status == 429 or (self.status == 503 and overloaded)
+        """The server is at its bound on requests: alive, ask again later — not a failure of the server.
+        SGLang 0.5.23 under ``--max-queued-requests`` answers 503 "The request queue is full." (its
+        scheduler's ``_abort_on_queued_limit``; with priority scheduling a queued request it evicts gets
+        503 "...aborted by a higher priority request."), earlier SGLang 429, our engine server 503
+        ``Overloaded``."""
+        if self.status == 429:
+            return True
+        if self.status != 503:
+            return False
+        if isinstance(self.body, dict) and self.body.get("type") == "Overloaded":
+            return True
+        msg = self.body.get("message") if isinstance(self.body, dict) else self.body
+        return isinstance(msg, str) and any(m in msg for m in SGLANG_BUSY_MESSAGES)
 
     @property
     def flush_refused(self) -> bool:
@@ -111,20 +124,42 @@ def http_json(
 _T = TypeVar("_T")
 
 
+def retry_while(
+    send: Callable[[], _T],
+    refused: Callable[[ServerError], bool],
+    within_s: float,
+    delay_s: float = 0.05,
+    max_delay_s: float = 1.0,
+) -> _T:
+    """``send()``, sent again while the server refuses it in a way ``refused`` says passes (back-off from
+    ``delay_s`` doubling up to ``max_delay_s``), for up to ``within_s`` seconds; then its last error."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return send()
+        except ServerError as e:
+            if not refused(e) or time.monotonic() + delay_s > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(2 * delay_s, max_delay_s)
+
+
 def retry_flush_refused(send: Callable[[], _T], within_s: float = 10.0) -> _T:
     """``send()`` (an ``/update_weights_from_disk`` request), sent again while SGLang refuses it only for
     its cache flush (:attr:`ServerError.flush_refused`), for up to ``within_s`` seconds: no new request
     starts during the update (SGLang holds its update lock), so the scheduler's next loop turn clears the
     finished ones. Loading the same directory again is idempotent."""
-    deadline, delay = time.monotonic() + within_s, 0.05
-    while True:
-        try:
-            return send()
-        except ServerError as e:
-            if not e.flush_refused or time.monotonic() + delay > deadline:
-                raise
-        time.sleep(delay)
-        delay = min(2 * delay, 1.0)
+    return retry_while(send, lambda e: e.flush_refused, within_s)
+
+
+def server_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
+    """SGLang's ``/server_info`` (its launch flags among others); ``{}`` from a server without the route."""
+    try:
+        return http_json(url, "/server_info", None, token, timeout_s) or {}
+    except ServerError as e:
+        if e.status != 404:
+            raise
+    return {}
 
 
 def model_info(url: str, token: str | None = None, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -109,7 +109,8 @@ class EngineServer:
     one more is refused at once with HTTP 503, SGLang's error body and ``Retry-After: 1``, and counted in
     ``relax:num_refused_requests_total``. None: no bound (each waits its turn, as before). SGLang's flag of
     the same name bounds its scheduler's waiting queue only (beside ``--max-running-requests``) and refuses
-    with 429; this server has no running bound of its own, so it bounds both together."""
+    with 503 "The request queue is full." (0.5.23; 429 before); this server has no running bound of its own,
+    so it bounds both together."""
     no_media: str = field(default="", init=False)
     """Why chat images are refused (when ``media`` is None)."""
     context_len: int | None = field(default=None, init=False)

@@ -130,7 +130,9 @@ def completions(s: EngineServer, body: Any):
         if body.get(key) not in (None, False, {}, 1 if key == "best_of" else None):
             raise BadRequest(key, "is not supported by this server")
     sp = {"max_new_tokens": body.get("max_tokens") or COMPLETIONS_DEFAULT_MAX_TOKENS}
-    sp |= protocol.openai_sampling(body)
+    # (SGLang's completions take top_k, min_p and repetition_penalty too: refused unless neutral, never
+    # silently ignored)
+    sp |= protocol.openai_sampling(body, protocol.OPENAI_SAMPLING + protocol.NEUTRAL_ONLY)
     params, min_new = protocol.parse_sampling(sp, "body")
     params = SamplingParams(**{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": logprobs or 0})
     every = [p for p in prompts for _ in range(n)]

@@ -542,7 +542,7 @@ OPENAI_SAMPLING = (
 )
 """(SGLang's sampling key, OpenAI's field) of the sampling fields both OpenAI routes take."""
 NEUTRAL_ONLY = (("top_k", "top_k"), ("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"))
-"""More keys chat passes on, for their neutral values only (see :data:`NEUTRAL`)."""
+"""More keys chat and completions pass on, for their neutral values only (see :data:`NEUTRAL`)."""
 
 
 def openai_sampling(body: dict, keys: tuple[tuple[str, str], ...] = OPENAI_SAMPLING) -> dict[str, Any]:

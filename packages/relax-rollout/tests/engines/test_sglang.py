@@ -38,14 +38,16 @@ from relax_rollout.engines.wire import (  # noqa: E402
     RoutingInfo,
     abort_request,
     decode_routed_experts,
-    disk_update_request,
-    distributed_update_request,
     generate_body,
     http_json,
-    init_group_request,
     media_fields,
     parse_reply,
     pause_request,
+)
+from relax_rollout.engines.wire_weights import (  # noqa: E402
+    disk_update_request,
+    distributed_update_request,
+    init_group_request,
     tensor_metadata,
     tensor_update_request,
 )
@@ -346,9 +348,9 @@ def test_tensor_requests_have_sglang_field_names_and_refuse_host_tensors(monkeyp
     named = [("w", torch.arange(6.0).reshape(2, 3)), ("b", torch.tensor([1, 2], dtype=torch.int64))]
     with pytest.raises(ValueError, match=r"2 tensors are in host memory \(w, b\).*'distributed' or 'disk'"):
         tensor_update_request(named, 3, 2, flush_cache=False)
-    import relax_rollout.engines.wire as wire
+    import relax_rollout.engines.wire_weights as wire_weights
 
-    monkeypatch.setattr(wire, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
+    monkeypatch.setattr(wire_weights, "serialize_named_tensors", lambda named: "payload")  # (a GPU's handles)
     body = tensor_update_request(named, 3, 2, flush_cache=False)
     assert set(body) <= UPDATE_WEIGHTS_FROM_TENSOR_REQ_INPUT and body["weight_version"] == "3"
     assert body["serialized_named_tensors"] == ["payload", "payload"]  # one entry per TP rank
@@ -361,10 +363,10 @@ def test_each_tp_rank_gets_tensors_on_its_own_device(monkeypatch):
     tensors, ``torch.device('cuda', i)`` objects; the IPC handles themselves need a GPU.)"""
     from types import SimpleNamespace
 
-    import relax_rollout.engines.wire as wire
+    import relax_rollout.engines.wire_weights as wire_weights
 
     seen: list[list] = []
-    monkeypatch.setattr(wire, "serialize_named_tensors", lambda named: seen.append(named) or "p")
+    monkeypatch.setattr(wire_weights, "serialize_named_tensors", lambda named: seen.append(named) or "p")
     w = torch.ones(2, 3)
     body = tensor_update_request([("w", w)], 4, [torch.device("cpu"), torch.device("meta")])
     assert body["serialized_named_tensors"] == ["p", "p"]

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from relax_core.dcs import checksum  # noqa: E402
-from relax_rollout.engines.wire import tensor_update_request  # noqa: E402
+from relax_rollout.engines.wire_weights import tensor_update_request  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_receiver import receive_main, sglang_site  # noqa: E402

@@ -430,7 +430,7 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     flattened bucket — and they are applied with the request that carries weight_version."""
     from relax_core.dcs import free_port
     from relax_rollout.engines import weight_group as wg
-    from relax_rollout.engines.wire import distributed_update_request, tensor_metadata
+    from relax_rollout.engines.wire_weights import distributed_update_request, tensor_metadata
 
     assert (
         call(

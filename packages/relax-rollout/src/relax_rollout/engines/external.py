@@ -27,9 +27,7 @@ from relax_rollout.engines.pool import BUSY_BACKOFF_S, BUSY_TIMEOUT_S
 from relax_rollout.engines.wire import (
     ServerClient,
     ServerError,
-    disk_update_request,
     generate_body,
-    init_group_request,
     min_tokens,
     model_info,
     parse_reply,
@@ -37,10 +35,10 @@ from relax_rollout.engines.wire import (
     retry_flush_refused,
     retry_while,
     sampling_dict,
-    save_safetensors,
     server_info,
     version_number,
 )
+from relax_rollout.engines.wire_weights import disk_update_request, init_group_request, save_safetensors
 
 logger = logging.getLogger(__name__)
 

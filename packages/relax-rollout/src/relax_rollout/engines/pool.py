@@ -56,13 +56,12 @@ from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here
 )
 from relax_rollout.engines.wire import (
     ServerError,
-    disk_update_request,
     generate_body,
     min_tokens,
     parse_reply,
     retry_flush_refused,
-    save_safetensors,
 )
+from relax_rollout.engines.wire_weights import disk_update_request, save_safetensors
 
 logger = logging.getLogger(__name__)
 

@@ -53,14 +53,11 @@ from urllib.parse import urlparse
 from relax_rollout.engines.expert_names import unfuse_experts
 from relax_rollout.engines.pool import PoolError
 from relax_rollout.engines.processes import _free_port
-from relax_rollout.engines.wire import (
-    ServerError,
+from relax_rollout.engines.wire import ServerError, model_info, pause_request, retry_flush_refused
+from relax_rollout.engines.wire_weights import (
     disk_update_request,
     distributed_update_request,
     init_group_request,
-    model_info,
-    pause_request,
-    retry_flush_refused,
     tensor_metadata,
     tensor_update_request,
 )

@@ -1,0 +1,135 @@
+"""The rules of a :class:`~relax_core.config.RelaxConfig` that span its sections (batch sizes against
+samples, modes against placement, parallel sizes against GPUs, streaming against what it serves), each
+refusal saying what to change.
+
+Why apart from :mod:`relax_core.config`: that module declares the fields, one docstring each; the rules
+between them read better together here, and each module stays short.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_core.config import RelaxConfig
+
+
+def check(cfg: RelaxConfig) -> None:
+    """Raise ``ValueError`` naming the flags to change when ``cfg``'s sections disagree."""
+    per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+    gbs = cfg.train.global_batch_size
+    if gbs is not None and per_rollout % gbs != 0:
+        raise ValueError(
+            f"--global-batch-size ({gbs}) must divide --rollout-batch-size × --n-samples-per-prompt "
+            f"({cfg.rollout.rollout_batch_size} × {cfg.rollout.n_samples_per_prompt} = {per_rollout})"
+        )
+    if cfg.rollout.dynamic_sampling and cfg.rollout.n_samples_per_prompt < 2:
+        raise ValueError(
+            "--dynamic-sampling needs --n-samples-per-prompt >= 2: a group of one response never has "
+            f"differing rewards (got {cfg.rollout.n_samples_per_prompt})"
+        )
+    if cfg.run.mode == "colocate" and cfg.run.max_staleness > 0:
+        raise ValueError(
+            f"--max-staleness {cfg.run.max_staleness} needs --fully-async: colocate mode is strictly "
+            "on-policy (staleness 0)"
+        )
+    if cfg.run.offload and cfg.run.mode != "colocate":
+        raise ValueError(
+            "--offload time-shares the devices between rollout and training in colocate mode; with "
+            "--fully-async every role has devices of its own: drop --offload"
+        )
+    t = cfg.train
+    if t.train_backend == "megatron":
+        world = t.actor_num_nodes * t.actor_num_gpus_per_node
+        sizes = (
+            t.tensor_model_parallel_size,
+            t.pipeline_model_parallel_size,
+            t.context_parallel_size,
+            t.expert_model_parallel_size,
+            t.expert_tensor_parallel_size or 1,
+        )
+        if world == 0 and max(sizes) > 1:
+            raise ValueError(
+                "--train-backend megatron with model parallelism runs on GPUs: set "
+                "--actor-num-gpus-per-node (≥ 1); without GPUs each role is one CPU process (all "
+                "parallel sizes 1)"
+            )
+        world = world or 1
+        mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+        if world % mp:
+            raise ValueError(
+                f"--actor-num-nodes × --actor-num-gpus-per-node ({world} GPUs) must be a multiple of TP × PP × "
+                f"CP ({t.tensor_model_parallel_size} × {t.pipeline_model_parallel_size} × "
+                f"{t.context_parallel_size} = {mp}); the rest is data parallelism"
+            )
+        etp = t.expert_tensor_parallel_size or t.tensor_model_parallel_size
+        if (world // t.pipeline_model_parallel_size) % (t.expert_model_parallel_size * etp):
+            raise ValueError(
+                f"expert parallelism: EP × expert TP ({t.expert_model_parallel_size} × {etp}) must divide the "
+                f"GPUs of one pipeline stage ({world // t.pipeline_model_parallel_size})"
+            )
+    if t.use_distributed_optimizer and t.train_backend != "megatron":
+        raise ValueError(
+            "--use-distributed-optimizer shards the optimizer over the megatron backend's data-parallel "
+            "replicas: add --train-backend megatron, or drop it"
+        )
+    r = cfg.rollout
+    if r.rollout_backend == "sglang" and (
+        r.rollout_num_gpus == 0 or r.rollout_num_gpus % r.rollout_num_gpus_per_engine
+    ):
+        raise ValueError(
+            f"--rollout-backend sglang: --rollout-num-gpus ({r.rollout_num_gpus}) must be a positive multiple of "
+            f"--rollout-num-gpus-per-engine ({r.rollout_num_gpus_per_engine})"
+        )
+    if (r.rollout_engines or r.elastic_port is not None) and cfg.run.mode != "fully_async":
+        raise ValueError(
+            "--rollout-engines / --elastic-port need --fully-async: engine processes and the elastic API "
+            "live on the Ray cluster"
+        )
+    if (
+        r.elastic_port is not None
+        and r.elastic_host not in ("127.0.0.1", "localhost", "::1")
+        and not (r.elastic_token)
+    ):
+        raise ValueError(
+            f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"
+        )
+    if r.streaming_rollout or r.partial_rollout or r.mask_offpolicy_in_partial_rollout:
+        _check_streaming(cfg)
+    if (cfg.data.prompt_data is None) != (cfg.model.hf_checkpoint is None):
+        raise ValueError(
+            "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
+            "for the built-in CPU demo"
+        )
+
+
+def _check_streaming(cfg: RelaxConfig) -> None:
+    """--streaming-rollout / --partial-rollout: what they serve today, refused otherwise with the reason."""
+    r = cfg.rollout
+    if r.partial_rollout and not r.streaming_rollout:
+        raise ValueError(
+            "--partial-rollout continues responses across weight updates: add --streaming-rollout"
+        )
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
+        raise ValueError("--mask-offpolicy-in-partial-rollout masks what --partial-rollout continues: add it")
+    if r.partial_rollout and r.sglang_server_args.get("disable_radix_cache") is False:
+        raise ValueError(
+            "--partial-rollout with SGLang's radix cache (--sglang-server-args disable_radix_cache: false): "
+            "an update under an in-place pause cannot flush that cache, so prompts sharing a cached prefix "
+            "would be served from KV of the old weights under the new version; drop disable_radix_cache "
+            "from --sglang-server-args (partial rollout turns the cache off)"
+        )
+    off = [
+        flag
+        for flag, on in (
+            ("--dynamic-sampling", r.dynamic_sampling),
+            ("--env-path", r.env_path is not None),
+            ("--multimodal-keys", bool(cfg.data.multimodal_keys)),
+        )
+        if on
+    ]
+    if cfg.run.mode != "fully_async" or off:
+        raise ValueError(
+            "--streaming-rollout streams single-turn text groups in --fully-async runs"
+            + (f"; it does not combine with {', '.join(off)} yet" if off else ": add --fully-async")
+        )

@@ -38,11 +38,12 @@ SGLANG_BUSY_MESSAGES = ("The request queue is full.", "aborted by a higher prior
 
 
 class ServerError(RuntimeError):
-    """The server answered with an HTTP error; ``status`` and ``body`` carry its reply."""
+    """The server answered with an HTTP error; ``status`` and ``body`` carry its reply, ``message`` the
+    body's message (the body itself when it is not a JSON object)."""
 
     def __init__(self, url: str, status: int, body: Any):
-        msg = body.get("message") if isinstance(body, dict) else body
-        super().__init__(f"{url} answered HTTP {status}: {msg}")
+        self.message = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{url} answered HTTP {status}: {self.message}")
         self.status, self.body = status, body
 
     @property
@@ -58,7 +59,7 @@ class ServerError(RuntimeError):
             return False
         if isinstance(self.body, dict) and self.body.get("type") == "Overloaded":
             return True
-        msg = self.body.get("message") if isinstance(self.body, dict) else self.body
+        msg = self.message
         return isinstance(msg, str) and any(m in msg for m in SGLANG_BUSY_MESSAGES)
 
     @property
@@ -69,7 +70,7 @@ class ServerError(RuntimeError):
         loop turn, and an update reaching it first is refused (measured against SGLang 0.5.23 with its prefix
         cache on, both cores otherwise busy: 39 of 100 updates sent as a generation returned; it failed the
         engine, a restart, until :func:`retry_flush_refused`)."""
-        msg = self.body.get("message") if isinstance(self.body, dict) else self.body
+        msg = self.message
         return self.status == 400 and isinstance(msg, str) and "cache was not flushed" in msg
 
 

@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
 from relax_core.cli_config import build_config  # noqa: E402
+from relax_core.dcs_transport import free_port  # noqa: E402
 from relax_core.testing import (  # noqa: E402
     tiny_omni_thinker_config,
     tiny_qwen3_config,
@@ -150,7 +151,7 @@ class _Ranks:
                 )
                 for r, log in enumerate(self.logs)
             ]
-        port = _free_port()
+        port = free_port()
         answers: list[str | None] = [None] * self.world
 
         def answer(r: int, proc: subprocess.Popen) -> None:
@@ -183,14 +184,6 @@ class _Ranks:
                 p.kill()
                 p.wait(timeout=30)
         self.procs = []
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _RANKS = {world: _Ranks(world) for world in (1, 2)}

@@ -25,8 +25,8 @@ STEPS = 8
 
 def _cfg(inputs, out, *extra):
     """8 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a global
-    restart resumes from)."""
-    run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=4, trace=False)
+    restart resumes from); two optimizer steps per batch, so ActorFwd runs (the roles killed below)."""
+    run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=4, trace=False, global_batch_size=4)
     ckpt = dict(save=Path(out) / "ckpt", save_interval=1)
     argv = run_flags(inputs, out, "--fully-async", *extra, max_staleness=1, **run, **ckpt)
     return build_config(None, argv)

@@ -27,7 +27,10 @@ _dead_url = dead_json_url
 
 
 def _config(inputs, out: Path, *flags):
-    argv = run_flags(inputs, out, *flags, num_rollout=STEPS, eval_interval=2, kl_coef=0.01)
+    # two optimizer steps per batch: ActorFwd runs (its phases are checked)
+    argv = run_flags(
+        inputs, out, *flags, num_rollout=STEPS, eval_interval=2, kl_coef=0.01, global_batch_size=8
+    )
     return build_config(None, argv)
 
 

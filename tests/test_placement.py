@@ -34,7 +34,10 @@ GPU_RUN = [
 
 
 def test_each_role_demands_its_gpus_and_too_many_is_refused_naming_each():
-    cfg = build_config(None, [*GPU_RUN, "--use-actor-fwd"])
+    # ActorFwd holds GPUs only where it runs: several optimizer steps per batch (one: π_prox comes from the
+    # training forward)
+    assert gpu_demand(build_config(None, GPU_RUN)) == {"rollout": 2, "actor": 2}
+    cfg = build_config(None, [*GPU_RUN, "--use-actor-fwd", "--global-batch-size", "64"])
     assert gpu_demand(cfg) == {"rollout": 2, "actor": 2, "actor_fwd": 2}
     check_gpu_demand(gpu_demand(cfg), 6)
     with pytest.raises(

@@ -21,9 +21,25 @@ def consumers(p: RolePlan) -> dict[str, tuple[list[str], str, bool]]:
     }
 
 
-def test_the_default_run_actor_fwd_and_no_reference():
-    p = plan()
-    assert list(p.roles) == ["rollout", "actor_fwd", "advantages", "actor"]
+def test_the_default_run_takes_pi_prox_from_the_training_forward_no_actor_fwd_no_reference():
+    """One optimizer step per batch (the default): π_prox is the training forward's own log-probs, so no
+    ActorFwd runs, in either mode and at any staleness (π_prox is exact); the trainer needs advantages only."""
+    for flags in ((), ("--fully-async", "--max-staleness", "2")):
+        p = plan(*flags)
+        assert list(p.roles) == ["rollout", "advantages", "actor"]
+        assert p.loops == ["advantages"] and p.receivers == ["rollout"]
+        assert consumers(p) == {
+            "advantages": (["reward"], "group", False),
+            "actor": (["advantages"], "group", True),
+        }
+
+
+def test_several_optimizer_steps_per_batch_run_actor_fwd():
+    """Later optimizer steps need π_prox at the weights before the first update: ActorFwd computes it. So
+    does fully async without the exact proximal policy (ActorFwd's values as they are)."""
+    for flags in (("--global-batch-size", "64"), ("--fully-async", "--no-exact-proximal-policy")):
+        p = plan(*flags)
+        assert list(p.roles) == ["rollout", "actor_fwd", "advantages", "actor"], flags
     assert p.loops == ["actor_fwd", "advantages"]
     assert p.receivers == ["rollout", "actor_fwd"]  # DCS rank 1 is the rollout, rank 2 ActorFwd
     assert consumers(p) == {
@@ -42,7 +58,10 @@ def test_a_kl_loss_adds_the_reference_and_the_trainer_waits_for_it():
 
 
 def test_kl_in_the_reward_and_a_teacher():
-    p = plan("--kl-coef", "0.05", "--kl-in-reward", "--no-use-kl-loss", "--teacher-checkpoint", "t")
+    p = plan(
+        "--kl-coef", "0.05", "--kl-in-reward", "--no-use-kl-loss", "--teacher-checkpoint", "t",
+        "--global-batch-size", "64",
+    )  # fmt: skip
     assert p.loops == ["actor_fwd", "reference", "teacher", "advantages"]
     c = consumers(p)
     assert c["advantages"] == (["reward", "ref_log_probs"], "group", False)  # the KL shapes the reward first

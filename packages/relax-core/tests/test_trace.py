@@ -139,3 +139,34 @@ def test_spans_from_different_processes_line_up():
     gen, train = sorted(events, key=lambda e: e["name"])
     assert gen["name"] == "generate" and train["name"] == "train" and gen["pid"] != train["pid"]
     assert gen["ts"] <= train["ts"] and train["ts"] + train["dur"] <= gen["ts"] + gen["dur"]
+
+
+def test_core_busy_share_counts_each_role_s_work_once_over_the_machine():
+    """Two cores, 10 s from the first span to the last: the rollout generates 0–6 s in two overlapping group
+    spans (one process: 6 s, not 8) and scores 5–7 s (overlaps its generation: 7 s in all); the trainer
+    waits 0–4 s (not work) and trains 4–10 s. 13 role-seconds of 20 core-seconds."""
+    from relax_core.trace import chrome_trace, core_busy_share
+
+    s = 1_000_000_000
+
+    def span(role, name, t0, t1):
+        return {
+            "name": name,
+            "role": role,
+            "thread": "t",
+            "start_ns": t0 * s,
+            "dur_ns": (t1 - t0) * s,
+            "args": {},
+        }
+
+    trace = chrome_trace(
+        [
+            span("rollout", "generate", 0, 4),
+            span("rollout", "generate", 2, 6),
+            span("rollout", "reward", 5, 7),
+            span("actor", "wait_for_data", 0, 4),
+            span("actor", "train", 4, 10),
+        ]
+    )
+    got = core_busy_share(trace, cores=2)
+    assert got == {"role_s": 13.0, "wall_s": 10.0, "share": 0.65}

@@ -110,6 +110,47 @@ def test_concurrency_runs_calls_in_parallel():
     assert 1 < active["max"] <= 3
 
 
+def test_a_batch_of_cheap_calls_runs_on_a_few_threads_not_one_per_call(monkeypatch):
+    """A thread per call cost ~20x an exact-match reward: a batch now starts a runner or two, each taking
+    calls in turn, and still scores every sample in order. (Before: 256 threads for 256 samples.)"""
+    started = []
+    real_start = threading.Thread.start
+
+    def counting_start(thread):
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    labels = [str(k % 7) for k in range(256)]
+    results = Scorer(exact, max_concurrency=8).score_batch([str(k % 5) for k in range(256)], labels)
+    assert [r.score for r in results] == [float(str(k % 5) == labels[k]) for k in range(256)]
+    assert 1 <= started.count("relax-reward") <= 8
+
+
+def test_a_hung_call_costs_its_own_sample_only_and_its_runner_s_queue_moves_on():
+    """One runner is stuck in a call past the time-out: that sample times out, a new runner takes the calls
+    queued behind it, and whatever the stuck call returns later is dropped."""
+    release = threading.Event()
+    seen = []
+
+    def first_hangs(response, label, metadata=None):
+        seen.append(response)
+        if response == "0":
+            release.wait(30)
+            return 5.0  # too late: never a score
+        return 1.0
+
+    try:
+        results = Scorer(first_hangs, timeout_s=0.3, max_concurrency=1).score_batch(
+            [str(k) for k in range(6)], [None] * 6
+        )
+    finally:
+        release.set()
+    assert [r.score for r in results] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert results[0].failure == "timeout after 0.3 s"
+    assert seen == [str(k) for k in range(6)]  # each call made once
+
+
 def test_async_reward():
     async def async_exact(response, label, metadata=None):
         return RewardResult(1.0 if response == label else 0.0, {"async": True})

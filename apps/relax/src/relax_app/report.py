@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from relax_core.config import RelaxConfig
@@ -37,6 +38,13 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         "output_dir": str(out),
         **(extra or {}),
     }
+    if result.trace_path:  # the share of the machine's core-seconds the roles kept busy (relax_core.trace)
+        from relax_core.trace import core_busy_share
+
+        trace = json.loads(Path(result.trace_path).read_text())
+        summary["core_busy_share"] = round(
+            core_busy_share(trace, cfg.run.num_cpus or os.cpu_count() or 1)["share"], 3
+        )
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
     summary["plot"] = str(out / "curves.png")

@@ -297,9 +297,11 @@ class AlgoConfig(_Section):
     distill_coef: float = Field(1.0, ge=0.0)
     """β_d, the weight of the distillation term."""
     use_actor_fwd: bool = True
-    """Recompute log-probs with the trainer's weights (the proximal policy π_prox) in the ActorFwd role;
-    False uses the rollout engine's log-probs as the old policy. Fully async, π_prox is exactly the trainer's
-    policy of the step that trains the sample (see --exact-proximal-policy)."""
+    """The old policy of the loss is π_prox, the trainer's policy of the step that trains the sample (in
+    fully async too, see --exact-proximal-policy); False uses the rollout engine's log-probs instead. When
+    each batch is one optimizer step (--global-batch-size = the batch, the default) π_prox is the training
+    forward's own log-probs, bit for bit, so no ActorFwd role runs (TRL and AReaL skip that forward too);
+    with several optimizer steps the ActorFwd role computes it."""
     exact_proximal_policy: bool = True
     """Fully async: π_prox (--use-actor-fwd's log-probs: the policy the ratio is clipped against and
     decoupled PPO / TIS correct towards) is the trainer's policy of the step that trains the sample. ActorFwd
@@ -308,11 +310,14 @@ class AlgoConfig(_Section):
     runs with exactly those weights: free), in later ones by a forward just before the update (as AReaL and
     slime recompute). Off: ActorFwd's values as they are (π_prox then lags the trainer by up to
     --max-staleness versions). Colocate mode is exact either way."""
-    decoupled_ppo: bool = False
-    """Decoupled PPO (Hilton et al. 2022): the ratio is clipped against the proximal policy (ActorFwd
-    log-probs) and each token's loss is weighted by π_prox / π_behaviour, the behaviour policy being the
-    rollout engine's log-probs. The weight is truncated or masked by --tis-mode (none: used as is).
-    Needs --use-actor-fwd."""
+    decoupled_ppo: bool | None = None
+    """Decoupled PPO (Hilton et al. 2022): the ratio is clipped against the proximal policy π_prox (the
+    trainer's policy of the step, see --use-actor-fwd) and each token's loss is weighted by π_prox /
+    π_behaviour, the behaviour policy being the rollout engine's log-probs. The weight is truncated or
+    masked by --tis-mode (none: used as is). Needs --use-actor-fwd. Default: on in fully-async runs with
+    --max-staleness >= 1 (as AReaL runs it), where samples of older policies are trained: without it a
+    one-step-stale run lost 0.086 of the demo's held-out accuracy to colocate (0.478 vs 0.564), with it
+    none. Off in colocate (every sample on-policy: the weight is the engine-vs-trainer mismatch only)."""
     tis_mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
     """Truncated importance sampling of the rollout-vs-trainer mismatch: weight each token's loss by
     π_prox / π_rollout (token level, or the product over the response at sequence level), clamped to
@@ -471,6 +476,10 @@ class RelaxConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RelaxConfig:
+        a = self.algo
+        if a.decoupled_ppo is None:  # the default: on where trained samples may come from older policies
+            stale = self.run.mode == "fully_async" and self.run.max_staleness >= 1
+            a.__dict__["decoupled_ppo"] = stale and a.use_actor_fwd
         check(self)  # the rules across sections (relax_core.config_checks)
         return self
 
@@ -481,6 +490,18 @@ class RelaxConfig(_Section):
     @property
     def effective_global_batch_size(self) -> int:
         return self.train.global_batch_size or self.samples_per_rollout
+
+    @property
+    def prox_from_training_forward(self) -> bool:
+        """Whether π_prox (--use-actor-fwd's log-probs) comes from the trainer's own training forward, so no
+        ActorFwd role runs. True when π_prox is exact (--exact-proximal-policy; colocate is exact always) and
+        every rollout batch is one optimizer step (--global-batch-size = the batch, the default): the training
+        forward then runs with exactly π_prox's weights, and its log-probs, detached, are π_prox bit for bit
+        (TRL and AReaL skip this forward too). With several optimizer steps per batch the later steps' π_prox
+        needs the weights before the first update: ActorFwd runs."""
+        a = self.algo
+        exact = a.exact_proximal_policy or self.run.mode == "colocate"
+        return a.use_actor_fwd and exact and self.effective_global_batch_size >= self.samples_per_rollout
 
     @property
     def is_demo(self) -> bool:

@@ -34,7 +34,7 @@ def gpu_demand(cfg: RelaxConfig) -> dict[str, int]:
     if t.train_backend == "megatron" and t.actor_num_gpus_per_node > 0:
         world = t.actor_num_nodes * t.actor_num_gpus_per_node
         out["actor"] = world
-        if cfg.algo.use_actor_fwd:
+        if cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward:
             out["actor_fwd"] = world
         if cfg.algo.uses_reference:
             out["reference"] = world

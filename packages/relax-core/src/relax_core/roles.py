@@ -76,7 +76,9 @@ class RolePlan:
         a = cfg.algo
         specs = [RoleSpec("rollout", receives_weights=True, model="policy")]  # (writes the sample itself)
         train_needs = ["advantages"]
-        if a.use_actor_fwd:  # the exact proximal policy's log-probs, from the trainer's own weights
+        # the exact proximal policy's log-probs, from the trainer's own weights (from its training forward
+        # when each batch is one optimizer step: no role then)
+        if a.use_actor_fwd and not cfg.prox_from_training_forward:
             specs.append(
                 RoleSpec(
                     "actor_fwd",

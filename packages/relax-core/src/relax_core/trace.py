@@ -131,3 +131,50 @@ def write_trace(path: str | Path, spans: Iterable[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chrome_trace(spans)))
     return path
+
+
+WORK_SPANS = frozenset(
+    {
+        "generate",
+        "reward",
+        "forward",
+        "advantages",
+        "train",
+        "train_part",
+        "optimizer_step",
+        "weight_sync",
+        "eval",
+    }
+)
+"""The spans in which a role computes (waits, saves and device hand-overs are not work)."""
+
+
+def core_busy_share(trace: dict[str, Any], cores: int) -> dict[str, float]:
+    """How much of the machine a run's roles kept busy, from its Chrome trace (:func:`chrome_trace`):
+    ``role_s`` the role-seconds of work (per role the union of its work spans: a role's overlapping spans,
+    e.g. the groups a streaming rollout generates at once, are one process computing), ``wall_s`` from the
+    first span to the last, and ``share`` = role_s / (cores × wall_s), the share of core-seconds busy if each
+    working role kept one core busy. (A role's torch threads may use more than one core: a lower bound of
+    the machine's use, and the figure that shows where roles wait for each other.)"""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    if not events:
+        return {"role_s": 0.0, "wall_s": 0.0, "share": 0.0}
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    role_us = 0.0
+    for pid in {e["pid"] for e in events}:
+        spans = sorted(
+            (e["ts"], e["ts"] + e["dur"]) for e in events if e["pid"] == pid and e["name"] in WORK_SPANS
+        )
+        cur_start, cur_end = None, None
+        for s, t in spans:  # the union of the role's work intervals
+            if cur_end is None or s > cur_end:
+                if cur_end is not None:
+                    role_us += cur_end - cur_start
+                cur_start, cur_end = s, t
+            else:
+                cur_end = max(cur_end, t)
+        if cur_end is not None:
+            role_us += cur_end - cur_start
+    wall_us = max(end - start, 1e-9)
+    return {"role_s": role_us / 1e6, "wall_s": wall_us / 1e6, "share": role_us / (cores * wall_us)}

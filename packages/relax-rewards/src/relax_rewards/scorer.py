@@ -8,8 +8,12 @@ says why, and :meth:`Scorer.stats` counts failures by reason for the metrics ser
 
 Why daemon threads, not ``ThreadPoolExecutor``: a thread cannot be killed. The executor's workers
 are joined at interpreter exit, so one reward stuck in an infinite loop would hang the trainer's
-shutdown. We start one daemon thread per call (cheap next to any real reward), keep at most
-``max_concurrency`` running, and on a timeout we simply stop waiting for it.
+shutdown. A batch is scored by at most ``max_concurrency`` daemon runner threads, each taking the
+batch's next sample as it finishes the last (:class:`_Runners`): a thread, a hand-off and a wake-up per
+*call* cost ~20x an exact-match reward (0.7 ms against 33 µs measured here), a batch of a few hundred
+samples now pays them a few times. Each call still has its own deadline: a runner whose call overruns
+is abandoned (it finishes, or not, on its own; its result is dropped) and a new runner takes over the
+rest of its queue, so a hung reward costs its own sample only.
 
 Process isolation (``isolation="process"``): for CPU-heavy or untrusted rewards, calls run in pooled
 worker processes (:mod:`relax_rewards.isolation`). A timed-out call's worker is killed at the
@@ -120,6 +124,40 @@ class Scorer:
             )
         metas = list(metadatas) if metadatas is not None else [None] * n
         results: list[RewardResult | None] = [None] * n
+        if self._pool is None:
+            self._run_in_threads(responses, labels, metas, results)
+        else:
+            self._run_in_processes(responses, labels, metas, results)
+        with self._lock:
+            self._counts["scored"] += n
+            unlabeled = sum(label is None for label in labels)
+            if unlabeled and self.group_reward is None:  # (label-free runs score by their group hook)
+                self._counts["unlabeled"] += unlabeled
+        return [r if r is not None else self._failed("missing", "no result") for r in results]
+
+    def _run_in_threads(self, responses, labels, metas, results: list) -> None:
+        """Score every sample on runner threads, each call with its own deadline (see the module)."""
+        calls = []
+        for i in range(len(responses)):
+            fn = self._resolve(metas[i])
+            if isinstance(fn, RewardResult):  # could not resolve the reward
+                results[i] = fn
+            else:
+                calls.append((i, fn, responses[i], labels[i], metas[i]))
+        if not calls:
+            return
+        runners = _Runners(calls, self.max_concurrency)
+        for i, outcome in runners.run(self.timeout_s):
+            results[i] = (
+                self._failed("timeout", f"timeout after {self.timeout_s:g} s")
+                if outcome is None
+                else self._outcome(*outcome)
+            )
+
+    def _run_in_processes(self, responses, labels, metas, results: list) -> None:
+        """Score every sample in the worker processes, at most ``max_concurrency`` at once; a call past its
+        deadline has its worker killed."""
+        n = len(responses)
         pending = list(range(n))[::-1]  # a stack: pop() yields samples in order
         running: dict[Future, tuple[int, float]] = {}
         while pending or running:
@@ -144,12 +182,6 @@ class Scorer:
                     del running[fut]  # abandon: the daemon thread finishes (or not) on its own
                     self._abandon(fut)
                     results[i] = self._failed("timeout", f"timeout after {self.timeout_s:g} s")
-        with self._lock:
-            self._counts["scored"] += n
-            unlabeled = sum(label is None for label in labels)
-            if unlabeled and self.group_reward is None:  # (label-free runs score by their group hook)
-                self._counts["unlabeled"] += unlabeled
-        return [r if r is not None else self._failed("missing", "no result") for r in results]
 
     async def ascore_batch(
         self,
@@ -220,29 +252,14 @@ class Scorer:
     # -- extension points ------------------------------------------------------------------------
 
     def _submit(self, fn: Callable, response: str, label: Any, metadata: dict | None) -> Future:
-        """Start one reward call and return its future (a daemon thread, or a pooled process)."""
-        if self._pool is not None:
-            # Send registered rewards by name: cheaper to pickle, and works for any registered fn.
-            name = self.reward if fn is self.default_fn and isinstance(self.reward, str) else None
-            return self._pool.submit(name or fn, response, label, metadata)
-        future: Future = Future()
-        future.set_running_or_notify_cancel()
-
-        def target() -> None:
-            try:
-                value = call_reward(fn, response, label, metadata)
-            except BaseException as exc:  # noqa: BLE001 - reported through the future
-                future.set_exception(exc)
-            else:
-                future.set_result(value)
-
-        threading.Thread(target=target, name="relax-reward", daemon=True).start()
-        return future
+        """Start one reward call in a pooled worker process and return its future."""
+        # Send registered rewards by name: cheaper to pickle, and works for any registered fn.
+        name = self.reward if fn is self.default_fn and isinstance(self.reward, str) else None
+        return self._pool.submit(name or fn, response, label, metadata)
 
     def _abandon(self, future: Future) -> None:
-        """A call ran past its time-out: kill its worker process (threads cannot be stopped)."""
-        if self._pool is not None:
-            self._pool.abandon(future)
+        """A call ran past its time-out: kill its worker process."""
+        self._pool.abandon(future)
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -257,7 +274,12 @@ class Scorer:
 
     def _collect(self, fut: Future) -> RewardResult:
         exc = fut.exception()
-        if exc is not None:
+        return self._outcome(exc is None, fut.result() if exc is None else exc)
+
+    def _outcome(self, ok: bool, value: Any) -> RewardResult:
+        """A call's result (``ok``) or the exception it raised, as a :class:`RewardResult`."""
+        if not ok:
+            exc = value
             from relax_rewards.isolation import RewardProcessDied, RewardRaised
 
             if isinstance(exc, RewardProcessDied):
@@ -266,7 +288,7 @@ class Scorer:
                 return self._failed(f"raised:{exc.type_name}", f"raised {exc.type_name}: {exc}")
             return self._failed(f"raised:{type(exc).__name__}", f"raised {type(exc).__name__}: {exc}")
         try:
-            return as_result(fut.result())
+            return as_result(value)
         except (TypeError, ValueError) as bad:
             return self._failed("bad_return", f"bad return: {bad}")
 
@@ -275,3 +297,84 @@ class Scorer:
             self._counts[reason] += 1
             self._counts["failed"] += 1
         return RewardResult(self.fallback_score, {}, message)
+
+
+class _Runners:
+    """The runner threads of one batch (thread isolation): daemon threads take the calls in order; the
+    caller's thread keeps each call's deadline and the number of runners.
+
+    One runner starts; another joins (up to ``width``) each time every runner has been inside its call for
+    ``RAMP_S``: a cheap CPU-bound reward stays on one thread (two threads taking turns on the GIL doubled
+    an exact-match call's cost here), a slow or waiting one (a remote judge) gets ``width`` calls at once
+    within a few ramps. A runner marks the call it is in (index, start time); :meth:`run` sleeps until the
+    earliest deadline or ramp among them, or until every call is accounted for. A call past its deadline is
+    given up (outcome None), its runner is abandoned — whatever it returns later is dropped, and it takes
+    no further call — and a new runner takes over the calls still queued."""
+
+    RAMP_S = 0.005
+
+    def __init__(self, calls: list[tuple], width: int) -> None:
+        self.calls = calls
+        self.queue = list(range(len(calls)))[::-1]  # a stack: pop() yields calls in order
+        self.width = width
+        self.cond = threading.Condition()
+        self.outcomes: dict[int, tuple[bool, Any] | None] = {}
+        self.current: dict[int, tuple[int, float]] = {}  # runner id -> (call, start)
+        self.live: set[int] = set()  # runners not abandoned and not finished
+        self.abandoned: set[int] = set()
+        self.next_id = 0
+
+    def run(self, timeout_s: float) -> list[tuple[int, tuple[bool, Any] | None]]:
+        """Every call's (index, outcome): ``(True, value)``, ``(False, exception)`` or None (timed out)."""
+        with self.cond:
+            self._start()
+            while len(self.outcomes) < len(self.calls):
+                starts = [start for _, start in self.current.values()]
+                now = time.monotonic()
+                wake = min(starts, default=now) + timeout_s  # the earliest deadline
+                if self.queue and len(self.live) < self.width:  # when every runner has been busy a ramp
+                    wake = min(wake, max(starts, default=now) + self.RAMP_S)
+                self.cond.wait(max(wake - now, 0.0005))  # (always lets the runners have the lock)
+                now = time.monotonic()
+                for rid, (k, start) in list(self.current.items()):
+                    if now - start >= timeout_s:  # give the call up; another runner takes the queue on
+                        del self.current[rid]
+                        self.live.discard(rid)
+                        self.abandoned.add(rid)
+                        self.outcomes[k] = None
+                        if self.queue:
+                            self._start()
+                busy = [now - start for _, start in self.current.values()]
+                if self.queue and len(self.live) < self.width and busy and len(busy) == len(self.live):
+                    if min(busy) >= self.RAMP_S:  # every runner is in a slow call: one more
+                        self._start()
+        return [(self.calls[k][0], self.outcomes[k]) for k in range(len(self.calls))]
+
+    def _start(self) -> None:
+        rid, self.next_id = self.next_id, self.next_id + 1
+        self.live.add(rid)
+        threading.Thread(target=self._loop, args=(rid,), name="relax-reward", daemon=True).start()
+
+    def _loop(self, rid: int) -> None:
+        while True:
+            with self.cond:
+                if rid in self.abandoned or not self.queue:
+                    self.current.pop(rid, None)
+                    self.live.discard(rid)
+                    if len(self.outcomes) == len(self.calls):
+                        self.cond.notify()
+                    return
+                k = self.queue.pop()
+                self.current[rid] = (k, time.monotonic())
+            _, fn, response, label, metadata = self.calls[k]
+            try:
+                outcome: tuple[bool, Any] = (True, call_reward(fn, response, label, metadata))
+            except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
+                outcome = (False, exc)
+            with self.cond:
+                if rid in self.abandoned:  # past its deadline: already scored as a time-out
+                    return
+                del self.current[rid]
+                self.outcomes[k] = outcome
+                if len(self.outcomes) == len(self.calls):
+                    self.cond.notify()

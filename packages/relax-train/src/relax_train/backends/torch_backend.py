@@ -42,12 +42,17 @@ class _StepAcc:
 
     loss_fn: Any
     params: LossParams
-    old_key: str
+    old_key: str | None
+    """The field the ratio's denominator comes from; None: the training forward's own log-probs (π_prox
+    of a batch trained in one optimizer step)."""
     has_prox: bool
     has_behav: bool
     kl_loss: bool
     distill: str | None
     with_entropy: bool
+    first_step: bool = True
+    """Whether the micro-batches now running belong to the batch's first optimizer step (whose forward runs
+    with π_prox's weights: ``train/prox_gap_max`` is measured there)."""
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)  # fractions of tokens: clipped, dual-clipped, ...
     keep: dict[str, list[torch.Tensor]] = field(default_factory=dict)
@@ -55,26 +60,49 @@ class _StepAcc:
     @classmethod
     def start(cls, backend: TorchBackend, samples: dict[str, list]) -> _StepAcc:
         a = backend.cfg.algo
-        has_prox = "log_probs" in samples
+        # π_prox: ActorFwd's log-probs, or (``prox_from_forward``) the training forward's own, or both
+        has_prox = "log_probs" in samples or "prox_from_forward" in samples
         distill = a.distill_mode if "teacher_log_probs" in samples else None
         acc = cls(
             loss_fn=POLICY_LOSSES[a.policy_loss],
             params=backend._loss_params(),
-            old_key="log_probs" if has_prox else "rollout_log_probs",
+            old_key="log_probs" if "log_probs" in samples else None if has_prox else "rollout_log_probs",
             has_prox=has_prox,
             has_behav="rollout_log_probs" in samples,
             kl_loss=a.uses_reference and a.use_kl_loss and "ref_log_probs" in samples,
             distill=distill,
             with_entropy=a.entropy_coef > 0,
             sums={"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "tokens": 0.0},
-            keep={"ratio": [], "train": [], "rollout": [], "tis": []},
+            keep={"ratio": [], "train": [], "rollout": [], "tis": [], "prox_gap": []},
         )
         if distill:
             acc.sums["distill_kl"] = 0.0
         return acc
 
 
+_DROPOUT_FIELDS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "dropout",
+    "attn_pdrop",
+    "resid_pdrop",
+    "embd_pdrop",
+)
+
+
+def _has_dropout(model: Any) -> bool:
+    """Whether ``model`` in train mode is random (a dropout rate > 0 in its text config or a module): its
+    training forward then is not π_θ's log-probs, so π_prox cannot come from it."""
+    cfg = model.config.get_text_config()
+    rates = [getattr(cfg, k, 0.0) for k in _DROPOUT_FIELDS]
+    if any(isinstance(r, (int, float)) and r > 0 for r in rates):
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
 class TorchBackend:
+    stochastic_forward: bool = False
+    """The training forward draws dropout masks (see :func:`_has_dropout`); megatron runs without dropout."""
     before_update: Callable[[], None] | None = None
     """Called just before the optimizer writes the weights: the trainer's fence for a weight broadcast
     still reading them (:class:`~relax_train.roles.actor.ActorWorker` with ``overlap_weight_sync``)."""
@@ -95,6 +123,7 @@ class TorchBackend:
             getattr(cfg, "pad_token_id", None) or getattr(cfg.get_text_config(), "pad_token_id", 0) or 0
         )
         self.temperature = config.rollout.rollout_temperature
+        self.stochastic_forward = _has_dropout(self.model)
         self._set_trainable(trainable)
 
     def _set_trainable(self, trainable: bool) -> None:
@@ -280,6 +309,7 @@ class TorchBackend:
             gidx = list(range(gstart, min(n, gstart + gbs)))
             total_tokens = float(sum(float(np.sum(samples["loss_mask"][i])) for i in gidx)) or 1.0
             self.optimizer.zero_grad(set_to_none=True)
+            acc.first_step = gstart == 0
             micro = [gidx[m : m + mbs] for m in range(0, len(gidx), mbs)]
             loss_total += self._forward_backward(samples, micro, total_tokens, len(gidx), acc)
             norm = self._clip_and_step()
@@ -334,14 +364,19 @@ class TorchBackend:
         def padded(key: str) -> torch.Tensor:
             return self._padded(samples[key], idx, width).to(dev)
 
-        old = padded(acc.old_key)
-        if "prox_from_forward" in samples:  # π_prox is the weights this forward runs with (see the trainer)
-            live = torch.tensor([bool(samples["prox_from_forward"][i]) for i in idx], device=dev)
-            old = torch.where(live[:, None], logp.detach(), old)
+        if acc.old_key is None:  # π_prox is the weights this forward runs with, for every sample
+            old = logp.detach()
+        else:
+            old = padded(acc.old_key)
+            if "prox_from_forward" in samples:  # ... for these samples (see relax_train.roles.prox)
+                live = torch.tensor([bool(samples["prox_from_forward"][i]) for i in idx], device=dev)
+                old = torch.where(live[:, None], logp.detach(), old)
         behav = padded("rollout_log_probs") if acc.has_behav else old
         adv = padded("advantages")
         lmask = padded("loss_mask") * valid
         sums, counts, keep = acc.sums, acc.counts, acc.keep
+        if acc.has_prox and acc.first_step:  # π_θ is π_prox here by definition: any gap is a stale π_prox
+            keep["prox_gap"].append(((old - logp.detach()).abs() * lmask).max().reshape(1).cpu())
         if acc.distill:  # on-policy distillation: reverse KL to the teacher on the student's own tokens
             teacher = padded("teacher_log_probs")
             sums["distill_kl"] += float(((old - teacher) * lmask).sum())  # k1 estimate
@@ -419,6 +454,8 @@ class TorchBackend:
             train, rollout = torch.cat(keep["train"]), torch.cat(keep["rollout"])
             mm = mismatch_metrics(train, rollout, torch.ones_like(train, dtype=torch.bool))
             metrics.update({"rollout_" + k.removeprefix("mismatch/"): v for k, v in mm.items()})
+        if keep["prox_gap"]:
+            metrics["prox_gap_max"] = float(torch.cat(keep["prox_gap"]).max())
         if keep["tis"]:
             w = torch.cat(keep["tis"])
             if w.numel():

@@ -71,7 +71,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
         self.metrics = MetricsService.from_config(cfg, self.out)
         self.required = ["advantages"]
-        if cfg.algo.use_actor_fwd:
+        if cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward:
             self.required.append("log_probs")
         if cfg.algo.uses_reference and cfg.algo.use_kl_loss:
             self.required.append("ref_log_probs")

@@ -23,23 +23,34 @@ def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, f
     """Make ``log_probs`` (π_prox, what decoupled PPO and TIS correct towards and the ratio is clipped
     against) the trainer's policy at this step, as AReaL and slime have it.
 
-    ActorFwd computes a sample's log-probs when it lands on the bus, with the weights it holds then;
-    in fully-async mode the trainer has often moved on by the time it trains on it (the sample's
-    ``log_probs_version`` is behind), and π_prox could even equal the behaviour policy, so decoupled
-    PPO corrected nothing. For a sample whose version differs from the trainer's:
-    - in the batch's first optimizer step (every sample, with the default --global-batch-size), π_prox
-      is the training forward's own log-probs, detached (``prox_from_forward``): that forward runs
-      with exactly the weights before the update, so this costs nothing;
+    Without an ActorFwd role (:attr:`RelaxConfig.prox_from_training_forward`: each batch is one optimizer
+    step) every sample's π_prox is the training forward's own log-probs, detached (``prox_from_forward``):
+    that forward runs with exactly the weights before the update, so it costs nothing — unless the model
+    has dropout, whose training forward is random: then π_prox is computed here in eval mode.
+
+    With ActorFwd (several optimizer steps per batch), it computes a sample's log-probs when it lands on
+    the bus, with the weights it holds then; in fully-async mode the trainer has often moved on by the time
+    it trains on it (the sample's ``log_probs_version`` is behind), and π_prox could even equal the
+    behaviour policy, so decoupled PPO corrected nothing. For a sample whose version differs from the
+    trainer's:
+    - in the batch's first optimizer step, π_prox is the training forward's own log-probs (as above);
     - in a later optimizer step, the weights have moved by then: its log-probs are recomputed here,
       with the weights before this step's update.
     The others keep ActorFwd's work. In colocate mode ActorFwd computes with the trainer's own model:
-    nothing is stale."""
+    nothing is stale. Whether π_prox is really the trainer's policy shows in ``train/prox_gap_max`` (the
+    backend measures it in the first optimizer step's forward)."""
+    n, now = len(d["tokens"]), backend.version
+    if cfg.prox_from_training_forward:
+        if getattr(backend, "stochastic_forward", False):
+            d["log_probs"], d["log_probs_version"] = backend.compute_log_probs(d), [now] * n
+            return {"train/prox_recomputed_frac": 1.0, "train/prox_from_forward_frac": 0.0}
+        d["prox_from_forward"] = [True] * n
+        return {"train/prox_recomputed_frac": 0.0, "train/prox_from_forward_frac": 1.0}
     if "log_probs_version" not in d or "log_probs" not in d:
         return {}
     if not cfg.algo.exact_proximal_policy:
-        lag = max((backend.version - int(v) for v in d["log_probs_version"]), default=0)
+        lag = max((now - int(v) for v in d["log_probs_version"]), default=0)
         return {"train/prox_lag_max": float(lag), "train/actor_fwd_lag_max": float(lag)}
-    now = backend.version
     versions = [int(v) for v in d["log_probs_version"]]
     stale = [i for i, v in enumerate(versions) if v != now]
     out = {
@@ -48,20 +59,18 @@ def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, f
         "train/prox_from_forward_frac": 0.0,
     }
     if stale:
-        n = len(versions)
         first = min(cfg.effective_global_batch_size, n)  # the first optimizer step's samples
-        later = [i for i in stale if i >= first]
+        from_forward = not getattr(backend, "stochastic_forward", False)
+        later = [i for i in stale if i >= first or not from_forward]
         d["log_probs"], d["log_probs_version"] = list(d["log_probs"]), list(d["log_probs_version"])
         if later:
             sub = {k: [vals[i] for i in later] for k, vals in d.items() if _per_sample(vals, n)}
             for i, lp in zip(later, backend.compute_log_probs(sub)):
                 d["log_probs"][i] = lp
-        stale_set = set(stale)
-        d["prox_from_forward"] = [i < first and i in stale_set for i in range(n)]
+        live = set(stale) - set(later)
+        d["prox_from_forward"] = [i in live for i in range(n)]
         for i in stale:
             d["log_probs_version"][i] = now
         out["train/prox_recomputed_frac"] = len(later) / n
-        out["train/prox_from_forward_frac"] = (len(stale) - len(later)) / n
-    # (0 by construction; logged so a run shows it)
-    out["train/prox_lag_max"] = float(max((now - int(v) for v in d["log_probs_version"]), default=0))
+        out["train/prox_from_forward_frac"] = len(live) / n
     return out

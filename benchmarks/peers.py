@@ -1,0 +1,158 @@
+"""Relax against TRL's ``GRPOTrainer`` on the same work: samples/s and held-out accuracy, side by side.
+
+The peer a user would otherwise run is TRL's plain ``GRPOTrainer`` (``benchmarks/peer_trl.py``: every setting
+read from the same relax config, so the two cannot drift; the same reward function through relax's scorer;
+the same greedy evaluation). Relax runs in colocate, fully async (staleness 1, batch rollout) and streaming
+(fully async, staleness 1, ``--streaming-rollout --partial-rollout``), each with its defaults. Every run is a
+fresh process (no state carried between runs), the runners interleaved within each repeat so drift hits them
+alike; repeat k uses seed k (its own warm start, as ``relax train --seed k``), so the accuracy column is a
+median over seeds too. samples/s is over the RL loop (set-up, model loading and evaluation excluded, for
+both engines).
+
+Shapes:
+  demo   — the README's demo: 100 steps x 32 prompts x 8 samples, 6 new tokens;
+  long   — the same with up to 32 new tokens (the warm start stops early, so responses run long);
+  large  — the demo with a model ~7x larger (hidden 256, 8 layers; its own warm start, built once).
+
+    uv run python benchmarks/peers.py                                  # demo, 3 repeats, every runner
+    uv run python benchmarks/peers.py --shapes long,large --steps 30 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNNERS = {
+    "trl": None,
+    "colocate": {"mode": "colocate"},
+    "async": {"mode": "fully_async", "max_staleness": 1},
+    "stream": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
+}
+SHAPES = {
+    "demo": ({}, {}),
+    "long": ({"rollout_max_response_len": 32}, {}),
+    "large": (
+        {},
+        {"hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768},
+    ),
+}
+"""Shape -> (relax flags over the demo's, demo-asset settings: the model's size)."""
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
+    """One run in this process; its figures."""
+    from relax_app.demo.assets import prepare_demo
+    from relax_app.demo.defaults import DEMO_DEFAULTS
+    from relax_core.cli_config import config_from_flat
+    from relax_core.controller import Controller, RunInputs
+
+    flags, settings = SHAPES[shape]
+    assets = prepare_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"), seed=seed, **settings)
+    flat = {
+        **DEMO_DEFAULTS,
+        **flags,
+        "num_rollout": steps,
+        "seed": seed,
+        "eval_interval": None,
+        "tensorboard": False,
+        "progress": False,
+        "output_dir": str(out),
+        "prompt_data": str(assets.train_path),
+        "hf_checkpoint": str(assets.sft_model_dir),
+        "eval_data": str(assets.eval_path),
+    }
+    if runner == "trl":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from peer_trl import run_trl
+
+        return run_trl(flat, assets, out)
+    cfg = config_from_flat({**flat, **RUNNERS[runner]})
+    res = Controller(
+        cfg, RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path))
+    ).run()
+    curve = res.eval_curve
+    return {
+        "rl_wall_s": res.rl_wall_s,
+        "samples": res.samples,
+        "samples_per_s": res.samples / res.rl_wall_s,
+        "accuracy": curve[-1][1],
+        "accuracy_before": curve[0][1],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="demo")
+    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--out", default="benchmarks/results/peers.json")
+    ap.add_argument("--one", nargs=3, metavar=("RUNNER", "SHAPE", "SEED"), help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    root = Path("runs/bench_peers")
+    if args.one:  # a child: one run, its figures to --json
+        runner, shape, seed = args.one
+        r = one(runner, shape, int(seed), args.steps, root / f"{shape}_{runner}_{seed}")
+        Path(args.json).write_text(json.dumps(r))
+        return
+    results: dict = {"cpu": cpu_model(), "cores": os.cpu_count(), "steps": args.steps, "runs": {}}
+    for shape in args.shapes.split(","):
+        for rep in range(args.repeats):
+            for runner in args.runners.split(","):  # interleaved: drift hits every runner alike
+                out = root / f"{shape}_{runner}_{rep}.json"
+                argv = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    runner,
+                    shape,
+                    str(rep),
+                    "--steps",
+                    str(args.steps),
+                ]
+                t = time.perf_counter()
+                subprocess.run([*argv, "--json", str(out)], check=True)
+                r = json.loads(out.read_text())
+                results["runs"].setdefault(f"{shape}/{runner}", []).append(r)
+                print(
+                    f"{shape:5s} {runner:8s} seed {rep}: {r['samples_per_s']:.0f} samples/s, accuracy "
+                    f"{r['accuracy_before']:.3f} -> {r['accuracy']:.3f} ({time.perf_counter() - t:.0f} s)",
+                    flush=True,
+                )
+    print(f"\n{results['cpu']}, {results['cores']} cores; median (min–max) of {args.repeats} seeds")
+    print("| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for shape in args.shapes.split(","):
+        base = results["runs"].get(f"{shape}/trl")
+        base_sps = statistics.median(r["samples_per_s"] for r in base) if base else None
+        for runner in args.runners.split(","):
+            runs = results["runs"][f"{shape}/{runner}"]
+            sps = [r["samples_per_s"] for r in runs]
+            acc = [r["accuracy"] for r in runs]
+            ratio = f"{statistics.median(sps) / base_sps:.2f}×" if base_sps else "—"
+            print(
+                f"| {shape} | {runner} | {statistics.median(sps):.0f} ({min(sps):.0f}–{max(sps):.0f}) | "
+                f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f}) | {ratio} |"
+            )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,7 @@ aggregation (token-mean = TRL "dapo": the optimizer batch's token count; seq-mea
 seq-mean-token-sum-norm = "dr_grpo"), the advantage ((r - mean) / (std + 1e-4), unbiased std, as TRL's
 scale_rewards="group"; none without --normalize-advantages-std or for dr_grpo), the data (relax's load_prompts,
 prompt text as-is or with relax's chat template, no special tokens added), the policy loaded by relax's own
-load_model in --dtype (no autocast: bf16/fp16 off), the seed, CPU with relax's colocate thread count, no vLLM,
+AutoModelForCausalLM in --dtype, transformers' default attention (no autocast: bf16/fp16 off), the seed, CPU with relax's colocate thread count, no vLLM,
 no gradient checkpointing, no saving, no external logging. The reward is relax's own scorer (build_scorer:
 the --rm-type reward with relax's concurrency, time-out and --reward-delay-s), and both runs are judged by
 relax's GreedyEvaluator on the held-out set.
@@ -158,13 +158,16 @@ def relax_reward(cfg: RelaxConfig) -> Callable[..., list[float]]:
     return reward
 
 
-def run_trl(flat: dict, assets: Any, out_dir: pathlib.Path) -> dict:
-    """Train TRL's GRPOTrainer on the work ``flat`` configures; RL wall time, samples/s and held-out accuracy."""
-    from transformers import AutoTokenizer
+def run_trl(flat: dict, assets: Any, out_dir: pathlib.Path, attn_implementation: str | None = None) -> dict:
+    """Train TRL's GRPOTrainer on the work ``flat`` configures; RL wall time, samples/s and held-out accuracy.
+
+    The policy is loaded as a TRL user loads it, ``AutoModelForCausalLM.from_pretrained`` with transformers'
+    default attention (SDPA), unless ``attn_implementation`` names another (``eager``: the kernel relax picks
+    on CPU, to separate that choice from the rest of the comparison)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
     from relax_core.cli_config import config_from_flat
-    from relax_core.models import load_model
     from relax_rollout.evaluate import GreedyEvaluator
 
     cfg = config_from_flat(flat)
@@ -174,7 +177,8 @@ def run_trl(flat: dict, assets: Any, out_dir: pathlib.Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")  # TRL left-pads prompts
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = load_model(model_path, cfg.model.dtype)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype), **extra)
     if model.config.pad_token_id != tokenizer.pad_token_id:  # TRL writes the tokenizer's into the model
         raise ValueError(f"pad id: model {model.config.pad_token_id}, tokenizer {tokenizer.pad_token_id}")
     evaluate = GreedyEvaluator(cfg, model_path, cfg.data.eval_data or str(assets.eval_path))

@@ -2,7 +2,8 @@
 
 The peer a user would otherwise run is TRL's plain ``GRPOTrainer`` (``benchmarks/peer_trl.py``: every setting
 read from the same relax config, so the two cannot drift; the same reward function through relax's scorer;
-the same greedy evaluation). Relax runs in colocate, fully async (staleness 1, batch rollout) and streaming
+the same greedy evaluation), loading the model as a TRL user does (transformers' default attention, SDPA);
+``trl_eager`` is TRL given the eager attention relax picks on CPU, to show what that choice alone is worth. Relax runs in colocate, fully async (staleness 1, batch rollout) and streaming
 (fully async, staleness 1, ``--streaming-rollout --partial-rollout``), each with its defaults. Every run is a
 fresh process (no state carried between runs), the runners interleaved within each repeat so drift hits them
 alike; repeat k uses seed k (its own warm start, as ``relax train --seed k``), so the accuracy column is a
@@ -32,6 +33,7 @@ from pathlib import Path
 
 RUNNERS = {
     "trl": None,
+    "trl_eager": None,
     "colocate": {"mode": "colocate"},
     "async": {"mode": "fully_async", "max_staleness": 1},
     "stream": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
@@ -76,11 +78,11 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
         "hf_checkpoint": str(assets.sft_model_dir),
         "eval_data": str(assets.eval_path),
     }
-    if runner == "trl":
+    if runner.startswith("trl"):
         sys.path.insert(0, str(Path(__file__).parent))
         from peer_trl import run_trl
 
-        return run_trl(flat, assets, out)
+        return run_trl(flat, assets, out, "eager" if runner == "trl_eager" else None)
     cfg = config_from_flat({**flat, **RUNNERS[runner]})
     res = Controller(
         cfg, RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path))

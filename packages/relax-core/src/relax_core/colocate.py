@@ -13,6 +13,7 @@ from relax_core import run as shared
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
 from relax_core.roles import RolePlan, role_class
+from relax_core.threads import ThreadGovernor
 
 
 def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOnSignal) -> shared.RunResult:
@@ -26,9 +27,12 @@ def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOn
         bar = shared.progress_bar(cfg, start)
         interrupted = None
         with stop:
+            r.threads.start()
             for step in range(start, cfg.train.num_rollout):
+                r.threads.check()  # one torch thread while other processes hold the cores
                 r.engine_turn()
                 rollout.produce(step)
+                r.threads.check()
                 r.trainer_turn()
                 for h in helpers:
                     h.drain()
@@ -88,6 +92,7 @@ class _Roles:
         cfg, inputs = self.cfg, self.inputs
         plan = RolePlan.from_config(cfg)
         threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
+        self.threads = ThreadGovernor(threads)
         self.bus_cfg = plan.bus_config()
         self.bus = bus_class(self.bus_cfg)
         teacher = shared.teacher_path(cfg, inputs) if cfg.uses_teacher else None

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-CODE_VERSION = "relax-demo-assets-v2"
+CODE_VERSION = "relax-demo-assets-v3"  # v3: warm start with eager attention on CPU
 MANIFEST = "manifest.json"
 
 log = logging.getLogger(__name__)

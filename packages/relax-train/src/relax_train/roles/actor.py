@@ -70,11 +70,6 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         self.out.mkdir(parents=True, exist_ok=True)
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
         self.metrics = MetricsService.from_config(cfg, self.out)
-        self.required = ["advantages"]
-        if cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward:
-            self.required.append("log_probs")
-        if cfg.algo.uses_reference and cfg.algo.use_kl_loss:
-            self.required.append("ref_log_probs")
 
     # -- weights (relax_core.weight_sync) --------------------------------------------------------
     def connect_dcs(self, init_method: str, world_size: int, republish: bool = False) -> int:

@@ -1,0 +1,96 @@
+"""The roles of a colocate run, built in this process from the :class:`RolePlan`, and their turns on the
+devices (``--offload``) and the cores (:class:`~relax_core.threads.ThreadGovernor`). Apart from the step loop
+(:mod:`relax_core.colocate`) so that the loop reads in one short file."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from relax_core import run as shared
+from relax_core.checkpoints import latest_checkpoint
+from relax_core.config import RelaxConfig
+from relax_core.roles import RolePlan, role_class
+from relax_core.threads import ThreadGovernor
+
+
+class ColocateRoles:
+    """The roles built from the :class:`RolePlan` in this process and their turns on the devices; closed in
+    reverse (a megatron trainer's rank group last), then the Ray its ranks needed."""
+
+    def __init__(self, cfg: RelaxConfig, inputs: shared.RunInputs) -> None:
+        from relax_bus import DataBus
+
+        self.cfg, self.inputs, self.built = cfg, inputs, []
+        self.ray_started = shared.start_ray_for_ranks(cfg)
+        try:
+            self._build(DataBus)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _build(self, bus_class: type) -> None:
+        cfg, inputs = self.cfg, self.inputs
+        plan = RolePlan.from_config(cfg)
+        threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
+        self.threads = ThreadGovernor(threads)
+        self.bus_cfg = plan.bus_config()
+        self.bus = bus_class(self.bus_cfg)
+        teacher = shared.teacher_path(cfg, inputs) if cfg.uses_teacher else None
+
+        def build(name: str, **extra: Any) -> Any:
+            args, kwargs = plan.arguments(name, self.bus, inputs, threads, teacher)
+            role = role_class(name)(*args, **{**kwargs, **extra})
+            self.built.append(role)
+            return role
+
+        self.actor = build("actor", send_weights=self._publish)  # (its weights: straight to the engine)
+        self.rollout = build("rollout")
+        # ActorFwd computes with the trainer's own backend here (its weights are the trainer's)
+        self.helpers = [
+            build(n, **({"backend": self.actor.backend} if n == "actor_fwd" else {})) for n in plan.loops
+        ]
+        # --offload: the engine and the roles with models take turns on the devices
+        self.offload = shared.offloads(cfg)
+        owners = [self.actor, *(h for h in self.helpers if getattr(h, "owns_backend", False))]
+        self.turns = owners if self.offload else []
+
+    def _publish(self, named: Any, version: int) -> None:
+        if self.offload:  # the engine's weight memory back first (its KV cache after the trainer left)
+            self.rollout.resume_memory(["weights"])
+        self.rollout.set_weights(dict(named), version)
+
+    def resume(self) -> int:
+        """``--load``: the trainer's checkpoint, and the same prompts from there on; the step to start at."""
+        self.rollout.reset_journal()  # (the trainer's checkpoints read the data position there)
+        if not self.cfg.train.load:
+            return 0
+        meta = self.actor.load(latest_checkpoint(self.cfg.train.load))
+        version = int(meta["version"])
+        if "data" in meta:
+            self.rollout.load_data_state(meta["data"])
+        self.rollout.seed_journal({}, version)
+        self.bus.set_trainer_version(version)
+        return version
+
+    def engine_turn(self) -> None:  # (the trainer's state waits in host memory)
+        if self.offload:
+            for r in self.turns:
+                r.offload()
+            self.rollout.resume_memory()
+
+    def trainer_turn(self) -> None:
+        if self.offload:
+            self.rollout.release_memory()
+            for r in self.turns:
+                r.onload()
+
+    def __enter__(self) -> ColocateRoles:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for role in reversed(self.built):
+            if callable(getattr(role, "close", None)):
+                role.close()
+        if self.ray_started:
+            shared.stop_ray()

@@ -4,7 +4,7 @@ Why: torch's OpenMP team waits at a barrier after every operation. On a quiet 2-
 are the fastest (the CPU demo in colocate: ~830 samples/s against ~590 with one), but when other processes
 hold the cores a team member is descheduled and every barrier waits for it: with four busy processes on
 the 2 cores the same run made **20 samples/s with two threads and 203 with one** (a matmul loop: 560x
-slower with two threads, no slower with one). ``OMP_WAIT_POLICY=PASSIVE`` avoids the collapse (133
+slower with two threads, 1.4x with one). ``OMP_WAIT_POLICY=PASSIVE`` avoids the collapse (133
 samples/s) but costs 45% on a quiet machine (454), and the user's environment is not ours to rely on.
 
 So a run measures how long its own threads waited for a core (Linux ``/proc/self/task/*/schedstat``, the
@@ -12,8 +12,8 @@ run-queue delay) per second of wall time between two checks: ~0.001 on a quiet m
 busy processes. Above ``CONTENDED``, confirmed by a 50 ms probe (small matrix products on the full
 thread count), it drops to one thread. One thread shows no delay even when the machine is busy, so the
 probe runs again now and then (after 4 checks, then 8, 16, ... up to ``MAX_BACKOFF``) and the full
-count comes back when the probe finds the cores free. A probe also runs before the first step. Where ``schedstat`` is missing (not Linux) nothing
-changes.
+count comes back when the probe finds the cores free. A probe also runs before the first step. Where
+``schedstat`` is missing (not Linux) nothing changes.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ThreadGovernor:
     def start(self) -> None:
         """Before the first step: one thread already if a probe finds the cores taken; measure from now on
         (loading and the first evaluation do not count)."""
-        if self.active and self.probe(self.full) > self.CONTENDED:
+        if self.active and self._probe_taken():
             self._one_thread("a probe found the cores taken by other processes")
         self._mark = (self.read_delay(), self.clock())
 
@@ -107,19 +107,25 @@ class ThreadGovernor:
             return self.now
         if self.now > 1:
             ratio = (delay - d0) / 1e9 / (t - t0)
-            if ratio > self.CONTENDED and self.probe(self.full) > self.CONTENDED:
+            if ratio > self.CONTENDED and self._probe_taken():
                 self.backoff = 4
                 self._one_thread(f"the cores are taken by other processes (run-queue delay {ratio:.2f} s/s)")
         else:
             self.until_probe -= 1
             if self.until_probe <= 0:
-                if self.probe(self.full) > self.CONTENDED:  # still taken: probe less often
+                if self._probe_taken():  # still taken: probe less often
                     self.backoff = min(self.backoff * 2, self.MAX_BACKOFF)
                     self.until_probe = self.backoff
                 else:
                     self._use(self.full, "the cores are free again")
-        self._mark = (self.read_delay(), self.clock())  # (the probe's own wait does not count)
         return self.now
+
+    def _probe_taken(self) -> bool:
+        """Whether a probe on the full count finds the cores taken; measuring goes on from after it (the
+        probe's own wait does not count)."""
+        taken = self.probe(self.full) > self.CONTENDED
+        self._mark = (self.read_delay(), self.clock())
+        return taken
 
     def _one_thread(self, why: str) -> None:
         self._use(1, why)

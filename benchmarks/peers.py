@@ -3,7 +3,9 @@
 The peer a user would otherwise run is TRL's plain ``GRPOTrainer`` (``benchmarks/peer_trl.py``: every setting
 read from the same relax config, so the two cannot drift; the same reward function through relax's scorer;
 the same greedy evaluation), loading the model as a TRL user does (transformers' default attention, SDPA);
-``trl_eager`` is TRL given the eager attention relax picks on CPU, to show what that choice alone is worth. Relax runs in colocate, fully async (staleness 1, batch rollout) and streaming
+``trl_eager`` is TRL given the eager attention relax picks on CPU, to show what that choice alone is worth;
+``trl_one_pass`` is TRL with the whole batch in one forward/backward (relax packs micro-batches by tokens,
+``--use-dynamic-batch-size``, which TRL's GRPOTrainer does not offer: this is its nearest setting). Relax runs in colocate, fully async (staleness 1, batch rollout) and streaming
 (fully async, staleness 1, ``--streaming-rollout --partial-rollout``), each with its defaults. Every run is a
 fresh process (no state carried between runs), the runners interleaved within each repeat so drift hits them
 alike; repeat k uses seed k (its own warm start, as ``relax train --seed k``), so the accuracy column is a
@@ -34,6 +36,7 @@ from pathlib import Path
 RUNNERS = {
     "trl": None,
     "trl_eager": None,
+    "trl_one_pass": None,
     "colocate": {"mode": "colocate"},
     "async": {"mode": "fully_async", "max_staleness": 1},
     "stream": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
@@ -82,6 +85,8 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
         sys.path.insert(0, str(Path(__file__).parent))
         from peer_trl import run_trl
 
+        if runner == "trl_one_pass":  # TRL's nearest to relax's packing by tokens: the batch in one pass
+            flat["micro_batch_size"] = flat["rollout_batch_size"] * flat["n_samples_per_prompt"]
         return run_trl(flat, assets, out, "eager" if runner == "trl_eager" else None)
     cfg = config_from_flat({**flat, **RUNNERS[runner]})
     res = Controller(

@@ -198,7 +198,16 @@ class TrainConfig(_Section):
     """Samples per optimizer step; default = rollout-batch-size × n-samples-per-prompt (one step per
     rollout). Must divide that product."""
     micro_batch_size: int = Field(32, ge=1)
-    """Samples per forward/backward pass (gradient accumulation up to the global batch)."""
+    """Samples per forward/backward pass (gradient accumulation up to the global batch). With
+    --use-dynamic-batch-size, only how many samples a forward role takes from the bus at a time."""
+    use_dynamic_batch_size: bool = False
+    """Pack micro-batches by tokens instead of by count (slime's --use-dynamic-batch-size, veRL's
+    use_dynamic_bsz): samples sorted by length, each micro-batch as many as fit --max-tokens-per-gpu padded
+    tokens. Less padding and fewer passes, the same gradient (the loss is normalised over the optimizer
+    batch, not the micro-batch). Training, ActorFwd, Reference and teacher forwards alike."""
+    max_tokens_per_gpu: int | None = Field(None, ge=1)
+    """With --use-dynamic-batch-size: padded tokens (rows × longest row) per forward pass on one device
+    (one data-parallel replica, before context-parallel splitting); a longer sample runs alone."""
     lr: float = Field(2e-4, gt=0.0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)

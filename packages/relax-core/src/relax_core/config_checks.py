@@ -73,6 +73,11 @@ def check(cfg: RelaxConfig) -> None:
             "--use-distributed-optimizer shards the optimizer over the megatron backend's data-parallel "
             "replicas: add --train-backend megatron, or drop it"
         )
+    if t.use_dynamic_batch_size and t.max_tokens_per_gpu is None:
+        raise ValueError(
+            "--use-dynamic-batch-size packs micro-batches up to --max-tokens-per-gpu padded tokens: set it "
+            "(e.g. --max-tokens-per-gpu 4096), or drop --use-dynamic-batch-size to batch by --micro-batch-size"
+        )
     r = cfg.rollout
     if r.rollout_backend == "sglang" and (
         r.rollout_num_gpus == 0 or r.rollout_num_gpus % r.rollout_num_gpus_per_engine

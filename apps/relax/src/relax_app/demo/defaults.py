@@ -7,6 +7,8 @@ DEMO_DEFAULTS: dict[str, object] = {
     "rollout_temperature": 1.0,
     "num_rollout": 100,
     "micro_batch_size": 64,
+    "use_dynamic_batch_size": True,  # micro-batches packed by tokens: ~20% off a training step (BENCHMARKS)
+    "max_tokens_per_gpu": 2048,
     "lr": 2e-4,
     "eps_clip": 0.2,
     "eps_clip_high": 0.28,

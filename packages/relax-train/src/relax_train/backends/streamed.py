@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from relax_train.backends.micro import plan_micro_batches, sample_lengths
+
 _SHAPING = {"log_probs", "rollout_log_probs", "ref_log_probs", "teacher_log_probs"}
 """Fields whose presence chooses the loss's terms (``_StepAcc.start``): π_prox, the behaviour correction, the
 KL to the reference, distillation."""
@@ -78,10 +80,8 @@ class StreamedStep:
                 f"every part of a streamed step must carry the same loss fields: {sorted(self.keys)} in the "
                 f"first, {sorted(shaping)} here"
             )
-        mbs = self.b.cfg.train.micro_batch_size
         scale = 1.0 if self.by_tokens else None  # token-mean: divided by the batch's count in finish()
-        for start in range(0, n, mbs):
-            idx = list(range(start, min(n, start + mbs)))
+        for idx in plan_micro_batches(sample_lengths(part), list(range(n)), self.b.cfg.train):
             logp, valid, _, ent = self.b._response_logp(part, idx, with_entropy=self.acc.with_entropy)
             loss = self.b._micro_loss(part, idx, logp, valid, ent, scale or 1.0, self.n_seqs, self.acc)
             loss.backward()

@@ -33,6 +33,7 @@ from relax_train.algorithms.losses import (
     kl_penalty,
     loss_kl_estimator,
 )
+from relax_train.backends.micro import plan_micro_batches, sample_lengths
 
 
 @dataclass
@@ -254,15 +255,14 @@ class TorchBackend:
         """Per-sample float32 log-probs of the response tokens under the current weights."""
         was_training = self.model.training
         self.model.eval()
-        out: list[np.ndarray] = []
+        out: dict[int, np.ndarray] = {}
         n = len(samples["tokens"])
-        mbs = self.cfg.train.micro_batch_size
-        for start in range(0, n, mbs):
-            idx = list(range(start, min(n, start + mbs)))
+        for idx in plan_micro_batches(sample_lengths(samples), list(range(n)), self.cfg.train):
             logp, _, rlens, _ = self._response_logp(samples, idx)
-            out.extend(logp[k, :r].cpu().numpy().astype(np.float32) for k, r in enumerate(rlens))
+            for k, (i, r) in enumerate(zip(idx, rlens)):
+                out[i] = logp[k, :r].cpu().numpy().astype(np.float32)
         self.model.train(was_training)
-        return out
+        return [out[i] for i in range(n)]
 
     # -- training ------------------------------------------------------------------------------
     def _loss_params(self) -> LossParams:
@@ -301,7 +301,7 @@ class TorchBackend:
             raise RuntimeError("this backend was built frozen (actor_fwd/reference); it cannot train")
         n = len(samples["tokens"])
         gbs = min(self.cfg.effective_global_batch_size, n)
-        mbs = self.cfg.train.micro_batch_size
+        lengths = sample_lengths(samples)
         acc = _StepAcc.start(self, samples)
         loss_total, grad_norm, n_opt, skipped = 0.0, 0.0, 0, 0
         self.model.train()
@@ -310,7 +310,7 @@ class TorchBackend:
             total_tokens = float(sum(float(np.sum(samples["loss_mask"][i])) for i in gidx)) or 1.0
             self.optimizer.zero_grad(set_to_none=True)
             acc.first_step = gstart == 0
-            micro = [gidx[m : m + mbs] for m in range(0, len(gidx), mbs)]
+            micro = plan_micro_batches(lengths, gidx, self.cfg.train)
             loss_total += self._forward_backward(samples, micro, total_tokens, len(gidx), acc)
             norm = self._clip_and_step()
             grad_norm += norm

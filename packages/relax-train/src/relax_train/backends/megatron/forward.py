@@ -17,6 +17,7 @@ from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
 from relax_train.backends.megatron.layout import MegatronLayout
 from relax_train.backends.megatron.startup import compute_dtype
+from relax_train.backends.micro import plan_micro_batches, sample_lengths
 
 
 def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
@@ -220,8 +221,8 @@ class MegatronForward:
 
         was_training = self.model.training
         self.model.eval()
-        n, mbs = len(samples["tokens"]), self.cfg.train.micro_batch_size
-        micro = [list(range(s, min(n, s + mbs))) for s in range(0, n, mbs)]
+        n = len(samples["tokens"])
+        micro = plan_micro_batches(sample_lengths(samples), list(range(n)), self.cfg.train)
         out: dict[int, np.ndarray] = {}
 
         def keep(idx, logp, valid, rlens, ent):

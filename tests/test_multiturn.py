@@ -292,3 +292,44 @@ def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_r
     with pytest.raises(ValueError, match="cannot import"):  # a wrong path, though, is a config error
         bad = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path="no_such_mod:Env"))
         RolloutWorker(bad, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path).produce(1)
+
+
+class InfiniteRewardEnv:
+    """One turn, then done with ``info["reward"] = +inf`` (a broken environment's reward)."""
+
+    def __init__(self, prompt, label, metadata):
+        pass
+
+    def reset(self):
+        return None
+
+    def step(self, response):
+        return ("", True, {"reward": float("inf")})
+
+    def format_observation(self, obs):
+        return [{"role": "user", "content": obs}]
+
+    def close(self):
+        pass
+
+
+def test_an_environment_s_non_finite_reward_is_a_counted_bad_return(tiny_run_inputs, tmp_path):
+    """Before: an environment's reward skipped the scorer's check; +inf reached the bus (the update was
+    skipped, nothing counted, ``summary.json`` held ``Infinity``). Now it is checked where the environment
+    made it and counted as the scorer counts a reward's bad return."""
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+
+    cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path=f"{__name__}:InfiniteRewardEnv"))
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
+    worker.engine = ScriptedEngine(worker.tokenizer, ["12"])
+    worker.produce(0)
+    b = bus.get("c", 16, timeout=5)
+    assert b.data["reward"] == [0.0] * 16 and all(math.isfinite(r) for r in b.data["reward"])
+    assert all(
+        f.startswith("the environment's info['reward']: a reward score must be a finite")
+        for f in b.data["reward_failure"]
+    )
+    assert worker.scorer.stats()["bad_return"] == 16

@@ -29,3 +29,35 @@ def test_kl_coef_warns_at_start(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "relax: WARNING: --kl-coef 0.01: in slime (--kl-coef) and veRL" in err
+
+
+def test_an_unknown_reward_is_one_line_before_anything_loads(capsys):
+    """Before: a KeyError traceback after Ray started and the models loaded."""
+    assert main(["train", "--rm-type", "no_such_reward"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("relax: --rm-type no_such_reward: unknown reward 'no_such_reward'") and "\n" not in err
+    assert main(["train", "--eval-rm-type", "relax_rewards.math:nothing"]) == 2
+    assert "--eval-rm-type relax_rewards.math:nothing: module 'relax_rewards.math' has no attribute" in (
+        capsys.readouterr().err
+    )
+
+
+def empty_hater(response, label, metadata=None):
+    if not response:
+        raise ValueError("an empty answer")
+    return 1.0
+
+
+def test_a_reward_that_fails_on_the_first_row_is_named_at_start(tmp_path):
+    from relax_app.train import check_inputs
+    from relax_core.cli_config import build_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
+    flags = ["--prompt-data", str(tmp_path / "p.jsonl"), "--hf-checkpoint", str(tmp_path / "m")]
+    cfg = build_config(None, [*flags, "--rm-type", f"{__name__}:empty_hater"])
+    (note,) = check_inputs(cfg)
+    assert f"--rm-type {__name__}:empty_hater on an empty response to the first row" in note
+    assert "raised ValueError: an empty answer" in note
+    assert check_inputs(build_config(None, flags)) == []  # (math scores an empty answer 0, no failure)

@@ -46,7 +46,7 @@ def test_hang_exit_and_kill_do_not_stop_the_batch(scorer):
     assert results[2].failure == "reward process died (exit code 3)"
     assert results[4].failure == "reward process died (killed by signal 9)"
     assert results[5].failure == "raised ValueError: nope"
-    assert results[7].failure.startswith("raised PicklingError")
+    assert results[7].failure.startswith("bad return")  # (converted in the worker, before pickling)
     stats = scorer.stats()
     assert stats["crashed"] == 2 and stats["timeout"] == 1 and stats["failed"] == 5
     # the pool recovered: the next batch runs normally

@@ -6,6 +6,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.controller import Controller, RunInputs
@@ -57,6 +58,12 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             raise FileNotFoundError(
                 f"{flag} {path}: no model there (config.json missing); give an HF model directory"
             )
+    from relax_rewards import check_reward
+
+    r = cfg.rollout
+    for flag, name in (("--rm-type", r.rm_type), ("--eval-rm-type", r.eval_rm_type)):
+        if name is not None:
+            check_reward(name, flag)  # unknown, not importable, not callable, wrong signature: one line
     notes = []
     d = cfg.data
     for flag, path in (("--prompt-data", d.prompt_data), ("--eval-data", d.eval_data)):
@@ -71,6 +78,8 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
                 f"{flag} {path}: {len(ds.skipped)} of {len(ds.skipped) + len(ds.rows)} rows skipped "
                 f"(first: {ds.skipped[0]})"
             )
+        if flag == "--prompt-data" and ds.rows:
+            notes += _try_reward(cfg, ds.rows[0])
         marked = sum(any(m in r.prompt for m in MEDIA_MARKERS) for r in ds.rows)
         if marked and not d.multimodal_keys:
             notes.append(
@@ -82,6 +91,25 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
 
 
 MEDIA_MARKERS = ("<image>", "<video>", "<audio>")
+
+
+def _try_reward(cfg: RelaxConfig, row: Any) -> list[str]:
+    """The reward called once, as the run will call it (isolation, time-out), on an empty response to the
+    first row: a reward that fails there is named now, not as a count after the models load. Not fatal (a
+    reward may refuse an empty answer): every such sample scores the fallback and is counted."""
+    from relax_rewards import Scorer
+
+    r = cfg.rollout
+    with Scorer(
+        r.rm_type, timeout_s=r.reward_timeout_s, max_concurrency=1, isolation=r.reward_isolation
+    ) as s:
+        got = s.score("", row.label, row.metadata)
+    if got.ok:
+        return []
+    return [
+        f"WARNING: --rm-type {r.rm_type} on an empty response to the first row ({row.row_id}): {got.failure}; "
+        "every sample it fails on scores 0 and is counted in reward_failures"
+    ]
 
 
 def train(cfg: RelaxConfig) -> dict:

@@ -13,13 +13,14 @@ from importlib import metadata as _metadata
 from relax_rewards.registry import (
     ENTRY_POINT_GROUP,
     REWARDS,
+    check_reward,
     get_reward,
     list_rewards,
     register,
     resolve_reward_type,
 )
 from relax_rewards.scorer import Scorer
-from relax_rewards.types import RewardFn, RewardResult, as_result, is_async_reward
+from relax_rewards.types import BadReturn, RewardFn, RewardResult, as_result, is_async_reward
 
 try:  # one source: the installed distribution's metadata, written from pyproject.toml
     __version__ = _metadata.version("relax-rewards")
@@ -27,6 +28,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
     __version__ = "0+unknown"
 
 __all__ = [
+    "BadReturn",
     "ENTRY_POINT_GROUP",
     "REWARDS",
     "RewardFn",
@@ -34,6 +36,7 @@ __all__ = [
     "Scorer",
     "__version__",
     "as_result",
+    "check_reward",
     "get_reward",
     "is_async_reward",
     "list_rewards",

@@ -49,6 +49,7 @@ def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the chil
         limit = int(memory_limit_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     from relax_rewards.registry import call_reward
+    from relax_rewards.types import as_result
 
     while True:
         try:
@@ -59,7 +60,7 @@ def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the chil
             return
         fn, response, label, metadata = task
         try:
-            value = call_reward(fn, response, label, metadata)
+            value = as_result(call_reward(fn, response, label, metadata))  # (a hostile value dies here)
             reply = ("ok", value)
         except BaseException as exc:  # noqa: BLE001 - sent back to the parent
             reply = ("raised", type(exc).__name__, str(exc)[:500])

@@ -115,6 +115,30 @@ def get_reward(name_or_path: str | Callable) -> Callable:
     )
 
 
+def check_reward(name_or_path: str | Callable, flag: str = "--rm-type") -> Callable:
+    """:func:`get_reward`, with every way it can fail as one ``ValueError`` line naming ``flag``: an unknown
+    name, a module that does not import, an attribute that is missing or not callable, and a function that
+    cannot be called as ``fn(response, label, metadata)``. For a run's pre-flight, before models load."""
+    import inspect
+
+    try:
+        fn = get_reward(name_or_path)
+    except KeyError as exc:
+        raise ValueError(f"{flag} {name_or_path}: {exc.args[0] if exc.args else exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own import error, a non-callable entry point
+        raise ValueError(f"{flag} {name_or_path}: cannot load it ({type(exc).__name__}: {exc})") from None
+    try:
+        inspect.signature(fn).bind("", None, None)
+    except TypeError as exc:
+        raise ValueError(
+            f"{flag} {name_or_path}: {_describe(fn)} cannot be called as fn(response, label, metadata) ({exc}); "
+            "give it that signature (metadata may default to None)"
+        ) from None
+    except ValueError:  # (no signature to read, e.g. some builtins: the call will tell)
+        pass
+    return fn
+
+
 def list_rewards() -> list[str]:
     """Sorted names of every known reward (registered and entry points)."""
     _load_builtins()

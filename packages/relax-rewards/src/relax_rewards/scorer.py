@@ -13,7 +13,9 @@ batch's next sample as it finishes the last (:class:`_Runners`): a thread, a han
 *call* cost ~20x an exact-match reward (0.7 ms against 33 µs measured here), a batch of a few hundred
 samples now pays them a few times. Each call still has its own deadline: a runner whose call overruns
 is abandoned (it finishes, or not, on its own; its result is dropped) and a new runner takes over the
-rest of its queue, so a hung reward costs its own sample only.
+rest of its queue, so a hung reward costs its own sample only. A reward that calls ``os._exit`` on a runner
+fails its call as ``crashed`` (the scorer guards ``os._exit`` for runner threads: it used to end the
+rollout, and in colocate the run, without a word); a segfault still needs process isolation.
 
 Process isolation (``isolation="process"``): for CPU-heavy or untrusted rewards, calls run in pooled
 worker processes (:mod:`relax_rewards.isolation`). A timed-out call's worker is killed at the
@@ -26,6 +28,7 @@ responses of one prompt together (``score_groups``), e.g. majority voting.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -34,7 +37,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from relax_rewards.registry import call_reward, get_reward, resolve_reward_type
-from relax_rewards.types import RewardResult, as_result
+from relax_rewards.types import BadReturn, RewardResult, as_result
 
 __all__ = ["Scorer", "call_reward"]
 
@@ -88,6 +91,8 @@ class Scorer:
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._pool = None
+        if isolation == "thread":  # a reward's os._exit fails its call, not the process (see _guarded_exit)
+            os._exit = _guarded_exit
         if isolation == "process":
             from relax_rewards.isolation import ProcessPool
 
@@ -282,14 +287,27 @@ class Scorer:
             exc = value
             from relax_rewards.isolation import RewardProcessDied, RewardRaised
 
-            if isinstance(exc, RewardProcessDied):
+            if isinstance(exc, RewardProcessDied | RewardExited):
                 return self._failed("crashed", str(exc))
+            if isinstance(exc, BadReturn) or (isinstance(exc, RewardRaised) and exc.type_name == "BadReturn"):
+                return self._failed("bad_return", f"bad return: {exc}")
             if isinstance(exc, RewardRaised):
                 return self._failed(f"raised:{exc.type_name}", f"raised {exc.type_name}: {exc}")
             return self._failed(f"raised:{type(exc).__name__}", f"raised {type(exc).__name__}: {exc}")
+        return value  # (a RewardResult: as_result ran inside the guarded call)
+
+    def fail(self, reason: str, message: str) -> RewardResult:
+        """Count a failure by ``reason`` (as the scorer's own are counted) and return the fallback result:
+        for scores that reach a run outside :meth:`score_batch`, e.g. an environment's own reward."""
+        return self._failed(reason, message)
+
+    def check(self, value: Any) -> RewardResult:
+        """A score from elsewhere (an environment's ``info["reward"]``) through the scorer's value check: its
+        :class:`RewardResult`, or the fallback with a counted ``bad_return``. Call it where the value was made,
+        under that call's own time-out (converting a hostile value can block)."""
         try:
             return as_result(value)
-        except (TypeError, ValueError) as bad:
+        except BadReturn as bad:
             return self._failed("bad_return", f"bad return: {bad}")
 
     def _failed(self, reason: str, message: str) -> RewardResult:
@@ -297,6 +315,25 @@ class Scorer:
             self._counts[reason] += 1
             self._counts["failed"] += 1
         return RewardResult(self.fallback_score, {}, message)
+
+
+class RewardExited(BaseException):
+    """A reward called ``os._exit`` on a runner thread (thread isolation): the call fails as ``crashed``
+    instead of ending the whole process (the rollout, or in colocate the run) without a word."""
+
+
+_REAL_EXIT = os._exit
+_RUNNER = "relax-reward"
+
+
+def _guarded_exit(code: int) -> None:
+    """``os._exit`` while thread-isolated rewards may run: on a reward runner thread, the call raises
+    :class:`RewardExited` (the reward's call fails, counted); on any other thread it is the real one."""
+    if threading.current_thread().name == _RUNNER:
+        raise RewardExited(
+            f"the reward called os._exit({code}); a reward must return a score, not end its process"
+        )
+    _REAL_EXIT(code)
 
 
 class _Runners:
@@ -353,7 +390,7 @@ class _Runners:
     def _start(self) -> None:
         rid, self.next_id = self.next_id, self.next_id + 1
         self.live.add(rid)
-        threading.Thread(target=self._loop, args=(rid,), name="relax-reward", daemon=True).start()
+        threading.Thread(target=self._loop, args=(rid,), name=_RUNNER, daemon=True).start()
 
     def _loop(self, rid: int) -> None:
         while True:
@@ -368,7 +405,8 @@ class _Runners:
                 self.current[rid] = (k, time.monotonic())
             _, fn, response, label, metadata = self.calls[k]
             try:
-                outcome: tuple[bool, Any] = (True, call_reward(fn, response, label, metadata))
+                # converted here, on the runner: a __float__ that blocks is the call's time-out's business
+                outcome: tuple[bool, Any] = (True, as_result(call_reward(fn, response, label, metadata)))
             except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
                 outcome = (False, exc)
             with self.cond:

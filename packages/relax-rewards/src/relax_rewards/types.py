@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RewardFn", "RewardResult", "as_result", "is_async_reward"]
+__all__ = ["BadReturn", "RewardFn", "RewardResult", "as_result", "is_async_reward"]
 
 RewardFn = Callable[..., "float | RewardResult | Awaitable[float | RewardResult]"]
 """``fn(response, label, metadata=None)``, sync or ``async def``."""
@@ -53,33 +53,55 @@ class RewardResult:
         return self.failure is None
 
 
+class BadReturn(TypeError, ValueError):
+    """What a reward returned is not a finite score (None, text, NaN, ±inf, an int past float's range, an
+    object whose ``__float__`` raises). Both a TypeError and a ValueError, as the checks it replaces were."""
+
+
 def as_result(value: Any) -> RewardResult:
-    """Normalize what a reward returned into a :class:`RewardResult`.
+    """Normalize what a reward returned into a :class:`RewardResult`; :class:`BadReturn` if it is none.
 
     Accepts a ``RewardResult``, a real number (``bool`` included) or anything ``float()`` accepts.
     A NaN or infinite score is refused: either one poisons the group's advantages, then the weights.
+    The scorer calls this inside the guarded call (its time-out and isolation cover a ``__float__`` that
+    blocks or kills its process).
 
     >>> as_result(1)
     RewardResult(score=1.0, details={}, failure=None)
     >>> as_result(RewardResult(0.5)).score
     0.5
     """
-    if isinstance(value, RewardResult):
-        result = value
-    else:
-        if value is None or isinstance(value, str | bytes):
-            raise TypeError(
-                f"a reward must return a float or RewardResult (got {type(value).__name__}: {value!r})"
-            )
-        result = RewardResult(float(value))
-    if not isinstance(result.score, int | float) or not math.isfinite(result.score):
-        raise ValueError(
-            f"a reward score must be a finite number, not {result.score!r} (NaN or ±inf would poison the "
+    result = value if isinstance(value, RewardResult) else None
+    score = value.score if result is not None else value
+    if score is None or isinstance(score, str | bytes):
+        raise BadReturn(
+            f"a reward must return a float or RewardResult (got {type(score).__name__}: {_short(score)})"
+        )
+    try:
+        number = float(score)
+    except Exception as exc:  # noqa: BLE001 - OverflowError (10**400), a __float__ that raises anything
+        raise BadReturn(
+            f"a reward score must be a number float() accepts, not {type(score).__name__} {_short(score)} "
+            f"({type(exc).__name__}: {exc}): return a bounded float"
+        ) from None
+    if not math.isfinite(number):
+        raise BadReturn(
+            f"a reward score must be a finite number, not {number!r} (NaN or ±inf would poison the "
             "group's advantages and the weights): return a bounded score"
         )
-    if not isinstance(result.score, float):
-        result = RewardResult(float(result.score), result.details, result.failure)
-    return result
+    if result is None:
+        return RewardResult(number)
+    return result if type(result.score) is float else RewardResult(number, result.details, result.failure)
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a returned value, cut to 80 characters (a 5,000-digit int is not a message)."""
+    try:
+        big = isinstance(value, int) and value.bit_length() > 128  # (str() of > 4300 digits raises)
+        text = f"<an int of {int(value.bit_length() * 0.30103) + 1} digits>" if big else repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_async_reward(fn: Callable) -> bool:

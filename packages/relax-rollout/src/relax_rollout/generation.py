@@ -228,6 +228,7 @@ class Generation:
                 "loss_mask": ep.mask,
                 "turns": ep.turns,
                 "env_reward": ep.info.get("reward"),
+                "env_reward_error": ep.info.get("reward_error"),
                 "env_error": str(ep.info.get("error", ep.info.get("reset_error", ""))),
             }
             outs.append(

@@ -148,6 +148,29 @@ def _call(pool: cf.ThreadPoolExecutor, timeout_s: float, fn: Any, *args: Any) ->
     return pool.submit(lambda: resolve(fn(*args))).result(timeout=timeout_s)
 
 
+def _checked_step(env: Any, text: str) -> Any:
+    """``env.step(text)`` with its ``info["reward"]`` converted as the scorer converts a reward's return
+    (on the time-limited thread: a hostile ``__float__`` can block). A value that is no finite score is
+    moved to ``info["reward_error"]``: the sample is then counted as a ``bad_return``, not trained on ±inf."""
+    from relax_rewards.types import BadReturn, as_result
+
+    result = resolve(env.step(text))
+    if (
+        isinstance(result, tuple)
+        and len(result) == 3
+        and isinstance(result[2], dict)
+        and "reward" in result[2]
+    ):
+        info = dict(result[2])
+        try:
+            info["reward"] = as_result(info["reward"]).score
+        except BadReturn as bad:
+            info["reward_error"] = f"the environment's info['reward']: {bad}"
+            del info["reward"]
+        result = (result[0], result[1], info)
+    return result
+
+
 def _fail(ep: Episode, reason: str, exc: BaseException | str) -> None:
     ep.stop_reason = reason
     ep.info["error"] = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
@@ -208,7 +231,7 @@ def _take_turn(ep, out, tokenizer, eos, max_turns, max_total_tokens, pool, timeo
         ep.stop_reason = f"engine_{out.finish_reason}"
         return
     try:
-        result = _call(pool, timeout_s, ep.env.step, text)
+        result = _call(pool, timeout_s, _checked_step, ep.env, text)
     except cf.TimeoutError:
         return _fail(ep, "env_timeout", f"step took longer than {timeout_s}s")
     except Exception as e:  # noqa: BLE001 - the environment's bug ends this sample only

@@ -62,7 +62,9 @@ class SampleWriter:
         from relax_rewards import RewardResult
 
         for i, o in enumerate(outs):  # an environment's own reward wins over --rm-type
-            if o.extra.get("env_reward") is not None:
+            if o.extra.get("env_reward_error"):  # (checked on the environment's time-limited thread)
+                results[i] = self.scorer.fail("bad_return", o.extra["env_reward_error"])
+            elif o.extra.get("env_reward") is not None:
                 results[i] = RewardResult(float(o.extra["env_reward"]))
         return results, time.perf_counter() - t1
 

@@ -143,3 +143,46 @@ def test_a_running_route_does_not_block_others_and_abrupt_shutdown_resets_it(ser
     waiter.join(10)
     t.join(10)
     assert not t.is_alive() and isinstance(result["slow"], (ConnectionError, http.client.HTTPException))
+
+
+def _half_open(srv, n: int, path: str = "/echo") -> list:
+    """``n`` connections that send a request's headers and the first byte of a 100-byte body, then nothing."""
+    import socket
+
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=30)
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode())
+        socks.append(s)
+    return socks
+
+
+def test_half_open_connections_hold_no_admission_slot_and_leave_quietly(served, caplog):
+    """Before: a request was admitted (counted against ``max_admitted``) before its body was read, so 256
+    half-open connections refused every other request with 503 while held, and each one that left logged
+    an ERROR with a traceback. Now the body is read first and a client that leaves is dropped quietly."""
+    srv, _, _ = served(admitted=lambda method, path: path == "/echo", max_admitted=256)
+    socks = _half_open(srv, 256)
+    try:
+        time.sleep(0.5)  # (every one of them is in: its headers are read)
+        code, _, data = _ask(_conn(srv), "POST", "/echo", json.dumps({"a": 1}))
+        assert code == 200 and json.loads(data)["body"] == {"a": 1}
+    finally:
+        with caplog.at_level("DEBUG", logger="relax_rollout.http_api"):
+            for s in socks:
+                s.close()
+            time.sleep(0.5)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")], caplog.text
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408(served):
+    srv, _, _ = served(body_timeout_s=0.5)
+    (s,) = _half_open(srv, 1)
+    try:
+        s.settimeout(10)
+        t = time.monotonic()
+        head = s.recv(4096).decode()
+        assert head.startswith("HTTP/1.1 408") and "not received within 0.5 s" in head, head
+        assert time.monotonic() - t < 5
+    finally:
+        s.close()

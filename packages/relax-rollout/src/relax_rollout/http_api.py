@@ -12,11 +12,14 @@ as it does for SGLang and vLLM; this module keeps only what is ours:
 - exceptions map to statuses through one table, each with the error body the server speaks;
 - a bearer token guards the paths ``protected`` says, before the body is read;
 - a body larger than ``max_body_bytes`` is refused with 413 before it is read whole;
+- the body is read first, within ``body_timeout_s`` (then 408); a client that leaves mid-body is dropped
+  quietly (it used to log an ERROR traceback per connection);
 - admission control: the routes ``admitted`` names (those that generate) are bounded by ``max_admitted``
-  requests at once (running + waiting for the engine); one beyond is refused at once, before its body is
-  read, with 503, the server's error body and ``Retry-After``, so a flood is answered, not queued without
-  end. Other routes (health, metrics) are never refused and run on their own threads, so health checks
-  pass under load.
+  requests at once (running + waiting for the engine), counted once the body is in — 256 half-open
+  connections used to fill every slot and refuse all generation for as long as they were held; one beyond
+  is refused at once with 503, the server's error body and ``Retry-After``, so a flood is answered, not
+  queued without end. Other routes (health, metrics) are never refused and run on their own threads, so
+  health checks pass under load.
 
 :class:`Served` binds the socket itself (port 0 works, ``server_address`` is known at once, the backlog is
 ours) and has the ``serve_forever`` / ``shutdown`` / ``server_close`` of the standard library's servers,
@@ -47,6 +50,8 @@ concurrent clients: 89 ``/generate`` resets, 21 ``/health`` time-outs, measured)
 THREADS = 256
 """Routes running at once (each in a worker thread; the rest wait their turn, their connections open)."""
 RETRY_AFTER_S = 1
+BODY_TIMEOUT_S = 30.0
+"""Default time for a request body to arrive (64 MiB at ~2 MB/s, far above any prompt)."""
 """``Retry-After`` (seconds) of a 503 refused by admission control: a generation slot frees in about that."""
 
 
@@ -117,6 +122,9 @@ class JsonApi:
     limit_name: str = "max_admitted"
     """How the refusal names the bound (the server's flag), so its reader knows what to raise."""
     retry_after_s: int = RETRY_AFTER_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    """Seconds a request's body may take to arrive; then 408 and the connection closed (a half-open
+    connection, or one that trickles, is not held for ever)."""
     on_refused: Callable[[str, str], None] = lambda method, path: None
     """Called (in the event loop) for each request refused by admission control: count it."""
 
@@ -155,35 +163,55 @@ class JsonApi:
         req = Request(
             request.headers, params, dict(parse_qsl(scope.get("query_string", b"").decode())), method, path
         )
+        from starlette.requests import ClientDisconnect
+
+        try:  # the body first, within its time: a client that never finishes holds no slot and no thread
+            body = (
+                await asyncio.wait_for(self._body(request), self.body_timeout_s) if method == "POST" else {}
+            )
+        except ClientDisconnect:  # (the client is gone: nobody to answer, nothing wrong with the server)
+            logger.debug("%s: %s %s: the client left before sending its body", self.name, method, path)
+            return
+        except Exception as e:  # noqa: BLE001 — a body too large, not JSON, or too slow: answered
+            if isinstance(e, TimeoutError):
+                e = BodyError(
+                    f"body: not received within {self.body_timeout_s:g} s; send the whole request at once",
+                    408,
+                )
+            await self._answer(send, method, path, *self._failure(e, method, path))
+            return
         limited = self.max_admitted is not None and self.admitted(method, path)
         if limited:
-            if self._running_admitted >= self.max_admitted:  # refused at once, its body unread (h11 skips it)
+            if self._running_admitted >= self.max_admitted:
                 await self._refuse(send, method, path)
                 return
             self._running_admitted += 1  # (no await between the check and this: the loop is one thread)
         try:
             try:
-                body = await self._body(request) if method == "POST" else {}
                 code, out = await self._run(route, body, req, limited)
             except Exception as e:  # noqa: BLE001 — every failure is an answer; the server keeps serving
-                code, out = self._status(e), None
-                kind = type(e).__name__
-                if code == 500:
-                    logger.exception("%s: %s %s failed", self.name, method, path)
-                    message = f"{kind}: {e}"
-                else:
-                    message = str(e)
-                out = self.error_body(code, message, kind, e)
-            if isinstance(out, EventStream):
-                await self._events(send, out)
-            elif isinstance(out, Text):
-                await self._send(send, code, out.body.encode(), out.content_type)
-            else:  # every 503 (busy, or the device lent to the trainer) says when to try again
-                retry = [(b"retry-after", str(self.retry_after_s).encode())] if code == 503 else None
-                await self._json(send, code, out, retry)
+                code, out = self._failure(e, method, path)
+            await self._answer(send, method, path, code, out)
         finally:
             if limited:
                 self._running_admitted -= 1
+
+    def _failure(self, e: Exception, method: str, path: str) -> tuple[int, Any]:
+        """The status and error body of a request that failed with ``e`` (a 500 is logged with its traceback)."""
+        code, kind = self._status(e), type(e).__name__
+        if code == 500:
+            logger.exception("%s: %s %s failed", self.name, method, path)
+            return code, self.error_body(code, f"{kind}: {e}", kind, e)
+        return code, self.error_body(code, str(e), kind, e)
+
+    async def _answer(self, send: Callable, method: str, path: str, code: int, out: Any) -> None:
+        if isinstance(out, EventStream):
+            await self._events(send, out)
+        elif isinstance(out, Text):
+            await self._send(send, code, out.body.encode(), out.content_type)
+        else:  # every 503 (busy, or the device lent to the trainer) says when to try again
+            retry = [(b"retry-after", str(self.retry_after_s).encode())] if code == 503 else None
+            await self._json(send, code, out, retry)
 
     # -- pieces ----------------------------------------------------------------------------------------
     def _authorised(self, path: str, got: str) -> bool:

@@ -35,7 +35,9 @@ def test_an_unknown_reward_is_one_line_before_anything_loads(capsys):
     """Before: a KeyError traceback after Ray started and the models loaded."""
     assert main(["train", "--rm-type", "no_such_reward"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("relax: --rm-type no_such_reward: unknown reward 'no_such_reward'") and "\n" not in err
+    assert (
+        err.startswith("relax: --rm-type no_such_reward: unknown reward 'no_such_reward'") and "\n" not in err
+    )
     assert main(["train", "--eval-rm-type", "relax_rewards.math:nothing"]) == 2
     assert "--eval-rm-type relax_rewards.math:nothing: module 'relax_rewards.math' has no attribute" in (
         capsys.readouterr().err

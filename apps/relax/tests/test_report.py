@@ -62,3 +62,11 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
         "2 rewards failed (raised:ValueError) and scored the fallback",
         "2 samples scored without a label",
     ]
+    # a torn journal line (a kill mid-write) is counted; a non-finite figure is written as null, never Infinity
+    with open(tmp_path / "run" / "rollout_journal.jsonl", "a") as f:
+        f.write('{"begin": 1, "sta\n')
+    result.history = [{"step": 0, "rollout/reward_mean": float("inf")}]
+    summary = write_report(cfg, result)
+    assert summary["journal_torn_lines"] == 1 and summary["reward_first"] is None
+    assert "Infinity" not in (tmp_path / "run" / "summary.json").read_text()
+    assert "1 torn lines in the rollout journal skipped (a kill mid-write)" in console_lines(summary)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.controller import RunResult
+from relax_core.resume import Journal
 
 
 def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None) -> dict:
@@ -35,6 +38,7 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         "bad_media_rows": result.rollout_stats.get("bad_media_rows", 0),
         "long_prompt_rows": result.rollout_stats.get("long_prompt_rows", 0),
         "skipped_examples": result.rollout_stats.get("skipped_examples", []),  # the first of each kind
+        "journal_torn_lines": Journal.for_run(cfg).torn_lines(),  # (a kill mid-write; skipped on resume)
         "output_dir": str(out),
         **(extra or {}),
     }
@@ -45,7 +49,8 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         summary["core_busy_share"] = round(
             core_busy_share(trace, cfg.run.num_cpus or os.cpu_count() or 1)["share"], 3
         )
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = _finite(summary)  # (strict JSON: a NaN or ±inf figure is written as null, never Infinity)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
     _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
     summary["plot"] = str(out / "curves.png")
     return summary
@@ -62,9 +67,24 @@ def console_lines(summary: dict) -> list[str]:
         lines.append(f"{summary['long_prompt_rows']} prompts skipped: longer than the model's context allows")
     for reason, n in sorted(summary["reward_failures"].items()):
         lines.append(f"{n} rewards failed ({reason}) and scored the fallback")
+    if summary.get("journal_torn_lines"):
+        lines.append(
+            f"{summary['journal_torn_lines']} torn lines in the rollout journal skipped (a kill mid-write)"
+        )
     if summary["reward_unlabeled"]:
         lines.append(f"{summary['reward_unlabeled']} samples scored without a label")
     return lines
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def reward_failures(stats: dict[str, int]) -> dict[str, int]:

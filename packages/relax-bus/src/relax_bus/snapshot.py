@@ -138,14 +138,42 @@ def read(path: str | Path, rename: dict[str, str] | None = None) -> dict[str, An
     path = Path(path)
     if not (path / "manifest.json").is_file():
         raise BusError(f"no bus snapshot at {path} (expected {path / 'manifest.json'})")
-    manifest = json.loads((path / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT:
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except ValueError as e:
         raise BusError(
-            f"bus snapshot {path} has format {manifest.get('format')}, this relax-bus reads {FORMAT}"
+            f"bus snapshot {path / 'manifest.json'} is not JSON ({e}): the snapshot is damaged"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BusError(f"bus snapshot {path} has format {got}, this relax-bus reads {FORMAT}")
+    try:
+        with open(path / "state.pkl", "rb") as f:
+            state = pickle.load(f)
+    except Exception as e:  # noqa: BLE001 - truncated (EOFError, UnpicklingError), missing, anything else
+        raise BusError(
+            f"bus snapshot {path / 'state.pkl'} cannot be read ({type(e).__name__}: {e}): the snapshot is damaged"
+        ) from None
+    missing = [k for k in _STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise BusError(
+            f"bus snapshot {path / 'state.pkl'} is not a bus state (no {', '.join(missing)}): the snapshot is "
+            "damaged or another file"
         )
-    with open(path / "state.pkl", "rb") as f:
-        state = pickle.load(f)
     return rename_consumers(state, rename) if rename else state
+
+
+_STATE_KEYS = (
+    "config",
+    "samples",
+    "consumers",
+    "next_id",
+    "next_lease",
+    "trainer_version",
+    "schema",
+    "counts",
+    "staleness_hist",
+)
 
 
 def rename_consumers(state: dict[str, Any], rename: dict[str, str]) -> dict[str, Any]:

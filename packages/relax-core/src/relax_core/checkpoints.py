@@ -51,6 +51,62 @@ def write_manifest(directory: str | Path) -> dict:
     return manifest
 
 
+def extend_manifest(directory: str | Path, parts: list[str]) -> None:
+    """Add ``parts`` (files or folders, relative to ``directory``) written after the checkpoint was renamed into
+    place to its manifest, replaced atomically: a kill before this leaves them out of the manifest, and a part
+    outside the manifest is never trusted (:func:`listed`)."""
+    root = Path(directory)
+    manifest = json.loads((root / MANIFEST).read_text())
+    for part in parts:
+        p = root / part
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                entry: dict = {"bytes": f.stat().st_size}
+                if entry["bytes"] <= HASH_LIMIT:
+                    entry["sha256"] = _digest(f)
+                manifest["files"][f.relative_to(root).as_posix()] = entry
+    tmp = root / f".{MANIFEST}.writing-{os.getpid()}"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, root / MANIFEST)
+
+
+def listed(directory: str | Path, part: str) -> bool:
+    """Whether the manifest of the checkpoint at ``directory`` lists ``part`` (a file, or any file under a
+    folder). A checkpoint without a manifest (written before manifests existed) lists everything."""
+    root = Path(directory)
+    if not (root / MANIFEST).is_file():
+        return True
+    try:
+        files = json.loads((root / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return part in files or any(name.startswith(part.rstrip("/") + "/") for name in files)
+
+
+def remove_stale_writes(parent: str | Path) -> list[Path]:
+    """Remove the temporary directories of saves killed mid-write (``.step_N.writing-PID`` whose process is
+    gone) under ``parent``; returns what was removed. They are never loaded, but a killed run left them for
+    ever (each a whole model's size)."""
+    removed = []
+    for p in Path(parent).glob(".*.writing-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (someone else's process: alive)
+        return True
+    return True
+
+
 def problem(directory: str | Path) -> str | None:
     """What is wrong with the checkpoint at ``directory`` (None: it is whole). Without a manifest (written
     before manifests existed) a checkpoint counts as whole when its ``meta.json`` is there."""
@@ -83,6 +139,8 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     target = Path(target)
     if target.is_dir() and problem(target) is None:
         return target
+    for stale in remove_stale_writes(target.parent):
+        logger.info("removed %s, left by a save that was killed", stale)
     tmp = target.with_name(f".{target.name}.writing-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -25,12 +25,15 @@ Two small classes, so the files are read and written in one place:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relax_core.config import RelaxConfig
+
+logger = logging.getLogger(__name__)
 
 JOURNAL = "rollout_journal.jsonl"
 RUN_STATE = "run_state.json"
@@ -60,10 +63,36 @@ class Journal:
         and under the health manager a restarted rollout process continues from it."""
         return cls(Path(cfg.run.output_dir) / JOURNAL)
 
+    torn: int = 0
+    """Lines of the journal that did not parse at the last read (a kill mid-write tears the last one)."""
+
     def _entries(self) -> list[dict[str, Any]]:
+        """The journal's entries; a line that is not a JSON object is skipped and counted in :attr:`torn`
+        (it crashed the trainer's checkpoint and the rollout's restart)."""
         if self.path is None or not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        out, torn = [], 0
+        for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                entry = None
+            if isinstance(entry, dict):
+                out.append(entry)
+            else:
+                torn += 1
+                logger.warning(
+                    "%s line %d is not a journal entry (torn by a kill mid-write?): skipped", self.path, n
+                )
+        self.torn = torn
+        return out
+
+    def torn_lines(self) -> int:
+        """Lines of the journal that are not entries (skipped; reported in the run's summary)."""
+        self._entries()
+        return self.torn
 
     def data_states(self, steps: list[int], timeout_s: float = 300.0) -> dict[int, dict[str, int] | None]:
         """Where the prompts stood when each of ``steps`` began: its ``begin`` entry, or for a step not
@@ -129,10 +158,7 @@ class Journal:
         begun: dict[int, dict] = {}
         drawn: dict[int, dict] = {}
         put: list[tuple[int, list[str], bool]] = []
-        for line in self.path.read_text().splitlines():
-            if not line.strip():
-                continue
-            e = json.loads(line)
+        for e in self._entries():
             if "begin" in e:
                 begun[int(e["begin"])] = e["state"]
             elif "drawn" in e:
@@ -206,9 +232,21 @@ class CheckpointDir:
         (self.path / "bus_resume.json").write_text(json.dumps(resume))
 
     def bus_resume(self) -> dict[str, Any] | None:
-        """``bus_resume.json`` when the checkpoint holds a whole bus snapshot, else None (a checkpoint without
-        one resumes by drawing those prompts again)."""
+        """``bus_resume.json`` when the checkpoint holds a whole bus snapshot, listed in its manifest, else
+        None (a checkpoint without one resumes by drawing those prompts again). The snapshot is added to the
+        manifest after it is written (:meth:`seal_bus`): one a kill left out is not trusted."""
+        from relax_core.checkpoints import listed
+
         resume = self.path / "bus_resume.json"
         if not ((self.bus / "manifest.json").is_file() and resume.is_file()):
             return None
+        if not (listed(self.path, "bus_resume.json") and listed(self.path, "bus/state.pkl")):
+            return None
         return json.loads(resume.read_text())
+
+    def seal_bus(self) -> None:
+        """The bus snapshot and ``bus_resume.json``, written into the checkpoint after it was renamed into
+        place, join its manifest (checked at every load like the rest)."""
+        from relax_core.checkpoints import extend_manifest
+
+        extend_manifest(self.path, ["bus", "bus_resume.json"])

@@ -13,7 +13,11 @@ from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
 
 
 def test_by_count_keeps_sample_order():
-    assert plan_micro_batches([5] * 5, list(range(5)), TrainConfig(micro_batch_size=2)) == [[0, 1], [2, 3], [4]]
+    assert plan_micro_batches([5] * 5, list(range(5)), TrainConfig(micro_batch_size=2)) == [
+        [0, 1],
+        [2, 3],
+        [4],
+    ]
 
 
 def test_by_tokens_packs_longest_first_within_the_budget():

@@ -53,6 +53,8 @@ class ActorCheckpoints:
         from relax_bus import snapshot
 
         ckpt = CheckpointDir(checkpoint)
+        if ckpt.bus_resume() is not None:  # sealed by the save of this step already: it stays as it is (a
+            return  # rewrite would leave the manifest naming the old snapshot until sealed again)
         with self.tracer.span("save_bus", version=self.backend.version):
             self.bus.snapshot(ckpt.bus)
             steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(ckpt.bus)["samples"]]
@@ -64,6 +66,7 @@ class ActorCheckpoints:
                     nxt += 1
             # where each rollout step from the trainer's version on began: the resumed run's journal
             ckpt.write_bus_resume(nxt, self.data_states(list(range(self.backend.version, nxt + 1))))
+            ckpt.seal_bus()  # (into the manifest last: a kill before leaves a snapshot that is not trusted)
 
     def save(self, path: str | None = None) -> str:
         """A checkpoint of this version under ``path`` (default ``--save``): the backend's weights and

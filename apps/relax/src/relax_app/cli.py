@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # before anything heavy starts
         print(f"relax: {exc}", file=sys.stderr)
         return 2
-    train(cfg)
+    from relax_core.ownership import DataChanged, DirectoryInUse
+
+    try:
+        train(cfg)
+    except (DirectoryInUse, DataChanged) as exc:  # (found as the run starts: one line, nothing lost)
+        print(f"relax: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -306,12 +306,15 @@ class AsyncRun:
     def _trainer_checkpoint(self) -> str | None:
         """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
         from relax_core.checkpoints import latest_checkpoint
+        from relax_core.ownership import read_record
 
         acked = set(self.bus.consumed_ids(TRAINER_CONSUMER))
         ckpt, covered = None, set()
         if self.cfg.train.save:
             try:
-                ckpt = latest_checkpoint(self.cfg.train.save)
+                ckpt = latest_checkpoint(
+                    self.cfg.train.save, read_record(self.cfg.run.output_dir).get("run_id")
+                )
             except FileNotFoundError:
                 ckpt = None
         if ckpt is not None:
@@ -345,12 +348,15 @@ class AsyncRun:
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
         from relax_core.checkpoints import latest_checkpoint
+        from relax_core.ownership import read_record
 
         self.teardown()
         ckpt = None
         if self.cfg.train.save:
             try:
-                ckpt = latest_checkpoint(self.cfg.train.save)
+                ckpt = latest_checkpoint(
+                    self.cfg.train.save, read_record(self.cfg.run.output_dir).get("run_id")
+                )
             except FileNotFoundError:
                 ckpt = None
         if ckpt is None:  # nothing saved yet: the run starts over, so it forgets what it logged

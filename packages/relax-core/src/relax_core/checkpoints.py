@@ -131,6 +131,16 @@ def problem(directory: str | Path) -> str | None:
     return None
 
 
+def _other_run(step: Path, run_id: str | None) -> str | None:
+    """Why ``step`` is not ``run_id``'s checkpoint (None: it is, or no run id was asked for)."""
+    if run_id is None:
+        return None
+    from relax_core.resume import CheckpointDir
+
+    theirs = CheckpointDir(step).run_state().get("run_id")
+    return None if theirs == run_id else f"written by another run ({theirs or 'no run id'})"
+
+
 def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     """Have ``write(directory)`` fill a temporary directory beside ``target``, add the manifest, and rename
     it to ``target``. An existing whole checkpoint at ``target`` is kept as it is: a checkpoint of the same
@@ -158,10 +168,11 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def latest_checkpoint(path: str | Path) -> str:
+def latest_checkpoint(path: str | Path, run_id: str | None = None) -> str:
     """The checkpoint ``--load PATH`` resumes from: PATH itself when it is one (it must be whole), else
     the newest whole ``step_*`` under it; newer ones that are not whole are passed over, each named with
-    its problem in a warning. Raises ``FileNotFoundError`` when there is none to use."""
+    its problem in a warning. ``run_id`` (a run's own restarts): only that run's checkpoints count, another
+    run's are passed over like damaged ones. Raises ``FileNotFoundError`` when there is none to use."""
     p = Path(path)
     if (p / "meta.json").is_file():
         wrong = problem(p)
@@ -170,7 +181,7 @@ def latest_checkpoint(path: str | Path) -> str:
         return str(p)
     passed_over = []
     for step in sorted((d for d in p.glob("step_*") if d.is_dir()), reverse=True):
-        wrong = problem(step)
+        wrong = problem(step) or _other_run(step, run_id)
         if wrong is None:
             for name, why in passed_over:
                 logger.warning("checkpoint %s is not whole (%s): resuming from %s instead", name, why, step)

@@ -407,7 +407,14 @@ class RunConfig(_Section):
     bus_capacity: int = Field(8192, ge=1)
     """Maximum live samples on the bus; a full bus applies back-pressure to rollout."""
     output_dir: str = "runs/relax"
-    """Where TensorBoard logs, metrics.jsonl, the plot and the summary are written."""
+    """Where TensorBoard logs, metrics.jsonl, the plot and the summary are written. A run locks it (and
+    --save): a second run on the same directory is refused, naming the first."""
+    overwrite: bool = False
+    """Start a fresh run in a --save that holds checkpoints (without --load): they are deleted first. Without
+    it such a run is refused (it used to keep them and resume them on a restart)."""
+    allow_data_change: bool = False
+    """Go on when the prompt file is not the one fingerprinted at the start of the run or in the checkpoint
+    --load resumes (logged); without it the run is refused, naming what changed."""
     eval_interval: int | None = Field(10, ge=1)
     """Evaluate held-out greedy accuracy every N steps (and before the first and after the last)."""
     num_cpus: int | None = Field(None, ge=1)

@@ -17,6 +17,8 @@ from relax_core.colocate import run_colocate
 from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
 from relax_core.notify import Notifier
+from relax_core.ownership import RunLocks, claim_save_dir, start_record
+from relax_core.resume import CheckpointDir
 from relax_core.roles import REGISTRY, bus_config, role_class
 from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tokenizer, start_ray
 
@@ -48,6 +50,19 @@ class Controller:
         its whole process (``ray.init`` leaves its own SIGTERM handler behind, which exits)."""
         self._stop.requested = True
 
+    def _record(self) -> None:
+        """The run's id and its data's fingerprint (``relax_core.ownership``), checked against the checkpoint
+        --load resumes; a --save holding checkpoints without --load is emptied with --overwrite, else refused."""
+        from relax_core.checkpoints import latest_checkpoint
+
+        cfg, loaded = self.cfg, None
+        if cfg.train.load:
+            path = latest_checkpoint(cfg.train.load)
+            loaded = {**CheckpointDir(path).run_state(), "path": path}
+        elif cfg.train.save:
+            claim_save_dir(cfg.train.save, cfg.run.overwrite)
+        start_record(cfg.run.output_dir, self.inputs.prompt_path, loaded, cfg.run.allow_data_change)
+
     def run(self) -> RunResult:
         cfg = self.cfg
         notifier = Notifier(cfg.run.notify_urls, run_name=Path(cfg.run.output_dir).name)
@@ -62,13 +77,15 @@ class Controller:
             }
         )
         try:
-            if cfg.uses_teacher:
-                check_teacher_tokenizer(cfg, self.inputs)
-            if cfg.run.mode == "colocate":
-                result = run_colocate(cfg, self.inputs, self._stop)
-            else:
-                self.async_run = AsyncRun(cfg, self.inputs, notifier, cfg.run.torch_threads or 1)
-                result = run_fully_async(self.async_run, self._stop)
+            with RunLocks([("--output-dir", cfg.run.output_dir), ("--save", cfg.train.save)]):
+                self._record()
+                if cfg.uses_teacher:
+                    check_teacher_tokenizer(cfg, self.inputs)
+                if cfg.run.mode == "colocate":
+                    result = run_colocate(cfg, self.inputs, self._stop)
+                else:
+                    self.async_run = AsyncRun(cfg, self.inputs, notifier, cfg.run.torch_threads or 1)
+                    result = run_fully_async(self.async_run, self._stop)
         except BaseException as exc:
             notifier.failure(exc)
             raise

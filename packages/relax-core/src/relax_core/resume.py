@@ -196,14 +196,22 @@ class CheckpointDir:
         return cls(Path(root) / f"step_{version:06d}")
 
     def write_run_state(
-        self, trained_ids: list[int], trained_prompts: list[list[str]], data: dict | None
+        self,
+        trained_ids: list[int],
+        trained_prompts: list[list[str]],
+        data: dict | None,
+        run: dict[str, Any] | None = None,
     ) -> None:
         """Beside the backend's files: what was trained so far (a restarted trainer and the audit carry on
-        from it) and ``data``, where the rollout's prompts stand for the next step (None: unknown, or the
-        data's start)."""
+        from it), ``data``, where the rollout's prompts stand for the next step (None: unknown, or the
+        data's start), and ``run``: the run's id and its data's fingerprint (``relax_core.ownership``), which
+        every resume checks."""
         state: dict[str, Any] = {"trained_ids": trained_ids, "trained_prompts": trained_prompts}
         if data is not None:
             state["data"] = data
+        for key in ("run_id", "data_fingerprint"):
+            if (run or {}).get(key) is not None:
+                state[key] = run[key]
         (self.path / RUN_STATE).write_text(json.dumps(state))
 
     def run_state(self) -> dict[str, Any]:

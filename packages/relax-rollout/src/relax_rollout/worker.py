@@ -73,6 +73,7 @@ class RolloutWorker:
         if cfg.algo.routing_replay and engine.routing is None:
             raise ValueError(f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks")
         self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
+        _check_data(cfg, prompt_path)  # (a restarted rollout re-reads the file: the run's, or refused)
         self.prompts = Prompts(cfg, self.tokenizer, model_path, prompt_path, self.stats)
         self.scorer = build_scorer(cfg)
         self._cond = threading.Condition()
@@ -348,3 +349,12 @@ class RolloutWorker:
 
             ray.util.remove_placement_group(self._gpus)
             self._gpus = None
+
+
+def _check_data(cfg: RelaxConfig, prompt_path: str) -> None:
+    """The prompt file against the fingerprint the run recorded at its start (``relax_core.ownership``)."""
+    from relax_core.ownership import check_data, fingerprint, read_record
+
+    was = read_record(cfg.run.output_dir).get("data_fingerprint")
+    if was is not None and os.path.exists(prompt_path):
+        check_data(was, fingerprint(prompt_path), "this run", cfg.run.allow_data_change)

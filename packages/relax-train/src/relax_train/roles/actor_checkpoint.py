@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from relax_core.checkpoints import save_atomically
 from relax_core.config import RelaxConfig
+from relax_core.ownership import read_record
 from relax_core.resume import CheckpointDir, Journal
 from relax_core.trace import Tracer
 
@@ -75,10 +77,17 @@ class ActorCheckpoints:
         v = self.backend.version
         target = CheckpointDir.for_step(path or self.cfg.train.save, v).path
         data = self.data_state(v)
+        run = read_record(self.cfg.run.output_dir)  # (its id and data fingerprint go into the checkpoint)
+        if (
+            target.is_dir()
+            and run.get("run_id")
+            and CheckpointDir(target).run_state().get("run_id") != run["run_id"]
+        ):
+            shutil.rmtree(target)  # another run's checkpoint of this step: never kept as if it were ours
 
         def write(tmp: Path) -> None:
             self.backend.save_checkpoint(tmp)
-            CheckpointDir(tmp).write_run_state(list(self.trained_ids), self.trained_prompts, data)
+            CheckpointDir(tmp).write_run_state(list(self.trained_ids), self.trained_prompts, data, run)
 
         with self.tracer.span("save", version=v):  # whole, or not there (a kill mid-save)
             save_atomically(target, write)

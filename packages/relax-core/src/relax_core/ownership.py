@@ -1,0 +1,172 @@
+"""A run owns its directories and knows its data: the lock on ``--output-dir`` / ``--save``, the run's id,
+and the fingerprint of the prompt file it trains on.
+
+Why: a second run on the same directories interleaved its metrics with the first (steps 1-6 twice in one
+``metrics.jsonl``), a fresh run into a ``--save`` holding another run's checkpoints kept them and its restarts
+resumed the other run, and a prompt file rewritten mid-run was read by a restarted rollout without a word.
+So a run takes an exclusive lock on each directory it writes (``flock``: released by the kernel when the
+process ends, however it ends; the holder's pid, host and start time are in the lock file for the message),
+every checkpoint records the run's id and the data's fingerprint (``run_state.json``), the in-run restarts
+take only their own run's checkpoints, and the data is compared with its fingerprint whenever it is read
+again: at ``--load`` and when a rollout role restarts. ``<output_dir>/run.json`` holds the id and the
+fingerprints for the roles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+LOCK = ".relax.lock"
+RUN_FILE = "run.json"
+
+
+class DirectoryInUse(RuntimeError):
+    """Another live run holds the lock on a directory this run would write."""
+
+
+class DataChanged(RuntimeError):
+    """The prompt file is not the one the run (or the checkpoint it resumes) trained on."""
+
+
+class RunLocks(contextlib.ExitStack):
+    """Exclusive locks on the directories a run writes, held until the context ends."""
+
+    def __init__(self, directories: list[tuple[str, str | None]]) -> None:
+        super().__init__()
+        self.directories = [(flag, d) for flag, d in directories if d]
+
+    def __enter__(self) -> RunLocks:
+        super().__enter__()
+        try:
+            for flag, d in dict.fromkeys(self.directories):  # (--save inside --output-dir: one lock each)
+                self.enter_context(_lock(flag, Path(d)))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+
+@contextlib.contextmanager
+def _lock(flag: str, directory: Path):
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "{}"
+            try:
+                h = json.loads(holder)
+                who = f"pid {h.get('pid')} on {h.get('host')}, started {h.get('started')}"
+            except ValueError:
+                who = "another process"
+            raise DirectoryInUse(
+                f"{flag} {directory}: another run is using it ({who}); wait for it to end, stop it, or give "
+                f"this run another {flag}"
+            ) from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def claim_save_dir(save: str, overwrite: bool) -> None:
+    """A fresh run (no --load) writes into ``save``: checkpoints there belong to another run. Refused
+    (``DirectoryInUse``), or with ``overwrite`` deleted first."""
+    import shutil
+
+    old = sorted(p for p in Path(save).glob("step_*") if p.is_dir())
+    if not old:
+        return
+    if not overwrite:
+        raise DirectoryInUse(
+            f"--save {save} holds {len(old)} checkpoint(s) of another run ({old[0].name} .. {old[-1].name}): "
+            f"resume that run with --load {save}, give this one another --save, or pass --overwrite to delete them"
+        )
+    for p in old:
+        shutil.rmtree(p)
+    logger.warning("--overwrite: deleted %d checkpoint(s) of another run from %s", len(old), save)
+
+
+def fingerprint(path: str | Path) -> dict[str, Any]:
+    """Size, modification time and SHA-256 of a data file (of every file under a data folder, in order)."""
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    size = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    mtime = max((f.stat().st_mtime for f in files), default=0.0)
+    return {"path": str(p), "bytes": size, "mtime": round(mtime, 3), "sha256": h.hexdigest()}
+
+
+def difference(was: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What changed between two fingerprints of the same data, in words (None: the same content)."""
+    if was.get("sha256") == now.get("sha256"):
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now.get("mtime", 0)))
+    return (
+        f"{now.get('path')} changed: {was.get('bytes')} -> {now.get('bytes')} bytes, modified {when}, "
+        f"content hash {str(was.get('sha256'))[:12]} -> {str(now.get('sha256'))[:12]}"
+    )
+
+
+def check_data(was: dict[str, Any] | None, now: dict[str, Any], where: str, allow_change: bool) -> None:
+    """Refuse (``DataChanged``) data that is not what ``was`` fingerprinted, naming ``where`` it was recorded
+    and the difference; with ``allow_change`` log it and go on."""
+    diff = difference(was, now) if was else None
+    if diff is None:
+        return
+    if allow_change:
+        logger.warning("%s: %s (--allow-data-change: going on with the new content)", where, diff)
+        return
+    raise DataChanged(
+        f"{where} trained on other data: {diff}. Restore the file, or pass --allow-data-change to train on "
+        "the new content (the prompts drawn from here on will not be the uninterrupted run's)"
+    )
+
+
+def start_record(
+    output_dir: str, prompt_path: str, loaded: dict[str, Any] | None, allow_change: bool
+) -> dict:
+    """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed) and the data's
+    fingerprint, checked against the checkpoint's; written to ``<output_dir>/run.json`` for the roles."""
+    now = fingerprint(prompt_path)
+    if loaded:
+        check_data(
+            loaded.get("data_fingerprint"), now, f"the checkpoint loaded ({loaded.get('path')})", allow_change
+        )
+    record = {"run_id": (loaded or {}).get("run_id") or uuid.uuid4().hex, "data_fingerprint": now}
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{RUN_FILE}.writing-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / RUN_FILE)
+    return record
+
+
+def read_record(output_dir: str | Path) -> dict[str, Any]:
+    """What :func:`start_record` wrote ({} where no run recorded itself: a role used on its own)."""
+    f = Path(output_dir) / RUN_FILE
+    try:
+        return json.loads(f.read_text()) if f.is_file() else {}
+    except ValueError:
+        return {}

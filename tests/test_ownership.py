@@ -1,0 +1,102 @@
+"""A run owns its directories and knows its data (issue 36), through the real CLI: a second run on the same
+--output-dir is refused naming the first; a fresh run into a --save holding another run's checkpoints is
+refused (or, with --overwrite, deletes them first); a prompt file changed since the checkpoint is refused at
+--load and at a rollout restart, naming what changed; the run's own restarts take only its checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from _tiny import run_flags
+
+from relax_app.cli import main
+from relax_core.checkpoints import latest_checkpoint, save_atomically
+from relax_core.ownership import DataChanged, read_record, start_record
+from relax_core.resume import CheckpointDir
+
+HOLD = """
+import sys, time
+from relax_core.ownership import RunLocks
+with RunLocks([("--output-dir", sys.argv[1])]):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(tiny_run_inputs, tmp_path, capsys):
+    """Before: both ran and exited 0; metrics.jsonl held steps 1-6 twice."""
+    out = tmp_path / "run"
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "holding"
+        assert main(["train", *run_flags(tiny_run_inputs, out, num_rollout=1)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"relax: --output-dir {out}: another run is using it (pid {other.pid} on ")
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_fresh_run_into_another_run_s_save_is_refused_or_overwrites(tiny_run_inputs, tmp_path, capsys):
+    """Before: the fresh run kept the other run's checkpoints (save returned early where a step existed)
+    and its restarts would have resumed the other run."""
+    save = tmp_path / "save"
+    foreign = save / "step_000001"
+    foreign.mkdir(parents=True)
+    (foreign / "meta.json").write_text('{"version": 1}')
+    flags = run_flags(tiny_run_inputs, tmp_path / "run", num_rollout=1, save=str(save))
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"--save {save} holds 1 checkpoint(s) of another run (step_000001 .. step_000001)" in err
+    assert "--overwrite" in err and foreign.exists()
+    assert main(["train", *flags, "--overwrite"]) == 0
+    mine = read_record(tmp_path / "run")["run_id"]
+    state = CheckpointDir(save / "step_000001").run_state()
+    assert state["run_id"] == mine and state["data_fingerprint"]["sha256"]
+
+
+def test_changed_data_is_refused_at_load_and_at_a_rollout_restart(tiny_run_inputs, tmp_path, capsys):
+    """Before: rows inserted before --load trained other prompts at steps 4-6, reported ok; a file rewritten
+    mid-run was read by the restarted rollout."""
+    prompts = tmp_path / "train.jsonl"
+    shutil.copy(tiny_run_inputs.prompt_path, prompts)
+    save, out = tmp_path / "save", tmp_path / "run"
+    flags = run_flags(tiny_run_inputs, out, num_rollout=1, save=str(save), prompt_data=str(prompts))
+    assert main(["train", *flags]) == 0
+    rows = prompts.read_text().splitlines()
+    prompts.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # two rows swapped
+    assert main(["train", *flags, "--load", str(save), "--num-rollout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint loaded ({save / 'step_000001'}) trained on other data: {prompts} changed" in err
+    assert "--allow-data-change" in err
+    # a rollout role restarted mid-run re-reads the file: compared with the run's own record
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+
+    cfg = build_config(None, flags)
+    start_record(str(out), str(tiny_run_inputs.prompt_path), None, False)  # a run on the original file
+    with pytest.raises(DataChanged, match="this run trained on other data"):
+        RolloutWorker(cfg.model_copy(), None, tiny_run_inputs.model_path, str(prompts))
+
+
+def test_a_run_s_restarts_take_only_its_own_checkpoints(tmp_path):
+    def write(run_id):
+        def w(d):
+            (d / "meta.json").write_text(json.dumps({"version": 1}))
+            CheckpointDir(d).write_run_state([], [], None, {"run_id": run_id})
+
+        return w
+
+    save_atomically(tmp_path / "step_000002", write("mine"))
+    time.sleep(0.01)
+    save_atomically(tmp_path / "step_000004", write("theirs"))
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "step_000004")  # --load: the user's choice
+    assert latest_checkpoint(tmp_path, "mine") == str(tmp_path / "step_000002")
+    with pytest.raises(FileNotFoundError, match="written by another run"):
+        latest_checkpoint(tmp_path, "someone")

@@ -60,7 +60,7 @@ def _corpus(root):
         ),
         "wrongly typed parquet": (
             ["--prompt-data", str(root / "typed.parquet")],
-            ["no usable rows", "missing or empty --input-key column 'prompt'"],
+            ["no usable rows", "missing, empty or blank --input-key column 'prompt'"],
         ),
         "bad eval data": (
             ["--prompt-data", str(good), "--eval-data", str(root / "empty.jsonl")],
@@ -71,6 +71,10 @@ def _corpus(root):
             ["bad.yaml: not valid YAML", "line 2"],
         ),
         "YAML not UTF-8": ([str(root / "latin.yaml"), "--prompt-data", str(good)], ["latin.yaml: not UTF-8"]),
+        "blank elastic token": (
+            ["--prompt-data", str(good), "--elastic-token", " "],
+            ["--elastic-token must be a non-blank token"],
+        ),
         "no model": (
             ["--prompt-data", str(good), "--hf-checkpoint", str(root / "nowhere")],
             ["--hf-checkpoint", "config.json missing"],
@@ -105,5 +109,30 @@ def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, ca
     cfg = build_config(None, ["--prompt-data", str(data), "--hf-checkpoint", model])
     skipped, media = check_inputs(cfg)
     assert skipped.startswith(f"--prompt-data {data}: 2 of 3 rows skipped (first: {data}:2: not UTF-8")
+    # each row that cannot be decoded is skipped and counted with its line, the file's other rows kept
+    # (before: a line nested 100k deep was a RecursionError that killed the run, a 5,000-digit label
+    # rejected the whole file naming neither file nor line, a blank prompt was trained)
+    deep = "[" * 100_000 + "]" * 100_000
+    data.write_text(
+        "\n".join(
+            [
+                '{"prompt": "1+1=", "label": "2"}',
+                f'{{"prompt": "2+2=", "label": {deep}}}',
+                '{"prompt": "3+3=", "label": ' + "9" * 5000 + "}",
+                '{"prompt": "   ", "label": "1"}',
+            ]
+        )
+        + "\n"
+    )
+    from relax_core.data import load_prompts
+
+    ds = load_prompts(data)
+    assert [r.prompt for r in ds.rows] == ["1+1="]
+    assert ds.skipped == [
+        f"{data}:2: JSON nested too deeply to read; fix or remove the line",
+        f"{data}:3: unreadable JSON (Exceeds the limit (4300 digits) for integer string conversion: value has "
+        "5000 digits; use sys.set_int_max_str_digits() to increase the limit); fix or remove the line",
+        f"{data} row 3: missing, empty or blank --input-key column 'prompt'",
+    ]
     # a prompt marking an image in a text-only run trained as text, without a word
     assert "1 prompts mark media" in media and "--multimodal-keys" in media

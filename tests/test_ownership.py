@@ -100,3 +100,49 @@ def test_a_run_s_restarts_take_only_its_own_checkpoints(tmp_path):
     assert latest_checkpoint(tmp_path, "mine") == str(tmp_path / "step_000002")
     with pytest.raises(FileNotFoundError, match="written by another run"):
         latest_checkpoint(tmp_path, "someone")
+
+
+FSIZE = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (a write past the limit fails with EFBIG instead)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
+from relax_app.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_save_that_fails_says_what_and_where_and_stops_cleanly(tiny_run_inputs, tmp_path):
+    """A disk that refuses the checkpoint's files (here: a file-size limit, EFBIG; a full disk is ENOSPC
+    through the same path). Before: torch's ``RuntimeError: unexpected pos ...`` traceback naming no path."""
+    save = tmp_path / "save"
+    flags = run_flags(tiny_run_inputs, tmp_path / "run", num_rollout=2, save=str(save), save_interval=1)
+    out = subprocess.run(
+        [sys.executable, "-c", FSIZE, str(40 << 10), "train", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert err[-1].startswith(f"relax: the run stopped: writing checkpoint {save / 'step_000001'} failed (")
+    assert "the previous checkpoints are kept" in err[-1] and "Traceback" not in out.stderr
+    assert list(save.glob(".*writing*")) == [] and not (save / "step_000001").exists()
+
+
+def test_an_unwritable_save_or_a_disk_too_small_is_refused_before_the_first_step(
+    tiny_run_inputs, tmp_path, capsys
+):
+    (tmp_path / "a_file").write_text("")
+    flags = run_flags(
+        tiny_run_inputs, tmp_path / "run", num_rollout=1, save=str(tmp_path / "a_file" / "save")
+    )
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"relax: --save {tmp_path / 'a_file' / 'save'}: cannot write there (")
+        and "\n" not in err
+    )
+    from relax_core.checkpoints import check_writable
+
+    with pytest.raises(ValueError, match=r"MiB free, one checkpoint needs about \d+ MiB"):
+        check_writable("--save", tmp_path, need_bytes=1 << 60)

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from relax_core.checkpoints import MANIFEST, latest_checkpoint, problem, save_atomically
+from relax_core.checkpoints import MANIFEST, CheckpointWriteError, latest_checkpoint, problem, save_atomically
 
 
 def _writer(weights: bytes = b"w" * 1000, fail: bool = False):
@@ -26,7 +26,9 @@ def test_a_checkpoint_appears_whole_with_its_manifest_or_not_at_all(tmp_path):
     files = json.loads((target / MANIFEST).read_text())["files"]
     assert set(files) == {"model/model.safetensors", "meta.json"} and files["meta.json"]["sha256"]
     assert problem(target) is None
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        CheckpointWriteError, match=r"step_000002 failed \(OSError: disk full; \d+ MiB free there\)"
+    ):
         save_atomically(tmp_path / "step_000002", _writer(fail=True))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]  # nothing half-written stays
 

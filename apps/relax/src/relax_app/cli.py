@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # before anything heavy starts
         print(f"relax: {exc}", file=sys.stderr)
         return 2
+    from relax_core.checkpoints import CheckpointWriteError
+    from relax_core.health import RunFailed
     from relax_core.ownership import DataChanged, DirectoryInUse
 
     try:
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DirectoryInUse, DataChanged) as exc:  # (found as the run starts: one line, nothing lost)
         print(f"relax: {exc}", file=sys.stderr)
         return 2
+    except (CheckpointWriteError, RunFailed) as exc:  # the run stopped: why, in one line; checkpoints kept
+        print(f"relax: the run stopped: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

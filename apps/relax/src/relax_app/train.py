@@ -58,7 +58,14 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             raise FileNotFoundError(
                 f"{flag} {path}: no model there (config.json missing); give an HF model directory"
             )
+    from relax_core.checkpoints import check_writable, checkpoint_bytes
     from relax_rewards import check_reward
+
+    model = cfg.model.hf_checkpoint
+    need = checkpoint_bytes(model) if model and Path(model).is_dir() else 0
+    check_writable("--output-dir", cfg.run.output_dir)
+    if cfg.train.save:  # (a read-only or full --save failed at the first save, after the training)
+        check_writable("--save", cfg.train.save, need)
 
     r = cfg.rollout
     for flag, name in (("--rm-type", r.rm_type), ("--eval-rm-type", r.eval_rm_type)):

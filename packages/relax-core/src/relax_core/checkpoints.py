@@ -28,6 +28,40 @@ models' weights) are hashed; larger ones (a big model's shards) are checked by s
 truncated and missing writes without reading back a checkpoint of hundreds of GB at every save and load."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a read-only or vanished directory, a file-size
+    limit): names the checkpoint, the cause and the space left; the previous checkpoints are untouched."""
+
+
+def check_writable(flag: str, directory: str | Path, need_bytes: int = 0) -> None:
+    """Before the first step: ``directory`` can be created and written, and (``need_bytes`` > 0) its disk has
+    room for one checkpoint. ``ValueError`` naming the flag, the directory and what to do (a read-only
+    --save failed at the first save, after the training it was meant to keep)."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".relax-write-probe-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {d}: cannot write there ({e.strerror or e}); give a directory this user can write"
+        ) from None
+    free = shutil.disk_usage(d).free
+    if need_bytes and free < need_bytes:
+        raise ValueError(
+            f"{flag} {d}: {free / 2**20:.0f} MiB free, one checkpoint needs about {need_bytes / 2**20:.0f} MiB "
+            "(the weights and AdamW's two moments); free space or point it at another disk"
+        )
+
+
+def checkpoint_bytes(model_dir: str | Path) -> int:
+    """About what one checkpoint of the model at ``model_dir`` takes: its weight files three times (the
+    weights, AdamW's two moments; float32 state is counted at the files' own precision, a lower bound)."""
+    files = [p for p in Path(model_dir).glob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
+    return 3 * sum(p.stat().st_size for p in files)
+
+
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -157,9 +191,17 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         write(tmp)
         write_manifest(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: its dot-name is never loaded)
-        raise
+        if not isinstance(e, Exception):
+            raise
+        # torch's writer says "RuntimeError: unexpected pos ..." for a full disk: say what failed, and where
+        free = shutil.disk_usage(target.parent).free if target.parent.is_dir() else 0
+        raise CheckpointWriteError(
+            f"writing checkpoint {target} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+            f"{free / 2**20:.0f} MiB free there); the previous checkpoints are kept: free space or point --save "
+            "elsewhere, then resume with --load"
+        ) from e
     if target.exists():  # a damaged leftover of this step
         old = target.with_name(f".{target.name}.damaged-{os.getpid()}")
         os.replace(target, old)

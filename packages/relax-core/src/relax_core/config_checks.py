@@ -99,6 +99,13 @@ def check(cfg: RelaxConfig) -> None:
         raise ValueError(
             f"--elastic-host {r.elastic_host} is not loopback: give --elastic-token (scaling changes the run)"
         )
+    if r.elastic_token is not None and (
+        not r.elastic_token.strip() or r.elastic_token != r.elastic_token.strip()
+    ):
+        raise ValueError(  # (" " passed here and failed 31 s later with a traceback)
+            "--elastic-token must be a non-blank token without leading or trailing spaces (e.g. from "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`), or unset"
+        )
     if r.streaming_rollout or r.partial_rollout or r.mask_offpolicy_in_partial_rollout:
         _check_streaming(cfg)
     if (cfg.data.prompt_data is None) != (cfg.model.hf_checkpoint is None):

@@ -67,8 +67,8 @@ def load_prompts(
             ds.skipped.append(f"{where}: expected an object, got {type(rec).__name__}")
             continue
         prompt = rec.get(input_key)
-        if not isinstance(prompt, str) or not prompt:
-            ds.skipped.append(f"{where}: missing or empty --input-key column {input_key!r}")
+        if not isinstance(prompt, str) or not prompt.strip():  # (a blank prompt was trained)
+            ds.skipped.append(f"{where}: missing, empty or blank --input-key column {input_key!r}")
             continue
         if label_key not in rec:
             ds.skipped.append(f"{where}: missing --label-key column {label_key!r}")
@@ -95,7 +95,7 @@ def _json_rows(path: Path) -> list[Any]:
     if path.suffix == ".json" and data.lstrip()[:1] == b"[":
         try:
             records = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise ValueError(
                 f"--prompt-data {path}: not a valid JSON array ({e}); fix it, or write one object per line"
             ) from None
@@ -118,6 +118,14 @@ def _json_rows(path: Path) -> list[Any]:
             rows.append(json.loads(text))
         except json.JSONDecodeError as exc:
             rows.append(ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg}); fix or remove the line"))
+        except RecursionError:  # (a line nested 100k deep killed the run)
+            rows.append(
+                ValueError(f"{path}:{lineno}: JSON nested too deeply to read; fix or remove the line")
+            )
+        except ValueError as exc:  # an integer of more digits than Python converts (4300), and the like
+            rows.append(
+                ValueError(f"{path}:{lineno}: unreadable JSON ({str(exc)[:200]}); fix or remove the line")
+            )
     return rows
 
 

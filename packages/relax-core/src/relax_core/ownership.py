@@ -149,8 +149,11 @@ def start_record(
 ) -> dict:
     """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed) and the data's
     fingerprint, checked against the checkpoint's; written to ``<output_dir>/run.json`` for the roles."""
-    now = fingerprint(prompt_path)
-    if loaded:
+    if not os.path.exists(prompt_path):  # (the roles' own check names it; nothing to fingerprint)
+        now = None
+    else:
+        now = fingerprint(prompt_path)
+    if loaded and now is not None:
         check_data(
             loaded.get("data_fingerprint"), now, f"the checkpoint loaded ({loaded.get('path')})", allow_change
         )

@@ -89,6 +89,8 @@ def _read(src: Source, rate: int) -> np.ndarray:
         return _to_mono_rate(wave, sr, rate, channels_last=wave.ndim == 2 and wave.shape[0] > wave.shape[1])
     import soundfile as sf
 
+    if (short := _truncated_wav(src)) is not None:  # (libsndfile reads what is there, without a word)
+        raise MediaError("corrupt", short, source=src.name)
     try:
         wave, sr = sf.read(io.BytesIO(src.data) if src.data is not None else src.path, dtype="float32")
     except FileNotFoundError:
@@ -101,6 +103,25 @@ def _read(src: Source, rate: int) -> np.ndarray:
                 return decode_with_ffmpeg(src, rate)
         raise MediaError("corrupt", f"cannot decode audio ({e})", source=src.name) from None
     return _to_mono_rate(wave, sr, rate, channels_last=True)
+
+
+def _truncated_wav(src: Source) -> str | None:
+    """Why a RIFF/WAVE file is cut short (its header declares more bytes than the file holds), or None."""
+    try:
+        if src.data is not None:
+            head = src.data[:12]
+        else:
+            with open(src.path, "rb") as f:
+                head = f.read(12)
+    except (OSError, TypeError):
+        return None  # (sf.read says what is wrong with an unreadable path)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    declared = int.from_bytes(head[4:8], "little") + 8
+    actual = src.nbytes()
+    if actual < declared:
+        return f"truncated WAV: its header declares {declared} bytes, the file holds {actual}"
+    return None
 
 
 def _to_mono_rate(wave: np.ndarray, sr: int, rate: int, channels_last: bool) -> np.ndarray:

@@ -72,6 +72,8 @@ class Prompts:
 
         Bad media raise ``MediaError`` naming the row and file; :meth:`batch` skips and counts the row."""
         if self.mm is None or not row.media:
+            if self.mm is not None:
+                _check_marked_media(row, self.cfg.data.multimodal_keys)
             return self.encode(row.prompt), None
         if row.row_id not in self._mm_cache:
             text = row.prompt
@@ -134,6 +136,22 @@ class Prompts:
 
 
 # -- media ------------------------------------------------------------------------------------------
+def _check_marked_media(row: Any, keys: dict[str, str]) -> None:
+    """A row whose prompt marks media (``<image>``) of a modality the run reads, with that column empty: the
+    marker would train as plain text. ``MediaError`` (the row is skipped and counted as bad media)."""
+    from relax_multimodal import MediaError
+
+    for modality, column in keys.items():
+        if f"<{modality}>" in row.prompt:
+            raise MediaError(
+                "missing",
+                f"the prompt marks <{modality}> but the row's {column!r} column is empty",
+                sample=f"row {row.row_id}",
+                key=column,
+                modality=modality,
+            )
+
+
 def prompt_media(cfg: RelaxConfig, tokenizer: Any, model_path: str) -> Any:
     """--multimodal-keys: the encoder of prompts with media (``multiturn.EpisodeMedia``, one for both
     single-turn rows and episodes); the checkpoint must be a Qwen-VL/Omni model."""

@@ -169,9 +169,10 @@ def _other_run(step: Path, run_id: str | None) -> str | None:
     """Why ``step`` is not ``run_id``'s checkpoint (None: it is, or no run id was asked for)."""
     if run_id is None:
         return None
-    from relax_core.resume import CheckpointDir
-
-    theirs = CheckpointDir(step).run_state().get("run_id")
+    try:  # (run_state.json: relax_core.resume.CheckpointDir's file, read here without importing it)
+        theirs = json.loads((step / "run_state.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        theirs = None
     return None if theirs == run_id else f"written by another run ({theirs or 'no run id'})"
 
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BadReturn", "RewardFn", "RewardResult", "as_result", "is_async_reward"]
+__all__ = ["BadReturn", "RewardFn", "RewardResult", "as_result", "is_async_reward", "short_repr"]
 
 RewardFn = Callable[..., "float | RewardResult | Awaitable[float | RewardResult]"]
 """``fn(response, label, metadata=None)``, sync or ``async def``."""
@@ -75,13 +75,13 @@ def as_result(value: Any) -> RewardResult:
     score = value.score if result is not None else value
     if score is None or isinstance(score, str | bytes):
         raise BadReturn(
-            f"a reward must return a float or RewardResult (got {type(score).__name__}: {_short(score)})"
+            f"a reward must return a float or RewardResult (got {type(score).__name__}: {short_repr(score)})"
         )
     try:
         number = float(score)
     except Exception as exc:  # noqa: BLE001 - OverflowError (10**400), a __float__ that raises anything
         raise BadReturn(
-            f"a reward score must be a number float() accepts, not {type(score).__name__} {_short(score)} "
+            f"a reward score must be a number float() accepts, not {type(score).__name__} {short_repr(score)} "
             f"({type(exc).__name__}: {exc}): return a bounded float"
         ) from None
     if not math.isfinite(number):
@@ -94,8 +94,9 @@ def as_result(value: Any) -> RewardResult:
     return result if type(result.score) is float else RewardResult(number, result.details, result.failure)
 
 
-def _short(value: Any) -> str:
-    """``repr`` of a returned value, cut to 80 characters (a 5,000-digit int is not a message)."""
+def short_repr(value: Any) -> str:
+    """``repr`` of a value someone else made (a reward's return, a client's field) for an error message: at
+    most 80 characters, and never raising (a 5,000-digit int has no ``repr`` under Python's digit limit)."""
     try:
         big = isinstance(value, int) and value.bit_length() > 128  # (str() of > 4300 digits raises)
         text = f"<an int of {int(value.bit_length() * 0.30103) + 1} digits>" if big else repr(value)

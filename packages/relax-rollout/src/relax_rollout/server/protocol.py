@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax_rewards.types import short_repr
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 from relax_rollout.engines.wire import encode_routed_experts, version_spans
 from relax_rollout.http_api import BodyError, EventStream, Text  # noqa: F401 - the routes' response kinds
@@ -134,20 +135,18 @@ def parse_sampling(sp: Any, where: str = "sampling_params", least_new: int = 1) 
     if top_p <= 0.0:
         raise BadRequest(f"{where}.top_p", f"must be in (0, 1] (got {top_p})")
     min_new = _num(sp, "min_new_tokens", where, int, 0, lo=0)
-    # (was ignored: fewer tokens than asked, silently; SGLang refuses it when max_new_tokens is given)
-    if sp.get("max_new_tokens") is not None and min_new > max_new:
-        raise BadRequest(
-            f"{where}.min_new_tokens",
-            f"must be ≤ max_new_tokens (got {min_new} > {max_new}); raise max_new_tokens or lower min_new_tokens",
-        )
+    if sp.get("max_new_tokens") is not None and min_new > max_new:  # (was silently ignored; SGLang: 400)
+        raise BadRequest(f"{where}.min_new_tokens", f"must be ≤ max_new_tokens (got {min_new} > {max_new})")
     if sp.get("ignore_eos"):
         min_new = max_new
     stops = sp.get("stop_token_ids") or []
     if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
-        raise BadRequest(f"{where}.stop_token_ids", f"must be a list of integers (got {_short(stops)})")
+        raise BadRequest(f"{where}.stop_token_ids", f"must be a list of integers (got {short_repr(stops)})")
     for t in stops:  # (an id past int64 was a 500 from the tensor it went into)
         if not 0 <= t <= INT64_MAX:
-            raise BadRequest(f"{where}.stop_token_ids", f"token ids must be in 0..2**63-1 (got {_short(t)})")
+            raise BadRequest(
+                f"{where}.stop_token_ids", f"token ids must be in 0..2**63-1 (got {short_repr(t)})"
+            )
     stop = parse_stop(sp.get("stop"), f"{where}.stop", MAX_STOP)
     seed = None
     for key in _SAMPLING_SEED_KEYS:
@@ -163,16 +162,6 @@ def parse_sampling(sp: Any, where: str = "sampling_params", least_new: int = 1) 
         stop=stop,
     )
     return params, min_new
-
-
-def _short(v: Any) -> str:
-    """``repr`` of a client's value for an error message, at most 80 characters (an int of 5,000 digits has
-    no ``repr`` under Python's int-to-text limit)."""
-    try:
-        text = repr(v)
-    except ValueError:
-        text = f"<an int of about {int(v.bit_length() * 0.30103) + 1} digits>"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def parse_stop(v: Any, field: str, most: int) -> tuple[str, ...]:

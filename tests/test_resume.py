@@ -78,28 +78,32 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    "mode, part",
+    [(["--colocate"], "model/model.safetensors"), (["--fully-async", "--max-staleness", "1"], "bus/state.pkl")],
+    ids=["colocate-weights", "async-bus-snapshot"],
+)
 def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing(
-    tiny_run_inputs, tmp_path, sigterm_self, caplog
+    tiny_run_inputs, tmp_path, sigterm_self, caplog, mode, part
 ):
     """The newest checkpoint torn (a kill or a full disk while it was copied elsewhere): --load names it,
     takes the one before, re-does the step in between, and the run trains the uninterrupted run's prompts.
-    It loaded the torn one (or failed with a traceback)."""
+    It loaded the torn one (or failed with a traceback). The fully-async bus snapshot is a part like the
+    weights (issue 36: written after the manifest, a truncated one was an UnpicklingError traceback)."""
     full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", "--colocate"), tiny_run_inputs).run()
     ckpt = tmp_path / "ckpt"
     first = Controller(
-        _cfg(tiny_run_inputs, tmp_path / "a", "--colocate", "--save", str(ckpt), "--save-interval", "1"),
+        _cfg(tiny_run_inputs, tmp_path / "a", *mode, "--save", str(ckpt), "--save-interval", "1"),
         tiny_run_inputs,
     )
     _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=3, fire=sigterm_self)
     first.run()
     steps = sorted(ckpt.glob("step_*"))
     assert len(steps) >= 2
-    weights = steps[-1] / "model" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    torn = steps[-1] / part
+    torn.write_bytes(torn.read_bytes()[:-100])  # truncated
     with caplog.at_level("WARNING", logger="relax_core.checkpoints"):
-        rest = Controller(
-            _cfg(tiny_run_inputs, tmp_path / "b", "--colocate", "--load", str(ckpt)), tiny_run_inputs
-        ).run()
+        rest = Controller(_cfg(tiny_run_inputs, tmp_path / "b", *mode, "--load", str(ckpt)), tiny_run_inputs).run()
     assert (
         f"checkpoint {steps[-1]} is not whole" in caplog.text and f"resuming from {steps[-2]}" in caplog.text
     )

@@ -30,7 +30,9 @@ def _samples(n: int = 256, seed: int = 0) -> dict[str, list]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    out: dict[str, list] = {k: [] for k in ("tokens", "prompt_len", "loss_mask", "advantages", "rollout_log_probs")}
+    out: dict[str, list] = {
+        k: [] for k in ("tokens", "prompt_len", "loss_mask", "advantages", "rollout_log_probs")
+    }
     for _ in range(n):
         p, r = int(rng.integers(4, 7)), int(rng.integers(2, 7))
         out["tokens"].append(rng.integers(3, 250, size=p + r).astype(np.int64))

@@ -80,7 +80,10 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "mode, part",
-    [(["--colocate"], "model/model.safetensors"), (["--fully-async", "--max-staleness", "1"], "bus/state.pkl")],
+    [
+        (["--colocate"], "model/model.safetensors"),
+        (["--fully-async", "--max-staleness", "1"], "bus/state.pkl"),
+    ],
     ids=["colocate-weights", "async-bus-snapshot"],
 )
 def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing(
@@ -103,7 +106,9 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing
     torn = steps[-1] / part
     torn.write_bytes(torn.read_bytes()[:-100])  # truncated
     with caplog.at_level("WARNING", logger="relax_core.checkpoints"):
-        rest = Controller(_cfg(tiny_run_inputs, tmp_path / "b", *mode, "--load", str(ckpt)), tiny_run_inputs).run()
+        rest = Controller(
+            _cfg(tiny_run_inputs, tmp_path / "b", *mode, "--load", str(ckpt)), tiny_run_inputs
+        ).run()
     assert (
         f"checkpoint {steps[-1]} is not whole" in caplog.text and f"resuming from {steps[-2]}" in caplog.text
     )

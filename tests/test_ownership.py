@@ -75,6 +75,10 @@ def test_changed_data_is_refused_at_load_and_at_a_rollout_restart(tiny_run_input
     err = capsys.readouterr().err
     assert f"the checkpoint loaded ({save / 'step_000001'}) trained on other data: {prompts} changed" in err
     assert "--allow-data-change" in err
+    prompts.write_text("\n".join(rows) + "\n")  # the file as it was: settings that draw other prompts
+    assert main(["train", *flags, "--load", str(save), "--num-rollout", "2", "--seed", "7"]) == 2
+    assert "drew its prompts with other settings: --seed 0 -> 7" in capsys.readouterr().err
+    prompts.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")
     # a rollout role restarted mid-run re-reads the file: compared with the run's own record
     from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker

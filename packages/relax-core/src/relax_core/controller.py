@@ -17,7 +17,7 @@ from relax_core.colocate import run_colocate
 from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
 from relax_core.notify import Notifier
-from relax_core.ownership import RunLocks, claim_save_dir, start_record
+from relax_core.ownership import RunLocks, claim_save_dir, data_settings, start_record
 from relax_core.resume import CheckpointDir
 from relax_core.roles import REGISTRY, bus_config, role_class
 from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tokenizer, start_ray
@@ -61,7 +61,9 @@ class Controller:
             loaded = {**CheckpointDir(path).run_state(), "path": path}
         elif cfg.train.save:
             claim_save_dir(cfg.train.save, cfg.run.overwrite)
-        start_record(cfg.run.output_dir, self.inputs.prompt_path, loaded, cfg.run.allow_data_change)
+        start_record(
+            cfg.run.output_dir, self.inputs.prompt_path, loaded, cfg.run.allow_data_change, data_settings(cfg)
+        )
 
     def run(self) -> RunResult:
         cfg = self.cfg

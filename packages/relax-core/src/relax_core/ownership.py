@@ -144,20 +144,56 @@ def check_data(was: dict[str, Any] | None, now: dict[str, Any], where: str, allo
     )
 
 
+DATA_SETTINGS = {
+    "seed": ("train", "seed"),
+    "rollout_batch_size": ("rollout", "rollout_batch_size"),
+    "n_samples_per_prompt": ("rollout", "n_samples_per_prompt"),
+    "rollout_shuffle": ("data", "rollout_shuffle"),
+    "input_key": ("data", "input_key"),
+    "label_key": ("data", "label_key"),
+    "metadata_key": ("data", "metadata_key"),
+}
+"""The settings that decide which prompts each step draws (beside the file itself): a resume that changes
+one trains other prompts than the run it continues."""
+
+
+def data_settings(cfg: Any) -> dict[str, Any]:
+    """This run's values of :data:`DATA_SETTINGS`."""
+    return {name: getattr(getattr(cfg, section), field) for name, (section, field) in DATA_SETTINGS.items()}
+
+
 def start_record(
-    output_dir: str, prompt_path: str, loaded: dict[str, Any] | None, allow_change: bool
+    output_dir: str,
+    prompt_path: str,
+    loaded: dict[str, Any] | None,
+    allow_change: bool,
+    settings: dict[str, Any] | None = None,
 ) -> dict:
-    """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed) and the data's
-    fingerprint, checked against the checkpoint's; written to ``<output_dir>/run.json`` for the roles."""
-    if not os.path.exists(prompt_path):  # (the roles' own check names it; nothing to fingerprint)
-        now = None
-    else:
-        now = fingerprint(prompt_path)
+    """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed), the data's
+    fingerprint and the settings that decide the prompts drawn (:func:`data_settings`), both checked against
+    the checkpoint's; written to ``<output_dir>/run.json`` for the roles."""
+    now = fingerprint(prompt_path) if os.path.exists(prompt_path) else None  # (else the roles name it)
+    where = f"the checkpoint loaded ({(loaded or {}).get('path')})"
     if loaded and now is not None:
-        check_data(
-            loaded.get("data_fingerprint"), now, f"the checkpoint loaded ({loaded.get('path')})", allow_change
+        check_data(loaded.get("data_fingerprint"), now, where, allow_change)
+    was = (loaded or {}).get("data_settings") or {}
+    changed = [
+        f"--{k.replace('_', '-')} {was[k]!r} -> {v!r}"
+        for k, v in (settings or {}).items()
+        if k in was and was[k] != v
+    ]
+    if changed and not allow_change:
+        raise DataChanged(
+            f"{where} drew its prompts with other settings: {', '.join(changed)}. Resume with the checkpoint's, "
+            "or pass --allow-data-change (the prompts drawn from here on will not be the uninterrupted run's)"
         )
-    record = {"run_id": (loaded or {}).get("run_id") or uuid.uuid4().hex, "data_fingerprint": now}
+    if changed:
+        logger.warning("%s: %s (--allow-data-change: going on)", where, ", ".join(changed))
+    record = {
+        "run_id": (loaded or {}).get("run_id") or uuid.uuid4().hex,
+        "data_fingerprint": now,
+        "data_settings": settings,
+    }
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{RUN_FILE}.writing-{os.getpid()}"

@@ -209,7 +209,7 @@ class CheckpointDir:
         state: dict[str, Any] = {"trained_ids": trained_ids, "trained_prompts": trained_prompts}
         if data is not None:
             state["data"] = data
-        for key in ("run_id", "data_fingerprint"):
+        for key in ("run_id", "data_fingerprint", "data_settings"):
             if (run or {}).get(key) is not None:
                 state[key] = run[key]
         (self.path / RUN_STATE).write_text(json.dumps(state))

@@ -69,11 +69,21 @@ def parity_reward(response: str, label, metadata=None) -> float:
     return float(len(response) % 2 == 0)
 
 
+class BlockingFloat:
+    """A reward's return whose ``__float__`` blocks for 60 s (converting it must be under the time-out)."""
+
+    def __float__(self) -> float:
+        import time
+
+        time.sleep(60)
+        return 1.0
+
+
 def hostile_reward(response: str, label, metadata=None) -> float:
-    """A reward as hostile user code can be, chosen by the label: ``inf`` / ``nan`` return that, ``raise``
-    raises ValueError, ``hang`` sleeps 60 s, ``exit`` ends its own process (``os._exit``: run it under
-    ``--reward-isolation process``); any other label scores an exact match. Importable in every Ray worker
-    and reward process."""
+    """A reward as hostile user code can be, chosen by the label: ``inf`` / ``nan`` return that, ``huge``
+    returns ``10**400`` (past float's range), ``blocking`` an object whose ``__float__`` blocks, ``raise``
+    raises ValueError, ``hang`` sleeps 60 s, ``exit`` ends its own process (``os._exit``); any other label
+    scores an exact match. Importable in every Ray worker and reward process."""
     import os
     import time
 
@@ -81,6 +91,10 @@ def hostile_reward(response: str, label, metadata=None) -> float:
         return float("inf")
     if label == "nan":
         return float("nan")
+    if label == "huge":
+        return 10**400
+    if label == "blocking":
+        return BlockingFloat()  # type: ignore[return-value]
     if label == "raise":
         raise ValueError("hostile reward: raised on purpose")
     if label == "hang":

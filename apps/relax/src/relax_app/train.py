@@ -101,15 +101,14 @@ MEDIA_MARKERS = ("<image>", "<video>", "<audio>")
 
 
 def _try_reward(cfg: RelaxConfig, row: Any) -> list[str]:
-    """The reward called once, as the run will call it (isolation, time-out), on an empty response to the
-    first row: a reward that fails there is named now, not as a count after the models load. Not fatal (a
-    reward may refuse an empty answer): every such sample scores the fallback and is counted."""
+    """The reward called once, with the run's time-out, on an empty response to the first row: a reward that
+    fails there is named now, not as a count after the models load. Not fatal (a reward may refuse an empty
+    answer): every such sample scores the fallback and is counted. In a worker process whatever the run's
+    isolation: a reward that crashes its process must not take this one with it."""
     from relax_rewards import Scorer
 
     r = cfg.rollout
-    with Scorer(
-        r.rm_type, timeout_s=r.reward_timeout_s, max_concurrency=1, isolation=r.reward_isolation
-    ) as s:
+    with Scorer(r.rm_type, timeout_s=r.reward_timeout_s, max_concurrency=1, isolation="process") as s:
         got = s.score("", row.label, row.metadata)
     if got.ok:
         return []

@@ -25,6 +25,7 @@ from typing import Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
+from relax_core.ownership import crashed_in_reward
 from relax_core.resume import CheckpointDir
 from relax_core.roles import RENAMED_CONSUMERS, TRAINER_CONSUMER, RolePlan, role_class
 from relax_core.run import teacher_path
@@ -216,6 +217,8 @@ class AsyncRun:
 
     def handle(self, name: str, reason: str, in_place_possible: bool = True) -> None:
         t0 = time.perf_counter()
+        if name == "rollout" and (why := crashed_in_reward(self.cfg.run.output_dir)):
+            reason = f"{reason}; {why}"
         ev = self.policy.decide(name, reason, in_place_possible)
         print(
             f"[relax] health: {name} failed ({reason}); {ev.action.replace('_', ' ')} (attempt {ev.attempt})"

@@ -17,7 +17,7 @@ from relax_core.colocate import run_colocate
 from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
 from relax_core.notify import Notifier
-from relax_core.ownership import RunLocks, claim_save_dir, data_settings, start_record
+from relax_core.ownership import RunLocks, claim_save_dir, crashed_in_reward, data_settings, start_record
 from relax_core.resume import CheckpointDir
 from relax_core.roles import REGISTRY, bus_config, role_class
 from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tokenizer, start_ray
@@ -56,6 +56,8 @@ class Controller:
         from relax_core.checkpoints import latest_checkpoint
 
         cfg, loaded = self.cfg, None
+        if why := crashed_in_reward(cfg.run.output_dir):  # (colocate: the run's own process was the one)
+            print(f"[relax] WARNING: the previous run in {cfg.run.output_dir} ended without a word: {why}")
         if cfg.train.load:
             path = latest_checkpoint(cfg.train.load)
             loaded = {**CheckpointDir(path).run_state(), "path": path}

@@ -202,6 +202,45 @@ def start_record(
     return record
 
 
+def reward_breadcrumb(output_dir: str | Path) -> Path:
+    """The file a rollout's thread-isolated scorer keeps while it scores (``relax_rewards.Scorer``'s
+    ``breadcrumb``): left behind, it names the reward a crashed rollout process was running."""
+    return Path(output_dir) / ".reward_in_flight.json"
+
+
+def crashed_in_reward(output_dir: str | Path) -> str | None:
+    """When the process that scored rewards in ``output_dir`` died while a thread-isolated reward ran (a
+    segfault, a kill): what to tell the user; None otherwise (and the stale file is removed)."""
+    f = reward_breadcrumb(output_dir)
+    try:
+        crumb = json.loads(f.read_text())
+        pid = int(crumb["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _alive(pid):
+        return None  # (still scoring)
+    f.unlink(missing_ok=True)
+    return (
+        f"its process (pid {pid}) died while the reward {crumb.get('reward')!r} was running in thread isolation: a "
+        "reward that crashes (a segfault, a kill) takes the rollout with it; run it with --reward-isolation "
+        "process, where such a call is counted as 'crashed'"
+    )
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie — dead, not yet reaped by its parent — does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def read_record(output_dir: str | Path) -> dict[str, Any]:
     """What :func:`start_record` wrote ({} where no run recorded itself: a role used on its own)."""
     f = Path(output_dir) / RUN_FILE

@@ -104,6 +104,15 @@ def hostile_reward(response: str, label, metadata=None) -> float:
     return float(response.strip() == str(label))
 
 
+def crashing_reward(response: str, label, metadata=None) -> float:
+    """A reward that crashes its process (a segfault, as a broken C extension does): nothing can catch it in
+    thread isolation; a test checks the death is reported naming this reward."""
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+    return 0.0
+
+
 def uneven_reward(response: str, label, metadata=None) -> float:
     """An exact match that takes 0.3 s when the label ends in an odd digit: a step's groups finish scoring
     at different times, so a streaming rollout is part-way through a step most of the time."""

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.ownership import reward_breadcrumb
 
 
 def build_scorer(cfg: RelaxConfig):
@@ -22,6 +23,7 @@ def build_scorer(cfg: RelaxConfig):
         max_concurrency=r.reward_concurrency,
         isolation=r.reward_isolation,
         memory_limit_mb=r.reward_memory_limit_mb,
+        breadcrumb=reward_breadcrumb(cfg.run.output_dir) if r.reward_isolation == "thread" else None,
     )
 
 

@@ -85,11 +85,30 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "label": str(i + 1)}) + "\n" for i in range(8)))
-    base = [sys.executable, "-m", "relax_app.cli", "train", "--prompt-data", str(data), "--hf-checkpoint", model]
+    base = [
+        sys.executable,
+        "-m",
+        "relax_app.cli",
+        "train",
+        "--prompt-data",
+        str(data),
+        "--hf-checkpoint",
+        model,
+    ]
     base += ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--no-progress", *CRASH]
     out = tmp_path / "async"
-    flags = ["--fully-async", "--max-staleness", "1", "--max-restarts-per-role", "1", "--max-global-restarts", "0"]
-    run = subprocess.run([*base, *flags, "--output-dir", str(out)], capture_output=True, text=True, timeout=600)
+    flags = [
+        "--fully-async",
+        "--max-staleness",
+        "1",
+        "--max-restarts-per-role",
+        "1",
+        "--max-global-restarts",
+        "0",
+    ]
+    run = subprocess.run(
+        [*base, *flags, "--output-dir", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 1, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("relax: the run stopped: role 'rollout' failed (") and "\n" not in last
@@ -97,8 +116,9 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
     assert "--reward-isolation process" in last
     # said before the run, from the pre-flight call (in a process of its own)
     assert "on an empty response to the first row" in run.stderr and "killed by signal 11" in run.stderr
-    assert "on an empty response to the first row" in run.stderr and "reward process died (killed by signal 11)" in (
-        run.stderr
+    assert (
+        "on an empty response to the first row" in run.stderr
+        and "reward process died (killed by signal 11)" in (run.stderr)
     )  # (said before the run, from the pre-flight call in a process of its own)
 
     out = tmp_path / "colocate"
@@ -107,4 +127,6 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
     again = subprocess.run([*base, "--output-dir", str(out)], capture_output=True, text=True, timeout=600)
     said = again.stdout + again.stderr
     assert f"[relax] WARNING: the previous run in {out} ended without a word: its process (pid " in said
-    assert "died while the reward 'relax_core.testing:crashing_reward' was running in thread isolation" in said
+    assert (
+        "died while the reward 'relax_core.testing:crashing_reward' was running in thread isolation" in said
+    )

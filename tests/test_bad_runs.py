@@ -102,7 +102,7 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
         "--max-staleness",
         "1",
         "--max-restarts-per-role",
-        "1",
+        "0",
         "--max-global-restarts",
         "0",
     ]

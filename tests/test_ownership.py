@@ -150,3 +150,14 @@ def test_an_unwritable_save_or_a_disk_too_small_is_refused_before_the_first_step
 
     with pytest.raises(ValueError, match=r"MiB free, one checkpoint needs about \d+ MiB"):
         check_writable("--save", tmp_path, need_bytes=1 << 60)
+
+
+def test_one_directory_given_twice_is_locked_once(tmp_path):
+    from relax_core.ownership import DirectoryInUse, RunLocks
+
+    with RunLocks([("--output-dir", str(tmp_path)), ("--save", str(tmp_path / "."))]):
+        with pytest.raises(
+            DirectoryInUse, match="another run is using it"
+        ):  # (another lock, as another run's)
+            with RunLocks([("--output-dir", str(tmp_path))]):
+                pass

@@ -48,9 +48,12 @@ class RunLocks(contextlib.ExitStack):
 
     def __enter__(self) -> RunLocks:
         super().__enter__()
-        try:
-            for flag, d in dict.fromkeys(self.directories):  # (--save inside --output-dir: one lock each)
-                self.enter_context(_lock(flag, Path(d)))
+        try:  # (one lock per directory: --save equal to --output-dir would otherwise lock itself out)
+            seen: set[str] = set()
+            for flag, d in self.directories:
+                if os.path.realpath(d) not in seen:
+                    seen.add(os.path.realpath(d))
+                    self.enter_context(_lock(flag, Path(d)))
         except BaseException:
             self.close()
             raise

@@ -212,22 +212,26 @@ def reward_breadcrumb(output_dir: str | Path) -> Path:
 
 
 def crashed_in_reward(output_dir: str | Path) -> str | None:
-    """When the process that scored rewards in ``output_dir`` died while a thread-isolated reward ran (a
-    segfault, a kill): what to tell the user; None otherwise (and the stale file is removed)."""
-    f = reward_breadcrumb(output_dir)
-    try:
-        crumb = json.loads(f.read_text())
-        pid = int(crumb["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if _alive(pid):
-        return None  # (still scoring)
-    f.unlink(missing_ok=True)
-    return (
-        f"its process (pid {pid}) died while the reward {crumb.get('reward')!r} was running in thread isolation: a "
-        "reward that crashes (a segfault, a kill) takes the rollout with it; run it with --reward-isolation "
-        "process, where such a call is counted as 'crashed'"
-    )
+    """When a process that scored rewards in ``output_dir`` died while a thread-isolated reward ran (a
+    segfault, a kill): what to tell the user; None otherwise. Its breadcrumbs (one per scoring thread,
+    ``<breadcrumb>.<pid>-<thread>``) are removed once read."""
+    base = reward_breadcrumb(output_dir)
+    for f in sorted(base.parent.glob(base.name + ".*")):
+        try:
+            crumb = json.loads(f.read_text())
+            pid = int(crumb["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            continue  # (still scoring)
+        for g in base.parent.glob(f"{base.name}.{pid}-*"):
+            g.unlink(missing_ok=True)
+        return (
+            f"its process (pid {pid}) died while the reward {crumb.get('reward')!r} was running in thread "
+            "isolation: a reward that crashes (a segfault, a kill) takes the rollout with it; run it with "
+            "--reward-isolation process, where such a call is counted as 'crashed'"
+        )
+    return None
 
 
 def _alive(pid: int) -> bool:

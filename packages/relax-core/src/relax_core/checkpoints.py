@@ -19,6 +19,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from relax_core.ownership import process_alive
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -124,21 +126,11 @@ def remove_stale_writes(parent: str | Path) -> list[Path]:
     removed = []
     for p in Path(parent).glob(".*.writing-*"):
         pid = p.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         removed.append(p)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # (someone else's process: alive)
-        return True
-    return True
 
 
 def problem(directory: str | Path) -> str | None:

@@ -222,7 +222,7 @@ def crashed_in_reward(output_dir: str | Path) -> str | None:
             pid = int(crumb["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _alive(pid):
+        if process_alive(pid):
             continue  # (still scoring)
         for g in base.parent.glob(f"{base.name}.{pid}-*"):
             g.unlink(missing_ok=True)
@@ -234,7 +234,7 @@ def crashed_in_reward(output_dir: str | Path) -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie — dead, not yet reaped by its parent — does not)."""
     try:
         os.kill(pid, 0)

@@ -25,7 +25,7 @@ from typing import Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
-from relax_core.ownership import crashed_in_reward
+from relax_core.ownership import crashed_in_reward, read_record
 from relax_core.resume import CheckpointDir
 from relax_core.roles import RENAMED_CONSUMERS, TRAINER_CONSUMER, RolePlan, role_class
 from relax_core.run import teacher_path
@@ -309,7 +309,6 @@ class AsyncRun:
     def _trainer_checkpoint(self) -> str | None:
         """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
         from relax_core.checkpoints import latest_checkpoint
-        from relax_core.ownership import read_record
 
         acked = set(self.bus.consumed_ids(TRAINER_CONSUMER))
         ckpt, covered = None, set()
@@ -351,7 +350,6 @@ class AsyncRun:
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
         from relax_core.checkpoints import latest_checkpoint
-        from relax_core.ownership import read_record
 
         self.teardown()
         ckpt = None

@@ -25,9 +25,18 @@ class GreedyEvaluator:
     def __call__(self, model) -> float:
         was_training = model.training
         engine = TorchEngine(
-            model=model, eos_token_ids=[self.tokenizer.eos_token_id], pad_token_id=self.tokenizer.pad_token_id
+            model=model,
+            eos_token_ids=[self.tokenizer.eos_token_id],
+            pad_token_id=self.tokenizer.pad_token_id,
+            tokenizer=self.tokenizer,  # (decodes for --rollout-stop's strings)
         )
-        params = SamplingParams(max_new_tokens=self.cfg.rollout.rollout_max_response_len, greedy=True)
+        r = self.cfg.rollout  # answers end where training's do: the same stop strings and token ids
+        params = SamplingParams(
+            max_new_tokens=r.rollout_max_response_len,
+            greedy=True,
+            stop=tuple(r.rollout_stop),
+            stop_token_ids=tuple(r.rollout_stop_token_ids),
+        )
         outs = engine.generate(self.prompts, params)
         texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
         res = self.scorer.score_batch(texts, [r.label for r in self.rows], [r.metadata for r in self.rows])

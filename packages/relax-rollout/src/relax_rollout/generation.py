@@ -143,8 +143,8 @@ class Generation:
         return Generated(step, rows, prompts, outs, gen_s, _model_tokens(outs), media=media)
 
     def sampling(self, step: int, count: int, round_: int = 0) -> SamplingParams:
-        """Step ``step``'s sampling parameters for ``count`` responses: the seed, and with
-        --long-tail-min-tokens each response's drawn minimum length (a list)."""
+        """Step ``step``'s sampling parameters for ``count`` responses: the seed, --rollout-stop's strings and
+        token ids, and with --long-tail-min-tokens each response's drawn minimum length (a list)."""
         r = self.cfg.rollout
         mins: int | list[int] = 0
         if r.long_tail_min_tokens:
@@ -161,6 +161,8 @@ class Generation:
             temperature=r.rollout_temperature,
             top_p=r.rollout_top_p,
             min_new_tokens=mins,
+            stop=tuple(r.rollout_stop),
+            stop_token_ids=tuple(r.rollout_stop_token_ids),
             seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
         )
 
@@ -205,6 +207,8 @@ class Generation:
             max_new_tokens=r.rollout_max_response_len,
             temperature=r.rollout_temperature,
             top_p=r.rollout_top_p,
+            stop=tuple(r.rollout_stop),
+            stop_token_ids=tuple(r.rollout_stop_token_ids),
             seed=self.cfg.train.seed * 1_000_003 + step + 7_919_993 * round_,
         )
         t0 = time.perf_counter()

@@ -65,9 +65,15 @@ class Text:
 
 @dataclass
 class EventStream:
-    """A response sent as server-sent events: one ``data:`` line per event, then ``data: [DONE]``."""
+    """A response sent as server-sent events: one ``data:`` line per event, then ``data: [DONE]``. Each
+    event is sent as soon as the iterable yields it (``next`` runs in a worker thread: it may block until
+    the next token); an error raised after the first event ends the stream with the event
+    ``{"error": <the server's error body>}`` (what SGLang sends; OpenAI clients raise it)."""
 
     events: Iterable[dict]
+    on_close: Callable[[], None] | None = None
+    """Called once the stream ends, whether sent whole, failed, or the client left (from the event loop:
+    it must not block), e.g. to abort the generation behind it so its engine rows are freed."""
 
 
 @dataclass
@@ -191,7 +197,7 @@ class JsonApi:
                 code, out = await self._run(route, body, req, limited)
             except Exception as e:  # noqa: BLE001 — every failure is an answer; the server keeps serving
                 code, out = self._failure(e, method, path)
-            await self._answer(send, method, path, code, out)
+            await self._answer(send, method, path, code, out, receive, limited)
         finally:
             if limited:
                 self._running_admitted -= 1
@@ -204,9 +210,18 @@ class JsonApi:
             return code, self.error_body(code, f"{kind}: {e}", kind, e)
         return code, self.error_body(code, str(e), kind, e)
 
-    async def _answer(self, send: Callable, method: str, path: str, code: int, out: Any) -> None:
+    async def _answer(
+        self,
+        send: Callable,
+        method: str,
+        path: str,
+        code: int,
+        out: Any,
+        receive: Callable | None = None,
+        admitted: bool = False,
+    ) -> None:
         if isinstance(out, EventStream):
-            await self._events(send, out)
+            await self._events(send, out, receive, admitted, f"{method} {path} (stream)")
         elif isinstance(out, Text):
             await self._send(send, code, out.body.encode(), out.content_type)
         else:  # every 503 (busy, or the device lent to the trainer) says when to try again
@@ -299,14 +314,76 @@ class JsonApi:
         data = b"" if body is None else json.dumps(body).encode()
         await self._send(send, code, data, None if body is None else "application/json", extra)
 
-    async def _events(self, send: Callable, events: EventStream) -> None:
-        """200, ``text/event-stream``, chunked (the connection stays open for the client's next request)."""
+    async def _events(
+        self,
+        send: Callable,
+        events: EventStream,
+        receive: Callable | None = None,
+        admitted: bool = False,
+        what: str = "stream",
+    ) -> None:
+        """200, ``text/event-stream``, chunked (the connection stays open for the client's next request).
+        Each event goes out as the iterable yields it; a client that disconnects ends the stream
+        (``on_close``) at once, whatever the iterable is waiting for."""
+        import anyio.to_thread
+
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for event in events.events:
-            data = b"data: " + json.dumps(event).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        it, end = iter(events.events), object()
+        gone = asyncio.ensure_future(self._disconnected(receive)) if receive is not None else None
+        limiter = self._stream_limiter(admitted)
+        try:
+            while True:
+                step = asyncio.ensure_future(anyio.to_thread.run_sync(next, it, end, limiter=limiter))
+                waiting = {step} if gone is None else {step, gone}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():  # the client left: stop here (on_close aborts what the step waits for)
+                    step.add_done_callback(_swallow)
+                    return
+                try:
+                    event = step.result()
+                except Exception as e:  # noqa: BLE001 — the stream began: its end says what went wrong
+                    event = {"error": self._failure(e, what, "")[1]}
+                    await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
+                    break
+                if event is end:
+                    break
+                await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            if gone is not None:
+                gone.cancel()
+            if events.on_close is not None:
+                events.on_close()
+
+    @staticmethod
+    async def _disconnected(receive: Callable) -> None:
+        """Returns once the client has disconnected (the body was read before: only that can come)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    def _stream_limiter(self, admitted: bool) -> Any:
+        """The threads a stream's ``next`` runs on: an admitted request's own (one at a time each), else
+        the other routes' (anyio's default of 40 would hold streams back behind each other)."""
+        import anyio
+
+        if admitted:
+            if self._admitted_limiter is None:
+                self._admitted_limiter = anyio.CapacityLimiter(self.max_admitted)
+            return self._admitted_limiter
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.threads)
+        return self._limiter
+
+
+def _sse(event: Any) -> bytes:
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def _swallow(task: asyncio.Future) -> None:
+    """Retrieve a finished task's outcome (an abandoned stream step's), so none is logged as unread."""
+    if not task.cancelled():
+        task.exception()
 
 
 def is_loopback(host: str) -> bool:

@@ -16,16 +16,24 @@ from typing import Any
 
 
 def turn_suffix_ids(
-    tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], model_ended: bool
+    tokenizer: Any,
+    history: list[dict[str, Any]],
+    new_messages: list[dict[str, Any]],
+    model_ended: bool,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids the chat template puts after the last assistant turn of ``history`` for ``new_messages``
     and the next generation prompt (:func:`turn_suffix_text`, tokenised on its own)."""
-    text = turn_suffix_text(tokenizer, history, new_messages, model_ended)
+    text = turn_suffix_text(tokenizer, history, new_messages, model_ended, template_kwargs)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def turn_suffix_text(
-    tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], model_ended: bool
+    tokenizer: Any,
+    history: list[dict[str, Any]],
+    new_messages: list[dict[str, Any]],
+    model_ended: bool,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The text the chat template puts after the last assistant turn of ``history`` for ``new_messages``
     and the next generation prompt (multimodal observations expand its media markers before tokenising).
@@ -33,13 +41,18 @@ def turn_suffix_text(
     ``history`` ends with the assistant turn the model just produced (its text is not used: a marker stands
     in for it to locate the template's boundary). ``model_ended``: the model's tokens already end with the
     end-of-turn token (its EOS); otherwise (cut by a length limit) the end-of-turn token is in the suffix.
+    ``template_kwargs``: more arguments of the chat template, the same the conversation was rendered with
+    (``tools``, ``enable_thinking``, ...).
     """
     eos = tokenizer.eos_token
     # the reply's own text is replaced by a marker: an empty reply, a reply that is a piece of the template
     # ("d" of "<|im_end|>"), or one the template rewrites (think blocks) would hide the turn's end
     marked = [*history[:-1], {**history[-1], "content": _MARK}]
-    before = tokenizer.apply_chat_template(marked, tokenize=False)
-    after = tokenizer.apply_chat_template(marked + new_messages, tokenize=False, add_generation_prompt=True)
+    kwargs = template_kwargs or {}
+    before = tokenizer.apply_chat_template(marked, tokenize=False, **kwargs)
+    after = tokenizer.apply_chat_template(
+        marked + new_messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
     if not after.startswith(before):
         raise ValueError(
             "the chat template is not append-only for these messages (rendering more turns changed earlier "

@@ -115,6 +115,39 @@ def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
     )  # the stop token kept
 
 
+def test_tokens_stream_from_sglang_and_through_our_server(real, tiny_model_dir):
+    """SGLang's streamed ``/generate`` read token by token (``on_token``), and served on by our engine
+    server: the official client's streamed chat gets the text in several chunks, as the whole reply."""
+    from transformers import AutoTokenizer
+
+    from relax_rollout.server import EngineServer, make_server
+
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=0.0)
+    deltas = []
+    outs = real.generate(PROMPTS[:2], params, on_token=deltas.append)
+    for i, out in enumerate(outs):
+        mine = [d for d in deltas if d.index == i]
+        assert len(mine) > 1 and [t for d in mine for t in d.token_ids] == out.token_ids
+        assert [x for d in mine for x in d.log_probs] == out.log_probs
+    openai = pytest.importorskip("openai")
+    httpd = make_server(EngineServer(real, AutoTokenizer.from_pretrained(tiny_model_dir)), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x")
+        ask = {"model": "default", "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 8}
+        ask |= {"temperature": 0, "extra_body": {"min_tokens": 8}}
+        whole = client.chat.completions.create(**ask).choices[0].message.content
+        texts = [
+            c.choices[0].delta.content
+            for c in client.chat.completions.create(**ask, stream=True)
+            if c.choices
+        ]
+        assert len([t for t in texts if t]) > 1 and "".join(t or "" for t in texts) == whole
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def _shape(v):
     """A JSON value's shape: its types, list lengths and dict keys, not its numbers or texts."""
     if isinstance(v, dict):

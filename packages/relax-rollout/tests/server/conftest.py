@@ -34,6 +34,40 @@ def chat_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> str:
+    """A tool-capable tiny Qwen3: the demo's byte-level BPE tokenizer and Qwen-style chat template, with
+    ``<tool_call>``, ``</tool_call>``, ``<think>`` and ``</think>`` as added special tokens: each one token,
+    as in a real Qwen3 checkpoint, and dropped from the shown text (the server parses the raw decode)."""
+    import torch
+
+    tokenizer = pytest.importorskip("relax_app.demo.tokenizer")
+    model = pytest.importorskip("relax_app.demo.model")
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("tool_qwen3")
+    corpus = [
+        '{"name": "add", "arguments": {"a": 1, "b": 2}} {"city": "Oslo", "answer": 3, "ok": true}',
+        "What is 1+2? Use the tools. The weather in Paris is sunny. The answer is",
+    ] * 4
+    tok = tokenizer.train_tokenizer(corpus)
+    tok.add_tokens(TOOL_TOKENS, special_tokens=True)
+    model.build_tiny_qwen3(
+        tok,
+        out_dir=out,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+    )
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def serve():
     """``serve(engine, tokenizer, token=None, max_context=None) -> base URL``: an in-process server (no

@@ -1,10 +1,13 @@
 """SGLang 0.5.23's own benchmark client, unmodified, against our engine server: ``bench_serving``'s
 ``sglang`` (``/generate``), ``sglang-oai`` (``/v1/completions``) and ``sglang-oai-chat``
 (``/v1/chat/completions``) backends, streaming on (its default). Before, all three died at warm-up:
-``stream`` refused, then a 404 for completions. (One process runs the three, to import SGLang once.)"""
+``stream`` refused, then a 404 for completions; then each stream came as one event at the end, so the
+benchmark reported a time to first token equal to the end-to-end latency and an inter-token latency of 0.
+(One process runs the three, to import SGLang once.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -33,7 +36,7 @@ def test_sglang_bench_serving_runs_against_our_server(engine_server, tiny_model_
         "--random-input-len",
         "6",
         "--random-output-len",
-        "4",
+        "8",
         "--random-range-ratio",
         "1.0",
         "--num-prompts",
@@ -44,6 +47,8 @@ def test_sglang_bench_serving_runs_against_our_server(engine_server, tiny_model_
         tiny_model_dir,
         "--seed",
         "1",
+        "--output-file",
+        str(tmp_path / "results.jsonl"),
     ]
     r = subprocess.run(
         [sglang_python, "-c", DRIVER, ",".join(BACKENDS), *flags],
@@ -59,3 +64,9 @@ def test_sglang_bench_serving_runs_against_our_server(engine_server, tiny_model_
     assert [run.split()[0] for run in runs] == list(BACKENDS), out[-3000:]
     for run in runs:
         assert "Successful requests:                     6" in run, run[-2000:]
+    # token by token: the first token comes before the last, and tokens come apart
+    results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["backend"] for r in results] == list(BACKENDS)
+    for r in results:
+        assert 0 < r["mean_ttft_ms"] < r["mean_e2e_latency_ms"], r
+        assert r["mean_itl_ms"] > 0, r

@@ -689,18 +689,21 @@ def test_memory_release_and_resume_over_http(tiny_model_dir, call):
 
 
 def _scrape(url: str) -> dict[str, float]:
-    """``GET /metrics`` parsed: sample name (labels dropped, histogram buckets by their ``le``) -> value."""
+    """``GET /metrics`` parsed: sample name (histogram buckets by their ``le``) -> value, summed over the
+    other labels (SGLang splits some by ``is_streaming``)."""
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            le = name.split('le="')[1].split('"')[0] if 'le="' in name else None
-            out[name.split("{")[0] + (f"[{le}]" if le else "")] = float(value)
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            le = sample.labels.get("le")
+            name = sample.name + (f"[{le}]" if le else "")
+            out[name] = out.get(name, 0.0) + sample.value
     return out
 
 

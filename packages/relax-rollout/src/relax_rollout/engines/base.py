@@ -10,6 +10,42 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+CONSTRAINT_KINDS = ("json_schema", "regex", "tool_calls")
+"""What a :class:`Constraint` may force the output to be."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Constrained decoding: the response must match this (SGLang's ``json_schema`` / ``regex`` /
+    ``structural_tag``). An engine masks the tokens that cannot continue a match before it samples, and
+    ends the response (finish_reason "stop") once the match is complete."""
+
+    kind: str
+    """One of :data:`CONSTRAINT_KINDS`: "json_schema" (``spec`` is a JSON schema), "regex" (``spec`` is a
+    regular expression the whole response must match), "tool_calls" (one or more tool calls)."""
+    spec: str
+    """The JSON schema text, the regex, or for "tool_calls" a JSON list of the OpenAI function tool dicts
+    (``{"type": "function", "function": {"name", "parameters", ...}}``) that may be called."""
+    open: str = ""
+    """For "tool_calls": the text before each call's JSON object ``{"name": <one of the tools>,
+    "arguments": <that tool's parameters schema>}``, e.g. ``"<tool_call>\\n"``."""
+    close: str = ""
+    """For "tool_calls": the text after each call's JSON object, e.g. ``"\\n</tool_call>"``."""
+    required_name: str | None = None
+    """For "tool_calls": only this tool may be called (OpenAI's named ``tool_choice``)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"Constraint.kind must be one of {list(CONSTRAINT_KINDS)} (got {self.kind!r})")
+        if not isinstance(self.spec, str) or not self.spec:
+            raise ValueError(
+                f"Constraint.spec must be a non-empty string for kind {self.kind!r} (got {self.spec!r})"
+            )
+        if self.required_name is not None and self.kind != "tool_calls":
+            raise ValueError(
+                f"Constraint.required_name is only for kind 'tool_calls' (got kind {self.kind!r})"
+            )
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -34,6 +70,11 @@ class SamplingParams:
     """What to return as well: the prompt tokens' log-probs under the model (:attr:`GenerateOutput.input_logprobs`;
     with ``top_logprobs`` also the prompt positions' top log-probs), what SGLang's ``logprob_start_len``
     asks for and its frontend's ``select`` scores choices with."""
+    constraint: Constraint | None = None
+    """Constrained decoding (an engine listing ``"constraint"`` in its features): every prompt's response
+    must match it. The log-probs returned are of the masked distribution actually sampled from (tokens
+    that break the constraint have probability 0), which is what an RL trainer must score token-exactly.
+    A response whose match is complete ends with finish_reason "stop"."""
 
 
 @dataclass
@@ -72,10 +113,30 @@ class GenerateOutput:
         return min(self.token_versions) if self.token_versions else self.weight_version
 
 
-OPTIONAL_FEATURES = ("top_logprobs", "stop", "input_logprobs")
+OPTIONAL_FEATURES = ("top_logprobs", "stop", "input_logprobs", "constraint", "stream")
 """What an engine may implement beyond the protocol, named in its ``features``: ``SamplingParams.top_logprobs``,
-``SamplingParams.stop`` and ``SamplingParams.input_logprobs``. A server refuses a request needing a feature its engine lacks (a 400 naming the
-field), instead of answering without it."""
+``SamplingParams.stop``, ``SamplingParams.input_logprobs`` and ``SamplingParams.constraint``. A server refuses a request needing a feature its engine lacks (a 400 naming the
+field), instead of answering without it. ``"stream"``: ``generate`` takes ``on_token``, a callable given a
+:class:`TokenDelta` as tokens are sampled (token-by-token streaming); a server streams an engine without it
+one delta per response, once the response is complete."""
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """Tokens one response of a ``generate`` call gained since its last delta (engines listing ``"stream"``
+    call ``on_token`` with these as they sample, from their generation thread: the callable must be quick,
+    e.g. a queue's ``put``). The call's outputs stay the whole truth; deltas only say early what they will
+    hold."""
+
+    index: int
+    """Which prompt of the ``generate`` call (its position in ``prompts``)."""
+    start: int
+    """How many tokens of this response came before these (the position of ``token_ids[0]``)."""
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    """Per token, as :attr:`GenerateOutput.log_probs` will hold it."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    """Per token its top log-probs, as :attr:`GenerateOutput.top_logprobs` (None when not asked for)."""
 
 
 def supports(engine: Any, feature: str) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from relax_core.models import MASKED_LOGIT
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
 
 
 @dataclass
@@ -56,6 +57,11 @@ class _Seq:
     routed: list[Any] = field(default_factory=list)
     """With routing recorded: numpy [tokens, MoE layers, k] blocks, the prefill's then one per decode step."""
     finish: str | None = None
+    on_token: Callable[[TokenDelta], None] | None = None
+    """Streaming: called with each new token (as a :class:`TokenDelta` numbered ``index``)."""
+    index: int = 0
+    guided: Any = None
+    """With ``params.constraint``: its matcher (:class:`~relax_rollout.engines.constrained.GuidedRow`)."""
 
 
 class ContinuousBatcher:
@@ -81,8 +87,16 @@ class ContinuousBatcher:
         self._thread.start()
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, prompt: list[int], params: SamplingParams) -> Future:
-        """Queue one prompt; the future resolves to its output (or the error that ended it)."""
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        on_token: Callable[[TokenDelta], None] | None = None,
+        index: int = 0,
+    ) -> Future:
+        """Queue one prompt; the future resolves to its output (or the error that ended it). ``on_token``
+        (streaming) is called from the batcher's thread, engine lock held, with each token as it is sampled
+        (a :class:`TokenDelta` numbered ``index``): keep it quick."""
         _check_params(params)
         if not prompt:
             raise ValueError("an empty prompt: give at least one token id")
@@ -91,7 +105,9 @@ class ContinuousBatcher:
             raise ValueError("submit takes one min_new_tokens per request (an int), not a list")
         gen = torch.Generator(device=self.engine.device)
         gen.manual_seed(params.seed) if params.seed is not None else gen.seed()
-        seq = _Seq(list(prompt), params, int(mins), Future(), gen)
+        seq = _Seq(list(prompt), params, int(mins), Future(), gen, on_token=on_token, index=index)
+        if params.constraint is not None:  # (compiled here: a bad spec is the caller's error, not the loop's)
+            seq.guided = self.engine.guide.row(params.constraint, params.stop_token_ids)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the continuous batcher is closed")
@@ -99,15 +115,20 @@ class ContinuousBatcher:
             self._cond.notify_all()
         return seq.future
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_token: Callable[[TokenDelta], None] | None = None,
+    ) -> list[GenerateOutput]:
         """Every prompt as its own request (``min_new_tokens`` may be a list, one per prompt); their
-        outputs in order."""
+        outputs in order. ``on_token``: see :meth:`submit` (deltas numbered by prompt)."""
         mins = params.min_new_tokens
         futures = []
         for i, prompt in enumerate(prompts):
             seed = None if params.seed is None else params.seed + i
             m = mins[i] if isinstance(mins, list) else mins
-            futures.append(self.submit(prompt, replace(params, seed=seed, min_new_tokens=m)))
+            futures.append(self.submit(prompt, replace(params, seed=seed, min_new_tokens=m), on_token, i))
         return [f.result() for f in futures]
 
     def update_weights(
@@ -218,6 +239,7 @@ class ContinuousBatcher:
             for i, s in enumerate(joining):
                 s.routed.append(experts[i, width - len(s.prompt) :])
         self._sample(joining, logits[:, -1, :].float())
+        _emit(joining)
         self._join(joining, cache, mask)
 
     @torch.no_grad()
@@ -238,6 +260,7 @@ class ContinuousBatcher:
                 s.routed.append(experts[i : i + 1])
         self.steps += 1
         self._sample(self._running, logits[:, -1, :].float())
+        _emit(self._running)
 
     @contextlib.contextmanager
     def _recording(self):
@@ -257,11 +280,13 @@ class ContinuousBatcher:
         if eng.masked_token_ids:
             logits[:, eng.masked_token_ids] = MASKED_LOGIT
         version = eng.weight_version
+        if any(s.guided is not None for s in seqs):  # constrained decoding: one mask for all rows
+            eng.guide.mask_logits(logits, [s.guided for s in seqs])
         picked, lps = [], []
         for i, s in enumerate(seqs):
             row = logits[i : i + 1]
             ends = [*eng.eos_token_ids, *s.params.stop_token_ids]
-            if len(s.tokens) < s.min_new and ends:
+            if len(s.tokens) < s.min_new and ends and not (s.guided is not None and s.guided.complete):
                 row = row.clone()
                 row[:, ends] = float("-inf")
             nxt, logprobs = eng._sample(row, s.params, s.gen)
@@ -273,10 +298,12 @@ class ContinuousBatcher:
             s.tokens.append(token)
             s.log_probs.append(lp)
             s.versions.append(version)
+            if s.guided is not None:
+                s.guided.advance(token)
             if token in ends:
                 s.finish = "stop"
             elif len(s.tokens) >= s.params.max_new_tokens:
-                s.finish = "length"
+                s.finish = "stop" if s.guided is not None and s.guided.complete else "length"
 
     def _join(self, joining: list[_Seq], cache: Any, mask: torch.Tensor) -> None:
         """Append the newcomers' cache rows to the running ones, padding the shorter on the left."""
@@ -327,6 +354,13 @@ class ContinuousBatcher:
             token_versions=list(seq.versions),
             extra=extra,
         )
+
+
+def _emit(seqs: list[_Seq]) -> None:
+    """Streaming: each sequence's token just sampled to its ``on_token``."""
+    for s in seqs:
+        if s.on_token is not None:
+            s.on_token(TokenDelta(s.index, len(s.tokens) - 1, (s.tokens[-1],), (s.log_probs[-1],)))
 
 
 def _pad_left(cache: Any, mask: torch.Tensor, width: int) -> torch.Tensor:

@@ -66,6 +66,20 @@ class ExternalEngine(ServerClient):
         self._paused: str | None = None  # the pause mode the servers are in (None: generating)
         self._lock_inflight = threading.Lock()
         self._inflight = dict.fromkeys(self.urls, 0)  # prompts in flight per server
+        self._grammar: bool | None = None  # every server an SGLang with a grammar backend (asked once)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """:class:`ServerClient`'s, and "constraint" (SGLang's ``json_schema`` / ``regex`` / ``structural_tag``)
+        when every server's ``/server_info`` names a ``grammar_backend`` other than "none": a real SGLang.
+        Other servers (ours, which takes only ``json_schema`` and ``regex``) would refuse part of it."""
+        if self._grammar is None:
+            try:
+                infos = [server_info(u, self.token, self.timeout_s) for u in self.urls]
+            except (ConnectionError, ServerError, TimeoutError):
+                return ServerClient.features  # (asked again next time)
+            self._grammar = all(i.get("grammar_backend") not in (None, "none") for i in infos)
+        return ServerClient.features | {"constraint"} if self._grammar else ServerClient.features
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:

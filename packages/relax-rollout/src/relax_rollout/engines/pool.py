@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
 from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here too
     KINDS,
     STATES,
@@ -81,6 +81,10 @@ class EnginePool(PoolMembership):
     short) when a member fails and after one is removed. ``weights_dir``: where the current weights are
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
     must be readable by every engine (same host or a shared filesystem)."""
+
+    features = PoolMembership.features | {"stream"}
+    """The servers' features, and "stream": ``generate(..., on_token=...)`` reads their ``/generate`` as a
+    stream (:mod:`~relax_rollout.engines.wire_stream`)."""
 
     def __init__(
         self,
@@ -157,10 +161,13 @@ class EnginePool(PoolMembership):
         fields: list[dict[str, Any]] | None = None,
         common: dict[str, Any] | None = None,
         parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
+        on_token: Callable[[TokenDelta], None] | None = None,
     ) -> list[GenerateOutput]:
         """One output per prompt. ``fields`` (one dict per prompt) and ``common`` are extra ``/generate``
         request fields (see :func:`~relax_rollout.engines.wire.generate_body`); ``parse(reply, prompts)``
-        replaces :func:`~relax_rollout.engines.wire.parse_reply` (e.g. routed experts in the model's shape)."""
+        replaces :func:`~relax_rollout.engines.wire.parse_reply` (e.g. routed experts in the model's shape).
+        ``on_token``: each response's tokens as its server streams them (numbered by prompt); a prompt
+        re-issued after its server failed streams again from its first token (``TokenDelta.start`` 0)."""
         if not prompts:
             return []
         if fields is not None and len(fields) != len(prompts):
@@ -189,6 +196,7 @@ class EnginePool(PoolMembership):
                         None if fields is None else [fields[i] for i in idx],
                         common,
                         parse,
+                        None if on_token is None else _renumbered(on_token, idx),
                     ),
                 )
                 for m, idx in chunks
@@ -268,9 +276,16 @@ class EnginePool(PoolMembership):
         fields: list[dict[str, Any]] | None = None,
         common: dict[str, Any] | None = None,
         parse: Callable[[list[dict], list[list[int]]], list[GenerateOutput]] | None = None,
+        on_token: Callable[[TokenDelta], None] | None = None,
     ) -> list[GenerateOutput]:
         try:
-            reply = self.request(m.url, "/generate", generate_body(prompts, params, mins, fields, common))
+            body = generate_body(prompts, params, mins, fields, common)
+            if on_token is None:
+                reply = self.request(m.url, "/generate", body)
+            else:
+                from relax_rollout.engines.wire_stream import stream_generate
+
+                reply = stream_generate(m.url, body, on_token, self.token, self.timeout_s)
             outs = (parse or parse_reply)(reply, prompts)
             if len(outs) != len(prompts):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")
@@ -384,3 +399,10 @@ class EnginePool(PoolMembership):
                 self._kill(h)
         if self._own_dir:
             shutil.rmtree(self.weights_root, ignore_errors=True)
+
+
+def _renumbered(on_token: Callable[[TokenDelta], None], idx: list[int]) -> Callable[[TokenDelta], None]:
+    """``on_token`` for a request of the prompts ``idx`` of a call (its deltas numbered in the request)."""
+    from dataclasses import replace
+
+    return lambda d: on_token(replace(d, index=idx[d.index]))

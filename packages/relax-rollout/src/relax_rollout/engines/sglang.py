@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta, memory_request
 from relax_rollout.engines.checkpoint import checkpoint_config, model_routing, served_prefix
 from relax_rollout.engines.pool import EnginePool, Member, PoolError
 from relax_rollout.engines.processes import EngineProcess, Launcher, flag_args, place_engines, stop_processes
@@ -101,8 +101,10 @@ class SGLangEngine:
     requires a token (one is made when none is given); weights then go through ``weights_dir``, which
     every node must see at the same path."""
 
-    features = frozenset({"top_logprobs", "stop"})
-    """SGLang's ``top_logprobs_num`` and ``stop``, passed on."""
+    features = frozenset({"top_logprobs", "stop", "constraint", "stream"})
+    """SGLang's ``top_logprobs_num``, ``stop`` and its grammar backend (``json_schema``, ``regex``,
+    ``structural_tag``: :func:`~relax_rollout.engines.constrained.sglang_constraint`), passed on; without
+    "constraint" for servers launched with ``grammar_backend: none``."""
 
     def __init__(
         self,
@@ -164,6 +166,8 @@ class SGLangEngine:
         self.bucket_bytes = bucket_bytes
         """``weight_update="distributed"``: at most this many bytes a broadcast (one dtype each)."""
         self.token = token or self.server_args.get("api_key") or self.server_args.get("--api-key")
+        if str(self.server_args.get("grammar_backend", self.server_args.get("--grammar-backend"))) == "none":
+            self.features = self.features - {"constraint"}
         self.eos_token_ids = tuple(eos_token_ids or ())
         self.deterministic = bool(
             self.server_args.get("enable_deterministic_inference")
@@ -300,11 +304,13 @@ class SGLangEngine:
         media: list[dict[str, Any] | None] | None = None,
         mm: list[dict[str, Any] | None] | None = None,
         return_routed_experts: bool | None = None,
+        on_token: Callable[[TokenDelta], None] | None = None,
     ) -> list[GenerateOutput]:
         """One output per prompt, re-issued on other engines when one fails. ``rids``: request ids (default
         fresh ones; see :meth:`inflight_rids`); ``media`` (alias ``mm``): per prompt None or a dict of
         ``image_data``/``video_data``/``audio_data`` items; ``return_routed_experts``: default
-        ``record_routing``."""
+        ``record_routing``; ``on_token``: each response's tokens as SGLang streams them (the engine's
+        "stream" feature; :mod:`~relax_rollout.engines.wire_stream`)."""
         if not prompts:
             return []
         rids = list(rids) if rids is not None else [uuid.uuid4().hex for _ in prompts]
@@ -341,6 +347,7 @@ class SGLangEngine:
                 fields=fields,
                 common={"return_routed_experts": True} if routed else None,
                 parse=parse,
+                on_token=on_token,
             )
         finally:
             with self._lock:

@@ -12,6 +12,8 @@ sequence, so a stopped sequence costs no further steps (SGLang's ``check_finishe
 Prompt log-probs (``SamplingParams.input_logprobs``, SGLang's ``logprob_start_len``) come from the prefill's
 logits, untempered, as SGLang's input log-probs: no extra forward (with ``max_new_tokens`` 0, the prefill
 alone runs).
+Constrained decoding (``SamplingParams.constraint``) masks the logits before sampling, per sequence, with
+:mod:`relax_rollout.engines.constrained` (llguidance); the log-probs are then the masked distribution's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from relax_core.models import MASKED_LOGIT, media_token_ids
 from relax_core.offload import HostOffload
-from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, memory_tags
+from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, TokenDelta, memory_tags
 
 
 class TorchEngine:
@@ -51,6 +53,7 @@ class TorchEngine:
             model = load_model(model_path, dtype)
         self.model = model.to(device).eval()
         self.model_path, self._tokenizer = model_path, tokenizer
+        self._guide: Any = None  # constrained decoding's view of the tokenizer, built at first use
         cfg = self.model.config
         eos = eos_token_ids if eos_token_ids is not None else cfg.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -72,9 +75,12 @@ class TorchEngine:
 
     @property
     def features(self) -> frozenset[str]:
-        """:data:`~relax_rollout.engines.base.OPTIONAL_FEATURES` served: stop strings need a tokenizer."""
-        stops = self._tokenizer is not None or self.model_path is not None
-        return frozenset({"top_logprobs", "input_logprobs", *(("stop",) if stops else ())})
+        """:data:`~relax_rollout.engines.base.OPTIONAL_FEATURES` served: stop strings and constraints need a
+        tokenizer."""
+        text = self._tokenizer is not None or self.model_path is not None
+        return frozenset(
+            {"top_logprobs", "input_logprobs", "stream", *(("stop", "constraint") if text else ())}
+        )
 
     @property
     def tokenizer(self) -> Any:
@@ -85,6 +91,17 @@ class TorchEngine:
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         return self._tokenizer
+
+    @property
+    def guide(self) -> Any:
+        """The constrained-decoding :class:`~relax_rollout.engines.constrained.Guide` of this engine's
+        tokenizer and vocabulary (built at the first constrained request)."""
+        if self._guide is None:
+            from relax_rollout.engines.constrained import Guide
+
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._guide = Guide(self.tokenizer, vocab, self.eos_token_ids)
+        return self._guide
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -146,6 +163,7 @@ class TorchEngine:
         params: SamplingParams,
         on_step: Callable[[int], set[int] | None] | None = None,
         mm: list[dict[str, Any] | None] | None = None,
+        on_token: Callable[[TokenDelta], None] | None = None,
     ) -> list[GenerateOutput]:
         """Sample a response per prompt.
 
@@ -156,7 +174,10 @@ class TorchEngine:
         ``on_step(t)`` (optional, used by the HTTP server for pause/abort) runs before every decode step
         with the engine lock released — it may block (an in-place pause) while weights are updated — and
         returns the indices (into ``prompts``) to abort now; those end with finish_reason "abort" and
-        keep the tokens generated so far."""
+        keep the tokens generated so far.
+
+        ``on_token`` (token-by-token streaming) is called after every decode step, from this thread, with
+        one :class:`~relax_rollout.engines.base.TokenDelta` per response still generating (its new token)."""
         if not prompts:
             return []
         if self.released:
@@ -175,8 +196,9 @@ class TorchEngine:
             if on_step is not None:
                 hook = self._chunk_hook(on_step, start, len(chunk))
             chunk_mm = mm[start : start + len(chunk)] if mm is not None and any(mm) else None
+            emit = None if on_token is None else _Emitter(on_token, start)
             with self._lock:
-                out.extend(self._generate_chunk(chunk, params, mins, hook, chunk_mm))
+                out.extend(self._generate_chunk(chunk, params, mins, hook, chunk_mm, emit))
         return out
 
     def _chunk_hook(self, on_step: Callable[[int], set[int] | None], start: int, n: int):
@@ -192,7 +214,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None, mm=None
+        self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None, mm=None, emit=None
     ) -> list[GenerateOutput]:
         bsz = len(prompts)
         max_len = max(len(x) for x in prompts)
@@ -218,6 +240,7 @@ class TorchEngine:
         top_ids = torch.zeros((bsz, p.max_new_tokens, top_k), dtype=torch.long, device=self.device)
         stops = _StopStrings(self.tokenizer, p.stop) if p.stop else None
         matched: list[str | None] = [None] * bsz
+        guided = [self.guide.row(p.constraint, p.stop_token_ids) for _ in prompts] if p.constraint else None
         done = torch.zeros(bsz, dtype=torch.bool, device=self.device)
         lengths = torch.full((bsz,), p.max_new_tokens, dtype=torch.long, device=self.device)
         stopped = torch.zeros(bsz, dtype=torch.bool, device=self.device)
@@ -262,6 +285,9 @@ class TorchEngine:
                     torch.arange(logits.shape[-1], device=self.device), eos
                 ).unsqueeze(0)
                 logits = logits.masked_fill(block, float("-inf"))
+            if guided is not None:  # (after the EOS block: a complete match's EOS goes through)
+                live = [None if d else g for g, d in zip(guided, done.tolist())]
+                self.guide.mask_logits(logits, live)
             nxt, logprobs = self._sample(logits, p, gen)
             lp = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
@@ -272,6 +298,12 @@ class TorchEngine:
                 vals, idx = logprobs.topk(k, dim=-1)  # (-inf, e.g. masked tokens, clamped as SGLang does)
                 top_lp[:, t, :k] = vals.clamp(min=torch.finfo(vals.dtype).min)
                 top_ids[:, t, :k] = idx
+            if emit is not None:  # (before this step's stops: the token that stops a row is sent too)
+                emit(t, nxt, lp, done, *((top_ids[:, t, :k], top_lp[:, t, :k]) if top_k else ()))
+            if guided is not None:
+                for g, token in zip(live, nxt.tolist()):
+                    if g is not None:
+                        g.advance(token)
             hit = torch.isin(nxt, eos) & ~done
             if stops is not None:  # a stop string wins over a stop token completing it, as in SGLang
                 for i, s in stops.check(tokens[:, : t + 1], done).items():
@@ -290,6 +322,8 @@ class TorchEngine:
 
         routed = self._routed_experts(rec, prompts, lengths.tolist()) if rec is not None else None
         results = []
+        if guided is not None:  # a match completed on the last token allowed: a stop, not a cut
+            stopped |= torch.tensor([g.complete for g in guided], device=self.device) & ~aborted
         for i in range(bsz):
             n = int(lengths[i])
             top = None
@@ -420,6 +454,24 @@ class TorchEngine:
             filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
             probs = filtered / filtered.sum(-1, keepdim=True)
         return torch.multinomial(probs, 1, generator=gen).squeeze(-1), logprobs
+
+
+class _Emitter:
+    """A decode step's new tokens as :class:`TokenDelta` s for ``on_token`` (streaming): one per row still
+    generating, numbered in the whole ``generate`` call (``offset``: the chunk's first prompt)."""
+
+    def __init__(self, on_token: Callable[[TokenDelta], None], offset: int) -> None:
+        self.on_token, self.offset = on_token, offset
+
+    def __call__(self, t: int, nxt, lp, done, top_ids=None, top_lp=None) -> None:
+        rows = (~done).nonzero().flatten().tolist()
+        tokens, lps = nxt.tolist(), lp.tolist()
+        tops = None
+        if top_ids is not None:
+            tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_lp.tolist())]
+        for r in rows:
+            top = (tuple(tops[r]),) if tops is not None else None
+            self.on_token(TokenDelta(self.offset + r, t, (tokens[r],), (lps[r],), top))
 
 
 class _StopStrings:

@@ -209,6 +209,10 @@ def sampling_dict(p: SamplingParams, min_new: int) -> dict:
         sp["sampling_seed"] = p.seed
     if p.stop:
         sp["stop"] = list(p.stop)
+    if p.constraint is not None:  # (imported here: wire stays standard-library at import)
+        from relax_rollout.engines.constrained import sglang_constraint
+
+        sp.update(sglang_constraint(p.constraint))
     return sp
 
 

@@ -30,6 +30,22 @@ sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` (routes, res
   string included. ``input_token_logprobs`` is not computed. With
   ``return_routed_experts``: ``routed_experts`` = base64 of the int32 ``[prompt + generated - 1 - start,
   layers, top_k]`` expert ids, as SGLang sends them.
+- Streams (``"stream": true`` on ``/generate``, chat and completions): server-sent events, token by token
+  from an engine that streams (``"stream"`` in its features: the torch engine, the ``sglang`` engine and
+  the engine pool), one event per response once complete from the others (``server.streaming``).
+  ``/generate``'s chunks are the reply so far, as SGLang's (``text`` and ``output_ids`` cumulative,
+  ``finish_reason`` null until the last); OpenAI's are deltas (``n`` choices interleaved by ``index``),
+  then the finish reasons, then the usage with ``stream_options.include_usage``. A client that
+  disconnects aborts its request; an error after the first event ends the stream with
+  ``{"error": {...}}``.
+- ``GET /metrics``: Prometheus metrics under SGLang's names, labels and buckets (``server.metrics``:
+  ``sglang:time_to_first_token_seconds``, ``inter_token_latency_seconds``, ``e2e_request_latency_seconds``,
+  ``queue_time_seconds``, ``prompt_tokens_total``, ``generation_tokens_total``, ``num_requests_total``,
+  ``num_aborted_requests_total``, ``gen_throughput``, ``num_running_reqs``, ``num_queue_reqs``, ...),
+  OpenMetrics when the ``Accept`` header asks for it, else the text format 0.0.4.
+- ``GET /server_info`` (and SGLang's older name ``/get_server_info``): the settings and state SGLang
+  reports there that apply here (``served_model_name``, ``context_length``, ``disable_radix_cache``,
+  ``internal_states[0].last_gen_throughput``, ``version``, ...).
 - ``GET /health`` (200, empty body), ``GET /model_info`` (and its deprecated name ``/get_model_info``:
   ``model_path``, ``tokenizer_path``,
   ``is_generation``, ``preferred_sampling_params``, ``weight_version``), ``GET /get_weight_version``.

@@ -36,12 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--max-queued-requests: must be 0 (no bound) or more (got {args.max_queued_requests})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    from relax_core.hf_files import check_servable
     from relax_rollout.server.app import EngineServer, check_bind, make_server
 
     try:  # before the model loads
         check_bind(args.host, args.token, "--host / --token")
     except ValueError as e:
         ap.error(str(e))
+    try:  # (without a tokenizer transformers builds an empty one: /tokenize [], chat a 500)
+        check_servable(args.model)
+    except ValueError as e:
+        print(f"{ap.prog}: {e}", file=sys.stderr)
+        return 2
     import torch
     from transformers import AutoTokenizer
 

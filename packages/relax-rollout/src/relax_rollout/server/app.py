@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from relax_rollout.engines.base import (
     MemoryReleased,
     ReleasesMemory,
     SamplingParams,
+    TokenDelta,
     memory_tags,
     supports,
 )
@@ -35,6 +37,7 @@ from relax_rollout.server import extra_routes, openai_routes, protocol, sglang_r
 from relax_rollout.server import media as chat_media
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest, NotFound, error_body
+from relax_rollout.server.streaming import GenerationStream, TokenCount
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ class EngineServer:
     vocab_size: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self.metrics.bind(self.served_model_name, lambda: _version_number(self.engine))
         try:
             self._hook_ok = "on_step" in inspect.signature(self.engine.generate).parameters
         except (AttributeError, TypeError, ValueError):
@@ -170,7 +174,7 @@ class EngineServer:
         ``params`` ask for what the engine does not implement (top log-probs, stop strings, prompt log-probs):
         never an answer without it (empty lists, a response running past its stop string)."""
         for feature in OPTIONAL_FEATURES:
-            if any(getattr(p, feature) for p in params) and not supports(self.engine, feature):
+            if any(getattr(p, feature, None) for p in params) and not supports(self.engine, feature):
                 raise BadRequest(
                     (fields or {}).get(feature, feature),
                     f"this server's engine ({type(self.engine).__name__}) does not implement it",
@@ -200,9 +204,14 @@ class EngineServer:
         max_new_given: list[bool] | None = None,
         fields: dict[str, str] | None = None,
         mm: list[dict[str, Any] | None] | None = None,
+        on_token: Callable[[TokenDelta], None] | None = None,
+        streaming: bool = False,
     ) -> list[GenerateOutput]:
         """``fields``: the request's names of the features asked for (see :meth:`check_features`); ``mm``:
-        per prompt its media tensors (None for a text prompt; see ``server.media``)."""
+        per prompt its media tensors (None for a text prompt; see ``server.media``). ``on_token``: called
+        with each response's new tokens (a :class:`TokenDelta` numbered by prompt), token by token from an
+        engine that streams, else once per response when it is complete (see :meth:`stream`);
+        ``streaming``: the client reads a stream (SGLang's ``is_streaming`` metrics label)."""
         self.check_features(params, fields)
         params = self.check_fits(prompts, params, max_new_given)
         reqs = [_Req(r) for r in rids]
@@ -212,10 +221,13 @@ class EngineServer:
         t0, started = time.perf_counter(), False
         self.metrics.queue(len(prompts))
         results: list[GenerateOutput | None] = [None] * len(prompts)
+        seen = TokenCount(self.metrics, t0, len(prompts), streaming, on_token)
         try:
             with self._cond:  # SGLang holds new requests while paused, until continue_generation
                 self._cond.wait_for(lambda: not self.paused or all(r.aborted for r in reqs))
-            self.metrics.start(len(prompts), sum(len(p) for p in prompts))
+            self.metrics.start(
+                len(prompts), sum(len(p) for p in prompts), time.perf_counter() - t0, streaming
+            )
             started = True
             groups: dict[SamplingParams, list[int]] = {}
             for i, p in enumerate(params):  # one engine call per distinct params (min_new_tokens may vary)
@@ -236,9 +248,11 @@ class EngineServer:
                     **{**base.__dict__, "min_new_tokens": [params[i].min_new_tokens for i in live]}
                 )
                 sub = [reqs[i] for i in live]
-                kwargs = {"on_step": self._hook(sub)} if self._hook_ok else {}
+                kwargs: dict[str, Any] = {"on_step": self._hook(sub)} if self._hook_ok else {}
                 if mm is not None and any(mm[i] is not None for i in live):
                     kwargs["mm"] = [mm[i] for i in live]
+                if supports(self.engine, "stream"):
+                    kwargs["on_token"] = seen.numbered(live)
                 outs = self.engine.generate([prompts[i] for i in live], p, **kwargs)
                 for i, r, o in zip(live, sub, outs):
                     if r.aborted and o.finish_reason != "abort" and not self._hook_ok:
@@ -252,14 +266,38 @@ class EngineServer:
                                 f"{type(self.engine).__name__} lists {feature} among its features "
                                 "but returned none"
                             )
+                    seen.rest(i, o)  # what the engine did not stream (all of it, from one that cannot)
                     results[i] = o
             return results  # type: ignore[return-value]
         finally:
             made = sum(len(o.token_ids) for o in results if o is not None)
-            self.metrics.finish(len(prompts), made, time.perf_counter() - t0, started)
+            aborted = sum(o is not None and o.finish_reason == "abort" for o in results)
+            self.metrics.finish(len(prompts), made, time.perf_counter() - t0, started, streaming, aborted)
             with self._cond:
                 for r in reqs:
                     self._reqs.pop(r.rid, None)
+
+    def stream(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        rids: list[str],
+        max_new_given: list[bool] | None = None,
+        fields: dict[str, str] | None = None,
+        mm: list[dict[str, Any] | None] | None = None,
+        on_done: Callable[[list[GenerateOutput] | None], Any] | None = None,
+    ) -> GenerationStream:
+        """:meth:`generate` read as it goes (a :class:`~relax_rollout.server.streaming.GenerationStream`:
+        the token deltas, then the outputs). The request is checked here, so that what is wrong with it is
+        an HTTP error, not an event of a stream already begun."""
+        if getattr(self.engine, "released", None):  # (503: the trainer holds the device; try again after)
+            raise MemoryReleased(
+                f"the engine's memory is released ({sorted(self.engine.released)}): POST "
+                "/resume_memory_occupation before generating"
+            )
+        self.check_features(params, fields)
+        params = self.check_fits(prompts, params, max_new_given)
+        return GenerationStream(self, prompts, params, rids, on_done, fields=fields, mm=mm)
 
     def _hook(self, reqs: list[_Req]):
         def on_step(t: int) -> set[int]:
@@ -439,6 +477,14 @@ class EngineServer:
         (self.engine.release_memory if release else self.engine.resume_memory)(tags)
 
 
+def _version_number(engine: Any) -> float:
+    """The engine's weight version for ``relax:weight_version`` (NaN when it has none that is a number)."""
+    try:
+        return float(int(engine.weight_version))
+    except (AttributeError, TypeError, ValueError):
+        return float("nan")
+
+
 # -- routes: (state, body) -> (status, json) ----------------------------------------------------------
 ROUTES = {
     ("GET", "/health"): sglang_routes.health,
@@ -467,13 +513,14 @@ ROUTES = {
     ("POST", "/detokenize"): extra_routes.detokenize,
     ("POST", "/v1/detokenize"): extra_routes.detokenize,
     ("GET", "/server_info"): extra_routes.server_info,
+    ("GET", "/get_server_info"): extra_routes.server_info,  # (SGLang's older name, still served by it)
     ("GET", "/flush_cache"): extra_routes.flush_cache,
     ("POST", "/flush_cache"): extra_routes.flush_cache,
-    ("GET", "/metrics"): extra_routes.metrics,
 }
 # Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).
 REQUEST_ROUTES = [
     ("POST", re.compile(r"/v1/chat/completions"), openai_routes.chat_completions),
+    ("GET", re.compile(r"/metrics"), extra_routes.metrics),  # (reads Accept: OpenMetrics or text 0.0.4)
     ("GET", re.compile(r"/relax/trajectories"), trajectories.trajectory_list),
     ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), trajectories.trajectory_get),
     ("POST", re.compile(r"/relax/trajectories/(?P<session>[^/]+)/close"), trajectories.trajectory_close),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from relax_rollout.server.protocol import BadRequest, Text
 
 if TYPE_CHECKING:
+    from relax_rollout.http_api import Request
     from relax_rollout.server.app import EngineServer
 
 
@@ -41,17 +42,38 @@ def detokenize(s: EngineServer, body: Any):
 
 
 def server_info(s: EngineServer, _: Any):
-    """What SGLang's ``/server_info`` reports that applies here."""
+    """SGLang's ``/server_info`` (and its older name ``/get_server_info``): the launch settings and live
+    state SGLang 0.5.23 reports there that apply here, under its keys (``model_path``, ``tokenizer_path``,
+    ``served_model_name``, ``context_length``, ``skip_tokenizer_init``, ``enable_metrics``,
+    ``disable_radix_cache`` and ``disable_overlap_schedule``: true, this server has neither a prefix cache
+    nor an overlap scheduler; ``max_queued_requests``, ``tp_size`` / ``dp_size`` 1, ``device``, ``dtype``,
+    ``internal_states`` with ``last_gen_throughput``, ``version``), and ours: ``vocab_size``,
+    ``weight_version``, ``paused``, ``engine`` and its ``features``."""
     from relax_rollout import __version__
 
+    model = getattr(s.engine, "model", None)
+    dtype = getattr(model, "dtype", None)
     return 200, {
         "model_path": s.model_path,
+        "tokenizer_path": s.model_path if s.tokenizer is not None else None,
         "served_model_name": s.served_model_name,
         "context_length": s.context_len,
+        "skip_tokenizer_init": s.tokenizer is None,
+        "enable_metrics": True,
+        "disable_radix_cache": True,
+        "disable_overlap_schedule": True,
+        "max_queued_requests": s.max_queued_requests,
+        "tp_size": 1,
+        "dp_size": 1,
+        "device": str(getattr(s.engine, "device", "")) or None,
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "internal_states": [{"last_gen_throughput": s.metrics.throughput()}],
+        "version": f"relax-rollout {__version__}",
         "vocab_size": s.vocab_size,
         "weight_version": str(s.engine.weight_version),
-        "version": f"relax-rollout {__version__}",
         "paused": s.paused,
+        "engine": type(s.engine).__name__,
+        "features": sorted(getattr(s.engine, "features", ())),
     }
 
 
@@ -60,8 +82,8 @@ def flush_cache(s: EngineServer, _: Any):
     return 200, Text("Cache flushed.\n")
 
 
-def metrics(s: EngineServer, _: Any):
-    return 200, Text(
-        s.metrics.render(s.served_model_name, str(s.engine.weight_version)),
-        "text/plain; version=0.0.4; charset=utf-8",
-    )
+def metrics(s: EngineServer, _: Any, req: Request):
+    """Prometheus metrics (``server.metrics``): OpenMetrics when the ``Accept`` header asks for it (as
+    Prometheus does), else the text format 0.0.4."""
+    body, content_type = s.metrics.render(req.headers.get("accept"))
+    return 200, Text(body.decode(), content_type)

@@ -39,12 +39,17 @@ class ChatMedia:
         self._media = EpisodeMedia(family, tokenizer)
         self._lock = threading.Lock()  # the processor's content cache is not thread-safe
 
-    def prompt(self, messages: list[dict], images: list[ImagePart]) -> tuple[list[int], dict[str, Any]]:
-        """(prompt ids with each image's placeholders expanded, the engine's ``mm`` for it)."""
+    def prompt(
+        self, messages: list[dict], images: list[ImagePart], template_kwargs: dict[str, Any] | None = None
+    ) -> tuple[list[int], dict[str, Any]]:
+        """(prompt ids with each image's placeholders expanded, the engine's ``mm`` for it);
+        ``template_kwargs``: more arguments of the chat template (``tools``, ``chat_template_kwargs``)."""
         from relax_multimodal import MediaError
 
         raw = [{"bytes": _decode(p), "path": p.where} for p in images]  # "path" names the part in errors
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
         try:
             with self._lock:
                 return self._media.encode(text, {"image": raw}, index="request")

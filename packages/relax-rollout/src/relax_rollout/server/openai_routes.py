@@ -16,13 +16,17 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.server import protocol, trajectories
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.server import chat_request, protocol, tool_calls, trajectories
 from relax_rollout.server.protocol import BadRequest, EventStream
+from relax_rollout.server.streaming import TextDeltas, stop_token_ids
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from relax_rollout.http_api import Request
     from relax_rollout.server.app import EngineServer
+    from relax_rollout.server.streaming import GenerationStream
 
 CHAT_FIELDS = {"top_logprobs": "top_logprobs", "stop": "stop"}
 """The chat request's names of the engine features it asks for (see ``EngineServer.check_features``)."""
@@ -45,10 +49,12 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
     recorded token ids (see ``trajectories``), and the call is recorded. ``n`` choices are sampled together
     (each with its own seed when one is given); ``stream`` answers in server-sent events. ``image_url``
     parts (``data:`` URLs) are served for a Qwen-VL/Omni model (``server.media``), outside sessions only: a
-    recorded trajectory holds token ids, not the media tensors a trainer would need with them."""
+    recorded trajectory holds token ids, not the media tensors a trainer would need with them. ``tools``
+    are rendered by the chat template and the reply's calls parsed (``server.tool_calls``); a forced call
+    (``tool_choice``) or JSON (``response_format``) is decoded under a constraint."""
     if s.tokenizer is None or s.recorder is None:
         raise BadRequest("messages", "this server has no tokenizer, so no chat template")
-    chat = protocol.parse_chat(body)
+    chat = chat_request.parse_chat(body)
     session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
     if session is not None and chat.n > 1:
         raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
@@ -60,36 +66,70 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
             "images are not recorded in agent sessions (X-Relax-Session "
             "or 'user'): send calls with images without one",
         )
+    request = chat.request
+    template = tool_calls.response_template(s.tokenizer, s.engine, s.model_path)
+    constraint, asked_by = tool_calls.constraint(request, template)
     params, min_new = protocol.parse_sampling(chat.sampling)
     params = SamplingParams(
-        **{**params.__dict__, "min_new_tokens": min_new, "top_logprobs": chat.top_logprobs}
+        **{
+            **params.__dict__,
+            "min_new_tokens": min_new,
+            "top_logprobs": chat.top_logprobs,
+            "constraint": constraint,
+        }
     )
+    fields = {**CHAT_FIELDS, "constraint": asked_by}
+    if constraint is not None:
+        _check_constraint(s, params, fields, asked_by)
+    kwargs = tool_calls.template_kwargs(request)
     every = protocol.per_choice(params, chat.n)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     given = [protocol.max_new_given(chat.sampling)] * chat.n
+    ends = {*getattr(s.engine, "eos_token_ids", ()), s.tokenizer.eos_token_id, *params.stop_token_ids}
+
+    def reply(out: GenerateOutput, prompt: list[int]) -> tuple[dict, str]:
+        return tool_calls.reply(s.tokenizer, out, _reply(s, out), prompt, request, template, ends)
+
     recorded, mm = None, None
     if session is None:
         if chat.images:
-            prompt, tensors = s.media.prompt(chat.messages, chat.images)
+            prompt, tensors = s.media.prompt(chat.messages, chat.images, kwargs)
             mm = [tensors] * chat.n
         else:
-            prompt = trajectories.render_prompt(s.tokenizer, chat.messages)
+            prompt = trajectories.render_prompt(s.tokenizer, chat.messages, kwargs)
         rids = [f"{rid}-{i}" for i in range(chat.n)]
-        outs = s.generate([prompt] * chat.n, every, rids, given, CHAT_FIELDS, mm)
+        if chat.stream:  # token by token (chat_stream)
+            stream = s.stream([prompt] * chat.n, every, rids, given, fields, mm)
+            marks = _markers(s, request, template, prompt)
+            return 200, chat_stream(
+                s, chat, stream, rid, len(prompt), every, lambda o: reply(o, prompt), marks
+            )
+        outs = s.generate([prompt] * chat.n, every, rids, given, fields, mm)
+        replies = [reply(out, prompt) for out in outs]
+    elif chat.stream:  # token by token; the turn is recorded (its session's lock held) until it ends
+        turn = s.recorder.turn(session, chat.messages, kwargs)
+        stream = _session_stream(s, turn, every, rid, given, fields, reply)
+        marks = _markers(s, request, template, turn.prompt_ids)
+        prompt_len = len(turn.prompt_ids)
+        return 200, chat_stream(
+            s, chat, stream, rid, prompt_len, every, lambda o: reply(o, turn.prompt_ids), marks
+        )
     else:
-        with s.recorder.turn(session, chat.messages) as turn:
+        with s.recorder.turn(session, chat.messages, kwargs) as turn:
             # the session's recorded ids + the template's suffix: the model sees exactly its own tokens
             prompt = turn.prompt_ids
-            outs = s.generate([prompt], every, [rid], given, CHAT_FIELDS)
-            recorded = turn.record(outs[0], _reply(s, outs[0]))
+            outs = s.generate([prompt], every, [rid], given, fields)
+            replies = [reply(outs[0], prompt)]
+            recorded = turn.record(outs[0], tool_calls.template_message(replies[0][0]))
     choices = [
         _choice(
             i,
             out,
-            {"message": {"role": "assistant", "content": _reply(s, out)}},
+            {"message": message},
             _chat_logprobs(s, out) if chat.logprobs else None,
+            finish,
         )
-        for i, out in enumerate(outs)
+        for i, (out, (message, finish)) in enumerate(zip(outs, replies))
     ]
     res = _response(s, rid, "chat.completion", choices, len(prompt), sum(len(out.token_ids) for out in outs))
     res["prompt_token_ids"] = prompt  # extension: what the trainer should record as the prompt
@@ -97,7 +137,20 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
     res["weight_version"] = res["metadata"]["weight_version"]  # (our extension before SGLang had metadata)
     if recorded:  # extension: which trajectory of the session this call extended
         res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
-    return 200, (chat_stream(res, chat.include_usage) if chat.stream else res)
+    return 200, res
+
+
+def _check_constraint(s: EngineServer, params: SamplingParams, fields: dict[str, str], asked_by: str) -> None:
+    """A 400 before generating: the engine cannot decode under a constraint (naming the field that asked
+    for one), or the constraint does not compile (a tool's ``parameters`` or the JSON schema is invalid)."""
+    s.check_features([params], fields)
+    from relax_rollout.engines.constrained import check_constraint
+
+    try:
+        check_constraint(params.constraint)
+    except ValueError as e:
+        field = "tools" if asked_by == "tool_choice" else "response_format.json_schema.schema"
+        raise BadRequest(field, str(e)) from None
 
 
 def completions(s: EngineServer, body: Any):
@@ -138,13 +191,12 @@ def completions(s: EngineServer, body: Any):
     every = [p for p in prompts for _ in range(n)]
     seeded = protocol.per_choice(params, n) * len(prompts)
     rid = f"cmpl-{uuid.uuid4().hex}"
-    outs = s.generate(
-        every,
-        seeded,
-        [f"{rid}-{i}" for i in range(len(every))],
-        [body.get("max_tokens") is not None] * len(every),
-        {"top_logprobs": "logprobs"},
-    )
+    rids, given = [f"{rid}-{i}" for i in range(len(every))], [body.get("max_tokens") is not None] * len(every)
+    if body.get("stream"):  # token by token
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream = s.stream(every, seeded, rids, given, {"top_logprobs": "logprobs"})
+        return 200, completion_stream(s, stream, rid, seeded, logprobs, sum(len(p) for p in prompts), usage)
+    outs = s.generate(every, seeded, rids, given, {"top_logprobs": "logprobs"})
     token = (lambda t: s.tokenizer.decode([t])) if s.tokenizer is not None else str
     choices = []
     for i, out in enumerate(outs):
@@ -164,64 +216,199 @@ def completions(s: EngineServer, body: Any):
     made = sum(len(o.token_ids) for o in outs)
     res = _response(s, rid, "text_completion", choices, prompt_tokens, made)
     res["metadata"] = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
-    if not body.get("stream"):
-        return 200, res
-    return 200, completion_stream(res, bool((body.get("stream_options") or {}).get("include_usage")))
+    return 200, res
 
 
-def chat_stream(res: dict, include_usage: bool) -> EventStream:
-    """A whole chat completion as OpenAI's ``chat.completion.chunk`` stream: per choice a chunk with the
-    role and content (and log-probs), then one with its finish reason; with ``include_usage`` a last chunk
-    with the usage and no choices. The content comes as one delta once generated (not token by token: the
-    engines hand over finished responses)."""
-    head = {k: res[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    events = []
-    for ch in res["choices"]:
-        delta = {"role": "assistant", "content": ch["message"]["content"]}
-        events.append(
-            {
-                **head,
-                "choices": [
-                    {"index": ch["index"], "delta": delta, "logprobs": ch["logprobs"], "finish_reason": None}
-                ],
+def _session_stream(s, turn, every, rid, given, fields, reply) -> GenerationStream:
+    """An agent session's streamed call: the turn (its session's lock) is entered here and left by the
+    generation's thread once the reply is recorded, as the non-streamed call records it."""
+    turn.__enter__()
+
+    def record(outs: list[GenerateOutput] | None) -> Any:
+        try:
+            if outs:
+                return turn.record(outs[0], tool_calls.template_message(reply(outs[0], turn.prompt_ids)[0]))
+        finally:
+            turn.__exit__(None, None, None)
+
+    try:
+        return s.stream([turn.prompt_ids], every, [rid], given, fields, on_done=record)
+    except BaseException:
+        turn.__exit__(None, None, None)
+        raise
+
+
+def _markers(s: EngineServer, request: Any, template: dict, prompt: list[int]) -> tuple[str, ...] | None:
+    """What ends a streamed chat reply's text going out token by token: the template's thinking marks and,
+    with tools offered, the mark that opens a call. Up to one of them the reply's text is its content as
+    generated; from it only the whole reply says what is content, ``reasoning_content`` and ``tool_calls``
+    (``tool_calls.reply``), which then come in its last delta. None: not one token can go out as content
+    (the prompt opens the thinking, or the calls' opening mark is not a plain string)."""
+    fields = template.get("fields") or {}
+    marks: list[str] = []
+    thinking = fields.get("thinking")
+    if isinstance(thinking, dict):
+        opened, closed = thinking.get("open"), thinking.get("close")
+        marks += [m for m in (opened, closed) if isinstance(m, str) and m]
+        tail = s.tokenizer.decode(prompt[-16:], skip_special_tokens=False)
+        if isinstance(opened, str) and opened and tail.rfind(opened) > tail.rfind(closed or "\0"):
+            return None
+    if tool_calls.offered_tools(request) is not None:
+        call = fields.get("tool_calls") or {}
+        opening = call.get("open") or (call.get("open_pattern") or "").removeprefix(r"\s*")
+        if not isinstance(opening, str) or not opening or any(c in opening for c in "\\()[]{}?*+|^$"):
+            return None
+        marks.append(opening)
+    return tuple(marks)
+
+
+def chat_stream(
+    s: EngineServer,
+    chat: chat_request.ChatRequest,
+    stream: GenerationStream,
+    rid: str,
+    prompt_len: int,
+    params: list[SamplingParams],
+    reply: Callable[[GenerateOutput], tuple[dict, str]],
+    marks: tuple[str, ...] | None = (),
+) -> EventStream:
+    """A chat completion as OpenAI's ``chat.completion.chunk`` stream, token by token: per choice (``index``;
+    ``n`` choices interleave as they are sampled, those with seeds of their own one after another) chunks with the text as it comes (the first also with
+    the role; with ``logprobs`` each chunk's tokens' log-probs), then, once generated, the rest of its
+    message (``reply(output)``: the hook for what only the whole reply shows, tool calls and reasoning,
+    ``stream_delta``), and a chunk with its finish reason and ``matched_stop``; with ``include_usage`` a
+    last chunk with the usage and no choices. ``marks`` (see :func:`_markers`): a choice's text stops going
+    out as it comes at the first of them (None: at once), the rest waits for the whole reply."""
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": s.served_model_name,
+    }
+    return EventStream(
+        _chat_events(s, chat, stream, head, prompt_len, params, reply, marks), on_close=stream.close
+    )
+
+
+def _chat_events(s, chat, stream, head, prompt_len, params, reply, marks) -> Iterator[dict]:
+    texts = [TextDeltas(s.decode, (*p.stop, *(marks or ())), stop_token_ids(s, p)) for p in params]
+    opened, live = [False] * len(params), [marks is not None] * len(params)
+
+    def chunk(i: int, delta: dict, logprobs: dict | None = None, finish: str | None = None, **extra) -> dict:
+        if not opened[i]:
+            delta, opened[i] = {"role": "assistant", **delta}, True
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}
+        return {**head, "choices": [choice]}
+
+    outs: list[GenerateOutput] = []
+    for item in stream:
+        if not isinstance(item, TokenDelta):
+            outs = item
+            continue
+        i, t = item.index, texts[item.index]
+        if live[i] and marks:  # (a mark may be a special token: looked for in the text with them)
+            raw = s.tokenizer.decode([*t.tokens, *item.token_ids], skip_special_tokens=False)
+            live[i] = not any(m in raw for m in marks)
+        text = t.add(item.token_ids) if live[i] else t.keep(item.token_ids)
+        lps = None
+        if chat.logprobs:
+            tops = item.top_logprobs or [()] * len(item.token_ids)
+            lps = {
+                "content": [
+                    {**_chat_logprob(s, t, lp), "top_logprobs": [_chat_logprob(s, a, alp) for a, alp in top]}
+                    for t, lp, top in zip(item.token_ids, item.log_probs, tops)
+                ]
             }
-        )
-        events.append(
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": ch["index"],
-                        "delta": {},
-                        "logprobs": None,
-                        "finish_reason": ch["finish_reason"],
-                    }
-                ],
-            }
-        )
-    if include_usage:
-        events.append({**head, "choices": [], "usage": res["usage"]})
-    return EventStream(events)
+        if (live[i] and text) or lps:
+            yield chunk(i, {"content": text if live[i] else ""}, lps)
+    for i, out in enumerate(outs):
+        message, finish = reply(out)
+        delta = stream_delta(message)
+        content = delta.pop("content", None)
+        rest = texts[i].finish(content or "") if texts[i].sent else content
+        if rest or not opened[i]:
+            delta = {"content": rest, **delta}
+        if delta:
+            yield chunk(i, delta)
+        yield chunk(i, {}, None, finish, matched_stop=protocol.matched_stop(out))
+    if chat.include_usage:
+        made = sum(len(o.token_ids) for o in outs)
+        usage = {"prompt_tokens": prompt_len, "completion_tokens": made}
+        yield {**head, "choices": [], "usage": {**usage, "total_tokens": usage["prompt_tokens"] + made}}
 
 
-def completion_stream(res: dict, include_usage: bool) -> EventStream:
-    """A whole text completion as OpenAI's ``text_completion`` stream: per choice a chunk with its text (and
-    log-probs), then per choice one with its finish reason; with ``include_usage`` a last chunk with the
-    usage and no choices."""
-    head = {k: res[k] for k in ("id", "object", "created", "model")}
-    events = [{**head, "choices": [{**c, "finish_reason": None}]} for c in res["choices"]]
-    events += [
-        {
+def stream_delta(message: dict) -> dict:
+    """A whole chat message as one stream delta: its ``content``, ``reasoning_content`` and ``tool_calls``
+    (each with its ``index``, as OpenAI's chunks carry them)."""
+    delta = {k: v for k, v in message.items() if k in ("content", "reasoning_content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    return delta
+
+
+def completion_stream(
+    s: EngineServer,
+    stream: GenerationStream,
+    rid: str,
+    params: list[SamplingParams],
+    logprobs: int | None,
+    prompt_tokens: int,
+    include_usage: bool,
+) -> EventStream:
+    """A text completion as OpenAI's ``text_completion`` stream, token by token: per choice (``index``,
+    interleaved as sampled) chunks with the text as it comes (with ``logprobs``, each chunk's tokens' as
+    the whole reply lists them, ``text_offset`` counted over the whole text), then per choice the rest of
+    its text once generated and a chunk with its finish reason and ``matched_stop``; with
+    ``include_usage`` a last chunk with the usage and no choices."""
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": s.served_model_name}
+    events = _completion_events(s, stream, head, params, logprobs, prompt_tokens, include_usage)
+    return EventStream(events, on_close=stream.close)
+
+
+def _completion_events(s, stream, head, params, logprobs, prompt_tokens, include_usage) -> Iterator[dict]:
+    token = (lambda t: s.tokenizer.decode([t])) if s.tokenizer is not None else str
+    texts = [TextDeltas(s.decode, p.stop, stop_token_ids(s, p)) for p in params]
+    offset = [0] * len(params)  # each choice's log-prob tokens' text so far
+
+    def chunk(i: int, text: str, lp: dict | None = None, finish: str | None = None, **extra) -> dict:
+        return {
             **head,
-            "choices": [
-                {"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}
-            ],
+            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish, **extra}],
         }
-        for c in res["choices"]
-    ]
+
+    outs: list[GenerateOutput] = []
+    for item in stream:
+        if not isinstance(item, TokenDelta):
+            outs = item
+            continue
+        i, text, lp = item.index, texts[item.index].add(item.token_ids), None
+        if logprobs is not None:
+            tokens = [token(t) for t in item.token_ids]
+            offsets = [offset[i] + sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+            offset[i] += sum(len(x) for x in tokens)
+            tops = item.top_logprobs or ()
+            lp = {
+                "tokens": tokens,
+                "token_logprobs": list(item.log_probs),
+                "top_logprobs": [{token(a): alp for a, alp in row} for row in tops] if logprobs else None,
+                "text_offset": offsets,
+            }
+        if text or lp:
+            yield chunk(i, text, lp)
+    for i, out in enumerate(outs):
+        rest = texts[i].finish(protocol.response_text(s.decode, out))
+        if rest:
+            yield chunk(i, rest)
+    for i, out in enumerate(outs):
+        yield chunk(i, "", None, out.finish_reason, matched_stop=protocol.matched_stop(out))
     if include_usage:
-        events.append({**head, "choices": [], "usage": res["usage"]})
-    return EventStream(events)
+        made = sum(len(o.token_ids) for o in outs)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": made,
+            "total_tokens": prompt_tokens + made,
+        }
+        yield {**head, "choices": [], "usage": usage}
 
 
 def _reply(s: EngineServer, out: GenerateOutput) -> str:
@@ -247,15 +434,17 @@ def _chat_logprobs(s: EngineServer, out: GenerateOutput) -> dict:
     }
 
 
-def _choice(index: int, out: GenerateOutput, content: dict, logprobs: dict | None) -> dict:
+def _choice(
+    index: int, out: GenerateOutput, content: dict, logprobs: dict | None, finish: str | None = None
+) -> dict:
     """One choice of an OpenAI response: ``content`` (chat's ``message``, completions' ``text``), its
-    ``logprobs`` and ``finish_reason``, and two extensions: ``matched_stop`` (SGLang's: the stop string or
-    token) and ``token_ids`` (vLLM's name: the exact sampled tokens)."""
+    ``logprobs`` and ``finish_reason`` (``finish``, else the engine's), and two extensions: ``matched_stop``
+    (SGLang's: the stop string or token) and ``token_ids`` (vLLM's name: the exact sampled tokens)."""
     return {
         "index": index,
         **content,
         "logprobs": logprobs,
-        "finish_reason": out.finish_reason,
+        "finish_reason": finish or out.finish_reason,
         "matched_stop": protocol.matched_stop(out),
         "token_ids": list(out.token_ids),
     }

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from relax_rewards.types import short_repr
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import Constraint, GenerateOutput, SamplingParams
 from relax_rollout.engines.wire import encode_routed_experts, version_spans
 from relax_rollout.http_api import BodyError, EventStream, Text  # noqa: F401 - the routes' response kinds
 
@@ -27,6 +27,8 @@ _SAMPLING_KEYS = {
     "stop_token_ids",
     "ignore_eos",
     "stop",
+    "json_schema",  # constrained decoding (parse_constraint)
+    "regex",
 }
 _SAMPLING_SEED_KEYS = ("sampling_seed", "seed")
 _IGNORED_KEYS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
@@ -160,8 +162,31 @@ def parse_sampling(sp: Any, where: str = "sampling_params", least_new: int = 1) 
         stop_token_ids=tuple(stops),
         seed=seed,
         stop=stop,
+        constraint=parse_constraint(sp, where),
     )
     return params, min_new
+
+
+def parse_constraint(sp: dict, where: str) -> Constraint | None:
+    """SGLang's ``json_schema`` (``"$$ANY$$"``: any JSON) or ``regex`` sampling param as a
+    :class:`~relax_rollout.engines.base.Constraint`, compiled here so that a bad one is a 400 naming its
+    key; at most one, as SGLang checks (``ebnf`` and ``structural_tag`` are refused as unsupported)."""
+    given = [k for k in ("json_schema", "regex") if sp.get(k) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise BadRequest(f"{where}.{given[1]}", "give only one of json_schema and regex (as SGLang)")
+    key, value = given[0], sp[given[0]]
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{where}.{key}", f"must be a non-empty string (got {short_repr(value)})")
+    from relax_rollout.engines.constrained import check_constraint
+
+    constraint = Constraint(key, "{}" if key == "json_schema" and value == "$$ANY$$" else value)
+    try:
+        check_constraint(constraint)
+    except ValueError as e:
+        raise BadRequest(f"{where}.{key}", str(e).removeprefix("Constraint.spec: ")) from None
+    return constraint
 
 
 def parse_stop(v: Any, field: str, most: int) -> tuple[str, ...]:
@@ -200,8 +225,8 @@ class GenerateRequest:
     """Per prompt: whether the request named ``max_new_tokens`` (SGLang refuses a named one that does not
     fit the context, and lets the default stop at the context's end)."""
     stream: bool = False
-    """Answer in server-sent events: each prompt's whole response as one event (SGLang's chunks carry the
-    text so far; here the text arrives once generated)."""
+    """Answer in server-sent events, token by token: each chunk a prompt's reply so far, as SGLang's
+    (``server.streaming``)."""
     return_text_in_logprobs: bool = False
     """Each log-prob entry's third item is its token's text (else None), as in SGLang."""
     no_stop_trim: list[bool] | None = None
@@ -468,23 +493,6 @@ class ImagePart:
     url: str
 
 
-@dataclass
-class ChatRequest:
-    messages: list[dict]
-    """With string contents (text parts joined, :data:`IMAGE_MARK` for each image part)."""
-    sampling: dict
-    """SGLang sampling dict."""
-    logprobs: bool = False
-    n: int = 1
-    stream: bool = False
-    include_usage: bool = False
-    """``stream_options.include_usage``: a last chunk with the usage and no choices."""
-    top_logprobs: int = 0
-    """With ``logprobs``: per token this many most likely alternatives."""
-    images: list[ImagePart] = field(default_factory=list)
-    """The ``image_url`` parts, in message order (the server refuses them for a text-only model)."""
-
-
 def parse_n(body: dict) -> int:
     """OpenAI's ``n``: choices per prompt, 1 to :data:`MAX_N`."""
     n = 1 if body.get("n") is None else body["n"]
@@ -499,42 +507,6 @@ def per_choice(params: SamplingParams, n: int) -> list[SamplingParams]:
     if params.seed is None:
         return [params] * n
     return [SamplingParams(**{**params.__dict__, "seed": params.seed + i}) for i in range(n)]
-
-
-def _content(content: Any, where: str, images: list[ImagePart]) -> str:
-    """A message's content: a string, or OpenAI's list of parts (text parts joined; each ``image_url`` part
-    appended to ``images`` and marked with :data:`IMAGE_MARK`; other media parts refused)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest(where, "must be a string or a list of content parts")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "image_url":
-            images.append(ImagePart(f"{where}[{j}]", _image_url(part, f"{where}[{j}]")))
-            texts.append(IMAGE_MARK)
-        elif kind in ("input_audio", "video_url", "file"):
-            raise BadRequest(
-                f"{where}[{j}]",
-                f"'{kind}' parts are not supported: this server takes 'text' "
-                "parts and, for a multimodal model, 'image_url' parts",
-            )
-        else:
-            raise BadRequest(f"{where}[{j}]", "must be a content part like {'type': 'text', 'text': ...}")
-    return "".join(texts)
-
-
-def _image_url(part: dict, where: str) -> str:
-    """OpenAI's ``{"type": "image_url", "image_url": {"url": ..., "detail": ...}}`` (``detail`` is
-    ignored: the image is sized by the model's own budget)."""
-    v = part.get("image_url")
-    url = v.get("url") if isinstance(v, dict) else v
-    if not isinstance(url, str) or not url:
-        raise BadRequest(f"{where}.image_url", "must be an object like {'url': 'data:image/png;base64,...'}")
-    return url
 
 
 OPENAI_SAMPLING = (
@@ -556,44 +528,3 @@ NEUTRAL_ONLY = (("top_k", "top_k"), ("min_p", "min_p"), ("repetition_penalty", "
 def openai_sampling(body: dict, keys: tuple[tuple[str, str], ...] = OPENAI_SAMPLING) -> dict[str, Any]:
     """The OpenAI sampling fields ``body`` gives, under SGLang's names (for :func:`parse_sampling`)."""
     return {ours: body[theirs] for ours, theirs in keys if body.get(theirs) is not None}
-
-
-def parse_chat(body: Any) -> ChatRequest:
-    """OpenAI ``ChatCompletionRequest`` → :class:`ChatRequest`."""
-    if not isinstance(body, dict):
-        raise BadRequest("body", "must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages", "must be a non-empty list of {role, content}")
-    out_messages, images = [], []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("content") is None:
-            raise BadRequest(f"messages[{i}]", "must be an object with string 'role' and 'content'")
-        out_messages.append({**m, "content": _content(m["content"], f"messages[{i}].content", images)})
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream", f"must be a boolean (got {stream!r})")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("stream_options", "must be an object like {'include_usage': true}")
-    n = parse_n(body)
-    sp: dict[str, Any] = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        sp["max_new_tokens"] = max_tokens
-    sp |= openai_sampling(body, OPENAI_SAMPLING + NEUTRAL_ONLY)
-    logprobs = False if body.get("logprobs") is None else body["logprobs"]
-    if not isinstance(logprobs, bool):
-        raise BadRequest("logprobs", f"must be a boolean (got {logprobs!r})")
-    top_logprobs = parse_top_logprobs(body.get("top_logprobs"), "top_logprobs")
-    if top_logprobs and not logprobs:
-        raise BadRequest("top_logprobs", "needs logprobs: true (as in OpenAI)")
-    parse_stop(body.get("stop"), "stop", MAX_STOP_OPENAI)
-    try:
-        parse_sampling(sp, "body")
-    except BadRequest as e:  # name the OpenAI field, not our internal one
-        names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
-        leaf = e.field.split(".")[-1]
-        raise BadRequest(names.get(leaf, leaf), str(e).split(": ", 1)[1]) from None
-    usage = bool(options.get("include_usage"))
-    return ChatRequest(out_messages, sp, logprobs, n, stream, usage, top_logprobs, images)

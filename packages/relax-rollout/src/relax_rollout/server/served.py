@@ -107,6 +107,9 @@ class RayEngineServer:
         import torch
         from transformers import AutoTokenizer
 
+        from relax_core.hf_files import check_servable
+
+        check_servable(model_path, "engine model")  # (an empty tokenizer would serve garbage)
         if torch_threads:
             torch.set_num_threads(torch_threads)
         tok = AutoTokenizer.from_pretrained(model_path)

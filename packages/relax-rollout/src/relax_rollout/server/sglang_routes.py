@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from relax_rollout.server import protocol
 from relax_rollout.server.protocol import BadRequest
+from relax_rollout.server.streaming import generate_events
 
 if TYPE_CHECKING:
     from relax_rollout.server.app import EngineServer
@@ -57,30 +58,36 @@ def generate(s: EngineServer, body: dict):
             "on a Mixture-of-Experts model",
         )
     t0 = time.perf_counter()
-    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given, GENERATE_FIELDS)
-    dt = time.perf_counter() - t0
+    kind = next((p.constraint.kind for p in req.params if p.constraint is not None), None)
+    fields = {**GENERATE_FIELDS, "constraint": f"sampling_params.{kind}"} if kind else GENERATE_FIELDS
     start = req.routed_experts_start_len if req.return_routed_experts else None
     text_of = s.token_text if req.return_text_in_logprobs else None
-    keep = req.no_stop_trim or [False] * len(outs)
-    firsts = req.logprob_start_len or [-1] * len(outs)
-    res = [
-        protocol.generate_response(
-            o,
-            p,
-            rid,
-            len(x),
-            req.return_logprob,
-            protocol.response_text(s.decode, o, k),
-            dt,
-            start,
-            text_of,
-            x,
-            first,
-        )
-        for o, p, rid, x, k, first in zip(outs, req.params, req.rids, req.prompts, keep, firsts)
-    ]
-    if req.stream:  # (SGLang numbers a batch's chunks by "index")
-        return 200, protocol.EventStream([r if req.single else {**r, "index": i} for i, r in enumerate(res)])
+    keep = req.no_stop_trim or [False] * len(req.prompts)
+    firsts = req.logprob_start_len or [-1] * len(req.prompts)
+
+    def reply(outs: list, dt: float) -> list[dict]:
+        return [
+            protocol.generate_response(
+                o,
+                p,
+                rid,
+                len(x),
+                req.return_logprob,
+                protocol.response_text(s.decode, o, k),
+                dt,
+                start,
+                text_of,
+                x,
+                first,
+            )
+            for o, p, rid, x, k, first in zip(outs, req.params, req.rids, req.prompts, keep, firsts)
+        ]
+
+    if req.stream:  # token by token: the reply so far at each token, then the whole reply (.streaming)
+        stream = s.stream(req.prompts, req.params, req.rids, req.max_new_given, fields)
+        return 200, protocol.EventStream(generate_events(s, req, stream, reply), on_close=stream.close)
+    outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given, fields)
+    res = reply(outs, time.perf_counter() - t0)
     return 200, res[0] if req.single else res
 
 

@@ -9,6 +9,10 @@ those ids plus the chat template's suffix for the new messages only (``turn_suff
 out. The trajectory is then exactly what the model saw and produced, with a loss mask of 1 on the sampled
 tokens only and the engine's log-probs there, ready for the trainer (:func:`to_bus_sample`).
 
+Tool conversations are recorded the same way: a turn that calls tools is the model's tokens as generated
+(the calls' text included), and the tool results arrive in the next call's suffix, rendered with the same
+``tools`` (and ``chat_template_kwargs``) the trajectory started with.
+
 Sessions are named by the ``X-Relax-Session`` header, else the body's ``user``; no name, no recording. A
 session is one conversation, so its calls are served one at a time. A call whose messages do not extend the
 trajectory (the agent edited or dropped turns) closes it with stop reason ``history_rewritten`` and starts
@@ -44,9 +48,12 @@ SESSION_HEADER = "X-Relax-Session"
 _PLACEHOLDER = "RELAXREPLYPLACEHOLDER"
 
 
-def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """The chat template's rendering of ``messages`` plus the generation prompt, tokenised."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def render_prompt(tokenizer: Any, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    """The chat template's rendering of ``messages`` plus the generation prompt, tokenised;
+    ``template_kwargs``: more arguments of the template (``tools``, ``chat_template_kwargs``)."""
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -86,8 +93,30 @@ def parse_index(query: dict[str, str]) -> int | None:
 
 def _canon(m: dict) -> dict:
     """A message as history matching compares it: unset optional fields dropped (clients re-serialise them
-    as None or [])."""
-    return {k: v for k, v in m.items() if k in ("role", "content") or v not in (None, [], {}, "")}
+    as None or []), ``reasoning_content`` dropped (clients may or may not send it back), tool calls by name
+    and arguments only (their ids and the arguments' JSON spacing are the client's)."""
+    out = {
+        k: v
+        for k, v in m.items()
+        if k != "reasoning_content" and (k in ("role", "content") or v not in (None, [], {}, ""))
+    }
+    if out.get("content") is None:
+        out["content"] = ""
+    if "tool_calls" in out:
+        out["tool_calls"] = [
+            (c.get("function", {}).get("name"), c.get("function", {}).get("arguments"))
+            for c in out["tool_calls"]
+        ]
+    return out
+
+
+def _same_template_kwargs(call: dict, recorded: dict) -> bool:
+    """Whether a call may extend a trajectory rendered with ``recorded``: the same template arguments, except
+    that a call offering no tools (``tool_choice`` none, or none sent) continues one whose context shows them
+    (its tokens cannot unsee them; the suffix is rendered as before)."""
+    if "tools" not in call:
+        return {k: v for k, v in recorded.items() if k != "tools"} == call
+    return call == recorded
 
 
 @dataclass
@@ -108,6 +137,9 @@ class Trajectory:
     """Per call, [start, end) of its completion in ``tokens``."""
     model_ended: bool = False
     """The last completion ends with the end-of-turn token (else the template's suffix supplies it)."""
+    template_kwargs: dict = field(default_factory=dict)
+    """What the chat template was given besides the messages (``tools``, ``chat_template_kwargs``): the
+    suffix of every later call is rendered with the same, as the tokens so far were."""
     stop_reason: str | None = None
     reward: float | None = None
 
@@ -189,16 +221,17 @@ class TrajectoryRecorder:
         self._sessions: dict[str, _Session] = {}
         self._closed: deque[tuple[str, int]] = deque()
 
-    def turn(self, session: str, messages: list[dict]) -> Turn:
-        """``with recorder.turn(name, messages) as t:`` generate from ``t.prompt_ids``, then ``t.record``."""
+    def turn(self, session: str, messages: list[dict], template_kwargs: dict | None = None) -> Turn:
+        """``with recorder.turn(name, messages) as t:`` generate from ``t.prompt_ids``, then ``t.record``.
+        ``template_kwargs``: the call's arguments of the chat template (``tools``, ...)."""
         with self._lock:
             sess = self._sessions.setdefault(session, _Session())
-        return Turn(self, sess, session, messages)
+        return Turn(self, sess, session, messages, template_kwargs or {})
 
     def suffix(self, traj: Trajectory, new: list[dict]) -> list[int]:
         """Template ids between the trajectory's last completion and the next one, for ``new`` messages."""
         hist = traj.messages[:-1] + [{**traj.messages[-1], "content": _PLACEHOLDER}]
-        return turn_suffix_ids(self.tokenizer, hist, new, traj.model_ended)
+        return turn_suffix_ids(self.tokenizer, hist, new, traj.model_ended, traj.template_kwargs)
 
     def _close(self, traj: Trajectory, reason: str) -> None:  # caller holds self._lock
         traj.stop_reason = reason
@@ -262,8 +295,11 @@ class TrajectoryRecorder:
 class Turn:
     """One recorded call: holds its session's lock from choosing the prompt to recording the reply."""
 
-    def __init__(self, rec: TrajectoryRecorder, sess: _Session, name: str, messages: list[dict]):
+    def __init__(
+        self, rec: TrajectoryRecorder, sess: _Session, name: str, messages: list[dict], template_kwargs: dict
+    ):
         self._rec, self._sess, self.name, self.messages = rec, sess, name, messages
+        self.template_kwargs = template_kwargs
         self.prompt_ids: list[int] = []
 
     def __enter__(self) -> Turn:
@@ -283,8 +319,10 @@ class Turn:
         self.extends, self.suffix, self.reason = None, [], None
         if cur is not None:
             n = len(cur.messages)
-            if len(self.messages) >= n and all(
-                _canon(a) == _canon(b) for a, b in zip(self.messages, cur.messages)
+            if (
+                len(self.messages) >= n
+                and all(_canon(a) == _canon(b) for a, b in zip(self.messages, cur.messages))
+                and _same_template_kwargs(self.template_kwargs, cur.template_kwargs)
             ):
                 try:
                     self.suffix, self.extends = rec.suffix(cur, self.messages[n:]), cur
@@ -296,7 +334,7 @@ class Turn:
         if self.extends is not None:
             self.prompt_ids = self.extends.tokens + self.suffix
         else:
-            self.prompt_ids = render_prompt(rec.tokenizer, self.messages)
+            self.prompt_ids = render_prompt(rec.tokenizer, self.messages, self.template_kwargs)
         if rec.max_context and len(self.prompt_ids) >= rec.max_context:
             if self.extends is not None:
                 with rec._lock:
@@ -307,8 +345,9 @@ class Turn:
                 f"{rec.max_context}: start a new session (the trajectory so far is closed, stop reason length)",
             )
 
-    def record(self, out: Any, text: str) -> dict:
-        """Add the engine's output (a ``GenerateOutput``) and our reply text; returns the summary."""
+    def record(self, out: Any, reply: str | dict) -> dict:
+        """Add the engine's output (a ``GenerateOutput``) and our reply (its text, or the assistant message
+        as the template takes it, tool calls included); returns the summary."""
         rec = self._rec
         with rec._lock:
             t = self.extends
@@ -317,13 +356,15 @@ class Turn:
                 if old is not None:
                     rec._close(old, self.reason or "history_rewritten")
                 t = Trajectory(self.name, self._sess.next_index, list(self.prompt_ids), len(self.prompt_ids))
+                t.template_kwargs = dict(self.template_kwargs)
                 self._sess.trajectories[t.index] = t
                 self._sess.next_index += 1
             gap = self.suffix if self.extends is not None else []
             t.add_call(
                 gap, list(out.token_ids), out.log_probs, out.finish_reason, out.oldest_version, rec.eos_id
             )
-            t.messages = [dict(m) for m in self.messages] + [{"role": "assistant", "content": text}]
+            message = {"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)
+            t.messages = [dict(m) for m in self.messages] + [message]
             return t.summary()
 
 

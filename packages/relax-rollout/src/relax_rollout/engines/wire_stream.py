@@ -1,0 +1,130 @@
+"""SGLang's streamed ``/generate`` as we read it: server-sent events, each a reply so far, turned into our
+:class:`~relax_rollout.engines.base.TokenDelta` s as they come, and into the whole reply at the end.
+
+Why: the ``sglang`` engine (and the engine pool under it) served ``stream`` requests of our server as one
+delta once generated; SGLang streams token by token itself. Read from SGLang 0.5.23
+(``managers/tokenizer_manager.py``, ``entrypoints/http_server.py``): each event is ``data: <json>``, the
+last ``data: [DONE]``; by default every chunk is the reply so far (``text``, ``output_ids`` and the
+log-prob lists of ``meta_info`` cumulative, ``meta_info.finish_reason`` null until the last); a server
+started with ``--incremental-streaming-output`` sends only what is new (its ``output_ids`` and log-prob
+lists the new tokens'). Both are read here: a chunk whose ``output_ids`` are as many as its
+``meta_info.completion_tokens`` is cumulative. A batch's chunks carry their prompt's ``index``; an error
+after the stream began comes as ``{"error": {...}}``. Standard library only (urllib), as :mod:`.wire`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from relax_rollout.engines.base import TokenDelta
+from relax_rollout.engines.wire import ServerError
+
+
+class StreamAssembler:
+    """The chunks of one streamed ``/generate`` of ``n`` prompts: :meth:`feed` each, it returns the
+    :class:`TokenDelta` of the tokens it added (None: none); :meth:`replies` the whole replies, as the same
+    request without ``stream`` answers them (``parse_reply`` reads them)."""
+
+    def __init__(self, n: int) -> None:
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[Any]] = [[] for _ in range(n)]
+        self.tops: list[list[Any]] = [[] for _ in range(n)]
+        self.last: list[dict | None] = [None] * n
+
+    def feed(self, chunk: dict) -> TokenDelta | None:
+        if "error" in chunk:
+            err = chunk["error"]
+            raise ServerError("(stream)", int(err.get("code") or 500) if isinstance(err, dict) else 500, err)
+        i = int(chunk.get("index", 0))
+        if not 0 <= i < len(self.ids):
+            raise ValueError(f"a stream chunk for prompt {i} of a request of {len(self.ids)}")
+        meta = chunk.get("meta_info") or {}
+        ids = [int(t) for t in chunk.get("output_ids") or []]
+        done = len(self.ids[i])
+        whole = len(ids) == int(meta.get("completion_tokens", len(ids)))  # cumulative, or the new ones only
+        new = ids[done:] if whole else ids
+        if whole and ids[:done] != self.ids[i]:
+            raise ValueError(f"prompt {i}: a stream chunk rewrote the tokens sent before")
+        lps, tops = meta.get("output_token_logprobs"), meta.get("output_top_logprobs")
+        if lps is not None:
+            self.logprobs[i].extend(lps[done:] if whole else lps)
+        if tops is not None:
+            self.tops[i].extend(tops[done:] if whole else tops)
+        self.ids[i].extend(new)
+        self.last[i] = chunk
+        if not new:
+            return None
+        got = self.logprobs[i][done : done + len(new)]
+        log_probs = tuple(float(x[0]) for x in got) if len(got) == len(new) else ()
+        top = self.tops[i][done : done + len(new)]
+        top_rows = (
+            tuple(tuple((int(x[1]), float(x[0])) for x in row or []) for row in top)
+            if len(top) == len(new)
+            else None
+        )
+        return TokenDelta(i, done, tuple(new), log_probs, top_rows)
+
+    def replies(self) -> list[dict]:
+        """Per prompt its whole reply (the last chunk, with every token and log-prob)."""
+        out = []
+        for i, last in enumerate(self.last):
+            if last is None or (last.get("meta_info") or {}).get("finish_reason") is None:
+                raise ValueError(f"the stream ended before prompt {i}'s reply was finished")
+            meta = {k: v for k, v in last["meta_info"].items()}
+            if self.logprobs[i] or "output_token_logprobs" in meta:
+                meta["output_token_logprobs"] = list(self.logprobs[i])
+            if self.tops[i] or "output_top_logprobs" in meta:
+                meta["output_top_logprobs"] = list(self.tops[i])
+            reply = {k: v for k, v in last.items() if k != "index"}
+            out.append({**reply, "output_ids": list(self.ids[i]), "meta_info": meta})
+        return out
+
+
+def stream_generate(
+    url: str,
+    body: dict,
+    on_token: Callable[[TokenDelta], None],
+    token: str | None = None,
+    timeout_s: float = 600.0,
+) -> list[dict]:
+    """POST ``body`` to ``url``'s ``/generate`` with ``stream`` on; ``on_token`` gets each prompt's new
+    tokens as they come (numbered by prompt). Returns the whole replies (one per prompt, as
+    :func:`~relax_rollout.engines.wire.parse_reply` reads them). Not retried: tokens handed on cannot be
+    taken back. An HTTP error status raises :class:`~relax_rollout.engines.wire.ServerError`, a cut stream
+    ``ConnectionError``."""
+    prompts = body["input_ids"]
+    n = len(prompts) if prompts and isinstance(prompts[0], list) else 1
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(
+        url + "/generate", data=json.dumps({**body, "stream": True}).encode(), headers=headers, method="POST"
+    )
+    assembler = StreamAssembler(n)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            for line in resp:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                delta = assembler.feed(json.loads(data))
+                if delta is not None:
+                    on_token(delta)
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            payload = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            payload = raw.decode(errors="replace")
+        raise ServerError(url + "/generate", e.code, payload) from None
+    except (urllib.error.URLError, http.client.HTTPException) as e:
+        raise ConnectionError(f"{url}/generate: the stream broke off: {e}") from e
+    return assembler.replies()

@@ -1,0 +1,265 @@
+"""Token-by-token streaming in the engine server: a generation on a thread of its own whose tokens a route
+reads as they come, and the text they make, as server-sent events.
+
+Why: the routes answered ``stream: true`` with one event once the whole response was generated, so
+SGLang's ``bench_serving`` measured a time to first token equal to the end-to-end latency and an
+inter-token latency of 0, and LangChain showed nothing until the reply was complete. Engines that list
+``"stream"`` in their features (:data:`~relax_rollout.engines.base.OPTIONAL_FEATURES`) hand each token
+over as they sample it (:class:`~relax_rollout.engines.base.TokenDelta`); the others still stream, one
+delta per response once complete.
+
+- :class:`GenerationStream` runs :meth:`EngineServer.generate` on its own thread and yields its deltas,
+  then its outputs. ``close()`` (the client left: ``http_api`` calls it, as ``EventStream.on_close``)
+  aborts the requests, so the engine's rows are freed at its next step, as ``/abort_request`` does.
+- :class:`TokenCount` follows a ``generate`` call's tokens as they come: the time to each response's
+  first token and between tokens (``server.metrics``), and the deltas an engine that cannot stream did
+  not give (its whole response, once complete).
+- :class:`TextDeltas` turns a response's tokens into the text to send now: held back while it ends in an
+  incomplete character (a byte-level token that is part of one), in a stop token (the reply never shows
+  it) or in what could be the start of a stop string (the reply is cut before it), so that the deltas
+  joined are exactly the non-streamed reply's text.
+- :func:`generate_events`: SGLang's native ``/generate`` stream (each chunk the reply so far, as SGLang
+  0.5.23 streams by default: ``text`` and ``output_ids`` cumulative, ``meta_info.finish_reason`` null
+  until the last). The OpenAI streams are with their routes (:mod:`.openai_routes`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.server import protocol
+
+if TYPE_CHECKING:
+    from relax_rollout.server.app import EngineServer
+    from relax_rollout.server.metrics import ServerMetrics
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+class GenerationStream:
+    """``EngineServer.generate(prompts, params, rids, **kwargs)`` on a thread of its own, read by one
+    consumer: iterating yields each :class:`TokenDelta` as the engine samples it, then once the list of
+    outputs (the whole truth: every delta's tokens are in them), and re-raises the generation's error
+    instead, if it failed. ``on_done(outputs or None)`` runs on the generation's thread before the outputs
+    are yielded (None: it failed), e.g. to record an agent session's turn; its result is ``self.done``."""
+
+    def __init__(
+        self,
+        server: EngineServer,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        rids: list[str],
+        on_done: Callable[[list[GenerateOutput] | None], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.server, self.rids, self.on_done = server, list(rids), on_done
+        self.done: Any = None
+        self.t0 = time.perf_counter()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._finished = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(prompts, params, kwargs), daemon=True, name="relax-stream"
+        )
+        self._thread.start()
+
+    def _run(self, prompts: list[list[int]], params: list[SamplingParams], kwargs: dict) -> None:
+        try:
+            outs = self.server.generate(
+                prompts, params, self.rids, on_token=self._q.put, streaming=True, **kwargs
+            )
+        except BaseException as e:  # noqa: BLE001 - the reader's to see
+            self._end(None)
+            self._q.put(_Failed(e))
+            return
+        try:
+            self._end(outs)
+        except BaseException as e:  # noqa: BLE001
+            self._q.put(_Failed(e))
+            return
+        self._q.put(outs)
+
+    def _end(self, outs: list[GenerateOutput] | None) -> None:
+        if self.on_done is not None:
+            self.done = self.on_done(outs)
+
+    def __iter__(self) -> Iterator[TokenDelta | list[GenerateOutput]]:
+        return self
+
+    def __next__(self) -> TokenDelta | list[GenerateOutput]:
+        if self._finished:
+            raise StopIteration
+        item = self._q.get()
+        if isinstance(item, _Failed):
+            self._finished = True
+            raise item.error
+        if isinstance(item, list):
+            self._finished = True
+        return item
+
+    def close(self) -> None:
+        """The reader is gone (the client disconnected): abort the requests; the engine ends them at its
+        next step (their slots freed) and the thread ends. Safe from any thread, more than once."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if not self._finished:
+            for rid in self.rids:
+                self.server.abort(rid, abort_all=False)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+class TokenCount:
+    """The tokens of one ``generate`` call as they come: each response's time to its first token and
+    between tokens (the metrics), handed on to ``on_token``; :meth:`rest` passes on what the engine did not
+    stream, so every response's tokens reach ``on_token`` once, whatever the engine."""
+
+    def __init__(
+        self, metrics: ServerMetrics, t0: float, n: int, streaming: bool, on_token: Callable | None
+    ) -> None:
+        self.metrics, self.t0, self.streaming, self.on_token = metrics, t0, streaming, on_token
+        self.count = [0] * n
+        self.last: list[float | None] = [None] * n
+
+    def numbered(self, live: list[int]) -> Callable[[TokenDelta], None]:
+        """``on_token`` for an engine call over the prompts ``live`` (its deltas numbered in the call)."""
+        return lambda d: self(replace(d, index=live[d.index]))
+
+    def __call__(self, d: TokenDelta) -> None:
+        i, now = d.index, time.perf_counter()
+        if d.start != self.count[i]:  # (a response re-issued on another engine starts over)
+            raise RuntimeError(
+                f"response {i} streamed tokens from {d.start}, after {self.count[i]}: it cannot start over"
+            )
+        if self.last[i] is None:
+            self.metrics.first_token(now - self.t0, self.streaming)
+            self.metrics.tokens(len(d.token_ids))
+        else:
+            self.metrics.tokens(len(d.token_ids), now - self.last[i])
+        self.count[i] += len(d.token_ids)
+        self.last[i] = now
+        if self.on_token is not None:
+            self.on_token(d)
+
+    def rest(self, i: int, out: GenerateOutput) -> None:
+        n = self.count[i]
+        if len(out.token_ids) > n:
+            top = out.top_logprobs[n:] if out.top_logprobs is not None else None
+            self(
+                TokenDelta(
+                    i,
+                    n,
+                    tuple(out.token_ids[n:]),
+                    tuple(out.log_probs[n:]),
+                    None if top is None else tuple(tuple(row) for row in top),
+                )
+            )
+
+
+class TextDeltas:
+    """One response's text as its tokens arrive: :meth:`add` returns the text to send now, :meth:`finish`
+    the rest of the final reply text. ``decode(ids) -> str`` (special tokens skipped); ``stops``: the
+    request's stop strings (and any other strings the text must not be sent past the beginning of);
+    ``stop_ids``: token ids that end a response when sampled (the request's stop tokens and the engine's
+    EOS), whose text the reply never shows."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stops=(), stop_ids=()) -> None:
+        self.decode, self.stops, self.stop_ids = decode, tuple(s for s in stops if s), frozenset(stop_ids)
+        self.tokens: list[int] = []
+        self.sent = ""
+
+    def add(self, token_ids: tuple[int, ...] | list[int]) -> str:
+        self.tokens.extend(token_ids)
+        ids = self.tokens[:-1] if self.tokens and self.tokens[-1] in self.stop_ids else self.tokens
+        text = self.decode(ids)
+        end = len(text) - _started(text, self.stops)
+        while end > len(self.sent) and text[end - 1] == "\ufffd":  # part of a character: wait for the rest
+            end -= 1
+        if end <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        new, self.sent = text[len(self.sent) : end], text[:end]
+        return new
+
+    def keep(self, token_ids: tuple[int, ...] | list[int]) -> str:
+        """Take the tokens without sending their text (it goes with the whole reply: :meth:`finish`)."""
+        self.tokens.extend(token_ids)
+        return ""
+
+    def finish(self, text: str) -> str:
+        """What of the final reply ``text`` was not sent yet ("" if what was sent is not its beginning: a
+        tokenizer whose text of a prefix is not a prefix of the text; nothing sent can be taken back)."""
+        if not text.startswith(self.sent):
+            return ""
+        new, self.sent = text[len(self.sent) :], text
+        return new
+
+
+def _started(text: str, stops: tuple[str, ...]) -> int:
+    """How many characters at the end of ``text`` are held back: from the first of ``stops`` it holds (the
+    reply is cut there), else those that could be the beginning of one (a string completed later begins
+    there or after)."""
+    found = [at for at in (text.find(stop) for stop in stops) if at >= 0]
+    if found:
+        return len(text) - min(found)
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held
+
+
+def stop_token_ids(s: EngineServer, params: SamplingParams) -> tuple[int, ...]:
+    """The ids whose text a reply never shows when they end it: the request's stop tokens and the EOS."""
+    return (*params.stop_token_ids, *getattr(s.engine, "eos_token_ids", ()))
+
+
+def generate_events(
+    s: EngineServer,
+    req: protocol.GenerateRequest,
+    stream: GenerationStream,
+    reply: Callable[[list[GenerateOutput], float], list[dict]],
+) -> Iterator[dict]:
+    """SGLang's ``/generate`` stream: per delta, the reply of that prompt so far (``text`` as far as it
+    can be shown, ``output_ids``, ``meta_info`` with ``completion_tokens``, ``finish_reason`` null and,
+    with ``return_logprob``, the log-probs so far); then each prompt's whole reply (``reply(outputs,
+    latency)``, the non-streamed replies). A batch's chunks carry their prompt's ``index``."""
+    texts = [
+        TextDeltas(s.decode, () if keep else p.stop, stop_token_ids(s, p))
+        for p, keep in zip(req.params, req.no_stop_trim or [False] * len(req.prompts))
+    ]
+    lps: list[list[float]] = [[] for _ in req.prompts]
+    for item in stream:
+        if isinstance(item, TokenDelta):
+            i = item.index
+            texts[i].add(item.token_ids)
+            lps[i].extend(item.log_probs)
+            meta = {
+                "id": req.rids[i],
+                "finish_reason": None,
+                "prompt_tokens": len(req.prompts[i]),
+                "completion_tokens": len(texts[i].tokens),
+                "cached_tokens": 0,
+                "e2e_latency": stream.elapsed,
+            }
+            if req.return_logprob:
+                txt = s.token_text if req.return_text_in_logprobs else (lambda _: None)
+                meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(lps[i], texts[i].tokens)]
+            chunk = {"text": texts[i].sent, "output_ids": list(texts[i].tokens), "meta_info": meta}
+            yield chunk if req.single else {**chunk, "index": i}
+            continue
+        for i, r in enumerate(reply(item, stream.elapsed)):
+            yield r if req.single else {**r, "index": i}

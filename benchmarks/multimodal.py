@@ -5,7 +5,7 @@
 
 Measures, in one process, one run, side by side:
   1. images/s: decode + orient + RGB + smart-resize (``process_image`` vs ``qwen_vl_utils.fetch_image``),
-  2. video frames/s: decode (decord) + sample at 2 fps + resize (``process_video`` vs ``fetch_video``),
+  2. video frames/s: decode (PyAV) + sample at 2 fps + resize (``process_video`` vs ``fetch_video``),
   3. audio seconds/s: decode + mono + resample to 16 kHz (``process_audio``), no reference.
 qwen-vl-utils imports torch and torchvision; when it is not importable its column says why. Files are
 generated in a temp dir from a fixed seed (JPEG photos-like noise of mixed sizes, mp4 via imageio-ffmpeg,

@@ -18,6 +18,9 @@ TINY_QWEN3: dict[str, int] = dict(
 TINY_STEP = dict(rollout_batch_size=4, n_samples_per_prompt=4, rollout_max_response_len=4, micro_batch_size=8)
 """A step of a tiny run: 4 prompts x 4 samples of at most 4 tokens, trained as one micro-batch."""
 
+TINY_OPTIM = dict(lr=2e-4, weight_decay=0.0, adam_beta2=0.99)
+"""AdamW as the tiny runs were tuned with: the library's defaults are a pretrained model's (lr 1e-6)."""
+
 QUIET = dict(torch_threads=1, progress=False)
 """One torch thread (the test machines' cores are shared), no progress bar."""
 
@@ -39,14 +42,20 @@ def mm_task(*media: str) -> dict[str, Any]:
 
 
 def run_flags(inputs, output_dir: str | Path, *extra: str, **flags) -> list[str]:
-    """The command line of a tiny run: ``inputs``' prompts and checkpoint (a ``RunInputs``), :data:`TINY_STEP`
-    and :data:`QUIET`, ``flags`` over them; then ``--output-dir output_dir`` and ``extra`` as given (a test's
-    ``"--colocate"`` or parametrized mode).
+    """The command line of a tiny run: ``inputs``' prompts and checkpoint (a ``RunInputs``), :data:`TINY_STEP`,
+    :data:`TINY_OPTIM` and :data:`QUIET`, ``flags`` over them; then ``--output-dir output_dir`` and ``extra`` as
+    given (a test's ``"--colocate"`` or parametrized mode).
 
     A flag is its field's name: ``num_rollout=3`` is ``--num-rollout 3``; ``True`` gives the bare flag
     (``verify_weight_sync=True``), ``False`` its ``--no-`` form (``trace=False``), ``None`` leaves it out
     (``progress=None``); a dict or list is passed as JSON. ``hf_checkpoint=...`` overrides ``inputs``'."""
-    named = {"prompt_data": inputs.prompt_path, "hf_checkpoint": inputs.model_path, **TINY_STEP, **QUIET}
+    named = {
+        "prompt_data": inputs.prompt_path,
+        "hf_checkpoint": inputs.model_path,
+        **TINY_STEP,
+        **TINY_OPTIM,
+        **QUIET,
+    }
     argv: list[str] = []
     for name, value in {**named, **flags}.items():
         flag = "--" + name.replace("_", "-")

@@ -70,3 +70,35 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
     assert summary["journal_torn_lines"] == 1 and summary["reward_first"] is None
     assert "Infinity" not in (tmp_path / "run" / "summary.json").read_text()
     assert "1 torn lines in the rollout journal skipped (a kill mid-write)" in console_lines(summary)
+
+
+def test_plot_is_titled_by_the_run_and_scaled_to_its_data_and_steps_say_what_was_trained(
+    tmp_path, monkeypatch
+):
+    """The plot said "Relax demo" with a 0-1 axis for every run; summary.json said --num-rollout's steps
+    for a run a signal stopped early."""
+    from relax_app import report
+
+    figures = []
+    real = report.curves_figure
+    monkeypatch.setattr(report, "curves_figure", lambda *a: figures.append(real(*a)) or figures[-1])
+    out = tmp_path / "gsm8k-lr3e-6"
+    cfg = RelaxConfig.model_validate(
+        {
+            "run": {"output_dir": str(out), "mode": "fully_async", "max_staleness": 2},
+            "train": {"num_rollout": 100},
+        }
+    )
+    out.mkdir()
+    history = [{"step": 0, "eval/accuracy": 0.41}]
+    history += [{"step": k, "rollout/reward_mean": -2.0 + k / 10} for k in range(1, 92)]
+    history += [{"step": 91, "eval/accuracy": 0.45}]
+    result = RunResult(history, 10.0, 9.0, 91 * 8, "fully_async", 2, interrupted_at=str(tmp_path / "ckpt"))
+    summary = write_report(cfg, result)
+    assert summary["steps"] == 91 and summary["steps_planned"] == 100
+    assert summary["interrupted_at"] == str(tmp_path / "ckpt")
+    ax = figures[-1].axes[0]
+    assert ax.get_title() == "gsm8k-lr3e-6 (fully_async, max_staleness=2, 91/100 steps)"
+    lo, hi = ax.get_ylim()
+    assert -2.8 < lo < -1.9 and 7.1 < hi < 7.9  # the rewards' range (-1.9 .. 7.1) with a margin, not 0-1
+    assert (out / "curves.png").stat().st_size > 0

@@ -79,3 +79,102 @@ def test_help_lists_the_aliases_next_to_our_names_and_the_note():
     assert "--kl-coef / --kl-loss-coef" in text
     assert "--ref-checkpoint / --ref-load" in text and "--eval-data / --eval-prompt-data" in text
     assert "--rollout-top-k" in text and "NOTE for slime / veRL users" in text
+
+
+# -- the slime flags slime users type most (issue #35: each got a misleading hint, or none) ----------------
+
+
+def test_use_wandb_goes_with_a_project_and_is_refused_without_one(tmp_path):
+    cfg = build_config(argv=["--use-wandb", "--wandb-project", "grpo"])
+    assert cfg.run.wandb_project == "grpo"
+    assert build_config(argv=["--wandb-project", "grpo", "--use-wandb", "true"]) == cfg
+    with pytest.raises(ConfigError, match=r"--use-wandb: W&B logging is on here when --wandb-project NAME"):
+        build_config(argv=["--use-wandb"])
+    assert build_config(argv=["--no-use-wandb"]) == build_config(argv=[])  # off: nothing asked for
+    path = tmp_path / "cfg.yaml"
+    path.write_text("use_wandb: true\nwandb_project: grpo\n")
+    assert build_config(path) == cfg
+    path.write_text("use_wandb: true\n")
+    with pytest.raises(ConfigError, match="add --wandb-project NAME"):
+        build_config(path)
+
+
+def test_use_tis_is_token_level_truncation_at_tis_clip():
+    cfg = build_config(argv=["--use-tis", "--tis-clip", "3"])
+    assert (cfg.algo.tis_mode, cfg.algo.tis_cap) == ("token_truncate", 3.0)  # slime's vanilla TIS
+    assert build_config(argv=["--use-tis", "false"]).algo.tis_mode == "none"
+    assert build_config(argv=["--tis-clip-low", "0", "--use-tis"]).algo.tis_mode == "token_truncate"
+    with pytest.raises(ConfigError, match="--tis-clip-low 0.5: no equivalent in relax; .*--tis-cap"):
+        build_config(argv=["--tis-clip-low", "0.5"])
+    with pytest.raises(ConfigError, match="--use-tis 'token_truncate' and --tis-mode 'token_mask'"):
+        build_config(argv=["--use-tis", "--tis-mode", "token_mask"])
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours"), [("low_var_kl", "k3"), ("k3", "k3"), ("k2", "k2"), ("mse", "k2")]
+)
+def test_kl_loss_type_is_the_kl_estimator(theirs, ours):
+    cfg = build_config(argv=["--kl-loss-coef", "0.01", "--kl-loss-type", theirs])
+    assert (cfg.algo.kl_coef, cfg.algo.kl_estimator) == (0.01, ours)
+
+
+def test_kl_loss_type_k1_as_a_loss_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="k1's expected gradient is zero"):
+        build_config(argv=["--kl-loss-coef", "0.01", "--kl-loss-type", "k1"])
+
+
+def test_rollout_stop_takes_several_strings_like_slimes():
+    cfg = build_config(argv=["--rollout-stop", "</answer>", "###", "--lr", "1e-6"])
+    assert cfg.rollout.rollout_stop == ["</answer>", "###"] and cfg.train.lr == 1e-6
+    assert build_config(argv=["--rollout-stop", "42"]).rollout.rollout_stop == ["42"]  # (text, not a number)
+    assert build_config(argv=['--rollout-stop=["a", "--b"]']).rollout.rollout_stop == ["a", "--b"]
+    assert build_config(argv=["--rollout-stop-token-ids", "7", "8"]).rollout.rollout_stop_token_ids == [7, 8]
+    with pytest.raises(ConfigError, match="--rollout-stop-token-ids: token ids are integers"):
+        build_config(argv=["--rollout-stop-token-ids", "eos"])
+    with pytest.raises(ConfigError, match="--rollout-stop: an empty stop string"):
+        build_config(argv=["--rollout-stop", ""])
+
+
+def test_learning_rate_and_model_path_are_lr_and_hf_checkpoint(tmp_path):
+    cfg = build_config(
+        argv=["--learning-rate", "3e-6", "--model-path", "/models/qwen3", "--prompt-data", "p"]
+    )
+    assert (cfg.train.lr, cfg.model.hf_checkpoint) == (3e-6, "/models/qwen3")
+    with pytest.raises(ConfigError, match="--hf-checkpoint '/a' and --model-path '/b' set the same thing"):
+        build_config(argv=["--hf-checkpoint", "/a", "--model-path", "/b"])
+    path = tmp_path / "cfg.yaml"
+    path.write_text("learning_rate: 2.0e-6\n")
+    assert build_config(path).train.lr == 2e-6
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        ("--use-wandbb", "--use-wandb"),  # was --use-actor-fwd
+        ("--use-tiss", "--use-tis"),  # was --use-kl-loss
+        ("--kl-loss-typ", "--kl-loss-type"),  # was --kl-loss-coef
+        ("--rollout-stp", "--rollout-stop"),  # was --rollout-top-p
+        ("--model-pth", "--model-path"),  # was --sglang-model-path
+        ("--learning-rat", "--learning-rate"),  # was no hint
+        ("--wandb-projct", "--wandb-project"),
+    ],
+)
+def test_a_mistyped_slime_flag_is_hinted_the_slime_name(typed, hint):
+    with pytest.raises(ConfigError, match=f"unknown flag {typed} \\(did you mean {hint}\\?\\)"):
+        build_config(argv=[typed, "1"])
+
+
+def test_slime_flags_with_nothing_to_do_here_say_what_instead():
+    assert build_config(argv=["--optimizer", "adam", "--lr-decay-style", "constant"]) == build_config(argv=[])
+    with pytest.raises(ConfigError, match="--num-epoch 3: no equivalent in relax; give the number of steps"):
+        build_config(argv=["--num-epoch", "3"])
+    with pytest.raises(
+        ConfigError, match="--wandb-key 'k': no equivalent in relax; log in once with `wandb login`"
+    ):
+        build_config(argv=["--wandb-key", "k"])
+
+
+def test_help_lists_the_slime_switches():
+    text = help_text(width=100)
+    assert "--tis-mode / --use-tis" in text and "--use-wandb accepted with --wandb-project" in text
+    assert "--kl-loss-type = --kl-estimator; low_var_kl = k3" in text

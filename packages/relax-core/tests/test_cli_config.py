@@ -105,8 +105,8 @@ def test_missing_value_names_flag():
 
 
 def test_unknown_flag_rejected_with_name():
-    with pytest.raises(ConfigError, match="--learning-rate"):
-        build_config(argv=["--learning-rate", "1"])
+    with pytest.raises(ConfigError, match="--bogus-rate"):
+        build_config(argv=["--bogus-rate", "1"])
     with pytest.raises(ConfigError, match="positional"):
         build_config(argv=["positional"])
 
@@ -150,8 +150,8 @@ def test_defaults_lowest_priority(tmp_path):
 
 def test_unknown_yaml_key_rejected_with_name(tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text("train:\n  learning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match="learning_rate") as exc:
+    path.write_text("train:\n  bogus_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="bogus_rate") as exc:
         build_config(path)
     assert str(path) in str(exc.value)
     path.write_text("bogus_key: 1\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-HEAVY = ("torch", "transformers", "ray", "decord", "librosa")
+HEAVY = ("torch", "transformers", "ray", "av", "librosa")
 CHECK = f"""
 import sys
 import relax_multimodal

@@ -106,9 +106,9 @@ def test_audio_track_without_ffmpeg_says_what_to_install(tmp_path, monkeypatch):
         process_video(p, "qwen2_5_omni", use_audio_in_video=True)
 
 
-def test_widths_decord_cannot_batch_decode_fall_back_to_ffmpeg(tmp_path):
-    """decord opens a 48-px-wide mp4 but its batch decode fails (a stride bug); ffmpeg decodes it, and the
-    frames are the same as a width decord handles (frame k has its square at x = 2k)."""
+def test_widths_decord_could_not_decode_read_right(tmp_path):
+    """A 48-px-wide mp4 (decord returned its frames with a wrong stride; decord2 fails at 32 and 96 px
+    too) decodes to real frames in which the bright square moves right (frame k has it at x = 2k)."""
     ffmpeg_or_skip()
     odd = process_video(
         write_video(tmp_path / "w48.mp4", n_frames=12, fps=6.0, size=(48, 32)),
@@ -121,3 +121,44 @@ def test_widths_decord_cannot_batch_decode_fall_back_to_ffmpeg(tmp_path):
     cols = np.arange(odd.frames.shape[2])
     centre = [float((f.mean(axis=(0, 2)) * cols).sum() / f.mean(axis=(0, 2)).sum()) for f in odd.frames]
     assert centre[-1] > centre[0] + 1  # the bright square moves right over the clip
+
+
+def _frames(n: int, size=(64, 48)) -> np.ndarray:
+    """``n`` frames whose frame k has a white column band at x = 2k (as ``write_video``'s square moves)."""
+    w, h = size
+    out = np.zeros((n, h, w, 3), dtype=np.uint8)
+    for k in range(n):
+        out[k, :, 2 * k : 2 * k + 8] = 255
+    return out
+
+
+def test_a_container_without_a_frame_count_is_counted(tmp_path):
+    """Matroska stores no frame count (PyAV says 0): the frames are counted from the packets, and the
+    sampling is the same as for the mp4 of the same frames."""
+    ffmpeg_or_skip()
+    from relax_multimodal.testing import write_mp4
+
+    frames = _frames(20)
+    write_mp4(tmp_path / "clip.mkv", frames, 10.0)
+    write_mp4(tmp_path / "clip.mp4", frames, 10.0)
+    mkv, mp4 = (
+        process_video(str(tmp_path / "clip.mkv"), fps=2.0),
+        process_video(str(tmp_path / "clip.mp4"), fps=2.0),
+    )
+    assert mkv.indices == mp4.indices == sample_indices(20, 10.0, fps=2.0)
+    assert np.abs(mkv.frames.astype(int) - mp4.frames.astype(int)).max() <= 1
+
+
+def test_a_truncated_file_whose_index_survives_is_no_frames_never_padded(tmp_path):
+    """An mp4 written for streaming (its index first) and cut short opens and names 30 frames, but
+    decodes far fewer: an error naming how many decode, not the last frame repeated to fill the clip."""
+    ffmpeg_or_skip()
+    from relax_multimodal.testing import write_mp4
+
+    path = tmp_path / "cut.mp4"
+    write_mp4(path, _frames(30), 10.0, output_params=["-g", "4", "-movflags", "+faststart"])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 9 // 10])
+    with pytest.raises(MediaError, match=r"only \d+ of 30 frames decode.*\[no_frames\]") as e:
+        process_video(str(path), fps=2.0)
+    assert "cut.mp4" in str(e.value)

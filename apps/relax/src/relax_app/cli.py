@@ -1,5 +1,6 @@
 """The `relax` command: `relax train [CONFIG.yaml] [--flag value ...]`, `relax prepare-data FORMAT SRC OUT`,
-`relax prepare-model omni-thinker SRC DST`.
+`relax prepare-model omni-thinker SRC DST`; around a run: `relax status|watch|summary RUN_DIR`,
+`relax eval CKPT`, `relax export CKPT OUT`, `relax --version` (:data:`COMMANDS`).
 
 With no config and no --prompt-data, `relax train` runs the CPU demo (a real RL run in minutes).
 """
@@ -9,14 +10,22 @@ from __future__ import annotations
 import sys
 
 USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
+       relax status RUN_DIR | relax watch RUN_DIR | relax summary RUN_DIR
+       relax eval CKPT [--data FILE.jsonl] | relax export CKPT OUT
        relax prepare-data FORMAT SRC OUT.jsonl
        relax prepare-model omni-thinker SRC DST
+       relax --version
 
   relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
   relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
                                     audio multiple-choice questions mixed in every batch)
   relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
   relax train --help                every flag with its default and meaning
+  relax watch runs/demo             a running job live: each role's state and weight version, the bus's
+                                    depth and staleness, samples/s, reward (`relax status`: one snapshot)
+  relax summary runs/demo           a run's outcome in a few lines (while it runs: so far)
+  relax eval CKPT                   a checkpoint's held-out accuracy (the run's eval data, or --data)
+  relax export CKPT OUT             a checkpoint as an HF model directory that serves (with its tokenizer)
   relax prepare-data avqa SRC OUT   a public dataset's own file to the jsonl `relax train` reads
                                     (formats dapo-math, openr1-mm, avqa; see `relax prepare-data --help`
                                     and the GPU recipes in apps/relax/recipes/)
@@ -26,12 +35,28 @@ USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
 """
 
 
+COMMANDS = {
+    "--version": "relax_app.info:version_main",
+    "status": "relax_app.watch:status_main",
+    "watch": "relax_app.watch:watch_main",
+    "summary": "relax_app.info:summary_main",
+    "eval": "relax_app.checkpoint_tools:eval_main",
+    "export": "relax_app.checkpoint_tools:export_main",
+}
+"""Command -> ``"module:function"`` taking the rest of the command line, returning the exit code."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command in COMMANDS:  # (each imports what it needs: `relax status` loads no torch)
+        import importlib
+
+        module, _, attr = COMMANDS[command].partition(":")
+        return getattr(importlib.import_module(module), attr)(rest)
     if command == "prepare-data":
         from relax_app.recipes.loaders import main as prepare_data
 
@@ -44,9 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relax: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     if any(a in ("-h", "--help") for a in rest):
+        from relax_app.demo.defaults import DEMO_DEFAULTS
+        from relax_app.demo.omni import OMNI_DEFAULTS
         from relax_core.cli_config import help_text
+        from relax_core.cli_help import wrap_columns
 
-        print(USAGE + help_text())
+        demos = {"demo": DEMO_DEFAULTS, "omni demo": OMNI_DEFAULTS}
+        print(wrap_columns(USAGE) + "\n" + help_text(demos=demos))  # (to the terminal's width)
         return 0
     from relax_core.cli_config import ConfigError, build_config
 
@@ -69,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             defaults = DEMO_DEFAULTS
         notes: list[str] = []
         cfg = build_config(yaml_path, overrides, defaults=defaults, notes=notes)
+        if cfg.is_demo and defaults is None:  # a YAML with no --prompt-data runs the demo: with its settings
+            from relax_app.demo.defaults import DEMO_DEFAULTS
+
+            notes.clear()
+            cfg = build_config(yaml_path, overrides, defaults=DEMO_DEFAULTS, notes=notes)
     except ConfigError as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2

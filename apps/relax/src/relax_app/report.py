@@ -1,4 +1,4 @@
-"""The end-of-run summary (JSON + console) and the reward / held-out accuracy plot."""
+"""The end-of-run summary (JSON + console) and the reward / held-out accuracy plot, titled by the run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
     summary = {
         "mode": result.mode,
         "max_staleness": result.max_staleness,
-        "steps": cfg.train.num_rollout,
+        # what was trained: the trainer's last step (a run stopped by a signal after step k says k)
+        "steps": max((int(s) for s, _ in rewards), default=0),
+        "steps_planned": cfg.train.num_rollout,
+        "interrupted_at": result.interrupted_at,  # stopped by a signal: the checkpoint to --load; else None
         "samples_trained": result.samples,
         "rl_wall_s": round(result.rl_wall_s, 2),
         "total_wall_s": round(result.wall_s, 2),
@@ -51,7 +54,9 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         )
     summary = _finite(summary)  # (strict JSON: a NaN or ±inf figure is written as null, never Infinity)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
-    _plot(out / "curves.png", rewards, curve, f"{result.mode}, max_staleness={result.max_staleness}")
+    staleness = f", max_staleness={result.max_staleness}" if result.mode == "fully_async" else ""
+    title = f"{out.name} ({result.mode}{staleness}, {summary['steps']}/{cfg.train.num_rollout} steps)"
+    _plot(out / "curves.png", rewards, curve, title)
     summary["plot"] = str(out / "curves.png")
     return summary
 
@@ -92,7 +97,9 @@ def reward_failures(stats: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in stats.items() if k not in ("scored", "failed", "unlabeled")}
 
 
-def _plot(path: Path, rewards, curve, title: str) -> None:
+def curves_figure(rewards, curve, title: str):
+    """The reward and held-out accuracy curves (a matplotlib Figure), titled ``title``, the y axis fitted
+    to the figures plotted (a reward may be negative or above 1; a run's curves may span 0.40-0.45)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,11 +110,23 @@ def _plot(path: Path, rewards, curve, title: str) -> None:
         ax.plot(*zip(*rewards), label="rollout reward (mean)", color="tab:blue")
     if curve:
         ax.plot(*zip(*curve), "o-", label="held-out greedy accuracy", color="tab:orange")
+    ys = [float(y) for _, y in [*rewards, *curve] if y is not None and math.isfinite(y)]
+    if ys:
+        lo, hi = min(ys), max(ys)
+        pad = max((hi - lo) * 0.08, 0.02 * max(abs(lo), abs(hi), 1.0))
+        ax.set_ylim(lo - pad, hi + pad)
     ax.set_xlabel("RL step")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"Relax demo ({title})")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if rewards or curve:
+        ax.legend(loc="best")
     fig.tight_layout()
+    return fig
+
+
+def _plot(path: Path, rewards, curve, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(rewards, curve, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)

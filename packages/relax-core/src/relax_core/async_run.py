@@ -266,6 +266,10 @@ class AsyncRun:
                 continue
             ev.recovery_s = time.perf_counter() - t0
 
+    def restarting(self) -> set[str]:
+        """Roles restarted in place whose new actor does not serve yet (loading its model)."""
+        return set(self._recovering)
+
     def _kill(self, name: str) -> None:
         actor = self.roles.get(name)
         self.beats.forget(name)

@@ -1,11 +1,17 @@
 """Other frameworks' flag names, as a slime or veRL user types them.
 
-Three kinds, each a table: a name that is the same knob as one of ours under another name is an alias
-(slime's ``--kl-loss-coef`` is our ``--kl-coef``); a name with no such knob here is refused with what to do
-instead, never mapped onto something close but different (``--rollout-top-k``); a name that is ours too but
-means another knob in slime or veRL starts the run with a note saying so (``--kl-coef``: slime's and veRL's
-shape the reward, ours weighs the KL loss unless --kl-in-reward). The names are leaf names
-(``kl_loss_coef``), as in :mod:`relax_core.cli_config`.
+Each kind is a table: a name that is the same knob as one of ours under another name is an alias (slime's
+``--kl-loss-coef`` is our ``--kl-coef``), its values translated where they are spelt otherwise
+(``--kl-loss-type low_var_kl`` is ``--kl-estimator k3``); an on/off flag that sets one of our fields is a
+switch (``--use-tis`` is ``--tis-mode token_truncate``); a flag that turns on what here is on once a field
+is set is accepted beside that field (``--use-wandb`` with ``--wandb-project``); a name with no such knob
+here is refused with what to do instead, never mapped onto something close but different
+(``--rollout-top-k``); a name that is ours too but means another knob in slime or veRL starts the run with a
+note saying so (``--kl-coef``). The names are leaf names (``kl_loss_coef``), as in
+:mod:`relax_core.cli_config`, which also hints, for an unknown flag, a close name of these tables before a
+close name of ours (``--use-wandb`` was hinted ``--use-actor-fwd``).
+
+slime's names are from its ``slime/utils/arguments.py`` (and the flags its example scripts set most).
 """
 
 from __future__ import annotations
@@ -14,24 +20,72 @@ from typing import Any
 
 ALIASES: dict[str, str] = {
     "kl_loss_coef": "kl_coef",
+    "kl_loss_type": "kl_estimator",
     "ref_load": "ref_checkpoint",
     "eval_prompt_data": "eval_data",
+    "tis_clip": "tis_cap",
+    "learning_rate": "lr",
+    "model_path": "hf_checkpoint",
+    "use_tensorboard": "tensorboard",
 }
-"""slime's name -> ours. ``--kl-loss-coef``: the coefficient of the KL term added to the loss, ours with
---use-kl-loss (the default). ``--ref-load``: the reference model's checkpoint (here an HF directory; slime's
-is a Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one set: the name is
-dropped)."""
+"""slime's (and veRL's, HF's, SGLang's) name -> ours. ``--kl-loss-coef``: the coefficient of the KL term
+added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: its estimator (values in
+:data:`VALUES`). ``--ref-load``: the reference model's checkpoint (here an HF directory; slime's is a
+Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one set: the name is dropped).
+``--tis-clip``: the upper clamp of the TIS weight. ``--learning-rate``: HF's and TRL's name of --lr.
+``--model-path``: SGLang's and veRL's (``actor_rollout_ref.model.path``) name of the policy checkpoint.
+``--use-tensorboard``: TensorBoard event files (on here by default)."""
 
-MULTI_VALUE = frozenset({"eval_prompt_data"})
-"""Aliases taking several values (slime's ``nargs="+"``): every following token up to the next flag."""
+VALUES: dict[str, dict[Any, Any]] = {"kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"}}
+"""An alias's values spelt otherwise here: slime's and veRL's ``low_var_kl`` is k3 clamped to ±10, which
+our k3 is; veRL's ``kl`` / ``mse`` are k1 / k2."""
+
+SWITCHES: dict[str, tuple[str, Any]] = {
+    "use_tis": ("tis_mode", "token_truncate"),
+    "disable_grpo_std_normalization": ("normalize_advantages_std", False),
+}
+"""slime's on/off flags -> the field and value they stand for. ``--use-tis``: each token's loss weighted by
+π_old / π_rollout clamped to --tis-clip (slime's vanilla TIS: our --tis-mode token_truncate, --tis-cap).
+``--disable-grpo-std-normalization``: Dr.GRPO's centring without the std. Off (``--use-tis false``) sets
+nothing."""
+
+ENABLES: dict[str, tuple[str, str]] = {
+    "use_wandb": (
+        "wandb_project",
+        "W&B logging is on here when --wandb-project NAME is given (offline unless --wandb-mode online)",
+    ),
+}
+"""slime's switches for what is on here once a field is set: accepted beside that field, refused without it
+(saying what to add), so a run asked to log to W&B never runs without it."""
+
+MULTI_VALUE = frozenset({"eval_prompt_data", "rollout_stop", "rollout_stop_token_ids"})
+"""Names taking several values on the command line (slime's ``nargs="+"``): every following token up to the
+next flag (``--rollout-stop '</answer>' '###'``); one value may also be a YAML list (``'["a", "b"]'``)."""
 
 NO_EQUIVALENT: dict[str, str] = {
     "rollout_top_k": "relax samples without top-k (only --rollout-top-p truncates the distribution): drop "
     "--rollout-top-k, or give -1 (off, slime's default)",
+    "tis_clip_low": "the TIS weight is clamped above only (--tis-cap); slime's default 0 is the same",
+    "num_epoch": "give the number of steps, --num-rollout N (an epoch is the prompt rows / --rollout-batch-size "
+    "steps)",
+    "optimizer": "relax trains with AdamW (--lr, --weight-decay, --adam-beta1, --adam-beta2); give adam or drop it",
+    "lr_decay_style": "the learning rate is constant here; give constant or drop it",
+    "n_samples_per_eval_prompt": "held-out evaluation here is greedy, one answer per prompt; give 1 or drop it",
+    "eval_max_response_len": "held-out answers are as long as training's, --rollout-max-response-len; drop it",
+    "rollout_max_prompt_len": "prompts are never cut: a prompt that leaves no room for --rollout-max-response-len "
+    "in the model's context is skipped and counted; drop it",
+    "wandb_key": "log in once with `wandb login` (or set WANDB_API_KEY); drop it",
+    "wandb_group": "the W&B run is named after --output-dir; drop it",
 }
 """slime's names with no knob here: what to do instead."""
 
-NEUTRAL: dict[str, tuple[Any, ...]] = {"rollout_top_k": (-1, 0)}
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "rollout_top_k": (-1, 0),
+    "tis_clip_low": (0, 0.0),
+    "optimizer": ("adam",),
+    "lr_decay_style": ("constant",),
+    "n_samples_per_eval_prompt": (1,),
+}
 """Values of a NO_EQUIVALENT name that ask for what relax does anyway: accepted and dropped."""
 
 OTHER_MEANING: dict[str, str] = {
@@ -50,6 +104,17 @@ _KL_BOTH = (
 )
 
 
+def table_names() -> list[str]:
+    """Every name of these tables (hinted before our own names for an unknown flag)."""
+    return [*ALIASES, *SWITCHES, *ENABLES, *NO_EQUIVALENT, *MULTI_VALUE]
+
+
+def translate(name: str, value: Any) -> Any:
+    """``value`` given under ``name``, in our spelling (:data:`VALUES`)."""
+    spelt = VALUES.get(name, {})
+    return spelt.get(value, value) if isinstance(value, str) else value
+
+
 def eval_prompt_data(values: list[Any]) -> Any:
     """slime's ``--eval-prompt-data NAME PATH`` (or a bare PATH) -> the path; several sets are refused."""
     if len(values) == 1:
@@ -60,6 +125,28 @@ def eval_prompt_data(values: list[Any]) -> Any:
         f"--eval-prompt-data: relax evaluates one held-out set; give --eval-data PATH (got {len(values)} values: "
         f"{' '.join(map(str, values))})"
     )
+
+
+def multi_value(name: str, values: list[Any]) -> Any:
+    """One value of a :data:`MULTI_VALUE` name given as ``values`` (the command line's tokens, or a YAML
+    value as a list); ``ValueError`` naming the flag."""
+    if name == "eval_prompt_data":
+        return eval_prompt_data(values)
+    if len(values) == 1 and isinstance(values[0], str) and values[0].lstrip().startswith("["):
+        import yaml
+
+        try:
+            values = yaml.safe_load(values[0])
+        except yaml.YAMLError:
+            raise ValueError(f"--{name.replace('_', '-')}: {values[0]!r} is not a YAML list") from None
+    if name == "rollout_stop":
+        return [str(v) for v in values]
+    ids = []
+    for v in values:
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.strip().isdigit())):
+            raise ValueError(f"--{name.replace('_', '-')}: token ids are integers >= 0 (got {v!r})")
+        ids.append(int(v))
+    return ids
 
 
 def merge(leaf: str, first: tuple[str, Any], second: tuple[str, Any]) -> Any:
@@ -78,6 +165,17 @@ def merge(leaf: str, first: tuple[str, Any], second: tuple[str, Any]) -> Any:
     raise ValueError(f"{a} {v1!r} and {b} {v2!r} set the same thing here; keep one")
 
 
+def check_enabled(given: dict[str, str], flat: dict[str, Any]) -> None:
+    """``ValueError`` for an :data:`ENABLES` switch given (``given`` holds it under its own name) without the
+    field that turns its feature on here."""
+    for name, (field, what) in ENABLES.items():
+        if name in given and not flat.get(field):
+            flag = "--" + field.replace("_", "-")
+            raise ValueError(
+                f"--{name.replace('_', '-')}: {what}; add {flag} NAME (--{name.replace('_', '-')} may stay)"
+            )
+
+
 def start_notes(given: dict[str, str], flat: dict[str, Any]) -> list[str]:
     """Start-up notes for names the user gave (``given``: leaf -> the name typed) that mean something else
     in slime or veRL, where the meaning matters: ``--kl-coef`` > 0 without saying where the KL goes."""
@@ -89,13 +187,22 @@ def start_notes(given: dict[str, str], flat: dict[str, Any]) -> list[str]:
     return notes
 
 
-def help_lines() -> list[str]:
-    """The --help block for slime / veRL users."""
-    rows = ["\nslime / veRL names:"]
+def help_rows() -> list[tuple[str, str]]:
+    """(names, what they mean here) for the --help block of slime / veRL names."""
+
+    def flag(n: str) -> str:
+        return "--" + n.replace("_", "-")
+
+    rows = []
     for alias, ours in ALIASES.items():
-        rows.append(f"  --{alias.replace('_', '-'):30s} = --{ours.replace('_', '-')}")
+        spelt = "".join(f"; {theirs} = {v}" for theirs, v in VALUES.get(alias, {}).items())
+        rows.append((flag(alias), f"= {flag(ours)}{spelt}"))
+    for name, (field, value) in SWITCHES.items():
+        rows.append((flag(name), f"= {flag(field)} {value}"))
+    for name, (field, what) in ENABLES.items():
+        rows.append((flag(name), f"accepted with {flag(field)}: {what}"))
     for name, why in NO_EQUIVALENT.items():
-        rows.append(f"  --{name.replace('_', '-'):30s} no equivalent: {why}")
+        rows.append((flag(name), f"no equivalent: {why}"))
     for name, why in OTHER_MEANING.items():
-        rows.append(f"  --{name.replace('_', '-'):30s} NOTE, means something else: {why}")
+        rows.append((flag(name), f"NOTE, means something else: {why}"))
     return rows

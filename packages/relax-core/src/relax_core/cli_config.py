@@ -72,18 +72,35 @@ def _parse(argv: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
             out["mode"] = _MODE_FLAGS[leaf]
             i += 1
             continue
-        if leaf in aliases.MULTI_VALUE and not eq:
-            j = i + 1
-            while j < len(argv) and not argv[j].startswith("--"):
-                j += 1
-            if j == i + 1:
-                raise ConfigError(f"--{key} needs a value")
+        if leaf in aliases.MULTI_VALUE:
+            if eq:
+                values, i = [inline], i + 1
+            else:
+                j = i + 1
+                while j < len(argv) and not argv[j].startswith("--"):
+                    j += 1
+                if j == i + 1:
+                    raise ConfigError(f"--{key} needs a value")
+                values, i = argv[i + 1 : j], j
             try:
-                value = aliases.eval_prompt_data([_scalar(a) for a in argv[i + 1 : j]])
+                value = aliases.multi_value(leaf, values)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-            _put(out, given, aliases.ALIASES[leaf], leaf, value)
-            i = j
+            _put(out, given, aliases.ALIASES.get(leaf, leaf), leaf, value)
+            continue
+        switch = leaf[3:] if leaf.startswith("no_") else leaf
+        if switch in aliases.SWITCHES or switch in aliases.ENABLES:
+            on = switch == leaf
+            if eq or (i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false")):
+                raw = inline if eq else argv[i + 1]
+                if raw.lower() not in ("true", "false"):
+                    raise ConfigError(
+                        f"--{key} is an on/off flag: give it bare, or true / false (got {raw!r})"
+                    )
+                on = on == (raw.lower() == "true")
+                i += 0 if eq else 1
+            i += 1
+            _switch(out, given, switch, on)
             continue
         named = leaf
         negated = leaf.startswith("no_") and leaf[3:] in index
@@ -120,8 +137,20 @@ def _parse(argv: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
         section, name = index[leaf]
         ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
         keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
-        _put(out, given, leaf, named, raw if keep_text else _scalar(raw))
+        _put(out, given, leaf, named, aliases.translate(named, raw if keep_text else _scalar(raw)))
     return out, given
+
+
+def _switch(out: dict[str, Any], given: dict[str, str], name: str, on: bool) -> None:
+    """slime's on/off flag ``name`` (cli_aliases.SWITCHES / ENABLES) given as ``on``; off sets nothing. An
+    ENABLES switch is kept in ``given`` under its own name, checked once every source is read."""
+    if not on:
+        return
+    if name in aliases.SWITCHES:
+        field, value = aliases.SWITCHES[name]
+        _put(out, given, field, name, value)
+    else:
+        given[name] = name
 
 
 def _put(out: dict[str, Any], given: dict[str, str], leaf: str, named: str, value: Any) -> None:
@@ -147,13 +176,18 @@ def _refuse(name: str, value: Any) -> None:
 def _known_names() -> list[str]:
     index = flag_index()
     bools = [f"no_{leaf}" for leaf, where in index.items() if _is_bool_field(*where)]
-    return [*index, *bools, *aliases.ALIASES, *_MODE_FLAGS]
+    return [*index, *bools, *aliases.table_names(), *_MODE_FLAGS]
 
 
 def _unknown(message: str, key: str) -> str:
-    """``message``, with the closest known flag when one is close: "did you mean --lr?"."""
-    names = [_flag(n) for n in _known_names()]
-    close = difflib.get_close_matches(_flag(key.replace("-", "_")), names, n=1, cutoff=0.6)
+    """``message``, with the closest known flag when one is close: "did you mean --lr?". A name close to one
+    of slime's / veRL's (cli_aliases' tables) is hinted that name first: a slime user's typo is of a slime
+    name, and the nearest of ours by spelling is often another knob (--use-wandb was hinted --use-actor-fwd,
+    --kl-loss-type --kl-loss-coef)."""
+    typed = _flag(key.replace("-", "_"))
+    theirs = [_flag(n) for n in aliases.table_names()]
+    close = difflib.get_close_matches(typed, theirs, n=1, cutoff=0.8)
+    close = close or difflib.get_close_matches(typed, [_flag(n) for n in _known_names()], n=1, cutoff=0.6)
     return f"{message} (did you mean {close[0]}?)" if close else message
 
 
@@ -187,9 +221,13 @@ def _flatten_yaml(data: dict[str, Any], source: str) -> tuple[dict[str, Any], di
                 _refuse(k, value)
             elif k in aliases.MULTI_VALUE:
                 values = value if isinstance(value, list) else [value]
-                _put(flat, given, aliases.ALIASES[k], k, aliases.eval_prompt_data(values))
+                _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.multi_value(k, values))
+            elif k in aliases.SWITCHES or k in aliases.ENABLES:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{k!r} is an on/off flag: give true or false (got {value!r})")
+                _switch(flat, given, k, value)
             elif aliases.ALIASES.get(k, k) in index:
-                _put(flat, given, aliases.ALIASES.get(k, k), k, value)
+                _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.translate(k, value))
             else:
                 raise ConfigError(_unknown(f"unknown key {k!r}", k))
         except (ConfigError, ValueError) as e:
@@ -228,6 +266,10 @@ def build_config(
     from_argv, on_argv = _parse(list(argv or []))
     flat.update(from_argv)
     given.update(on_argv)
+    try:
+        aliases.check_enabled(given, flat)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     cfg = config_from_flat(flat)
     if notes is not None:
         notes.extend(aliases.start_notes(given, flat))
@@ -262,21 +304,13 @@ def _explain(exc: ValidationError) -> str:
     return "invalid config: " + "; ".join(lines)
 
 
-def help_text() -> str:
-    """One line per flag with its default and docstring, grouped by section."""
-    rows = []
-    for section, info in RelaxConfig.model_fields.items():
-        rows.append(f"\n{section}:")
-        for name, f in info.annotation.model_fields.items():  # type: ignore[union-attr]
-            doc = (f.description or "").replace("\n", " ")
-            also = [a for a, ours in aliases.ALIASES.items() if ours == name]
-            names = " / ".join(_flag(n) for n in (name, *also))
-            if name in aliases.OTHER_MEANING:
-                doc += f" NOTE for slime / veRL users: {aliases.OTHER_MEANING[name]}."
-            rows.append(f"  {names:32s} ({_default(f)}) {doc}")
-    rows.append("\n  --colocate / --fully-async          shorthand for --mode colocate / --mode fully_async")
-    rows.extend(aliases.help_lines())
-    return "\n".join(rows)
+def help_text(width: int | None = None, demos: dict[str, dict[str, Any]] | None = None) -> str:
+    """Every flag with its default and docstring, grouped by section and wrapped to ``width`` columns (the
+    terminal's by default): :mod:`relax_core.cli_help`. ``demos``: {label: the values that run sets over the
+    defaults}, shown beside each default they change ("demo: 0.0002")."""
+    from relax_core.cli_help import render
+
+    return render(RelaxConfig, _default, width, demos)
 
 
 def _default(f: Any) -> str:

@@ -5,34 +5,46 @@ holding models hand the devices to each other around generation."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from relax_core import run as shared
 from relax_core.colocate_roles import ColocateRoles
 from relax_core.config import RelaxConfig
+from relax_core.live import LiveStatus
+from relax_core.roles import RolePlan
 
 
-def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOnSignal) -> shared.RunResult:
+def run_colocate(
+    cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOnSignal, live: LiveStatus | None = None
+) -> shared.RunResult:
     t_start = time.perf_counter()
+    live = live or LiveStatus(cfg)
     with ColocateRoles(cfg, inputs) as r:
         actor, rollout, helpers = r.actor, r.rollout, r.helpers
+        turn = _Turns(live, r, RolePlan.from_config(cfg).loops)
         start = r.resume()
         actor.publish_weights()
         actor.eval_now(start)
         t_rl = time.perf_counter()
         bar = shared.progress_bar(cfg, start)
         interrupted = None
+        live.training(start)
         with stop:
             r.threads.start()
             for step in range(start, cfg.train.num_rollout):
                 r.threads.check()  # one torch thread while other processes hold the cores
                 r.engine_turn()
+                turn("generate", step)
                 rollout.produce(step)
                 r.threads.check()
                 r.trainer_turn()
+                turn("compute", step)
                 for h in helpers:
                     h.drain()
+                turn("train", step)
                 shared.bar_update(bar, actor.train(step))
+                turn(None, step + 1)
                 if stop.requested:  # SIGTERM / SIGINT: finish this step, checkpoint, stop cleanly
                     interrupted = actor.save(shared.checkpoint_dir(cfg))
                     print(f"[relax] stopped by signal after step {step}; resume with --load {interrupted}")
@@ -40,6 +52,7 @@ def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOn
         rl_wall = time.perf_counter() - t_rl
         if bar is not None:
             bar.close()
+        live.update(state="finishing", phase=None, force=True)
         if interrupted is None:
             shared.final_eval(cfg, inputs, actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
             if cfg.train.save:
@@ -67,3 +80,28 @@ def run_colocate(cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOn
         if cfg.run.trace:
             result.trace_path = shared.trace_file(cfg, [x.get_spans() for x in [rollout, *helpers, actor]])
         return result
+
+
+class _Turns:
+    """The live status of a colocate step: whose turn it is (the others wait), the weight versions, the bus;
+    the trace flushed every few seconds."""
+
+    STATES = {"generate": "generating", "compute": "computing", "train": "training"}
+
+    def __init__(self, live: LiveStatus, roles: ColocateRoles, loops: list[str]) -> None:
+        self.live, self.r = live, roles
+        self.names = {"rollout": roles.rollout, **dict(zip(loops, roles.helpers)), "actor": roles.actor}
+
+    def __call__(self, phase: str | None, step: int) -> None:
+        live, r = self.live, self.r
+        busy = {"generate": ["rollout"], "compute": list(self.names)[1:-1], "train": ["actor"]}.get(phase, [])
+        for name in self.names:
+            live.role(name, state=self.STATES[phase] if name in busy else "waiting", pid=os.getpid())
+        live.role("rollout", version=r.rollout.weight_version())
+        live.role("actor", version=r.actor.progress())
+        if "actor_fwd" in self.names:  # (its weights are the trainer's own here)
+            live.role("actor_fwd", version=r.actor.progress())
+        live.bus(r.bus.stats())
+        live.update(step=step, phase=phase, force=phase is None)
+        if phase is None:
+            live.flush_trace(lambda: [x.get_spans() for x in self.names.values()])

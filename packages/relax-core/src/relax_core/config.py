@@ -65,8 +65,11 @@ class RolloutConfig(_Section):
     """Prompts per rollout step; each yields --n-samples-per-prompt responses."""
     n_samples_per_prompt: int = Field(8, ge=1)
     """Responses sampled per prompt (the GRPO group size)."""
-    rollout_max_response_len: int = Field(8, ge=1)
-    """Maximum new tokens per response (per model turn in a multi-turn episode)."""
+    rollout_max_response_len: int = Field(512, ge=1)
+    """Maximum new tokens per response (per model turn in a multi-turn episode). 512 is veRL's
+    data.max_response_length (slime has no default: SGLang's, up to the context); reasoning tasks need
+    thousands (the DAPO recipe: 8192). A prompt that leaves no room for it in the model's context is skipped
+    and counted."""
     env_path: str | None = None
     """Agentic multi-turn RL: an environment class 'pkg.mod:Class' (relax_core.env.Environment) built per
     sample with its prompt, label and metadata; the model and the environment take turns until it is done."""
@@ -81,6 +84,13 @@ class RolloutConfig(_Section):
     """Sampling temperature; log-probs are computed at this temperature by every role."""
     rollout_top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold (1.0 disables it)."""
+    rollout_stop: list[str] = []
+    """Stop strings of rollouts and held-out evaluation (slime's --rollout-stop, SGLang's ``stop``): a response
+    ends with the token after which its text contains one of them; that token is kept and trained on. Several: ``--rollout-stop '</answer>' '###'``
+    (or a YAML list)."""
+    rollout_stop_token_ids: list[int] = []
+    """Token ids that end a response besides the tokenizer's EOS (slime's --rollout-stop-token-ids), kept and
+    trained on like EOS: e.g. a chat model's end-of-turn token when it is not its EOS."""
     rm_type: str = "math"
     """Reward name in the relax-rewards registry (or a dotted path 'pkg.mod:fn'); a sample's own
     metadata rm_type overrides it."""
@@ -180,6 +190,20 @@ class RolloutConfig(_Section):
     """Scale-in: how long a removed engine may finish its in-flight requests before they are aborted and
     re-issued on the remaining engines."""
 
+    @field_validator("rollout_stop")
+    @classmethod
+    def _stops(cls, v: list[str]) -> list[str]:
+        if any(not s for s in v):
+            raise ValueError("an empty stop string would end every response at its first token; drop it")
+        return v
+
+    @field_validator("rollout_stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int]) -> list[int]:
+        if any(i < 0 for i in v):
+            raise ValueError(f"token ids are >= 0 (got {[i for i in v if i < 0]})")
+        return v
+
     @model_validator(mode="after")
     def _check_external(self) -> RolloutConfig:
         if self.rollout_backend == "external" and not self.rollout_external_urls:
@@ -208,14 +232,14 @@ class TrainConfig(_Section):
     max_tokens_per_gpu: int | None = Field(None, ge=1)
     """With --use-dynamic-batch-size: padded tokens (rows × longest row) per forward pass on one device
     (one data-parallel replica, before context-parallel splitting); a longer sample runs alone."""
-    lr: float = Field(2e-4, gt=0.0)
-    """AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0.0)
-    """AdamW weight decay."""
+    lr: float = Field(1e-6, gt=0.0)
+    """AdamW learning rate, constant (slime's and veRL's default 1e-6, for a pretrained model)."""
+    weight_decay: float = Field(0.01, ge=0.0)
+    """AdamW weight decay (slime's (Megatron's) and veRL's default 0.01)."""
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     """AdamW beta1."""
-    adam_beta2: float = Field(0.99, ge=0.0, lt=1.0)
-    """AdamW beta2."""
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    """AdamW beta2 (slime's (Megatron's) and veRL's default 0.999)."""
     clip_grad: float = Field(1.0, gt=0.0)
     """Gradient-norm clipping threshold."""
     save: str | None = None

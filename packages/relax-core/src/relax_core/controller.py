@@ -16,6 +16,7 @@ from relax_core.async_run import AsyncRun
 from relax_core.colocate import run_colocate
 from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
+from relax_core.live import LiveStatus
 from relax_core.notify import Notifier
 from relax_core.ownership import RunLocks, claim_save_dir, crashed_in_reward, data_settings, start_record
 from relax_core.resume import CheckpointDir
@@ -64,7 +65,12 @@ class Controller:
         elif cfg.train.save:
             claim_save_dir(cfg.train.save, cfg.run.overwrite)
         start_record(
-            cfg.run.output_dir, self.inputs.prompt_path, loaded, cfg.run.allow_data_change, data_settings(cfg)
+            cfg.run.output_dir,
+            self.inputs.prompt_path,
+            loaded,
+            cfg.run.allow_data_change,
+            data_settings(cfg),
+            self.inputs.model_path,
         )
 
     def run(self) -> RunResult:
@@ -83,13 +89,24 @@ class Controller:
         try:
             with RunLocks([("--output-dir", cfg.run.output_dir), ("--save", cfg.train.save)]):
                 self._record()
-                if cfg.uses_teacher:
-                    check_teacher_tokenizer(cfg, self.inputs)
-                if cfg.run.mode == "colocate":
-                    result = run_colocate(cfg, self.inputs, self._stop)
+                live = LiveStatus(cfg)  # <output_dir>/status.json: what `relax watch` shows
+                live.update(force=True)
+                try:
+                    if cfg.uses_teacher:
+                        check_teacher_tokenizer(cfg, self.inputs)
+                    if cfg.run.mode == "colocate":
+                        result = run_colocate(cfg, self.inputs, self._stop, live)
+                    else:
+                        self.async_run = AsyncRun(cfg, self.inputs, notifier, cfg.run.torch_threads or 1)
+                        result = run_fully_async(self.async_run, self._stop, live)
+                except BaseException as exc:
+                    text = str(exc).strip().splitlines()
+                    live.finish("failed", f"{type(exc).__name__}: {text[0] if text else ''}"[:500])
+                    raise
+                if result.interrupted_at:
+                    live.finish("stopped", f"stopped by signal; resume with --load {result.interrupted_at}")
                 else:
-                    self.async_run = AsyncRun(cfg, self.inputs, notifier, cfg.run.torch_threads or 1)
-                    result = run_fully_async(self.async_run, self._stop)
+                    live.finish("done")
         except BaseException as exc:
             notifier.failure(exc)
             raise

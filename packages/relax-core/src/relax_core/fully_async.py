@@ -16,10 +16,15 @@ import time
 from relax_core import run as shared
 from relax_core.async_run import AsyncRun
 from relax_core.checkpoints import latest_checkpoint
+from relax_core.live import LiveStatus
+from relax_core.live_async import AsyncProbe
 
 
-def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResult:
+def run_fully_async(
+    run: AsyncRun, stop: shared.StopOnSignal, live: LiveStatus | None = None
+) -> shared.RunResult:
     cfg = run.cfg
+    probe = AsyncProbe(run, live or LiveStatus(cfg))
     ray = run.ray
     t_start = time.perf_counter()
     started_ray = shared.start_ray(cfg)
@@ -28,11 +33,14 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
         t_rl = time.perf_counter()
         bar = shared.progress_bar(cfg, start)
         seen = start
+        probe.step = start
+        probe.live.training(start)
         while True:  # (again after a global restart that the end-of-run checkpoint needed)
-            seen = _supervise(run, stop, bar, seen)
+            seen = _supervise(run, stop, bar, seen, probe)
             actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
             loops = {n: run.roles[n] for n in run.loop_names()}
             history = ray.get(run.done)
+            probe.live.update(state="finishing", step=ray.get(actor.progress.remote()), force=True)
             stop.__exit__()  # (a signal from here on gets the default behaviour)
             interrupted = ray.get(actor.get_interrupted.remote())
             if interrupted:
@@ -90,9 +98,10 @@ def run_fully_async(run: AsyncRun, stop: shared.StopOnSignal) -> shared.RunResul
             ray.shutdown()
 
 
-def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int) -> int:
+def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int, probe: AsyncProbe) -> int:
     """Until the trainer's loop ends: pass a stop request on (the trainer checkpoints after its step, then
-    ends its loop), let supervision handle failed roles, move the progress bar; returns where it stands."""
+    ends its loop), let supervision handle failed roles, move the progress bar and the live status; returns
+    where it stands."""
     ray, asked = run.ray, False
     stop.__enter__()
     while True:
@@ -103,13 +112,11 @@ def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int) -> int:
         if ready and run._finished(run.done):
             return seen
         run.poll()  # failed roles: restart in place, escalate, or stop with the reason
-        if bar is not None:
-            try:
-                cur = ray.get(run.roles["actor"].progress.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - the trainer is being restarted
-                cur = seen
-            bar.update(cur - seen)
-            seen = cur
+        probe.tick()
+        if probe.step > seen:
+            if bar is not None:
+                bar.update(probe.step - seen)
+            seen = probe.step
 
 
 def _saved_at_end(run: AsyncRun) -> bool:

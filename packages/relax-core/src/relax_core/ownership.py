@@ -171,10 +171,13 @@ def start_record(
     loaded: dict[str, Any] | None,
     allow_change: bool,
     settings: dict[str, Any] | None = None,
+    model_path: str | None = None,
 ) -> dict:
     """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed), the data's
     fingerprint and the settings that decide the prompts drawn (:func:`data_settings`), both checked against
-    the checkpoint's; written to ``<output_dir>/run.json`` for the roles."""
+    the checkpoint's; written to ``<output_dir>/run.json`` for the roles. ``model_path`` (the model the run
+    trains from) and the output directory go in too: every checkpoint carries them, so ``relax export`` and
+    ``relax eval`` find a checkpoint's tokenizer and its run's settings."""
     now = fingerprint(prompt_path) if os.path.exists(prompt_path) else None  # (else the roles name it)
     where = f"the checkpoint loaded ({(loaded or {}).get('path')})"
     if loaded and now is not None:
@@ -196,6 +199,8 @@ def start_record(
         "run_id": (loaded or {}).get("run_id") or uuid.uuid4().hex,
         "data_fingerprint": now,
         "data_settings": settings,
+        "model_path": model_path,
+        "output_dir": str(Path(output_dir).resolve()),
     }
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -205,11 +205,12 @@ class CheckpointDir:
         """Beside the backend's files: what was trained so far (a restarted trainer and the audit carry on
         from it), ``data``, where the rollout's prompts stand for the next step (None: unknown, or the
         data's start), and ``run``: the run's id and its data's fingerprint (``relax_core.ownership``), which
-        every resume checks."""
+        every resume checks, with the model the run trained from and its output directory (what ``relax export``
+        and ``relax eval`` read)."""
         state: dict[str, Any] = {"trained_ids": trained_ids, "trained_prompts": trained_prompts}
         if data is not None:
             state["data"] = data
-        for key in ("run_id", "data_fingerprint", "data_settings"):
+        for key in ("run_id", "data_fingerprint", "data_settings", "model_path", "output_dir"):
             if (run or {}).get(key) is not None:
                 state[key] = run[key]
         (self.path / RUN_STATE).write_text(json.dumps(state))

@@ -6,12 +6,15 @@ fully-async mode buys over colocate. Each role records a few spans per step with
 recorded in different processes line up, durations monotonic. The controller gathers every role's spans
 (``get_spans()``) and :func:`write_trace` merges them into the Chrome trace event format, which
 chrome://tracing and https://ui.perfetto.dev open: one process row per role, one thread row per lane
-(spans of a role that overlap, e.g. generation and scoring in two threads, go to separate lanes).
+(spans of a role that overlap, e.g. generation and scoring in two threads, go to separate lanes). The
+driver rewrites the file while the run goes (every few seconds, :class:`relax_core.live.LiveStatus`), so
+a long run's timeline can be opened before it ends.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -126,10 +129,13 @@ def _jsonable(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_trace(path: str | Path, spans: Iterable[dict[str, Any]]) -> Path:
-    """Write the merged timeline; returns its path."""
+    """Write the merged timeline; returns its path. Atomically (written beside, then renamed): the run
+    rewrites it as it goes (:mod:`relax_core.live`), and a viewer opening it meanwhile must get valid JSON."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(spans)))
+    tmp = path.with_name(f".{path.name}.writing-{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(json.dumps(chrome_trace(spans)))
+    os.replace(tmp, path)
     return path
 
 

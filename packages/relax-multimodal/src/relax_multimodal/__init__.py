@@ -1,6 +1,6 @@
 """relax_multimodal: images, video and audio into Qwen-VL / Qwen-Omni model inputs and rollout payloads.
 
-Standalone (no other relax-* package), and light at import: numpy and pillow only. decord, soundfile,
+Standalone (no other relax-* package), and light at import: numpy and pillow only. PyAV, soundfile,
 soxr, ffmpeg, transformers and torch are imported when a function needs them.
 
 >>> from relax_multimodal import smart_resize

@@ -1,16 +1,21 @@
-"""Video: decode with decord, sample frames at a target fps, resize within per-frame and total budgets.
+"""Video: decode with PyAV, sample frames at a target fps, resize within per-frame and total budgets.
 
 The frame count and indices follow qwen-vl-utils (``smart_nframes`` then a rounded float32 linspace
 over the clip), so the frames we feed the model are the frames its authors fed it. Each frame is
 resized with pillow's bicubic filter (qwen-vl-utils uses torchvision's bicubic with antialias on the
 stacked tensor: same target size, pixel values differ slightly). ``use_audio_in_video`` decodes the
 clip's audio track with ffmpeg (see :mod:`relax_multimodal.audio`).
+
+Why PyAV and not decord: decord 0.6.0 (2021, unmaintained) publishes a wheel whose WHEEL file says
+``cp36`` while its name says ``py3``, so uv reinstalls it on every ``uv run``; it also returns frames with
+a wrong stride at some widths (48 px). decord2, its fork, fails at more widths (32 and 96 px: the omni
+demo's clips). PyAV (FFmpeg's own decoders, wheels for every platform) reads every width, and its RGB
+frames are decord's, pixel for pixel, where decord reads them right.
 """
 
 from __future__ import annotations
 
 import io
-import subprocess
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,28 +129,31 @@ def process_video(
     if src.nbytes() == 0:
         raise MediaError("empty", "zero-length video file", source=src.name)
     try:
-        import decord
+        import av
     except ImportError as e:  # pragma: no cover - declared dependency
-        raise ImportError("video needs decord: pip install decord (x86_64 Linux) or decord2") from e
+        raise ImportError("video needs PyAV: pip install av") from e
     try:
-        vr = decord.VideoReader(io.BytesIO(src.data) if src.data is not None else src.path, num_threads=1)
-        total, vfps = len(vr), float(vr.get_avg_fps())
+        container = av.open(io.BytesIO(src.data) if src.data is not None else src.path)
     except Exception as e:
         raise MediaError("no_frames", f"cannot open video ({_first_line(e)})", source=src.name) from None
-    if total <= 0 or not vfps > 0:
-        raise MediaError("no_frames", f"no decodable frame (frames={total}, fps={vfps})", source=src.name)
-    try:
-        first, last = frame_range(total, vfps, video_start, video_end)
-        n = smart_nframes(
-            last - first + 1, vfps, fps=fps, nframes=nframes, min_frames=min_frames, max_frames=max_frames
-        )
-    except ValueError as e:
-        raise MediaError("too_short", str(e), source=src.name) from None
-    idx = linspace_indices(first, last, n)
-    try:
-        raw = vr.get_batch(idx).asnumpy()
-    except Exception as e:
-        raw = _decode_with_ffmpeg(src, vr, idx, f"cannot decode frames {idx[:4]}... ({_first_line(e)})")
+    with container:
+        if not container.streams.video:
+            raise MediaError("no_frames", "no video stream", source=src.name)
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = 1  # (preprocessing runs in a pool of processes already)
+        vfps = float(stream.average_rate or stream.guessed_rate or 0)
+        total = stream.frames or _count_frames(container, stream)
+        if total <= 0 or not vfps > 0:
+            raise MediaError("no_frames", f"no decodable frame (frames={total}, fps={vfps})", source=src.name)
+        try:
+            first, last = frame_range(total, vfps, video_start, video_end)
+            n = smart_nframes(
+                last - first + 1, vfps, fps=fps, nframes=nframes, min_frames=min_frames, max_frames=max_frames
+            )
+        except ValueError as e:
+            raise MediaError("too_short", str(e), source=src.name) from None
+        idx = linspace_indices(first, last, n)
+        raw = _decode(container, stream, idx, total, src.name)
     if raw.ndim != 4 or raw.shape[0] != len(idx) or raw.shape[-1] != 3:
         raise MediaError("no_frames", f"decoder returned frames of shape {raw.shape}", source=src.name)
     h, w = raw.shape[1:3]
@@ -181,26 +189,37 @@ def process_video(
     )
 
 
-def _decode_with_ffmpeg(src: Source, vr: object, idx: list[int], why: str) -> np.ndarray:
-    """Frames ``idx`` decoded by ffmpeg, for files decord opens but cannot batch-decode (it fails on
-    some frame widths, e.g. 48 px: a stride bug); raises the decord error when ffmpeg cannot help."""
-    from .audio import ffmpeg_exe
+def _count_frames(container, stream) -> int:
+    """The video's frame count where the container does not store it (Matroska, WebM): its packets, counted
+    without decoding (what decord reports as the length); the container is rewound after."""
+    n = sum(1 for packet in container.demux(stream) if packet.size)
+    container.seek(0)
+    return n
 
-    exe = ffmpeg_exe()
+
+def _decode(container, stream, idx: list[int], total: int, source: str) -> np.ndarray:
+    """Frames ``idx`` (ascending, repeats allowed) as (len(idx), H, W, 3) RGB uint8, decoded in order up
+    to the last one asked for. Frames missing at the very end (a container whose count is one or two
+    frames high) repeat the last decoded one; a file whose frames stop well before (truncated) is
+    ``no_frames``, never silently padded."""
+    wanted = set(idx)
+    got: dict[int, np.ndarray] = {}
+    decoded, error = 0, ""
     try:
-        h, w = vr[0].shape[:2]  # decord gets the size right even where its pixel layout is wrong
-    except Exception:
-        exe = None
-    if exe is None:
-        raise MediaError("no_frames", why, source=src.name)
-    cmd = [exe, "-nostdin", "-v", "error", "-i", src.path if src.data is None else "pipe:0"]
-    cmd += ["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]
-    proc = subprocess.run(cmd, input=src.data, capture_output=True, timeout=600)
-    frames = np.frombuffer(proc.stdout, dtype=np.uint8)
-    if proc.returncode != 0 or frames.size == 0 or frames.size % (h * w * 3):
-        raise MediaError("no_frames", why, source=src.name)
-    frames = frames.reshape(-1, h, w, 3)
-    return frames[np.minimum(np.asarray(idx), len(frames) - 1)]
+        for frame in container.decode(stream):
+            if decoded in wanted:
+                got[decoded] = frame.to_ndarray(format="rgb24")
+            decoded += 1
+            if decoded > idx[-1]:
+                break
+    except Exception as e:  # a damaged packet: fine only past the frames asked for
+        error = f": {_first_line(e)}"
+    if not got or decoded < idx[-1] - 1:
+        raise MediaError(
+            "no_frames", f"only {decoded} of {total} frames decode (a truncated file?{error})", source=source
+        )
+    last = got[max(got)]
+    return np.stack([got.get(i, last) for i in idx])
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,15 +1,21 @@
-"""Run settings of the CPU demo (`relax train` with no config); any flag still overrides them."""
+"""Run settings of the CPU demo (`relax train` with no config); any flag still overrides them.
+
+Every value the demo relies on is set here, also where it equals the library's default today: the library's
+defaults are for real runs (a pretrained model, slime's and veRL's values) and may change; the demo's results
+must not (``apps/relax/tests/demo/test_demo_config.py`` pins the whole config it builds)."""
 
 DEMO_DEFAULTS: dict[str, object] = {
     "rollout_batch_size": 32,
     "n_samples_per_prompt": 8,
-    "rollout_max_response_len": 6,
+    "rollout_max_response_len": 6,  # answers are a few digits (the library's 512 is for real tasks)
     "rollout_temperature": 1.0,
     "num_rollout": 100,
     "micro_batch_size": 64,
     "use_dynamic_batch_size": True,  # micro-batches packed by tokens: ~20% off a training step (BENCHMARKS)
     "max_tokens_per_gpu": 2048,
-    "lr": 2e-4,
+    "lr": 2e-4,  # a tiny model trained from a warm start in minutes (the library's 1e-6 is for a pretrained one)
+    "weight_decay": 0.0,
+    "adam_beta2": 0.99,
     "eps_clip": 0.2,
     "eps_clip_high": 0.28,
     "eval_interval": 10,

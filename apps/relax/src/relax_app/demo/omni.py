@@ -28,6 +28,8 @@ OMNI_DEFAULTS: dict[str, object] = {
     "num_rollout": 5,
     "micro_batch_size": 12,
     "lr": 1e-3,
+    "weight_decay": 0.0,  # (the library's defaults are a real run's: the demo sets what it relies on)
+    "adam_beta2": 0.99,
     "output_dir": "runs/omni-demo",
 }
 

@@ -18,9 +18,52 @@ IM_START = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, EOS_TOKEN]
 
-CHAT_TEMPLATE = (
+PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""The template before tools: :data:`CHAT_TEMPLATE` renders every conversation without tools exactly so."""
+
+TOOLS_PREAMBLE = "# Tools\n\nFunctions you may call, one JSON schema per line:\n<tools>"
+TOOLS_HOW = (
+    "\n</tools>\n\nTo call one, answer with its name and arguments, one call per tag:\n<tool_call>\n"
+    '{"name": <function name>, "arguments": <arguments object>}\n</tool_call>'
+)
+
+# Qwen-style tool use, in three branches that only tool conversations reach: with ``tools`` a system turn
+# lists them (merged with the conversation's own system message); an assistant turn's ``tool_calls`` follow
+# its text as ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks; ``tool`` results (of an
+# OpenAI conversation: with ``tools`` or a ``tool_call_id``) are a user turn of ``<tool_response>`` blocks,
+# consecutive ones sharing it. Every other message takes the plain branch, byte for byte the old template.
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- " + repr(TOOLS_PREAMBLE) + " }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- " + repr(TOOLS_HOW) + " + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{% for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' and (tools or message.tool_call_id is defined) %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls is defined and message.tool_calls %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message.tool_calls %}"
+    "{%- set fn = call.function if call.function is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (fn.name | tojson) + ', \"arguments\": ' }}"
+    "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

@@ -113,6 +113,7 @@ class TorchBackend:
         from relax_core.routing import install_routing
 
         self.cfg = config
+        self.model_path = model_path  # (its tokenizer and configs go into every checkpoint's model/)
         torch.manual_seed(config.train.seed)
         self.model = load_model(model_path, config.model.dtype)  # causal LM, or a Qwen-VL/Omni model
         self.masked_token_ids = media_token_ids(self.model)
@@ -520,9 +521,14 @@ class TorchBackend:
 
     @onloaded
     def save_checkpoint(self, path: str | Path) -> None:
+        """``model/`` (an HF directory that serves: weights, config, and the tokenizer, processor and generation
+        config of the checkpoint trained from), the optimizer and RNG states, meta.json."""
+        from relax_core.hf_files import copy_serving_files
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model")
+        copy_serving_files(self.model_path, path / "model", getattr(self.model, "generation_config", None))
         state = self._trainer_state()
         torch.save(state, path / "trainer_state.pt")
         (path / "meta.json").write_text(json.dumps({"version": self.version}, indent=1))

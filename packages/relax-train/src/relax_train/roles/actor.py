@@ -175,11 +175,11 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                 taken_at=batch.taken_at,
             )
         )
-        if (
-            self.evaluate is not None
-            and self.cfg.run.eval_interval
-            and (step + 1) % self.cfg.run.eval_interval == 0
-        ):
+        interval = self.cfg.run.eval_interval
+        # the run's last step evaluates here too: the final accuracy is this step's line, not a second line
+        # of the same step (metrics.jsonl had steps 0, 1, 2, 3, 3)
+        last = step + 1 == self.cfg.train.num_rollout
+        if self.evaluate is not None and ((interval and (step + 1) % interval == 0) or last):
             with self.tracer.span("eval", step=step + 1):
                 metrics["eval/accuracy"] = self.evaluate(self.backend.eval_model())
         # the bus's own counters next to the roles' (per-partition depths left out: one series per step)

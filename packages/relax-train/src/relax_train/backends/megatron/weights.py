@@ -6,7 +6,6 @@ read on their own; the name mapping and tensor layouts are :mod:`~relax_train.ba
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
+from relax_core.hf_files import copy_serving_files
 from relax_core.offload import onloaded
 from relax_train.backends.megatron import multimodal as mm
 from relax_train.backends.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
@@ -210,11 +210,5 @@ class MegatronWeights:
             if self.layout.tie_word_embeddings:
                 weights.pop("lm_head.weight", None)
             save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-            for f in Path(self.model_path).iterdir():
-                if (
-                    f.is_file()
-                    and not f.name.endswith((".safetensors", ".bin"))
-                    and f.name != "model.safetensors.index.json"
-                ):
-                    shutil.copy2(f, out / f.name)
+            copy_serving_files(self.model_path, out)  # config, tokenizer, processor, generation config
         return out

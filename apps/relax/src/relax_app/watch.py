@@ -1,0 +1,126 @@
+"""`relax status RUN_DIR` (one snapshot) and `relax watch RUN_DIR` (refreshed until the run ends): each role's
+state and weight version, the bus's depth and staleness, samples/s, reward and held-out accuracy.
+
+Read from ``RUN_DIR/status.json``, which the run's driver rewrites as it goes (:mod:`relax_core.live`), so
+this needs no connection to the run, its Ray cluster or its machine (a shared disk is enough), and works
+the same for colocate and fully-async runs. A plain text view: on a terminal the screen is redrawn, into a
+pipe or a file each refresh is printed after the last, separated by a blank line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from relax_core.live import FINAL_STATES, RunStatus, read_status
+
+
+def _num(x: float | None, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def run_state(s: RunStatus) -> str:
+    """The run's state, as the file says, unless the file says it runs but its process is gone (a run
+    killed without a chance to say so; checked only where that process would be, on this machine)."""
+    if s.state in FINAL_STATES or s.host != socket.gethostname() or _alive(s.pid):
+        return s.state
+    return f"{s.state}? (its process {s.pid} is gone: killed; nothing was written since)"
+
+
+def render(s: RunStatus, now: float | None = None) -> str:
+    """The status as a few lines of text."""
+    now = time.time() if now is None else now
+    staleness = f", max staleness {s.max_staleness}" if s.mode == "fully_async" else ""
+    lines = [
+        f"run {s.output_dir}  [{s.mode}{staleness}]",
+        f"state {run_state(s)}  step {s.step}/{s.num_steps}"
+        + (f" ({s.phase})" if s.phase else "")
+        + f"  up {now - s.started_at:.0f}s  updated {max(0.0, now - s.updated_at):.1f}s ago",
+        f"samples/s {_num(s.samples_per_s, '.2f')} (recent {_num(s.samples_per_s_recent, '.2f')})"
+        f"  generated/s {_num(s.generated_per_s, '.2f')}  trained {s.samples_trained}",
+        f"reward {_num(s.reward_mean)}  held-out accuracy {_num(s.eval_accuracy)}"
+        + (f" (step {s.eval_step})" if s.eval_step is not None else ""),
+    ]
+    if s.bus is not None:
+        b = s.bus
+        waiting = ", ".join(f"{c} {n}" for c, n in b.available.items())
+        lines.append(
+            f"bus depth {b.depth}  staleness {_num(b.staleness, 'd') if b.staleness is not None else '-'}"
+            f" (oldest sample v{b.oldest_version if b.oldest_version is not None else '-'})"
+            f"  dropped stale {b.dropped_stale}" + (f"  ready: {waiting}" if waiting else "")
+        )
+    if s.roles:
+        lines.append(f"{'role':<12}{'state':<16}{'version':>8}{'idle s':>9}{'restarts':>10}  pid")
+        for name, r in s.roles.items():
+            version = "-" if r.version is None else f"v{r.version}"
+            idle = "-" if r.idle_s is None else f"{r.idle_s:.1f}"
+            lines.append(
+                f"{name:<12}{r.state:<16}{version:>8}{idle:>9}{r.restarts:>10}  {r.pid if r.pid else '-'}"
+            )
+    if s.restarts:
+        lines.append(f"restarts by the health manager: {s.restarts}")
+    if s.message:
+        lines.append(s.message)
+    return "\n".join(lines)
+
+
+def _parse(argv: list[str], prog: str, interval: bool) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"relax {prog}", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", help="the run's --output-dir")
+    if interval:
+        p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+        p.add_argument("--timeout", type=float, default=None, help="stop watching after this many seconds")
+    return p.parse_args(argv)
+
+
+def status_main(argv: list[str]) -> int:
+    """`relax status RUN_DIR`: print the run's status once."""
+    args = _parse(argv, "status", interval=False)
+    try:
+        print(render(read_status(args.run_dir)))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"relax: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def watch_main(argv: list[str]) -> int:
+    """`relax watch RUN_DIR`: print the status every --interval seconds until the run ends (or its process
+    is gone, or --timeout); waits for a run that has not written its status yet."""
+    args = _parse(argv, "watch", interval=True)
+    tty = sys.stdout.isatty()
+    t0 = time.monotonic()
+    path = Path(args.run_dir)
+    while True:
+        try:
+            s = read_status(path)
+        except FileNotFoundError:
+            s = None
+        except ValueError:  # (never half-written; a file of an incompatible version)
+            s = None
+        if s is None:
+            text = f"waiting for {path / 'status.json'} (the run writes it as it starts) ..."
+        else:
+            text = render(s)
+        if tty:
+            sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the view redrawn in place
+        print(text + ("" if tty else "\n"), flush=True)
+        if s is not None and (s.state in FINAL_STATES or run_state(s) != s.state):
+            return 0 if s.state != "failed" else 1
+        if args.timeout is not None and time.monotonic() - t0 > args.timeout:
+            return 0
+        time.sleep(args.interval)

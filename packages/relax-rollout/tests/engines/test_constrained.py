@@ -78,17 +78,7 @@ def model_dir(tmp_path_factory) -> str:
     tok = tokenizer.train_tokenizer(corpus, out)
     tok.add_tokens(["<tool_call>", "</tool_call>"])
     tok.save_pretrained(out)
-    model.build_tiny_qwen3(
-        tok,
-        out_dir=out,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    )
+    model.build_tiny_qwen3(tok, out_dir=out, **model.SMALLEST, max_position_embeddings=1024)
     return str(out)
 
 

@@ -20,17 +20,7 @@ def chat_model_dir(tmp_path_factory) -> str:
         "Solve the problem. To compute, write calc: <expression> and wait for the result. Now double it.",
     ]
     tok = tokenizer.train_tokenizer(corpus, out)
-    model.build_tiny_qwen3(
-        tok,
-        out_dir=out,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    )
+    model.build_tiny_qwen3(tok, out_dir=out, **model.SMALLEST, max_position_embeddings=1024)
     return str(out)
 
 
@@ -54,17 +44,7 @@ def tool_model_dir(tmp_path_factory) -> str:
     ] * 4
     tok = tokenizer.train_tokenizer(corpus)
     tok.add_tokens(TOOL_TOKENS, special_tokens=True)
-    model.build_tiny_qwen3(
-        tok,
-        out_dir=out,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    )
+    model.build_tiny_qwen3(tok, out_dir=out, **model.SMALLEST, max_position_embeddings=1024)
     return str(out)
 
 

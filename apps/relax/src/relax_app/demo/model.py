@@ -14,6 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
+SMALLEST: dict[str, int] = dict(
+    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+)
+"""The smallest shape tests build (:func:`build_tiny_qwen3` keywords): every code path of the real
+architecture, a forward in milliseconds."""
+
+
 def build_tiny_qwen3(
     tokenizer,
     out_dir: str | Path | None = None,

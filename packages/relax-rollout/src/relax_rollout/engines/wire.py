@@ -73,6 +73,16 @@ class ServerError(RuntimeError):
         msg = self.message
         return self.status == 400 and isinstance(msg, str) and "cache was not flushed" in msg
 
+    @classmethod
+    def of(cls, where: str, e: urllib.error.HTTPError) -> ServerError:
+        """The error an HTTP error reply means (its JSON body, or its text when it is not JSON)."""
+        raw = e.read()
+        try:
+            payload = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            payload = raw.decode(errors="replace")
+        return cls(where, e.code, payload)
+
 
 @dataclass(frozen=True)
 class RoutingInfo:
@@ -110,12 +120,7 @@ def http_json(
                 raw = resp.read()
                 return json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
-            raw = e.read()
-            try:
-                payload = json.loads(raw) if raw else None
-            except json.JSONDecodeError:
-                payload = raw.decode(errors="replace")
-            raise ServerError(url + path, e.code, payload) from None
+            raise ServerError.of(url + path, e) from None
         except (urllib.error.URLError, ConnectionError, http.client.HTTPException) as e:
             if attempt == retries:
                 raise ConnectionError(f"{url}{path} unreachable after {attempt + 1} tries: {e}") from e

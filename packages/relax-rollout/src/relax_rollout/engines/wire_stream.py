@@ -119,12 +119,7 @@ def stream_generate(
                 if delta is not None:
                     on_token(delta)
     except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            payload = json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            payload = raw.decode(errors="replace")
-        raise ServerError(url + "/generate", e.code, payload) from None
+        raise ServerError.of(url + "/generate", e) from None
     except (urllib.error.URLError, http.client.HTTPException) as e:
         raise ConnectionError(f"{url}/generate: the stream broke off: {e}") from e
     return assembler.replies()

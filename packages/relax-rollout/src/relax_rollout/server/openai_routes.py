@@ -17,7 +17,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
-from relax_rollout.server import chat_request, protocol, tool_calls, trajectories
+from relax_rollout.server import chat_request, openai_types, protocol, tool_calls, trajectories
 from relax_rollout.server.protocol import BadRequest, EventStream
 from relax_rollout.server.streaming import TextDeltas, stop_token_ids
 
@@ -131,13 +131,16 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
         )
         for i, (out, (message, finish)) in enumerate(zip(outs, replies))
     ]
-    res = _response(s, rid, "chat.completion", choices, len(prompt), sum(len(out.token_ids) for out in outs))
-    res["prompt_token_ids"] = prompt  # extension: what the trainer should record as the prompt
-    res["metadata"] = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
-    res["weight_version"] = res["metadata"]["weight_version"]  # (our extension before SGLang had metadata)
-    if recorded:  # extension: which trajectory of the session this call extended
-        res["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
-    return 200, res
+    metadata = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
+    extensions = {
+        "prompt_token_ids": prompt,  # what the trainer should record as the prompt
+        "metadata": metadata,
+        "weight_version": metadata["weight_version"],  # (our extension before SGLang had metadata)
+    }
+    if recorded:  # which trajectory of the session this call extended
+        extensions["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
+    made = sum(len(out.token_ids) for out in outs)
+    return 200, _response(s, rid, "chat.completion", choices, len(prompt), made, **extensions)
 
 
 def _check_constraint(s: EngineServer, params: SamplingParams, fields: dict[str, str], asked_by: str) -> None:
@@ -214,9 +217,8 @@ def completions(s: EngineServer, body: Any):
         choices.append(_choice(i, out, {"text": protocol.response_text(s.decode, out)}, lp))
     prompt_tokens = sum(len(p) for p in prompts)
     made = sum(len(o.token_ids) for o in outs)
-    res = _response(s, rid, "text_completion", choices, prompt_tokens, made)
-    res["metadata"] = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
-    return 200, res
+    metadata = protocol.weight_metadata(outs[0])  # SGLang's: the first choice's weight versions
+    return 200, _response(s, rid, "text_completion", choices, prompt_tokens, made, metadata=metadata)
 
 
 def _session_stream(s, turn, every, rid, given, fields, reply) -> GenerationStream:
@@ -298,7 +300,7 @@ def _chat_events(s, chat, stream, head, prompt_len, params, reply, marks) -> Ite
         if not opened[i]:
             delta, opened[i] = {"role": "assistant", **delta}, True
         choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}
-        return {**head, "choices": [choice]}
+        return openai_types.body({**head, "choices": [choice]})
 
     outs: list[GenerateOutput] = []
     for item in stream:
@@ -334,7 +336,8 @@ def _chat_events(s, chat, stream, head, prompt_len, params, reply, marks) -> Ite
     if chat.include_usage:
         made = sum(len(o.token_ids) for o in outs)
         usage = {"prompt_tokens": prompt_len, "completion_tokens": made}
-        yield {**head, "choices": [], "usage": {**usage, "total_tokens": usage["prompt_tokens"] + made}}
+        usage["total_tokens"] = prompt_len + made
+        yield openai_types.body({**head, "choices": [], "usage": usage})
 
 
 def stream_delta(message: dict) -> dict:
@@ -371,10 +374,8 @@ def _completion_events(s, stream, head, params, logprobs, prompt_tokens, include
     offset = [0] * len(params)  # each choice's log-prob tokens' text so far
 
     def chunk(i: int, text: str, lp: dict | None = None, finish: str | None = None, **extra) -> dict:
-        return {
-            **head,
-            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish, **extra}],
-        }
+        choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, **extra}
+        return openai_types.body({**head, "choices": [choice]})
 
     outs: list[GenerateOutput] = []
     for item in stream:
@@ -408,7 +409,7 @@ def _completion_events(s, stream, head, params, logprobs, prompt_tokens, include
             "completion_tokens": made,
             "total_tokens": prompt_tokens + made,
         }
-        yield {**head, "choices": [], "usage": usage}
+        yield openai_types.body({**head, "choices": [], "usage": usage})
 
 
 def _reply(s: EngineServer, out: GenerateOutput) -> str:
@@ -450,13 +451,18 @@ def _choice(
     }
 
 
-def _response(s: EngineServer, rid: str, kind: str, choices: list[dict], prompt: int, made: int) -> dict:
-    """An OpenAI response (``object`` ``kind``) with its ``usage`` of ``prompt`` and ``made`` tokens."""
-    return {
+def _response(
+    s: EngineServer, rid: str, kind: str, choices: list[dict], prompt: int, made: int, **extensions: Any
+) -> dict:
+    """An OpenAI response (``object`` ``kind``) with its ``usage`` of ``prompt`` and ``made`` tokens and our
+    ``extensions``, checked as its typed model (:mod:`relax_rollout.server.openai_types`)."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+    res = {
         "id": rid,
         "object": kind,
         "created": int(time.time()),
         "model": s.served_model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made},
+        "usage": usage,
     }
+    return openai_types.body({**res, **extensions})

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 SMALLEST: dict[str, int] = dict(
     hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
 )

@@ -1,9 +1,4 @@
-import json
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from mm_media import ToyTokenizer, write_image
@@ -59,38 +54,3 @@ def test_workers_that_cannot_start_raise_instead_of_skipping(tmp_path):
     cfg = MultimodalConfig(multimodal_keys={"image": "img"})
     with pytest.raises(PoolStartError, match="died while starting, before any sample"):
         PreprocessPool(cfg, UnstartableTokenizer(), workers=1)
-
-
-README = Path(__file__).parents[1] / "README.md"
-PRELUDE = f"""
-import json, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from mm_media import ToyTokenizer, write_image, write_tone
-
-tokenizer = ToyTokenizer()
-if __name__ == "__main__":
-    write_image("cat.jpg", size=(64, 48))
-    wav_bytes = open(write_tone("speech.wav", seconds=1.0, rate=22050), "rb").read()
-    rows = [{{"prompt": f"<image> #{{i}} <audio>", "images": "cat.jpg", "speech": wav_bytes}} for i in range(3)]
-"""
-EPILOGUE = """
-if __name__ == "__main__":
-    print(json.dumps({"samples": len(res.samples), "skipped": dict(res.counts), "audio": s.num_tokens()["audio"]}))
-"""
-
-
-@pytest.mark.slow  # the snippet's s.tensors() imports transformers for the audio features
-@pytest.mark.timeout(300)
-def test_readme_snippet_runs_as_a_script(tmp_path):
-    """The README's first snippet, run as a script (tokenizer, media and rows defined before it): the pool
-    starts its workers with "spawn", which re-imports the script; every sample must come through."""
-    pytest.importorskip("transformers")
-    snippet = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
-    script = tmp_path / "readme_snippet.py"
-    script.write_text(PRELUDE + snippet + EPILOGUE)
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out == {"samples": 3, "skipped": {}, "audio": 25}, proc.stderr[-3000:]

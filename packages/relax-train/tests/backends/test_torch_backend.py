@@ -15,7 +15,11 @@ SEQS = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8, 12, 9, 13], [10]), ([4, 13], [3
 
 
 def make_cfg(**kw) -> RelaxConfig:
-    t = {"micro_batch_size": kw.pop("micro_batch_size", 2), "lr": kw.pop("lr", 1e-3)}
+    t = {
+        "micro_batch_size": kw.pop("micro_batch_size", 2),
+        "lr": kw.pop("lr", 1e-3),
+        "weight_decay": kw.pop("weight_decay", 0.0),  # (a masked-out step must leave the weights alone)
+    }
     r = {
         "rollout_temperature": kw.pop("temperature", 1.0),
         "rollout_batch_size": 1,

@@ -65,6 +65,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         self.queued = self.running = 0
+        self.requests = self.refused = 0
+        """Requests ended and requests refused so far (plain counts, for whoever embeds the server)."""
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated then): the throughput
         self._started = time.monotonic()
         self._weight_version: Callable[[], float] = lambda: float("nan")
@@ -195,6 +197,8 @@ class ServerMetrics:
 
     def refuse(self) -> None:
         """A request refused with 503: the server held its limit of requests (``--max-queued-requests``)."""
+        with self._lock:
+            self.refused += 1
         self._refused.labels(model_name=self.model_name).inc()
 
     def finish(
@@ -213,6 +217,7 @@ class ServerMetrics:
                 self.running -= n
             else:
                 self.queued -= n
+            self.requests += n
         labels = self._s(streaming)
         self._generation_tokens.labels(**labels).inc(generation_tokens)
         self._requests.labels(**labels).inc(n)

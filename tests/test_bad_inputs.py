@@ -106,8 +106,8 @@ def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, ca
     data.write_bytes(
         b'{"prompt": "<image>1+1=", "label": "2"}\n{"prompt": "x\xff", "label": "1"}\nnot json\n'
     )
-    cfg = build_config(None, ["--prompt-data", str(data), "--hf-checkpoint", model])
-    skipped, media = check_inputs(cfg)
+    flags = ["--prompt-data", str(data), "--hf-checkpoint", model, "--rollout-max-response-len", "8"]
+    skipped, media = check_inputs(build_config(None, flags))
     assert skipped.startswith(f"--prompt-data {data}: 2 of 3 rows skipped (first: {data}:2: not UTF-8")
     # each row that cannot be decoded is skipped and counted with its line, the file's other rows kept
     # (before: a line nested 100k deep was a RecursionError that killed the run, a 5,000-digit label

@@ -72,6 +72,7 @@ def test_a_hostile_run_finishes_counts_and_says_every_bad_thing(model, tmp_path,
 
 
 CRASH = ["--rm-type", "relax_core.testing:crashing_reward", "--num-rollout", "2", "--torch-threads", "1"]
+CRASH += ["--rollout-max-response-len", "8"]  # (the tiny model holds 128 positions; the default is 512)
 
 
 @pytest.mark.integration

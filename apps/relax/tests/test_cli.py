@@ -1,5 +1,7 @@
 """`relax train` as a slime / veRL user meets it: a misspelt flag, --help, a name that means something else."""
 
+import pytest
+
 from relax_app.cli import main
 
 
@@ -63,3 +65,18 @@ def test_a_reward_that_fails_on_the_first_row_is_named_at_start(tmp_path):
     assert f"--rm-type {__name__}:empty_hater on an empty response to the first row" in note
     assert "raised ValueError: an empty answer" in note
     assert check_inputs(build_config(None, flags)) == []  # (math scores an empty answer 0, no failure)
+
+
+def test_a_response_length_the_models_context_cannot_hold_is_refused_at_start(tmp_path):
+    """The library default (512 tokens) on a model of 128 positions: every row was skipped, then the rollout
+    failed with "too many unusable rows"; now one line before anything starts."""
+    from relax_app.train import check_inputs
+    from relax_core.cli_config import build_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 128}')
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
+    flags = ["--prompt-data", str(tmp_path / "p.jsonl"), "--hf-checkpoint", str(tmp_path / "m")]
+    with pytest.raises(ValueError, match=r"--rollout-max-response-len 512 leaves no room .* context of 128"):
+        check_inputs(build_config(None, flags))
+    assert check_inputs(build_config(None, [*flags, "--rollout-max-response-len", "64"])) == []

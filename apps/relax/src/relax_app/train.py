@@ -41,6 +41,27 @@ def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
     return inputs, info
 
 
+def _check_response_fits(model: str | None, response_len: int) -> None:
+    """A response length the model's context cannot hold beside any prompt refused at start (with the
+    library's default of 512 and a small model, every row was skipped, then the rollout failed)."""
+    if not model or not (Path(model) / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    from relax_core.models import context_length
+
+    try:
+        context = context_length(AutoConfig.from_pretrained(model))
+    except (OSError, ValueError):  # (a config transformers cannot read: the roles will say why)
+        return
+    if context is not None and response_len >= context:
+        raise ValueError(
+            f"--rollout-max-response-len {response_len} leaves no room for a prompt in the context of "
+            f"{context} tokens of --hf-checkpoint {model} (its max_position_embeddings): give a "
+            f"--rollout-max-response-len below {context}"
+        )
+
+
 def check_inputs(cfg: RelaxConfig) -> list[str]:
     """What a run reads, checked before anything heavy starts (Ray, model loading: 40-134 s before a bad
     file showed, as a traceback): the model directories and the datasets, read as the roles will read
@@ -94,6 +115,7 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
                 "--multimodal-keys: they train as text; name the media columns, e.g. "
                 "--multimodal-keys '{image: images}'"
             )
+    _check_response_fits(model, r.rollout_max_response_len)  # (after the data: what a file lacks first)
     return notes
 
 

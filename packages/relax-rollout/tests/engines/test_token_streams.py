@@ -96,8 +96,8 @@ def test_sglang_stream_chunks_cumulative_or_incremental_make_the_reply():
             "meta_info": {**_chunk(0, a[2:], la[2:], True)["meta_info"], "completion_tokens": 3},
         },
     ]
-    for chunks in (cumulative, incremental):
-        s = StreamAssembler(2)
+    for flag, chunks in ((False, cumulative), (True, incremental)):
+        s = StreamAssembler(2, incremental=flag)
         deltas = [d for d in map(s.feed, chunks) if d is not None]
         assert [(d.index, d.start, d.token_ids) for d in deltas] == [
             (0, 0, (9,)),
@@ -110,6 +110,21 @@ def test_sglang_stream_chunks_cumulative_or_incremental_make_the_reply():
         outs = parse_reply(s.replies(), [[1, 2, 3], [1, 2, 3]])
         assert [o.token_ids for o in outs] == [a, b] and [o.log_probs for o in outs] == [la, lb]
         assert [o.finish_reason for o in outs] == ["length", "length"]
+
+
+def test_a_cumulative_chunk_ahead_of_its_log_probs_is_read_up_to_them():
+    """SGLang hands a cumulative chunk on with a reference to the growing token list: it can hold more
+    tokens than its ``completion_tokens`` and its log-prob list (CI: such a chunk was taken for an
+    incremental one, its tokens counted twice, and the next chunk failed the engine). The tokens past the
+    log-probs come with the next chunk; the reply is the same."""
+    a, la = [9, 4, 2, 8], [-0.5, -1.0, -0.25, -3.0]
+    ahead = _chunk(0, a[:2], la[:2])
+    ahead["output_ids"] = a[:3]  # one token more than its log-probs and completion_tokens
+    s = StreamAssembler(1)
+    deltas = [d for d in map(s.feed, [_chunk(0, a[:1], la[:1]), ahead, _chunk(0, a, la, True)]) if d]
+    assert [d.token_ids for d in deltas] == [(9,), (4,), (2, 8)]
+    assert _joined(deltas, 1) == ([a], [la])
+    assert parse_reply(s.replies(), [[1, 2, 3]])[0].token_ids == a
 
 
 def test_a_sglang_stream_error_or_cut_is_an_error():

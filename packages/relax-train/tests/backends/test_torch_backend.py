@@ -18,7 +18,7 @@ def make_cfg(**kw) -> RelaxConfig:
     t = {
         "micro_batch_size": kw.pop("micro_batch_size", 2),
         "lr": kw.pop("lr", 1e-3),
-        "weight_decay": kw.pop("weight_decay", 0.0),  # (a masked-out step must leave the weights alone)
+        "weight_decay": kw.pop("weight_decay", 0.0),  # (a step with no gradient must leave the weights alone)
     }
     r = {
         "rollout_temperature": kw.pop("temperature", 1.0),

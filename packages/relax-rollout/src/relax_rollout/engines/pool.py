@@ -283,9 +283,15 @@ class EnginePool(PoolMembership):
             if on_token is None:
                 reply = self.request(m.url, "/generate", body)
             else:
+                from relax_rollout.engines.wire import server_info
                 from relax_rollout.engines.wire_stream import stream_generate
 
-                reply = stream_generate(m.url, body, on_token, self.token, self.timeout_s)
+                if m.incremental_stream is None:
+                    info = server_info(m.url, self.token, self.timeout_s)
+                    m.incremental_stream = bool(info.get("incremental_streaming_output"))
+                reply = stream_generate(
+                    m.url, body, on_token, self.token, self.timeout_s, m.incremental_stream
+                )
             outs = (parse or parse_reply)(reply, prompts)
             if len(outs) != len(prompts):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")

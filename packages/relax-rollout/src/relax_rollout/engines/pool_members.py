@@ -61,6 +61,9 @@ class Member:
     error: str | None = None
     """Why it failed (or why it was removed)."""
     replaced_by: str | None = None
+    incremental_stream: bool | None = None
+    """Whether it streams the new tokens only (SGLang's ``--incremental-streaming-output``); None: not
+    asked yet (its ``/server_info`` says, at its first stream)."""
 
     API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
         "id url kind state protected inflight weight_version created served error replaced_by".split()

@@ -7,9 +7,13 @@ delta once generated; SGLang streams token by token itself. Read from SGLang 0.5
 last ``data: [DONE]``; by default every chunk is the reply so far (``text``, ``output_ids`` and the
 log-prob lists of ``meta_info`` cumulative, ``meta_info.finish_reason`` null until the last); a server
 started with ``--incremental-streaming-output`` sends only what is new (its ``output_ids`` and log-prob
-lists the new tokens'). Both are read here: a chunk whose ``output_ids`` are as many as its
-``meta_info.completion_tokens`` is cumulative. A batch's chunks carry their prompt's ``index``; an error
-after the stream began comes as ``{"error": {...}}``. Standard library only (urllib), as :mod:`.wire`.
+lists the new tokens'). Which of the two a server sends is its launch flag (``/server_info``'s
+``incremental_streaming_output``), not something a chunk shows: SGLang hands its cumulative chunks on with
+a *reference* to the growing token list, so a chunk may hold more tokens than its ``completion_tokens`` and
+than its log-prob lists (CI saw one taken for an incremental chunk: its tokens were counted twice). So a
+cumulative chunk is read up to the shortest of its lists, the rest coming with a later chunk (the last is
+a copy, complete). A batch's chunks carry their prompt's ``index``; an error after the stream began comes
+as ``{"error": {...}}``. Standard library only (urllib), as :mod:`.wire`.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from relax_rollout.engines.wire import ServerError
 class StreamAssembler:
     """The chunks of one streamed ``/generate`` of ``n`` prompts: :meth:`feed` each, it returns the
     :class:`TokenDelta` of the tokens it added (None: none); :meth:`replies` the whole replies, as the same
-    request without ``stream`` answers them (``parse_reply`` reads them)."""
+    request without ``stream`` answers them (``parse_reply`` reads them). ``incremental``: the server was
+    launched with ``--incremental-streaming-output`` (each chunk the new tokens only)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, incremental: bool = False) -> None:
+        self.incremental = incremental
         self.ids: list[list[int]] = [[] for _ in range(n)]
         self.logprobs: list[list[Any]] = [[] for _ in range(n)]
         self.tops: list[list[Any]] = [[] for _ in range(n)]
@@ -46,15 +52,22 @@ class StreamAssembler:
         meta = chunk.get("meta_info") or {}
         ids = [int(t) for t in chunk.get("output_ids") or []]
         done = len(self.ids[i])
-        whole = len(ids) == int(meta.get("completion_tokens", len(ids)))  # cumulative, or the new ones only
-        new = ids[done:] if whole else ids
-        if whole and ids[:done] != self.ids[i]:
-            raise ValueError(f"prompt {i}: a stream chunk rewrote the tokens sent before")
         lps, tops = meta.get("output_token_logprobs"), meta.get("output_top_logprobs")
-        if lps is not None:
-            self.logprobs[i].extend(lps[done:] if whole else lps)
-        if tops is not None:
-            self.tops[i].extend(tops[done:] if whole else tops)
+        if self.incremental:
+            new = ids
+            if lps is not None:
+                self.logprobs[i].extend(lps)
+            if tops is not None:
+                self.tops[i].extend(tops)
+        else:
+            if ids[:done] != self.ids[i]:
+                raise ValueError(f"prompt {i}: a stream chunk rewrote the tokens sent before")
+            upto = min([len(ids), *(len(x) for x in (lps, tops) if x is not None)])
+            new = ids[done:upto]
+            if lps is not None:
+                self.logprobs[i].extend(lps[done:upto])
+            if tops is not None:
+                self.tops[i].extend(tops[done:upto])
         self.ids[i].extend(new)
         self.last[i] = chunk
         if not new:
@@ -91,11 +104,12 @@ def stream_generate(
     on_token: Callable[[TokenDelta], None],
     token: str | None = None,
     timeout_s: float = 600.0,
+    incremental: bool = False,
 ) -> list[dict]:
     """POST ``body`` to ``url``'s ``/generate`` with ``stream`` on; ``on_token`` gets each prompt's new
     tokens as they come (numbered by prompt). Returns the whole replies (one per prompt, as
     :func:`~relax_rollout.engines.wire.parse_reply` reads them). Not retried: tokens handed on cannot be
-    taken back. An HTTP error status raises :class:`~relax_rollout.engines.wire.ServerError`, a cut stream
+    taken back. ``incremental``: as :class:`StreamAssembler`. An HTTP error status raises :class:`~relax_rollout.engines.wire.ServerError`, a cut stream
     ``ConnectionError``."""
     prompts = body["input_ids"]
     n = len(prompts) if prompts and isinstance(prompts[0], list) else 1
@@ -105,7 +119,7 @@ def stream_generate(
     req = urllib.request.Request(
         url + "/generate", data=json.dumps({**body, "stream": True}).encode(), headers=headers, method="POST"
     )
-    assembler = StreamAssembler(n)
+    assembler = StreamAssembler(n, incremental)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             for line in resp:

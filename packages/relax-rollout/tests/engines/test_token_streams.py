@@ -154,3 +154,25 @@ def test_the_engine_pool_streams_from_its_servers(engine_server):
         assert [o.token_ids for o in pool.generate(PROMPTS, params)] == ids  # as without streaming
     finally:
         pool.close()
+
+
+def test_the_external_engine_streams_from_its_servers(engine_server):
+    """The ``external`` engine (SGLang servers the user launched) streams too: two servers' deltas, each
+    numbered as the caller's prompts, make its outputs."""
+    from relax_rollout.engines.external import ExternalEngine
+
+    ext = ExternalEngine(urls=[engine_server, engine_server])  # (one server twice: two chunks of prompts)
+    assert supports(ext, "stream")
+    params = SamplingParams(max_new_tokens=4, min_new_tokens=4, greedy=True)
+    got: list[TokenDelta] = []
+    lock = threading.Lock()
+
+    def keep(d: TokenDelta) -> None:
+        with lock:
+            got.append(d)
+
+    outs = ext.generate(PROMPTS, params, on_token=keep)
+    ids, lps = _joined(sorted(got, key=lambda d: (d.index, d.start)), len(PROMPTS))
+    assert len(got) == 4 * len(PROMPTS) and {d.index for d in got} == {0, 1, 2}
+    assert ids == [o.token_ids for o in outs] and lps == [o.log_probs for o in outs]
+    assert [o.token_ids for o in ext.generate(PROMPTS, params)] == ids  # as without streaming

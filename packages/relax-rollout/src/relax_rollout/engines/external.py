@@ -19,10 +19,12 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams, memory_request
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta, memory_request
 from relax_rollout.engines.pool import BUSY_BACKOFF_S, BUSY_TIMEOUT_S
 from relax_rollout.engines.wire import (
     ServerClient,
@@ -67,19 +69,21 @@ class ExternalEngine(ServerClient):
         self._lock_inflight = threading.Lock()
         self._inflight = dict.fromkeys(self.urls, 0)  # prompts in flight per server
         self._grammar: bool | None = None  # every server an SGLang with a grammar backend (asked once)
+        self._incremental: dict[str, bool] = {}  # per server: it streams new tokens only (asked once)
 
     @property
     def features(self) -> frozenset[str]:
-        """:class:`ServerClient`'s, and "constraint" (SGLang's ``json_schema`` / ``regex`` / ``structural_tag``)
+        """:class:`ServerClient`'s, "stream" (SGLang's streamed ``/generate``, read token by token), and
+        "constraint" (SGLang's ``json_schema`` / ``regex`` / ``structural_tag``)
         when every server's ``/server_info`` names a ``grammar_backend`` other than "none": a real SGLang.
         Other servers (ours, which takes only ``json_schema`` and ``regex``) would refuse part of it."""
         if self._grammar is None:
             try:
                 infos = [server_info(u, self.token, self.timeout_s) for u in self.urls]
             except (ConnectionError, ServerError, TimeoutError):
-                return ServerClient.features  # (asked again next time)
+                return ServerClient.features | {"stream"}  # (asked again next time)
             self._grammar = all(i.get("grammar_backend") not in (None, "none") for i in infos)
-        return ServerClient.features | {"constraint"} if self._grammar else ServerClient.features
+        return ServerClient.features | ({"stream", "constraint"} if self._grammar else {"stream"})
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:
@@ -108,7 +112,14 @@ class ExternalEngine(ServerClient):
     def _sampling(p: SamplingParams, min_new: int) -> dict:
         return sampling_dict(p, min_new)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_token: Callable[[TokenDelta], None] | None = None,
+    ) -> list[GenerateOutput]:
+        """``on_token``: each response's tokens as its server streams them (numbered as ``prompts``; a
+        refused-busy request is asked again before any token went out)."""
         if not prompts:
             return []
         mins = min_tokens(params, len(prompts))
@@ -122,9 +133,12 @@ class ExternalEngine(ServerClient):
 
         def run(url: str, lo: int, hi: int) -> list[dict]:
             body = generate_body(prompts[lo:hi], params, mins[lo:hi])
+            send = lambda: self.request(url, "/generate", body)  # noqa: E731
+            if on_token is not None:
+                send = self._streamed(url, body, lambda d: on_token(replace(d, index=d.index + lo)))
             # a server at its request bound (ServerError.busy) is asked again, as the engine pool does
             return retry_while(
-                lambda: self.request(url, "/generate", body),
+                send,
                 lambda e: e.busy,
                 BUSY_TIMEOUT_S,
                 BUSY_BACKOFF_S,
@@ -140,6 +154,17 @@ class ExternalEngine(ServerClient):
                 for u, lo, hi in chunks:
                     self._inflight[u] -= hi - lo
         return [o for (_, lo, hi), r in zip(chunks, replies) for o in parse_reply(r, prompts[lo:hi])]
+
+    def _streamed(self, url: str, body: dict, on_token: Callable[[TokenDelta], None]) -> Callable[[], list]:
+        """The streamed ``/generate`` of ``body`` to ``url``, read as that server streams (its
+        ``--incremental-streaming-output``, asked once)."""
+        from relax_rollout.engines.wire_stream import stream_generate
+
+        if url not in self._incremental:
+            info = server_info(url, self.token, self.timeout_s)
+            self._incremental[url] = bool(info.get("incremental_streaming_output"))
+        incremental = self._incremental[url]
+        return lambda: stream_generate(url, body, on_token, self.token, self.timeout_s, incremental)
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         with self._lock, tempfile.TemporaryDirectory(prefix="relax-weights-") as d:

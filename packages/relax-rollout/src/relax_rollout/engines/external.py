@@ -158,11 +158,10 @@ class ExternalEngine(ServerClient):
     def _streamed(self, url: str, body: dict, on_token: Callable[[TokenDelta], None]) -> Callable[[], list]:
         """The streamed ``/generate`` of ``body`` to ``url``, read as that server streams (its
         ``--incremental-streaming-output``, asked once)."""
-        from relax_rollout.engines.wire_stream import stream_generate
+        from relax_rollout.engines.wire_stream import stream_generate, streams_incrementally
 
         if url not in self._incremental:
-            info = server_info(url, self.token, self.timeout_s)
-            self._incremental[url] = bool(info.get("incremental_streaming_output"))
+            self._incremental[url] = streams_incrementally(url, self.token, self.timeout_s)
         incremental = self._incremental[url]
         return lambda: stream_generate(url, body, on_token, self.token, self.timeout_s, incremental)
 

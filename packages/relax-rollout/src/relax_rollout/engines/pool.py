@@ -283,12 +283,10 @@ class EnginePool(PoolMembership):
             if on_token is None:
                 reply = self.request(m.url, "/generate", body)
             else:
-                from relax_rollout.engines.wire import server_info
-                from relax_rollout.engines.wire_stream import stream_generate
+                from relax_rollout.engines.wire_stream import stream_generate, streams_incrementally
 
                 if m.incremental_stream is None:
-                    info = server_info(m.url, self.token, self.timeout_s)
-                    m.incremental_stream = bool(info.get("incremental_streaming_output"))
+                    m.incremental_stream = streams_incrementally(m.url, self.token, self.timeout_s)
                 reply = stream_generate(
                     m.url, body, on_token, self.token, self.timeout_s, m.incremental_stream
                 )

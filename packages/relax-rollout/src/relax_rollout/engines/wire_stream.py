@@ -26,7 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 from relax_rollout.engines.base import TokenDelta
-from relax_rollout.engines.wire import ServerError
+from relax_rollout.engines.wire import ServerError, server_info
+
+
+def streams_incrementally(url: str, token: str | None = None, timeout_s: float = 60.0) -> bool:
+    """Whether the SGLang server at ``url`` was launched with ``--incremental-streaming-output`` (its
+    ``/server_info`` says): how :func:`stream_generate` must read its chunks."""
+    return bool(server_info(url, token, timeout_s).get("incremental_streaming_output"))
 
 
 class StreamAssembler:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from relax_core.ownership import write_atomically as write_json_atomically
 from relax_core.trace import write_trace
 
 logger = logging.getLogger(__name__)
@@ -130,13 +131,6 @@ def read_status(run_dir: str | Path) -> RunStatus:
             f"{path}: no status file; give the --output-dir of a run started with relax-core 0.6 or later"
         )
     return RunStatus.model_validate_json(path.read_text())
-
-
-def write_json_atomically(path: Path, data: str) -> None:
-    """``data`` into ``path`` whole or not at all: written beside it, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.writing-{os.getpid()}")
-    tmp.write_text(data)
-    os.replace(tmp, path)
 
 
 class MetricsTail:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -204,10 +205,16 @@ def start_record(
     }
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{RUN_FILE}.writing-{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / RUN_FILE)
+    write_atomically(out / RUN_FILE, json.dumps(record, indent=1))
     return record
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (written beside it, then renamed over it): what a reader
+    opens meanwhile is the old file or the new, never a part. Safe from several threads at once."""
+    tmp = path.with_name(f".{path.name}.writing-{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def reward_breadcrumb(output_dir: str | Path) -> Path:

@@ -14,13 +14,14 @@ a long run's timeline can be opened before it ends.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from relax_core.ownership import write_atomically
 
 ROLE_ORDER = ("rollout", "actor_fwd", "reference", "teacher", "advantages", "actor")
 """Rows top to bottom in the viewer: data flows down, from generation to training."""
@@ -133,9 +134,7 @@ def write_trace(path: str | Path, spans: Iterable[dict[str, Any]]) -> Path:
     rewrites it as it goes (:mod:`relax_core.live`), and a viewer opening it meanwhile must get valid JSON."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.writing-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(json.dumps(chrome_trace(spans)))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(chrome_trace(spans)))
     return path
 
 

@@ -35,7 +35,7 @@ EOS = 1
 
 
 def model(device: str) -> Qwen3ForCausalLM:
-    from relax_core.testing import tiny_qwen3_config
+    from relax_testing import tiny_qwen3_config
 
     torch.manual_seed(0)
     shape = dict(

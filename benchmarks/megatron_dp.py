@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relax_core.testing import spawn_ranks
+from relax_testing import spawn_ranks
 
 LAYOUTS = {
     "one rank": {"world": 1, "replicas_run_all": False},

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relax_core.testing import experts_used
+from relax_testing import experts_used
 
 LAYERS, EXPERTS, TOP_K = 4, 16, 4
 

@@ -32,7 +32,7 @@ from relax_app.demo.assets import prepare_demo
 from relax_app.demo.defaults import DEMO_DEFAULTS
 from relax_core.cli_config import config_from_flat
 from relax_core.controller import Controller, RunInputs
-from relax_core.testing import signal_role_after
+from relax_testing import signal_role_after
 
 
 def run_once(assets, role: str, steps: int, out: Path) -> dict:

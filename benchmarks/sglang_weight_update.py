@@ -38,7 +38,7 @@ def build_model(root: Path, layers: int) -> str:
     """weight_sync.py's model, with a tokenizer (the engine servers load one)."""
     from weight_sync import build_model as qwen3  # this folder is on sys.path when run as a script
 
-    from relax_core.testing import build_tiny_checkpoint
+    from relax_testing import build_tiny_checkpoint
 
     build_tiny_checkpoint(root)  # its tokenizer; the model is replaced by the larger one
     return qwen3(root, layers)

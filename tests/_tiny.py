@@ -80,8 +80,8 @@ def stream_in_process(
         other roles and the training are left out: what is tested is the dataflow between them."""
     from relax_bus import BusConfig, ConsumerSpec, DataBus
     from relax_core.roles import TRAINER_CONSUMER
-    from relax_core.testing import in_background
     from relax_rollout.worker import RolloutWorker
+    from relax_testing import in_background
 
     per = cfg.samples_per_rollout
     bus = DataBus(

@@ -1,11 +1,14 @@
-"""The house rules a newcomer relies on, checked on the source tree (DESIGN.md §2, issue #22): the packages
-layer (bus → core → rollout / train → app, nothing reaches up), no module imports itself back through a
-circle, and no source module grows past 600 lines. The few that still do are listed with their size
-today, as a ratchet: they may shrink, not grow, and each leaves the list when it is split."""
+"""The house rules a newcomer relies on, checked on the source tree (DESIGN.md §2, issues #22 and #38): the
+packages layer (bus → core → rollout / train → app, nothing reaches up, not even by a dotted-path string),
+no module imports itself back through a circle (imports under ``if TYPE_CHECKING:`` included: a circle a
+type checker sees is a coupling all the same), no source module grows past 600 lines, no object reads
+another object's private attributes (a helper receives the state it needs, never its owner to reach into),
+and a sample's fields are named through ``relax_core.sample``, not spelt as strings."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,7 +22,15 @@ LAYERS = {  # package: the relax packages it may import
     "relax_multimodal": set(),
     "relax_core": {"relax_bus"},
     "relax_rollout": {"relax_bus", "relax_core", "relax_rewards", "relax_multimodal"},
-    "relax_train": {"relax_bus", "relax_core", "relax_multimodal"},
+    "relax_train": {"relax_bus", "relax_core"},
+    "relax_testing": {  # dev only: the tests' helpers, above every shipped package
+        "relax_bus",
+        "relax_core",
+        "relax_rewards",
+        "relax_multimodal",
+        "relax_rollout",
+        "relax_train",
+    },
     "relax_app": {
         "relax_bus",
         "relax_core",
@@ -41,23 +52,16 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(f: Path) -> list[ast.AST]:
-    """Import statements, except those under ``if TYPE_CHECKING:`` (no import happens at run time)."""
-    tree = ast.parse(f.read_text())
-    skip = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+def _imports(f: Path) -> list[ast.AST]:
+    """Every import statement, those under ``if TYPE_CHECKING:`` included."""
+    return [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def _graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for name, f in mods.items():
         pkg = name if f.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_imports(f):
+        for node in _imports(f):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -148,3 +152,136 @@ def test_each_run_loop_reads_in_one_short_file():
     core = ROOT / "packages" / "relax-core" / "src" / "relax_core"
     for loop in ("colocate.py", "fully_async.py"):
         assert len((core / loop).read_text().splitlines()) <= 150, loop
+
+
+# -- private reads ----------------------------------------------------------------------------------------
+THIRD_PARTY_PRIVATE = {  # (module, the read as written): why there is no public way
+    ("relax_core.dcs_transport", "opts._timeout"): "torch: ProcessGroupNCCL.Options has no public timeout",
+    ("relax_core.metrics", "Task._report_subprocess_enabled"): "ClearML reads it only from clearml.conf",
+    ("relax_train.backends.megatron.tensors", "t._base"): "torch: the one way to tell a view from its base",
+    ("relax_train.backends.megatron.multimodal", "omni.Qwen3OmniMoeVisionEncoder._from_config"): (
+        "transformers: the Omni towers have no AutoModel mapping; _from_config honours the dtype/attention"
+    ),
+    ("relax_train.backends.megatron.multimodal", "omni.Qwen3OmniMoeAudioEncoder._from_config"): (
+        "transformers: as above"
+    ),
+}
+"""Reads of a third-party object's private attribute that have no public equivalent, each with its reason."""
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}  # public despite the underscore
+
+
+def _private_reads(f: Path) -> list[str]:
+    """``obj._x`` where ``obj`` is not ``self`` / ``cls`` / ``super()`` / an imported module, outside a
+    class reading a private name of its own kind (a factory setting up the instance it just built)."""
+    tree = ast.parse(f.read_text())
+    modules = {
+        (a.asname or a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
+    own: dict[int, set[str]] = {}  # id(node) -> the private names of the class it sits in
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names = {
+            a.attr
+            for a in ast.walk(cls)
+            if isinstance(a, ast.Attribute)
+            and isinstance(a.value, ast.Name)
+            and a.value.id in ("self", "cls")
+        } | {d.name for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for n in ast.walk(cls):
+            own[id(n)] = own.get(id(n), set()) | names
+    out = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")):
+            continue
+        v = n.value
+        if isinstance(v, ast.Name) and (v.id in ("self", "cls") or v.id in modules):
+            continue
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
+            continue
+        if n.attr in NAMEDTUPLE_API or n.attr in own.get(id(n), set()):
+            continue
+        out.append(ast.unparse(n))
+    return out
+
+
+def test_no_object_reads_another_objects_private_attributes():
+    found = {
+        (name, read)
+        for name, f in _modules().items()
+        if not name.startswith("relax_testing")
+        for read in _private_reads(f)
+    }
+    assert sorted(found - set(THIRD_PARTY_PRIVATE)) == [], (
+        "pass the state in (or make it public API) instead of reaching into another object"
+    )
+    assert set(THIRD_PARTY_PRIVATE) <= found, "a listed third-party read is gone: drop it from the list"
+
+
+# -- string imports ---------------------------------------------------------------------------------------
+DOTTED = re.compile(r"^(relax_[a-z]+)(\.[A-Za-z_][A-Za-z_0-9]*)*(:[A-Za-z_][A-Za-z_0-9.]*)?$")
+
+
+def test_no_dotted_path_string_reaches_across_layers():
+    """A ``"pkg.module:attr"`` string imported later is an import all the same: it obeys the layers."""
+    wrong = []
+    for name, f in _modules().items():
+        pkg = name.split(".")[0]
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and (m := DOTTED.match(n.value)):
+                target = m.group(1)
+                if target in LAYERS and target != pkg and target not in LAYERS[pkg]:
+                    wrong.append((name, n.value))
+    assert wrong == []
+
+
+# -- the sample schema ------------------------------------------------------------------------------------
+SHARED_NAMES = {
+    *("tokens", "reward", "mm", "finish_reason", "turns", "log_probs", "routed_experts", "prompt_id"),
+    *("advantages", "env_error"),
+}
+"""Schema fields whose names also name other things (HTTP bodies, OpenAI replies, engine outputs, a role, a
+stop reason): readers use the constants, but a string of these names is not necessarily a sample field."""
+
+
+def test_sample_fields_are_named_through_the_schema():
+    import relax_core.sample as schema
+
+    consts = {v for k, v in vars(schema).items() if k.isupper() and isinstance(v, str)}
+    assert consts == schema.FIELDS, "each field of TrainSample has its constant, and nothing else"
+    from relax_bus.core import RESERVED_FIELDS
+
+    assert {schema.GROUP_ID, schema.POLICY_VERSION} <= set(RESERVED_FIELDS), (
+        "the bus groups and bounds by these"
+    )
+    distinctive = schema.FIELDS - SHARED_NAMES
+    spelt = []
+    for name, f in _modules().items():
+        if name == "relax_core.sample" or name.split(".")[0] in ("relax_testing", "relax_bus"):
+            continue  # (the bus is schema-agnostic: it knows only the fields it reserves, above)
+        tree = ast.parse(f.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        spelt += [
+            (name, n.lineno, n.value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in distinctive and id(n) not in docs
+        ]
+    assert spelt == [], "name sample fields with relax_core.sample's constants"
+
+
+def test_no_module_re_exports_another_modules_names():
+    """One home per name: a module does not import names it does not use so that they are "importable here
+    too" (a package's ``__init__`` is its public face and may)."""
+    found = []
+    for name, f in _modules().items():
+        if f.name == "__init__.py":
+            continue
+        text = f.read_text()
+        lines = text.splitlines()
+        for n in ast.parse(text).body:  # (top-level imports: an import inside a function is a probe)
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("relax_"):
+                block = "\n".join(lines[n.lineno - 1 : n.end_lineno])
+                if "noqa: F401" in block or "re-export" in block:
+                    found.append((name, n.module))
+    assert found == []

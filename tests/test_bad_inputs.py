@@ -9,7 +9,7 @@ import json
 import pytest
 
 from relax_app.cli import main
-from relax_core.testing import build_tiny_checkpoint
+from relax_testing import build_tiny_checkpoint
 
 MODES = {"colocate": [], "fully_async": ["--fully-async"]}
 

@@ -1,7 +1,7 @@
 """A hostile but fair run, end to end as a user starts it (`relax train`, both modes; fully async on a real
 local Ray cluster): a dataset with a malformed row, a prompt past the model's context, a media marker in a
 text run and unlabeled rows, scored by a reward that returns inf, NaN, 10**400 or a value whose ``__float__``
-blocks, raises, hangs or ends its own process (``relax_core.testing.hostile_reward``, under process isolation
+blocks, raises, hangs or ends its own process (``relax_testing.hostile_reward``, under process isolation
 and under the default thread isolation, where ``os._exit`` used to end the run without a word and 10**400 to
 kill it with an OverflowError). The run finishes;
 each bad thing is skipped or scored the fallback, counted in summary.json and said in one console line per
@@ -15,7 +15,7 @@ import math
 import pytest
 
 from relax_app.cli import main
-from relax_core.testing import build_tiny_checkpoint
+from relax_testing import build_tiny_checkpoint
 
 LABELS = ["2", "inf", "nan", "huge", "raise", "hang", "blocking", "exit", None, "4"]
 """One prompt per label (``hostile_reward``'s behaviours, an unlabeled row, two ordinary ones)."""
@@ -46,7 +46,7 @@ def _dataset(path):
 def test_a_hostile_run_finishes_counts_and_says_every_bad_thing(model, tmp_path, capfd, mode, isolation):
     out = tmp_path / "out"
     argv = ["train", "--prompt-data", str(_dataset(tmp_path / "data.jsonl")), "--hf-checkpoint", model]
-    argv += ["--rm-type", "relax_core.testing:hostile_reward", "--reward-isolation", isolation]
+    argv += ["--rm-type", "relax_testing:hostile_reward", "--reward-isolation", isolation]
     argv += ["--reward-timeout-s", "3", "--rollout-batch-size", "5", "--n-samples-per-prompt", "2"]
     argv += ["--rollout-max-response-len", "4", "--num-rollout", "3", "--micro-batch-size", "10"]
     argv += ["--torch-threads", "1", "--no-progress", "--output-dir", str(out)]
@@ -71,7 +71,7 @@ def test_a_hostile_run_finishes_counts_and_says_every_bad_thing(model, tmp_path,
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses), losses
 
 
-CRASH = ["--rm-type", "relax_core.testing:crashing_reward", "--num-rollout", "2", "--torch-threads", "1"]
+CRASH = ["--rm-type", "relax_testing:crashing_reward", "--num-rollout", "2", "--torch-threads", "1"]
 CRASH += ["--rollout-max-response-len", "8"]  # (the tiny model holds 128 positions; the default is 512)
 
 
@@ -113,7 +113,7 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
     assert run.returncode == 1, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("relax: the run stopped: role 'rollout' failed (") and "\n" not in last
-    assert "while the reward 'relax_core.testing:crashing_reward' was running in thread isolation" in last
+    assert "while the reward 'relax_testing:crashing_reward' was running in thread isolation" in last
     assert "--reward-isolation process" in last
     # said before the run, from the pre-flight call (in a process of its own)
     assert "on an empty response to the first row" in run.stderr and "killed by signal 11" in run.stderr
@@ -128,6 +128,4 @@ def test_a_reward_that_crashes_its_process_is_named(model, tmp_path):
     again = subprocess.run([*base, "--output-dir", str(out)], capture_output=True, text=True, timeout=600)
     said = again.stdout + again.stderr
     assert f"[relax] WARNING: the previous run in {out} ended without a word: its process (pid " in said
-    assert (
-        "died while the reward 'relax_core.testing:crashing_reward' was running in thread isolation" in said
-    )
+    assert "died while the reward 'relax_testing:crashing_reward' was running in thread isolation" in said

@@ -33,7 +33,7 @@ def test_every_trained_batch_is_full_of_informative_groups(tiny_run_inputs, tmp_
             "--rollout-temperature",
             "1.5",
             "--rm-type",
-            "relax_core.testing:parity_reward",
+            "relax_testing:parity_reward",
             "--num-rollout",
             str(STEPS),
             "--micro-batch-size",

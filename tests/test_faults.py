@@ -18,7 +18,7 @@ from _tiny import run_flags
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 from relax_core.health import RunFailed
-from relax_core.testing import json_webhook, signal_role_after
+from relax_testing import json_webhook, signal_role_after
 
 STEPS = 8
 

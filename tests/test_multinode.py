@@ -197,11 +197,11 @@ def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_pa
 
     from safetensors.torch import load_file
 
-    from relax_core.testing import wait_until
     from relax_rollout.engines import SamplingParams
     from relax_rollout.engines.processes import group_alive, server_command
     from relax_rollout.engines.sglang import SGLangEngine
     from relax_rollout.engines.wire import ServerError, http_json
+    from relax_testing import wait_until
 
     here = ray.get_runtime_context().get_node_id()
     model = tiny_run_inputs.model_path

@@ -10,7 +10,7 @@ from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
-from relax_core.testing import dead_json_url, json_webhook
+from relax_testing import dead_json_url, json_webhook
 
 pytest.importorskip("apprise")
 

@@ -17,7 +17,7 @@ from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import RunInputs
-from relax_core.testing import experts_used, tiny_moe
+from relax_testing import experts_used, tiny_moe
 
 torch = pytest.importorskip("torch")
 

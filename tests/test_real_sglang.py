@@ -35,7 +35,7 @@ def _run(inputs, tmp_path, python: str, *flags: str):
         *flags,
         num_rollout=STEPS,
         eval_interval=100,
-        rm_type="relax_core.testing:parity_reward",
+        rm_type="relax_testing:parity_reward",
         verify_weight_sync=True,
         rollout_backend="sglang",
         rollout_num_gpus=1,

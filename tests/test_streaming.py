@@ -15,7 +15,7 @@ from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
-from relax_core.testing import signal_role_after
+from relax_testing import signal_role_after
 
 STEPS = 6
 LONG_TAIL = dict(long_tail_min_tokens=3, rollout_max_response_len=24)
@@ -71,7 +71,7 @@ def test_streamed_groups_survive_a_killed_rollout_and_a_stop_with_groups_in_flig
 
     flags = ["--streaming-rollout", "--partial-rollout"]
     ckpt = tmp_path / "ckpt"
-    slow = dict(max_staleness=2, rm_type="relax_core.testing:uneven_reward")
+    slow = dict(max_staleness=2, rm_type="relax_testing:uneven_reward")
     first = Controller(
         _cfg(tiny_run_inputs, tmp_path / "a", *flags, "--save", str(ckpt), **slow), tiny_run_inputs
     )
@@ -95,7 +95,7 @@ def test_streamed_groups_survive_a_killed_rollout_and_a_stop_with_groups_in_flig
     stopped = len([h for h in part1.history if "train/loss" in h])
     resume = json.loads((Path(first.interrupted_at) / "bus_resume.json").read_text())
     held = collections.Counter(
-        int(x["fields"]["rollout_step"]) for x in snapshot.read(Path(first.interrupted_at) / "bus")["samples"]
+        int(x.fields["rollout_step"]) for x in snapshot.read(Path(first.interrupted_at) / "bus").samples
     )
     assert any(0 < n < 8 for n in held.values()), held  # a part of a step: what the resume is about
     assert held[resume["next_step"]] < 8 and all(held[s] == 8 for s in held if s < resume["next_step"])
@@ -142,7 +142,7 @@ def test_the_staleness_bound_holds_on_each_samples_oldest_token_under_random_tim
     import numpy as np
     from _tiny import stream_in_process
 
-    from relax_core import testing
+    import relax_testing as testing
 
     testing.JITTER.seed(seed)
     rng = random.Random(seed)
@@ -155,7 +155,7 @@ def test_the_staleness_bound_holds_on_each_samples_oldest_token_under_random_tim
         seed=seed,
         long_tail_exact=True,  # (each response ends at its drawn length: the untrained model never stops)
         trace=True,
-        rm_type="relax_core.testing:jittered_reward",
+        rm_type="relax_testing:jittered_reward",
     )
     steps, spans = stream_in_process(
         cfg,

@@ -13,8 +13,8 @@ from relax_app.report import console_lines, write_report  # noqa: E402
 from relax_bus import DataBus  # noqa: E402
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.controller import RunResult, bus_config  # noqa: E402
-from relax_core.testing import build_tiny_checkpoint  # noqa: E402
 from relax_rollout.worker import RolloutWorker  # noqa: E402
+from relax_testing import build_tiny_checkpoint  # noqa: E402
 
 
 def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path):

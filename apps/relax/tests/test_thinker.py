@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from relax_app.cli import main as cli  # noqa: E402
 from relax_app.recipes.thinker import ModelError, omni_thinker  # noqa: E402
-from relax_core.testing import tiny_omni_thinker_config  # noqa: E402
+from relax_testing import tiny_omni_thinker_config  # noqa: E402
 
 THINKER = tiny_omni_thinker_config(
     vision={"deepstack_visual_indexes": [1]}, text={"moe_intermediate_size": 16}
@@ -79,7 +79,7 @@ def test_updates_to_sglang_serving_the_whole_model_use_its_names(whole):
     expert, exactly as the whole checkpoint on the hub names them."""
     from relax_rollout.engines.checkpoint import checkpoint_config, served_prefix
     from relax_rollout.engines.expert_names import unfuse_experts
-    from relax_rollout.engines.sglang_weights import served_names
+    from relax_rollout.engines.sglang.weights import served_names
 
     src, state = whole
     assert served_prefix(checkpoint_config(str(src))) == "thinker."

@@ -163,15 +163,41 @@ def test_snapshot_restore_redelivers_in_flight_only(tmp_path):
         DataBus.restore(tmp_path / "nothing")
 
 
-def test_restore_renames_consumers(tmp_path):
-    """A snapshot written before a consumer was renamed restores under the new name, progress and all."""
-    bus = DataBus(BusConfig(consumers={"old": ConsumerSpec(), "b": ConsumerSpec()}))
-    bus.put([{"x": np.full(2, i)} for i in range(4)])
-    bus.ack("old", bus.get("old", 2).lease_id)
-    bus.snapshot(tmp_path / "s")
-    r = DataBus.restore(tmp_path / "s", rename={"old": "new"})
-    assert set(r.stats()["consumers"]) == {"new", "b"} and r.consumed_ids("new") == [0, 1]
-    assert r.get("new", 2).ids == [2, 3] and r.get("b", 4).ids == [0, 1, 2, 3]
+def test_state_dict_round_trip_carries_everything_but_leases():
+    """``load_state_dict(state_dict())`` into a fresh bus: the same samples, progress, counters and versions;
+    a batch in flight counts as not delivered, so it comes again."""
+    bus = DataBus(BusConfig(consumers={"a": ConsumerSpec(), "b": ConsumerSpec(required_fields=["y"])}))
+    bus.put([{"x": np.full(2, i)} for i in range(5)], partition="p0", ids=[0, 1, 2, 3, 7])
+    bus.ack("a", bus.get("a", 2).lease_id)
+    bus.get("a", 1)  # in flight
+    bus.add_fields([0, 1], {"y": [0.5, 1.5]})
+    bus.set_trainer_version(2)
+    state = bus.state_dict()
+    assert state.next_id == 8 and state.unused_ids == [[4, 7]] and state.trainer_version == 2
+    assert state.consumers["a"].available == [2, 3, 7] and state.consumers["a"].acked_ids == [0, 1]
+    assert [s.id for s in state.samples] == [0, 1, 2, 3, 7] and state.samples[0].waiting == ["b"]
+
+    r = DataBus(state.config)
+    r.load_state_dict(state)
+    assert r.state_dict() == state
+    assert r.trainer_version == 2 and r.consumed_ids("a") == [0, 1]
+    before, after = bus.stats(), r.stats()
+    for k in ("live", "depth", "samples_put", "bytes_in", "staleness_hist"):
+        assert before[k] == after[k], k
+    assert r.get("a", 3).ids == [2, 3, 7] and r.get("b", 5, partial=True).ids == [0, 1]
+    r.put([{"x": np.full(2, 9)}], ids=[5])  # an unused id stays usable
+    with pytest.raises(BusError, match="dtype mismatch"):  # and the schema came along
+        r.put([{"x": np.zeros(2, np.float32)}])
+
+
+def test_load_state_dict_needs_a_fresh_bus_with_the_same_consumers():
+    bus = DataBus(BusConfig(consumers={"a": ConsumerSpec()}))
+    bus.put([{"x": 1}])
+    with pytest.raises(BusError, match="fresh bus"):
+        bus.load_state_dict(bus.state_dict())
+    other = DataBus(BusConfig(consumers={"other": ConsumerSpec()}))
+    with pytest.raises(BusError, match=r"consumers \['a'\], this bus \['other'\]"):
+        other.load_state_dict(bus.state_dict())
 
 
 def test_metrics_flatten():
@@ -296,7 +322,7 @@ def test_explicit_ids_come_in_any_order_each_once_and_the_unused_survive_a_snaps
     with pytest.raises(DuplicateIds, match="id 5 was used before"):
         r.put(x[:1], ids=[5])
     assert r.put(x) == [10, 11]  # bus-assigned ids go on past the highest used
-    assert r._holes == []
+    assert r.state_dict().unused_ids == []
 
 
 def test_get_takes_one_partition_only_when_asked():

@@ -151,22 +151,19 @@ def run_ops(make_bus, restore, ops, policy, tmp_path, advance):
     return bus
 
 
-def _advance(bus, dt):
-    bus._clock.advance(dt) if isinstance(bus, DataBus) else bus.advance_clock(dt)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["wait", "drop"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_in_process_interleavings(policy, ops, tmp_path):
+    clock = ManualClock()  # (the bus's, and that of each bus restored from it)
     run_ops(
-        lambda: DataBus(make_cfg(policy), clock=ManualClock()),
-        lambda p: DataBus.restore(p, clock=ManualClock()),
+        lambda: DataBus(make_cfg(policy), clock=clock),
+        lambda p: DataBus.restore(p, clock=clock),
         ops,
         policy,
         tmp_path,
-        _advance,
+        lambda bus, dt: clock.advance(dt),
     )
 
 
@@ -194,7 +191,7 @@ def test_ray_interleavings(ray_session, policy, fast_local, ops, tmp_path):
         return bus
 
     try:
-        run_ops(make, make, ops, policy, tmp_path, _advance)
+        run_ops(make, make, ops, policy, tmp_path, lambda bus, dt: bus.advance_clock(dt))
     finally:
         for b in made:
             b.kill()

@@ -121,6 +121,7 @@ def test_large_payloads_go_through_object_store_and_snapshot(ray_session, tmp_pa
         assert other.stats()["live"] == 0
     bus.ack("train", taken.lease_id)
     assert bus.stats()["bytes_out"] > 16 * 4096 * 8
+    assert isinstance(again.controller_actor, ray_session.actor.ActorHandle)  # (fault tests kill it)
     again.kill()
     bus.kill()
 

@@ -4,7 +4,8 @@ defaults keep GRPO PPO-clip token-mean, and every invalid value names its flag."
 import pytest
 
 from relax_core.cli_config import ConfigError, build_config
-from relax_core.config import AlgoConfig, RelaxConfig
+from relax_core.config import RelaxConfig
+from relax_core.config_sections import AlgoConfig
 
 
 def test_defaults_are_grpo_ppo_clip_token_mean():

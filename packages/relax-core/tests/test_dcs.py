@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum, free_port  # noqa: E402
+from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum  # noqa: E402
+from relax_core.dcs_transport import free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params, run_exchange  # noqa: E402
@@ -266,7 +267,8 @@ def test_the_device_is_fixed_when_the_endpoint_is_made(monkeypatch):
 
     import torch
 
-    from relax_core.dcs import WeightReceiver, WeightSender, resolve_device
+    from relax_core.dcs import WeightReceiver, WeightSender
+    from relax_core.dcs_transport import resolve_device
 
     assert resolve_device("gloo") == "cpu"
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)

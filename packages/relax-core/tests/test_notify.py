@@ -12,7 +12,7 @@ import pytest
 from relax_core.cli_config import ConfigError, build_config
 from relax_core.controller import Controller, RunInputs, RunResult
 from relax_core.notify import Notifier, summary_figures
-from relax_core.testing import dead_json_url, json_webhook
+from relax_testing import dead_json_url, json_webhook
 
 pytest.importorskip("apprise")
 

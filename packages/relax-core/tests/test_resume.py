@@ -7,18 +7,19 @@ import json
 
 import pytest
 
-from relax_core.resume import CheckpointDir, Journal
+from relax_core.resume import CheckpointDir, Journal, JournalEntry
 
 
 def test_the_data_position_of_a_step_comes_from_the_journal(tmp_path):
     j = Journal(tmp_path / "rollout_journal.jsonl")
     j.reset()
     for e in [
-        {"begin": 0, "state": {"pos": 0}},
-        {"drawn": 0, "state": {"pos": 4}},
-        {"put": 0, "prompts": ["a"]},
-        {"begin": 1, "state": {"pos": 4}},
-        {"drawn": 1, "state": {"pos": 8}},
+        JournalEntry.begin(0, {"pos": 0}),
+        JournalEntry.drawn(0, {"pos": 4}),
+        JournalEntry.put(0, ["a"]),
+        JournalEntry.put_group(1, 0),
+        JournalEntry.begin(1, {"pos": 4}),
+        JournalEntry.drawn(1, {"pos": 8}),
     ]:
         j.log(e)
     # step 2 has not begun: it begins where step 1 drew its prompts
@@ -26,6 +27,27 @@ def test_the_data_position_of_a_step_comes_from_the_journal(tmp_path):
     with pytest.raises(TimeoutError, match=r"no data position for step\(s\) \[3\].*has not begun them"):
         j.data_states([2, 3], timeout_s=0.3)
     assert Journal(None).path is None
+
+
+def test_a_journal_entry_is_one_json_line_and_reads_back_as_itself(tmp_path):
+    """The line format is the one the journal always had (a restarted rollout reads an older process's)."""
+    entries = [
+        (JournalEntry.begin(3, {"pos": 1}), {"begin": 3, "state": {"pos": 1}}),
+        (JournalEntry.drawn(3, {"pos": 2}), {"drawn": 3, "state": {"pos": 2}}),
+        (JournalEntry.put_group(3, 1), {"put_group": 3, "group": 1}),
+        (JournalEntry.put(3, ["a", "b"]), {"put": 3, "prompts": ["a", "b"]}),
+        (JournalEntry.put(2, [], restored=True), {"put": 2, "prompts": [], "restored": True}),
+    ]
+    j = Journal(tmp_path / "j.jsonl")
+    for entry, line in entries:
+        assert entry.to_json() == line and JournalEntry.from_json(line) == entry
+        j.log(entry)
+    assert j.entries() == [e for e, _ in entries] and j.torn == 0
+    assert JournalEntry.from_json({"later_kind": 1}) is None  # (skipped, not torn)
+    with pytest.raises(ValueError, match="'begin' journal entry without its fields"):
+        JournalEntry.from_json({"begin": 1})
+    with pytest.raises(ValueError, match="has none of the kinds"):
+        j.log({"nothing": 1})
 
 
 def test_a_checkpoint_without_a_whole_bus_snapshot_has_no_bus_resume(tmp_path):

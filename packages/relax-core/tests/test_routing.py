@@ -13,7 +13,7 @@ LAYERS, EXPERTS, TOP_K = 2, 8, 2
 
 
 def tiny_moe(norm_topk_prob=True, seed=0):
-    from relax_core import testing
+    import relax_testing as testing
 
     torch.set_num_threads(1)
     return testing.tiny_moe(LAYERS, TOP_K, seed, num_experts=EXPERTS, norm_topk_prob=norm_topk_prob).eval()

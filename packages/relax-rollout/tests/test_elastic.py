@@ -14,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import SlowEngine, in_background, wait_until  # noqa: E402
 from relax_rollout.elastic import ROUTES, ElasticService, make_elastic_server  # noqa: E402
 from relax_rollout.elastic_api import EngineList, Operation  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
@@ -22,6 +21,7 @@ from relax_rollout.engines.pool import EnginePool  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from relax_rollout.engines.wire import http_json  # noqa: E402
 from relax_rollout.server.served import ServedEngine  # noqa: E402
+from relax_testing import SlowEngine, in_background, wait_until  # noqa: E402
 
 EOS = 1
 PROMPTS = [
@@ -172,7 +172,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
     ):
         assert line in metrics, metrics
     # an engine that does not answer: the op fails and removes what it added before
-    from relax_core.dcs import free_port
+    from relax_core.dcs_transport import free_port
 
     a.pool.join_timeout_s = 0.3
     other = serve()

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 from relax_bus import DataBus  # noqa: E402
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.controller import bus_config  # noqa: E402
-from relax_core.testing import VOCAB  # noqa: E402
 from relax_rollout.worker import RolloutWorker  # noqa: E402
+from relax_testing import VOCAB  # noqa: E402
 
 STOPS = list(
     "abcdefghijklm"

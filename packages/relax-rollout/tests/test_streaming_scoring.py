@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from relax_core.cli_config import build_config
+from relax_core.resume import Journal
 from relax_rollout.streaming import GroupStream
 
 FLAGS = ["--prompt-data", "p.jsonl", "--hf-checkpoint", "m", "--fully-async", "--streaming-rollout"]
@@ -19,7 +20,7 @@ def test_groups_scored_at_once_stay_within_the_reward_concurrency(n, concurrency
         None, [*FLAGS, "--n-samples-per-prompt", str(n), "--reward-concurrency", str(concurrency)]
     )
     # (an engine that is not the torch engine: requests go through threads; nothing is generated here)
-    stream = GroupStream(SimpleNamespace(cfg=cfg, engine=object()))
+    stream = GroupStream(SimpleNamespace(cfg=cfg, engine=object()), Journal(None), lambda: None)
     try:
         assert stream.scoring._max_workers == groups
         assert stream.scoring._max_workers * min(n, concurrency) <= concurrency  # reward calls at once
@@ -32,7 +33,8 @@ def test_requests_to_engine_servers_are_bounded_by_max_inflight_requests():
     once by default (here 4 × (1 + 1) groups × 4), at most --max-inflight-requests."""
     flags = [*FLAGS, "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--max-staleness", "1"]
     for extra, threads in (([], 32), (["--max-inflight-requests", "12"], 12)):
-        stream = GroupStream(SimpleNamespace(cfg=build_config(None, [*flags, *extra]), engine=object()))
+        owner = SimpleNamespace(cfg=build_config(None, [*flags, *extra]), engine=object())
+        stream = GroupStream(owner, Journal(None), lambda: None)
         try:
             assert stream.requests._max_workers == threads
         finally:

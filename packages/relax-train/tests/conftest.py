@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.testing import build_tiny_checkpoint, single_thread_torch
+from relax_testing import build_tiny_checkpoint, single_thread_torch
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ from relax_bus.errors import BusClosed, BusError, BusTimeout, ConsumerReset, Dup
 from relax_bus.loader import StreamingDataLoader, collate
 from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
-from relax_bus.state import Batch, ManualClock
+from relax_bus.staleness import StalenessBound
+from relax_bus.state import Batch, BusState, ManualClock
 
 __all__ = [
     "AsyncBus",
@@ -20,6 +21,7 @@ __all__ = [
     "BusClosed",
     "BusConfig",
     "BusError",
+    "BusState",
     "BusTimeout",
     "ConsumerReset",
     "DuplicateIds",
@@ -30,6 +32,7 @@ __all__ = [
     "SAMPLERS",
     "SampleRef",
     "StaleSampleError",
+    "StalenessBound",
     "StreamingDataLoader",
     "collate",
     "register_sampler",

@@ -13,16 +13,18 @@ from typing import Any
 from relax_bus.errors import BusClosed, BusError, BusTimeout, DuplicateIds
 from relax_bus.prepare import Row
 from relax_bus.samplers import SampleRef
+from relax_bus.staleness import StalenessBound
 from relax_bus.state import ConsumerState, Lease, Sample
 
 
 class _Book:
-    # attributes set by DataBus.__init__ / from_state
+    # attributes set by DataBus.__init__ / load_state_dict
     _samples: dict[int, Sample]
     _consumers: dict[str, ConsumerState]
     _leases: dict[int, Lease]
     _groups: dict[Hashable, list[int]]
     _depth: dict[str, int]
+    _staleness: StalenessBound
 
     def _check_groups(self, rows: list[Row]) -> None:
         if not self._grouped:
@@ -149,12 +151,11 @@ class _Book:
         """Drop this consumer's stale samples; for a grouped consumer, whole groups: a group with a stale
         member is dropped, members still to come included, until all ``group_size`` are gone. Then its id
         is forgotten, so a producer may use it again for a new group."""
-        limit = self.config.max_staleness
         grouped = name in self._grouped
         stale = set()
         for sid in st.available:
             s = self._samples[sid]
-            if t - s.version > limit:
+            if self._staleness.is_stale(s.version, t):
                 stale.add(sid)
                 if grouped and s.group_id not in st.dropped_groups:
                     st.dropped_groups[s.group_id] = s.group_size or self.config.group_size

@@ -6,11 +6,12 @@ nests directly into the engine's top-level config. Every field carries its own d
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax_bus.samplers import LENGTH_SAMPLERS, SAMPLERS
+from relax_bus.staleness import StalenessBound, StalenessPolicy
 
 
 class ConsumerSpec(BaseModel):
@@ -70,7 +71,7 @@ class BusConfig(BaseModel):
     that generated it). The bus guarantees it is <= max_staleness for every sample delivered to a consumer with
     enforce_staleness. 0 = strict on-policy, 1 = near on-policy, k >= 2 = fully asynchronous; None = unbounded."""
 
-    staleness_policy: Literal["wait", "drop"] = "wait"
+    staleness_policy: StalenessPolicy = "wait"
     """"wait": producers block in admit(step) until the trainer catches up, so no sample goes stale (one that
     does anyway raises StaleSampleError). "drop": producers never block; stale samples are discarded."""
 
@@ -86,6 +87,11 @@ class BusConfig(BaseModel):
 
     max_sample_bytes: int | None = Field(default=None, ge=1)
     """Refuse a put or add_fields that would make one sample larger than this many bytes; None = no limit."""
+
+    @property
+    def staleness(self) -> StalenessBound:
+        """The rule ``max_staleness`` and ``staleness_policy`` set (``staleness.py``): every check asks it."""
+        return StalenessBound(self.max_staleness, self.staleness_policy)
 
     @field_validator("consumers")
     @classmethod

@@ -13,7 +13,10 @@ Why it is shaped this way:
   back. A sample is evicted (capacity freed) when every consumer has acked or dropped it.
 - Readiness is per consumer: a sample is ready when the consumer's ``required_fields`` are written, so roles
   (ActorFwd, Reference, Advantages) can fill columns incrementally with ``add_fields``.
-- Staleness is a bus guarantee, not a trainer convention: see ``BusConfig.max_staleness``.
+- Staleness is a bus guarantee, not a trainer convention: see ``BusConfig.max_staleness``; the rule itself
+  (who is stale, who waits for which version) is :class:`~relax_bus.staleness.StalenessBound`.
+- The whole state goes out and comes back through :meth:`DataBus.state_dict` / :meth:`load_state_dict` (a
+  :class:`~relax_bus.state.BusState`), so snapshots and the Ray controller never reach into the bus.
 - Validation happens before the lock (``prepare.py``) and before any write, so a bad call changes nothing.
 """
 
@@ -31,7 +34,7 @@ from relax_bus.config import BusConfig
 from relax_bus.errors import BusError, ConsumerReset, StaleSampleError
 from relax_bus.prepare import Row, grouped_consumers, prepare_fields, prepare_samples, versioned_consumers
 from relax_bus.samplers import SAMPLERS, in_order
-from relax_bus.state import Batch, ConsumerState, Lease, Sample
+from relax_bus.state import Batch, BusState, ConsumerState, Lease, Sample, SavedConsumer, SavedSample
 from relax_bus.values import Schema
 
 RESERVED_FIELDS = ("group_id", "policy_version", "group_size")
@@ -61,6 +64,7 @@ class DataBus(_Book):
         self._schema = Schema(cfg.fields, RESERVED_FIELDS)
         self._grouped = grouped_consumers(cfg)
         self._versioned = versioned_consumers(cfg)
+        self._staleness = cfg.staleness
         self._counts = dict.fromkeys(
             [
                 "puts",
@@ -188,11 +192,11 @@ class DataBus(_Book):
         """
         if not isinstance(step, int) or step < 0:
             raise BusError(f"admit: step must be an int >= 0 (got {step!r})")
-        s = self.config.max_staleness
+        need = self._staleness.admit_version(step)
         with self._cond:
             self._check_open()
-            if s is not None and self.config.staleness_policy == "wait":
-                self._wait_for(lambda: step - self._trainer_version <= s, timeout, "admit", f"admit({step})")
+            if self._staleness.gates_producers:
+                self._wait_for(lambda: self._trainer_version >= need, timeout, "admit", f"admit({step})")
             return self._trainer_version
 
     # ------------------------------------------------------------------ trainer
@@ -234,7 +238,8 @@ class DataBus(_Book):
             st = self._consumer(consumer)
             sampler = SAMPLERS[st.spec.sampler]
             options = st.spec.sampler_options
-            enforce = st.spec.enforce_staleness and self.config.max_staleness is not None
+            bound = self._staleness
+            enforce = st.spec.enforce_staleness and bound.bounded
             chosen: list[int] = []
             resets = st.resets
 
@@ -249,7 +254,7 @@ class DataBus(_Book):
                     )
                 self._expire_leases()
                 t = self._trainer_version if trainer_version is None else trainer_version
-                if enforce and self.config.staleness_policy == "drop":
+                if enforce and bound.drops:
                     self._drop_stale(consumer, st, t)
                 limit = n if sampler is in_order else None  # in id order: stop scanning at n
                 refs = self._ready_refs(st, limit, partition)
@@ -260,7 +265,7 @@ class DataBus(_Book):
             t = self._trainer_version if trainer_version is None else trainer_version
             samples = [self._samples[i] for i in chosen]
             if enforce:
-                stale = [s.id for s in samples if t - s.version > self.config.max_staleness]
+                stale = [s.id for s in samples if bound.is_stale(s.version, t)]
                 if stale:
                     raise StaleSampleError(
                         f"samples {stale[:8]} are older than max_staleness={self.config.max_staleness} at "
@@ -279,7 +284,8 @@ class DataBus(_Book):
             self._counts["bytes_out"] += sum(s.size for s in samples)
             if enforce:
                 for s in samples:
-                    self._staleness_hist[t - s.version] = self._staleness_hist.get(t - s.version, 0) + 1
+                    lag = bound.lag(s.version, t)
+                    self._staleness_hist[lag] = self._staleness_hist.get(lag, 0) + 1
             return Batch(
                 chosen, data, lease_id, consumer, [s.partition for s in samples], t if enforce else None
             )
@@ -361,6 +367,12 @@ class DataBus(_Book):
     def closed(self) -> bool:
         return self._closed
 
+    def wake(self) -> None:
+        """Have every blocked call re-check what it waits for, after a change the bus cannot see: a test's
+        :class:`ManualClock` moved past lease deadlines (the Ray controller's ``advance_clock``)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def consumed_ids(self, consumer: str) -> list[int]:
         """Ids acked by ``consumer``, in ack order (for tests and audits)."""
         with self._cond:
@@ -405,24 +417,103 @@ class DataBus(_Book):
         """``stats()`` flattened to ``{name: number}`` for TensorBoard / W&B style loggers."""
         return _snapshot.flatten(self.stats(), prefix)
 
-    # ------------------------------------------------------------------ snapshot / restore
+    # ------------------------------------------------------------------ state, snapshot, restore
+    def state_dict(self) -> BusState:
+        """Everything a restart must carry over (see :class:`BusState`), taken under the lock. Batches in
+        flight count as not delivered. Field values are the bus's own objects, not copies."""
+        with self._cond:
+            consumers = {}
+            for name, st in self._consumers.items():
+                available = set(st.available)
+                for ls in self._leases.values():
+                    if ls.consumer == name:
+                        available.update(ls.ids)  # in flight = not delivered
+                consumers[name] = SavedConsumer(
+                    sorted(available),
+                    dict(st.dropped_groups),
+                    list(st.acked_ids),
+                    st.delivered,
+                    st.acked,
+                    st.redelivered,
+                    st.dropped_stale,
+                    st.gets,
+                )
+            samples = [
+                SavedSample(s.id, s.partition, dict(s.fields), sorted(s.waiting), dict(s.lengths), s.size)
+                for s in sorted(self._samples.values(), key=lambda s: s.id)
+            ]
+            return BusState(
+                config=self.config,
+                samples=samples,
+                consumers=consumers,
+                next_id=self._next_id,
+                unused_ids=[list(h) for h in self._holes],
+                next_lease=self._next_lease,
+                trainer_version=self._trainer_version,
+                schema=dict(self._schema.sigs),
+                counts=dict(self._counts),
+                staleness_hist=dict(self._staleness_hist),
+            )
+
+    def load_state_dict(self, state: BusState) -> None:
+        """Carry on from ``state`` (of :meth:`state_dict` or a snapshot). This bus must be fresh (no put or
+        get yet) and have the state's consumers: build it with ``DataBus(state.config)``."""
+        with self._cond:
+            self._check_open()
+            if self._counts["puts"] or self._counts["gets"]:
+                raise BusError(
+                    "load_state_dict needs a fresh bus (no put or get yet): build DataBus(state.config)"
+                )
+            if set(state.consumers) != set(self._consumers):
+                raise BusError(
+                    f"the state has consumers {sorted(state.consumers)}, this bus {sorted(self._consumers)}: "
+                    "build the bus with DataBus(state.config)"
+                )
+            for d in state.samples:
+                f = d.fields
+                s = Sample(
+                    d.id,
+                    d.partition,
+                    f,
+                    set(d.waiting),
+                    f.get("group_id"),
+                    f.get("group_size"),
+                    f.get("policy_version"),
+                    dict(d.lengths),
+                    d.size,
+                )
+                self._samples[s.id] = s
+                self._depth[s.partition] = self._depth.get(s.partition, 0) + 1
+                if self._grouped:
+                    self._groups.setdefault(s.group_id, []).append(s.id)
+            for name, c in state.consumers.items():
+                st = self._consumers[name]
+                st.available = set(c.available)
+                st.dropped_groups = dict(c.dropped_groups)
+                st.acked_ids = list(c.acked_ids)
+                st.delivered, st.acked, st.redelivered = c.delivered, c.acked, c.redelivered
+                st.dropped_stale, st.gets = c.dropped_stale, c.gets
+            self._next_id = state.next_id
+            self._holes = [list(h) for h in state.unused_ids]
+            self._next_lease = state.next_lease
+            self._trainer_version = state.trainer_version
+            self._schema.sigs.update(state.schema)
+            self._counts.update(state.counts)
+            self._staleness_hist.update(state.staleness_hist)
+            self._cond.notify_all()
+
     def snapshot(self, path: str | Path) -> Path:
-        """Write the whole bus state (data, versions, leases, consumption) to directory ``path``, atomically.
+        """Write :meth:`state_dict` (data, versions, consumption) to directory ``path``, atomically.
 
         In-flight leases are saved as not delivered: after :meth:`restore` those samples are delivered again,
         so a run resumed from a checkpoint loses nothing and repeats nothing that was acknowledged.
         """
-        with self._cond:
-            state = _snapshot.export_state(self)
-        return _snapshot.write(path, state)
+        return _snapshot.write(path, self.state_dict())
 
     @classmethod
-    def restore(
-        cls, path: str | Path, clock: Callable[[], float] | None = None, rename: dict[str, str] | None = None
-    ) -> DataBus:
-        """A new bus with the state saved by :meth:`snapshot` (config included); ``rename``: consumers
-        renamed since (old -> new name)."""
-        state = _snapshot.read(path, rename)
-        bus = cls(BusConfig.model_validate(state["config"]), clock=clock)
-        _snapshot.import_state(bus, state)
+    def restore(cls, path: str | Path, clock: Callable[[], float] | None = None) -> DataBus:
+        """A new bus with the state saved by :meth:`snapshot` (config included)."""
+        state = _snapshot.read(path)
+        bus = cls(state.config, clock=clock)
+        bus.load_state_dict(state)
         return bus

@@ -31,7 +31,7 @@ from relax_bus.blocks import Holder, Loc, from_wire, pack, to_wire
 from relax_bus.config import BusConfig
 from relax_bus.core import DataBus
 from relax_bus.prepare import Row, make_row
-from relax_bus.state import ManualClock
+from relax_bus.state import ManualClock, SavedSample
 
 
 def fetch(refs: dict[int, Any]) -> dict[int, Any]:
@@ -81,6 +81,11 @@ class StorageUnit:
         return _unwrap(self.controller.add_block.remote(ids, rows, where, self.hold(block)))
 
 
+# DataBus methods a RayBus reaches another way (get and the puts: payloads travel as blocks; restore) or
+# not at all (a state holds payload locations, meaningless outside the controller: snapshot() fetches them)
+_NOT_CALLABLE = frozenset({"restore", "put_rows", "add_rows", "get", "state_dict", "load_state_dict"})
+
+
 class Controller:
     """Metadata of one bus. Every public DataBus method is reached through :meth:`call`; processes on this
     node may also reach the same methods over the fast path's socket (``local.py``)."""
@@ -113,7 +118,7 @@ class Controller:
         return self.bus.config.model_dump(), self.units, self.local
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method.startswith("_") or method in ("restore", "put_rows", "add_rows", "get"):
+        if method.startswith("_") or method in _NOT_CALLABLE:
             raise AttributeError(f"RayBus has no method {method!r}")
         return getattr(self.bus, method)(*args, **kwargs)
 
@@ -176,29 +181,28 @@ class Controller:
     def advance_clock(self, seconds: float) -> None:
         """Tests only (``create(..., manual_clock=True)``): move lease deadlines forward."""
         self.clock.advance(seconds)
-        with self.bus._cond:
-            self.bus._cond.notify_all()
+        self.bus.wake()
 
     def snapshot(self, path: str) -> str:
         """Same format as DataBus.snapshot; payloads are fetched out of the object store first."""
-        with self.bus._cond:
-            state = _snapshot.export_state(self.bus)
-        names = list(dict.fromkeys(f for s in state["samples"] for f in s["fields"]))
-        cols = {f: [s["fields"].get(f) for s in state["samples"]] for f in names}
+        state = self.bus.state_dict()
+        names = list(dict.fromkeys(f for s in state.samples for f in s.fields))
+        cols = {f: [s.fields.get(f) for s in state.samples] for f in names}
         cols, where, holders = to_wire(cols)
         from_wire(cols, where, self._blocks(holders))
-        for k, s in enumerate(state["samples"]):
-            s["fields"] = {f: cols[f][k] for f in s["fields"]}
+        for k, s in enumerate(state.samples):
+            s.fields = {f: cols[f][k] for f in s.fields}
         return str(_snapshot.write(path, state))
 
-    def load(self, path: str, inline_bytes: int, rename: dict[str, str] | None = None) -> None:
+    def load(self, path: str, inline_bytes: int) -> None:
+        """Fill this (fresh) bus from the snapshot at ``path``: payloads go back into blocks, as a put's."""
         import ray
 
-        state = _snapshot.read(Path(path), rename)
+        state = _snapshot.read(Path(path))
         chunk = 256
-        for start in range(0, len(state["samples"]), chunk):
-            part = state["samples"][start : start + chunk]
-            rows = [make_row(dict(s["fields"]), "", None)._replace(size=s["size"]) for s in part]
+        for start in range(0, len(state.samples), chunk):
+            part = state.samples[start : start + chunk]
+            rows = [_saved_row(s) for s in part]
             block, rows, where = pack(rows, inline_bytes)
             if block is not None and self.local and self.local["shm_dir"]:
                 rows = self._located(rows, where, local.write_block(self.local["shm_dir"], block))
@@ -206,6 +210,11 @@ class Controller:
                 unit = self.units[(start // chunk) % len(self.units)]
                 rows = self._located(rows, where, ray.get(unit.hold.remote(block)))
             for s, r in zip(part, rows):
-                s["fields"] = r.fields
-        with self.bus._cond:
-            _snapshot.import_state(self.bus, state)
+                s.fields = r.fields
+        self.bus.load_state_dict(state)
+
+
+def _saved_row(s: SavedSample) -> Row:
+    """A saved sample as a prepared row, its size as saved (that of its values when first put)."""
+    row = make_row(dict(s.fields), "", None)
+    return Row(row.fields, row.sigs, row.lengths, s.size)

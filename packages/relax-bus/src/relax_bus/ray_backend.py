@@ -142,21 +142,25 @@ class RayBus:
         return cls(controller, units, config, payload_owner=payload_owner, local_info=local_info)
 
     @classmethod
-    def restore(
-        cls,
-        path: str | Path,
-        name: str | None = None,
-        rename: dict[str, str] | None = None,
-        **create_options: Any,
-    ) -> RayBus:
-        """A new Ray bus with the state saved by ``snapshot`` (of either backend); ``rename``: consumers
-        renamed since (old -> new name)."""
+    def restore(cls, path: str | Path, name: str | None = None, **create_options: Any) -> RayBus:
+        """A new Ray bus with the state saved by ``snapshot`` (of either backend): ``create`` with the
+        snapshot's config, then :meth:`load_snapshot`."""
         from relax_bus import snapshot as _snapshot
 
-        state = _snapshot.read(path, rename)
-        bus = cls.create(state["config"], name=name, **create_options)
-        bus._wait(bus._controller.load.remote(str(Path(path).resolve()), bus.inline_bytes, rename))
+        bus = cls.create(_snapshot.read(path).config, name=name, **create_options)
+        bus.load_snapshot(path)
         return bus
+
+    def load_snapshot(self, path: str | Path) -> None:
+        """Fill this bus, fresh from ``create`` (no put or get yet), with a snapshot's state. The controller
+        reads ``path`` itself (a directory on its node), so payloads never pass through this process."""
+        self._wait(self._controller.load.remote(str(Path(path).resolve()), self.inline_bytes))
+
+    @property
+    def controller_actor(self) -> Any:
+        """The controller actor's handle: its process holds every sample's metadata, so killing it is how a
+        fault test takes the bus down (``ray.kill(bus.controller_actor)``)."""
+        return self._controller
 
     # ------------------------------------------------------------------ plumbing
     def _wait(self, ref: Any) -> Any:

@@ -4,12 +4,11 @@ Layout: ``manifest.json`` (format, relax-bus version, counts: readable without u
 (pickle protocol 5: numpy arrays are written as raw buffers). Written to ``<path>.tmp`` then renamed, so a
 crash mid-snapshot leaves the previous snapshot intact.
 
-What is saved: config, every live sample (fields, partition, id), which consumers still wait for it, each
-consumer's not-yet-taken set and acked ids and counters, the id and lease counters, the trainer version, the
-field schema, the staleness histogram. Leases in flight are saved as *not delivered* (their ids go back to
-the consumer's available set): the consumer that held them is gone after a restart, and its work was not
-acknowledged, so delivering them again is what makes "nothing lost, nothing repeated" hold. The Ray backend
-writes and reads the same format (it fetches the data out of the object store first).
+What is saved is a :class:`~relax_bus.state.BusState` (``DataBus.state_dict``): config, every live sample,
+each consumer's progress, the id and lease counters, the trainer version, the field schema, the staleness
+histogram; leases in flight count as not delivered. It is pickled as plain data (dicts and lists, no relax-bus
+class), so a snapshot does not depend on where the records live in the code. The Ray backend writes and reads
+the same format (its controller fetches the data out of the object store first).
 """
 
 from __future__ import annotations
@@ -21,107 +20,31 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from relax_bus._version import __version__
+from relax_bus.config import BusConfig
 from relax_bus.errors import BusError
-from relax_bus.state import Sample
+from relax_bus.state import BusState, SavedConsumer, SavedSample
 
 FORMAT = 1
+_COUNTERS = ("delivered", "acked", "redelivered", "dropped_stale", "gets")
 
 
-def export_state(bus: Any) -> dict[str, Any]:
-    """Plain-data state of ``bus`` (lock held by the caller)."""
-    from relax_bus._version import __version__
-
-    consumers = {}
-    for name, st in bus._consumers.items():
-        available = set(st.available)
-        for ls in bus._leases.values():
-            if ls.consumer == name:
-                available.update(ls.ids)  # in flight = not delivered
-        consumers[name] = {
-            "available": sorted(available),
-            "dropped_groups": [[g, n] for g, n in st.dropped_groups.items()],
-            "acked_ids": list(st.acked_ids),
-            "counters": {
-                k: getattr(st, k) for k in ("delivered", "acked", "redelivered", "dropped_stale", "gets")
-            },
-        }
-    samples = [
-        {
-            "id": s.id,
-            "partition": s.partition,
-            "fields": dict(s.fields),
-            "waiting": sorted(s.waiting),
-            "lengths": dict(s.lengths),
-            "size": s.size,
-        }
-        for s in sorted(bus._samples.values(), key=lambda s: s.id)
-    ]
-    return {
-        "format": FORMAT,
-        "relax_bus_version": __version__,
-        "config": bus.config.model_dump(),
-        "samples": samples,
-        "consumers": consumers,
-        "next_id": bus._next_id,
-        "unused_ids": [list(h) for h in bus._holes],
-        "next_lease": bus._next_lease,
-        "trainer_version": bus._trainer_version,
-        "schema": dict(bus._schema.sigs),
-        "counts": dict(bus._counts),
-        "staleness_hist": dict(bus._staleness_hist),
-    }
-
-
-def import_state(bus: Any, state: dict[str, Any]) -> None:
-    """Load ``state`` into a freshly built ``bus`` (same config)."""
-    for d in state["samples"]:
-        f = d["fields"]
-        s = Sample(
-            d["id"],
-            d["partition"],
-            f,
-            set(d["waiting"]),
-            f.get("group_id"),
-            f.get("group_size"),
-            f.get("policy_version"),
-            d["lengths"],
-            d["size"],
-        )
-        bus._samples[s.id] = s
-        bus._depth[s.partition] = bus._depth.get(s.partition, 0) + 1
-        if bus._grouped:
-            bus._groups.setdefault(s.group_id, []).append(s.id)
-    for name, c in state["consumers"].items():
-        st = bus._consumers[name]
-        st.available = set(c["available"])
-        # (pairs; a snapshot of bus 0.4.1 or older lists ids: their members still to come are unknown)
-        st.dropped_groups = {g[0]: g[1] for g in c["dropped_groups"] if isinstance(g, list)}
-        st.acked_ids = list(c["acked_ids"])
-        for k, v in c["counters"].items():
-            setattr(st, k, v)
-    bus._next_id = state["next_id"]
-    bus._holes = [list(h) for h in state.get("unused_ids", [])]  # (snapshots before 0.5: none)
-    bus._next_lease = state["next_lease"]
-    bus._trainer_version = state["trainer_version"]
-    bus._schema.sigs.update(state["schema"])
-    bus._counts.update(state["counts"])
-    bus._staleness_hist.update(state["staleness_hist"])
-
-
-def write(path: str | Path, state: dict[str, Any]) -> Path:
+def write(path: str | Path, state: BusState) -> Path:
+    """Write ``state`` to directory ``path`` (replacing what is there, atomically); returns ``path``."""
     path = Path(path)
+    record = _to_record(state)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with open(tmp / "state.pkl", "wb") as f:
-        pickle.dump(state, f, protocol=5)
+        pickle.dump(record, f, protocol=5)
     manifest = {
         "format": FORMAT,
-        "relax_bus_version": state["relax_bus_version"],
-        "live_samples": len(state["samples"]),
-        "next_id": state["next_id"],
-        "trainer_version": state["trainer_version"],
-        "consumers": {n: len(c["acked_ids"]) for n, c in state["consumers"].items()},
+        "relax_bus_version": record["relax_bus_version"],
+        "live_samples": len(state.samples),
+        "next_id": state.next_id,
+        "trainer_version": state.trainer_version,
+        "consumers": {n: len(c.acked_ids) for n, c in state.consumers.items()},
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     with open(tmp / "state.pkl", "rb") as f:
@@ -132,9 +55,8 @@ def write(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def read(path: str | Path, rename: dict[str, str] | None = None) -> dict[str, Any]:
-    """The state a snapshot holds. ``rename``: consumers renamed since it was written (old -> new name), so
-    a snapshot written under the old names restores into a bus configured with the new ones."""
+def read(path: str | Path) -> BusState:
+    """The state a snapshot holds; a missing, damaged or foreign one is a BusError naming the file."""
     path = Path(path)
     if not (path / "manifest.json").is_file():
         raise BusError(f"no bus snapshot at {path} (expected {path / 'manifest.json'})")
@@ -149,18 +71,18 @@ def read(path: str | Path, rename: dict[str, str] | None = None) -> dict[str, An
         raise BusError(f"bus snapshot {path} has format {got}, this relax-bus reads {FORMAT}")
     try:
         with open(path / "state.pkl", "rb") as f:
-            state = pickle.load(f)
+            record = pickle.load(f)
     except Exception as e:  # noqa: BLE001 - truncated (EOFError, UnpicklingError), missing, anything else
         raise BusError(
             f"bus snapshot {path / 'state.pkl'} cannot be read ({type(e).__name__}: {e}): the snapshot is damaged"
         ) from None
-    missing = [k for k in _STATE_KEYS if not isinstance(state, dict) or k not in state]
+    missing = [k for k in _STATE_KEYS if not isinstance(record, dict) or k not in record]
     if missing:
         raise BusError(
             f"bus snapshot {path / 'state.pkl'} is not a bus state (no {', '.join(missing)}): the snapshot is "
-            "damaged or another file"
+            "damaged, another file, or written by a relax-bus older than explicit ids (no unused_ids)"
         )
-    return rename_consumers(state, rename) if rename else state
+    return _from_record(record)
 
 
 _STATE_KEYS = (
@@ -168,6 +90,7 @@ _STATE_KEYS = (
     "samples",
     "consumers",
     "next_id",
+    "unused_ids",
     "next_lease",
     "trainer_version",
     "schema",
@@ -176,18 +99,67 @@ _STATE_KEYS = (
 )
 
 
-def rename_consumers(state: dict[str, Any], rename: dict[str, str]) -> dict[str, Any]:
-    """``state`` with each consumer ``old`` of ``rename`` called ``new``: in the config, the consumers'
-    progress and every sample's set of consumers still waiting for it."""
+def _to_record(state: BusState) -> dict[str, Any]:
+    """``state`` as the plain data pickled into ``state.pkl``."""
+    return {
+        "format": FORMAT,
+        "relax_bus_version": __version__,
+        "config": state.config.model_dump(),
+        "samples": [
+            {
+                "id": s.id,
+                "partition": s.partition,
+                "fields": s.fields,
+                "waiting": list(s.waiting),
+                "lengths": s.lengths,
+                "size": s.size,
+            }
+            for s in state.samples
+        ],
+        "consumers": {
+            name: {
+                "available": list(c.available),
+                "dropped_groups": [[g, n] for g, n in c.dropped_groups.items()],
+                "acked_ids": list(c.acked_ids),
+                "counters": {k: getattr(c, k) for k in _COUNTERS},
+            }
+            for name, c in state.consumers.items()
+        },
+        "next_id": state.next_id,
+        "unused_ids": [list(h) for h in state.unused_ids],
+        "next_lease": state.next_lease,
+        "trainer_version": state.trainer_version,
+        "schema": dict(state.schema),
+        "counts": dict(state.counts),
+        "staleness_hist": dict(state.staleness_hist),
+    }
 
-    def new(name: str) -> str:
-        return rename.get(name, name)
 
-    state["config"]["consumers"] = {new(n): c for n, c in state["config"]["consumers"].items()}
-    state["consumers"] = {new(n): c for n, c in state["consumers"].items()}
-    for s in state["samples"]:
-        s["waiting"] = sorted(new(n) for n in s["waiting"])
-    return state
+def _from_record(r: dict[str, Any]) -> BusState:
+    """The :class:`BusState` of a record read from ``state.pkl``."""
+    return BusState(
+        config=BusConfig.model_validate(r["config"]),
+        samples=[
+            SavedSample(s["id"], s["partition"], s["fields"], list(s["waiting"]), s["lengths"], s["size"])
+            for s in r["samples"]
+        ],
+        consumers={
+            name: SavedConsumer(
+                list(c["available"]),
+                {g: n for g, n in c["dropped_groups"]},
+                list(c["acked_ids"]),
+                **{k: c["counters"][k] for k in _COUNTERS},
+            )
+            for name, c in r["consumers"].items()
+        },
+        next_id=r["next_id"],
+        unused_ids=[list(h) for h in r["unused_ids"]],
+        next_lease=r["next_lease"],
+        trainer_version=r["trainer_version"],
+        schema=dict(r["schema"]),
+        counts=dict(r["counts"]),
+        staleness_hist=dict(r["staleness_hist"]),
+    )
 
 
 def flatten(stats: dict[str, Any], prefix: str) -> dict[str, float]:

@@ -1,7 +1,8 @@
-"""Plain records behind :class:`~relax_bus.DataBus`: a sample, a consumer's view, a lease, a batch.
+"""Plain records behind :class:`~relax_bus.DataBus`: a sample, a consumer's view, a lease, a batch, and the
+whole saved state (:class:`BusState`).
 
-Kept apart from the bus logic so a later backend (Ray storage units, snapshot/restore) can reuse and
-serialise them; they hold no locks and no behaviour beyond bookkeeping.
+Kept apart from the bus logic so the Ray backend and snapshot/restore reuse and serialise them; they hold no
+locks and no behaviour beyond bookkeeping.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_bus.config import ConsumerSpec
+from relax_bus.config import BusConfig, ConsumerSpec
 
 
 @dataclass(slots=True)
@@ -87,3 +88,52 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass(slots=True)
+class SavedSample:
+    """A live sample as saved: its fields and which consumers have not acknowledged (or dropped) it."""
+
+    id: int
+    partition: str
+    fields: dict[str, Any]
+    waiting: list[str]
+    lengths: dict[str, int]
+    size: int
+
+
+@dataclass(slots=True)
+class SavedConsumer:
+    """One consumer's progress as saved. ``available`` includes what it held in flight (not delivered)."""
+
+    available: list[int]
+    dropped_groups: dict[Hashable, int]
+    acked_ids: list[int]
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dropped_stale: int = 0
+    gets: int = 0
+
+
+@dataclass(slots=True)
+class BusState:
+    """Everything a bus must carry over a restart: :meth:`DataBus.state_dict` returns it,
+    :meth:`DataBus.load_state_dict` loads it into a fresh bus of the same consumers, ``snapshot.py`` writes it.
+
+    Leases in flight are not part of it: their samples count as not delivered (``SavedConsumer.available``),
+    since the consumer that held them is gone after a restart and its work was not acknowledged.
+    """
+
+    config: BusConfig
+    samples: list[SavedSample]
+    consumers: dict[str, SavedConsumer]
+    next_id: int
+    unused_ids: list[list[int]]
+    """Ids below ``next_id`` no put has used yet: sorted, disjoint ``[lo, hi)`` ranges."""
+    next_lease: int
+    trainer_version: int
+    schema: dict[str, Any]
+    """Field name -> the signature (type, dtype, rank) its first write fixed."""
+    counts: dict[str, int]
+    staleness_hist: dict[int, int]

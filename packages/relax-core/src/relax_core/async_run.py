@@ -14,6 +14,9 @@ Why the restarts look like this:
   the manager escalates to a global restart from that checkpoint (exact resume).
 - **Weights.** The DCS group is re-formed after any member restarts, and the trainer sends its current
   weights at once; a restarted role waits for them before its loop starts.
+
+Which of these a role needs is declared on its spec (:attr:`relax_core.role.RoleSpec.restart`), and the
+loop it runs follows from its part: :meth:`AsyncRun.restart` reads both and never a role's name.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
 from relax_core.resume import CheckpointDir
-from relax_core.roles import RENAMED_CONSUMERS, TRAINER_CONSUMER, RolePlan, role_class
+from relax_core.role import Restart
+from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.run import teacher_path
 
 
@@ -39,10 +43,13 @@ class AsyncRun:
     """The running roles of a fully-async run (each a Ray actor), the bus, and their supervision. The
     driver loop that uses it is :func:`relax_core.fully_async.run_fully_async`."""
 
-    def __init__(self, cfg: Any, inputs: Any, notifier: Any, threads: int) -> None:
+    def __init__(
+        self, cfg: Any, inputs: Any, notifier: Any, threads: int, roles: RoleRegistry | None = None
+    ) -> None:
+        """``roles``: the role registry (default: the installed roles, :class:`RoleRegistry`)."""
         self.ray = import_ray("--fully-async")
         self.cfg, self.inp = cfg, inputs
-        self.plan = RolePlan.from_config(cfg)
+        self.plan = RolePlan.from_config(cfg, roles)
         self.notifier, self.threads = notifier, threads
         self.roles: dict[str, Any] = {}
         self.futures: dict[str, Any] = {}
@@ -65,25 +72,38 @@ class AsyncRun:
         teacher = teacher_path(self.cfg, self.inp) if self.cfg.uses_teacher else None
         args, kwargs = self.plan.arguments(name, self.bus, self.inp, self.threads, teacher)
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=False)
-        cls = self.ray.remote(role_class(name))
+        cls = self.ray.remote(self.plan.role_class(name))
         return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=here).remote(*args, **kwargs)
 
     @property
-    def receivers(self) -> list[str]:
-        """DCS receivers, in rank order (rank 0 is the trainer)."""
-        return self.plan.receivers
+    def trainer(self) -> Any:
+        """The trainer's actor (the current one: a restart replaces it)."""
+        return self.roles[self.plan.trainer]
 
-    def loop_names(self) -> list[str]:
-        return self.plan.loops
+    @property
+    def rollout(self) -> Any:
+        """The rollout's actor (the current one)."""
+        return self.roles[self.plan.rollout]
+
+    def trainer_finished(self) -> bool:
+        """Whether the trainer's loop returned (it did not fail): the run's training is over."""
+        try:
+            self.ray.get(self.done)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
 
     def connect_dcs(self, republish: bool) -> int:
-        from relax_core.dcs import free_port
+        from relax_core.dcs_transport import free_port
 
         init = f"tcp://127.0.0.1:{free_port()}"
-        world = 1 + len(self.receivers)
+        receivers = self.plan.receivers
         out = self.ray.get(
-            [self.roles["actor"].connect_dcs.remote(init, world, republish)]
-            + [self.roles[r].connect_dcs.remote(init, world, i + 1) for i, r in enumerate(self.receivers)]
+            [self.trainer.connect_dcs.remote(init, 1 + len(receivers), republish)]
+            + [
+                self.roles[r].connect_dcs.remote(init, 1 + len(receivers), i + 1)
+                for i, r in enumerate(receivers)
+            ]
         )
         return int(out[0] or 0)
 
@@ -96,43 +116,53 @@ class AsyncRun:
 
         gpus = ray.cluster_resources().get("GPU", 0)
         if gpus > 0:  # every role's GPUs apart: refuse now what Ray could never place
-            check_gpu_demand(gpu_demand(cfg), gpus)
+            check_gpu_demand(gpu_demand(cfg, self.plan), gpus)
         ckpt = CheckpointDir(load) if load else None
         resume = ckpt.bus_resume() if ckpt else None
         from_snapshot = resume is not None
         # the samples generated and not yet trained when the checkpoint was written come back as they were
-        self.bus = (
-            RayBus.restore(ckpt.bus, rename=RENAMED_CONSUMERS)
-            if from_snapshot
-            else RayBus.create(self.plan.bus_config())
-        )
+        self.bus = RayBus.restore(ckpt.bus) if from_snapshot else RayBus.create(self.plan.bus_config())
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
             for name, written in self.plan.outputs.items():
                 self.bus.reset_consumer(name, done_if_written=written)
-        for name in ["actor", "rollout", *self.loop_names()]:
+        for name in [self.plan.trainer, self.plan.rollout, *self.plan.loops]:
             self.roles[name] = self._build(name)
-        ray.get(self.roles["rollout"].reset_journal.remote())
+        ray.get(self.rollout.reset_journal.remote())
         self.connect_dcs(republish=False)
         start = rollout_start = 0
         if load:
-            meta = ray.get(self.roles["actor"].load.remote(load))
+            meta = ray.get(self.trainer.load.remote(load))
             start = rollout_start = int(meta["version"])
             if from_snapshot:  # rollout goes on after the batches the snapshot holds
                 rollout_start = int(resume["next_step"])
-                ray.get(self.roles["rollout"].load_data_state.remote(resume["data"]))
-                ray.get(self.roles["rollout"].seed_journal.remote(resume["begun"], rollout_start))
+                ray.get(self.rollout.load_data_state.remote(resume["data"]))
+                ray.get(self.rollout.seed_journal.remote(resume["begun"], rollout_start))
             elif "data" in meta:  # no bus snapshot: batches generated but never trained are drawn again
-                ray.get(self.roles["rollout"].load_data_state.remote(meta["data"]))
+                ray.get(self.rollout.load_data_state.remote(meta["data"]))
             if self.bus.trainer_version < start:
                 self.bus.set_trainer_version(start)
-        ray.get(self.roles["actor"].publish_weights.remote())
-        ray.get(self.roles["actor"].eval_now.remote(start))
-        self.futures = {"rollout": self.roles["rollout"].run.remote(rollout_start)}
+        ray.get(self.trainer.publish_weights.remote())
+        ray.get(self.trainer.eval_now.remote(start))
+        self.futures = {}
+        self._start_loop(self.plan.rollout, rollout_start)
         self.resumed_from_bus = from_snapshot
-        self.futures.update({n: self.roles[n].run.remote() for n in self.loop_names()})
-        self.done = self.roles["actor"].run.remote(start, cfg.train.num_rollout)
+        for name in self.plan.loops:
+            self._start_loop(name, 0)
+        self._start_loop(self.plan.trainer, start)
         self.start_step = start
         return start
+
+    def _start_loop(self, name: str, start: int) -> None:
+        """Start role ``name``'s loop, as its part runs one: the trainer's (its future is :attr:`done`)
+        trains from step ``start`` to the run's end, the rollout's generates from step ``start``, a
+        consumer's takes what comes."""
+        part, actor = self.plan.roles[name].part, self.roles[name]
+        if part == "trainer":
+            self.done = actor.run.remote(start, self.cfg.train.num_rollout)
+        elif part == "rollout":
+            self.futures[name] = actor.run.remote(start)
+        else:
+            self.futures[name] = actor.run.remote()
 
     # -- supervision -------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -141,11 +171,11 @@ class AsyncRun:
         error is re-raised as before."""
         ray = self.ray
         watched = dict(self.futures)
-        watched["actor"] = self.done
+        watched[self.plan.trainer] = self.done
         ended, _ = ray.wait(list(watched.values()), num_returns=len(watched), timeout=0)
         failures: list[tuple[str, str]] = []
         for name, ref in watched.items():
-            if ref not in ended or (name == "actor" and self._finished(ref)):
+            if ref not in ended or (ref is self.done and self.trainer_finished()):
                 continue
             if not self.cfg.run.health:
                 ray.get(ref)  # a role loop ended before the trainer: re-raise its error
@@ -160,13 +190,6 @@ class AsyncRun:
             failures = self._heartbeats()
         for name, reason in failures[:1]:  # one at a time: a restart re-forms the group for everyone
             self.handle(name, reason)
-
-    def _finished(self, ref: Any) -> bool:
-        try:
-            self.ray.get(ref)
-            return True
-        except Exception:  # noqa: BLE001
-            return False
 
     def _heartbeats(self) -> list[tuple[str, str]]:
         ray, now = self.ray, time.monotonic()
@@ -196,7 +219,7 @@ class AsyncRun:
                 continue
             ev = Event(f"engine {f['engine']}", str(f.get("reason")), "restart", 0)
             self.policy.events.append(ev)
-            ref = self.roles["rollout"].restart_engine.remote(f["engine"])
+            ref = self.rollout.restart_engine.remote(f["engine"])
             self._engine_jobs[f["engine"]] = (ref, ev, time.perf_counter())
 
     def _engine_restarts_done(self) -> None:
@@ -217,7 +240,8 @@ class AsyncRun:
 
     def handle(self, name: str, reason: str, in_place_possible: bool = True) -> None:
         t0 = time.perf_counter()
-        if name == "rollout" and (why := crashed_in_reward(self.cfg.run.output_dir)):
+        # (the rollout scores rewards: a process that died inside a reward left word of it)
+        if self.plan.roles[name].part == "rollout" and (why := crashed_in_reward(self.cfg.run.output_dir)):
             reason = f"{reason}; {why}"
         ev = self.policy.decide(name, reason, in_place_possible)
         print(
@@ -281,40 +305,37 @@ class AsyncRun:
                 pass
 
     def restart(self, name: str) -> None:
-        """Replace one role's actor in place (see the module docstring for what each role needs)."""
-        ray = self.ray
+        """Replace one role's actor in place, redoing what its spec's restart steps say (the module
+        docstring says why each role needs them), then start its loop again."""
+        ray, spec = self.ray, self.plan.roles[name]
+        steps = set(spec.restart)
         self._kill(name)
-        if name == "actor":
-            ckpt = self._trainer_checkpoint()
-        if name in self.plan.outputs:
-            self.bus.reset_consumer(name, done_if_written=self.plan.outputs[name])
+        ckpt = self._trainer_checkpoint(name) if Restart.CHECKPOINT in steps else None
+        if Restart.LEASES in steps:
+            self.bus.reset_consumer(name, done_if_written=list(spec.writes))
         new = self.roles[name] = self._build(name)
-        if name == "actor":
-            start = 0
-            if ckpt is not None:
-                start = int(ray.get(new.load.remote(ckpt))["version"])
-        if name == "rollout":
+        start = 0
+        if ckpt is not None:
+            start = int(ray.get(new.load.remote(ckpt))["version"])
+        if Restart.JOURNAL in steps:
             try:
                 start = ray.get(new.recover.remote())
             except ray.exceptions.RayTaskError as e:  # its journal cannot say where to go on
-                raise _CannotRestartInPlace(f"the rollout cannot go on in place: {e.cause}") from e
+                raise _CannotRestartInPlace(f"the {name} cannot go on in place: {e.cause}") from e
+        if spec.part == "rollout":
             self._engine_jobs = {}  # a new rollout process has its own engines
-        if name == "actor" or name in self.receivers:
+        if Restart.WEIGHTS in steps:
             version = self.connect_dcs(republish=True)
-            if name in self.receivers:
+            if spec.receives_weights:
                 ray.get(new.wait_weights.remote(version))
-        if name == "actor":
-            self.done = new.run.remote(start, self.cfg.train.num_rollout)
-        elif name == "rollout":
-            self.futures["rollout"] = new.run.remote(start)
-        else:
-            self.futures[name] = new.run.remote()
+        self._start_loop(name, start)
 
-    def _trainer_checkpoint(self) -> str | None:
-        """The checkpoint a new trainer starts from; acks the batches it covers, gives back the rest."""
+    def _trainer_checkpoint(self, consumer: str) -> str | None:
+        """The checkpoint a new trainer (bus consumer ``consumer``) starts from; acks the batches it
+        covers, gives back the rest."""
         from relax_core.checkpoints import latest_checkpoint
 
-        acked = set(self.bus.consumed_ids(TRAINER_CONSUMER))
+        acked = set(self.bus.consumed_ids(consumer))
         ckpt, covered = None, set()
         if self.cfg.train.save:
             try:
@@ -333,10 +354,10 @@ class AsyncRun:
                 f"{len(acked - covered)} trained samples are not in the last checkpoint "
                 f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
             )
-        for lease_id, ids in self.bus.leases(TRAINER_CONSUMER).items():
+        for lease_id, ids in self.bus.leases(consumer).items():
             if set(ids) <= covered:  # trained and saved; the process died before acking
-                self.bus.ack(TRAINER_CONSUMER, lease_id)
-        self.bus.reset_consumer(TRAINER_CONSUMER)
+                self.bus.ack(consumer, lease_id)
+        self.bus.reset_consumer(consumer)
         return ckpt
 
     def teardown(self) -> None:
@@ -373,7 +394,7 @@ class AsyncRun:
     def finish_engine_restarts(self, timeout_s: float = 120.0) -> None:
         """At the end of the run: restart engines that failed since the last heartbeat and wait for the
         restarts under way, so the run ends with its engines whole and the record complete."""
-        beat = self.ray.get(self.roles["rollout"].heartbeat.remote())
+        beat = self.ray.get(self.rollout.heartbeat.remote())
         if beat.get("failed_engines"):
             self._restart_engines(beat["failed_engines"])
         pending = [ref for ref, _, _ in self._engine_jobs.values() if ref is not None]

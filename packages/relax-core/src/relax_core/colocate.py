@@ -12,17 +12,22 @@ from relax_core import run as shared
 from relax_core.colocate_roles import ColocateRoles
 from relax_core.config import RelaxConfig
 from relax_core.live import LiveStatus
-from relax_core.roles import RolePlan
+from relax_core.roles import RoleRegistry
 
 
 def run_colocate(
-    cfg: RelaxConfig, inputs: shared.RunInputs, stop: shared.StopOnSignal, live: LiveStatus | None = None
+    cfg: RelaxConfig,
+    inputs: shared.RunInputs,
+    stop: shared.StopOnSignal,
+    live: LiveStatus | None = None,
+    roles: RoleRegistry | None = None,
 ) -> shared.RunResult:
+    """``roles``: the role registry (default: the installed roles)."""
     t_start = time.perf_counter()
     live = live or LiveStatus(cfg)
-    with ColocateRoles(cfg, inputs) as r:
-        actor, rollout, helpers = r.actor, r.rollout, r.helpers
-        turn = _Turns(live, r, RolePlan.from_config(cfg).loops)
+    with ColocateRoles(cfg, inputs, roles) as r:
+        actor, rollout, helpers = r.trainer, r.rollout, r.helpers
+        turn = _Turns(live, r)
         start = r.resume()
         actor.publish_weights()
         actor.eval_now(start)
@@ -54,7 +59,7 @@ def run_colocate(
             bar.close()
         live.update(state="finishing", phase=None, force=True)
         if interrupted is None:
-            shared.final_eval(cfg, inputs, actor.history, lambda: actor.eval_now(cfg.train.num_rollout))
+            shared.final_eval(cfg, inputs, actor.get_history(), lambda: actor.eval_now(cfg.train.num_rollout))
             if cfg.train.save:
                 actor.save()
         audit = {
@@ -66,7 +71,7 @@ def run_colocate(
             "prompt_log": rollout.get_prompt_log(),
         }
         result = shared.RunResult(
-            actor.history,
+            actor.get_history(),
             time.perf_counter() - t_start,
             rl_wall,
             len(audit["trained_ids"]),
@@ -88,19 +93,25 @@ class _Turns:
 
     STATES = {"generate": "generating", "compute": "computing", "train": "training"}
 
-    def __init__(self, live: LiveStatus, roles: ColocateRoles, loops: list[str]) -> None:
-        self.live, self.r = live, roles
-        self.names = {"rollout": roles.rollout, **dict(zip(loops, roles.helpers)), "actor": roles.actor}
+    def __init__(self, live: LiveStatus, roles: ColocateRoles) -> None:
+        self.live, self.r, plan = live, roles, roles.plan
+        self.names = {
+            plan.rollout: roles.rollout,
+            **dict(zip(plan.loops, roles.helpers)),
+            plan.trainer: roles.trainer,
+        }
+        self.busy = {"generate": [plan.rollout], "compute": plan.loops, "train": [plan.trainer]}
+        # the trainer's version, and that of the consumers computing with its model (its weights here)
+        self.trainers = [plan.trainer, *(n for n in plan.loops if plan.roles[n].model == "policy")]
 
     def __call__(self, phase: str | None, step: int) -> None:
         live, r = self.live, self.r
-        busy = {"generate": ["rollout"], "compute": list(self.names)[1:-1], "train": ["actor"]}.get(phase, [])
+        busy = self.busy.get(phase, [])
         for name in self.names:
             live.role(name, state=self.STATES[phase] if name in busy else "waiting", pid=os.getpid())
-        live.role("rollout", version=r.rollout.weight_version())
-        live.role("actor", version=r.actor.progress())
-        if "actor_fwd" in self.names:  # (its weights are the trainer's own here)
-            live.role("actor_fwd", version=r.actor.progress())
+        live.role(r.plan.rollout, version=r.rollout.weight_version())
+        for name in self.trainers:
+            live.role(name, version=r.trainer.progress())
         live.bus(r.bus.stats())
         live.update(step=step, phase=phase, force=phase is None)
         if phase is None:

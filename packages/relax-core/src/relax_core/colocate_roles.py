@@ -10,7 +10,7 @@ from typing import Any
 from relax_core import run as shared
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
-from relax_core.roles import RolePlan, role_class
+from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.threads import ThreadGovernor
 
 
@@ -18,10 +18,14 @@ class ColocateRoles:
     """The roles built from the :class:`RolePlan` in this process and their turns on the devices; closed in
     reverse (a megatron trainer's rank group last), then the Ray its ranks needed."""
 
-    def __init__(self, cfg: RelaxConfig, inputs: shared.RunInputs) -> None:
+    def __init__(
+        self, cfg: RelaxConfig, inputs: shared.RunInputs, registry: RoleRegistry | None = None
+    ) -> None:
+        """``registry``: the role registry (default: the installed roles)."""
         from relax_bus import DataBus
 
         self.cfg, self.inputs, self.built = cfg, inputs, []
+        self.plan = RolePlan.from_config(cfg, registry)
         self.ray_started = shared.start_ray_for_ranks(cfg)
         try:
             self._build(DataBus)
@@ -30,8 +34,7 @@ class ColocateRoles:
             raise
 
     def _build(self, bus_class: type) -> None:
-        cfg, inputs = self.cfg, self.inputs
-        plan = RolePlan.from_config(cfg)
+        cfg, inputs, plan = self.cfg, self.inputs, self.plan
         threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
         self.threads = ThreadGovernor(threads)
         self.bus_cfg = plan.bus_config()
@@ -40,19 +43,20 @@ class ColocateRoles:
 
         def build(name: str, **extra: Any) -> Any:
             args, kwargs = plan.arguments(name, self.bus, inputs, threads, teacher)
-            role = role_class(name)(*args, **{**kwargs, **extra})
+            role = plan.role_class(name)(*args, **{**kwargs, **extra})
             self.built.append(role)
             return role
 
-        self.actor = build("actor", send_weights=self._publish)  # (its weights: straight to the engine)
-        self.rollout = build("rollout")
-        # ActorFwd computes with the trainer's own backend here (its weights are the trainer's)
+        self.trainer = build(plan.trainer, send_weights=self._publish)  # (weights: straight to the engine)
+        self.rollout = build(plan.rollout)
+        # a consumer computing with the policy (ActorFwd) uses the trainer's own backend here: its weights
         self.helpers = [
-            build(n, **({"backend": self.actor.backend} if n == "actor_fwd" else {})) for n in plan.loops
+            build(n, **({"backend": self.trainer.backend} if plan.roles[n].model == "policy" else {}))
+            for n in plan.loops
         ]
         # --offload: the engine and the roles with models take turns on the devices
         self.offload = shared.offloads(cfg)
-        owners = [self.actor, *(h for h in self.helpers if getattr(h, "owns_backend", False))]
+        owners = [self.trainer, *(h for h in self.helpers if getattr(h, "owns_backend", False))]
         self.turns = owners if self.offload else []
 
     def _publish(self, named: Any, version: int) -> None:
@@ -65,7 +69,7 @@ class ColocateRoles:
         self.rollout.reset_journal()  # (the trainer's checkpoints read the data position there)
         if not self.cfg.train.load:
             return 0
-        meta = self.actor.load(latest_checkpoint(self.cfg.train.load))
+        meta = self.trainer.load(latest_checkpoint(self.cfg.train.load))
         version = int(meta["version"])
         if "data" in meta:
             self.rollout.load_data_state(meta["data"])

@@ -1,4 +1,4 @@
-"""The rules of a :class:`~relax_core.config.RelaxConfig` that span its sections (batch sizes against
+"""The rules of a run configuration that span its sections (batch sizes against
 samples, modes against placement, parallel sizes against GPUs, streaming against what it serves), each
 refusal saying what to change.
 
@@ -8,13 +8,23 @@ between them read better together here, and each module stays short.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from relax_core.config import RelaxConfig
+from relax_core.config_sections import DataConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
 
 
-def check(cfg: RelaxConfig) -> None:
+class Sections(Protocol):
+    """What the rules read: a :class:`~relax_core.config.RelaxConfig` (named by its shape, so this module
+    does not import the one that calls it)."""
+
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig
+    train: TrainConfig
+    run: RunConfig
+
+
+def check(cfg: Sections) -> None:
     """Raise ``ValueError`` naming the flags to change when ``cfg``'s sections disagree."""
     per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
     gbs = cfg.train.global_batch_size
@@ -115,7 +125,7 @@ def check(cfg: RelaxConfig) -> None:
         )
 
 
-def _check_streaming(cfg: RelaxConfig) -> None:
+def _check_streaming(cfg: Sections) -> None:
     """--streaming-rollout / --partial-rollout: what they serve today, refused otherwise with the reason."""
     r = cfg.rollout
     if r.partial_rollout and not r.streaming_rollout:

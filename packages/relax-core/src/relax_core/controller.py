@@ -3,8 +3,9 @@
 Where things are: the roles and how they connect — :mod:`relax_core.roles`; colocate's step loop —
 :mod:`relax_core.colocate`; the fully-async driver loop — :mod:`relax_core.fully_async`, its roles'
 supervision and restarts — :mod:`relax_core.async_run`; what both modes share (inputs, result, Ray,
-signals) — :mod:`relax_core.run`. Roles are named in a registry of dotted paths and imported when built,
-so relax-core itself depends on neither torch nor the rollout/train packages.
+signals) — :mod:`relax_core.run`; the Role interface the drivers call — :mod:`relax_core.role`. The
+roles come from a registry (entry points the rollout and train packages declare, loaded when a run
+starts), so relax-core itself depends on neither torch nor the rollout/train packages.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from relax_core.live import LiveStatus
 from relax_core.notify import Notifier
 from relax_core.ownership import RunLocks, claim_save_dir, crashed_in_reward, data_settings, start_record
 from relax_core.resume import CheckpointDir
-from relax_core.roles import REGISTRY, bus_config, role_class
+from relax_core.roles import RoleRegistry, bus_config
 from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tokenizer, start_ray
 
 # (names other packages and tests import from here)
-__all__ = ["Controller", "REGISTRY", "RunInputs", "RunResult", "bus_config", "role_class", "start_ray"]
+__all__ = ["Controller", "RunInputs", "RunResult", "bus_config", "start_ray"]
 
 
 class Controller:
-    def __init__(self, cfg: RelaxConfig, inputs: RunInputs) -> None:
+    def __init__(self, cfg: RelaxConfig, inputs: RunInputs, roles: RoleRegistry | None = None) -> None:
+        """``roles``: the role registry (default: the roles the installed packages register,
+        :meth:`RoleRegistry.installed`; :meth:`RoleRegistry.with_role` adds one)."""
         # absolute paths: Ray workers do not share our working directory
         absolute = {k: os.path.abspath(v) if isinstance(v, str) else v for k, v in vars(inputs).items()}
         run = cfg.run.model_copy(update={"output_dir": os.path.abspath(cfg.run.output_dir)})
@@ -39,6 +42,7 @@ class Controller:
         )
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
+        self.roles = roles
         self.interrupted_at: str | None = None
         """The checkpoint written when a signal stopped the run early (None: it ran to the end)."""
         self.async_run: AsyncRun | None = None
@@ -95,9 +99,10 @@ class Controller:
                     if cfg.uses_teacher:
                         check_teacher_tokenizer(cfg, self.inputs)
                     if cfg.run.mode == "colocate":
-                        result = run_colocate(cfg, self.inputs, self._stop, live)
+                        result = run_colocate(cfg, self.inputs, self._stop, live, self.roles)
                     else:
-                        self.async_run = AsyncRun(cfg, self.inputs, notifier, cfg.run.torch_threads or 1)
+                        threads = cfg.run.torch_threads or 1
+                        self.async_run = AsyncRun(cfg, self.inputs, notifier, threads, self.roles)
                         result = run_fully_async(self.async_run, self._stop, live)
                 except BaseException as exc:
                     text = str(exc).strip().splitlines()

@@ -43,12 +43,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from relax_core.dcs_transport import (  # noqa: F401 - TRANSPORTS, free_port, resolve_device: importable here too
-    TRANSPORTS,
+from relax_core.dcs_transport import (
     Endpoint,
     SharedBuckets,
-    free_port,
-    resolve_device,
 )
 
 if TYPE_CHECKING:

@@ -116,7 +116,7 @@ class Endpoint:
             self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, self.timeout)
         else:
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self.timeout
+            opts._timeout = self.timeout  # third-party: ProcessGroupNCCL.Options has no public timeout
             self.pg = dist.ProcessGroupNCCL(pg_store, self.rank, self.world_size, opts)
         self._root_store = store
 

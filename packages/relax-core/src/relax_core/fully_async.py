@@ -37,8 +37,8 @@ def run_fully_async(
         probe.live.training(start)
         while True:  # (again after a global restart that the end-of-run checkpoint needed)
             seen = _supervise(run, stop, bar, seen, probe)
-            actor, rollout, bus = run.roles["actor"], run.roles["rollout"], run.bus
-            loops = {n: run.roles[n] for n in run.loop_names()}
+            actor, rollout, bus = run.trainer, run.rollout, run.bus
+            loops = {n: run.roles[n] for n in run.plan.loops}
             history = ray.get(run.done)
             probe.live.update(state="finishing", step=ray.get(actor.progress.remote()), force=True)
             stop.__exit__()  # (a signal from here on gets the default behaviour)
@@ -47,7 +47,7 @@ def run_fully_async(
                 print(f"[relax] stopped by signal; resume with --load {interrupted}")
             rl_wall = time.perf_counter() - t_rl
             bus.close()
-            stats = ray.get(run.futures["rollout"])
+            stats = ray.get(run.futures[run.plan.rollout])
             ray.get([run.futures[n] for n in loops])
             if interrupted is None:
                 shared.final_eval(
@@ -77,7 +77,7 @@ def run_fully_async(
             trace_path = shared.trace_file(cfg, spans)
         # the sender first: receivers still listening acknowledge its shutdown, then they close
         ray.get(actor.close.remote())
-        ray.get([rollout.close.remote()] + [a.close.remote() for n, a in loops.items() if n != "advantages"])
+        ray.get([rollout.close.remote()] + [a.close.remote() for a in loops.values()])
         return shared.RunResult(
             history,
             time.perf_counter() - t_start,
@@ -106,10 +106,10 @@ def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int, probe: 
     stop.__enter__()
     while True:
         if stop.requested and not asked:
-            run.roles["actor"].request_stop.remote(shared.checkpoint_dir(run.cfg))
+            run.trainer.request_stop.remote(shared.checkpoint_dir(run.cfg))
             asked = True
         ready, _ = ray.wait([run.done], timeout=0.1)
-        if ready and run._finished(run.done):
+        if ready and run.trainer_finished():
             return seen
         run.poll()  # failed roles: restart in place, escalate, or stop with the reason
         probe.tick()
@@ -125,9 +125,9 @@ def _saved_at_end(run: AsyncRun) -> bool:
     and the run starts over from it (a global restart; or stops with the reason when none is left).
     False when it did: the caller supervises the run again."""
     try:
-        run.ray.get(run.roles["actor"].save.remote())
+        run.ray.get(run.trainer.save.remote())
         return True
     except run.ray.exceptions.RayActorError as e:
         reason = f"died writing the end-of-run checkpoint: {type(e).__name__}"
-        run.handle("actor", reason, in_place_possible=False)
+        run.handle(run.plan.trainer, reason, in_place_possible=False)
         return False

@@ -33,10 +33,8 @@ class AsyncProbe:
         """The roles' ``get_spans`` calls under way for the next trace flush: (when asked, the calls)."""
 
     def _version_call(self, name: str, actor: Any) -> Any:
-        if name == "rollout":
+        if self.run.plan.roles[name].receives_weights:  # (the rollout, ActorFwd)
             return actor.weight_version.remote()
-        if name == "actor_fwd":  # (returns at once with the version held: any version >= 0 will do)
-            return actor.wait_weights.remote(0, 0.0)
         return None  # the trainer's heartbeat says its version; the other roles hold no policy weights
 
     def tick(self) -> None:
@@ -100,5 +98,5 @@ class AsyncProbe:
         self.live.role(
             name, state=state, pid=b.get("pid"), idle_s=round(idle, 1), version=v, restarts=restarts
         )
-        if name == "actor" and v is not None:
+        if run.plan.roles[name].part == "trainer" and v is not None:
             self.step = int(v)

@@ -211,12 +211,12 @@ def _clearml_in_process(Task: Any, offline: bool) -> None:
     session should not ask updates.clear.ml for a newer release, which ClearML otherwise does even offline.
     """
     if hasattr(Task, "_report_subprocess_enabled"):
-        Task._report_subprocess_enabled = False
+        Task._report_subprocess_enabled = False  # third-party: ClearML reads it only from clearml.conf
     if offline:
         try:
             from clearml.utilities.check_updates import CheckPackageUpdates
 
-            CheckPackageUpdates._package_version_checked = True
+            CheckPackageUpdates._package_version_checked = True  # third-party: no switch for the check
         except (ImportError, AttributeError):  # pragma: no cover - another ClearML layout
             pass
 

@@ -20,26 +20,26 @@ from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_core.optional import import_ray
+from relax_core.roles import RolePlan
 
 
-def gpu_demand(cfg: RelaxConfig) -> dict[str, int]:
-    """GPUs each role of a fully-async run reserves (roles that use none are left out). Colocate mode
-    time-shares one set between the roles, so it has no separate demand: ``{}``."""
+def gpu_demand(cfg: RelaxConfig, plan: RolePlan | None = None) -> dict[str, int]:
+    """GPUs each role of a fully-async run reserves (roles that use none are left out): the rollout its
+    SGLang engines', every other role loading a model a replica of the megatron trainer's layout. Colocate
+    mode time-shares one set between the roles, so it has no separate demand: ``{}``. ``plan``: the run's
+    roles (default: from the installed registry)."""
     if cfg.run.mode != "fully_async":
         return {}
+    plan = plan if plan is not None else RolePlan.from_config(cfg)
     t, r = cfg.train, cfg.rollout
     out: dict[str, int] = {}
     if r.rollout_backend == "sglang":
-        out["rollout"] = r.rollout_num_gpus
+        out[plan.rollout] = r.rollout_num_gpus
     if t.train_backend == "megatron" and t.actor_num_gpus_per_node > 0:
         world = t.actor_num_nodes * t.actor_num_gpus_per_node
-        out["actor"] = world
-        if cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward:
-            out["actor_fwd"] = world
-        if cfg.algo.uses_reference:
-            out["reference"] = world
-        if cfg.uses_teacher:
-            out["teacher"] = world
+        for name in [plan.trainer, *plan.loops]:
+            if plan.roles[name].model is not None:
+                out[name] = world
     return out
 
 

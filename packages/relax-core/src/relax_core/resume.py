@@ -2,11 +2,13 @@
 
 Two small classes, so the files are read and written in one place:
 
-- :class:`Journal` — the rollout role's journal, ``<output_dir>/rollout_journal.jsonl``, one JSON object a
-  line, appended by the rollout as each step begins, draws its prompts and lands on the bus:
+- :class:`Journal` — the rollout role's journal, ``<output_dir>/rollout_journal.jsonl``, one
+  :class:`JournalEntry` a line (a JSON object), appended by the rollout as each step begins, draws its
+  prompts and lands on the bus:
 
   - ``{"begin": step, "state": {...}}``: step ``step`` began at this data position;
   - ``{"drawn": step, "state": {...}}``: its prompts are drawn; the next step begins here;
+  - ``{"put_group": step, "group": g}``: one of its prompt groups is on the bus (streaming rollout);
   - ``{"put": step, "prompts": [row ids]}``: its samples are on the bus (``"restored": true``: put by the
     run a checkpoint resumed, seeded by :meth:`Journal.seed`).
 
@@ -29,7 +31,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from relax_core.config import RelaxConfig
 
@@ -37,6 +39,76 @@ logger = logging.getLogger(__name__)
 
 JOURNAL = "rollout_journal.jsonl"
 RUN_STATE = "run_state.json"
+
+
+EntryKind = Literal["begin", "drawn", "put", "put_group"]
+KINDS: tuple[EntryKind, ...] = ("begin", "drawn", "put", "put_group")
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One line of the rollout journal (the module docstring lists the kinds). Built by the writers with
+    :meth:`begin` / :meth:`drawn` / :meth:`put` / :meth:`put_group`, read back by :meth:`from_json` alone:
+    the line format is known here and nowhere else."""
+
+    kind: EntryKind
+    step: int
+    state: dict[str, int] | None = None
+    """``begin`` / ``drawn``: the data position (the prompt iterator's state)."""
+    prompts: tuple[str, ...] = ()
+    """``put``: the prompt row ids of the step."""
+    group: int | None = None
+    """``put_group``: the group's index in its step."""
+    restored: bool = False
+    """``put``: seeded from a checkpoint's bus snapshot (:meth:`Journal.seed`), not put by this run."""
+
+    @classmethod
+    def begin(cls, step: int, state: dict[str, int]) -> JournalEntry:
+        return cls("begin", step, state=state)
+
+    @classmethod
+    def drawn(cls, step: int, state: dict[str, int]) -> JournalEntry:
+        return cls("drawn", step, state=state)
+
+    @classmethod
+    def put(cls, step: int, prompts: list[str], restored: bool = False) -> JournalEntry:
+        return cls("put", step, prompts=tuple(prompts), restored=restored)
+
+    @classmethod
+    def put_group(cls, step: int, group: int) -> JournalEntry:
+        return cls("put_group", step, group=group)
+
+    def to_json(self) -> dict[str, Any]:
+        """The line's JSON object: the kind's name holds the step."""
+        out: dict[str, Any] = {self.kind: self.step}
+        if self.kind in ("begin", "drawn"):
+            out["state"] = self.state
+        elif self.kind == "put":
+            out["prompts"] = list(self.prompts)
+            if self.restored:
+                out["restored"] = True
+        else:
+            out["group"] = self.group
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> JournalEntry | None:
+        """The entry of one parsed line; None for an object of no kind known here (skipped). Raises
+        ValueError for anything else (a line that is no entry: torn by a kill mid-write)."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"not a journal entry (a JSON object): {obj!r}")
+        kind = next((k for k in KINDS if k in obj), None)
+        if kind is None:
+            return None
+        try:
+            step = int(obj[kind])
+            if kind in ("begin", "drawn"):
+                return cls(kind, step, state=obj["state"])
+            if kind == "put":
+                return cls.put(step, list(obj["prompts"]), bool(obj.get("restored")))
+            return cls.put_group(step, int(obj["group"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a {kind!r} journal entry without its fields: {obj!r}") from e
 
 
 @dataclass
@@ -66,8 +138,8 @@ class Journal:
     torn: int = 0
     """Lines of the journal that did not parse at the last read (a kill mid-write tears the last one)."""
 
-    def _entries(self) -> list[dict[str, Any]]:
-        """The journal's entries; a line that is not a JSON object is skipped and counted in :attr:`torn`
+    def entries(self) -> list[JournalEntry]:
+        """The journal's entries, in order; a line that is no entry is skipped and counted in :attr:`torn`
         (it crashed the trainer's checkpoint and the rollout's restart)."""
         if self.path is None or not self.path.is_file():
             return []
@@ -76,22 +148,36 @@ class Journal:
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
+                entry = JournalEntry.from_json(json.loads(line))
             except ValueError:
-                entry = None
-            if isinstance(entry, dict):
-                out.append(entry)
-            else:
                 torn += 1
                 logger.warning(
                     "%s line %d is not a journal entry (torn by a kill mid-write?): skipped", self.path, n
                 )
+                continue
+            if entry is not None:
+                out.append(entry)
         self.torn = torn
         return out
 
+    def _positions(self) -> tuple[dict[int, dict], dict[int, dict], list[JournalEntry]]:
+        """(step -> where it began, step -> where the next one begins, the ``put`` entries in order); the
+        latest entry of a step wins."""
+        begun: dict[int, dict] = {}
+        drawn: dict[int, dict] = {}
+        put: list[JournalEntry] = []
+        for e in self.entries():
+            if e.kind == "begin":
+                begun[e.step] = e.state
+            elif e.kind == "drawn":
+                drawn[e.step] = e.state
+            elif e.kind == "put":
+                put.append(e)
+        return begun, drawn, put
+
     def torn_lines(self) -> int:
         """Lines of the journal that are not entries (skipped; reported in the run's summary)."""
-        self._entries()
+        self.entries()
         return self.torn
 
     def data_states(self, steps: list[int], timeout_s: float = 300.0) -> dict[int, dict[str, int] | None]:
@@ -104,13 +190,7 @@ class Journal:
             return dict.fromkeys(steps)
         deadline = time.monotonic() + timeout_s
         while True:
-            begun: dict[int, dict] = {}
-            drawn: dict[int, dict] = {}
-            for e in self._entries():
-                if "begin" in e:
-                    begun[int(e["begin"])] = e["state"]  # (the latest entry of a step wins)
-                elif "drawn" in e:
-                    drawn[int(e["drawn"])] = e["state"]
+            begun, drawn, _ = self._positions()
             out: dict[int, dict[str, int] | None] = {
                 s: begun[s] if s in begun else drawn[s - 1] for s in steps if s in begun or s - 1 in drawn
             }
@@ -126,12 +206,18 @@ class Journal:
                 )
             time.sleep(0.2)
 
-    def log(self, entry: dict[str, Any]) -> None:
+    def log(self, entry: JournalEntry | dict[str, Any]) -> None:
+        """Append ``entry`` (a line's JSON object is checked by :meth:`JournalEntry.from_json` first)."""
+        if isinstance(entry, dict):
+            typed = JournalEntry.from_json(entry)
+            if typed is None:
+                raise ValueError(f"not a journal entry: {entry!r} has none of the kinds {KINDS}")
+            entry = typed
         if self.path is not None:
             if not self.path.parent.is_dir():  # (a rollout role used before any run made its output dir)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+                f.write(json.dumps(entry.to_json()) + "\n")
 
     def reset(self) -> None:
         """A fresh run (or a global restart from a checkpoint): forget the previous process's batches."""
@@ -144,28 +230,19 @@ class Journal:
         already (put by the previous run); record where each began, and that ``next_step`` begins at
         ``state`` (the data position just loaded)."""
         for step in sorted(int(k) for k in begun):
-            self.log({"begin": step, "state": begun[str(step)]})
+            self.log(JournalEntry.begin(step, begun[str(step)]))
             if step < next_step:
-                self.log({"put": step, "prompts": [], "restored": True})
+                self.log(JournalEntry.put(step, [], restored=True))
         if next_step > 0:
-            self.log({"drawn": next_step - 1, "state": state})
+            self.log(JournalEntry.drawn(next_step - 1, state))
 
     def recover(self) -> Recovered:
         """After the previous rollout process died: the first step that is not on the bus yet, and where
         its prompts begin (they come next, as they would have)."""
         if self.path is None or not self.path.is_file():
             raise RuntimeError("rollout recover(): no journal (needs --fully-async with the health manager)")
-        begun: dict[int, dict] = {}
-        drawn: dict[int, dict] = {}
-        put: list[tuple[int, list[str], bool]] = []
-        for e in self._entries():
-            if "begin" in e:
-                begun[int(e["begin"])] = e["state"]
-            elif "drawn" in e:
-                drawn[int(e["drawn"])] = e["state"]
-            elif "put" in e:
-                put.append((int(e["put"]), list(e["prompts"]), bool(e.get("restored"))))
-        done = {s for s, _, _ in put}
+        begun, drawn, put = self._positions()
+        done = {e.step for e in put}
         pending = sorted(s for s in begun if s not in done)
         start = pending[0] if pending else (max(done) + 1 if done else 0)
         state = None
@@ -181,7 +258,7 @@ class Journal:
         return Recovered(
             start,
             state,
-            prompt_log=sorted((s, p) for s, p, restored in put if not restored),
+            prompt_log=sorted((e.step, list(e.prompts)) for e in put if not e.restored),
         )
 
 

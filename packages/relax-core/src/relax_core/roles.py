@@ -1,117 +1,153 @@
-"""Which roles a run has and how they connect, stated once.
+"""Which roles a run has and how they connect: the role registry and the run's :class:`RolePlan`.
 
-A run's topology — which roles run, the class each is built from, the bus consumer each reads through
-and the fields it needs, the fields it writes, which roles receive weights over DCS and which model each
-loads — follows from the config alone. It was written out in five places (the role registry, the bus
-config, the fields a restarted consumer must not compute twice, the list of loops, the DCS receivers)
-and in both run modes' constructors; :meth:`RolePlan.from_config` now says it once, and colocate, fully
-async and the bus read it from there.
+The registry: the packages that hold roles register them as Python entry points, group ``relax.roles``
+(``rollout`` in relax-rollout's pyproject.toml; ``actor``, ``actor_fwd``, ``reference``, ``teacher``,
+``advantages`` in relax-train's), and the evaluator the trainer runs under ``relax.evaluators``
+(``greedy``, relax-rollout's). relax-core loads them with :mod:`importlib.metadata`, so it names no class
+of the packages above it (relax-core depends on neither) and adding a role is one class (with its
+:meth:`~relax_core.role.Role.spec`) plus one entry point line. A registry can also be passed in
+(:meth:`RoleRegistry.with_role`: a test's role, a notebook's), through
+:class:`~relax_core.controller.Controller`.
 
-Names: one name per role — its registry key, its bus consumer's name (for the roles that consume from
-the bus) and the ``bus/consumers/<name>/*`` metrics. ActorFwd, Reference and Teacher are one class
-(``ForwardWorker``) under three names. (The trainer's consumer was ``actor_train`` before relax-core 0.6:
-:data:`RENAMED_CONSUMERS` restores a bus snapshot written then.)
+The plan: each registered class states its :class:`~relax_core.role.RoleSpec` for the run's config (or
+None: not in this run); :meth:`RolePlan.from_config` puts them in data order — the rollout first, the roles
+computing on its samples after the roles whose fields they need (otherwise in registry order: by package,
+then name), the trainer last — and derives the rest: the bus config, the loops, the DCS receivers and each role's constructor
+arguments. Both run modes, the placement and the bus read it from there.
+
+Names: one name per role — its registry key, its bus consumer's name (for the roles that consume from the
+bus) and the ``bus/consumers/<name>/*`` metrics. ActorFwd, Reference and Teacher are one class
+(``ForwardWorker``) under three names.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from importlib import metadata
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.role import RoleSpec, missing_methods
 
-REGISTRY: dict[str, str] = {
-    "rollout": "relax_rollout.worker:RolloutWorker",
-    "actor": "relax_train.roles.actor:ActorWorker",
-    "actor_fwd": "relax_train.roles.forward:ForwardWorker",
-    "reference": "relax_train.roles.forward:ForwardWorker",
-    "teacher": "relax_train.roles.forward:ForwardWorker",
-    "advantages": "relax_train.roles.advantages:AdvantagesWorker",
-}
-"""Role name -> ``"module:Class"``, imported when built (relax-core depends on neither package)."""
+ROLE_GROUP = "relax.roles"
+"""The entry-point group roles are registered under (name: the role's name; value: ``module:Class``)."""
+EVALUATOR_GROUP = "relax.evaluators"
+"""The entry-point group of evaluator factories (``factory(cfg, model_path, eval_path)(model) -> accuracy``)."""
+EVALUATOR = "greedy"
+"""The evaluator the trainer runs on ``--eval-data``."""
 
 TRAINER_CONSUMER = "actor"
 """The trainer's bus consumer (its role name, as for every consumer)."""
 
-RENAMED_CONSUMERS = {"actor_train": TRAINER_CONSUMER}
-"""Old consumer name -> new, for bus snapshots in checkpoints written under the old names."""
-
-
-def role_class(name: str) -> type:
-    module, _, attr = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
 
 @dataclass(frozen=True)
-class RoleSpec:
-    name: str
-    needs: tuple[str, ...] = ()
-    """Bus fields a sample must have before this role's consumer gets it (empty: not a bus consumer)."""
-    writes: tuple[str, ...] = ()
-    """Bus fields this role writes (a restarted consumer must not compute them twice)."""
-    sampler: str = "in_order"
-    """The consumer's sampler (``group``: whole prompt groups)."""
-    receives_weights: bool = False
-    """A DCS receiver: gets every policy version the trainer publishes."""
-    model: str | None = None
-    """Which model it loads: ``policy``, ``reference`` or ``teacher`` (None: no model)."""
+class RoleRegistry:
+    """Role name -> class, in registry order, and the trainer's evaluator factory (None: none installed)."""
 
-    @property
-    def consumer(self) -> str | None:
-        """Its bus consumer: the role's own name, for a role that reads samples from the bus."""
-        return self.name if self.needs else None
+    classes: Mapping[str, type]
+    evaluator: Callable[..., Any] | None = None
+
+    @classmethod
+    def installed(cls) -> RoleRegistry:
+        """The roles and evaluator the installed packages register (entry points; loaded once)."""
+        return _installed()
+
+    def with_role(self, name: str, role: type) -> RoleRegistry:
+        """This registry and ``role`` under ``name`` (replacing a role of that name)."""
+        return replace(self, classes={**self.classes, name: role})
+
+
+@functools.cache
+def _installed() -> RoleRegistry:
+    classes: dict[str, type] = {}
+    where: dict[str, str] = {}
+    for ep in sorted(metadata.entry_points(group=ROLE_GROUP), key=lambda e: (_dist(e), e.name)):
+        if ep.name in classes:
+            raise RuntimeError(
+                f"role {ep.name!r} is registered twice ({where[ep.name]} and {ep.value} from {_dist(ep)}): "
+                f"uninstall one of the packages registering `{ep.name}` under the {ROLE_GROUP} entry points"
+            )
+        classes[ep.name], where[ep.name] = _load(ep), f"{ep.value} from {_dist(ep)}"
+    evaluators = {ep.name: ep for ep in metadata.entry_points(group=EVALUATOR_GROUP)}
+    evaluator = _load(evaluators[EVALUATOR]) if EVALUATOR in evaluators else None
+    return RoleRegistry(classes, evaluator)
+
+
+def _dist(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else ""
+
+
+def _load(ep: metadata.EntryPoint) -> Any:
+    try:
+        return ep.load()
+    except ImportError as e:
+        raise ImportError(
+            f"{ep.group} entry point {ep.name} = {ep.value} (from {_dist(ep)}) does not import ({e}): "
+            "reinstall that package (`uv sync` in a checkout)"
+        ) from e
 
 
 @dataclass
 class RolePlan:
-    """The roles of one run, in data order: the rollout first, then the roles computing on its samples
-    (ActorFwd, Reference, Teacher, then Advantages), the trainer last."""
+    """The roles of one run (their specs, classes and the trainer's evaluator), in data order: the rollout
+    first, then the roles computing on its samples (ActorFwd, Advantages, Reference, Teacher; Advantages
+    after Reference when the KL is in the reward), the trainer last."""
 
     roles: dict[str, RoleSpec]
     cfg: RelaxConfig = field(repr=False)
+    classes: dict[str, type] = field(default_factory=dict, repr=False)
+    evaluator: Callable[..., Any] | None = field(default=None, repr=False)
 
     @classmethod
-    def from_config(cls, cfg: RelaxConfig) -> RolePlan:
-        a = cfg.algo
-        specs = [RoleSpec("rollout", receives_weights=True, model="policy")]  # (writes the sample itself)
-        train_needs = ["advantages"]
-        # the exact proximal policy's log-probs, from the trainer's own weights (from its training forward
-        # when each batch is one optimizer step: no role then)
-        if a.use_actor_fwd and not cfg.prox_from_training_forward:
-            specs.append(
-                RoleSpec(
-                    "actor_fwd",
-                    needs=("tokens",),
-                    writes=("log_probs",),
-                    receives_weights=True,
-                    model="policy",
+    def from_config(cls, cfg: RelaxConfig, registry: RoleRegistry | None = None) -> RolePlan:
+        """Every registered role's spec for ``cfg`` (``registry``: default the installed one)."""
+        reg = registry if registry is not None else RoleRegistry.installed()
+        specs: dict[str, RoleSpec] = {}
+        for name, role in reg.classes.items():
+            spec = role.spec(cfg, name)
+            if spec is None:
+                continue
+            if spec.name != name:
+                raise ValueError(
+                    f"{role.__name__}.spec named its role {spec.name!r}; it is registered as {name!r}"
                 )
-            )
-            train_needs.append("log_probs")
-        if a.uses_reference:
-            specs.append(
-                RoleSpec("reference", needs=("tokens",), writes=("ref_log_probs",), model="reference")
-            )
-            if a.use_kl_loss:
-                train_needs.append("ref_log_probs")
-        if cfg.uses_teacher:
-            specs.append(
-                RoleSpec("teacher", needs=("tokens",), writes=("teacher_log_probs",), model="teacher")
-            )
-            train_needs.append("teacher_log_probs")
-        # KL in the reward: advantages wait for the reference log-probs; KL as a loss: the trainer does (the
-        # KL in the reward counts the model's tokens only: loss_mask, written with the sample)
-        adv_needs = ("reward", "ref_log_probs") if a.uses_reference and a.kl_in_reward else ("reward",)
-        specs.append(RoleSpec("advantages", needs=adv_needs, writes=("advantages",), sampler="group"))
-        specs.append(RoleSpec("actor", needs=tuple(train_needs), sampler="group", model="policy"))
-        return cls({s.name: s for s in specs}, cfg)
+            if missing := missing_methods(role, spec):
+                raise TypeError(f"role {name!r} ({role.__name__}, a {spec.part}) lacks {', '.join(missing)}")
+            specs[name] = spec
+        for part in ("rollout", "trainer"):
+            if [s.part for s in specs.values()].count(part) != 1:
+                raise ValueError(
+                    f"a run needs exactly one {part} role; the registry gives {sorted(specs)} "
+                    "(install relax-rollout and relax-train: they register theirs as entry points)"
+                )
+        ordered = _data_order(list(specs.values()))
+        fed = tuple(f for s in ordered if s.feeds_trainer for f in s.writes)
+        ordered = [replace(s, needs=(*s.needs, *fed)) if s.part == "trainer" else s for s in ordered]
+        names = {s.name for s in ordered}
+        return cls(
+            {s.name: s for s in ordered},
+            cfg,
+            {n: c for n, c in reg.classes.items() if n in names},
+            reg.evaluator,
+        )
 
     # -- views -------------------------------------------------------------------------------------------
     @property
+    def rollout(self) -> str:
+        """The rollout role's name."""
+        return next(n for n, s in self.roles.items() if s.part == "rollout")
+
+    @property
+    def trainer(self) -> str:
+        """The trainer role's name (its bus consumer's too)."""
+        return next(n for n, s in self.roles.items() if s.part == "trainer")
+
+    @property
     def loops(self) -> list[str]:
-        """The roles that run a bus-consumer loop besides the trainer, in data order."""
-        return [n for n, s in self.roles.items() if s.consumer is not None and n != "actor"]
+        """The bus consumers besides the trainer, in data order (each runs its own loop)."""
+        return [n for n, s in self.roles.items() if s.part == "consumer"]
 
     @property
     def receivers(self) -> list[str]:
@@ -128,13 +164,17 @@ class RolePlan:
         """Bus-consumer loop -> the fields it writes."""
         return {n: list(self.roles[n].writes) for n in self.loops}
 
+    def role_class(self, name: str) -> type:
+        """The class role ``name`` is built from."""
+        return self.classes[name]
+
     def bus_config(self) -> Any:
         from relax_bus import BusConfig, ConsumerSpec
 
         cfg = self.cfg
         consumers = {
             s.consumer: ConsumerSpec(
-                required_fields=list(s.needs), sampler=s.sampler, enforce_staleness=s.name == "actor"
+                required_fields=list(s.needs), sampler=s.sampler, enforce_staleness=s.part == "trainer"
             )
             for s in self.roles.values()
             if s.consumer is not None
@@ -159,15 +199,36 @@ class RolePlan:
     def arguments(
         self, name: str, bus: Any, inputs: Any, threads: int | None, teacher_path: str | None = None
     ) -> tuple[tuple, dict[str, Any]]:
-        """``(args, kwargs)`` of role ``name``'s constructor, in either mode."""
-        cfg, t = self.cfg, {"torch_threads": threads}
-        if name == "actor":
-            return (cfg, bus, inputs.model_path, inputs.eval_path), t
-        if name == "rollout":
+        """``(args, kwargs)`` of role ``name``'s constructor, in either mode, by its part: the trainer
+        ``(cfg, bus, model, eval data, evaluator=)``, the rollout ``(cfg, bus, model, prompts)``, a consumer
+        with a model ``(cfg, bus, name, its model)``, one without ``(cfg, bus)``."""
+        cfg, t, spec = self.cfg, {"torch_threads": threads}, self.roles[name]
+        if spec.part == "trainer":
+            return (cfg, bus, inputs.model_path, inputs.eval_path), {**t, "evaluator": self.evaluator}
+        if spec.part == "rollout":
             return (cfg, bus, inputs.model_path, inputs.prompt_path), t
-        if name == "advantages":
+        if spec.model is None:
             return (cfg, bus), {}
         return (cfg, bus, name, self.model_path(name, inputs, teacher_path)), t
+
+
+def _data_order(specs: list[RoleSpec]) -> list[RoleSpec]:
+    """The rollout, then each consumer once every role writing a field it needs is placed (registry order
+    among those free to go), the trainer last."""
+    first = [s for s in specs if s.part == "rollout"]
+    last = [s for s in specs if s.part == "trainer"]
+    todo = [s for s in specs if s.part == "consumer"]
+    out = list(first)
+    while todo:
+        writers = {f for s in todo for f in s.writes}
+        free = next((s for s in todo if not writers.intersection(s.needs) - set(s.writes)), None)
+        if free is None:
+            raise ValueError(
+                f"roles {[s.name for s in todo]} need each other's fields: no order computes them"
+            )
+        out.append(free)
+        todo.remove(free)
+    return out + last
 
 
 def bus_config(cfg: RelaxConfig) -> Any:

@@ -139,18 +139,19 @@ class Routing:
 
     # -- the wrapped forward -------------------------------------------------------------------
     def _wrap(self, layer: int, original):
-        routing = self
+        """Block ``layer``'s new forward (bound to the block; this :class:`Routing` is the closure's
+        ``self``)."""
 
         def forward(block, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if routing._recording is None and routing._experts is None:
+            if self._recording is None and self._experts is None:
                 return original(hidden_states, *args, **kwargs)
             *lead, hidden_dim = hidden_states.shape
             flat = hidden_states.reshape(-1, hidden_dim)
             logits, weights, ids = block.gate(flat)
-            if routing._experts is not None:
-                ids, weights = routing._replayed(layer, block.gate, logits, ids, tuple(lead))
-            if routing._recording is not None:
-                routing._recording.add(layer, ids)
+            if self._experts is not None:
+                ids, weights = self._replayed(layer, block.gate, logits, ids, tuple(lead))
+            if self._recording is not None:
+                self._recording.add(layer, ids)
             return block.experts(flat, ids, weights).reshape(*lead, hidden_dim)
 
         return forward

@@ -42,10 +42,13 @@ def _ready() -> bool:
 
 
 def _run(row: dict, index: Any) -> ProcessedSample | MediaError:
+    """One row in a worker: its sample, or the :class:`MediaError` naming it (a bad row, not a crash)."""
     assert _WORKER is not None
-    out = _WORKER._safe(row, index)
-    if isinstance(out, ProcessedSample):
-        out.row = None  # the caller has it; do not ship it back
+    try:
+        out = _WORKER.process(row, index)
+    except MediaError as e:
+        return e
+    out.row = None  # the caller has it; do not ship it back
     return out
 
 

@@ -50,8 +50,8 @@ from urllib.parse import unquote
 
 from relax_rollout import http_api
 from relax_rollout.elastic_api import openapi
-from relax_rollout.elastic_service import TERMINAL, Conflict, ElasticService, Operation  # noqa: F401
-from relax_rollout.engines.pool import STATES
+from relax_rollout.elastic_service import TERMINAL, Conflict, ElasticService
+from relax_rollout.engines.pool_members import STATES
 from relax_rollout.http_api import check_bind
 from relax_rollout.server.protocol import BadRequest, NotFound, error_body
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from relax_rollout.elastic_api import SCALE_IN_FIELDS, SCALE_OUT_FIELDS
-from relax_rollout.engines.pool import Cancelled, EnginePool, Member, PoolError, check_url
+from relax_rollout.engines.pool import EnginePool
+from relax_rollout.engines.pool_members import Cancelled, Member, PoolError, check_url
 from relax_rollout.server.protocol import BadRequest, NotFound, error_dict
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,31 @@ class Operation:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: copy.copy(getattr(self, k)) for k in self.API_FIELDS}
+
+    # -- its two signals: a cancel asked for, and the end ----------------------------------------------
+    def request_cancel(self) -> None:
+        """Ask the operation to stop; its runner sees :attr:`cancelling` and rolls back what it did."""
+        self.cancel_requested = True
+        self._cancel.set()
+
+    @property
+    def cancelling(self) -> bool:
+        """A cancel was asked for (the runner stops at its next check, and rolls back)."""
+        return self._cancel.is_set()
+
+    @property
+    def cancel_signal(self) -> threading.Event:
+        """Set once a cancel is asked for: for a wait that must end at once then (a drain in the pool)."""
+        return self._cancel
+
+    def finish(self, state: str) -> None:
+        """Record the operation's end (one of :data:`TERMINAL`) and wake its waiters."""
+        self.state, self.finished = state, time.time()
+        self._done.set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the operation is finished (or ``timeout_s``); True when it is."""
+        return self._done.wait(timeout_s)
 
 
 # -- validation ---------------------------------------------------------------------------------------
@@ -176,7 +202,7 @@ class ElasticService:
     def wait(self, op_id: str, timeout_s: float | None = None) -> Operation:
         """Block until the operation is finished (or ``timeout_s``); returns it."""
         op = self.operation(op_id)
-        op._done.wait(timeout_s)
+        op.wait(timeout_s)
         return op
 
     # -- requests --------------------------------------------------------------------------------
@@ -338,9 +364,8 @@ class ElasticService:
             op = self.operation(op_id)
             if op.state in TERMINAL:
                 raise Conflict(f"operation {op_id} is already {op.state}; there is nothing to cancel", op_id)
-            op.cancel_requested = True
-            op._cancel.set()
-        op._done.wait(self.cancel_wait_s if wait_s is None else wait_s)
+            op.request_cancel()
+        op.wait(self.cancel_wait_s if wait_s is None else wait_s)
         return op
 
     # -- running ---------------------------------------------------------------------------------
@@ -348,14 +373,14 @@ class ElasticService:
         with self._lock:
             op.state, op.started = "running", time.time()
         error: str | None = None
-        if not op._cancel.is_set():
+        if not op.cancelling:
             try:
                 run(op)
             except Exception as e:  # noqa: BLE001 — recorded on the operation
                 logger.warning("elastic %s %s failed: %s", op.kind, op.id, e)
                 error = f"{type(e).__name__}: {e}" if not isinstance(e, PoolError) else str(e)
         with self._lock:
-            if error is None and not op._cancel.is_set():
+            if error is None and not op.cancelling:
                 self._finish(op, "succeeded")
                 return
         try:  # cancelled (or a scale-out that failed half-way): undo what it did
@@ -365,11 +390,10 @@ class ElasticService:
             error = (error + "; " if error else "") + f"rollback failed: {e}"
         with self._lock:
             op.error = error
-            self._finish(op, "cancelled" if op._cancel.is_set() else "failed")
+            self._finish(op, "cancelled" if op.cancelling else "failed")
 
     def _finish(self, op: Operation, state: str) -> None:
-        op.state, op.finished = state, time.time()
-        op._done.set()
+        op.finish(state)
         logger.info(
             "elastic %s %s %s (added %s, removed %s)",
             op.kind,
@@ -383,7 +407,7 @@ class ElasticService:
         urls = op.request.get("engine_urls")
         if urls is not None:
             for u in urls:
-                if op._cancel.is_set():
+                if op.cancelling:
                     return
                 m = self.pool.add(u, kind="external")
                 with self._lock:
@@ -393,7 +417,7 @@ class ElasticService:
         errors: list[str] = []
 
         def one() -> None:
-            if op._cancel.is_set():
+            if op.cancelling:
                 return
             try:
                 m = self.pool.spawn("ray_native")
@@ -419,7 +443,7 @@ class ElasticService:
 
         def one(member_id: str) -> None:
             try:
-                self.pool.remove(member_id, drain, force, cancel=op._cancel)
+                self.pool.remove(member_id, drain, force, cancel=op.cancel_signal)
             except Cancelled:  # the pool made it active again
                 with self._lock:
                     op.rollback.append(f"{member_id} active again")

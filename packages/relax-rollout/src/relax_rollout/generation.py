@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_rollout.engines import SamplingParams
 from relax_rollout.engines.base import GenerateOutput
@@ -103,9 +104,9 @@ class Generation:
         unfilled = max(0, want - len(kept))
         groups = kept[:want] + spare[:unfilled]
         counters = {
-            "ds_dropped_groups": dropped,
-            "ds_extra_rounds": rounds - 1,
-            "ds_unfilled_groups": unfilled,
+            sample.DS_DROPPED_GROUPS: dropped,
+            sample.DS_EXTRA_ROUNDS: rounds - 1,
+            sample.DS_UNFILLED_GROUPS: unfilled,
         }
         for k, v in counters.items():
             self.stats[k] = self.stats.get(k, 0) + v
@@ -229,11 +230,11 @@ class Generation:
         for ep in episodes:
             self.stats[f"stop/{ep.stop_reason}"] = self.stats.get(f"stop/{ep.stop_reason}", 0) + 1
             extra = {
-                "loss_mask": ep.mask,
+                sample.LOSS_MASK: ep.mask,
                 "turns": ep.turns,
                 "env_reward": ep.info.get("reward"),
                 "env_reward_error": ep.info.get("reward_error"),
-                "env_error": str(ep.info.get("error", ep.info.get("reset_error", ""))),
+                sample.ENV_ERROR: str(ep.info.get("error", ep.info.get("reset_error", ""))),
             }
             outs.append(
                 GenerateOutput(
@@ -287,4 +288,6 @@ def _truncated(out: GenerateOutput, n: int) -> GenerateOutput:
 def _model_tokens(outs: list[GenerateOutput]) -> int:
     """Tokens the engine generated for ``outs``: a multi-turn episode's model tokens (its loss mask), not
     what the environment and the chat template added."""
-    return int(sum(sum(o.extra["loss_mask"]) if "loss_mask" in o.extra else len(o.token_ids) for o in outs))
+    return int(
+        sum(sum(o.extra[sample.LOSS_MASK]) if sample.LOSS_MASK in o.extra else len(o.token_ids) for o in outs)
+    )

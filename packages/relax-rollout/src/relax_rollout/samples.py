@@ -1,25 +1,8 @@
 """The rollout role's samples: a generated batch scored and made into the bus's samples, and put.
 
-Why a room of its own: this is the one place that knows the sample schema the rollout writes to the bus
-(what the trainer, the advantage estimator and the report read), so a field is added or renamed here and
-nowhere else. A sample carries:
-
-- ``tokens`` (int64: prompt then response), ``prompt_len``, ``response_len``;
-- ``loss_mask`` (float32, one per response token: 0 on what an environment or the chat template added
-  between a multi-turn episode's model turns, and with --mask-offpolicy-in-partial-rollout on the tokens
-  sampled before a response's last weight version), ``rollout_log_probs`` (float32, one per response token);
-- ``routed_experts``: with --routing-replay, each token's MoE experts as the engine routed them;
-- ``mm``: the media tensors of its prompt (multimodal rows only);
-- ``reward`` (float), ``reward_failure`` (why the reward function failed, or "");
-- ``policy_version``: the oldest weight version among its tokens (staleness is measured against it);
-- ``token_versions`` (int32, one per response token): streaming rollout only, where a response may go on
-  across weight updates (--partial-rollout);
-- ``group_id`` (``"step:index"``: the n samples of one prompt), ``prompt_id`` (the row's id),
-  ``rollout_step``, ``finish_reason``;
-- ``turns``, ``env_error``: multi-turn episodes only;
-- ``response_text``: the decoded response (multi-turn: the last model turn);
-- ``rollout_tokens_per_s``: the batch's generation speed; and with dynamic sampling its counters
-  ``ds_dropped_groups``, ``ds_extra_rounds``, ``ds_unfilled_groups``.
+Why a room of its own: this is where the rollout's samples are assembled — a
+:class:`~relax_core.sample.RolloutSample` per response, the schema every reader (the trainer, the advantage
+estimator, the report) imports from :mod:`relax_core.sample`, so a field is added or renamed there.
 
 ``relax_rollout.server.trajectories.to_bus_sample`` writes the same schema for agent trajectories.
 """
@@ -33,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from relax_bus import DuplicateIds
+from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_core.sample import RolloutSample
 from relax_rollout.generation import Generated
 
 logger = logging.getLogger(__name__)
@@ -68,55 +53,50 @@ class SampleWriter:
                 results[i] = RewardResult(float(o.extra["env_reward"]))
         return results, time.perf_counter() - t1
 
-    def samples(self, gen: Generated, results: list) -> list[dict[str, Any]]:
-        """The bus samples of a scored batch (the fields listed in this module's docstring)."""
+    def samples(self, gen: Generated, results: list) -> list[RolloutSample]:
+        """The bus samples of a scored batch (:class:`~relax_core.sample.RolloutSample`)."""
         step, rows, prompts, outs = gen.step, gen.rows, gen.prompts, gen.outs
         n = self.cfg.rollout.n_samples_per_prompt
         texts = gen.texts  # (set by score, or by multi-turn generation)
         # generation speed of the whole batch (dropped dynamic-sampling groups included), on every sample
         tokens_per_s = gen.generated_tokens / max(gen.generate_s, 1e-9)
-        extra = {**gen.extra, "rollout_tokens_per_s": tokens_per_s}
+        extra = {**gen.extra, sample.ROLLOUT_TOKENS_PER_S: tokens_per_s}
         media = gen.media or [None] * len(outs)
-        samples = []
+        samples: list[RolloutSample] = []
         for i, (o, res) in enumerate(zip(outs, results)):
             row = rows[i // n]
             p = prompts[i]
-            samples.append(
-                {
-                    **({"mm": media[i]} if media[i] is not None else {}),
-                    "tokens": np.asarray(p + o.token_ids, dtype=np.int64),
-                    "prompt_len": len(p),
-                    "response_len": len(o.token_ids),
-                    "loss_mask": self._loss_mask(o),
-                    "rollout_log_probs": np.asarray(o.log_probs, dtype=np.float32),
-                    **({"routed_experts": o.extra["routed_experts"]} if self.cfg.algo.routing_replay else {}),
-                    "reward": float(res.score),
-                    "reward_failure": res.failure or "",
-                    "policy_version": int(o.oldest_version),
-                    **(
-                        {"token_versions": np.asarray(o.token_versions or [], dtype=np.int32)}
-                        if self.cfg.rollout.streaming_rollout
-                        else {}
-                    ),
-                    "group_id": f"{step}:{gen.first_group + i // n}",
-                    "prompt_id": row.row_id,
-                    "rollout_step": step,
-                    "finish_reason": o.finish_reason,
-                    **(
-                        {"turns": o.extra["turns"], "env_error": o.extra["env_error"]}
-                        if "turns" in o.extra
-                        else {}
-                    ),
-                    "response_text": texts[i],
-                    **extra,
-                }
+            s = RolloutSample(
+                tokens=np.asarray(p + o.token_ids, dtype=np.int64),
+                prompt_len=len(p),
+                response_len=len(o.token_ids),
+                loss_mask=self._loss_mask(o),
+                rollout_log_probs=np.asarray(o.log_probs, dtype=np.float32),
+                reward=float(res.score),
+                reward_failure=res.failure or "",
+                policy_version=int(o.oldest_version),
+                group_id=f"{step}:{gen.first_group + i // n}",
+                prompt_id=row.row_id,
+                rollout_step=step,
+                finish_reason=o.finish_reason,
+                response_text=texts[i],
             )
+            if media[i] is not None:
+                s[sample.MM] = media[i]
+            if self.cfg.algo.routing_replay:
+                s[sample.ROUTED_EXPERTS] = o.extra[sample.ROUTED_EXPERTS]
+            if self.cfg.rollout.streaming_rollout:
+                s[sample.TOKEN_VERSIONS] = np.asarray(o.token_versions or [], dtype=np.int32)
+            if sample.TURNS in o.extra:
+                s[sample.TURNS], s[sample.ENV_ERROR] = o.extra[sample.TURNS], o.extra[sample.ENV_ERROR]
+            s.update(extra)  # (the generation speed; dynamic sampling's counters)
+            samples.append(s)
         return samples
 
     def _loss_mask(self, o: Any) -> np.ndarray:
         """1 per response token the loss trains on: 0 on what an environment added, and with
         --mask-offpolicy-in-partial-rollout on the tokens sampled before the response's last version."""
-        mask = np.asarray(o.extra.get("loss_mask", [1.0] * len(o.token_ids)), dtype=np.float32)
+        mask = np.asarray(o.extra.get(sample.LOSS_MASK, [1.0] * len(o.token_ids)), dtype=np.float32)
         if self.cfg.rollout.mask_offpolicy_in_partial_rollout and o.token_versions:
             versions = np.asarray(o.token_versions)
             mask = mask * (versions == versions.max()).astype(np.float32)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from relax_bus import BusClosed
+from relax_core import sample
+from relax_core.resume import Journal, JournalEntry
 from relax_rollout.engines.continuous import ContinuousBatcher
 from relax_rollout.generation import Generated, _model_tokens
 
@@ -45,14 +48,33 @@ class _Group:
     """When its last response ended (wall clock, ns): the samples' ``generated_at``, its trace span's end."""
 
 
-class GroupStream:
-    """The streaming loop of one :class:`~relax_rollout.worker.RolloutWorker` (its engine, prompts, sample
-    writer, journal and stats)."""
+class StreamOwner(Protocol):
+    """What the stream uses of its rollout role (:class:`~relax_rollout.worker.RolloutWorker`): its public
+    parts only; the journal and the heartbeat are handed to :class:`GroupStream` apart."""
 
-    def __init__(self, worker: Any) -> None:
+    cfg: Any
+    engine: Any
+    stats: dict[str, Any]
+    prompts: Any
+    """:class:`~relax_rollout.prompts.Prompts`: draws each step's prompts, keeps the prompt log."""
+    generation: Any
+    """:class:`~relax_rollout.generation.Generation`: each step's sampling parameters."""
+    samples: Any
+    """:class:`~relax_rollout.samples.SampleWriter`: scores a group and puts it on the bus."""
+    tracer: Any
+
+    def admit(self, step: int) -> None: ...
+
+
+class GroupStream:
+    """The streaming loop of one rollout role (``worker``: its engine, prompts, sample writer and stats),
+    writing ``journal`` and calling ``beat()`` whenever it makes progress or polls idle (the role's
+    heartbeat for the health manager)."""
+
+    def __init__(self, worker: StreamOwner, journal: Journal, beat: Callable[[], None]) -> None:
         from relax_rollout.engines.torch_engine import TorchEngine
 
-        self.w = worker
+        self.w, self.journal, self.beat = worker, journal, beat
         cfg = worker.cfg
         r = cfg.rollout
         self.n = r.n_samples_per_prompt
@@ -114,7 +136,7 @@ class GroupStream:
                 t0 = time.perf_counter()
                 with self._cond:  # room for the step's groups
                     while self.inflight + groups > self.limit and not self.failure:
-                        w._beat = time.monotonic()
+                        self.beat()
                         self._cond.wait(0.5)
                 w.stats["wait_s"] += time.perf_counter() - t0
                 if self.failure:
@@ -132,9 +154,9 @@ class GroupStream:
     def _begin(self, step: int) -> None:
         """Draw step ``step``'s prompts (journaled) and submit every response of its groups."""
         w = self.w
-        w._journal.log({"begin": step, "state": w.prompts.begin(step)})
+        self.journal.log(JournalEntry.begin(step, w.prompts.begin(step)))
         rows, enc = w.prompts.batch()
-        w._journal.log({"drawn": step, "state": w.prompts.iterator.state_dict()})
+        self.journal.log(JournalEntry.drawn(step, w.prompts.iterator.state_dict()))
         params = w.generation.sampling(step, len(rows) * self.n)
         mins = params.min_new_tokens
         cfg_exact = w.cfg.rollout.long_tail_exact and isinstance(mins, list)
@@ -184,7 +206,7 @@ class GroupStream:
                 outs,
                 secs,
                 _model_tokens(outs),
-                extra={"generated_at": group.end_ns / 1e9},
+                extra={sample.GENERATED_AT: group.end_ns / 1e9},
                 first_group=group.index,
             )
             n, reward_s = w.samples.put(gen)
@@ -204,13 +226,13 @@ class GroupStream:
             w.stats["samples"] += n
             w.stats["reward_s"] += reward_s
             w.stats["generate_s"] += secs
-            w._journal.log({"put_group": group.step, "group": group.index})
+            self.journal.log(JournalEntry.put_group(group.step, group.index))
             prompts, todo = self.steps[group.step]
             todo.discard(group.index)
             if not todo:
                 del self.steps[group.step]
                 w.prompts.prompt_log.append((group.step, prompts))
-                w._journal.log({"put": group.step, "prompts": prompts})
+                self.journal.log(JournalEntry.put(group.step, prompts))
             self.inflight -= 1
             self._cond.notify_all()
 

@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relax_bus.staleness import StalenessBound
 from relax_core.config import RelaxConfig
 from relax_core.resume import Journal
+from relax_core.role import Restart, RoleSpec
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
@@ -50,6 +52,18 @@ def _reserve_engine_gpus(cfg: RelaxConfig, extra: dict[str, Any]) -> Any:
 
 class RolloutWorker:
     role = "rollout"
+
+    @classmethod
+    def spec(cls, cfg: RelaxConfig, name: str) -> RoleSpec:
+        """The producer (it writes the sample itself); a DCS receiver of every policy version; a restart
+        goes on from its journal."""
+        return RoleSpec(
+            name,
+            part="rollout",
+            receives_weights=True,
+            model="policy",
+            restart=(Restart.JOURNAL, Restart.WEIGHTS),
+        )
 
     def __init__(
         self, cfg: RelaxConfig, bus: Any, model_path: str, prompt_path: str, torch_threads: int | None = None
@@ -224,7 +238,7 @@ class RolloutWorker:
         if self.cfg.rollout.streaming_rollout:  # prompt groups one at a time (relax_rollout.streaming)
             from relax_rollout.streaming import GroupStream
 
-            self._stream = GroupStream(self)
+            self._stream = GroupStream(self, self._journal, lambda: setattr(self, "_beat", time.monotonic()))
             try:
                 self._stream.run(start_step)
             finally:
@@ -284,7 +298,7 @@ class RolloutWorker:
             except BusTimeout:
                 continue
         run = self.cfg.run
-        need = max(0, step - run.max_staleness) if run.staleness_policy == "wait" else 0
+        need = StalenessBound(run.max_staleness, run.staleness_policy).admit_version(step)
         with self._cond:
             while self.engine.weight_version < need:
                 self._beat = time.monotonic()

@@ -174,7 +174,7 @@ def test_routing_is_recorded_for_every_segment_of_a_response_continued_across_an
     versions, and each segment compares exactly with a full forward of its version's model."""
     import numpy as np
 
-    from relax_core.testing import tiny_moe
+    from relax_testing import tiny_moe
 
     engine = TorchEngine(
         model=tiny_moe(2, 2, seed=0), eos_token_ids=[EOS], pad_token_id=0, record_routing=True

@@ -6,11 +6,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from relax_core.testing import tiny_moe  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.expert_names import fuse_experts, unfuse_experts  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from relax_rollout.engines.wire_weights import save_safetensors  # noqa: E402
+from relax_testing import tiny_moe  # noqa: E402
 
 EXPERTS, FFN, H = 8, 16, 32  # (2 * FFN != H, FFN != H: no layout reads the wrong one by accident)
 

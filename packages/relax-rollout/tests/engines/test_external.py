@@ -106,7 +106,7 @@ def test_two_servers_split_the_batch(engine_server, local, tiny_model_dir):
 
 
 def test_connection_errors_are_retried_then_raised():
-    from relax_core.dcs import free_port
+    from relax_core.dcs_transport import free_port
 
     eng = ExternalEngine(urls=[f"http://127.0.0.1:{free_port()}"], retries=2, retry_backoff_s=0.01)
     with pytest.raises(ConnectionError, match="after 3 tries"):
@@ -117,7 +117,7 @@ def test_connection_errors_are_retried_then_raised():
 def test_config_field_and_validation():
     from pydantic import ValidationError
 
-    from relax_core.config import RolloutConfig
+    from relax_core.config_sections import RolloutConfig
 
     cfg = RolloutConfig(rollout_backend="external", rollout_external_urls=["http://127.0.0.1:30000"])
     assert cfg.rollout_external_urls == ["http://127.0.0.1:30000"]
@@ -155,10 +155,10 @@ def test_a_server_at_its_request_bound_is_asked_again(tiny_model_dir, local):
     """A server refusing a request as busy (our engine server's 503 Overloaded; SGLang's 503 "The request
     queue is full.", test_sglang_real.py) is asked again after a pause, as the engine pool does; the
     external engine raised the 503."""
-    from relax_core.testing import SlowEngine, in_background, wait_until
     from relax_rollout.engines.torch_engine import TorchEngine
     from relax_rollout.engines.wire import http_json
     from relax_rollout.server.served import ServedEngine
+    from relax_testing import SlowEngine, in_background, wait_until
 
     engine = SlowEngine(TorchEngine(model_path=tiny_model_dir, eos_token_ids=[1], pad_token_id=0), 0.3)
     served = ServedEngine(engine, max_queued_requests=1)
@@ -183,9 +183,9 @@ def test_one_prompt_calls_go_to_the_least_loaded_servers_at_once(engine_server, 
     and calls are not queued behind one another (they all went to the first server, two at a time)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from relax_core.testing import SlowEngine
     from relax_rollout.engines.torch_engine import TorchEngine
     from relax_rollout.server.served import ServedEngine
+    from relax_testing import SlowEngine
 
     served = [
         ServedEngine(

@@ -11,12 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import SlowEngine, in_background, wait_until  # noqa: E402
 from relax_rollout.engines import RolloutEngine, SamplingParams  # noqa: E402
-from relax_rollout.engines.pool import DrainTimeout, EnginePool, NoActiveEngine, PoolError  # noqa: E402
+from relax_rollout.engines.pool import EnginePool  # noqa: E402
+from relax_rollout.engines.pool_members import DrainTimeout, NoActiveEngine, PoolError  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from relax_rollout.engines.wire import ServerError, http_json  # noqa: E402
 from relax_rollout.server.served import ServedEngine  # noqa: E402
+from relax_testing import SlowEngine, in_background, wait_until  # noqa: E402
 
 EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13], [9, 9], [3, 4, 5], [6, 12, 7]]
@@ -255,7 +256,7 @@ def test_add_checks_the_url_and_reachability(serve):
         pool.get("e1").state = "failed"  # as after a crash; the engine at that URL is back
         m = pool.add(b.url)
         assert m.id == "e2" and pool.get("e1").state == "removed" and pool.get("e1").replaced_by == "e2"
-        from relax_core.dcs import free_port
+        from relax_core.dcs_transport import free_port
 
         with pytest.raises(PoolError, match="could not join"):
             pool.add(f"http://127.0.0.1:{free_port()}")

@@ -18,12 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
-from relax_core.testing import in_background, wait_until  # noqa: E402
 from relax_rollout.engine_factory import sglang_kwargs  # noqa: E402
 from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.base import memory_request  # noqa: E402
 from relax_rollout.engines.checkpoint import model_routing  # noqa: E402
-from relax_rollout.engines.pool import NoActiveEngine  # noqa: E402
+from relax_rollout.engines.pool_members import NoActiveEngine  # noqa: E402
 from relax_rollout.engines.processes import (  # noqa: E402
     EngineStartError,
     flag_args,
@@ -32,7 +31,7 @@ from relax_rollout.engines.processes import (  # noqa: E402
     server_command,
 )
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
-from relax_rollout.engines.sglang_weights import WeightUpdateFailed, rank_devices  # noqa: E402
+from relax_rollout.engines.sglang.weights import WeightUpdateFailed, rank_devices  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from relax_rollout.engines.wire import (  # noqa: E402
     RoutingInfo,
@@ -51,6 +50,7 @@ from relax_rollout.engines.wire_weights import (  # noqa: E402
     tensor_metadata,
     tensor_update_request,
 )
+from relax_testing import in_background, wait_until  # noqa: E402
 
 EOS = 1
 PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13], [4, 13], [5, 5, 12, 6, 13]]
@@ -454,7 +454,7 @@ def test_parse_reply_reads_sglang_meta_info():
 
 
 def test_model_routing_from_config(tiny_model_dir, tmp_path):
-    from relax_core.testing import tiny_moe
+    from relax_testing import tiny_moe
 
     assert model_routing(tiny_model_dir) is None  # dense
     tiny_moe(layers=3, top_k=2).config.save_pretrained(tmp_path)
@@ -551,8 +551,8 @@ def test_constructor_errors_before_launching_anything(tiny_model_dir, tmp_path):
 def test_routed_experts_and_media_through_our_server():
     """Our server answers SGLang's routed-experts request the way SGLang does (base64 int32,
     [prompt + generated - 1, layers, top_k]) and refuses media it cannot serve."""
-    from relax_core.testing import tiny_moe
     from relax_rollout.server.served import ServedEngine
+    from relax_testing import tiny_moe
 
     torch.set_num_threads(1)
     model = tiny_moe(layers=2, top_k=2)
@@ -785,7 +785,8 @@ def _perturbed(local, seed):
 
 @pytest.mark.integration
 def test_weight_update_over_dcs(engine, tiny_model_dir):
-    from relax_core.dcs import WeightSender, free_port
+    from relax_core.dcs import WeightSender
+    from relax_core.dcs_transport import free_port
 
     trainer = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
     new = _perturbed(trainer, 5)

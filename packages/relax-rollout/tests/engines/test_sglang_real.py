@@ -17,13 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import EOS, VOCAB, model_log_probs, wait_until  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.pool import EnginePool  # noqa: E402
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
-from relax_rollout.engines.sglang_weights import WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
+from relax_rollout.engines.sglang.weights import WeightUpdateFailed, WeightVersionMismatch  # noqa: E402
 from relax_rollout.engines.wire import http_json, model_info, retry_flush_refused  # noqa: E402
+from relax_testing import EOS, VOCAB, model_log_probs, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 
@@ -347,6 +347,7 @@ def test_partial_rollout_pauses_in_place_and_requests_go_on_with_each_token_stam
     from types import SimpleNamespace
 
     from relax_core.cli_config import build_config
+    from relax_core.resume import Journal
     from relax_rollout.streaming import GroupStream
 
     old = {k: v.clone() for k, v in hf.state_dict().items()}  # what the engines hold (the last test's)
@@ -364,7 +365,9 @@ def test_partial_rollout_pauses_in_place_and_requests_go_on_with_each_token_stam
         "--streaming-rollout",
         "--partial-rollout",
     ]
-    stream = GroupStream(SimpleNamespace(cfg=build_config(None, flags), engine=real))
+    stream = GroupStream(
+        SimpleNamespace(cfg=build_config(None, flags), engine=real), Journal(None), lambda: None
+    )
     long = SamplingParams(max_new_tokens=60, temperature=1.0, min_new_tokens=60, seed=3)
     for url in real.urls:
         http_json(url, "/slow_down", {"forward_sleep_time": 0.03})
@@ -407,6 +410,7 @@ def test_partial_rollout_refuses_user_launched_sglang_running_its_prefix_cache(r
     from types import SimpleNamespace
 
     from relax_core.cli_config import build_config
+    from relax_core.resume import Journal
     from relax_rollout.engines.external import ExternalEngine
     from relax_rollout.streaming import GroupStream
 
@@ -414,9 +418,10 @@ def test_partial_rollout_refuses_user_launched_sglang_running_its_prefix_cache(r
     cfg = build_config(None, [*flags, "--partial-rollout"])
     ext = ExternalEngine(urls=real.urls)
     with pytest.raises(ValueError, match="--disable-radix-cache") as exc:
-        GroupStream(SimpleNamespace(cfg=cfg, engine=ext))
+        GroupStream(SimpleNamespace(cfg=cfg, engine=ext), Journal(None), lambda: None)
     assert all(url in str(exc.value) for url in real.urls)
-    GroupStream(SimpleNamespace(cfg=build_config(None, flags), engine=ext)).close()  # without partial rollout
+    plain = SimpleNamespace(cfg=build_config(None, flags), engine=ext)
+    GroupStream(plain, Journal(None), lambda: None).close()  # without partial rollout
 
 
 def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf, monkeypatch):
@@ -429,11 +434,11 @@ def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf
     Either way every engine restarts or serves, and all serve the next update."""
     import time
 
-    from relax_rollout.engines.pool import PoolError
+    from relax_rollout.engines.pool_members import PoolError
 
     refusing, other = [m.url for m in real.pool.active()]
     sent = {"n": 0}
-    call = real._call
+    call = real.servers.call
 
     def refuse_third_bucket(url, path, body, *args, **kwargs):
         if url == refusing and path == "/update_weights_from_distributed":
@@ -442,7 +447,7 @@ def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf
                 body = {**body, "group_name": "no_such_group"}
         return call(url, path, body, *args, **kwargs)
 
-    monkeypatch.setattr(real, "_call", refuse_third_bucket)
+    monkeypatch.setattr(real.servers, "call", refuse_third_bucket)
     pids = {s["url"]: s["pid"] for s in real.engines()}
     index = {s["url"]: s["index"] for s in real.engines()}
     t0 = time.monotonic()
@@ -453,7 +458,7 @@ def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf
     else:  # carried out on engine 1
         assert real.urls == [other] and model_info(other)["weight_version"] == "10"
     assert time.monotonic() - t0 < 60  # at once, not at the group's time-out (120 s)
-    monkeypatch.setattr(real, "_call", call)
+    monkeypatch.setattr(real.servers, "call", call)
     # (restarted engines wait for the next update, or serve the checkpoint when no update ever loaded; the
     # supervisor records why an engine failed when it takes it up, from its own thread)
     wait_until(

@@ -22,10 +22,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import EOS, VOCAB, model_log_probs, tiny_moe  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.sglang import SGLangEngine  # noqa: E402
+from relax_testing import EOS, VOCAB, model_log_probs, tiny_moe  # noqa: E402
 
 pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 
@@ -96,18 +96,18 @@ def test_a_fused_expert_update_loads(real, path):
     the version only on the last), and SGLang then serves the new model."""
     new = tiny_moe(seed={"distributed": 1, "disk": 2}[path], moe_intermediate_size=16).eval()
     version = real.weight_version + 1
-    sent, call = [], real._call
+    sent, call = [], real.servers.call
 
     def spy(url, route, body=None, timeout_s=None):  # what went on the wire
         if route in ("/update_weights_from_distributed", "/update_weights_from_disk"):
             sent.append(body)
         return call(url, route, body, timeout_s)
 
-    real._call, real.weight_update = spy, path
+    real.servers.call, real.weight_update = spy, path
     try:
         real.update_weights(dict(new.state_dict()), version)
     finally:
-        real._call, real.weight_update = call, "distributed"
+        real.servers.call, real.weight_update = call, "distributed"
     if path == "disk":
         from safetensors import safe_open
 

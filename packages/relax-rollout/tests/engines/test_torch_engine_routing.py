@@ -18,7 +18,7 @@ PROMPTS = [[3, 12, 4, 13], [7, 12, 8, 12, 9, 13, 20, 21], [4, 13], [5, 5, 12, 6,
 
 
 def tiny_moe(seed=0):
-    from relax_core.testing import tiny_moe as build
+    from relax_testing import tiny_moe as build
 
     return build(LAYERS, TOP_K, seed)
 

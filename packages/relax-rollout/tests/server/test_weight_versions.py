@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from relax_core.testing import SlowEngine, wait_until  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 from relax_rollout.engines.wire import http_json, parse_reply  # noqa: E402
 from relax_rollout.server.served import ServedEngine  # noqa: E402
+from relax_testing import SlowEngine, wait_until  # noqa: E402
 
 PROMPT = [3, 12, 4, 13]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax_core.config import AlgoConfig
+from relax_core.config_sections import AlgoConfig
 from relax_train.algorithms.losses import kl_penalty, loss_kl_estimator
 from relax_train.roles.advantages import kl_shaped_sequence_rewards
 

@@ -40,6 +40,7 @@ def test_the_protocol_names_what_the_roles_call():
         "load_checkpoint",
         "offload",
         "onload",
+        "streamed_step",
     }
     assert set(BACKENDS) == {"torch", "megatron"}
 
@@ -50,6 +51,18 @@ def test_every_backend_class_has_the_protocols_methods(cls):
         want = list(inspect.signature(getattr(TrainBackend, name)).parameters)
         got = list(inspect.signature(getattr(cls, name)).parameters)
         assert got == want, f"{cls.__name__}.{name}{got} != TrainBackend.{name}{want}"
+    for name in ("stochastic_forward", "supports_streamed_step", "before_update"):
+        assert hasattr(cls, name), f"{cls.__name__} does not declare TrainBackend.{name}"
+
+
+def test_backends_share_components_not_a_base_class():
+    """The megatron backend holds the torch backend's loss and step code as components; it is not a
+    TorchBackend (an ``isinstance`` check once sent it down the torch backend's streamed path)."""
+    from relax_train.backends.torch_backend import TorchBackend
+
+    assert TorchBackend.supports_streamed_step
+    for cls in _classes()[1:]:
+        assert not issubclass(cls, TorchBackend) and not cls.supports_streamed_step
 
 
 def test_the_torch_backend_through_the_protocol(tiny_model_dir, tmp_path):

@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from relax_core.config import RelaxConfig, TrainConfig  # noqa: E402
+from relax_core.config import RelaxConfig  # noqa: E402
+from relax_core.config_sections import TrainConfig  # noqa: E402
 from relax_train.backends.micro import plan_micro_batches  # noqa: E402
 from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
 

@@ -1,6 +1,7 @@
-"""Streamed training (``backends/streamed.py``): a batch fed part by part as it arrives, forward and
-backward per part, one optimizer step at the end, updates the weights as the whole-batch ``train_step``
-does (to 1e-6), in the token-normalised and the sequence-normalised loss modes; mixing both is refused."""
+"""Streamed training (``backend.streamed_step``, ``backends/streamed.py``): a batch fed part by part as it
+arrives, forward and backward per part, one optimizer step at the end, updates the weights as the
+whole-batch ``train_step`` does (to 1e-6), in the token-normalised and the sequence-normalised loss modes;
+mixing both is refused, and so is a frozen backend."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from relax_core.config import RelaxConfig  # noqa: E402
-from relax_train.backends.streamed import StreamedStep, streamed_train_step  # noqa: E402
+from relax_train.backends.streamed import streamed_train_step  # noqa: E402
 from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
 
 # eight responses of different lengths (vocab of 64; 0 is pad, 1 is eos), advantages of both signs
@@ -77,11 +78,13 @@ def test_a_batch_fed_in_parts_updates_the_weights_as_the_whole_batch_does(tiny_m
 def test_streamed_steps_that_cannot_match_the_whole_batch_are_refused(tiny_model_dir):
     mixed = TorchBackend(cfg(loss_agg_mode="seq-mean-token-mean", entropy_coef=0.01), tiny_model_dir)
     with pytest.raises(ValueError, match="--loss-agg-mode token-mean or --entropy-coef 0"):
-        StreamedStep(mixed, 8)
+        mixed.streamed_step(8)
     backend = TorchBackend(cfg(), tiny_model_dir)
     with pytest.raises(ValueError, match="one optimizer step per batch"):
-        StreamedStep(backend, 4)
-    step = StreamedStep(backend, 8)
+        backend.streamed_step(4)
+    step = backend.streamed_step(8)
     step.add(samples([0, 1, 2]))
     with pytest.raises(ValueError, match="ended after 3"):
         step.finish()
+    with pytest.raises(RuntimeError, match="built frozen"):
+        TorchBackend(cfg(), tiny_model_dir, trainable=False).streamed_step(8)

@@ -18,7 +18,7 @@ SEQS = [([3, 12, 4, 13], [5, 6, 1, 40]), ([7, 12, 8, 12, 9, 13], [10]), ([4, 13]
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from relax_core.testing import tiny_moe
+    from relax_testing import tiny_moe
 
     torch.set_num_threads(1)
     path = tmp_path_factory.mktemp("moe")

@@ -10,8 +10,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from relax_core.config import RelaxConfig  # noqa: E402
-from relax_core.dcs import WeightReceiver, checksum, free_port  # noqa: E402
-from relax_core.testing import in_background, wait_until  # noqa: E402
+from relax_core.dcs import WeightReceiver, checksum  # noqa: E402
+from relax_core.dcs_transport import free_port  # noqa: E402
+from relax_testing import in_background, wait_until  # noqa: E402
 from relax_train.roles.actor import ActorWorker  # noqa: E402
 
 SEQS = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8, 12, 9, 13], [10])]

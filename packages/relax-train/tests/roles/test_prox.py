@@ -4,7 +4,6 @@ dropout; ``train/prox_gap_max`` shows a π_prox that is not the trainer's policy
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ pytest.importorskip("transformers")
 
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_train.backends.torch_backend import TorchBackend  # noqa: E402
-from relax_train.roles.actor import ActorWorker  # noqa: E402
+from relax_train.roles.prox import exact_prox  # noqa: E402
 
 # prompt + response token ids of different lengths: three samples in two micro-batches (of 2 and 1)
 SEQS = [([3, 12, 4, 13], [5, 6, 1]), ([7, 12, 8, 12, 9, 13], [10]), ([4, 13], [3, 3, 3, 3, 1])]
@@ -43,7 +42,7 @@ def _samples() -> dict[str, list]:
 
 
 def _prox(cfg: RelaxConfig, backend, d: dict) -> dict[str, float]:
-    return ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=backend), d)
+    return exact_prox(cfg, backend, d)
 
 
 @pytest.mark.parametrize("mode", ["colocate", "fully_async"])

@@ -360,9 +360,15 @@ class _Context:
     _media: Path | None = None
 
     def media_dir(self) -> Path:
+        """The folder media are written to (beside ``out``), made at the first call."""
         if self._media is None:
             self._media = (self.out.parent / f"{self.out.stem}_images").resolve()
             self._media.mkdir(parents=True, exist_ok=True)
+        return self._media
+
+    @property
+    def media_written(self) -> Path | None:
+        """:meth:`media_dir` once a row wrote media there; None while none did (no folder made)."""
         return self._media
 
 
@@ -435,7 +441,7 @@ def convert(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    report.media_dir = str(ctx._media) if ctx._media is not None else None
+    report.media_dir = str(ctx.media_written) if ctx.media_written is not None else None
     return report
 
 

@@ -4,7 +4,7 @@
 Why apart: SGLang loads the checkpoint itself, in another process, so the engine never holds the model;
 these few facts are read from the file instead, and each decides something elsewhere (how a reply's
 routed experts are reshaped, :mod:`relax_rollout.engines.wire`; what an update's tensors are called,
-:mod:`relax_rollout.engines.sglang_weights`; whether SGLang serves it at all).
+:mod:`relax_rollout.engines.sglang.weights`; whether SGLang serves it at all).
 """
 
 from __future__ import annotations

@@ -34,12 +34,36 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from relax_core.models import MASKED_LOGIT
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.engines.torch_engine import sample
+
+
+class StepEngine(Protocol):
+    """What the batcher needs of its engine (:class:`~relax_rollout.engines.torch_engine.TorchEngine`
+    has it): the model's cached forward and the step lock, the token ids it treats specially, the
+    weights' version and their update, and — when asked for — routing replay and constrained decoding."""
+
+    device: Any
+    pad_token_id: int
+    eos_token_ids: list[int]
+    masked_token_ids: list[int]
+    weight_version: int
+    routing: Any
+    """Routing replay's recorder (:func:`relax_core.routing.install_routing`), or None."""
+
+    @property
+    def guide(self) -> Any: ...
+
+    def step(self, what: str = ...) -> contextlib.AbstractContextManager[None]: ...
+
+    def forward_cached(self, step_ids, mask, step_pos, cache, ids) -> tuple[torch.Tensor, Any]: ...
+
+    def update_weights(self, tensors: dict[str, Any], version: int) -> None: ...
 
 
 @dataclass
@@ -69,7 +93,7 @@ class ContinuousBatcher:
     prompt (a future of its :class:`GenerateOutput`), or :meth:`generate` a list (request ``i`` seeded
     ``params.seed + i``). At most ``max_running`` sequences decode together; more wait their turn."""
 
-    def __init__(self, engine: Any, max_running: int = 64) -> None:
+    def __init__(self, engine: StepEngine, max_running: int = 64) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {max_running}")
         self.engine, self.max_running = engine, max_running
@@ -198,8 +222,7 @@ class ContinuousBatcher:
                 room = 0 if hold else self.max_running - len(self._running)
                 joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             try:
-                with self.engine._lock:  # released between steps: a weight update goes in there
-                    self.engine._check_weights("generating")
+                with self.engine.step("generating"):  # released between steps: a weight update goes in there
                     if joining:
                         self._prefill(joining)
                     elif self._running:
@@ -230,7 +253,7 @@ class ContinuousBatcher:
         from transformers import DynamicCache
 
         with self._recording() as rec:
-            logits, cache = eng._cached_forward(
+            logits, cache = eng.forward_cached(
                 ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), DynamicCache(), ids
             )
         if rec is not None:  # [rows × width, layers, k]: each prompt's own positions (not its left pads)
@@ -253,7 +276,7 @@ class ContinuousBatcher:
         assert self._mask is not None
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         with self._recording() as rec:
-            logits, self._cache = eng._cached_forward(last, self._mask, pos, self._cache, last)
+            logits, self._cache = eng.forward_cached(last, self._mask, pos, self._cache, last)
         if rec is not None:  # [rows, layers, k]: the token each row fed
             experts = rec.stacked(0).cpu().numpy()
             for i, s in enumerate(self._running):
@@ -289,7 +312,7 @@ class ContinuousBatcher:
             if len(s.tokens) < s.min_new and ends and not (s.guided is not None and s.guided.complete):
                 row = row.clone()
                 row[:, ends] = float("-inf")
-            nxt, logprobs = eng._sample(row, s.params, s.gen)
+            nxt, logprobs = sample(row, s.params, s.gen)
             picked.append(nxt)
             lps.append(logprobs[0, nxt])
         tokens, log_probs = torch.cat(picked).tolist(), torch.cat(lps).tolist()

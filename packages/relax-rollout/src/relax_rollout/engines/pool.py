@@ -42,16 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
-from relax_rollout.engines.pool_members import (  # noqa: F401 - importable here too
-    KINDS,
+from relax_rollout.engines.pool_members import (
     STATES,
-    Cancelled,
-    DrainTimeout,
     Member,
     NoActiveEngine,
     PoolError,
     PoolMembership,
-    check_url,
     describe,
 )
 from relax_rollout.engines.wire import (

@@ -166,7 +166,8 @@ class EngineProcess:
         }
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
+    """A free TCP port on ``host``'s interface (loopback for ``0.0.0.0``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
         return s.getsockname()[1]
@@ -326,7 +327,7 @@ class NodeLauncher:
         return [p for p in paths if not os.path.exists(p)]
 
     def free_port(self, host: str) -> int:
-        return _free_port(host)
+        return free_port(host)
 
     def start(self, cmd: list[str], env: dict[str, str], log_path: str, header: str) -> int:
         """Start ``cmd`` in its own session with ``env`` over this node's environment; its output appended to
@@ -423,7 +424,7 @@ class Launcher:
         if slot.node is not None:
             self._launch_remote(slot)
             return
-        port = slot.fixed_port if slot.fixed_port is not None else _free_port(self.host)
+        port = slot.fixed_port if slot.fixed_port is not None else free_port(self.host)
         cmd = self.command(slot, port, self.host)
         env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
         with self._lock:

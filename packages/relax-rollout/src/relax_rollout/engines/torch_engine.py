@@ -18,9 +18,10 @@ Constrained decoding (``SamplingParams.constraint``) masks the logits before sam
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -156,6 +157,15 @@ class TorchEngine:
                 f"the engine's weights are released: resume_memory(['weights']) before {what}"
             )
 
+    @contextlib.contextmanager
+    def step(self, what: str = "generating") -> Iterator[None]:
+        """Hold the engine for one step of a caller's own decode loop (the continuous batcher's): no
+        weight update or memory release runs inside, and the weights must be on the device (else
+        :class:`MemoryReleased` naming ``what``). Release it between steps so updates can go in."""
+        with self._lock:
+            self._check_weights(what)
+            yield
+
     # -- generation ----------------------------------------------------------------------------
     def generate(
         self,
@@ -255,7 +265,7 @@ class TorchEngine:
                 "record_routing (--routing-replay) is not supported for multimodal prompts: the uncached "
                 "multimodal forward re-reads the whole sequence every step"
             )
-        forward = self._cached_forward if mm is None else self._mm_forward(mm, [len(x) for x in prompts])
+        forward = self.forward_cached if mm is None else self._mm_forward(mm, [len(x) for x in prompts])
         rec = None
         if self.routing is not None:
             forward, rec = self._recorded(forward)
@@ -288,7 +298,7 @@ class TorchEngine:
             if guided is not None:  # (after the EOS block: a complete match's EOS goes through)
                 live = [None if d else g for g, d in zip(guided, done.tolist())]
                 self.guide.mask_logits(logits, live)
-            nxt, logprobs = self._sample(logits, p, gen)
+            nxt, logprobs = sample(logits, p, gen)
             lp = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
             tokens[:, t] = nxt
@@ -403,9 +413,11 @@ class TorchEngine:
             out.append(arr)
         return out
 
-    def _cached_forward(self, step_ids, mask, step_pos, cache, ids):
+    def forward_cached(self, step_ids, mask, step_pos, cache, ids):
         """Text models: only the new tokens go through, with a KV cache and explicit positions. Returns every
-        position's logits (the prefill's give the prompt log-probs) and the cache."""
+        position's logits (the prefill's give the prompt log-probs) and the cache. ``ids`` (the whole
+        sequence) is unused here; it keeps the signature of the multimodal forward. Call it inside
+        :meth:`step` (or a ``generate``), never beside a weight update."""
         out = self.model(
             input_ids=step_ids,
             attention_mask=mask,
@@ -438,22 +450,24 @@ class TorchEngine:
 
         return forward
 
-    @staticmethod
-    def _sample(
-        logits: torch.Tensor, p: SamplingParams, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the sampled tokens, the log-probs of every token under the distribution sampled from)."""
-        if p.greedy:
-            return logits.argmax(-1), torch.log_softmax(logits, dim=-1)
-        scaled = logits / p.temperature
-        logprobs = torch.log_softmax(scaled, dim=-1)
-        probs = logprobs.exp()
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p
-            filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-            probs = filtered / filtered.sum(-1, keepdim=True)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1), logprobs
+
+def sample(
+    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled tokens of ``logits`` ``[rows, vocab]`` under ``p`` (greedy, or temperature then top-p,
+    drawn from ``gen``), and the log-probs of every token under the distribution sampled from. Shared by
+    the batch path and the continuous batcher, so a request samples alike on both."""
+    if p.greedy:
+        return logits.argmax(-1), torch.log_softmax(logits, dim=-1)
+    scaled = logits / p.temperature
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    probs = logprobs.exp()
+    if p.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < p.top_p
+        filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+        probs = filtered / filtered.sum(-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1), logprobs
 
 
 class _Emitter:

@@ -3,7 +3,7 @@
 Why: SGLang receives weights over a torch.distributed group it joins on ``/init_weights_update_group``;
 on each ``/update_weights_from_distributed`` it allocates the tensors the request names and takes them from
 a ``broadcast(src=0)`` on that group. Both ends must build the group the same way and agree on the bytes,
-so both are here: the sender (:class:`~relax_rollout.engines.sglang_weights.SGLangWeights` with
+so both are here: the sender (:class:`~relax_rollout.engines.sglang.weights.SGLangWeights` with
 ``weight_update="distributed"``) and the receiver of our engine server (``relax_rollout.server``), which
 stands in for SGLang on CPU. What we follow, read in sgl-project/sglang (``srt/utils`` ``init_custom_process_group``,
 ``model_executor/model_runner.py`` ``update_weights_from_distributed``, ``weight_sync/tensor_bucket.py``):

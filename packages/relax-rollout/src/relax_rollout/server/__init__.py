@@ -95,6 +95,7 @@ endpoints (weights, pause/continue, abort) and ``/relax/...`` need ``Authorizati
 otherwise).
 """
 
-from relax_rollout.server.app import EngineServer, make_server
+from relax_rollout.server.app import make_server
+from relax_rollout.server.state import EngineServer
 
 __all__ = ["EngineServer", "make_server"]

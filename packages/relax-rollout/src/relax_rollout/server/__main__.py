@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     from relax_core.hf_files import check_servable
-    from relax_rollout.server.app import EngineServer, check_bind, make_server
+    from relax_rollout.http_api import check_bind
+    from relax_rollout.server.app import make_server
+    from relax_rollout.server.state import EngineServer
 
     try:  # before the model loads
         check_bind(args.host, args.token, "--host / --token")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from relax_rollout.server.protocol import BadRequest, Text
+from relax_rollout.http_api import Text
+from relax_rollout.server.protocol import BadRequest
 
 if TYPE_CHECKING:
     from relax_rollout.http_api import Request
-    from relax_rollout.server.app import EngineServer
+    from relax_rollout.server.state import EngineServer
 
 
 def tokenize(s: EngineServer, body: Any):

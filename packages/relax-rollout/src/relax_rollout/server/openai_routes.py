@@ -17,15 +17,16 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.http_api import EventStream
 from relax_rollout.server import chat_request, openai_types, protocol, tool_calls, trajectories
-from relax_rollout.server.protocol import BadRequest, EventStream
+from relax_rollout.server.protocol import BadRequest
 from relax_rollout.server.streaming import TextDeltas, stop_token_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from relax_rollout.http_api import Request
-    from relax_rollout.server.app import EngineServer
+    from relax_rollout.server.state import EngineServer
     from relax_rollout.server.streaming import GenerationStream
 
 CHAT_FIELDS = {"top_logprobs": "top_logprobs", "stop": "stop"}
@@ -293,7 +294,7 @@ def chat_stream(
 
 
 def _chat_events(s, chat, stream, head, prompt_len, params, reply, marks) -> Iterator[dict]:
-    texts = [TextDeltas(s.decode, (*p.stop, *(marks or ())), stop_token_ids(s, p)) for p in params]
+    texts = [TextDeltas(s.decode, (*p.stop, *(marks or ())), stop_token_ids(s.engine, p)) for p in params]
     opened, live = [False] * len(params), [marks is not None] * len(params)
 
     def chunk(i: int, delta: dict, logprobs: dict | None = None, finish: str | None = None, **extra) -> dict:
@@ -370,7 +371,7 @@ def completion_stream(
 
 def _completion_events(s, stream, head, params, logprobs, prompt_tokens, include_usage) -> Iterator[dict]:
     token = (lambda t: s.tokenizer.decode([t])) if s.tokenizer is not None else str
-    texts = [TextDeltas(s.decode, p.stop, stop_token_ids(s, p)) for p in params]
+    texts = [TextDeltas(s.decode, p.stop, stop_token_ids(s.engine, p)) for p in params]
     offset = [0] * len(params)  # each choice's log-prob tokens' text so far
 
     def chunk(i: int, text: str, lp: dict | None = None, finish: str | None = None, **extra) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 from relax_rewards.types import short_repr
 from relax_rollout.engines.base import Constraint, GenerateOutput, SamplingParams
 from relax_rollout.engines.wire import encode_routed_experts, version_spans
-from relax_rollout.http_api import BodyError, EventStream, Text  # noqa: F401 - the routes' response kinds
+from relax_rollout.http_api import BodyError
 
 # SGLang ``SamplingParams`` keys we honour; keys about the returned text (``no_stop_trim`` is read by
 # parse_generate; the others are accepted and ignored).

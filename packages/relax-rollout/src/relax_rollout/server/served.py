@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from relax_rollout.engines.base import build_engine
-from relax_rollout.server.app import MAX_QUEUED_REQUESTS, EngineServer, make_server
+from relax_rollout.server.app import make_server
+from relax_rollout.server.state import MAX_QUEUED_REQUESTS, EngineServer
 
 logger = logging.getLogger(__name__)
 

@@ -5,21 +5,25 @@ Why a module of its own: these are the routes the rollout manager, the ``sglang`
 and the engine pool call, each answering in SGLang 0.5.23's shapes (``sglang.srt.entrypoints.http_server``);
 the OpenAI routes (:mod:`relax_rollout.server.openai_routes`) serve agents and benchmarks. Both are thin:
 they parse a request (:mod:`relax_rollout.server.protocol`), call the server's state
-(:class:`~relax_rollout.server.app.EngineServer`) and shape its answer; ``app.ROUTES`` maps paths to them.
+(:class:`~relax_rollout.server.state.EngineServer`) and shape its answer; ``app.ROUTES`` maps paths to them.
 Each takes ``(EngineServer, body)`` and returns ``(status, out)``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from relax_rollout.engines.base import GenerateOutput, TokenDelta
+from relax_rollout.http_api import EventStream
 from relax_rollout.server import protocol
 from relax_rollout.server.protocol import BadRequest
-from relax_rollout.server.streaming import generate_events
+from relax_rollout.server.streaming import TextDeltas, stop_token_ids
 
 if TYPE_CHECKING:
-    from relax_rollout.server.app import EngineServer
+    from relax_rollout.server.state import EngineServer
+    from relax_rollout.server.streaming import GenerationStream
 
 CHARS_PER_TOKEN_MAX = 64
 """More characters per token than any tokenizer averages: a text longer than this many per context token
@@ -85,7 +89,7 @@ def generate(s: EngineServer, body: dict):
 
     if req.stream:  # token by token: the reply so far at each token, then the whole reply (.streaming)
         stream = s.stream(req.prompts, req.params, req.rids, req.max_new_given, fields)
-        return 200, protocol.EventStream(generate_events(s, req, stream, reply), on_close=stream.close)
+        return 200, EventStream(generate_events(s, req, stream, reply), on_close=stream.close)
     outs = s.generate(req.prompts, req.params, req.rids, req.max_new_given, fields)
     res = reply(outs, time.perf_counter() - t0)
     return 200, res[0] if req.single else res
@@ -96,6 +100,44 @@ GENERATE_FIELDS = {
     "stop": "sampling_params.stop",
     "input_logprobs": "logprob_start_len",
 }
+
+
+def generate_events(
+    s: EngineServer,
+    req: protocol.GenerateRequest,
+    stream: GenerationStream,
+    reply: Callable[[list[GenerateOutput], float], list[dict]],
+) -> Iterator[dict]:
+    """SGLang's ``/generate`` stream: per delta, the reply of that prompt so far (``text`` as far as it
+    can be shown, ``output_ids``, ``meta_info`` with ``completion_tokens``, ``finish_reason`` null and,
+    with ``return_logprob``, the log-probs so far); then each prompt's whole reply (``reply(outputs,
+    latency)``, the non-streamed replies). A batch's chunks carry their prompt's ``index``."""
+    texts = [
+        TextDeltas(s.decode, () if keep else p.stop, stop_token_ids(s.engine, p))
+        for p, keep in zip(req.params, req.no_stop_trim or [False] * len(req.prompts))
+    ]
+    lps: list[list[float]] = [[] for _ in req.prompts]
+    for item in stream:
+        if isinstance(item, TokenDelta):
+            i = item.index
+            texts[i].add(item.token_ids)
+            lps[i].extend(item.log_probs)
+            meta = {
+                "id": req.rids[i],
+                "finish_reason": None,
+                "prompt_tokens": len(req.prompts[i]),
+                "completion_tokens": len(texts[i].tokens),
+                "cached_tokens": 0,
+                "e2e_latency": stream.elapsed,
+            }
+            if req.return_logprob:
+                txt = s.token_text if req.return_text_in_logprobs else (lambda _: None)
+                meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(lps[i], texts[i].tokens)]
+            chunk = {"text": texts[i].sent, "output_ids": list(texts[i].tokens), "meta_info": meta}
+            yield chunk if req.single else {**chunk, "index": i}
+            continue
+        for i, r in enumerate(reply(item, stream.elapsed)):
+            yield r if req.single else {**r, "index": i}
 
 
 def update_from_disk(s: EngineServer, body: dict):
@@ -174,7 +216,7 @@ def update_from_distributed(s: EngineServer, body: dict):
         )
     if flags["abort_all_requests"]:
         s.abort("", abort_all=True)
-    if s._pg is not None:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
+    if s.receives_broadcast:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
         v = s.receive_weights(body, body.get("weight_version") is not None or flags["flush_cache"])
         if v is None:
             return 200, {"success": True, "message": "Succeeded to update parameter online."}

@@ -8,7 +8,7 @@ inter-token latency of 0, and LangChain showed nothing until the reply was compl
 over as they sample it (:class:`~relax_rollout.engines.base.TokenDelta`); the others still stream, one
 delta per response once complete.
 
-- :class:`GenerationStream` runs :meth:`EngineServer.generate` on its own thread and yields its deltas,
+- :class:`GenerationStream` runs the server's ``generate`` on its own thread and yields its deltas,
   then its outputs. ``close()`` (the client left: ``http_api`` calls it, as ``EventStream.on_close``)
   aborts the requests, so the engine's rows are freed at its next step, as ``/abort_request`` does.
 - :class:`TokenCount` follows a ``generate`` call's tokens as they come: the time to each response's
@@ -18,9 +18,8 @@ delta per response once complete.
   incomplete character (a byte-level token that is part of one), in a stop token (the reply never shows
   it) or in what could be the start of a stop string (the reply is cut before it), so that the deltas
   joined are exactly the non-streamed reply's text.
-- :func:`generate_events`: SGLang's native ``/generate`` stream (each chunk the reply so far, as SGLang
-  0.5.23 streams by default: ``text`` and ``output_ids`` cumulative, ``meta_info.finish_reason`` null
-  until the last). The OpenAI streams are with their routes (:mod:`.openai_routes`).
+The events themselves are made by the routes: SGLang's native ``/generate`` stream in
+:mod:`.sglang_routes`, the OpenAI streams in :mod:`.openai_routes`.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
-from relax_rollout.server import protocol
 
 if TYPE_CHECKING:
-    from relax_rollout.server.app import EngineServer
     from relax_rollout.server.metrics import ServerMetrics
 
 
@@ -46,22 +43,24 @@ class _Failed:
 
 
 class GenerationStream:
-    """``EngineServer.generate(prompts, params, rids, **kwargs)`` on a thread of its own, read by one
-    consumer: iterating yields each :class:`TokenDelta` as the engine samples it, then once the list of
-    outputs (the whole truth: every delta's tokens are in them), and re-raises the generation's error
-    instead, if it failed. ``on_done(outputs or None)`` runs on the generation's thread before the outputs
-    are yielded (None: it failed), e.g. to record an agent session's turn; its result is ``self.done``."""
+    """``generate(prompts, params, rids, on_token=..., streaming=True, **kwargs)`` (the engine server's) on a
+    thread of its own, read by one consumer: iterating yields each :class:`TokenDelta` as the engine samples
+    it, then once the list of outputs (the whole truth: every delta's tokens are in them), and re-raises the
+    generation's error instead, if it failed. ``close()`` calls ``abort(rid)`` for each request.
+    ``on_done(outputs or None)`` runs on the generation's thread before the outputs are yielded (None: it
+    failed), e.g. to record an agent session's turn; its result is ``self.done``."""
 
     def __init__(
         self,
-        server: EngineServer,
+        generate: Callable[..., list[GenerateOutput]],
+        abort: Callable[[str], Any],
         prompts: list[list[int]],
         params: list[SamplingParams],
         rids: list[str],
         on_done: Callable[[list[GenerateOutput] | None], Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.server, self.rids, self.on_done = server, list(rids), on_done
+        self.generate, self.abort, self.rids, self.on_done = generate, abort, list(rids), on_done
         self.done: Any = None
         self.t0 = time.perf_counter()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -74,9 +73,7 @@ class GenerationStream:
 
     def _run(self, prompts: list[list[int]], params: list[SamplingParams], kwargs: dict) -> None:
         try:
-            outs = self.server.generate(
-                prompts, params, self.rids, on_token=self._q.put, streaming=True, **kwargs
-            )
+            outs = self.generate(prompts, params, self.rids, on_token=self._q.put, streaming=True, **kwargs)
         except BaseException as e:  # noqa: BLE001 - the reader's to see
             self._end(None)
             self._q.put(_Failed(e))
@@ -114,7 +111,7 @@ class GenerationStream:
         self._closed.set()
         if not self._finished:
             for rid in self.rids:
-                self.server.abort(rid, abort_all=False)
+                self.abort(rid)
 
     @property
     def elapsed(self) -> float:
@@ -222,44 +219,7 @@ def _started(text: str, stops: tuple[str, ...]) -> int:
     return held
 
 
-def stop_token_ids(s: EngineServer, params: SamplingParams) -> tuple[int, ...]:
-    """The ids whose text a reply never shows when they end it: the request's stop tokens and the EOS."""
-    return (*params.stop_token_ids, *getattr(s.engine, "eos_token_ids", ()))
-
-
-def generate_events(
-    s: EngineServer,
-    req: protocol.GenerateRequest,
-    stream: GenerationStream,
-    reply: Callable[[list[GenerateOutput], float], list[dict]],
-) -> Iterator[dict]:
-    """SGLang's ``/generate`` stream: per delta, the reply of that prompt so far (``text`` as far as it
-    can be shown, ``output_ids``, ``meta_info`` with ``completion_tokens``, ``finish_reason`` null and,
-    with ``return_logprob``, the log-probs so far); then each prompt's whole reply (``reply(outputs,
-    latency)``, the non-streamed replies). A batch's chunks carry their prompt's ``index``."""
-    texts = [
-        TextDeltas(s.decode, () if keep else p.stop, stop_token_ids(s, p))
-        for p, keep in zip(req.params, req.no_stop_trim or [False] * len(req.prompts))
-    ]
-    lps: list[list[float]] = [[] for _ in req.prompts]
-    for item in stream:
-        if isinstance(item, TokenDelta):
-            i = item.index
-            texts[i].add(item.token_ids)
-            lps[i].extend(item.log_probs)
-            meta = {
-                "id": req.rids[i],
-                "finish_reason": None,
-                "prompt_tokens": len(req.prompts[i]),
-                "completion_tokens": len(texts[i].tokens),
-                "cached_tokens": 0,
-                "e2e_latency": stream.elapsed,
-            }
-            if req.return_logprob:
-                txt = s.token_text if req.return_text_in_logprobs else (lambda _: None)
-                meta["output_token_logprobs"] = [[lp, t, txt(t)] for lp, t in zip(lps[i], texts[i].tokens)]
-            chunk = {"text": texts[i].sent, "output_ids": list(texts[i].tokens), "meta_info": meta}
-            yield chunk if req.single else {**chunk, "index": i}
-            continue
-        for i, r in enumerate(reply(item, stream.elapsed)):
-            yield r if req.single else {**r, "index": i}
+def stop_token_ids(engine: Any, params: SamplingParams) -> tuple[int, ...]:
+    """The ids whose text a reply never shows when they end it: the request's stop tokens and ``engine``'s
+    EOS."""
+    return (*params.stop_token_ids, *getattr(engine, "eos_token_ids", ()))

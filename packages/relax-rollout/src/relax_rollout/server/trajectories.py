@@ -17,7 +17,7 @@ Sessions are named by the ``X-Relax-Session`` header, else the body's ``user``; 
 session is one conversation, so its calls are served one at a time. A call whose messages do not extend the
 trajectory (the agent edited or dropped turns) closes it with stop reason ``history_rewritten`` and starts
 the session's next trajectory (index + 1) from that call's own rendering; earlier ones stay readable.
-The routes that read and close them (``/relax/trajectories``) end this module.
+The routes that read and close them (``/relax/trajectories``) are in :mod:`.trajectory_routes`.
 """
 
 from __future__ import annotations
@@ -26,17 +26,16 @@ import logging
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from relax_core import sample
+from relax_core.sample import RolloutSample
 from relax_rollout.server.protocol import BadRequest, NotFound
 from relax_rollout.turns import turn_suffix_ids
-
-if TYPE_CHECKING:
-    from relax_rollout.http_api import Request
-    from relax_rollout.server.app import EngineServer
 
 logger = logging.getLogger(__name__)
 
@@ -167,12 +166,14 @@ class Trajectory:
         assert len(self.loss_mask) == len(self.rollout_log_probs) == len(self.tokens) - self.prompt_len
 
     def summary(self) -> dict:
+        """The trajectory's JSON without its tokens; the fields a sample also has carry the sample schema's
+        names (:mod:`relax_core.sample`), so that :func:`to_bus_sample` takes either."""
         return {
             "session": self.session,
             "index": self.index,
             "num_calls": len(self.finish_reasons),
             "num_tokens": len(self.tokens),
-            "prompt_len": self.prompt_len,
+            sample.PROMPT_LEN: self.prompt_len,
             "completion_tokens": sum(self.loss_mask),
             "finish_reasons": list(self.finish_reasons),
             "closed": self.stop_reason is not None,
@@ -183,9 +184,9 @@ class Trajectory:
     def to_json(self) -> dict:
         return {
             **self.summary(),
-            "tokens": list(self.tokens),
-            "loss_mask": list(self.loss_mask),
-            "rollout_log_probs": list(self.rollout_log_probs),
+            sample.TOKENS: list(self.tokens),
+            sample.LOSS_MASK: list(self.loss_mask),
+            sample.ROLLOUT_LOG_PROBS: list(self.rollout_log_probs),
             "weight_versions": list(self.weight_versions),
             "completion_spans": [list(s) for s in self.completion_spans],
             "messages": [dict(m) for m in self.messages],
@@ -226,7 +227,7 @@ class TrajectoryRecorder:
         ``template_kwargs``: the call's arguments of the chat template (``tools``, ...)."""
         with self._lock:
             sess = self._sessions.setdefault(session, _Session())
-        return Turn(self, sess, session, messages, template_kwargs or {})
+        return Turn(self, sess, session, messages, template_kwargs or {}, self._lock, self._close)
 
     def suffix(self, traj: Trajectory, new: list[dict]) -> list[int]:
         """Template ids between the trajectory's last completion and the next one, for ``new`` messages."""
@@ -293,12 +294,22 @@ class TrajectoryRecorder:
 
 
 class Turn:
-    """One recorded call: holds its session's lock from choosing the prompt to recording the reply."""
+    """One recorded call: holds its session's lock from choosing the prompt to recording the reply. Made by
+    :meth:`TrajectoryRecorder.turn`, which hands it the recorder's lock (``rec_lock``, over every session)
+    and ``close(trajectory, reason)`` (called with that lock held)."""
 
     def __init__(
-        self, rec: TrajectoryRecorder, sess: _Session, name: str, messages: list[dict], template_kwargs: dict
+        self,
+        rec: TrajectoryRecorder,
+        sess: _Session,
+        name: str,
+        messages: list[dict],
+        template_kwargs: dict,
+        rec_lock: threading.Lock,
+        close: Callable[[Trajectory, str], None],
     ):
         self._rec, self._sess, self.name, self.messages = rec, sess, name, messages
+        self._rec_lock, self._close = rec_lock, close
         self.template_kwargs = template_kwargs
         self.prompt_ids: list[int] = []
 
@@ -337,8 +348,8 @@ class Turn:
             self.prompt_ids = render_prompt(rec.tokenizer, self.messages, self.template_kwargs)
         if rec.max_context and len(self.prompt_ids) >= rec.max_context:
             if self.extends is not None:
-                with rec._lock:
-                    rec._close(self.extends, "length")
+                with self._rec_lock:
+                    self._close(self.extends, "length")
             raise BadRequest(
                 "messages",
                 f"the conversation is {len(self.prompt_ids)} tokens and the model's context is "
@@ -349,12 +360,12 @@ class Turn:
         """Add the engine's output (a ``GenerateOutput``) and our reply (its text, or the assistant message
         as the template takes it, tool calls included); returns the summary."""
         rec = self._rec
-        with rec._lock:
+        with self._rec_lock:
             t = self.extends
             if t is None:
                 old = self._sess.open()
                 if old is not None:
-                    rec._close(old, self.reason or "history_rewritten")
+                    self._close(old, self.reason or "history_rewritten")
                 t = Trajectory(self.name, self._sess.next_index, list(self.prompt_ids), len(self.prompt_ids))
                 t.template_kwargs = dict(self.template_kwargs)
                 self._sess.trajectories[t.index] = t
@@ -374,7 +385,7 @@ def to_bus_sample(
     group_id: Any,
     policy_version: int | None = None,
     rollout_step: int | None = None,
-) -> dict:
+) -> RolloutSample:
     """A recorded trajectory (the object, or the JSON of ``GET /relax/trajectories/<session>``) as the sample
     dict ``RolloutWorker`` puts on the bus, so agent trajectories train like rollout samples.
 
@@ -392,9 +403,9 @@ def to_bus_sample(
         )
     if not t["finish_reasons"]:
         raise ValueError(f"trajectory {t['session']!r}#{t['index']} has no calls")
-    tokens, plen = np.asarray(t["tokens"], dtype=np.int64), int(t["prompt_len"])
-    mask = np.asarray(t["loss_mask"], dtype=np.float32)
-    logp = np.asarray(t["rollout_log_probs"], dtype=np.float32)
+    tokens, plen = np.asarray(t[sample.TOKENS], dtype=np.int64), int(t[sample.PROMPT_LEN])
+    mask = np.asarray(t[sample.LOSS_MASK], dtype=np.float32)
+    logp = np.asarray(t[sample.ROLLOUT_LOG_PROBS], dtype=np.float32)
     if not len(mask) == len(logp) == len(tokens) - plen:
         raise ValueError(
             f"inconsistent trajectory: {len(tokens)} tokens, prompt_len {plen}, "
@@ -403,37 +414,18 @@ def to_bus_sample(
     version = min(t["weight_versions"]) if policy_version is None else int(policy_version)
     finish = "length" if t.get("stop_reason") == "length" else t["finish_reasons"][-1]
     replies = [m["content"] for m in t.get("messages", []) if m.get("role") == "assistant"]
-    return {
-        "tokens": tokens,
-        "prompt_len": plen,
-        "response_len": len(tokens) - plen,
-        "loss_mask": mask,
-        "rollout_log_probs": logp,
-        "reward": float(reward),
-        "reward_failure": "",
-        "policy_version": version,
-        "group_id": group_id,
-        "prompt_id": f"{t['session']}#{t['index']}",
-        "rollout_step": version if rollout_step is None else int(rollout_step),
-        "finish_reason": finish,
-        "response_text": replies[-1] if replies else "",
-    }
-
-
-# -- routes: (EngineServer, body, request) -> (status, json) -------------------------------------------------
-def _recorder(s: EngineServer) -> TrajectoryRecorder:
-    if s.recorder is None:
-        raise NotFound("this server has no tokenizer, so it serves no chat and records no trajectories")
-    return s.recorder
-
-
-def trajectory_list(s: EngineServer, body: dict, req: Request):
-    return 200, {"object": "list", "data": _recorder(s).sessions()}
-
-
-def trajectory_get(s: EngineServer, body: dict, req: Request):
-    return 200, _recorder(s).get(req.params["session"], parse_index(req.query))
-
-
-def trajectory_close(s: EngineServer, body: dict, req: Request):
-    return 200, _recorder(s).close(req.params["session"], parse_close(body))
+    return RolloutSample(
+        tokens=tokens,
+        prompt_len=plen,
+        response_len=len(tokens) - plen,
+        loss_mask=mask,
+        rollout_log_probs=logp,
+        reward=float(reward),
+        reward_failure="",
+        policy_version=version,
+        group_id=group_id,
+        prompt_id=f"{t['session']}#{t['index']}",
+        rollout_step=version if rollout_step is None else int(rollout_step),
+        finish_reason=finish,
+        response_text=replies[-1] if replies else "",
+    )

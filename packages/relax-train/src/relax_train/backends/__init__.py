@@ -1,5 +1,5 @@
 """Training backends behind one protocol; see :func:`build_backend`."""
 
-from relax_train.backends.base import BACKENDS, TrainBackend, build_backend
+from relax_train.backends.base import BACKENDS, StreamedUpdate, TrainBackend, build_backend
 
-__all__ = ["BACKENDS", "TrainBackend", "build_backend"]
+__all__ = ["BACKENDS", "StreamedUpdate", "TrainBackend", "build_backend"]

@@ -10,6 +10,16 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 
+class StreamedUpdate(Protocol):
+    """One optimizer step fed part by part as a batch arrives (:mod:`relax_train.backends.streamed`)."""
+
+    def add(self, part: dict[str, list]) -> None:
+        """Forward and backward of ``part`` (samples as ``train_step`` takes them); gradients accumulate."""
+
+    def finish(self) -> dict[str, float]:
+        """The optimizer step once every sample was added; its metrics (as ``train_step``'s)."""
+
+
 @runtime_checkable
 class TrainBackend(Protocol):
     """What the train roles (Actor, ActorFwd, Reference, a teacher) call on a model: the torch backend
@@ -25,12 +35,23 @@ class TrainBackend(Protocol):
     """Routing replay (R3) state of a MoE model, or None; a role sets it None to turn replay off."""
     before_update: Callable[[], None] | None
     """Called before the optimizer changes the weights (the trainer waits there for a weight send)."""
+    stochastic_forward: bool
+    """The training forward is random (dropout): its log-probs are not π_θ's, so π_prox is computed apart
+    (:func:`relax_train.roles.prox.exact_prox`)."""
+    supports_streamed_step: bool
+    """Whether :meth:`streamed_step` works here: the trainer trains a streamed batch part by part as it
+    arrives only then (:func:`relax_train.roles.stream.streams_training`), else it takes the batch whole."""
 
     def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
         """Each sample's per-response-token log-probs under the current weights (no gradient)."""
 
     def train_step(self, samples: dict[str, list]) -> dict[str, float]:
         """One optimizer step (or several: ``--num-steps-per-rollout``) on the batch; the step's metrics."""
+
+    def streamed_step(self, n_seqs: int) -> StreamedUpdate:
+        """An optimizer step of ``n_seqs`` samples fed part by part, the same update as ``train_step`` on
+        the whole batch; refused (an error naming the flags) where ``supports_streamed_step`` is False or
+        the run's loss settings make it inexact."""
 
     def eval_model(self) -> Any:
         """An HF model the evaluator can generate with (weights equal to this backend's)."""
@@ -61,7 +82,9 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def build_backend(name: str, **kwargs: Any) -> TrainBackend:
+def build_backend(name: str, before_update: Callable[[], None] | None = None, **kwargs: Any) -> TrainBackend:
+    """The ``name`` backend built with ``kwargs``; ``before_update``: its :attr:`TrainBackend.before_update`
+    (the trainer's fence), handed over here so that no role sets it on a backend afterwards."""
     if name not in BACKENDS:
         raise ValueError(f"unknown --train-backend {name!r}; available: {sorted(BACKENDS)}")
     module, _, attr = BACKENDS[name].partition(":")
@@ -73,4 +96,7 @@ def build_backend(name: str, **kwargs: Any) -> TrainBackend:
                 "--train-backend megatron needs megatron-core: pip install 'relax-train[megatron]'"
             ) from e
         raise
-    return cls(**kwargs)
+    backend = cls(**kwargs)
+    if before_update is not None:
+        backend.before_update = before_update
+    return backend

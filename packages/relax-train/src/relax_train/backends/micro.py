@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relax_core.config import TrainConfig
+from relax_core import sample
+from relax_core.config_sections import TrainConfig
 
 
 def plan_micro_batches(lengths: Sequence[int], idx: list[int], train: TrainConfig) -> list[list[int]]:
@@ -32,4 +33,4 @@ def plan_micro_batches(lengths: Sequence[int], idx: list[int], train: TrainConfi
 
 def sample_lengths(samples: dict[str, list]) -> list[int]:
     """Token count of each sample of a bus column dict."""
-    return [len(t) for t in samples["tokens"]]
+    return [len(t) for t in samples[sample.TOKENS]]

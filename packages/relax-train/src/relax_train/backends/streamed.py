@@ -10,8 +10,11 @@ before clipping — the same gradient, up to rounding. Modes that divide by the 
 up front: the batch size) need nothing deferred; a mode mixing both (a ``seq-mean-*`` mode with an entropy
 bonus) is refused, naming the flags.
 
-Used as ``step = StreamedStep(backend, n_seqs)``, ``step.add(part)`` per arriving part,
-``metrics = step.finish()``; equal to ``backend.train_step(whole)`` with one optimizer step per batch.
+A backend that can declares it (``supports_streamed_step``, :class:`~relax_train.backends.TrainBackend`):
+``step = backend.streamed_step(n_seqs)``, ``step.add(part)`` per arriving part, ``metrics = step.finish()``;
+equal to ``backend.train_step(whole)`` with one optimizer step per batch. The step runs on the backend's
+:class:`~relax_train.backends.step.StepRunner` (its forward-backward, clipping and metrics), so it needs no
+access to the backend itself.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from typing import Any
 
 import numpy as np
 
+from relax_core.sample import (
+    LOG_PROBS,
+    LOSS_MASK,
+    REF_LOG_PROBS,
+    ROLLOUT_LOG_PROBS,
+    TEACHER_LOG_PROBS,
+    TOKENS,
+)
+from relax_train.backends.loss import StepStats
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
+from relax_train.backends.step import StepRunner
 
-_SHAPING = {"log_probs", "rollout_log_probs", "ref_log_probs", "teacher_log_probs"}
-"""Fields whose presence chooses the loss's terms (``_StepAcc.start``): π_prox, the behaviour correction, the
-KL to the reference, distillation."""
+_SHAPING = {LOG_PROBS, ROLLOUT_LOG_PROBS, REF_LOG_PROBS, TEACHER_LOG_PROBS}
+"""Fields whose presence chooses the loss's terms (:meth:`PolicyLoss.start`): π_prox, the behaviour
+correction, the KL to the reference, distillation."""
 
 
 def why_not_streamed(cfg: Any, n_seqs: int) -> str | None:
@@ -47,71 +60,61 @@ def why_not_streamed(cfg: Any, n_seqs: int) -> str | None:
 
 
 class StreamedStep:
-    """An optimizer step of ``n_seqs`` samples over :class:`~relax_train.backends.torch_backend.TorchBackend`
-    ``backend``, fed by :meth:`add` (any split into parts) and taken by :meth:`finish`."""
+    """An optimizer step of ``n_seqs`` samples on a backend's :class:`StepRunner` ``runner``, fed by
+    :meth:`add` (any split into parts) and taken by :meth:`finish`. Built by a backend's ``streamed_step``."""
 
-    def __init__(self, backend: Any, n_seqs: int) -> None:
-        if not backend.trainable:
-            raise RuntimeError("this backend was built frozen (actor_fwd/reference); it cannot train")
-        refused = why_not_streamed(backend.cfg, n_seqs)
+    def __init__(self, runner: StepRunner, n_seqs: int) -> None:
+        refused = why_not_streamed(runner.cfg, n_seqs)
         if refused:
             raise ValueError(refused)
-        self.by_tokens = backend.cfg.algo.loss_agg_mode == "token-mean"
-        self.b, self.n_seqs = backend, n_seqs
-        self.acc: Any = None
+        self.by_tokens = runner.cfg.algo.loss_agg_mode == "token-mean"
+        self.runner, self.n_seqs = runner, n_seqs
+        self.stats: StepStats | None = None
         self.keys: set[str] | None = None
         self.tokens, self.loss_sum, self.seen = 0.0, 0.0, 0
-        backend.optimizer.zero_grad(set_to_none=True)
-        backend.model.train()
+        runner.optimizer.zero_grad(set_to_none=True)
+        runner.model.train()
 
     def add(self, part: dict[str, list]) -> None:
         """Forward and backward of ``part`` (samples as ``train_step`` takes them), micro-batch by
         micro-batch; the gradients accumulate."""
-        from relax_train.backends.torch_backend import _StepAcc
-
-        n = len(part["tokens"])
+        n = len(part[TOKENS])
         if self.seen + n > self.n_seqs:
             raise ValueError(f"a streamed step of {self.n_seqs} samples was given {self.seen + n}")
         shaping = set(part) & _SHAPING  # (what decides the step's loss terms: the same in every part)
-        if self.acc is None:
-            self.acc, self.keys = _StepAcc.start(self.b, part), shaping
+        if self.stats is None:
+            self.stats, self.keys = self.runner.loss.start(part), shaping
         elif shaping != self.keys:
             raise ValueError(
-                f"every part of a streamed step must carry the same loss fields: {sorted(self.keys)} in the "
-                f"first, {sorted(shaping)} here"
+                f"every part of a streamed step must carry the same loss fields: {sorted(self.keys or ())} in "
+                f"the first, {sorted(shaping)} here"
             )
-        scale = 1.0 if self.by_tokens else None  # token-mean: divided by the batch's count in finish()
-        for idx in plan_micro_batches(sample_lengths(part), list(range(n)), self.b.cfg.train):
-            logp, valid, _, ent = self.b._response_logp(part, idx, with_entropy=self.acc.with_entropy)
-            loss = self.b._micro_loss(part, idx, logp, valid, ent, scale or 1.0, self.n_seqs, self.acc)
-            loss.backward()
-            self.loss_sum += float(loss.detach())
-        self.tokens += float(sum(float(np.sum(m)) for m in part["loss_mask"]))
+        # token-mean: each part's loss over a token count of 1, divided by the batch's count in finish()
+        micro = plan_micro_batches(sample_lengths(part), list(range(n)), self.runner.cfg.train)
+        self.loss_sum += self.runner.forward_backward(part, micro, 1.0, self.n_seqs, self.stats)
+        self.tokens += float(sum(float(np.sum(m)) for m in part[LOSS_MASK]))
         self.seen += n
 
     def finish(self) -> dict[str, float]:
         """The optimizer step (clipped as ``train_step`` clips) once every sample was added; its metrics."""
-        if self.seen != self.n_seqs:
+        if self.seen != self.n_seqs or self.stats is None:
             raise ValueError(f"a streamed step of {self.n_seqs} samples ended after {self.seen}")
-        b = self.b
+        r = self.runner
         loss = self.loss_sum
         if self.by_tokens:
             total = self.tokens or 1.0
-            for p in b.model.parameters():
+            for p in r.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(total)
             loss /= total
-        norm = b._clip_and_step()
-        b.version += 1
-        metrics = b._step_metrics(self.acc.sums, self.acc.counts, self.acc.keep, loss, norm, 1)
-        metrics["nonfinite_updates_skipped"] = float(not math.isfinite(norm))
-        metrics["lr"] = float(b.optimizer.param_groups[0]["lr"])
-        return {**metrics, **b._r3_metrics()}
+        norm = r.clip_and_step()
+        r.stepped()
+        return r.finish(self.stats, loss, norm, 1, not math.isfinite(norm))
 
 
 def streamed_train_step(backend: Any, parts: list[dict[str, list]]) -> dict[str, float]:
-    """``parts`` of one batch through a :class:`StreamedStep` (what the trainer does as they arrive)."""
-    step = StreamedStep(backend, sum(len(p["tokens"]) for p in parts))
+    """``parts`` of one batch through the backend's streamed step (what the trainer does as they arrive)."""
+    step = backend.streamed_step(sum(len(p[TOKENS]) for p in parts))
     for part in parts:
         step.add(part)
     return step.finish()

@@ -8,15 +8,18 @@ policy (:mod:`.prox`), the step's metrics (:mod:`.metrics`) and checkpoints (:mo
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
+from relax_core.role import Restart, RoleSpec
 from relax_core.roles import TRAINER_CONSUMER
+from relax_core.sample import ADVANTAGES
 from relax_core.trace import Tracer
 from relax_core.weight_sync import Send, WeightPublisher
 from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
@@ -30,30 +33,54 @@ from relax_train.roles.stream import Taken, streams_training, train_as_it_arrive
 class ActorWorker(ActorCheckpoints, _DeviceTurns):
     """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
 
+    @classmethod
+    def spec(cls, cfg: RelaxConfig, name: str) -> RoleSpec:
+        """Whole groups with their advantages (and what the roles feeding the trainer write: the plan adds
+        it); a restart resumes from the latest checkpoint and re-forms the weight broadcast."""
+        return RoleSpec(
+            name,
+            part="trainer",
+            needs=(ADVANTAGES,),
+            sampler="group",
+            model="policy",
+            restart=(Restart.CHECKPOINT, Restart.WEIGHTS),
+        )
+
     def __init__(
         self,
         cfg: RelaxConfig,
         bus: Any,
         model_path: str,
         eval_path: str | None = None,
-        evaluator: str = "relax_rollout.evaluate:GreedyEvaluator",
+        evaluator: Callable[[RelaxConfig, str, str], Callable[[Any], float]] | None = None,
         torch_threads: int | None = None,
         send_weights: Send | None = None,
     ) -> None:
-        """``send_weights(named, version)``: where each new version goes in colocate mode (the run passes
-        the rollout's loader); fully async, the health manager opens a DCS broadcast (:meth:`connect_dcs`)."""
+        """``evaluator(cfg, model_path, eval_path)``: builds the held-out evaluation run on ``eval_path``
+        (the run passes the registered one, :data:`relax_core.roles.EVALUATOR`). ``send_weights(named,
+        version)``: where each new version goes in colocate mode (the run passes the rollout's loader);
+        fully async, the health manager opens a DCS broadcast (:meth:`connect_dcs`)."""
         _set_threads(torch_threads)
         from relax_train.backends import build_backend
 
         self.cfg, self.bus = cfg, bus
         self.tracer = Tracer("actor", cfg.run.trace)
+        # the fence: the optimizer waits there for a weight broadcast still reading the weights
         self.backend = build_backend(
-            cfg.train.train_backend, config=cfg, model_path=model_path, trainable=True
+            cfg.train.train_backend,
+            before_update=self.wait_weight_sync,
+            config=cfg,
+            model_path=model_path,
+            trainable=True,
         )
         self.evaluate = None
         if eval_path is not None:
-            module, _, attr = evaluator.partition(":")
-            self.evaluate = getattr(importlib.import_module(module), attr)(cfg, model_path, eval_path)
+            if evaluator is None:
+                raise ValueError(
+                    f"eval_path={eval_path!r} needs an evaluator: pass evaluator= (a run passes the one "
+                    "installed under the relax.evaluators entry points; relax-rollout registers `greedy`)"
+                )
+            self.evaluate = evaluator(cfg, model_path, eval_path)
         self.weight_log: dict[int, str] = {}
         self.weights = WeightPublisher(
             cfg.run,
@@ -61,7 +88,6 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             send_weights,
             self._log_weights if cfg.run.verify_weight_sync else None,
         )
-        self.backend.before_update = self.wait_weight_sync
         self.history: list[dict[str, Any]] = []
         self.trained_ids: list[int] = []
         self.trained_prompts: list[list[str]] = []
@@ -107,6 +133,10 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
 
     _beat: float = 0.0
 
+    def _alive(self) -> None:
+        """Mark progress (or an idle poll) for :meth:`heartbeat`."""
+        self._beat = time.monotonic()
+
     def heartbeat(self) -> dict[str, Any]:
         """For the health manager: seconds since the trainer last made progress (or polled idle)."""
         return {
@@ -136,7 +166,16 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
     def train(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         if streams_training(self.cfg, self.backend):  # streaming rollout: parts as they arrive
-            batch, metrics, waited = train_as_it_arrives(self, step)
+            batch, metrics, waited = train_as_it_arrives(
+                step,
+                cfg=self.cfg,
+                bus=self.bus,
+                backend=self.backend,
+                tracer=self.tracer,
+                lock=self.weights.lock,
+                exact_prox=self._exact_prox,
+                alive=self._alive,
+            )
             t1, d = t0 + waited, batch.data
         else:
             with self.tracer.span("wait_for_data", step=step):
@@ -146,8 +185,8 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             d = batch.data
             if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
                 a = self.cfg.algo
-                d["advantages"] = finish_batch_advantages(
-                    a.advantage_estimator, d["advantages"], a.normalize_advantages_std
+                d[sample.ADVANTAGES] = finish_batch_advantages(
+                    a.advantage_estimator, d[sample.ADVANTAGES], a.normalize_advantages_std
                 )
             # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
             with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:

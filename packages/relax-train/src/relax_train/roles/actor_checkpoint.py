@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax_core import sample
 from relax_core.checkpoints import save_atomically
 from relax_core.config import RelaxConfig
 from relax_core.ownership import read_record
@@ -59,7 +60,7 @@ class ActorCheckpoints:
             return  # rewrite would leave the manifest naming the old snapshot until sealed again)
         with self.tracer.span("save_bus", version=self.backend.version):
             self.bus.snapshot(ckpt.bus)
-            steps = [int(x["fields"]["rollout_step"]) for x in snapshot.read(ckpt.bus)["samples"]]
+            steps = [int(x.fields[sample.ROLLOUT_STEP]) for x in snapshot.read(ckpt.bus).samples]
             nxt = max([self.backend.version, *(s + 1 for s in steps)])
             if self.cfg.rollout.streaming_rollout:  # steps land group by group: resume at the first one
                 # not whole, and the groups it still owes are generated again (those here are refused)

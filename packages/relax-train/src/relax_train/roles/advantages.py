@@ -11,7 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_core.role import Restart, RoleSpec
+from relax_core.sample import ADVANTAGES, REF_LOG_PROBS, REWARD
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 from relax_train.roles.base import _BusLoop
@@ -55,6 +58,14 @@ class AdvantagesWorker(_BusLoop):
 
     phase = "advantages"
 
+    @classmethod
+    def spec(cls, cfg: RelaxConfig, name: str) -> RoleSpec:
+        """Whole groups, as soon as they are scored; with the KL in the reward, once Reference's log-probs
+        are there too (the KL counts the model's own tokens: ``loss_mask``, written with the sample)."""
+        a = cfg.algo
+        needs = (REWARD, REF_LOG_PROBS) if a.uses_reference and a.kl_in_reward else (REWARD,)
+        return RoleSpec(name, needs=needs, writes=(ADVANTAGES,), sampler="group", restart=(Restart.LEASES,))
+
     def __init__(self, cfg: RelaxConfig, bus: Any) -> None:
         self.cfg, self.bus, self.consumer = cfg, bus, "advantages"
         self.tracer = Tracer("advantages", cfg.run.trace)
@@ -63,25 +74,28 @@ class AdvantagesWorker(_BusLoop):
     def handle(self, batch) -> None:
         d = batch.data
         a = self.cfg.algo
-        rewards = d["reward"]
+        rewards = d[sample.REWARD]
         fields: dict[str, Any] = {}
         if a.uses_reference and a.kl_in_reward:
             rewards = kl_shaped_sequence_rewards(
-                d["reward"],
-                d["rollout_log_probs"],
-                d["ref_log_probs"],
+                d[sample.REWARD],
+                d[sample.ROLLOUT_LOG_PROBS],
+                d[sample.REF_LOG_PROBS],
                 a.kl_coef,
                 a.kl_reward_estimator,
-                d["loss_mask"],
+                d[sample.LOSS_MASK],
             )
-            fields["shaped_reward"] = [float(r) for r in rewards]
+            fields[sample.SHAPED_REWARD] = [float(r) for r in rewards]
         # (REINFORCE++'s whitening spans the trained batch: the trainer does it, see ActorWorker.train)
-        fields["advantages"] = compute_advantages(
+        fields[sample.ADVANTAGES] = compute_advantages(
             a.advantage_estimator,
-            d["group_id"],
+            d[sample.GROUP_ID],
             rewards,
-            d["response_len"],
+            d[sample.RESPONSE_LEN],
             a.normalize_advantages_std,
             batch_step=False,
         )
         self.bus.add_fields(batch.ids, fields)
+
+    def close(self) -> None:
+        """Nothing to release (no model, no weight broadcast)."""

@@ -10,12 +10,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_core.role import Restart, RoleSpec
+from relax_core.sample import TOKENS
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
 
-FORWARD_FIELDS = {"actor_fwd": "log_probs", "reference": "ref_log_probs", "teacher": "teacher_log_probs"}
+FORWARD_FIELDS = {
+    "actor_fwd": sample.LOG_PROBS,
+    "reference": sample.REF_LOG_PROBS,
+    "teacher": sample.TEACHER_LOG_PROBS,
+}
 """Frozen forward roles and the bus field each writes: ActorFwd (latest trainer weights, the proximal
 policy), Reference (the starting policy, for KL) and Teacher (another, possibly larger model, for on-policy
 distillation; same tokenizer)."""
@@ -25,6 +32,46 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
 
     phase = "forward"
+
+    @classmethod
+    def spec(cls, cfg: RelaxConfig, name: str) -> RoleSpec | None:
+        """ActorFwd runs where the trainer's π_prox cannot come from its training forward (several optimizer
+        steps per batch, or the inexact proximal policy); Reference where a KL uses it (its log-probs go to
+        the trainer for a KL loss, to Advantages for a KL in the reward); Teacher for distillation."""
+        if name not in FORWARD_FIELDS:
+            raise ValueError(f"ForwardWorker role must be one of {sorted(FORWARD_FIELDS)}, got {name!r}")
+        a, writes = cfg.algo, (FORWARD_FIELDS[name],)
+        if name == "actor_fwd":
+            if not a.use_actor_fwd or cfg.prox_from_training_forward:
+                return None
+            return RoleSpec(
+                name,
+                needs=(TOKENS,),
+                writes=writes,
+                feeds_trainer=True,
+                receives_weights=True,
+                model="policy",
+                restart=(Restart.LEASES, Restart.WEIGHTS),
+            )
+        if name == "reference" and a.uses_reference:
+            return RoleSpec(
+                name,
+                needs=(TOKENS,),
+                writes=writes,
+                feeds_trainer=a.use_kl_loss,
+                model="reference",
+                restart=(Restart.LEASES,),
+            )
+        if name == "teacher" and cfg.uses_teacher:
+            return RoleSpec(
+                name,
+                needs=(TOKENS,),
+                writes=writes,
+                feeds_trainer=True,
+                model="teacher",
+                restart=(Restart.LEASES,),
+            )
+        return None
 
     def __init__(
         self,
@@ -61,7 +108,7 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
         with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
             lp = self.backend.compute_log_probs(batch.data)
             version = self.backend.version
-        self.bus.add_fields(batch.ids, {self.field: lp, f"{self.field}_version": [version] * len(lp)})
+        self.bus.add_fields(batch.ids, {self.field: lp, sample.VERSION_OF[self.field]: [version] * len(lp)})
 
     def _load_weights(self, version: int, tensors: dict[str, Any]) -> None:
         with self._weights_lock:
@@ -75,6 +122,10 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
         """Block until weights of ``version`` (or newer) are loaded: a restarted role must not compute
         with its start-up weights."""
         return self.weights.wait(version, timeout_s)
+
+    def weight_version(self) -> int:
+        """The version of the weights held now."""
+        return self.backend.version
 
     def close(self) -> None:
         """Leave the weight broadcast; close a backend that owns processes (a megatron rank group)

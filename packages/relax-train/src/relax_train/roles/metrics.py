@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from relax_core import sample
+
 
 def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
     """``rollout/*`` of one trained batch, from its samples' fields (both modes: the trainer logs them).
@@ -20,27 +22,27 @@ def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
     step's samples: averaged over the batch's samples. Multi-turn samples (``turns``) add the mean
     turns per episode and how many episodes ended for each reason (``rollout/stop/env_done``, ...)."""
     out = {
-        "rollout/reward_mean": float(np.mean(d["reward"])),
-        "rollout/response_len_mean": float(np.mean(d["response_len"])),
-        "rollout/truncated_frac": float(np.mean([f == "length" for f in d["finish_reason"]])),
-        "rollout/reward_failures": float(sum(bool(x) for x in d["reward_failure"])),
+        "rollout/reward_mean": float(np.mean(d[sample.REWARD])),
+        "rollout/response_len_mean": float(np.mean(d[sample.RESPONSE_LEN])),
+        "rollout/truncated_frac": float(np.mean([f == "length" for f in d[sample.FINISH_REASON]])),
+        "rollout/reward_failures": float(sum(bool(x) for x in d[sample.REWARD_FAILURE])),
     }
     by_group: dict[str, list[float]] = {}
-    for g, r in zip(d["group_id"], d["reward"]):
+    for g, r in zip(d[sample.GROUP_ID], d[sample.REWARD]):
         by_group.setdefault(str(g), []).append(float(r))
     out["rollout/groups"] = float(len(by_group))
     # groups whose rewards are all equal: zero advantage, no gradient (what dynamic sampling removes)
     out["rollout/uninformative_groups"] = float(sum(max(v) == min(v) for v in by_group.values()))
     for key, name in (
-        ("ds_dropped_groups", None),
-        ("ds_extra_rounds", None),
-        ("ds_unfilled_groups", None),
-        ("rollout_tokens_per_s", "tokens_per_s"),
+        (sample.DS_DROPPED_GROUPS, None),
+        (sample.DS_EXTRA_ROUNDS, None),
+        (sample.DS_UNFILLED_GROUPS, None),
+        (sample.ROLLOUT_TOKENS_PER_S, "tokens_per_s"),
     ):
         values = [v for v in d.get(key, ()) if v is not None]
         if values:  # one value per rollout step, repeated on its samples
             out[f"rollout/{name or key}"] = float(np.mean(values))
-    turns = [(t, f) for t, f in zip(d.get("turns", ()), d["finish_reason"]) if t is not None]
+    turns = [(t, f) for t, f in zip(d.get(sample.TURNS, ()), d[sample.FINISH_REASON]) if t is not None]
     if turns:
         out["rollout/turns_mean"] = float(np.mean([t for t, _ in turns]))
         for _, reason in turns:
@@ -82,7 +84,7 @@ def step_metrics(
     version spread) and, with ``taken_at`` (when the trainer got each sample), the time from a group's
     last response to the trainer taking it (``generated_at``; wall clocks, so across machines it carries
     their skew)."""
-    staleness = [step - int(v) for v in d["policy_version"]]
+    staleness = [step - int(v) for v in d[sample.POLICY_VERSION]]
     metrics: dict[str, Any] = rollout_metrics(d)
     metrics.update(
         {
@@ -98,21 +100,21 @@ def step_metrics(
             "time": time.time(),
         }
     )
-    if "token_versions" in d:  # streaming rollout: responses that went on across weight updates
-        spread = [int(np.max(v)) - int(np.min(v)) if len(v) else 0 for v in d["token_versions"]]
-        cuts = [int(np.count_nonzero(np.diff(np.asarray(v)))) for v in d["token_versions"]]
+    if sample.TOKEN_VERSIONS in d:  # streaming rollout: responses that went on across weight updates
+        spread = [int(np.max(v)) - int(np.min(v)) if len(v) else 0 for v in d[sample.TOKEN_VERSIONS]]
+        cuts = [int(np.count_nonzero(np.diff(np.asarray(v)))) for v in d[sample.TOKEN_VERSIONS]]
         metrics["rollout/responses_across_updates"] = float(sum(x > 0 for x in spread))
         metrics["rollout/token_version_spread_max"] = float(max(spread, default=0))
         metrics["rollout/interruptions_mean"] = float(np.mean(cuts)) if cuts else 0.0
         metrics["rollout/interruptions_max"] = float(max(cuts, default=0))
-    done = d.get("generated_at")
+    done = d.get(sample.GENERATED_AT)
     if taken_at is not None and done is not None and len(done) == len(taken_at):
         lag = [t - g for t, g in zip(taken_at, done) if g is not None]
         if lag:
             metrics["rollout/group_to_train_s_mean"] = float(np.mean(lag))
             metrics["rollout/group_to_train_s_max"] = float(np.max(lag))
-    if "log_probs" in d:
-        diff = logp_absdiff(d["log_probs"], d["rollout_log_probs"], d.get("loss_mask"))
+    if sample.LOG_PROBS in d:
+        diff = logp_absdiff(d[sample.LOG_PROBS], d[sample.ROLLOUT_LOG_PROBS], d.get(sample.LOSS_MASK))
         if diff is not None:
             metrics["train/rollout_vs_fwd_logp_absdiff"] = diff
     return metrics

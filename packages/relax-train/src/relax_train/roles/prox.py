@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_train.backends.base import TrainBackend
 
 
 def _per_sample(values: Any, n: int) -> bool:
@@ -19,7 +21,7 @@ def _per_sample(values: Any, n: int) -> bool:
     return hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict)) and len(values) == n
 
 
-def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, float]:
+def exact_prox(cfg: RelaxConfig, backend: TrainBackend, d: dict[str, Any]) -> dict[str, float]:
     """Make ``log_probs`` (π_prox, what decoupled PPO and TIS correct towards and the ratio is clipped
     against) the trainer's policy at this step, as AReaL and slime have it.
 
@@ -39,19 +41,19 @@ def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, f
     The others keep ActorFwd's work. In colocate mode ActorFwd computes with the trainer's own model:
     nothing is stale. Whether π_prox is really the trainer's policy shows in ``train/prox_gap_max`` (the
     backend measures it in the first optimizer step's forward)."""
-    n, now = len(d["tokens"]), backend.version
+    n, now = len(d[sample.TOKENS]), backend.version
     if cfg.prox_from_training_forward:
-        if getattr(backend, "stochastic_forward", False):
-            d["log_probs"], d["log_probs_version"] = backend.compute_log_probs(d), [now] * n
+        if backend.stochastic_forward:
+            d[sample.LOG_PROBS], d[sample.LOG_PROBS_VERSION] = backend.compute_log_probs(d), [now] * n
             return {"train/prox_recomputed_frac": 1.0, "train/prox_from_forward_frac": 0.0}
         d["prox_from_forward"] = [True] * n
         return {"train/prox_recomputed_frac": 0.0, "train/prox_from_forward_frac": 1.0}
-    if "log_probs_version" not in d or "log_probs" not in d:
+    if sample.LOG_PROBS_VERSION not in d or sample.LOG_PROBS not in d:
         return {}
     if not cfg.algo.exact_proximal_policy:
-        lag = max((now - int(v) for v in d["log_probs_version"]), default=0)
+        lag = max((now - int(v) for v in d[sample.LOG_PROBS_VERSION]), default=0)
         return {"train/prox_lag_max": float(lag), "train/actor_fwd_lag_max": float(lag)}
-    versions = [int(v) for v in d["log_probs_version"]]
+    versions = [int(v) for v in d[sample.LOG_PROBS_VERSION]]
     stale = [i for i, v in enumerate(versions) if v != now]
     out = {
         "train/actor_fwd_lag_max": float(max((now - v for v in versions), default=0)),
@@ -60,17 +62,20 @@ def exact_prox(cfg: RelaxConfig, backend: Any, d: dict[str, Any]) -> dict[str, f
     }
     if stale:
         first = min(cfg.effective_global_batch_size, n)  # the first optimizer step's samples
-        from_forward = not getattr(backend, "stochastic_forward", False)
+        from_forward = not backend.stochastic_forward
         later = [i for i in stale if i >= first or not from_forward]
-        d["log_probs"], d["log_probs_version"] = list(d["log_probs"]), list(d["log_probs_version"])
+        d[sample.LOG_PROBS], d[sample.LOG_PROBS_VERSION] = (
+            list(d[sample.LOG_PROBS]),
+            list(d[sample.LOG_PROBS_VERSION]),
+        )
         if later:
             sub = {k: [vals[i] for i in later] for k, vals in d.items() if _per_sample(vals, n)}
             for i, lp in zip(later, backend.compute_log_probs(sub)):
-                d["log_probs"][i] = lp
+                d[sample.LOG_PROBS][i] = lp
         live = set(stale) - set(later)
         d["prox_from_forward"] = [i in live for i in range(n)]
         for i in stale:
-            d["log_probs_version"][i] = now
+            d[sample.LOG_PROBS_VERSION][i] = now
         out["train/prox_recomputed_frac"] = len(later) / n
         out["train/prox_from_forward_frac"] = len(live) / n
     return out

@@ -3,21 +3,30 @@
 Why: with ``--streaming-rollout`` the groups of a step land one at a time (after ActorFwd, Reference and
 Advantages, which take them as they come too). Taking the batch only once it is whole leaves the trainer
 idle while the step's last groups generate; here each arriving part goes through forward and backward at
-once and the optimizer steps when the batch is complete (:class:`~relax_train.backends.streamed.StreamedStep`,
-the whole-batch update to rounding). Where that cannot be exact — another backend, advantages whitened
-over the whole batch, several optimizer steps per batch, a loss normalisation mixing token and sequence
-counts — the trainer takes the whole batch as before (:func:`streams_training` says which).
+once and the optimizer steps when the batch is complete (the backend's ``streamed_step``,
+:mod:`relax_train.backends.streamed`: the whole-batch update to rounding). Where that cannot be exact — a
+backend without streamed steps (``supports_streamed_step``: megatron), advantages whitened over the whole
+batch, several optimizer steps per batch, a loss normalisation mixing token and sequence counts — the
+trainer takes the whole batch as before (:func:`streams_training` says which).
+
+The trainer hands :func:`train_as_it_arrives` what it uses (its bus, backend, tracer, the weights' lock, its
+π_prox and heartbeat callables), not itself.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.roles import TRAINER_CONSUMER
+from relax_core.trace import Tracer
 from relax_train.algorithms.advantages import BATCH_NORMALISED
+from relax_train.backends.base import TrainBackend
 
 
 @dataclass
@@ -34,27 +43,39 @@ class Taken:
         return len(self.ids)
 
 
-def streams_training(cfg: RelaxConfig, backend: Any) -> bool:
+def streams_training(cfg: RelaxConfig, backend: TrainBackend) -> bool:
     """Whether the trainer trains on a step's parts as they arrive (see the module docstring)."""
     from relax_train.backends.streamed import why_not_streamed
-    from relax_train.backends.torch_backend import TorchBackend
 
     return (
         cfg.rollout.streaming_rollout
-        and isinstance(backend, TorchBackend)
+        and backend.supports_streamed_step
         and cfg.algo.advantage_estimator not in BATCH_NORMALISED
         and why_not_streamed(cfg, cfg.samples_per_rollout) is None
     )
 
 
-def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], float]:
-    """Step ``step``'s batch, part by part from the bus (partition ``step<k>``), into one optimizer step;
-    (what was trained, the ``train/*`` metrics, seconds spent waiting for parts)."""
-    from relax_bus import BusTimeout, ConsumerReset
-    from relax_train.backends.streamed import StreamedStep
+def train_as_it_arrives(
+    step: int,
+    *,
+    cfg: RelaxConfig,
+    bus: Any,
+    backend: TrainBackend,
+    tracer: Tracer,
+    lock: AbstractContextManager[Any],
+    exact_prox: Callable[[dict[str, Any]], dict[str, float]],
+    alive: Callable[[], None],
+) -> tuple[Taken, dict[str, Any], float]:
+    """Step ``step``'s batch, part by part from ``bus`` (partition ``step<k>``), into one optimizer step of
+    ``backend``; (what was trained, the ``train/*`` metrics, seconds spent waiting for parts).
 
-    per = actor.cfg.samples_per_rollout
-    update = StreamedStep(actor.backend, per)
+    ``exact_prox(part)``: π_prox of a part's samples at this step's weights (:func:`.prox.exact_prox`), its
+    metrics; ``alive()``: the trainer's heartbeat, called while it waits; ``lock``: held around the optimizer
+    step (a re-formed weight-broadcast group re-sends the weights between steps, never mid-update)."""
+    from relax_bus import BusTimeout, ConsumerReset
+
+    per = cfg.samples_per_rollout
+    update = backend.streamed_step(per)
     ids: list[int] = []
     leases: list[int] = []
     parts: list[dict[str, list[Any]]] = []
@@ -63,9 +84,9 @@ def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], f
     waited = 0.0
     while len(ids) < per:
         t = time.perf_counter()
-        actor._beat = time.monotonic()  # (a live trainer while it waits)
+        alive()  # (a live trainer while it waits)
         try:
-            batch = actor.bus.get(
+            batch = bus.get(
                 TRAINER_CONSUMER,
                 n=per - len(ids),
                 partial=True,
@@ -80,12 +101,12 @@ def train_as_it_arrives(actor: Any, step: int) -> tuple[Taken, dict[str, Any], f
         taken_at.extend([time.time()] * len(batch))
         ids.extend(batch.ids)
         leases.append(batch.lease_id)
-        with actor.tracer.span("train_part", step=step, n=len(batch)):
-            prox.append((len(batch), actor._exact_prox(batch.data)))
+        with tracer.span("train_part", step=step, n=len(batch)):
+            prox.append((len(batch), exact_prox(batch.data)))
             update.add(batch.data)
         parts.append(batch.data)
     # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
-    with actor.tracer.span("optimizer_step", step=step), actor.weights.lock:
+    with tracer.span("optimizer_step", step=step), lock:
         metrics = {f"train/{k}": v for k, v in update.finish().items()}
     metrics.update(_merged(prox))
     metrics["train/parts"] = float(len(parts))  # the bus deliveries the batch arrived in
@@ -99,7 +120,7 @@ def _joined(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
     out = {}
     for k in keys:
         fill = False if k == "prox_from_forward" else None
-        out[k] = [x for p in parts for x in p.get(k, [fill] * len(p["tokens"]))]
+        out[k] = [x for p in parts for x in p.get(k, [fill] * len(p[sample.TOKENS]))]
     return out
 
 

@@ -33,7 +33,13 @@ def main(spec_path: str, out_path: str) -> None:
     samples = torch.load(spec["samples"], weights_only=False)
     backend = MegatronBackend(cfg, spec["model"])
     assert isinstance(backend, TrainBackend), "MegatronBackend no longer satisfies TrainBackend"
+    if spec.get("streams"):  # would the trainer train this backend's batches part by part as they arrive?
+        from relax_train.roles.stream import streams_training
+
+        out_streams = streams_training(cfg, backend)
     out: dict = {"logp": backend.compute_log_probs(samples)}
+    if spec.get("streams"):
+        out["streams"] = out_streams
     for _ in range(spec.get("train_steps", 0)):
         out.setdefault("metrics", []).append(backend.train_step(samples))
     # (copies: for unfused tensors named_weights() gives views of the live parameters)
@@ -50,7 +56,8 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("then_train"):
         out["weights_then"] = dict(backend.named_weights())
     out["logp_after"] = backend.compute_log_probs(samples)
-    out["optimizer_params"] = len(backend._optimizer_params()) if backend.trainable else 0
+    groups = backend.optimizer.param_groups if backend.trainable else []
+    out["optimizer_params"] = sum(len(g["params"]) for g in groups)
     out["params"] = len(list(backend.model.parameters()))
     if spec.get("publish_dtype"):  # what a run with --dtype X publishes to the rollout: X
         backend.cfg.model.dtype = spec["publish_dtype"]
@@ -67,6 +74,8 @@ def main(spec_path: str, out_path: str) -> None:
 def _offload_round_trip(backend, samples) -> dict:
     """What colocate's ``--offload`` does between a trainer's turns: the bytes it frees, the device memory
     allocated before, in between and after (0 without CUDA), and the log-probs before and after."""
+    from relax_train.backends.state import device_tensors
+
     cuda = torch.cuda.is_available()
 
     def allocated() -> int:
@@ -75,7 +84,7 @@ def _offload_round_trip(backend, samples) -> dict:
     logp, before = backend.compute_log_probs(samples), allocated()
     storages = {
         t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-        for t in backend._device_tensors()
+        for t in device_tensors(backend.model, backend.optimizer)
         if t.is_cuda
     }
     freed = backend.offload()

@@ -24,7 +24,7 @@ pytest.importorskip("megatron.core")
 
 from relax_core.cli_config import build_config  # noqa: E402
 from relax_core.dcs_transport import free_port  # noqa: E402
-from relax_core.testing import (  # noqa: E402
+from relax_testing import (  # noqa: E402
     tiny_omni_thinker_config,
     tiny_qwen3_config,
     tiny_vision_config,
@@ -454,6 +454,20 @@ def test_distributed_checkpoint_reloads_under_another_tensor_parallel_size(tmp_p
     assert max(float((fresh["weights"][n] - v).abs().max()) for n, v in saved["weights_then"].items()) > 1e-4
 
 
+def test_streaming_rollout_trains_a_megatron_batch_whole(tmp_path):
+    """--streaming-rollout: the trainer trains a batch part by part only on a backend that declares streamed
+    steps (the torch backend); megatron takes the whole batch. (A one-rank MegatronBackend once subclassed
+    TorchBackend, so the trainer's ``isinstance`` check sent it down the torch backend's streamed path, an HF
+    forward on megatron's model.)"""
+    from relax_train.roles.stream import streams_training
+
+    model = _model(tmp_path, "dense")
+    flags = [*FLAGS, "--streaming-rollout", "--fully-async"]
+    cfg = build_config(None, ["--prompt-data", "unused", "--hf-checkpoint", model, *flags])
+    assert streams_training(cfg, TorchBackend(cfg, model))  # the same run on the torch backend streams
+    assert _megatron(tmp_path, model, flags, streams=True)["streams"] is False
+
+
 def test_model_parallelism_without_enough_ranks_is_a_clear_error(tmp_path):
     model = _model(tmp_path, "dense")
     with pytest.raises(AssertionError, match="start one process per rank"):
@@ -675,7 +689,7 @@ def test_qwen3_omni_thinker_under_pipeline_parallelism_matches_the_torch_backend
 def test_the_backend_refuses_to_start_without_psutil(monkeypatch):
     """megatron-core's checkpoint writer dies without psutil and the save then waits forever: say so at
     start-up (the megatron extra brings it)."""
-    from relax_train.backends.megatron.backend import require_psutil
+    from relax_train.backends.megatron.startup import require_psutil
 
     require_psutil()  # installed here
     monkeypatch.setitem(sys.modules, "psutil", None)  # an environment without it

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402
 
-from relax_core.testing import tiny_qwen3_config  # noqa: E402
+from relax_testing import tiny_qwen3_config  # noqa: E402
 from relax_train.backends.megatron.convert import (  # noqa: E402
     ConversionError,
     MegatronLayout,

@@ -2,10 +2,11 @@
 
 A megatron-core ``GPTModel`` built from the HF Qwen3 / Qwen3-MoE config, with tensor, pipeline, context
 and expert parallelism from the run config, loaded from and exported to HF weights with our converter
-(:mod:`relax_train.backends.megatron.convert`). Losses, log-probs and statistics are the torch backend's own
-(:class:`~relax_train.backends.torch_backend.TorchBackend` ``_micro_loss`` / ``_logp_from_logits``), so
-both backends optimise the same objective; only the model, the forward and the gradient reductions
-differ.
+(:mod:`relax_train.backends.megatron.convert`). Losses, log-probs, statistics and the optimizer-step loop are
+the torch backend's own, held as the same components (:class:`~relax_train.backends.loss.PolicyLoss`,
+:class:`~relax_train.backends.logprobs.TokenScorer`, :class:`~relax_train.backends.step.StepRunner`), so both
+backends optimise the same objective; only the model, the forward and the gradient reductions differ. It
+trains a batch whole: no streamed steps (``supports_streamed_step`` is False).
 
 One process per rank: ``torch.distributed`` is initialised from ``RANK`` / ``WORLD_SIZE`` /
 ``MASTER_ADDR`` / ``MASTER_PORT`` (a single process on its own when they are unset), NCCL on GPU, gloo on
@@ -33,7 +34,7 @@ and Qwen3-Omni's thinker: HF's media encoders in front of the megatron decoder
 ``--use-distributed-optimizer``: AdamW's moments sharded over the data-parallel replicas (ZeRO-1, ours:
 :meth:`~relax_train.backends.megatron.training.MegatronTraining._set_trainable`); weights and gradients stay whole on every replica.
 
-The class is assembled from mixins, one concern each: start-up (process groups, ``TransformerConfig``:
+The class is assembled from its own mixins, one concern each (it subclasses no other backend): start-up (process groups, ``TransformerConfig``:
 :mod:`~relax_train.backends.megatron.startup`, CPU / no-TE patches: :mod:`~relax_train.backends.megatron.shims`),
 weights in HF names (:mod:`~relax_train.backends.megatron.weights`), the forward
 (:mod:`~relax_train.backends.megatron.forward`) and the training step
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +56,37 @@ import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
 from relax_core.models import media_token_ids
-from relax_core.offload import onloaded
+from relax_core.offload import HostOffload, onloaded
+from relax_train.backends.logprobs import TokenScorer
+from relax_train.backends.loss import PolicyLoss
 from relax_train.backends.megatron import multimodal as mm
 from relax_train.backends.megatron.convert import MegatronLayout
 from relax_train.backends.megatron.forward import MegatronForward
 from relax_train.backends.megatron.norms import use_sequence_parallel_norms
 from relax_train.backends.megatron.shims import _host_tensors_stay
-from relax_train.backends.megatron.startup import (  # (require_psutil, compute_dtype: re-exported)
+from relax_train.backends.megatron.startup import (
     _load_hf_state,
     _rope_theta,
-    compute_dtype,  # noqa: F401
     init_parallel,
-    require_psutil,  # noqa: F401
     transformer_config,
 )
 from relax_train.backends.megatron.training import MegatronTraining
 from relax_train.backends.megatron.weights import MegatronWeights
-from relax_train.backends.torch_backend import TorchBackend
+from relax_train.backends.replay import ReplayCounts
+from relax_train.backends.state import device_tensors, restore_trainer_state, trainer_state
 
 
-class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, TorchBackend):
-    """Same protocol as :class:`TorchBackend` (``compute_log_probs``, ``train_step``, ``named_weights``
-    in HF names, ``load_weights``, checkpoints) over a megatron-core model on this rank."""
+class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
+    """The :class:`~relax_train.backends.TrainBackend` protocol (``compute_log_probs``, ``train_step``,
+    ``named_weights`` in HF names, ``load_weights``, checkpoints) over a megatron-core model on this rank."""
+
+    stochastic_forward: bool = False
+    """Megatron runs without dropout: the training forward's log-probs are π_θ's."""
+    supports_streamed_step: bool = False
+    """A batch is trained whole (:meth:`~relax_train.backends.megatron.training.MegatronTraining.streamed_step`)."""
+    before_update: Callable[[], None] | None = None
+    """Called just before the optimizer writes the weights (the trainer's fence for a weight broadcast)."""
+    _host: HostOffload | None = None
 
     def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
         from megatron.core import parallel_state as ps
@@ -135,18 +146,29 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, TorchB
         if self.layout.tie_word_embeddings:  # as transformers loads it: the embedding is the output layer
             hf_state.pop("lm_head.weight", None)
         self.load_weights(hf_state, version=0)
-        # what the shared TorchBackend code reads
-        self.masked_token_ids: list[int] = media_token_ids(self.hf_config) if multimodal else []
-        self.takes_token_types = False  # (multimodal rows: _mm_forward builds their token types)
+        masked = media_token_ids(self.hf_config) if multimodal else []
+        self.scorer = TokenScorer(config.rollout.rollout_temperature, masked)
         self.routing = None
         if config.algo.routing_replay and self.layout.is_moe:
             from relax_train.backends.megatron.routing import MegatronRouting
 
             self.routing = MegatronRouting(self.model, self.layout.moe_layers, int(text.num_experts_per_tok))
-        self._r3_counts = {"replayed": 0.0, "expected": 0.0, "differ": 0.0}
+        self._r3 = ReplayCounts()
         self.pad_token_id = getattr(text, "pad_token_id", None) or 0
-        self.temperature = config.rollout.rollout_temperature
+        self.loss = PolicyLoss(config)
         self._set_trainable(trainable)
+
+    # -- device memory (colocate: the rollout engine uses the devices in between) -------------------
+    def offload(self) -> int:
+        """Move weights, gradients and optimizer state to host memory (the tensor objects stay; :meth:`onload`
+        refills them). Returns bytes freed."""
+        if self._host is None:
+            self._host = HostOffload(type(self).__name__)
+        return self._host.offload(device_tensors(self.model, self.optimizer))
+
+    def onload(self) -> int:
+        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
+        return self._host.onload() if self._host is not None else 0
 
     # -- checkpoints --------------------------------------------------------------------------------
     def _optimizer_params(self) -> list[torch.nn.Parameter]:
@@ -197,7 +219,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, TorchB
         (path / "dist").mkdir(parents=True, exist_ok=True)
         dist.barrier()
         dist_checkpointing.save(self._sharded_state(), str(path / "dist"))
-        rank_state = {k: v for k, v in self._trainer_state().items() if k != "optimizer"}
+        rank_state = {k: v for k, v in trainer_state(None).items() if k != "optimizer"}
         rank_state["adam_step"] = self._adam_step() if self.trainable else 0.0
         torch.save(rank_state, path / f"rng_rank{dist.get_rank():05d}.pt")
         self.export_hf(path / "model")
@@ -230,7 +252,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, TorchB
                 state["exp_avg_sq"].copy_(st["exp_avg_sq"])
                 state["step"] = step.clone()
         rank_state["optimizer"] = None  # (restored above)
-        return self._restore_trainer_state(rank_state, path)
+        return self._restored(rank_state, path)
 
     def _load_per_rank_checkpoint(self, path: Path) -> dict[str, Any]:
         """Checkpoints of relax-train 0.5.0: one file per rank, same parallel sizes to reload."""
@@ -244,4 +266,10 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, TorchB
                 f"use the same parallel sizes (or load its HF weights from {path / 'model'})"
             )
         self.model.load_state_dict(state["model"], strict=False)
-        return self._restore_trainer_state(state, path)
+        return self._restored(state, path)
+
+    def _restored(self, state: dict[str, Any], path: Path) -> dict[str, Any]:
+        """Put back a checkpoint's optimizer (where saved) and RNG states and take its version; its meta."""
+        meta = restore_trainer_state(state, self.optimizer, path)
+        self.version = int(meta["version"])
+        return meta

@@ -86,8 +86,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_train.backends.megatron.layout import (  # (TEXT_MODEL_TYPES: re-exported)
-    TEXT_MODEL_TYPES,  # noqa: F401
+from relax_train.backends.megatron.layout import (
     ConversionError,
     ExpertFormat,
     MegatronLayout,

@@ -1,7 +1,9 @@
 """The megatron backend's forward: micro-batches through megatron's forward-backward schedule (1F1B under
 pipeline parallelism), with context / sequence parallelism, media inputs and routing replay, and the
 log-probs computed from its logits. A mixin of :class:`~relax_train.backends.megatron.backend.MegatronBackend`,
-apart so the weights, the optimizer step and the checkpoints read on their own.
+apart so the weights, the optimizer step and the checkpoints read on their own. Rows, log-probs and routing
+replay are computed by the functions the torch backend uses too (:mod:`relax_train.backends.logprobs`,
+:mod:`relax_train.backends.replay`), on megatron's logits.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
+from relax_train.backends.logprobs import TokenScorer, pad_rows, response_positions
 from relax_train.backends.megatron.layout import MegatronLayout
 from relax_train.backends.megatron.startup import compute_dtype
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
+from relax_train.backends.replay import ReplayCounts, routing_replay
 
 
 def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
@@ -25,8 +30,7 @@ def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
 
 
 class MegatronForward:
-    """The forward step, the schedule and ``compute_log_probs`` (mixed into MegatronBackend over
-    TorchBackend, whose log-prob and loss helpers it calls)."""
+    """The forward step, the schedule and ``compute_log_probs`` (mixed into MegatronBackend)."""
 
     cfg: RelaxConfig
     model: Any
@@ -39,6 +43,9 @@ class MegatronForward:
     pp: int
     pre: bool
     pad_token_id: int
+    scorer: TokenScorer
+    routing: Any
+    _r3: ReplayCounts
 
     # -- forward ------------------------------------------------------------------------------------
     def _autocast(self):
@@ -46,6 +53,11 @@ class MegatronForward:
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast("cuda" if self.device is not None else "cpu", dtype=dtype)
+
+    def _replay(self, samples: dict[str, list], idx: list[int], width: int, cols: torch.Tensor):
+        """Routing replay around a micro-batch's forward (:func:`routing_replay`), counted in training."""
+        counts = self._r3 if self.model.training else None
+        return routing_replay(self.routing, self.cfg.algo.routing_replay, samples, idx, width, counts, cols)
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, S, V/tp] vocab-parallel logits -> [B, S, vocab] (all ranks of the TP group, padding cut)."""
@@ -64,7 +76,7 @@ class MegatronForward:
             idx, real = next(data_iterator)
             # a stand-in (see _my_micro) goes through the model and back, contributing nothing
             use = on_logp if real else _contributes_nothing
-            ids, _, plens, rlens = self._pad(samples, idx)
+            ids, _, plens, rlens = pad_rows(samples, idx, self.pad_token_id)
             dev = self.device or torch.device("cpu")
             if self.cp > 1:
                 return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev, real)
@@ -74,7 +86,7 @@ class MegatronForward:
             pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
             causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
             cols = self._sp_shard(torch.arange(width))
-            replay = self._routing_replay(samples, idx, width, cols) if real else contextlib.nullcontext()
+            replay = self._replay(samples, idx, width, cols) if real else contextlib.nullcontext()
             with self._autocast(), replay:
                 if self.front is not None:
                     out = self._mm_forward(model, samples, idx, ids, None, causal, dev)
@@ -82,7 +94,7 @@ class MegatronForward:
                     out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
 
             def loss_func(output):
-                logp, valid, _, ent = self._logp_from_logits(
+                logp, valid, _, ent = self.scorer.response_logp(
                     self._full_vocab(output), ids, plens, rlens, with_entropy
                 )
                 loss = use(idx, logp, valid, rlens, ent)
@@ -103,8 +115,8 @@ class MegatronForward:
         ``loc`` (None: all of them)."""
         from relax_core.mm import collate_mm, token_types
 
-        items = [samples["mm"][i] for i in idx] if "mm" in samples else [None] * len(idx)
-        lengths = [len(samples["tokens"][i]) for i in idx]
+        items = [samples[sample.MM][i] for i in idx] if sample.MM in samples else [None] * len(idx)
+        lengths = [len(samples[sample.TOKENS][i]) for i in idx]
         media = collate_mm(items) if any(items) else {}
         types = token_types(items, lengths, ids.shape[1], left=False)
         if self.pre:
@@ -160,11 +172,7 @@ class MegatronForward:
         order = gathered_positions(width, self.cp)
         masked = (order[None, :] > loc[:, None])[None, None].to(dev)  # causal, in global positions
         pos = loc.to(dev).unsqueeze(0).expand(len(idx), -1)
-        replay = (
-            self._routing_replay(samples, idx, width, self._sp_shard(loc))
-            if real
-            else contextlib.nullcontext()
-        )
+        replay = self._replay(samples, idx, width, self._sp_shard(loc)) if real else contextlib.nullcontext()
         with self._autocast(), replay:
             if self.front is not None:
                 out = self._mm_forward(model, samples, idx, padded, loc, masked, dev)
@@ -174,10 +182,10 @@ class MegatronForward:
         def loss_func(output):
             # the token each position predicts (the last one predicts padding: never a response token)
             targets = torch.cat([padded[:, 1:], padded[:, -1:]], dim=1)[:, loc].to(dev)
-            logp, ent = self._token_logp(self._full_vocab(output), targets, with_entropy)
+            logp, ent = self.scorer.token_logp(self._full_vocab(output), targets, with_entropy)
             logp = gather_token_values(logp, order, group)
             ent = gather_token_values(ent, order, group) if ent is not None else None
-            rows, cols, valid = self._response_positions(plens, rlens, width, logp.device)
+            rows, cols, valid = response_positions(plens, rlens, width, logp.device)
             resp_ent = ent[rows, cols] if ent is not None else None
             loss = on_logp(idx, logp[rows, cols], valid, rlens, resp_ent)
             return loss, torch.ones((), dtype=torch.int, device=dev), {}
@@ -221,7 +229,7 @@ class MegatronForward:
 
         was_training = self.model.training
         self.model.eval()
-        n = len(samples["tokens"])
+        n = len(samples[sample.TOKENS])
         micro = plan_micro_batches(sample_lengths(samples), list(range(n)), self.cfg.train)
         out: dict[int, np.ndarray] = {}
 

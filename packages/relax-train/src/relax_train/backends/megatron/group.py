@@ -154,6 +154,23 @@ class _Ranks:
         ray.get(refs)
         return MegatronRankGroup(self, key)
 
+    def local(self, key: int) -> Any:
+        """This process's (rank 0's) backend of model ``key``."""
+        return self._locals[key]
+
+    def set_on_others(self, key: int, name: str, value: Any) -> None:
+        """Set attribute ``name`` of model ``key``'s backend on ranks 1..N-1."""
+        import ray
+
+        ray.get([r.set.remote(key, name, value) for r in self._others])
+
+    def drop(self, key: int) -> None:
+        """Drop model ``key`` on every rank."""
+        import ray
+
+        self._locals.pop(key, None)
+        ray.get([r.drop.remote(key) for r in self._others])
+
     def all(self, key: int, method: str, *args, **kwargs):
         import ray
 
@@ -288,7 +305,7 @@ class MegatronRankGroup:
 
     @property
     def _local(self):
-        return self._ranks._locals[self._key]
+        return self._ranks.local(self._key)
 
     def __getattr__(self, name: str):
         if name in _COLLECTIVE:
@@ -296,20 +313,15 @@ class MegatronRankGroup:
         return getattr(self._local, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        import ray
-
         setattr(self._local, name, value)  # e.g. the teacher role turns routing replay off
         if name == "before_update":  # the trainer's fence: only rank 0's weights are sent from a thread
             return  # (the other ranks' shards were gathered before the broadcast started)
-        ray.get([r.set.remote(self._key, name, value) for r in self._ranks._others])
+        self._ranks.set_on_others(self._key, name, value)
 
     def close(self) -> None:
         """The first model built (the trainer) owns the ranks: closing it ends the group; closing
         another model drops it on every rank."""
-        import ray
-
         if self._key == 0:
             self._ranks.close()
             return
-        self._ranks._locals.pop(self._key, None)
-        ray.get([r.drop.remote(self._key) for r in self._ranks._others])
+        self._ranks.drop(self._key)

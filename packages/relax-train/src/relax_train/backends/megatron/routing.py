@@ -4,8 +4,8 @@ megatron-core (``moe_enable_routing_replay``) gives each MoE router a ``RouterRe
 ``REPLAY_FORWARD``, routes the router's tokens to given top-k ids and weights them with the router's own
 scores at those ids (so the router keeps its gradient) — the semantics of
 :mod:`relax_core.routing` for HF models. This module drives those objects with the rollout engine's
-records, behind the interface the torch backend's ``_routing_replay`` already uses (``num_layers``,
-``top_k``, ``replay(experts)`` yielding :class:`~relax_core.routing.ReplayStats`).
+records, behind the interface :func:`relax_train.backends.replay.routing_replay` drives for both backends
+(``num_layers``, ``top_k``, ``replay(experts)`` yielding :class:`~relax_core.routing.ReplayStats`).
 
 It drives this model's routers only (megatron's static helpers act on every router of the process, and a
 colocated run holds several models). Token order inside megatron is sequence-major: the router of a
@@ -39,23 +39,24 @@ class MegatronRouting:
         self._replays = [(order[r.layer_number - 1], r.router_replay) for r in routers]
         self.num_layers, self.top_k = len(moe_layers), top_k
         self._stats: ReplayStats | None = None
+        self._has: dict[int, torch.Tensor] = {}
+        """Per RouterReplay (by id), which of its tokens have a record, in megatron's token order."""
         for _, rr in self._replays:
             rr.get_replay_topk = types.MethodType(self._counting(rr.get_replay_topk), rr)
 
     def _counting(self, original):
         """Wrap one RouterReplay's top-k: in replay, also compute the router's natural top-k to count the
         token-layer pairs whose expert set the replay changed."""
-        routing = self
 
         def get_replay_topk(rr, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
             probs, ids = original(scores, topk, num_groups, group_topk, default_compute_topk)
-            st = routing._stats
+            st = self._stats
             if st is not None and rr.target_topk_idx is not None:
                 with torch.no_grad():
                     _, natural = default_compute_topk(
                         scores, topk, num_groups=num_groups, group_topk=group_topk
                     )
-                    has = rr._relax_has.to(ids.device)
+                    has = self._has[id(rr)].to(ids.device)
                     differ = (natural.sort(-1).values != ids.sort(-1).values).any(-1) & has
                     st.total += has.numel()
                     st.replayed = st.replayed + has.sum()
@@ -81,7 +82,7 @@ class MegatronRouting:
                 ids = experts[:, :, layer, :]
                 has = (ids >= 0).all(-1)
                 ids = torch.where(has.unsqueeze(-1), ids, fill)
-                rr._relax_has = has.transpose(0, 1).reshape(-1)  # sequence-major, like megatron's tokens
+                self._has[id(rr)] = has.transpose(0, 1).reshape(-1)  # sequence-major, like megatron's tokens
                 rr.clear_indices()
                 rr.set_target_indices(ids.transpose(0, 1).reshape(-1, self.top_k))
                 rr.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
@@ -91,3 +92,4 @@ class MegatronRouting:
                 rr.clear_router_replay_action()
                 rr.clear_indices()
             self._stats = None
+            self._has.clear()

@@ -3,6 +3,10 @@ expert-parallel groups, the whole model's gradient norm and clipping, AdamW (sha
 replicas with ``--use-distributed-optimizer``) and the step's statistics over every replica. A mixin of
 :class:`~relax_train.backends.megatron.backend.MegatronBackend`, apart so the forward and the checkpoints read
 on their own.
+
+The loop over a batch's optimizer steps and the loss are the torch backend's too, held as components (a
+:class:`~relax_train.backends.step.StepRunner` given this module's reductions, and a
+:class:`~relax_train.backends.loss.PolicyLoss`), so both backends optimise the same objective.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import torch
 import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
+from relax_core.offload import onloaded
+from relax_train.backends.loss import PolicyLoss, step_metrics
 from relax_train.backends.megatron.layout import MegatronLayout
-from relax_train.backends.torch_backend import TorchBackend
+from relax_train.backends.replay import ReplayCounts
+from relax_train.backends.step import FROZEN, StepRunner, build_adamw, set_trainable, update_if_finite
 
 
 class MegatronTraining:
     """``train_step``'s megatron parts: gradient reductions, clipping, the optimizer (mixed into
-    MegatronBackend over TorchBackend, whose ``train_step`` drives them)."""
+    MegatronBackend; a :class:`StepRunner` drives them)."""
 
     cfg: RelaxConfig
     model: Any
@@ -32,13 +39,30 @@ class MegatronTraining:
     pp: int
     pre: bool
     post: bool
-    optimizer: Any
-    _r3_counts: dict[str, float]
+    loss: PolicyLoss
+    before_update: Any
+    trainable: bool
+    version: int
+    _r3: ReplayCounts
 
     # -- training -----------------------------------------------------------------------------------
+    @onloaded
     def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+        if self.steps is None:
+            raise RuntimeError(FROZEN)
         # the loss and its statistics exist on the last stage (the norm on all)
-        return self._from_last_stage(super().train_step(samples))
+        return self._from_last_stage(self.steps.train_step(samples))
+
+    def streamed_step(self, n_seqs: int):
+        """Not here: megatron trains a batch whole (``supports_streamed_step`` is False, so the trainer
+        takes a streamed batch whole too)."""
+        raise NotImplementedError(
+            "the megatron backend trains a batch whole: streamed training (--streaming-rollout, part by part "
+            "as the batch arrives) runs on --train-backend torch"
+        )
+
+    def _stepped(self) -> None:
+        self.version += 1
 
     def _step_metrics(self, sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, float]:
         """The step's statistics over every data-parallel replica's micro-batches."""
@@ -54,35 +78,35 @@ class MegatronTraining:
             counts = {k: sum(p[1].get(k, 0.0) for p in parts) for k in {k for p in parts for k in p[1]}}
             keep = {k: [t for p in parts for t in p[2][k]] for k in keep}
             loss_total = sum(p[3] for p in parts)
-        return TorchBackend._step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
+        return step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt)
 
-    def _r3_metrics(self) -> dict[str, float]:
+    def _replay_metrics(self) -> dict[str, float]:
         """Routing replay's counts over the ranks that routed disjoint tokens: context-parallel ranks (each
         its chunks), tensor-parallel ranks under sequence parallelism (each its share of the sequence), the
         pipeline stages (each its own MoE layers) and the data-parallel replicas (each its micro-batches)."""
         from megatron.core import parallel_state as ps
 
-        c = self._r3_counts
+        c = self._r3
         split = [ps.get_context_parallel_group()] if self.cp > 1 else []
         if self.mcfg.sequence_parallel and self.tp > 1:
             split.append(ps.get_tensor_model_parallel_group())
         if self.pp > 1:
             split.append(ps.get_pipeline_model_parallel_group())
         for group in split:
-            both = torch.tensor([c["replayed"], c["differ"]], dtype=torch.float64)
+            both = torch.tensor([c.replayed, c.differ], dtype=torch.float64)
             dist.all_reduce(both, group=group)
-            c["replayed"], c["differ"] = (float(v) for v in both)
+            c.replayed, c.differ = (float(v) for v in both)
         if ps.get_data_parallel_world_size() > 1:
-            every = torch.tensor([c["replayed"], c["differ"], c["expected"]], dtype=torch.float64)
+            every = torch.tensor([c.replayed, c.differ, c.expected], dtype=torch.float64)
             dist.all_reduce(every, group=ps.get_data_parallel_group())
-            c["replayed"], c["differ"], c["expected"] = (float(v) for v in every)
-        return super()._r3_metrics()
+            c.replayed, c.differ, c.expected = (float(v) for v in every)
+        return c.take_metrics()
 
     def _forward_backward(self, samples, micro, total_tokens, n_seqs, acc) -> float:
         total = [0.0]
 
         def loss(idx, logp, valid, rlens, ent):
-            value = self._micro_loss(samples, idx, logp, valid, ent, total_tokens, n_seqs, acc)
+            value = self.loss.micro_loss(samples, idx, logp, valid, ent, total_tokens, n_seqs, acc)
             total[0] += float(value.detach())
             return value
 
@@ -161,20 +185,42 @@ class MegatronTraining:
         if coef < 1.0:
             for _, p in named:
                 p.grad.mul_(coef)
-        if self._update_if_finite(norm):  # (the norm is the same on every rank: all skip, or none)
+        # (the norm is the same on every rank: all skip, or none)
+        if update_if_finite(self.optimizer, norm, self.before_update):
             self._share_owned()
         return norm
 
     # -- the optimizer ------------------------------------------------------------------------------
     def _set_trainable(self, trainable: bool) -> None:
-        """AdamW as the torch backend builds it; with --use-distributed-optimizer, over the parameters this
-        data-parallel replica owns (ZeRO-1). Each parameter is owned by one member of its replica group (the
-        expert data-parallel group for experts), assigned greedily by size in the model's parameter order,
-        which every member shares; after each step the owners send their parameters to the others."""
-        super()._set_trainable(trainable)
+        """AdamW as the torch backend builds it and the :class:`StepRunner` over it, or a frozen model."""
+        self.trainable, self.version = trainable, 0
+        set_trainable(self.model, trainable)
         self._owned: list[tuple[torch.nn.Parameter, Any, int]] = []  # (param, group, owner's global rank)
-        if not (trainable and self.cfg.train.use_distributed_optimizer):
+        self.optimizer = None
+        self.steps: StepRunner | None = None
+        if not trainable:
             return
+        shared = self.cfg.train.use_distributed_optimizer
+        self.optimizer = build_adamw(
+            self._own_shares() if shared else self.model.parameters(), self.cfg.train
+        )
+        self.steps = StepRunner(
+            self.cfg,
+            self.model,
+            self.optimizer,
+            self.loss,
+            forward_backward=self._forward_backward,
+            clip_and_step=self._clip_and_step,
+            replay_metrics=self._replay_metrics,
+            stepped=self._stepped,
+            metrics=self._step_metrics,
+        )
+
+    def _own_shares(self) -> list[torch.nn.Parameter]:
+        """--use-distributed-optimizer: the parameters this data-parallel replica owns (ZeRO-1), AdamW's
+        to step. Each parameter is owned by one member of its replica group (the expert data-parallel group
+        for experts), assigned greedily by size in the model's parameter order, which every member shares;
+        after each step the owners send their parameters to the others (``_owned``)."""
         from megatron.core import parallel_state as ps
 
         dense = ps.get_data_parallel_group(with_context_parallel=True)
@@ -190,7 +236,7 @@ class MegatronTraining:
                 self._owned.append((p, group, dist.get_global_rank(group, owner)))
             if owner == dist.get_rank(group):
                 mine.append(p)
-        self.optimizer = self._adamw(mine)
+        return mine
 
     def _share_owned(self) -> None:
         """After a distributed-optimizer step: every parameter from the replica that stepped it; gradients

@@ -1,11 +1,12 @@
 """How the ``sglang`` engine's servers get new weights: through disk, as CUDA tensors, or over SGLang's
 weight group, then checked; an engine that does not take an update is failed and restarted.
 
-Why apart from :mod:`relax_rollout.engines.sglang`: the three paths share one contract (every serving
+Why apart from :mod:`relax_rollout.engines.sglang.engine`: the three paths share one contract (every serving
 engine holds the new version, or is failed; a restarted engine gets weights known to be whole) and most of
 their mechanics (weight-update sessions, failures, collectives that must not wait for a peer that refused),
 which have nothing to do with launching processes or generating. :class:`SGLangWeights` is that contract,
-one object per engine (``engine.weights``).
+one object per engine (``engine.weights``), acting on the engine's
+:class:`~relax_rollout.engines.sglang.state.SGLangServers`.
 
 - **Disk** (default): the pool writes safetensors once, every engine loads them with
   ``/update_weights_from_disk``; the directory is kept so a restarted engine loads it before serving.
@@ -47,12 +48,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 from relax_rollout.engines.expert_names import unfuse_experts
-from relax_rollout.engines.pool import PoolError
-from relax_rollout.engines.processes import _free_port
+from relax_rollout.engines.pool_members import PoolError
+from relax_rollout.engines.processes import EngineProcess, free_port
+from relax_rollout.engines.sglang.state import SGLangServers
 from relax_rollout.engines.wire import ServerError, model_info, pause_request, retry_flush_refused
 from relax_rollout.engines.wire_weights import (
     disk_update_request,
@@ -61,9 +63,6 @@ from relax_rollout.engines.wire_weights import (
     tensor_metadata,
     tensor_update_request,
 )
-
-if TYPE_CHECKING:
-    from relax_rollout.engines.sglang import SGLangEngine
 
 logger = logging.getLogger(__name__)
 
@@ -168,12 +167,23 @@ def rank_devices(slots: Iterable[Any], tp_size: int, url: str) -> list[Any] | in
 
 
 class SGLangWeights:
-    """The weight updates of ``engine``'s servers (see the module docstring). It reads the engine's pool,
-    slots, ``weight_update``, ``prefix``, ``bucket_bytes`` and pause state when it acts, and calls the engines
-    through ``engine._call`` (a test can intercept it there)."""
+    """The weight updates of ``servers`` (see the module docstring): their pool, slots, ``weight_update``
+    and pause state are read when it acts, and every request goes through ``servers.call``. ``prefix``: put
+    before every weight name (:func:`served_names`); ``bucket_bytes``: at most this many bytes a broadcast;
+    ``rejoin(slot)`` / ``restart_later(slot, reason)``: the lifecycle's, for a restarted engine that waited
+    for the weights of a broadcast."""
 
-    def __init__(self, engine: SGLangEngine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        servers: SGLangServers,
+        *,
+        prefix: str,
+        bucket_bytes: int,
+        rejoin: Callable[[EngineProcess], None],
+        restart_later: Callable[[EngineProcess, str], None],
+    ) -> None:
+        self.servers, self.prefix, self.bucket_bytes = servers, prefix, bucket_bytes
+        self._rejoin, self._restart_later = rejoin, restart_later
         self.trainer_group: str | None = None
         """The caller's weight group the engines joined (:meth:`connect_dcs`)."""
         self.group: _WeightGroup | None = None
@@ -182,7 +192,7 @@ class SGLangWeights:
 
     def update(self, tensors: dict[str, Any], version: int) -> None:
         """Push ``tensors`` as ``version`` by the engine's ``weight_update`` and check the engines."""
-        mode, pool = self.engine.weight_update, self.engine.pool
+        mode, pool = self.servers.weight_update, self.servers.pool
         if mode == "tensor":
             self.from_tensor(list(tensors.items()), version)
             return
@@ -195,19 +205,19 @@ class SGLangWeights:
     def _may_flush(self) -> bool:
         """Whether an update may flush SGLang's cache: not while requests are held paused in place (they
         still use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
-        return self.engine._paused != "in_place"
+        return self.servers.paused != "in_place"
 
     def served_names(self, named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        return served_names(named, self.engine.prefix)
+        return served_names(named, self.prefix)
 
     def check_version(self, version: int) -> None:
         """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
-        e = self.engine
+        s = self.servers
         wrong = []
-        members = e.pool.active()
+        members = s.pool.active()
         if not members:
-            raise PoolError(f"no active SGLang engine to check weight version {version}: {e.engines()}")
-        futs = [(m, e._exec.submit(model_info, m.url, e.token, e.request_timeout_s)) for m in members]
+            raise PoolError(f"no active SGLang engine to check weight version {version}: {s.describe()}")
+        futs = [(m, s.executor.submit(model_info, m.url, s.token, s.request_timeout_s)) for m in members]
         for m, f in futs:
             got = f.result().get("weight_version")
             if str(got) != str(version):
@@ -225,13 +235,13 @@ class SGLangWeights:
         out; see :func:`_failures`) is marked failed, the supervisor restarts it, and the others go on;
         :class:`WeightUpdateFailed` when none took it. ``send(call)``: how each engine's call is made
         (default: once)."""
-        pool = self.engine.pool
+        pool = self.servers.pool
         urls = [m.url for m in pool.active()] if urls is None else urls
         failed = self._each(urls, path, body, send)
         if urls and len(failed) == len(urls):
             raise WeightUpdateFailed(f"{path}: no engine took the update ({'; '.join(failed.values())})")
         if not pool.active():
-            raise PoolError(f"{path}: no engine left serving: {self.engine.engines()}")
+            raise PoolError(f"{path}: no engine left serving: {self.servers.describe()}")
 
     def _each(
         self, urls: Iterable[str], path: str, body: Any, send: Callable[..., Any] | None = None
@@ -239,13 +249,13 @@ class SGLangWeights:
         """``path`` on each of ``urls`` concurrently (``body``: the same for all, or a function of the url;
         ``send(call)``: how a call is made, default once); those that fail it are marked failed (restarted
         by the supervisor): ``{url: why}``."""
-        e = self.engine
+        s = self.servers
         send = send or (lambda call: call())
         futs = [
             (
                 url,
-                e._exec.submit(
-                    send, functools.partial(e._call, url, path, body(url) if callable(body) else body)
+                s.executor.submit(
+                    send, functools.partial(s.call, url, path, body(url) if callable(body) else body)
                 ),
             )
             for url in urls
@@ -256,14 +266,14 @@ class SGLangWeights:
         return failed
 
     def _engine_failed(self, url: str, reason: str) -> None:
-        e = self.engine
-        m = e.pool.find(url)
+        s = self.servers
+        m = s.pool.find(url)
         if m is not None and m.state == "active":
-            e.pool.mark_failed(m.id, reason)  # the supervisor restarts it
+            s.pool.mark_failed(m.id, reason)  # the supervisor restarts it
             return
-        for slot in e.slots:  # a restarted engine that was waiting for weights: restart it again
+        for slot in s.slots:  # a restarted engine that was waiting for weights: restart it again
             if slot.url == url and slot.state == "waiting":
-                e.lifecycle.restart_later(slot, reason)
+                self._restart_later(slot, reason)
 
     @contextlib.contextmanager
     def _session(self, urls: list[str], pause: bool) -> Iterator[list[str]]:
@@ -276,7 +286,7 @@ class SGLangWeights:
         paused already: SGLang releases its update lock between two requests, so a bucketed update would
         otherwise let requests decode on half-updated weights under the old version label, and its cache
         flush fails while requests run."""
-        paused = pause and self.engine._paused is None
+        paused = pause and self.servers.paused is None
         failed: dict[str, str] = {}
         try:
             if paused:
@@ -294,7 +304,7 @@ class SGLangWeights:
 
     def _updated(self, version: int, path: str | None) -> None:
         self.check_version(version)
-        self.engine.pool.adopt_weights(version, path)
+        self.servers.pool.adopt_weights(version, path)
 
     # -- disk and tensors ---------------------------------------------------------------------------------
     def from_disk(self, model_path: str, version: int, abort_all_requests: bool = False) -> None:
@@ -313,12 +323,12 @@ class SGLangWeights:
     ) -> None:
         """Colocated: ``/update_weights_from_tensor`` with ``named_tensors`` (CUDA IPC handles; MoE experts one
         per expert, see :mod:`relax_rollout.engines.expert_names`)."""
-        e = self.engine
+        s = self.servers
         named = self.served_names(named_tensors)
         bodies: dict[tuple[Any, ...], dict[str, Any]] = {}  # engines on the same GPUs share one payload
 
         def body(url: str) -> dict[str, Any]:
-            devices = rank_devices(e.slots, e.tp_size, url)
+            devices = rank_devices(s.slots, s.tp_size, url)
             key = tuple(devices) if isinstance(devices, list) else (devices,)
             if key not in bodies:
                 bodies[key] = tensor_update_request(
@@ -326,7 +336,7 @@ class SGLangWeights:
                 )
             return bodies[key]
 
-        with self._session([m.url for m in e.pool.active()], pause=False) as opened:
+        with self._session([m.url for m in s.pool.active()], pause=False) as opened:
             self._update_all("/update_weights_from_tensor", body, opened)
         self._updated(version, None)
 
@@ -344,19 +354,19 @@ class SGLangWeights:
         (``/init_weights_update_group``); returns after the rendezvous, so call it concurrently with the
         sender's (:func:`relax_rollout.engines.weight_group.new_group` at rank 0). ``protocol="relax_dcs"``:
         our engine servers join a relax DCS ``WeightSender`` instead (``group_name`` must be the sender's)."""
-        e = self.engine
+        s = self.servers
         u = urlparse(init_method)
         if not u.hostname or not u.port:
             raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
-        n = len(e.pool.active())
-        if rank < 1 or rank + n * e.tp_size > world_size:
+        n = len(s.pool.active())
+        if rank < 1 or rank + n * s.tp_size > world_size:
             raise ValueError(
-                f"{n} engines × {e.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
+                f"{n} engines × {s.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
             )
-        e._all(
+        s.call_all(
             "/init_weights_update_group",
             lambda i, m: init_group_request(
-                u.hostname, u.port, rank + i * e.tp_size, world_size, group_name, backend, protocol
+                u.hostname, u.port, rank + i * s.tp_size, world_size, group_name, backend, protocol
             ),
         )
         self.trainer_group = group_name
@@ -378,7 +388,7 @@ class SGLangWeights:
         body = distributed_update_request(
             names, dtypes, shapes, version, self.trainer_group, flush_cache, abort_all_requests, load_format
         )
-        with self._session([m.url for m in self.engine.pool.active()], pause=False) as opened:
+        with self._session([m.url for m in self.servers.pool.active()], pause=False) as opened:
             self._update_all("/update_weights_from_distributed", body, opened)
         self._updated(version, None)
 
@@ -386,7 +396,7 @@ class SGLangWeights:
         """Leave the caller's weight group (``/destroy_weights_update_group``)."""
         if self.trainer_group is None:
             return
-        self.engine._all("/destroy_weights_update_group", {"group_name": self.trainer_group})
+        self.servers.call_all("/destroy_weights_update_group", {"group_name": self.trainer_group})
         self.trainer_group = None
 
     # -- our broadcast (weight_update="distributed") ------------------------------------------------------
@@ -397,21 +407,21 @@ class SGLangWeights:
         supervisor restarts it) and the update is retried once on the others."""
         from relax_rollout.engines import weight_group as wg
 
-        e = self.engine
+        s = self.servers
         if not named:
             raise ValueError("a weight update needs at least one tensor")
         device = named[0][1].device
         if device.type == "cuda" and self._gpu_shared(device):
             device = type(device)("cpu")  # NCCL refuses two ranks on one GPU: send from host memory over gloo
         backend = "nccl" if device.type == "cuda" else "gloo"
-        parts = wg.buckets(named, e.bucket_bytes)
+        parts = wg.buckets(named, self.bucket_bytes)
         with self._lock:
             for attempt in (1, 2):
-                members = {m.url: m for m in e.pool.active()}
-                waiting = [s for s in e.slots if s.state == "waiting" and s.url not in members]
-                urls = (*members, *(s.url for s in waiting))
+                members = {m.url: m for m in s.pool.active()}
+                waiting = [slot for slot in s.slots if slot.state == "waiting" and slot.url not in members]
+                urls = (*members, *(slot.url for slot in waiting))
                 if not urls:
-                    raise PoolError(f"no engine to update: {e.engines()}")
+                    raise PoolError(f"no engine to update: {s.describe()}")
                 try:
                     group = self._form_group(urls, backend)
                     flush = self._may_flush()
@@ -436,18 +446,18 @@ class SGLangWeights:
                             )
                     break
                 except _GroupBroken as x:
-                    if attempt == 2 or not e.pool.active():
+                    if attempt == 2 or not s.pool.active():
                         raise PoolError(f"weight version {version} could not be broadcast: {x}") from None
                     logger.warning("weight version %d: %s; re-forming the group without it", version, x)
         # the pool takes the version first (restarted engines are admitted at it), the check covers them too:
         # when a refusal had failed every engine, only restarted ones hold the new weights
-        e.pool.adopt_weights(version, None)
+        s.pool.adopt_weights(version, None)
         for slot in waiting:  # restarted engines hold the new weights now: they serve again
             try:
-                e.lifecycle.join(slot)
+                self._rejoin(slot)
             except Exception as x:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, x)
-                e.lifecycle.restart_later(slot, f"rejoin after weight version {version} failed: {x}")
+                self._restart_later(slot, f"rejoin after weight version {version} failed: {x}")
         self.check_version(version)
 
     def _gpu_shared(self, device: Any) -> bool:
@@ -457,30 +467,30 @@ class SGLangWeights:
         index = device.index if device.index is not None else torch.cuda.current_device()
         visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         gpu = visible[index] if index < len(visible) else str(index)
-        return any(gpu in slot.gpus for slot in self.engine.slots if slot.node is None)
+        return any(gpu in slot.gpus for slot in self.servers.slots if slot.node is None)
 
     def _form_group(self, urls: tuple[str, ...], backend: str) -> _WeightGroup:
         """The current group if it holds exactly ``urls``; else a new one (the old one destroyed)."""
         from relax_rollout.engines import weight_group as wg
 
-        e = self.engine
+        s = self.servers
         if self.group is not None and self.group.urls == urls and self.group.backend == backend:
             return self.group
         self._drop_group()
-        if all(slot.node is None for slot in e.slots):
+        if all(slot.node is None for slot in s.slots):
             master = "127.0.0.1"
         else:  # engines on other nodes reach this one's address
             import ray
 
             master = ray.util.get_node_ip_address()
-        port = _free_port(master)
+        port = free_port(master)
         name = f"relax_weights_{uuid.uuid4().hex[:8]}"
-        world = 1 + len(urls) * e.tp_size
+        world = 1 + len(urls) * s.tp_size
         group = _WeightGroup(None, name, urls, backend)
-        timeout = min(e.request_timeout_s, 300.0)
+        timeout = min(s.request_timeout_s, 300.0)
 
         def join(i: int) -> dict[str, Any]:
-            return init_group_request(master, port, 1 + i * e.tp_size, world, name, backend)
+            return init_group_request(master, port, 1 + i * s.tp_size, world, name, backend)
 
         def host() -> None:
             group.pg = wg.new_group(backend, f"tcp://{master}:{port}", world, 0, name, timeout)
@@ -498,8 +508,8 @@ class SGLangWeights:
         """``path`` on every engine of ``group`` while this process does its part (``local``: a rendezvous
         or a broadcast). An engine that fails it (refused, died, 5xx; see :func:`_failures`) is marked
         failed and :class:`_GroupBroken` raised, naming it."""
-        e = self.engine
-        futs = [(url, e._exec.submit(e._call, url, path, body(i))) for i, url in enumerate(group.urls)]
+        s = self.servers
+        futs = [(url, s.executor.submit(s.call, url, path, body(i))) for i, url in enumerate(group.urls)]
         mine = _in_thread(local, "relax-weight-group")
         stuck = _until_done_or_refused(mine, [f for _, f in futs])
         local_error = (
@@ -535,13 +545,13 @@ class SGLangWeights:
         """Leave the weight group: engines still serving destroy their side, this process its own."""
         from relax_rollout.engines import weight_group as wg
 
-        e = self.engine
+        s = self.servers
         group, self.group = self.group, None
         if group is None:
             return
-        live = {m.url for m in e.pool.active()} | {s.url for s in e.slots if s.state == "waiting"}
+        live = {m.url for m in s.pool.active()} | {slot.url for slot in s.slots if slot.state == "waiting"}
         futs = [
-            e._exec.submit(e._call, url, "/destroy_weights_update_group", {"group_name": group.name}, 30.0)
+            s.executor.submit(s.call, url, "/destroy_weights_update_group", {"group_name": group.name}, 30.0)
             for url in group.urls
             if url in live
         ]

@@ -10,9 +10,11 @@ An :class:`SGLangEngine` composes the engine processes (:mod:`~relax_rollout.eng
 ``k`` on GPUs ``[k*tp, (k+1)*tp)``, here or on another node with ``gpus_per_node``, ready once
 ``/health_generate`` answers 200), an :class:`~relax_rollout.engines.pool.EnginePool` of their servers
 (requests split over them and re-issued when one fails), SGLang's API (:mod:`~relax_rollout.engines.wire`)
-and the weight updates (:mod:`~relax_rollout.engines.sglang_weights`, ``self.weights``). What it adds:
+and the weight updates (:mod:`~relax_rollout.engines.sglang.weights`, ``self.weights``); what the three
+share — the slots, the pool, the lock, the pause state, the way to call the servers — is one
+:class:`~relax_rollout.engines.sglang.state.SGLangServers` (``self.servers``). What it adds:
 
-- **Supervision** (:mod:`~relax_rollout.engines.sglang_lifecycle`, ``self.lifecycle``). A background
+- **Supervision** (:mod:`~relax_rollout.engines.sglang.lifecycle`, ``self.lifecycle``). A background
   thread polls the processes every ``poll_interval_s``. An engine whose process exited (or that the pool
   marked failed: reset connections, 5xx, time-outs) is killed (its whole process group) and relaunched on
   the same GPUs, at most ``max_restarts`` times; it rejoins the pool only after loading the current
@@ -37,7 +39,6 @@ import logging
 import os
 import secrets
 import tempfile
-import threading
 import uuid
 import weakref
 from collections.abc import Callable
@@ -47,11 +48,20 @@ from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta, memory_request
 from relax_rollout.engines.checkpoint import checkpoint_config, model_routing, served_prefix
-from relax_rollout.engines.pool import EnginePool, Member, PoolError
-from relax_rollout.engines.processes import EngineProcess, Launcher, flag_args, place_engines, stop_processes
-from relax_rollout.engines.sglang_lifecycle import SGLangLifecycle
-from relax_rollout.engines.sglang_weights import SGLangWeights
-from relax_rollout.engines.wire import abort_request, http_json, media_fields, parse_reply, pause_request
+from relax_rollout.engines.pool import EnginePool
+from relax_rollout.engines.processes import (
+    EngineProcess,
+    Launcher,
+    fill_template,
+    flag_args,
+    launch_command,
+    place_engines,
+    stop_processes,
+)
+from relax_rollout.engines.sglang.lifecycle import SGLangLifecycle, log_pool_failure
+from relax_rollout.engines.sglang.state import SGLangServers
+from relax_rollout.engines.sglang.weights import SGLangWeights
+from relax_rollout.engines.wire import abort_request, media_fields, parse_reply, pause_request
 
 if TYPE_CHECKING:
     from relax_rollout.engines.wire import RoutingInfo
@@ -60,17 +70,6 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_UPDATES = ("disk", "tensor", "distributed")
 INSTALL_HINT = "the sglang engine needs `pip install 'relax-rollout[sglang]'` (and a GPU)"
-
-
-def __getattr__(name: str) -> Any:
-    """What moved out of this module stays importable from it: SGLang's API (request builders, the reply
-    parser, ``http_json``), the processes and the weight updates."""
-    from relax_rollout.engines import processes, sglang_weights, wire
-
-    for module in (wire, processes, sglang_weights):
-        if not name.startswith("_") and name in vars(module):
-            return vars(module)[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _weights_method(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -162,7 +161,7 @@ class SGLangEngine:
         self.launch_cmd, self.python, self.env = launch_cmd, python, dict(env or {})
         self.startup_timeout_s, self.max_restarts = startup_timeout_s, max_restarts
         self.poll_interval_s, self.shutdown_grace_s = poll_interval_s, shutdown_grace_s
-        self.weight_update, self.request_timeout_s = weight_update, request_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.bucket_bytes = bucket_bytes
         """``weight_update="distributed"``: at most this many bytes a broadcast (one dtype each)."""
         self.token = token or self.server_args.get("api_key") or self.server_args.get("--api-key")
@@ -190,7 +189,7 @@ class SGLangEngine:
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         places = place_engines(num_engines, tp_size, gpu_ids, gpus_per_node)
-        self.slots = [
+        slots = [
             EngineProcess(
                 k,
                 gpus,
@@ -200,7 +199,7 @@ class SGLangEngine:
             )
             for k, (node, gpus) in enumerate(places)
         ]
-        if any(slot.node is not None for slot in self.slots):
+        if any(slot.node is not None for slot in slots):
             if weight_update == "tensor":
                 raise ValueError(
                     "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
@@ -215,43 +214,104 @@ class SGLangEngine:
             if self.token is None:  # they listen on their node's address, not loopback
                 self.token = secrets.token_urlsafe(24)
                 self.server_args["api_key"] = self.token
-        self._lock = threading.RLock()
-        self._closed = False
-        self._paused: str | None = None
-        self.weights = SGLangWeights(self)
-        """The weight updates (:mod:`relax_rollout.engines.sglang_weights`)."""
         self._inflight: set[str] = set()
-        self._stop = threading.Event()
-        self.lifecycle = SGLangLifecycle(self)
-        """Start-up, supervision and restarts (:mod:`relax_rollout.engines.sglang_lifecycle`)."""
-        self.launcher = Launcher(
-            self.lifecycle.command,
-            host,
-            self.env,
-            self.token,
-            self._lock,
-            lambda: self._closed,
-            self._stop,
-            self.lifecycle.shared_paths,
-        )
-        self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
-        self._exec = ThreadPoolExecutor(
-            max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang"
-        )
-        self.pool = EnginePool(
+        pool = EnginePool(
             token=self.token,
             timeout_s=request_timeout_s,
             join_timeout_s=max(60.0, request_timeout_s / 10),
             weights_dir=weights_dir,
-            on_failure=self.lifecycle.on_pool_failure,
+            on_failure=log_pool_failure,
         )
-        self.lifecycle.start()
+        executor = ThreadPoolExecutor(max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang")
+        self.servers = SGLangServers(
+            slots=slots,
+            pool=pool,
+            executor=executor,
+            weight_update=weight_update,
+            tp_size=tp_size,
+            token=self.token,
+            request_timeout_s=request_timeout_s,
+        )
+        """The servers and the state the engine shares with its lifecycle and weight updates
+        (:mod:`relax_rollout.engines.sglang.state`); every request goes through ``servers.call``."""
+        s = self.servers
+        self.launcher = Launcher(
+            self._command, host, self.env, self.token, s.lock, lambda: s.closed, s.stop, self._shared_paths
+        )
+        self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
+        self.lifecycle = SGLangLifecycle(
+            s,
+            self.launcher,
+            startup_timeout_s=startup_timeout_s,
+            poll_interval_s=poll_interval_s,
+            max_restarts=max_restarts,
+            shutdown_grace_s=shutdown_grace_s,
+        )
+        """Start-up, supervision and restarts (:mod:`relax_rollout.engines.sglang.lifecycle`)."""
+        self.weights = SGLangWeights(
+            s,
+            prefix=self.prefix,
+            bucket_bytes=bucket_bytes,
+            rejoin=self.lifecycle.join,
+            restart_later=self.lifecycle.restart_later,
+        )
+        """The weight updates (:mod:`relax_rollout.engines.sglang.weights`)."""
+        try:
+            self.lifecycle.start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- launching (the launcher's command and shared paths) ---------------------------------------
+    def _command(self, slot: EngineProcess, port: int, host: str) -> list[str]:
+        """The command line of ``slot``'s engine: ``launch_cmd`` filled in, else SGLang's own."""
+        if self.launch_cmd is not None:
+            return fill_template(
+                self.launch_cmd,
+                port=port,
+                host=host,
+                model_path=self.model_path,
+                tp_size=self.tp_size,
+                dtype=self.dtype,
+                engine_index=slot.index,
+                token=self.token or "",
+            )
+        return launch_command(
+            self.model_path,
+            host,
+            port,
+            self.tp_size,
+            self.dtype,
+            self.mem_fraction_static,
+            self.server_args,
+            self.routing is not None,
+            self.python,
+        )
+
+    def _shared_paths(self) -> list[str]:
+        """What an engine on another node must see at the same path: the weights directory, the model."""
+        return ([str(self.pool.weights_root)] if self.weight_update == "disk" else []) + (
+            [self.model_path] if os.path.exists(self.model_path) else []
+        )
 
     # -- introspection ----------------------------------------------------------------------------
+    @property
+    def pool(self) -> EnginePool:
+        """The pool the serving engines are members of (``servers.pool``)."""
+        return self.servers.pool
+
+    @property
+    def weight_update(self) -> str:
+        """How :meth:`update_weights` reaches the engines: ``disk``, ``tensor`` or ``distributed``."""
+        return self.servers.weight_update
+
+    @weight_update.setter
+    def weight_update(self, mode: str) -> None:
+        self.servers.weight_update = mode
+
     def engines(self) -> list[dict[str, Any]]:
         """Every engine slot: index, gpus, url, state, pid, restarts, error, member_id, log_path, pids."""
-        with self._lock:
-            return [s.to_dict() for s in self.slots]
+        return self.servers.describe()
 
     @property
     def urls(self) -> list[str]:
@@ -260,35 +320,8 @@ class SGLangEngine:
 
     def inflight_rids(self) -> set[str]:
         """Request ids sent by :meth:`generate` and not answered yet (what :meth:`abort` can target)."""
-        with self._lock:
+        with self.servers.lock:
             return set(self._inflight)
-
-    # -- HTTP helpers -----------------------------------------------------------------------------
-    def _call(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        return http_json(url, path, body, self.token, timeout_s or self.request_timeout_s, 1, 0.1)
-
-    def _all(
-        self, path: str, body: Any | Callable[[int, Member], Any] = None, timeout_s: float | None = None
-    ) -> list[tuple[Member, Any]]:
-        """``path`` on every active engine concurrently (``body(i, member)`` for a per-engine body); raises
-        the first error after all answered."""
-        members = self.pool.active()
-        if not members:
-            raise PoolError(f"no active SGLang engine for {path}: {self.engines()}")
-        futs = [
-            (m, self._exec.submit(self._call, m.url, path, body(i, m) if callable(body) else body, timeout_s))
-            for i, m in enumerate(members)
-        ]
-        out, error = [], None
-        for m, f in futs:
-            try:
-                out.append((m, f.result()))
-            except Exception as e:  # noqa: BLE001 — re-raised after every engine answered
-                error = error or e
-                logger.warning("engine %s (%s): %s failed: %s", m.id, m.url, path, e)
-        if error is not None:
-            raise error
-        return out
 
     # -- RolloutEngine ----------------------------------------------------------------------------
     @property
@@ -338,7 +371,7 @@ class SGLangEngine:
         def parse(reply: Any, chunk: list[list[int]]) -> list[GenerateOutput]:
             return parse_reply(reply, chunk, routing)
 
-        with self._lock:
+        with self.servers.lock:
             self._inflight.update(rids)
         try:
             return self.pool.generate(
@@ -350,7 +383,7 @@ class SGLangEngine:
                 on_token=on_token,
             )
         finally:
-            with self._lock:
+            with self.servers.lock:
                 self._inflight.difference_update(rids)
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
@@ -369,7 +402,7 @@ class SGLangEngine:
             pass
         sums = {
             m.url: (r or {}).get("per_engine_checksum")
-            for m, r in self._all("/weights_checker", {"action": "checksum"})
+            for m, r in self.servers.call_all("/weights_checker", {"action": "checksum"})
         }
         if len(set(sums.values())) != 1 or None in sums.values():
             raise RuntimeError(f"SGLang engines hold different weights: {sums}")
@@ -379,22 +412,22 @@ class SGLangEngine:
     def pause(self, mode: str = "abort") -> None:
         """``/pause_generation`` on every engine (``abort``, ``retract`` or ``in_place``)."""
         body = pause_request(mode)
-        with self._lock:
-            self._paused = mode
-        self._all("/pause_generation", body)
+        with self.servers.lock:
+            self.servers.paused = mode
+        self.servers.call_all("/pause_generation", body)
 
     def resume(self) -> None:
         """``/continue_generation`` on every engine."""
-        with self._lock:
-            self._paused = None
-        self._all("/continue_generation", {})
+        with self.servers.lock:
+            self.servers.paused = None
+        self.servers.call_all("/continue_generation", {})
 
     pause_generation, continue_generation = pause, resume
 
     def abort(self, rid: str | None = None) -> None:
         """Abort request ``rid`` wherever it runs (an engine that does not hold it ignores it), or every
         request with ``rid=None``; aborted requests come back with finish reason ``abort``."""
-        self._all("/abort_request", abort_request(rid))
+        self.servers.call_all("/abort_request", abort_request(rid))
 
     # -- device memory (colocate) -----------------------------------------------------------------
     def release_memory(self, tags: list[str] | None = None) -> None:
@@ -402,12 +435,12 @@ class SGLangEngine:
         weights, KV cache, CUDA graphs) back while the trainer runs. The servers must run with
         ``--enable-memory-saver`` (:func:`relax_rollout.engine_factory.sglang_kwargs` adds it when the run
         offloads)."""
-        self._all("/release_memory_occupation", memory_request(tags))
+        self.servers.call_all("/release_memory_occupation", memory_request(tags))
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """``/resume_memory_occupation`` on every engine; released weights hold garbage until the next
         weight update, so resume ``weights``, update, then the rest (what the colocate loop does)."""
-        self._all("/resume_memory_occupation", memory_request(tags))
+        self.servers.call_all("/resume_memory_occupation", memory_request(tags))
 
     # -- weights (self.weights, where each is documented) ----------------------------------------
     check_weight_version = _weights_method(SGLangWeights.check_version)
@@ -421,21 +454,22 @@ class SGLangEngine:
     def close(self) -> None:
         """Stop supervising and end every engine process group (SIGTERM, SIGKILL after
         ``shutdown_grace_s``)."""
-        with self._lock:
-            if self._closed:
+        s = self.servers
+        with s.lock:
+            if s.closed:
                 return
-            self._closed = True
+            s.closed = True
             procs = list(self.launcher.procs)
-        self._stop.set()
+        s.stop.set()
         self.lifecycle.wait_stopped()
         stop_processes(procs, self.shutdown_grace_s)
         self.weights.close()  # its engines are gone: only this side of the group is left
         self.launcher.release_nodes()
-        with self._lock:
-            for slot in self.slots:
+        with s.lock:
+            for slot in s.slots:
                 slot.state = "stopped" if slot.state != "failed" else slot.state
-        self.pool.close()
-        self._exec.shutdown(wait=False, cancel_futures=True)
+        s.pool.close()
+        s.executor.shutdown(wait=False, cancel_futures=True)
         self._finalizer.detach()
 
     def __enter__(self) -> SGLangEngine:

@@ -1,7 +1,10 @@
-"""Test helpers for packages built on relax-core: a tiny HF checkpoint any role can load.
+"""Test helpers shared by the packages' tests, the cross-package tests and the benchmarks: tiny HF
+checkpoints any role can load, rewards that misbehave on purpose, a role killed mid-run, ranks spawned.
 
-torch, transformers and tokenizers are imported inside the function, so importing relax_core stays
-light; callers (relax-rollout's and relax-train's tests) have them installed.
+Why a package of its own: these helpers were shipped inside relax-core (`relax_testing`), so every
+user's install carried code that only tests run. relax-testing is a dev-only workspace member (the root
+`dev` group installs it), never a dependency of a shipped package. torch, transformers and ray are imported
+inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -310,7 +313,7 @@ def signal_role_after(
                 break
             time.sleep(0.01)
         if role == "bus":  # the bus controller actor: its state is the run's data
-            ray.kill(controller.async_run.bus._controller, no_restart=True)
+            ray.kill(controller.async_run.bus.controller_actor, no_restart=True)
             out["pid"], out["at"] = "bus", time.time()
             return
         if role == "engine":

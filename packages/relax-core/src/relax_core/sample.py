@@ -1,0 +1,135 @@
+"""The sample schema: every field a Relax sample carries on the bus, which stage writes it, and its type.
+
+Why one module: the rollout writes a sample, ActorFwd / Reference / Teacher / Advantages add fields to it,
+the trainer and the report read it. They agreed on names only by convention (``"group_id"`` spelt at 16
+places in 9 files); now a writer builds a :class:`RolloutSample` (a TypedDict, so its keys are checked
+names, not strings) and every reader indexes with this module's constants (``Final``, so a type checker
+reads each as its literal and checks it against the TypedDicts). ``tests/test_architecture.py``
+refuses a schema field's name written as a string key anywhere else in the source.
+
+The bus stays schema-agnostic: it stores whatever fields a writer puts (outside users embed it with their
+own). Only the roles of a Relax run read this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypedDict
+
+import numpy as np
+
+# -- written by the rollout (and by agent trajectories: relax_rollout.server.trajectories.to_bus_sample) --
+TOKENS: Final = "tokens"
+"""int64: the prompt's tokens, then the response's."""
+PROMPT_LEN: Final = "prompt_len"
+RESPONSE_LEN: Final = "response_len"
+LOSS_MASK: Final = "loss_mask"
+"""float32, one per response token: 0 on what an environment or the chat template added between a
+multi-turn episode's model turns (and, with --mask-offpolicy-in-partial-rollout, on tokens sampled before
+the response's last weight version)."""
+ROLLOUT_LOG_PROBS: Final = "rollout_log_probs"
+"""float32, one per response token: the engine's log-probs when it sampled them."""
+ROUTED_EXPERTS: Final = "routed_experts"
+"""With --routing-replay: each token's MoE experts as the engine routed them."""
+MM: Final = "mm"
+"""The media tensors of the prompt (multimodal rows only)."""
+REWARD: Final = "reward"
+REWARD_FAILURE: Final = "reward_failure"
+"""Why the reward function failed (the score is then the failure score), or ""."""
+POLICY_VERSION: Final = "policy_version"
+"""The oldest weight version among the sample's tokens: staleness is measured against it (a field the bus
+reserves: it enforces --max-staleness on it)."""
+TOKEN_VERSIONS: Final = "token_versions"
+"""int32, one per response token: streaming rollout only (a response may go on across weight updates)."""
+GROUP_ID: Final = "group_id"
+"""``"step:index"``: the n samples of one prompt (advantages are normalised within a group; a field the
+bus reserves: its ``group`` sampler hands out whole groups)."""
+PROMPT_ID: Final = "prompt_id"
+ROLLOUT_STEP: Final = "rollout_step"
+FINISH_REASON: Final = "finish_reason"
+TURNS: Final = "turns"
+ENV_ERROR: Final = "env_error"
+GENERATED_AT: Final = "generated_at"
+"""Streaming rollout: when the group's last response ended (wall clock, seconds)."""
+RESPONSE_TEXT: Final = "response_text"
+"""The decoded response (multi-turn: the last model turn)."""
+ROLLOUT_TOKENS_PER_S: Final = "rollout_tokens_per_s"
+DS_DROPPED_GROUPS: Final = "ds_dropped_groups"
+DS_EXTRA_ROUNDS: Final = "ds_extra_rounds"
+DS_UNFILLED_GROUPS: Final = "ds_unfilled_groups"
+
+# -- written by the roles computing on a sample --------------------------------------------------------
+LOG_PROBS: Final = "log_probs"
+"""ActorFwd: the proximal policy's log-probs (one per response token)."""
+LOG_PROBS_VERSION: Final = "log_probs_version"
+"""ActorFwd: the weight version its log-probs were computed with (the trainer recomputes them when behind)."""
+REF_LOG_PROBS: Final = "ref_log_probs"
+"""Reference: the reference model's log-probs."""
+TEACHER_LOG_PROBS: Final = "teacher_log_probs"
+"""Teacher (on-policy distillation): the teacher's log-probs."""
+REF_LOG_PROBS_VERSION: Final = "ref_log_probs_version"
+TEACHER_LOG_PROBS_VERSION: Final = "teacher_log_probs_version"
+ADVANTAGES: Final = "advantages"
+"""Advantages: one per response token."""
+SHAPED_REWARD: Final = "shaped_reward"
+"""Advantages, with the KL in the reward: each sample's reward after the KL penalty (for the report)."""
+
+
+class RolloutSample(TypedDict, total=False):
+    """What the rollout puts on the bus (the optional fields only where their feature is on)."""
+
+    tokens: np.ndarray
+    prompt_len: int
+    response_len: int
+    loss_mask: np.ndarray
+    rollout_log_probs: np.ndarray
+    routed_experts: Any
+    mm: Any
+    reward: float
+    reward_failure: str
+    policy_version: int
+    token_versions: np.ndarray
+    group_id: str
+    prompt_id: Any
+    rollout_step: int
+    finish_reason: str
+    turns: int
+    env_error: str
+    generated_at: float
+    response_text: str
+    rollout_tokens_per_s: float
+    ds_dropped_groups: int
+    ds_extra_rounds: int
+    ds_unfilled_groups: int
+
+
+class ForwardFields(TypedDict, total=False):
+    """What ActorFwd, Reference and Teacher add (each its own field)."""
+
+    log_probs: np.ndarray
+    log_probs_version: int
+    ref_log_probs: np.ndarray
+    ref_log_probs_version: int
+    teacher_log_probs: np.ndarray
+    teacher_log_probs_version: int
+
+
+class AdvantageFields(TypedDict, total=False):
+    """What the advantage estimator adds."""
+
+    advantages: np.ndarray
+    shaped_reward: float
+
+
+class TrainSample(RolloutSample, ForwardFields, AdvantageFields, total=False):
+    """A sample as the trainer reads it: everything above."""
+
+
+VERSION_OF: dict[str, str] = {
+    LOG_PROBS: LOG_PROBS_VERSION,
+    REF_LOG_PROBS: REF_LOG_PROBS_VERSION,
+    TEACHER_LOG_PROBS: TEACHER_LOG_PROBS_VERSION,
+}
+"""A forward role's field -> the field saying which weight version computed it."""
+
+FIELDS: frozenset[str] = frozenset(TrainSample.__annotations__)
+"""Every field name of the schema (the architecture test checks the constants above name exactly these)."""

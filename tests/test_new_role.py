@@ -1,0 +1,123 @@
+"""A role added the way the next one will be (the critic of "PPO with a learned critic"): one class and one
+registry entry, no driver edits. The class below is a bus consumer that writes each sample's token count
+and feeds it to the trainer; registered next to the installed roles, it is planned (the bus gets its
+consumer, the trainer waits for its field), built and started by the fully-async driver, watched by its
+heartbeat, and — SIGKILLed mid-run — restarted in place from its spec's restart steps, the run training
+every step with every sample counted."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+from _tiny import run_flags
+
+from relax_core.cli_config import build_config
+from relax_core.controller import Controller
+from relax_core.role import Restart, RoleSpec
+from relax_core.roles import RolePlan, RoleRegistry
+from relax_testing import signal_role_after
+
+NAME = "token_count"
+
+
+class TokenCount:
+    """Writes ``n_tokens`` (each sample's token count) for the trainer to wait for."""
+
+    @classmethod
+    def spec(cls, cfg, name: str) -> RoleSpec:
+        return RoleSpec(
+            name, needs=("tokens",), writes=("n_tokens",), feeds_trainer=True, restart=(Restart.LEASES,)
+        )
+
+    def __init__(self, cfg, bus) -> None:
+        self.bus, self.beat, self.counted = bus, time.monotonic(), 0
+
+    def _once(self, timeout: float) -> int:
+        self.beat = time.monotonic()
+        batch = self.bus.get(NAME, n=64, partial=True, timeout=timeout)
+        self.bus.add_fields(batch.ids, {"n_tokens": [len(t) for t in batch.data["tokens"]]})
+        self.bus.ack(NAME, batch.lease_id)
+        self.counted += len(batch)
+        return len(batch)
+
+    def run(self) -> int:
+        from relax_bus import BusClosed, BusTimeout, ConsumerReset
+
+        while True:
+            try:
+                self._once(timeout=1.0)
+            except (BusTimeout, ConsumerReset):
+                continue
+            except BusClosed:
+                return self.counted
+
+    def drain(self) -> int:
+        from relax_bus import BusTimeout
+
+        try:
+            while True:
+                self._once(timeout=0.0)
+        except BusTimeout:
+            return self.counted
+
+    def heartbeat(self) -> dict:
+        return {"pid": os.getpid(), "age_s": time.monotonic() - self.beat}
+
+    def get_spans(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def registry():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # (Ray's workers cannot import this file)
+    yield RoleRegistry.installed().with_role(NAME, TokenCount)
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _cfg(inputs, out, *extra):
+    return build_config(
+        None,
+        run_flags(inputs, out, *extra, n_samples_per_prompt=2, num_rollout=4, eval_interval=4, trace=False),
+    )
+
+
+def test_the_plan_gives_the_new_role_a_consumer_and_makes_the_trainer_wait_for_it(
+    tiny_run_inputs, tmp_path, registry
+):
+    plan = RolePlan.from_config(_cfg(tiny_run_inputs, tmp_path, "--fully-async"), registry)
+    assert plan.loops == ["advantages", NAME]
+    assert plan.roles["actor"].needs == ("advantages", "n_tokens")
+    assert plan.bus_config().consumers[NAME].required_fields == ["tokens"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_new_role_runs_in_a_fully_async_run_and_is_restarted_in_place(tiny_run_inputs, tmp_path, registry):
+    c = Controller(
+        _cfg(tiny_run_inputs, tmp_path, "--fully-async", "--max-staleness", "1"), tiny_run_inputs, registry
+    )
+    kill = signal_role_after(c, 1, NAME)
+    result = c.run()
+    assert "pid" in kill, "the new role was never killed (the run ended first)"
+    events = [(e["role"], e["action"]) for e in result.audit["health"]]
+    assert events == [(NAME, "restart")], result.audit["health"]
+    assert result.audit["health"][0]["recovery_s"] is not None
+    trained = result.audit["trained_ids"]
+    assert len(trained) == 4 * 8 and [h["step"] for h in result.history if "train/loss" in h] == [1, 2, 3, 4]
+    assert set(trained) <= set(result.audit["consumed"][NAME])  # every trained sample was counted
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_new_role_takes_its_turn_in_a_colocate_run(tiny_run_inputs, tmp_path, registry):
+    result = Controller(_cfg(tiny_run_inputs, tmp_path, "--colocate"), tiny_run_inputs, registry).run()
+    assert set(result.audit["trained_ids"]) == set(result.audit["consumed"][NAME])
+    assert len(result.audit["trained_ids"]) == 4 * 8

@@ -14,7 +14,7 @@ import pytest
 from relax_bus import BusConfig, BusError, ConsumerSpec, DataBus
 from relax_bus import snapshot as bus_snapshot
 from relax_core.checkpoints import latest_checkpoint, problem, save_atomically
-from relax_core.resume import CheckpointDir, Journal
+from relax_core.resume import CheckpointDir, Journal, JournalEntry
 
 
 def _checkpoint(root, version: int, with_bus: bool = True) -> CheckpointDir:
@@ -83,9 +83,9 @@ def test_a_damaged_or_foreign_snapshot_is_an_error_naming_its_file(tmp_path, dam
 def test_torn_journal_lines_are_skipped_and_counted(tmp_path):
     """Before: a JSONDecodeError in the trainer's checkpoint (data_states) and the rollout's restart."""
     j = Journal(tmp_path / "rollout_journal.jsonl")
-    j.log({"begin": 0, "state": {"pos": 0}})
-    j.log({"drawn": 0, "state": {"pos": 4}})
-    j.log({"put": 0, "prompts": ["a"]})
+    j.log(JournalEntry.begin(0, {"pos": 0}))
+    j.log(JournalEntry.drawn(0, {"pos": 4}))
+    j.log(JournalEntry.put(0, ["a"]))
     with open(j.path, "a") as f:
         f.write('{"begin": 1, "sta\n[1, 2]\n')  # a line torn by a kill, and one that is no entry
     assert j.data_states([1]) == {1: {"pos": 4}} and j.torn == 2

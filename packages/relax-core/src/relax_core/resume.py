@@ -206,13 +206,10 @@ class Journal:
                 )
             time.sleep(0.2)
 
-    def log(self, entry: JournalEntry | dict[str, Any]) -> None:
-        """Append ``entry`` (a line's JSON object is checked by :meth:`JournalEntry.from_json` first)."""
-        if isinstance(entry, dict):
-            typed = JournalEntry.from_json(entry)
-            if typed is None:
-                raise ValueError(f"not a journal entry: {entry!r} has none of the kinds {KINDS}")
-            entry = typed
+    def log(self, entry: JournalEntry) -> None:
+        """Append ``entry`` (one JSON line)."""
+        if not isinstance(entry, JournalEntry):
+            raise TypeError(f"not a journal entry: {entry!r} (build one with JournalEntry.begin/drawn/put)")
         if self.path is not None:
             if not self.path.parent.is_dir():  # (a rollout role used before any run made its output dir)
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from relax_bus.staleness import StalenessBound
 from relax_core.config import RelaxConfig
-from relax_core.resume import Journal
+from relax_core.resume import Journal, JournalEntry
 from relax_core.role import Restart, RoleSpec
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
@@ -210,17 +210,17 @@ class RolloutWorker:
 
     def _collect(self, step: int) -> Generated:
         """One batch generated (and, with dynamic sampling, scored and filtered)."""
-        self._journal.log({"begin": step, "state": self.prompts.begin(step)})
+        self._journal.log(JournalEntry.begin(step, self.prompts.begin(step)))
         out = self.generation.batch(step)
         # where the next step begins: a process killed before it began restarts from here
-        self._journal.log({"drawn": step, "state": self.prompts.iterator.state_dict()})
+        self._journal.log(JournalEntry.drawn(step, self.prompts.iterator.state_dict()))
         return out
 
     def _finish(self, gen: Generated) -> dict[str, float]:
         """Score a generated batch (unless dynamic sampling already did), put it on the bus and log it."""
         n, reward_s = self.samples.put(gen)
         self.prompts.prompt_log.append((gen.step, [row.row_id for row in gen.rows]))
-        self._journal.log({"put": gen.step, "prompts": [row.row_id for row in gen.rows]})
+        self._journal.log(JournalEntry.put(gen.step, [row.row_id for row in gen.rows]))
         self.stats["samples"] += n
         self.stats["reward_s"] += reward_s
         return {"generate_s": gen.generate_s, "reward_s": reward_s}

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from relax_bus import StalenessBound
 from relax_core import sample
 
 
@@ -84,7 +85,7 @@ def step_metrics(
     version spread) and, with ``taken_at`` (when the trainer got each sample), the time from a group's
     last response to the trainer taking it (``generated_at``; wall clocks, so across machines it carries
     their skew)."""
-    staleness = [step - int(v) for v in d[sample.POLICY_VERSION]]
+    staleness = [StalenessBound.lag(int(v), step) for v in d[sample.POLICY_VERSION]]
     metrics: dict[str, Any] = rollout_metrics(d)
     metrics.update(
         {

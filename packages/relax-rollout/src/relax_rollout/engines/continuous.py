@@ -40,7 +40,7 @@ import torch
 
 from relax_core.models import MASKED_LOGIT
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
-from relax_rollout.engines.torch_engine import sample
+from relax_rollout.engines.torch_engine import sample_tokens
 
 
 class StepEngine(Protocol):
@@ -312,7 +312,7 @@ class ContinuousBatcher:
             if len(s.tokens) < s.min_new and ends and not (s.guided is not None and s.guided.complete):
                 row = row.clone()
                 row[:, ends] = float("-inf")
-            nxt, logprobs = sample(row, s.params, s.gen)
+            nxt, logprobs = sample_tokens(row, s.params, s.gen)
             picked.append(nxt)
             lps.append(logprobs[0, nxt])
         tokens, log_probs = torch.cat(picked).tolist(), torch.cat(lps).tolist()

@@ -298,7 +298,7 @@ class TorchEngine:
             if guided is not None:  # (after the EOS block: a complete match's EOS goes through)
                 live = [None if d else g for g, d in zip(guided, done.tolist())]
                 self.guide.mask_logits(logits, live)
-            nxt, logprobs = sample(logits, p, gen)
+            nxt, logprobs = sample_tokens(logits, p, gen)
             lp = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
             tokens[:, t] = nxt
@@ -451,7 +451,7 @@ class TorchEngine:
         return forward
 
 
-def sample(
+def sample_tokens(
     logits: torch.Tensor, p: SamplingParams, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampled tokens of ``logits`` ``[rows, vocab]`` under ``p`` (greedy, or temperature then top-p,

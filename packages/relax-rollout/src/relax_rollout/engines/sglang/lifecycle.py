@@ -83,10 +83,13 @@ class SGLangLifecycle:
         assert slot.url is not None
         member = s.pool.add(slot.url, kind="startup", handle=slot.index, protected=True)
         with s.lock:
+            # the others are paused: so is a newcomer. Paused under the lock, before it shows as running: a
+            # resume() racing this join either lands first (nothing to pause) or after (it continues the
+            # newcomer too); sent after the lock, the pause could arrive after a resume's continue and hold
+            # the newcomer's requests forever (seen under load in CI: the reissued half never returned)
+            if s.paused is not None:
+                s.call(slot.url, "/pause_generation", pause_request(s.paused), timeout_s=30.0)
             slot.member_id, slot.state = member.id, "running"  # error: why it last failed, if ever
-            paused = s.paused
-        if paused is not None:  # the others are paused: so is a newcomer
-            s.call(slot.url, "/pause_generation", pause_request(paused))
 
     # -- supervision ------------------------------------------------------------------------------
     def _supervise(self) -> None:

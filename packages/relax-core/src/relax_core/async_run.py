@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed
+from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
 from relax_core.resume import CheckpointDir
@@ -184,7 +184,7 @@ class AsyncRun:
                 ray.get(ref)
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
-                failures.append((name, _first_line(e, 300)))
+                failures.append((name, first_line(e, 300)))
         self._recovered()
         if self.cfg.run.health and not failures:
             failures = self._heartbeats()
@@ -254,7 +254,7 @@ class AsyncRun:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
             except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
-                why = f"the restart failed: {_first_line(e)}"
+                why = f"the restart failed: {first_line(e)}"
                 ev = self.policy.escalate(ev, why)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         while ev.action == "global_restart":
@@ -262,7 +262,7 @@ class AsyncRun:
                 self.global_restart()
                 break
             except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
-                why = f"the global restart failed: {_first_line(e)}"
+                why = f"the global restart failed: {first_line(e)}"
                 ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
         if ev.action == "stop":
@@ -405,9 +405,3 @@ class AsyncRun:
     def events(self) -> list[Event]:
         self._recovered(wait_s=60.0)  # (a role restarted near the end: its recovery still counts)
         return sorted(self.policy.events, key=lambda ev: ev.at)
-
-
-def _first_line(e: BaseException, limit: int = 200) -> str:
-    """``Type: first line of the message`` (a Ray error's message carries a whole remote traceback)."""
-    text = str(e).splitlines()
-    return f"{type(e).__name__}: {text[0][:limit] if text else ''}"

@@ -17,6 +17,13 @@ from typing import Any, Literal
 Action = Literal["restart", "global_restart", "stop"]
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """``Type: first line of the message``: a reason stays one line (a Ray error's message carries a whole
+    remote traceback, and the run's last line must name the failure alone)."""
+    text = str(e).splitlines()
+    return f"{type(e).__name__}: {text[0][:limit] if text else ''}"
+
+
 class RunFailed(RuntimeError):
     """The health manager gave up: restarts exhausted. The message says which role, why and how often."""
 
@@ -105,7 +112,7 @@ class Heartbeats:
                 del self._pending[role]
                 out = results.get(ref)
                 if isinstance(out, BaseException):
-                    failed.append((role, f"heartbeat failed: {type(out).__name__}: {str(out)[:200]}"))
+                    failed.append((role, f"heartbeat failed: {first_line(out)}"))
                 elif isinstance(out, dict) and out.get("age_s", 0.0) > self.timeout_s:
                     failed.append(
                         (

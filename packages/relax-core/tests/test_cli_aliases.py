@@ -95,7 +95,7 @@ def test_use_wandb_goes_with_a_project_and_is_refused_without_one(tmp_path):
     path.write_text("use_wandb: true\nwandb_project: grpo\n")
     assert build_config(path) == cfg
     path.write_text("use_wandb: true\n")
-    with pytest.raises(ConfigError, match="add --wandb-project NAME"):
+    with pytest.raises(ConfigError, match="add --wandb-project "):
         build_config(path)
 
 

@@ -27,6 +27,10 @@ ALIASES: dict[str, str] = {
     "learning_rate": "lr",
     "model_path": "hf_checkpoint",
     "use_tensorboard": "tensorboard",
+    "lora_r": "lora_rank",
+    "target_modules": "lora_target_modules",
+    "lora_rollout_sync_mode": "lora_sync_mode",
+    "lora_save_merged_hf": "lora_save_merged",
 }
 """slime's (and veRL's, HF's, SGLang's) name -> ours. ``--kl-loss-coef``: the coefficient of the KL term
 added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: its estimator (values in
@@ -34,11 +38,17 @@ added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: it
 Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one set: the name is dropped).
 ``--tis-clip``: the upper clamp of the TIS weight. ``--learning-rate``: HF's and TRL's name of --lr.
 ``--model-path``: SGLang's and veRL's (``actor_rollout_ref.model.path``) name of the policy checkpoint.
-``--use-tensorboard``: TensorBoard event files (on here by default)."""
+``--use-tensorboard``: TensorBoard event files (on here by default). ``--lora-r``: TRL's (PEFT's) LoRA rank.
+``--target-modules``: veRL's ``model.target_modules``. ``--lora-rollout-sync-mode``: slime's choice of
+sending adapters (``native_adapter``) or merged weights (``merged``). ``--lora-save-merged-hf``: slime's merged
+HF export beside the adapter."""
 
-VALUES: dict[str, dict[Any, Any]] = {"kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"}}
+VALUES: dict[str, dict[Any, Any]] = {
+    "kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"},
+    "lora_rollout_sync_mode": {"native_adapter": "adapter"},
+}
 """An alias's values spelt otherwise here: slime's and veRL's ``low_var_kl`` is k3 clamped to ±10, which
-our k3 is; veRL's ``kl`` / ``mse`` are k1 / k2."""
+our k3 is; veRL's ``kl`` / ``mse`` are k1 / k2. slime's ``native_adapter`` is our ``adapter``."""
 
 SWITCHES: dict[str, tuple[str, Any]] = {
     "use_tis": ("tis_mode", "token_truncate"),
@@ -54,13 +64,30 @@ ENABLES: dict[str, tuple[str, str]] = {
         "wandb_project",
         "W&B logging is on here when --wandb-project NAME is given (offline unless --wandb-mode online)",
     ),
+    "use_peft": (
+        "lora_rank",
+        "TRL's --use_peft: LoRA is on here when --lora-rank N is given (e.g. --lora-rank 8)",
+    ),
 }
 """slime's switches for what is on here once a field is set: accepted beside that field, refused without it
 (saying what to add), so a run asked to log to W&B never runs without it."""
 
-MULTI_VALUE = frozenset({"eval_prompt_data", "rollout_stop", "rollout_stop_token_ids"})
+MULTI_VALUE = frozenset(
+    {
+        "eval_prompt_data",
+        "rollout_stop",
+        "rollout_stop_token_ids",
+        "lora_target_modules",
+        "target_modules",
+        "lora_target_parameters",
+    }
+)
 """Names taking several values on the command line (slime's ``nargs="+"``): every following token up to the
 next flag (``--rollout-stop '</answer>' '###'``); one value may also be a YAML list (``'["a", "b"]'``)."""
+
+STRING_LISTS = frozenset({"rollout_stop", "lora_target_modules", "target_modules", "lora_target_parameters"})
+"""The :data:`MULTI_VALUE` names whose values are strings (the rest are token ids)."""
+
 
 NO_EQUIVALENT: dict[str, str] = {
     "rollout_top_k": "relax samples without top-k (only --rollout-top-p truncates the distribution): drop "
@@ -139,7 +166,7 @@ def multi_value(name: str, values: list[Any]) -> Any:
             values = yaml.safe_load(values[0])
         except yaml.YAMLError:
             raise ValueError(f"--{name.replace('_', '-')}: {values[0]!r} is not a YAML list") from None
-    if name == "rollout_stop":
+    if name in STRING_LISTS:
         return [str(v) for v in values]
     ids = []
     for v in values:
@@ -172,7 +199,7 @@ def check_enabled(given: dict[str, str], flat: dict[str, Any]) -> None:
         if name in given and not flat.get(field):
             flag = "--" + field.replace("_", "-")
             raise ValueError(
-                f"--{name.replace('_', '-')}: {what}; add {flag} NAME (--{name.replace('_', '-')} may stay)"
+                f"--{name.replace('_', '-')}: {what}; add {flag} (--{name.replace('_', '-')} may stay)"
             )
 
 

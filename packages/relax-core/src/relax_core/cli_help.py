@@ -142,6 +142,7 @@ FALLBACK = {
     "rollout": "rollout",
     "train": "training",
     "algo": "algorithm",
+    "lora": "LoRA (adapters instead of full fine-tuning)",
     "run": "other run settings",
 }
 """Config section -> the help section of its fields that :data:`SECTIONS` does not name."""

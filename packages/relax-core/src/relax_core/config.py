@@ -15,6 +15,7 @@ from relax_core.config_checks import check
 from relax_core.config_sections import (
     AlgoConfig,
     DataConfig,
+    LoraConfig,
     ModelConfig,
     RolloutConfig,
     RunConfig,
@@ -29,6 +30,7 @@ class RelaxConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     train: TrainConfig = TrainConfig()
     algo: AlgoConfig = AlgoConfig()
+    lora: LoraConfig = LoraConfig()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relax_core.config_sections import DataConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
+from relax_core.config_sections import (
+    DataConfig,
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainConfig,
+)
 
 
 class Sections(Protocol):
@@ -22,6 +29,7 @@ class Sections(Protocol):
     rollout: RolloutConfig
     train: TrainConfig
     run: RunConfig
+    lora: LoraConfig
 
 
 def check(cfg: Sections) -> None:
@@ -48,6 +56,7 @@ def check(cfg: Sections) -> None:
             "--offload time-shares the devices between rollout and training in colocate mode; with "
             "--fully-async every role has devices of its own: drop --offload"
         )
+    _check_lora(cfg)
     t = cfg.train
     if t.train_backend == "megatron":
         world = t.actor_num_nodes * t.actor_num_gpus_per_node
@@ -154,4 +163,21 @@ def _check_streaming(cfg: Sections) -> None:
         raise ValueError(
             "--streaming-rollout streams single-turn text groups in --fully-async runs"
             + (f"; it does not combine with {', '.join(off)} yet" if off else ": add --fully-async")
+        )
+
+
+def _check_lora(cfg: Sections) -> None:
+    """LoRA against what trains and serves it (the per-field rules are :class:`LoraConfig`'s)."""
+    lora = cfg.lora
+    if not lora.enabled:
+        return
+    if cfg.train.train_backend == "megatron":
+        raise ValueError(
+            "--lora-rank with --train-backend megatron: megatron-core (0.16) has no LoRA layers and "
+            "Megatron-Bridge, which adds them, does not run here; train LoRA with --train-backend torch"
+        )
+    if lora.lora_sync_mode == "adapter" and cfg.rollout.rollout_backend == "external":
+        raise ValueError(
+            "--lora-sync-mode adapter with --rollout-backend external: relax does not load adapters into "
+            "engines it did not start; use --lora-sync-mode merged (full weights after each step)"
         )

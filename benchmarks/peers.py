@@ -19,6 +19,8 @@ Shapes:
 
     uv run python benchmarks/peers.py                                  # demo, 3 repeats, every runner
     uv run python benchmarks/peers.py --shapes long,large --steps 30 --repeats 1
+    uv run python benchmarks/peers.py --runners colocate,colocate_lora,async,async_lora,stream,stream_lora \
+        --out benchmarks/results/peers_lora.json                       # LoRA against full fine-tuning
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ RUNNERS = {
     "async": {"mode": "fully_async", "max_staleness": 1},
     "stream": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
 }
+LORA = {"lora_rank": 8, "lr": 2e-3}
+"""LoRA RL (#37): rank 8 on every linear layer (the default all-linear), adapters synced alone; a learning rate
+10x full fine-tuning's, as LoRA runs use (the adapters start at zero: B = 0)."""
+for _name in ("colocate", "async", "stream"):
+    RUNNERS[f"{_name}_lora"] = {**RUNNERS[_name], **LORA}
+DEFAULT_RUNNERS = ("trl", "trl_eager", "trl_one_pass", "colocate", "async", "stream")
+"""What a plain ``peers.py`` runs; the LoRA runners by name: ``--runners colocate,colocate_lora,...``."""
 SHAPES = {
     "demo": ({}, {}),
     "long": ({"rollout_max_response_len": 32}, {}),
@@ -93,7 +102,9 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
         cfg, RunInputs(str(assets.sft_model_dir), str(assets.train_path), str(assets.eval_path))
     ).run()
     curve = res.eval_curve
+    synced = [h["perf/weight_sync_bytes"] for h in res.history if "perf/weight_sync_bytes" in h]
     return {
+        "weight_sync_bytes": statistics.median(synced) if synced else None,
         "rl_wall_s": res.rl_wall_s,
         "samples": res.samples,
         "samples_per_s": res.samples / res.rl_wall_s,
@@ -102,10 +113,26 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
     }
 
 
+def _gain_vs_full(runs: dict, shape: str, runner: str) -> str:
+    """A LoRA runner's held-out accuracy gain (final − first evaluation) over its full fine-tuning twin's,
+    seed by seed (the same seed: the same warm start), as the median ratio with its range."""
+    full = runs.get(f"{shape}/{runner.removesuffix('_lora')}")
+    if not runner.endswith("_lora") or not full:
+        return "—"
+    ratios = [
+        (a["accuracy"] - a["accuracy_before"]) / (b["accuracy"] - b["accuracy_before"])
+        for a, b in zip(runs[f"{shape}/{runner}"], full)
+        if b["accuracy"] > b["accuracy_before"]
+    ]
+    if not ratios:
+        return "— (full FT did not gain)"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="demo")
-    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--runners", default=",".join(DEFAULT_RUNNERS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default="benchmarks/results/peers.json")
@@ -143,8 +170,10 @@ def main() -> None:
                     flush=True,
                 )
     print(f"\n{results['cpu']}, {results['cores']} cores; median (min–max) of {args.repeats} seeds")
-    print("| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) | gain vs full FT | bytes/sync |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes.split(","):
         base = results["runs"].get(f"{shape}/trl")
         base_sps = statistics.median(r["samples_per_s"] for r in base) if base else None
@@ -153,9 +182,12 @@ def main() -> None:
             sps = [r["samples_per_s"] for r in runs]
             acc = [r["accuracy"] for r in runs]
             ratio = f"{statistics.median(sps) / base_sps:.2f}×" if base_sps else "—"
+            synced = [r["weight_sync_bytes"] for r in runs if r.get("weight_sync_bytes")]
             print(
                 f"| {shape} | {runner} | {statistics.median(sps):.0f} ({min(sps):.0f}–{max(sps):.0f}) | "
-                f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f}) | {ratio} |"
+                f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f}) | {ratio} | "
+                f"{_gain_vs_full(results['runs'], shape, runner)} | "
+                f"{f'{statistics.median(synced):,.0f}' if synced else '—'} |"
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

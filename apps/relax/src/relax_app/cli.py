@@ -20,6 +20,9 @@ USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
   relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
                                     audio multiple-choice questions mixed in every batch)
   relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
+  relax train --lora-rank 8         LoRA RL: adapters trained and synced alone (TRL's --use_peft
+                                    --lora_r 8, veRL's model.lora_rank, slime's --use-lora;
+                                    section "LoRA" below)
   relax train --help                every flag with its default and meaning
   relax watch runs/demo             a running job live: each role's state and weight version, the bus's
                                     depth and staleness, samples/s, reward (`relax status`: one snapshot)

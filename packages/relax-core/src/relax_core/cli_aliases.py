@@ -30,7 +30,6 @@ ALIASES: dict[str, str] = {
     "lora_r": "lora_rank",
     "target_modules": "lora_target_modules",
     "lora_rollout_sync_mode": "lora_sync_mode",
-    "lora_save_merged_hf": "lora_save_merged",
 }
 """slime's (and veRL's, HF's, SGLang's) name -> ours. ``--kl-loss-coef``: the coefficient of the KL term
 added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: its estimator (values in
@@ -40,8 +39,7 @@ Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one 
 ``--model-path``: SGLang's and veRL's (``actor_rollout_ref.model.path``) name of the policy checkpoint.
 ``--use-tensorboard``: TensorBoard event files (on here by default). ``--lora-r``: TRL's (PEFT's) LoRA rank.
 ``--target-modules``: veRL's ``model.target_modules``. ``--lora-rollout-sync-mode``: slime's choice of
-sending adapters (``native_adapter``) or merged weights (``merged``). ``--lora-save-merged-hf``: slime's merged
-HF export beside the adapter."""
+sending adapters (``native_adapter``) or merged weights (``merged``)."""
 
 VALUES: dict[str, dict[Any, Any]] = {
     "kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"},
@@ -63,6 +61,10 @@ ENABLES: dict[str, tuple[str, str]] = {
     "use_wandb": (
         "wandb_project",
         "W&B logging is on here when --wandb-project NAME is given (offline unless --wandb-mode online)",
+    ),
+    "use_lora": (
+        "lora_rank",
+        "slime's --use-lora: LoRA is on here when --lora-rank N is given (e.g. --lora-rank 8)",
     ),
     "use_peft": (
         "lora_rank",
@@ -103,6 +105,9 @@ NO_EQUIVALENT: dict[str, str] = {
     "in the model's context is skipped and counted; drop it",
     "wandb_key": "log in once with `wandb login` (or set WANDB_API_KEY); drop it",
     "wandb_group": "the W&B run is named after --output-dir; drop it",
+    "lora_save_merged_hf": "every --save checkpoint holds the adapter (adapter/); --lora-save-merged adds the "
+    "merged HF model beside it (model_merged/): give --lora-save-merged instead of a directory",
+    "save_lora": "every --save checkpoint holds the adapter in peft's format (adapter/): drop --save-lora",
 }
 """slime's names with no knob here: what to do instead."""
 

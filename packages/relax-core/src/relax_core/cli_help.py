@@ -83,6 +83,15 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "clip_grad",
         "seed",
     ),
+    "LoRA (adapters, not full fine-tuning)": (
+        "lora_rank",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_modules",
+        "lora_target_parameters",
+        "lora_sync_mode",
+        "lora_save_merged",
+    ),
     "algorithm": (),  # (every algo field: the config section's own order)
     "asynchrony and staleness": (
         "mode",
@@ -142,7 +151,6 @@ FALLBACK = {
     "rollout": "rollout",
     "train": "training",
     "algo": "algorithm",
-    "lora": "LoRA (adapters instead of full fine-tuning)",
     "run": "other run settings",
 }
 """Config section -> the help section of its fields that :data:`SECTIONS` does not name."""

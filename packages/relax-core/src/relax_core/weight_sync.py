@@ -48,6 +48,8 @@ class WeightPublisher:
         """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
         self.fence_wait_s = 0.0
         """Seconds the optimizer waited for a background broadcast, since the step metrics last read it."""
+        self.published_bytes = 0
+        """Bytes of the last version published (LoRA's adapter mode sends the adapters alone: compare)."""
         self._sender: Any = None
         self._pool: Any = None  # one background thread: the broadcast overlapping the next step
         self._inflight: Any = None  # that broadcast's future, until the fence has waited for it
@@ -72,6 +74,7 @@ class WeightPublisher:
     def publish(self) -> None:
         """Send the current weights: at once, or from the background thread when overlapping."""
         named, version = self.weights()
+        self.published_bytes = sum(t.numel() * t.element_size() for _, t in named)
         if self.on_published is not None:
             self.on_published(named, version)
         if self.send is None:

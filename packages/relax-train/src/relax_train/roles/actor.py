@@ -214,6 +214,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
                 taken_at=batch.taken_at,
             )
         )
+        metrics["perf/weight_sync_bytes"] = float(self.weights.published_bytes)
         interval = self.cfg.run.eval_interval
         # the run's last step evaluates here too: the final accuracy is this step's line, not a second line
         # of the same step (metrics.jsonl had steps 0, 1, 2, 3, 3)

@@ -10,7 +10,7 @@ rm -rf .whl && mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   -d .whl pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  megatron-core==0.16.1
+  megatron-core==0.16.1 peft==0.21.2
 site=$(ls -d .venv-sglang/lib/python3*/site-packages)  # bash tools/sglang-cpu/setup.sh made it
 rm -rf .gpu && mkdir -p .gpu/sglang/sglang/srt/utils
 cp "$site"/sglang/srt/utils/{common,patch_torch}.py .gpu/sglang/sglang/srt/utils/

@@ -9,10 +9,10 @@ export RELAX_SGLANG_SRC=$PWD/.gpu/sglang PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}/gpu-check.log
 {
   nvidia-smi -L
-  python3 -c "import torch, transformers, megatron.core; print('torch', torch.__version__, 'transformers', transformers.__version__, 'megatron-core', megatron.core.__version__)"
+  python3 -c "import torch, transformers, megatron.core, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'megatron-core', megatron.core.__version__, 'peft', peft.__version__)"
   python3 -m pytest -p no:cacheprovider -q -m gpu -rs \
     packages/relax-core/tests/test_dcs_gpu.py packages/relax-core/tests/test_offload.py \
-    packages/relax-rollout/tests/engines/test_sglang_tensor_gpu.py
+    packages/relax-rollout/tests/engines/test_sglang_tensor_gpu.py packages/relax-core/tests/test_lora_gpu.py
   python3 -m pytest -p no:cacheprovider -q packages/relax-train/tests/backends/megatron/test_backend.py \
     -k "${MEGATRON_TESTS:-test_log_probs_and_a_training_step or moe_log_probs or offload or checkpoint_round_trip or one-rank}"
 } 2>&1 | tee "$log"

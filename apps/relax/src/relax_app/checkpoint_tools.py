@@ -40,6 +40,13 @@ def resolve(path: str | Path) -> tuple[Path, dict[str, Any], Path | None]:
     except FileNotFoundError as e:
         raise CheckpointError(str(e).replace("--load ", "", 1)) from None
     model = ckpt / "model"
+    if not model.is_dir() and (ckpt / "adapter").is_dir():  # a LoRA run's: its merged export, if saved
+        model = ckpt / "model_merged"
+        if not (model / "config.json").is_file():
+            raise CheckpointError(
+                f"{ckpt}: a LoRA checkpoint (adapter/ only): load it with PeftModel.from_pretrained over the "
+                "base model, or save checkpoints with --lora-save-merged to get model_merged/"
+            )
     if not (model / "config.json").is_file():
         raise CheckpointError(f"{ckpt}: no HF model in it (model/config.json missing)")
     return model, CheckpointDir(ckpt).run_state(), ckpt

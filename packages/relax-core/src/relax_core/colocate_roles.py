@@ -49,15 +49,23 @@ class ColocateRoles:
 
         self.trainer = build(plan.trainer, send_weights=self._publish)  # (weights: straight to the engine)
         self.rollout = build(plan.rollout)
-        # a consumer computing with the policy (ActorFwd) uses the trainer's own backend here: its weights
-        self.helpers = [
-            build(n, **({"backend": self.trainer.backend} if plan.roles[n].model == "policy" else {}))
-            for n in plan.loops
-        ]
+        self.helpers = [build(n, **self._shared_model(n)) for n in plan.loops]
         # --offload: the engine and the roles with models take turns on the devices
         self.offload = shared.offloads(cfg)
         owners = [self.trainer, *(h for h in self.helpers if getattr(h, "owns_backend", False))]
         self.turns = owners if self.offload else []
+
+    def _shared_model(self, name: str) -> dict[str, Any]:
+        """A consumer computing with the policy (ActorFwd) uses the trainer's own backend here: its weights.
+        With LoRA, the Reference on the policy's checkpoint (no --ref-checkpoint) uses the trainer's base
+        view: the same weights with the adapters off, so the base model is held once, not twice."""
+        model = self.plan.roles[name].model
+        if model == "policy":
+            return {"backend": self.trainer.backend}
+        same_base = self.plan.model_path(name, self.inputs) == self.inputs.model_path
+        if model == "reference" and self.cfg.lora.enabled and same_base:
+            return {"backend": self.trainer.backend.base_view()}
+        return {}
 
     def _publish(self, named: Any, version: int) -> None:
         if self.offload:  # the engine's weight memory back first (its KV cache after the trainer left)

@@ -98,6 +98,10 @@ class Controller:
                 try:
                     if cfg.uses_teacher:
                         check_teacher_tokenizer(cfg, self.inputs)
+                    if cfg.lora.enabled:  # (a target the model lacks: refused before any role loads it)
+                        from relax_core.lora import check_targets
+
+                        check_targets(self.inputs.model_path, cfg.lora)
                     if cfg.run.mode == "colocate":
                         result = run_colocate(cfg, self.inputs, self._stop, live, self.roles)
                     else:

@@ -13,6 +13,7 @@ torch engine, SGLang's ``/load_lora_adapter_from_tensors`` and ``PeftModel.from_
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from relax_core.config_sections import LoraConfig
@@ -39,3 +40,162 @@ def peft_config_dict(lora: LoraConfig) -> dict[str, Any]:
     if lora.lora_target_parameters:
         out["target_parameters"] = list(lora.lora_target_parameters)
     return out
+
+
+MEDIA_TOWERS = (
+    "visual",
+    "vision_tower",
+    "vision_model",
+    "audio_tower",
+    "audio_model",
+    "multi_modal_projector",
+)
+"""Module names of the vision and audio encoders of the multimodal models we train (Qwen-VL's ``visual``,
+the Omni thinker's ``visual`` and ``audio_tower``, LLaVA-style towers): adapters go on the language model
+only, as veRL and slime do; the towers stay the base model's."""
+
+_EXCLUDE = r"(.*\.)?(" + "|".join(MEDIA_TOWERS) + r")(\..*)?"
+"""peft's ``exclude_modules`` (a regex matched against each module's full name): every module inside a tower."""
+
+
+def _peft_dict(lora: LoraConfig | dict[str, Any]) -> dict[str, Any]:
+    d = peft_config_dict(lora) if isinstance(lora, LoraConfig) else dict(lora)
+    if d.get("target_parameters") and d.get("lora_dropout", 0.0):
+        raise ValueError(
+            f"--lora-dropout {d['lora_dropout']} with --lora-target-parameters: peft's adapters on parameters "
+            "(MoE experts) cannot apply dropout; set --lora-dropout 0"
+        )
+    return d
+
+
+def wrap(model: Any, lora: LoraConfig | dict[str, Any]) -> Any:
+    """``model`` with LoRA adapters (a ``peft.PeftModel``, adapter ``default``, B = 0: it computes what the
+    base computes until trained). ``lora``: the run's :class:`LoraConfig`, or its :func:`peft_config_dict`
+    (what an engine is given). Vision and audio towers get none (:data:`MEDIA_TOWERS`). Only the adapters
+    require grad afterwards (peft freezes the base)."""
+    import re
+
+    import peft
+
+    d = _peft_dict(lora)
+    tower = re.compile(_EXCLUDE)
+    if any(
+        tower.fullmatch(n) for n, _ in model.named_modules() if n
+    ):  # (multimodal: adapters on the LM only)
+        d.setdefault("exclude_modules", _EXCLUDE)
+    d.pop("peft_type", None)
+    return peft.get_peft_model(model, peft.LoraConfig(**d))
+
+
+def adapter_state(model: Any) -> dict[str, Any]:
+    """The adapter's tensors in the wire format (see the module docstring), detached."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_adapter_state(model: Any, tensors: dict[str, Any]) -> None:
+    """Copy an adapter update (wire format) into ``model``'s adapter, in place. Refuses (before copying
+    anything) names the adapter does not have, names it has that the update lacks, and shape mismatches."""
+    import torch
+
+    expected = adapter_state(model)
+    unknown = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(tensors))
+    if unknown or missing:
+        raise KeyError(
+            f"adapter update does not match this adapter (same --lora-* flags on both sides?): "
+            f"{len(unknown)} unknown name(s) {unknown[:3]}, {len(missing)} missing {missing[:3]}"
+        )
+    bad = [k for k, v in tensors.items() if tuple(v.shape) != tuple(expected[k].shape)]
+    if bad:
+        raise ValueError(
+            f"adapter update shapes differ (another --lora-rank?): {bad[0]} is {tuple(tensors[bad[0]].shape)}, "
+            f"this adapter's {tuple(expected[bad[0]].shape)}"
+        )
+    from peft import set_peft_model_state_dict
+
+    with torch.no_grad():
+        set_peft_model_state_dict(model, {k: torch.as_tensor(v) for k, v in tensors.items()})
+
+
+def base_parameters(model: Any) -> list[tuple[str, Any]]:
+    """The base model's parameters of a peft ``model`` under their HF names (peft's ``.base_layer`` taken
+    out, the adapters' own left out): what the un-wrapped model's ``named_parameters`` gives."""
+    out = []
+    for name, p in model.get_base_model().named_parameters():
+        parts = name.split(".")
+        if not any(part.startswith("lora_") for part in parts):  # (lora_A, lora_B, lora_embedding_A ...)
+            out.append((".".join(part for part in parts if part != "base_layer"), p))
+    return out
+
+
+def merged_weights(model: Any) -> list[tuple[str, Any]]:
+    """Every base parameter under its HF name (as the un-wrapped model's ``named_parameters`` gives them)
+    with the active adapters' deltas added: new tensors, the model is left as it is (no ``merge_adapter``,
+    which would change the weights the trainer keeps training). Adapters on parameters (MoE experts,
+    ``target_parameters``) included."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import ParamWrapper
+
+    deltas: dict[int, Any] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            param = module.get_param() if isinstance(module, ParamWrapper) else module.get_base_layer().weight
+            for name in module.active_adapters:
+                if name in module.lora_A:
+                    d = module.get_delta_weight(name).to(param.dtype)
+                    deltas[id(param)] = deltas[id(param)] + d if id(param) in deltas else d
+        return [
+            (n, p.detach() + deltas[id(p)] if id(p) in deltas else p.detach())
+            for n, p in base_parameters(model)
+        ]
+
+
+def _skeleton(model_path: str | Path) -> Any:
+    """The model of ``model_path``'s config.json on the meta device: its module and parameter names, no
+    weights read and no memory taken."""
+    import torch
+    import transformers
+
+    from relax_core.models import architecture
+
+    config = transformers.AutoConfig.from_pretrained(str(model_path))
+    arch = architecture(model_path)
+    cls = transformers.AutoModelForCausalLM if arch.endswith("ForCausalLM") else getattr(transformers, arch)
+    with torch.device("meta"):
+        return cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+
+
+def check_targets(model_path: str | Path, lora: LoraConfig) -> None:
+    """Refuse, before any model loads, ``--lora-target-modules`` / ``--lora-target-parameters`` entries that
+    name nothing in the policy's language model (a typo would otherwise train nothing there, or fail deep
+    inside peft in every role): a ValueError naming each and listing some names the model has."""
+    import re
+
+    _peft_dict(lora)  # (dropout with target parameters)
+    model = _skeleton(model_path)
+    tower = re.compile(_EXCLUDE)
+    modules = [n for n, _ in model.named_modules() if n and not tower.fullmatch(n)]
+    params = [n for n, _ in model.named_parameters() if not tower.fullmatch(n.rsplit(".", 1)[0])]
+
+    def hits(names: list[str], t: str) -> bool:
+        return any(n == t or n.endswith("." + t) for n in names)
+
+    problems = []
+    targets = [] if lora.lora_target_modules == ["all-linear"] else lora.lora_target_modules
+    bad = [t for t in targets if not hits(modules, t)]
+    if bad:
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"}
+        )
+        problems.append(f"--lora-target-modules {bad}: no such module (its linear modules: {linear[:12]})")
+    bad = [t for t in lora.lora_target_parameters if not hits(params, t)]
+    if bad:
+        tails = sorted({".".join(n.split(".")[-3:]) for n in params if n.endswith("proj") or "experts" in n})
+        problems.append(f"--lora-target-parameters {bad}: no such parameter (it has e.g. {tails[:8]})")
+    if problems:
+        raise ValueError(f"{model_path}: " + "; ".join(problems))

@@ -65,7 +65,9 @@ def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
 def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     """The engine arguments of ``--rollout-backend`` beyond the model, its dtype and tokens: the server URLs
     (``external``), :func:`sglang_kwargs` (``sglang``), and ``record_routing`` with ``--routing-replay``
-    (which only the ``torch`` and ``sglang`` engines can record)."""
+    (which only the ``torch`` and ``sglang`` engines can record), and with LoRA in ``--lora-sync-mode
+    adapter`` ``lora`` (the adapter's :func:`~relax_core.lora.peft_config_dict`: those engines serve base +
+    adapter and take adapter updates)."""
     backend = cfg.rollout.rollout_backend
     extra = {"urls": cfg.rollout.rollout_external_urls} if backend == "external" else {}
     if backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
@@ -77,6 +79,10 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
                 f"each token was routed to); got --rollout-backend {backend}"
             )
         extra["record_routing"] = True
+    if cfg.lora.enabled and cfg.lora.lora_sync_mode == "adapter" and backend in ("torch", "sglang"):
+        from relax_core.lora import peft_config_dict
+
+        extra["lora"] = peft_config_dict(cfg.lora)
     return extra
 
 

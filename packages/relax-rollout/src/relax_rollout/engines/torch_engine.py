@@ -12,6 +12,9 @@ sequence, so a stopped sequence costs no further steps (SGLang's ``check_finishe
 Prompt log-probs (``SamplingParams.input_logprobs``, SGLang's ``logprob_start_len``) come from the prefill's
 logits, untempered, as SGLang's input log-probs: no extra forward (with ``max_new_tokens`` 0, the prefill
 alone runs).
+LoRA (``lora=``, a run's ``relax_core.lora.peft_config_dict``): the model carries peft's adapters (B = 0: the
+base until the first update) and weight updates are adapter updates in the wire format of
+:mod:`relax_core.lora`, loaded whole under the engine lock.
 Constrained decoding (``SamplingParams.constraint``) masks the logits before sampling, per sequence, with
 :mod:`relax_rollout.engines.constrained` (llguidance); the log-probs are then the masked distribution's.
 """
@@ -43,15 +46,22 @@ class TorchEngine:
         max_batch_size: int = 512,
         record_routing: bool = False,
         tokenizer: Any = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         """``tokenizer`` decodes for stop strings; by default the one saved with ``model_path``, loaded at
-        the first request with stop strings."""
+        the first request with stop strings. ``lora``: serve base + adapter (the trainer's
+        ``peft_config_dict``); updates then carry the adapter's tensors only."""
         if model is None:
             if model_path is None:
                 raise ValueError("TorchEngine needs model_path or model")
             from relax_core.models import load_model
 
             model = load_model(model_path, dtype)
+        self.lora = lora
+        if lora is not None:
+            from relax_core.lora import wrap
+
+            model = wrap(model, lora)
         self.model = model.to(device).eval()
         self.model_path, self._tokenizer = model_path, tokenizer
         self._guide: Any = None  # constrained decoding's view of the tokenizer, built at first use
@@ -107,11 +117,19 @@ class TorchEngine:
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Copy ``tensors`` (HF names) into the model; called between generation batches. MoE experts may come
-        fused, as the model holds them, or one per expert, as checkpoints and SGLang name them."""
+        fused, as the model holds them, or one per expert, as checkpoints and SGLang name them. With ``lora``:
+        the adapter's tensors (wire format), every one of them (unknown or missing names are refused before
+        anything is copied)."""
         from relax_rollout.engines.expert_names import fuse_experts
 
         with self._lock, torch.no_grad():
             self._check_weights("updating the weights")
+            if self.lora is not None:
+                from relax_core.lora import load_adapter_state
+
+                load_adapter_state(self.model, {n: torch.as_tensor(v) for n, v in tensors.items()})
+                self.weight_version = version
+                return
             params = dict(self.model.named_parameters())
             params.update(dict(self.model.named_buffers()))
             tensors = fuse_experts(tensors, params)
@@ -123,6 +141,12 @@ class TorchEngine:
             self.weight_version = version
 
     def named_weights(self):
+        """The weights an update writes (what a weights checksum covers): the adapter's (wire format) with
+        ``lora``, else every parameter under its HF name."""
+        if self.lora is not None:
+            from relax_core.lora import adapter_state
+
+            return list(adapter_state(self.model).items())
         return list(self.model.named_parameters())
 
     # -- device memory (colocate) ----------------------------------------------------------------

@@ -8,7 +8,8 @@ prompt+response sequences at the rollout temperature, so they match the rollout 
 What it shares with the megatron backend it holds as components, not as a base class: the log-prob
 computation (:mod:`.logprobs`), routing replay (:mod:`.replay`), the loss (:mod:`.loss`), the optimizer-step
 loop (:mod:`.step`, streamed steps included: :mod:`.streamed`) and the checkpoint and offload state
-(:mod:`.state`). Only this module knows the HF model's forward.
+(:mod:`.state`). Only this module knows the HF model's forward. LoRA (``--lora-rank``): the model is wrapped in
+peft's adapters and only those train, travel and are saved (:mod:`.lora`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import HostOffload, onloaded
+from relax_train.backends import lora
 from relax_train.backends.logprobs import TokenScorer, pad_rows
 from relax_train.backends.loss import PolicyLoss, StepStats
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
@@ -65,7 +67,11 @@ class TorchBackend:
     """Called just before the optimizer writes the weights: the trainer's fence for a weight broadcast
     still reading them (:class:`~relax_train.roles.actor.ActorWorker` with ``overlap_weight_sync``)."""
 
-    def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
+    def __init__(
+        self, config: RelaxConfig, model_path: str, trainable: bool = True, adapter: bool | None = None
+    ) -> None:
+        """``adapter`` (LoRA runs, a frozen backend): whether it wraps its model in the adapters to take
+        adapter updates; None decides by the model (:func:`relax_train.backends.lora.wraps`)."""
         from relax_core.models import load_model, media_token_ids
         from relax_core.routing import install_routing
 
@@ -73,6 +79,12 @@ class TorchBackend:
         self.model_path = model_path  # (its tokenizer and configs go into every checkpoint's model/)
         torch.manual_seed(config.train.seed)
         self.model = load_model(model_path, config.model.dtype)  # causal LM, or a Qwen-VL/Omni model
+        self.lora = config.lora if lora.wraps(config, model_path, trainable, adapter) else None
+        """The run's LoRA config where this backend's model carries the adapters (a peft model), else None."""
+        if self.lora is not None:
+            from relax_core.lora import wrap
+
+            self.model = wrap(self.model, self.lora)  # (only the adapters require grad from here on)
         self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
         self._r3 = ReplayCounts()
@@ -88,7 +100,7 @@ class TorchBackend:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps: StepRunner | None = None
         if trainable:
-            self.optimizer = build_adamw(self.model.parameters(), config.train)
+            self.optimizer = build_adamw(lora.trainable_parameters(self.model), config.train)
             self.steps = StepRunner(
                 config,
                 self.model,
@@ -201,12 +213,31 @@ class TorchBackend:
         """The HF model the evaluator generates with (this backend's own)."""
         return self.model
 
+    def base_view(self) -> lora.BaseView:
+        """The base model under this backend's weights with the adapters off (LoRA only): the Reference
+        role's model in colocate, with no second copy of the base (:class:`~relax_train.backends.lora.BaseView`)."""
+        if self.lora is None:
+            raise ValueError("base_view needs a LoRA backend (--lora-rank N): this model has no adapters")
+        return lora.BaseView(self)
+
     @onloaded
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Every weight under its HF name; with LoRA what the engines get: the adapter's tensors (wire
+        format, :mod:`relax_core.lora`) in --lora-sync-mode adapter, the merged weights in merged."""
+        if self.lora is not None:
+            return lora.named_weights(self.model, self.lora.lora_sync_mode)
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
     @onloaded
     def load_weights(self, tensors: dict[str, Any], version: int) -> None:
+        """HF-named tensors into the model; a LoRA-wrapped model (ActorFwd in adapter mode) takes an
+        adapter update (wire format) instead, whole or refused."""
+        if self.lora is not None:
+            from relax_core.lora import load_adapter_state
+
+            load_adapter_state(self.model, tensors)
+            self.version = version
+            return
         with torch.no_grad():
             params = dict(self.model.named_parameters())
             for name, value in tensors.items():
@@ -216,23 +247,42 @@ class TorchBackend:
     @onloaded
     def save_checkpoint(self, path: str | Path) -> None:
         """``model/`` (an HF directory that serves: weights, config, and the tokenizer, processor and generation
-        config of the checkpoint trained from), the optimizer and RNG states, meta.json."""
+        config of the checkpoint trained from), the optimizer and RNG states, meta.json. With LoRA
+        ``adapter/`` instead of ``model/`` (and ``model_merged/`` with --lora-save-merged:
+        :func:`relax_train.backends.lora.save`); the optimizer state is then the adapters' alone."""
         from relax_core.hf_files import copy_serving_files
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path / "model")
-        copy_serving_files(self.model_path, path / "model", getattr(self.model, "generation_config", None))
+        if self.lora is not None:
+            lora.save(self.model, path, self.model_path, self.lora)
+        else:
+            self.model.save_pretrained(path / "model")
+            copy_serving_files(
+                self.model_path, path / "model", getattr(self.model, "generation_config", None)
+            )
         torch.save(trainer_state(self.optimizer), path / "trainer_state.pt")
-        (path / "meta.json").write_text(json.dumps({"version": self.version}, indent=1))
+        (path / "meta.json").write_text(json.dumps(lora.meta(self.version, self.lora), indent=1))
 
     @onloaded
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"--load {path}: no checkpoint there (meta.json missing)")
+        if self.lora is not None:
+            lora.load(self.model, path)
+        else:
+            lora.refuse_lora_checkpoint(path)
+            self._load_full(path)
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        meta = restore_trainer_state(state, self.optimizer, path)
+        self.version = int(meta["version"])
+        return meta
+
+    def _load_full(self, path: Path) -> None:
+        """``model/``'s weights into the model, refusing a checkpoint that lacks some."""
+        from safetensors.torch import load_file
+
         weights = load_file(str(path / "model" / "model.safetensors"))
         missing = self.model.load_state_dict(weights, strict=False).missing_keys
         loaded = {t.data_ptr() for name, t in self.model.state_dict().items() if name in weights}
@@ -243,7 +293,3 @@ class TorchBackend:
                 f"--load {path}: the checkpoint lacks {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
                 f"{', …' if len(missing) > 3 else ''}): it is damaged or of another model; load another one"
             )
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
-        meta = restore_trainer_state(state, self.optimizer, path)
-        self.version = int(meta["version"])
-        return meta

@@ -25,6 +25,10 @@ share — the slots, the pool, the lock, the pause state, the way to call the se
   ``extra["routed_experts"]``, ``[prompt + generated - 1, layers, top_k]``. Media for VL/Omni models go in
   SGLang's ``image_data``, ``video_data`` and ``audio_data`` (``media=``, one dict per prompt), the prompt
   ids holding the model's media placeholders as SGLang's processor expects them (one per item).
+- **LoRA adapters** (``lora``: ``adapter_config.json``'s fields, ``--lora-sync-mode adapter``;
+  :mod:`~relax_rollout.engines.sglang.lora`, ``self.adapters``): the servers launch with LoRA enabled and
+  keep the base model; :meth:`update_weights` takes the adapter's tensors and loads them as a new versioned
+  adapter, which new requests then select; an old version is unloaded once no request uses it.
 - **Control.** ``pause(mode)`` (``abort`` returns in-flight requests aborted, ``retract``/``in_place`` hold
   them; new requests wait), ``resume()``, ``abort(rid)`` / ``abort()``. A restarted engine is paused again
   when the others are.
@@ -59,6 +63,7 @@ from relax_rollout.engines.processes import (
     stop_processes,
 )
 from relax_rollout.engines.sglang.lifecycle import SGLangLifecycle, log_pool_failure
+from relax_rollout.engines.sglang.lora import Adapter, SGLangAdapters, lora_server_args
 from relax_rollout.engines.sglang.state import SGLangServers
 from relax_rollout.engines.sglang.weights import SGLangWeights
 from relax_rollout.engines.wire import abort_request, media_fields, parse_reply, pause_request
@@ -98,7 +103,9 @@ class SGLangEngine:
     this node's GPUs first, then ``gpus_per_node`` GPUs of each other node with GPUs
     (:mod:`relax_rollout.engines.processes`); an engine on another node binds that node's address and
     requires a token (one is made when none is given); weights then go through ``weights_dir``, which
-    every node must see at the same path."""
+    every node must see at the same path. ``lora``: serve LoRA adapters of this configuration
+    (``adapter_config.json``'s fields, :func:`relax_core.lora.peft_config_dict`): updates carry the
+    adapter, not the weights (:mod:`relax_rollout.engines.sglang.lora`)."""
 
     features = frozenset({"top_logprobs", "stop", "constraint", "stream"})
     """SGLang's ``top_logprobs_num``, ``stop`` and its grammar backend (``json_schema``, ``regex``,
@@ -133,6 +140,7 @@ class SGLangEngine:
         weights_dir: str | None = None,
         gpus_per_node: int | None = None,
         bucket_bytes: int = 512 << 20,
+        lora: dict[str, Any] | None = None,
         **_ignored: Any,  # pad_token_id, ...: the servers own their model and tokenizer
     ) -> None:
         if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
@@ -157,6 +165,8 @@ class SGLangEngine:
         """Put before every weight name of an update (``thinker.`` when serving a whole Qwen3-Omni)."""
         self.mem_fraction_static, self.dtype, self.host = mem_fraction_static, dtype, host
         self.server_args = dict(server_args or {})
+        if lora is not None:
+            self.server_args = lora_server_args(lora, self.server_args)
         flag_args(self.server_args)  # reject reserved flags now, not in a child process
         self.launch_cmd, self.python, self.env = launch_cmd, python, dict(env or {})
         self.startup_timeout_s, self.max_restarts = startup_timeout_s, max_restarts
@@ -235,6 +245,10 @@ class SGLangEngine:
         """The servers and the state the engine shares with its lifecycle and weight updates
         (:mod:`relax_rollout.engines.sglang.state`); every request goes through ``servers.call``."""
         s = self.servers
+        self.adapters: SGLangAdapters | None = None
+        """The LoRA adapter versions the servers hold (with ``lora``; :mod:`~relax_rollout.engines.sglang.lora`)."""
+        if lora is not None:
+            self.adapters = SGLangAdapters(s, lora, lambda v: self.weights.check_version(v))
         self.launcher = Launcher(
             self._command, host, self.env, self.token, s.lock, lambda: s.closed, s.stop, self._shared_paths
         )
@@ -246,6 +260,7 @@ class SGLangEngine:
             poll_interval_s=poll_interval_s,
             max_restarts=max_restarts,
             shutdown_grace_s=shutdown_grace_s,
+            restore=None if self.adapters is None else self.adapters.restore,
         )
         """Start-up, supervision and restarts (:mod:`relax_rollout.engines.sglang.lifecycle`)."""
         self.weights = SGLangWeights(
@@ -367,29 +382,42 @@ class SGLangEngine:
                 )
             params = dataclasses.replace(params, seed=None)
         routing = self.routing
+        common: dict[str, Any] = {"return_routed_experts": True} if routed else {}
+        adapter: Adapter | None = None
+        if self.adapters is not None:
+            adapter = self.adapters.acquire()
+            if adapter is not None:
+                common["lora_path"] = adapter.name
 
         def parse(reply: Any, chunk: list[list[int]]) -> list[GenerateOutput]:
-            return parse_reply(reply, chunk, routing)
+            outs = parse_reply(reply, chunk, routing)
+            if self.adapters is None:
+                return outs
+            # every token came from the adapter the request named, whatever SGLang's label says now
+            version = 0 if adapter is None else adapter.version
+            return [dataclasses.replace(o, weight_version=version, token_versions=None) for o in outs]
 
         with self.servers.lock:
             self._inflight.update(rids)
         try:
             return self.pool.generate(
-                prompts,
-                params,
-                fields=fields,
-                common={"return_routed_experts": True} if routed else None,
-                parse=parse,
-                on_token=on_token,
+                prompts, params, fields=fields, common=common or None, parse=parse, on_token=on_token
             )
         finally:
             with self.servers.lock:
                 self._inflight.difference_update(rids)
+            if self.adapters is not None:
+                self.adapters.release(adapter)
 
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
         """Push ``tensors`` as ``version`` (disk by default, see ``weight_update``) and check the engines. MoE
         experts go as checkpoints name them, one per expert: SGLang's loaders skip fused names without an
-        error (:mod:`relax_rollout.engines.expert_names`)."""
+        error (:mod:`relax_rollout.engines.expert_names`). Serving LoRA (``lora``): ``tensors`` are the
+        adapter's (:mod:`relax_core.lora`'s wire format), loaded as a new adapter by value whatever
+        ``weight_update`` says (:mod:`relax_rollout.engines.sglang.lora`)."""
+        if self.adapters is not None:
+            self.adapters.update(tensors, version)
+            return
         self.weights.update(tensors, version)
 
     def weights_checksum(self) -> str:

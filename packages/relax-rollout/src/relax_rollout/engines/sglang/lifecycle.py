@@ -11,13 +11,15 @@ than the requests the engine sends them (generation, control, weights), and read
 A restarted engine rejoins the pool only with the current weights: loaded from the directory of the last
 update from disk, or (``weight_update="distributed"``) at the next broadcast, waiting out of the pool until
 then. Weights that came as tensors or from a caller's broadcast cannot be given to it: it is left failed,
-saying so.
+saying so. Serving LoRA adapters, the engine keeps them in host memory and a restarted engine loads them
+before it joins (``restore``, :meth:`~relax_rollout.engines.sglang.lora.SGLangAdapters.restore`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from relax_rollout.engines.pool_members import Member, PoolError
 from relax_rollout.engines.processes import EngineProcess, EngineStartError, Launcher, stop_processes
@@ -46,8 +48,12 @@ class SGLangLifecycle:
         poll_interval_s: float,
         max_restarts: int,
         shutdown_grace_s: float,
+        restore: Callable[[EngineProcess, Callable[[EngineProcess], None]], None] | None = None,
     ) -> None:
         self.servers, self.launcher = servers, launcher
+        self.restore = restore
+        """``restore(slot, join)``: give a restarted engine what it must serve, then ``join`` it (LoRA
+        adapters); None: the current weights from the last update's directory."""
         self.startup_timeout_s, self.poll_interval_s = startup_timeout_s, poll_interval_s
         self.max_restarts, self.shutdown_grace_s = max_restarts, shutdown_grace_s
         self.initial_version: int | None = None
@@ -148,7 +154,9 @@ class SGLangLifecycle:
             try:
                 self.launcher.launch(slot)
                 self.launcher.wait_ready(slot, self.startup_timeout_s)
-                if s.pool.weights_path is None and s.pool.weight_version != self.initial_version:
+                if self.restore is not None:  # the base weights never change: only the adapters
+                    self.restore(slot, self.join)
+                elif s.pool.weights_path is None and s.pool.weight_version != self.initial_version:
                     if s.weight_update == "distributed":  # the next update re-forms the group with it
                         with s.lock:
                             slot.state = "waiting"
@@ -170,7 +178,8 @@ class SGLangLifecycle:
                         "and cannot be given to a restarted engine; it rejoins after the next update from disk "
                         "(update_weights with weight_update='disk', or update_weights_from_disk)"
                     )
-                self.join(slot)
+                else:
+                    self.join(slot)
             except Exception as e:  # noqa: BLE001 — try again within the bound
                 with s.lock:
                     slot.error = f"restart {slot.restarts} failed: {e}"

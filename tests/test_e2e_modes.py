@@ -68,11 +68,24 @@ def _check_flow(cfg, result, max_staleness):
 
 
 @pytest.mark.integration
-def test_colocate_flow(tiny_run_inputs, tmp_path):
-    cfg, result = _run(tiny_run_inputs, tmp_path, "--colocate")
+@pytest.mark.parametrize("lora", [[], ["--lora-rank", "4"]], ids=["full", "lora"])
+def test_colocate_flow(tiny_run_inputs, tmp_path, lora):
+    """Every role in one process. With LoRA (#37) the same flow: the Reference computes with the trainer's
+    weights under the adapter switched off, ActorFwd with the trainer's own, and each sync carries the
+    adapters alone, which the engine serves (the checksums above: trainer's adapter = engine's)."""
+    cfg, result = _run(tiny_run_inputs, tmp_path, "--colocate", *lora)
     assert result.mode == "colocate"
     _check_flow(cfg, result, max_staleness=0)
     assert not any(s["name"] in TURNS for s in _spans(result))  # no --offload on a CPU machine by default
+    synced = [h["perf/weight_sync_bytes"] for h in result.history if "train/loss" in h]
+    from safetensors import safe_open
+
+    with safe_open(str(Path(tiny_run_inputs.model_path) / "model.safetensors"), "pt") as f:
+        full = sum(f.get_tensor(k).nbytes for k in f.keys())
+    if lora:  # rank 4 adapters on the tiny model: a fraction of its weights
+        assert all(0 < b < full / 3 for b in synced), (synced, full)
+    else:
+        assert all(b >= full for b in synced), (synced, full)
 
 
 TURNS = {"offload", "onload", "release_memory", "resume_memory"}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from _tiny import run_flags
 
+from relax_core.checkpoints import latest_checkpoint
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 from relax_core.health import RunFailed
@@ -49,8 +50,11 @@ def test_killed_rollout_then_trainer_are_restarted_and_train_the_same_prompts(
 ):
     """The rollout SIGKILLed after step 2, the trainer after step 5 (one run for both: CI minutes; ActorFwd
     and Advantages: the two-kills test below): each is restarted in place, the rollout from its journal,
-    the trainer from its last checkpoint, and the run trains exactly the uninterrupted run's prompts."""
-    c = Controller(_cfg(tiny_run_inputs, tmp_path / "in_place"), tiny_run_inputs)
+    the trainer from its last checkpoint, and the run trains exactly the uninterrupted run's prompts. A LoRA
+    run (#37; which prompts a step trains does not depend on the weights): the restarted trainer resumes its
+    adapter and optimizer from the checkpoint, the restarted rollout gets the adapter over DCS, as ActorFwd
+    does every step."""
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "in_place", "--lora-rank", "4"), tiny_run_inputs)
     kills = [signal_role_after(c, 2, "rollout"), signal_role_after(c, 5, "actor")]
     result = c.run()
     assert all("pid" in k for k in kills), "a role was never killed (the run ended first)"
@@ -64,6 +68,8 @@ def test_killed_rollout_then_trainer_are_restarted_and_train_the_same_prompts(
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
+    last = Path(latest_checkpoint(tmp_path / "in_place" / "ckpt"))
+    assert (last / "adapter" / "adapter_model.safetensors").is_file() and not (last / "model").exists()
 
 
 @pytest.mark.integration

@@ -46,7 +46,9 @@ def _trained(result, steps_done: int) -> list:
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "mode", [["--colocate"], ["--fully-async", "--max-staleness", "1"]], ids=["colocate", "async"]
+    "mode",
+    [["--colocate"], ["--fully-async", "--max-staleness", "1"], ["--colocate", "--lora-rank", "4"]],
+    ids=["colocate", "async", "colocate-lora"],
 )
 def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     tiny_run_inputs, tmp_path, mode, sigterm_self

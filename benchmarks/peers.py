@@ -43,9 +43,9 @@ RUNNERS = {
     "async": {"mode": "fully_async", "max_staleness": 1},
     "stream": {"mode": "fully_async", "max_staleness": 1, "streaming_rollout": True, "partial_rollout": True},
 }
-LORA = {"lora_rank": 8, "lr": 2e-3}
+LORA = {"lora_rank": 8, "lr": 1e-3}
 """LoRA RL (#37): rank 8 on every linear layer (the default all-linear), adapters synced alone; a learning rate
-10x full fine-tuning's, as LoRA runs use (the adapters start at zero: B = 0)."""
+5x full fine-tuning's (the demo's LoRA default: relax_app.demo.defaults.DEMO_LORA_LR)."""
 for _name in ("colocate", "async", "stream"):
     RUNNERS[f"{_name}_lora"] = {**RUNNERS[_name], **LORA}
 DEFAULT_RUNNERS = ("trl", "trl_eager", "trl_one_pass", "colocate", "async", "stream")

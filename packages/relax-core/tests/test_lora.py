@@ -100,3 +100,20 @@ def test_vl_adapters_on_the_language_model_only():
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all(".language_model." in n for n in names)
     assert any("mlp.down_proj" in n for n in names)
+
+
+def test_all_linear_on_a_moe_model_leaves_the_router_and_unnamed_experts_frozen():
+    """peft's own all-linear on transformers 5 MoE models adds the fused experts and the router's weight
+    (a v4-name mapping): a trained router changes which experts tokens go to. Ours: the linear layers, and
+    the experts only where --lora-target-parameters names them."""
+    adapted = {
+        tuple(tp): {
+            n.split(".lora_")[0].rsplit(".", 2)[-2:][-1]
+            for n in L.adapter_state(
+                L.wrap(tiny_moe(layers=1), LoraConfig(lora_rank=4, lora_target_parameters=tp))
+            )
+        }
+        for tp in ([], EXPERTS)
+    }
+    assert adapted[()] == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert "gate" not in adapted[tuple(EXPERTS)] and "experts" in adapted[tuple(EXPERTS)]

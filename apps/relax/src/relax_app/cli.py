@@ -105,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             from relax_app.demo.defaults import DEMO_DEFAULTS
 
             notes.clear()
-            cfg = build_config(yaml_path, overrides, defaults=DEMO_DEFAULTS, notes=notes)
+            defaults = DEMO_DEFAULTS
+            cfg = build_config(yaml_path, overrides, defaults=defaults, notes=notes)
+        lr_given = any(a.split("=")[0] in ("--lr", "--learning-rate", "--learning_rate") for a in overrides)
+        if cfg.is_demo and not omni and cfg.lora.enabled and not lr_given:  # (LoRA's own step size)
+            from relax_app.demo.defaults import DEMO_LORA_LR
+
+            notes.clear()
+            cfg = build_config(yaml_path, overrides, defaults={**defaults, "lr": DEMO_LORA_LR}, notes=notes)
     except ConfigError as exc:
         print(f"relax: {exc}", file=sys.stderr)
         return 2

@@ -60,3 +60,20 @@ def test_a_yaml_without_prompt_data_runs_the_demo_with_its_settings(tmp_path, mo
     (cfg,) = seen
     assert cfg.is_demo and (cfg.run.mode, cfg.train.num_rollout) == ("fully_async", 3)  # the YAML's
     assert (cfg.rollout.rollout_max_response_len, cfg.train.lr) == (6, 2e-4)  # and the demo's
+
+
+@pytest.mark.parametrize(
+    "argv, lr",
+    [(["--lora-rank", "8"], 1e-3), (["--lora-rank", "8", "--lr", "5e-4"], 5e-4), ([], 2e-4)],
+    ids=["lora", "lora-own-lr", "full"],
+)
+def test_the_demo_with_lora_takes_loras_learning_rate_unless_one_is_given(monkeypatch, argv, lr):
+    import relax_app.train as launch
+    from relax_app.cli import main
+
+    seen = []
+    monkeypatch.setattr(launch, "check_inputs", lambda cfg: [])
+    monkeypatch.setattr(launch, "train", seen.append)
+    assert main(["train", *argv]) == 0
+    (cfg,) = seen
+    assert cfg.train.lr == lr and cfg.lora.enabled == bool(argv)

@@ -115,3 +115,29 @@ def test_merged_sync_into_a_plain_engine(tiny_model_dir):
     engine.update_weights(dict(be.named_weights()), be.version)
     _assert_engine_matches(engine, be)
     assert engine.weights_checksum() == checksum(be.named_weights())
+
+
+def test_the_adapter_is_served_merged_and_each_update_starts_from_the_exact_base(tiny_model_dir):
+    """Served merged (generation at the base model's cost): every adapted layer takes the merged path, and
+    an update restores the base weights bit for bit before merging the next adapter, so no rounding adds up
+    over a run: after a zero adapter the weights are exactly the checkpoint's."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from relax_core.lora import adapter_state, base_parameters
+    from relax_core.models import load_model
+
+    cfg = config("adapter")
+    engine = TorchEngine(
+        model_path=tiny_model_dir, eos_token_ids=[1], pad_token_id=0, lora=peft_config_dict(cfg.lora)
+    )
+    layers = [m for m in engine.model.modules() if isinstance(m, BaseTunerLayer)]
+    assert layers and all(m.merged for m in layers)
+    be = _trained(cfg, tiny_model_dir)
+    for _ in range(3):  # several updates: still the trainer's log-probs
+        engine.update_weights(dict(be.named_weights()), be.version)
+    _assert_engine_matches(engine, be)
+    assert all(m.merged for m in layers)
+    zero = {n: torch.zeros_like(t) for n, t in adapter_state(engine.model).items()}
+    engine.update_weights(zero, be.version + 1)
+    plain = dict(load_model(tiny_model_dir).named_parameters())
+    assert all(torch.equal(p, plain[n]) for n, p in base_parameters(engine.model))

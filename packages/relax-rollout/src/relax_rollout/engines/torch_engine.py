@@ -13,8 +13,8 @@ Prompt log-probs (``SamplingParams.input_logprobs``, SGLang's ``logprob_start_le
 logits, untempered, as SGLang's input log-probs: no extra forward (with ``max_new_tokens`` 0, the prefill
 alone runs).
 LoRA (``lora=``, a run's ``relax_core.lora.peft_config_dict``): the model carries peft's adapters (B = 0: the
-base until the first update) and weight updates are adapter updates in the wire format of
-:mod:`relax_core.lora`, loaded whole under the engine lock.
+base until the first update), served merged into the weights (generation costs the base model's), and weight
+updates are adapter updates in the wire format of :mod:`relax_core.lora`, loaded whole under the engine lock.
 Constrained decoding (``SamplingParams.constraint``) masks the logits before sampling, per sequence, with
 :mod:`relax_rollout.engines.constrained` (llguidance); the log-probs are then the masked distribution's.
 """
@@ -63,6 +63,12 @@ class TorchEngine:
 
             model = wrap(model, lora)
         self.model = model.to(device).eval()
+        self.adapter: Any = None
+        """With ``lora``: the adapter served merged into the weights (:class:`relax_core.lora.MergedServing`)."""
+        if lora is not None:
+            from relax_core.lora import MergedServing
+
+            self.adapter = MergedServing(self.model)
         self.model_path, self._tokenizer = model_path, tokenizer
         self._guide: Any = None  # constrained decoding's view of the tokenizer, built at first use
         cfg = self.model.config
@@ -124,10 +130,8 @@ class TorchEngine:
 
         with self._lock, torch.no_grad():
             self._check_weights("updating the weights")
-            if self.lora is not None:
-                from relax_core.lora import load_adapter_state
-
-                load_adapter_state(self.model, {n: torch.as_tensor(v) for n, v in tensors.items()})
+            if self.adapter is not None:
+                self.adapter.load({n: torch.as_tensor(v) for n, v in tensors.items()})
                 self.weight_version = version
                 return
             params = dict(self.model.named_parameters())

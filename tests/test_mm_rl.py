@@ -11,6 +11,7 @@ path (RolloutWorker → relax-multimodal → TorchEngine → bus → TorchBacken
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,9 +91,13 @@ def test_rollout_log_probs_equal_trainer_log_probs(mm_root, tmp_path, family, mo
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "mode", [["--colocate"], ["--fully-async", "--max-staleness", "1"]], ids=["colocate", "async"]
+    "mode",
+    [["--colocate"], ["--fully-async", "--max-staleness", "1", "--lora-rank", "4"]],
+    ids=["colocate", "async-lora"],
 )
 def test_omni_rl_mixed_batch_runs_in_both_modes(mm_root, tmp_path, mode):
+    """The Omni thinker on image, video and audio in one batch, in colocate and fully async; the async run
+    trains LoRA adapters (#37: on the language model only, the towers frozen; adapters synced alone)."""
     from relax_core.controller import Controller, RunInputs
 
     ckpt, data = _checkpoint(mm_root, "qwen3_omni"), _dataset(mm_root, ("image", "video", "audio"))
@@ -105,6 +110,12 @@ def test_omni_rl_mixed_batch_runs_in_both_modes(mm_root, tmp_path, mode):
     assert all(math.isfinite(h["train/loss"]) and math.isfinite(h["train/grad_norm"]) for h in trained)
     assert len(result.audit["trained_ids"]) == steps * cfg.samples_per_rollout
     assert result.rollout_stats.get("bad_media_rows", 0) == 0
+    if "--lora-rank" in mode:  # the adapters travel, a small part of the model
+        from safetensors import safe_open
+
+        with safe_open(str(Path(ckpt) / "model.safetensors"), "pt") as f:
+            full = sum(f.get_tensor(k).nbytes for k in f.keys())
+        assert all(0 < h["perf/weight_sync_bytes"] < full / 5 for h in trained), full
 
 
 MEGATRON_SHAPES = {  # (megatron wants sequence parallelism with TP for MoE models)

@@ -80,3 +80,25 @@ def test_a_response_length_the_models_context_cannot_hold_is_refused_at_start(tm
     with pytest.raises(ValueError, match=r"--rollout-max-response-len 512 leaves no room .* context of 128"):
         check_inputs(build_config(None, flags))
     assert check_inputs(build_config(None, [*flags, "--rollout-max-response-len", "64"])) == []
+
+
+def test_a_lora_target_the_model_lacks_is_one_line_before_anything_loads(tmp_path, capsys):
+    """#37: a typo in --lora-target-modules would train nothing there (or fail in peft in every role)."""
+    from relax_testing import build_tiny_checkpoint
+
+    model = build_tiny_checkpoint(tmp_path / "m")
+    capsys.readouterr()  # (saving it printed progress)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
+    flags = [
+        "train",
+        "--prompt-data",
+        str(tmp_path / "p.jsonl"),
+        "--hf-checkpoint",
+        model,
+        "--lora-rank",
+        "4",
+    ]
+    assert main([*flags, "--lora-target-modules", "q_proj", "vproj", "--rollout-max-response-len", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("relax: ") and "--lora-target-modules ['vproj']: no such module" in err
+    assert "v_proj" in err and "\n" not in err  # (the names it has)

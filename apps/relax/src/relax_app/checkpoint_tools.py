@@ -39,17 +39,38 @@ def resolve(path: str | Path) -> tuple[Path, dict[str, Any], Path | None]:
         ckpt = Path(latest_checkpoint(p))
     except FileNotFoundError as e:
         raise CheckpointError(str(e).replace("--load ", "", 1)) from None
-    model = ckpt / "model"
-    if not model.is_dir() and (ckpt / "adapter").is_dir():  # a LoRA run's: its merged export, if saved
+    model, state = ckpt / "model", CheckpointDir(ckpt).run_state()
+    if not model.is_dir() and (ckpt / "adapter").is_dir():  # a LoRA run's: its merged export, or merged now
         model = ckpt / "model_merged"
         if not (model / "config.json").is_file():
-            raise CheckpointError(
-                f"{ckpt}: a LoRA checkpoint (adapter/ only): load it with PeftModel.from_pretrained over the "
-                "base model, or save checkpoints with --lora-save-merged to get model_merged/"
-            )
+            model = merge_adapter(ckpt, state)
     if not (model / "config.json").is_file():
         raise CheckpointError(f"{ckpt}: no HF model in it (model/config.json missing)")
-    return model, CheckpointDir(ckpt).run_state(), ckpt
+    return model, state, ckpt
+
+
+def merge_adapter(ckpt: Path, state: dict[str, Any]) -> Path:
+    """A LoRA checkpoint saved without --lora-save-merged (``adapter/`` alone): its adapter merged into the
+    model the run trained from (recorded in the checkpoint, else named in the adapter's config), written to a
+    temporary HF directory with that model's serving files; the checkpoint is left as it is."""
+    import tempfile
+
+    adapter = ckpt / "adapter"
+    base = state.get("model_path") or _json(adapter / "adapter_config.json").get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise CheckpointError(
+            f"{ckpt}: a LoRA checkpoint whose base model ({base or 'not recorded'}) is not here; merge it with "
+            "PeftModel.from_pretrained(base, adapter/) yourself, or save checkpoints with --lora-save-merged"
+        )
+    from peft import PeftModel
+
+    from relax_core.models import load_model
+
+    merged = PeftModel.from_pretrained(load_model(base), str(adapter)).merge_and_unload()
+    out = Path(tempfile.mkdtemp(prefix="relax-lora-merged-"))
+    merged.save_pretrained(out)
+    copy_serving_files(base, out, getattr(merged, "generation_config", None))
+    return out
 
 
 def run_dir(state: dict[str, Any], ckpt: Path | None) -> Path | None:

@@ -83,6 +83,10 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
     from relax_rewards import check_reward
 
     model = cfg.model.hf_checkpoint
+    if cfg.lora.enabled and model and Path(model).is_dir():  # a target module the model lacks: one line
+        from relax_core.lora import check_targets
+
+        check_targets(model, cfg.lora)
     need = checkpoint_bytes(model) if model and Path(model).is_dir() else 0
     check_writable("--output-dir", cfg.run.output_dir)
     if cfg.train.save:  # (a read-only or full --save failed at the first save, after the training)

@@ -60,6 +60,7 @@ def real(tiny_model_dir, sglang_python, tmp_path_factory):
         weight_update="tensor",  # CUDA IPC, for full weights; an adapter goes by value whatever the mode
         lora=CONFIG,
         log_dir=str(tmp_path_factory.mktemp("sglang-lora-logs")),
+        max_restarts=2,
         poll_interval_s=0.5,
         shutdown_grace_s=5,
         request_timeout_s=120,
@@ -147,3 +148,23 @@ def test_a_malformed_adapter_is_refused_before_it_reaches_the_server(real, tiny_
     with pytest.raises(ValueError, match="not peft's saved name"):
         real.update_weights({"model.layers.0.self_attn.q_proj.weight": sent[name]}, 5)
     assert real.engines()[0]["state"] == "running" and real.engines()[0]["restarts"] == 0
+
+
+def test_a_killed_engine_restarts_serving_the_adapter_it_held(real, tiny_model_dir):
+    """Last (it costs a second server start): the engine's process group is SIGKILLed; the supervisor
+    restarts it, and before it serves again it gets the newest adapter (the engine keeps its host copy), so
+    requests after the restart see the same policy and version as before it."""
+    import os
+    import signal
+
+    v6 = trained(tiny_model_dir, 6)
+    real.update_weights(peft.get_peft_model_state_dict(v6), 6)
+    pids = [s["pid"] for s in real.engines()]
+    os.killpg(pids[0], signal.SIGKILL)
+    wait_until(
+        lambda: all(s["state"] == "running" and s["pid"] not in pids for s in real.engines()),
+        300,
+        "the engine to restart",
+    )
+    assert_serves(real, v6, 6)
+    assert adapters_loaded(real) == {adapter_name(6)}

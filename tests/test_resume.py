@@ -53,9 +53,10 @@ def _trained(result, steps_done: int) -> list:
 def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     tiny_run_inputs, tmp_path, mode, sigterm_self
 ):
-    # the uninterrupted run: colocate for both modes (batches are drawn in step order in either mode,
-    # and it needs no Ray cluster of its own)
-    full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", "--colocate"), tiny_run_inputs).run()
+    # the uninterrupted run: colocate for every mode (batches are drawn in step order in either mode,
+    # and it needs no Ray cluster of its own), with the same flags when the mode is colocate
+    plain = mode if "--colocate" in mode else ["--colocate"]
+    full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", *plain), tiny_run_inputs).run()
 
     ckpt = tmp_path / "ckpt"
     first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", "--save", str(ckpt), *mode), tiny_run_inputs)
@@ -73,6 +74,9 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     assert steps == list(range(1, STEPS + 1))
     if "--colocate" in mode:
         assert _trained(part1, stopped) + _trained(rest, STEPS) == _trained(full, STEPS)
+        # and the same result: every step's loss as the uninterrupted run's (LoRA: adapter, optimizer, RNG)
+        losses = [h["train/loss"] for h in part1.history + rest.history if "train/loss" in h]
+        assert losses == pytest.approx([h["train/loss"] for h in full.history if "train/loss" in h], rel=1e-5)
     else:  # the bus snapshot came back: batches generated before the stop were trained, not regenerated
         assert second.async_run.resumed_from_bus
         resume = json.loads((Path(first.interrupted_at) / "bus_resume.json").read_text())

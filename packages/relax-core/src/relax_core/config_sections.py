@@ -425,7 +425,8 @@ class LoraConfig(Section):
 
     lora_rank: int = Field(0, ge=0)
     """LoRA rank r of every adapter; 0 (the default) trains every weight (full fine-tuning). TRL's
-    --lora-r, veRL's lora_rank."""
+    --lora-r, veRL's lora_rank. --train-backend torch only: megatron-core has no LoRA layers and
+    Megatron-Bridge, which adds them, does not run here, so megatron with LoRA is refused."""
     lora_alpha: int = Field(16, ge=1)
     """LoRA scaling numerator: an adapter adds (alpha / r) · B A to its weight (veRL's default, 16)."""
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)

@@ -53,6 +53,7 @@ def merge_adapter(ckpt: Path, state: dict[str, Any]) -> Path:
     """A LoRA checkpoint saved without --lora-save-merged (``adapter/`` alone): its adapter merged into the
     model the run trained from (recorded in the checkpoint, else named in the adapter's config), written to a
     temporary HF directory with that model's serving files; the checkpoint is left as it is."""
+    import atexit
     import tempfile
 
     adapter = ckpt / "adapter"
@@ -68,6 +69,7 @@ def merge_adapter(ckpt: Path, state: dict[str, Any]) -> Path:
 
     merged = PeftModel.from_pretrained(load_model(base), str(adapter)).merge_and_unload()
     out = Path(tempfile.mkdtemp(prefix="relax-lora-merged-"))
+    atexit.register(shutil.rmtree, out, True)  # (read by this command alone)
     merged.save_pretrained(out)
     copy_serving_files(base, out, getattr(merged, "generation_config", None))
     return out

@@ -221,3 +221,28 @@ def test_reinforce_plus_plus_whitens_over_the_trained_batch_whatever_parts_it_wa
             if std or name == "reinforce_plus_plus":  # the defect: the batch step over the part scored
                 per_part = compute_advantages(name, groups[:4], rewards[:4], lens[:4], std)
                 assert max(abs(float(a[0] - b[0])) for a, b in zip(per_part, whole[:4])) > 0.1
+
+
+def test_batch_whitening_counts_the_models_tokens_only_as_verls_masked_whiten_does():
+    """A multi-turn response's environment tokens (loss_mask 0) are no actions: REINFORCE++'s whitening
+    weighed each response by its whole length, observations included (#39); veRL's ``masked_whiten`` and
+    OpenRLHF whiten over the action tokens. Reference: the per-token advantages whitened over the mask's 1s
+    (population variance), written out here."""
+    from relax_train.algorithms.advantages import finish_batch_advantages
+
+    rng = np.random.default_rng(1)
+    masks = [np.array([1, 1, 0, 0, 0, 0, 1]), np.array([1, 1]), np.array([1, 0, 0, 0, 1, 1]), np.array([1])]
+    rewards = rng.normal(size=4)
+    groups = ["a", "a", "b", "b"]
+    lens = [len(m) for m in masks]
+    for name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        parts = compute_advantages(name, groups, rewards, lens, batch_step=False)
+        tokens = np.concatenate(parts).astype(np.float64)
+        mask = np.concatenate(masks).astype(bool)
+        mean, var = tokens[mask].mean(), tokens[mask].var()
+        want = np.split((tokens - mean) / np.sqrt(max(var, 1e-8)), np.cumsum(lens)[:-1])
+        got = finish_batch_advantages(name, parts, loss_masks=masks)
+        whole = compute_advantages(name, groups, rewards, lens, loss_masks=masks)
+        for g, w, c in zip(got, want, whole):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(c, w, rtol=1e-5, atol=1e-6)

@@ -2,8 +2,8 @@
 
 They run in the Advantages role, which needs no accelerator, so nothing here imports torch.
 Every estimator sees the whole batch — ``rewards`` (one scalar per response), ``groups`` (index arrays,
-one per prompt) and ``lens`` (response lengths in tokens) — because REINFORCE++ whitens over the global
-batch rather than within a group. It returns one scalar advantage per response;
+one per prompt) and ``lens`` (each response's count of the model's own tokens, :func:`model_tokens`) —
+because REINFORCE++ whitens over the global batch rather than within a group. It returns one scalar advantage per response;
 :func:`compute_advantages` broadcasts it over that response's tokens.
 
 Why these and not more: they are the outcome-reward estimators the field trains with today (GRPO and its
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-# (rewards [N], groups: index arrays, lens [N], normalize_std) -> advantages [N]
+# (rewards [N], groups: index arrays, model tokens [N], normalize_std) -> advantages [N]
 Estimator = Callable[[np.ndarray, list[np.ndarray], np.ndarray, bool], np.ndarray]
 
 
@@ -72,8 +72,9 @@ def rloo(rewards: np.ndarray) -> np.ndarray:
 
 
 def whiten_over_tokens(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Global batch whitening of per-response values, weighting each response by its token count (each
-    token carries the value), as OpenRLHF whitens REINFORCE++ returns over all action tokens:
+    """Global batch whitening of per-response values, weighting each response by its count of the model's
+    own tokens (each carries the value; ``lens``: those counts, see :func:`model_tokens`), as OpenRLHF
+    whitens REINFORCE++ returns over the action tokens and veRL's ``masked_whiten`` over the response mask:
     (x - mean) / sqrt(max(var, 1e-8)), population variance.
 
     >>> whiten_over_tokens(np.array([1.0, 0.0]), np.array([3, 1])).round(4).tolist()
@@ -113,6 +114,15 @@ def _reinforce_plus_plus_baseline(rewards, groups, lens, normalize_std):
     return whiten_over_tokens(centred, lens) if normalize_std else centred
 
 
+def model_tokens(response_lens: Sequence[int], loss_masks: Sequence[np.ndarray] | None) -> np.ndarray:
+    """Each response's count of the model's own tokens: what a batch-wide step weighs it by. A multi-turn
+    response's environment tokens (``loss_mask`` 0) are no actions: counting them (the response length, as
+    before) weighted a response by the observations it was shown."""
+    if loss_masks is None:
+        return np.asarray(response_lens, dtype=np.int64).reshape(-1)
+    return np.asarray([int(np.count_nonzero(m)) for m in loss_masks], dtype=np.int64)
+
+
 def _per_group(fn: Callable[..., np.ndarray], pass_std: bool) -> Estimator:
     def estimator(rewards, groups, lens, normalize_std):
         out = np.zeros_like(rewards)
@@ -147,10 +157,12 @@ def compute_advantages(
     response_lens: Sequence[int],
     normalize_std: bool = True,
     batch_step: bool = True,
+    loss_masks: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Per-sample token advantages (float32, one per response token), grouping by ``group_ids``. With
     ``batch_step`` False the :data:`BATCH_NORMALISED` estimators stop before their batch-wide step (the
-    return for REINFORCE++, the group-centred return for its baseline variant).
+    return for REINFORCE++, the group-centred return for its baseline variant). ``loss_masks``: the
+    batch-wide step weighs each response by its model tokens (:func:`model_tokens`).
 
     >>> [a.tolist() for a in compute_advantages("rloo", ["p", "p", "q"], [1.0, 0.0, 5.0], [2, 1, 1])]
     [[1.0, 1.0], [-1.0], [0.0]]
@@ -168,20 +180,26 @@ def compute_advantages(
     for i, g in enumerate(group_ids):
         by_group.setdefault(g, []).append(i)
     groups = [np.asarray(idx, dtype=np.int64) for idx in by_group.values()]
+    weights = model_tokens(lens, loss_masks)
     if name in BATCH_NORMALISED and not batch_step:
-        scalar = r if name == "reinforce_plus_plus" else _reinforce_plus_plus_baseline(r, groups, lens, False)
+        scalar = (
+            r if name == "reinforce_plus_plus" else _reinforce_plus_plus_baseline(r, groups, weights, False)
+        )
     else:
-        scalar = ADVANTAGE_ESTIMATORS[name](r, groups, lens, normalize_std)
+        scalar = ADVANTAGE_ESTIMATORS[name](r, groups, weights, normalize_std)
     return [np.full(int(n), scalar[i], dtype=np.float32) for i, n in enumerate(lens)]
 
 
 def finish_batch_advantages(
-    name: str, advantages: Sequence[np.ndarray], normalize_std: bool = True
+    name: str,
+    advantages: Sequence[np.ndarray],
+    normalize_std: bool = True,
+    loss_masks: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """The batch-wide step of the :data:`BATCH_NORMALISED` estimator ``name`` over the batch being trained
     on, for the per-response values :func:`compute_advantages` left with ``batch_step=False``: whitening
-    over its tokens; without ``normalize_std``, REINFORCE++ centres over them and its baseline variant
-    (already group-centred) does nothing.
+    over its model tokens (``loss_masks``; :func:`model_tokens`); without ``normalize_std``, REINFORCE++
+    centres over them and its baseline variant (already group-centred) does nothing.
 
     >>> [a.tolist() for a in finish_batch_advantages("reinforce_plus_plus", [np.ones(3), np.zeros(1)])]
     [[0.5773502588272095, 0.5773502588272095, 0.5773502588272095], [-1.7320507764816284]]
@@ -189,12 +207,13 @@ def finish_batch_advantages(
     if name not in BATCH_NORMALISED:
         raise ValueError(f"{name!r} has no batch-wide step (those that have: {BATCH_NORMALISED})")
     lens = np.asarray([len(a) for a in advantages], dtype=np.int64)
+    weights = model_tokens(lens, loss_masks)
     values = np.asarray([float(a[0]) if len(a) else 0.0 for a in advantages], dtype=np.float64)
     if normalize_std:
-        out = whiten_over_tokens(values, lens)
+        out = whiten_over_tokens(values, weights)
     elif name == "reinforce_plus_plus_baseline":
         out = values
     else:
-        w = lens.astype(np.float64)
+        w = weights.astype(np.float64)
         out = values - ((values * w).sum() / w.sum() if w.sum() else 0.0)
     return [np.full(int(n), out[i], dtype=np.float32) for i, n in enumerate(lens)]

@@ -186,7 +186,10 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
                 a = self.cfg.algo
                 d[sample.ADVANTAGES] = finish_batch_advantages(
-                    a.advantage_estimator, d[sample.ADVANTAGES], a.normalize_advantages_std
+                    a.advantage_estimator,
+                    d[sample.ADVANTAGES],
+                    a.normalize_advantages_std,
+                    d[sample.LOSS_MASK],
                 )
             # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
             with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:

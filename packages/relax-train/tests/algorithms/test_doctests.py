@@ -14,6 +14,7 @@ import pytest
         "relax_train.algorithms.losses",
         "relax_train.algorithms.aggregation",
         "relax_train.algorithms.correction",
+        "relax_train.algorithms.gae",
         "relax_train.roles.advantages",
     ],
 )

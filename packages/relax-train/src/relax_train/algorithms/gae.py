@@ -1,0 +1,48 @@
+"""Generalised advantage estimation (GAE) over one response's tokens, for PPO with a learned critic.
+
+Why per response and over the model's tokens only: a multi-turn response interleaves the model's tokens
+(``loss_mask`` 1) with the environment's (0). The environment's tokens are no actions: they carry no value
+target, and they must not break the recursion either — the next state of a model token is the next *model*
+token, however many observation tokens lie between (veRL's multi-turn GAE carries the next value and the
+running advantage across masked positions the same way). Discounting runs over the model's tokens: γ is
+applied once per action, not per observation token. A reward placed on an environment token is not an
+action's and is left out (put token-level rewards on model tokens: the outcome reward on the last one, a
+KL penalty on each).
+
+Source: Schulman et al. 2016, *High-Dimensional Continuous Control Using Generalized Advantage Estimation*
+(arXiv:1506.02438), Eq. 16: Â_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); returns
+Â_t + V(s_t) are the critic's targets (Ouyang et al. 2022 / veRL / OpenRLHF use the same).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def gae(
+    rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(advantages, returns) of one response, float32, one per response token; 0 on the environment's
+    tokens (``mask`` 0). ``rewards``, ``values``: per response token; the value after the last model token
+    is 0 (the episode ends with the response).
+
+    >>> a, r = gae(np.array([0.0, 0.0, 1.0]), np.array([0.5, 0.5, 0.5]), np.array([1, 0, 1]), 1.0, 1.0)
+    >>> a.tolist(), r.tolist()
+    ([0.5, 0.0, 0.5], [1.0, 0.0, 1.0])
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    m = np.asarray(mask).astype(bool)
+    if not (len(r) == len(v) == len(m)):
+        raise ValueError(f"gae: rewards, values and mask differ in length ({len(r)}, {len(v)}, {len(m)})")
+    adv = np.zeros_like(v)
+    next_value, running = 0.0, 0.0
+    for t in range(len(v) - 1, -1, -1):
+        if not m[t]:
+            continue  # an observation token: the recursion goes on from the next model token
+        delta = r[t] + gamma * next_value - v[t]
+        running = delta + gamma * lam * running
+        adv[t] = running
+        next_value = v[t]
+    returns = np.where(m, adv + v, 0.0)
+    return adv.astype(np.float32), returns.astype(np.float32)

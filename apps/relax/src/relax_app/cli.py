@@ -107,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             notes.clear()
             defaults = DEMO_DEFAULTS
             cfg = build_config(yaml_path, overrides, defaults=defaults, notes=notes)
-        lr_given = any(a.split("=")[0] in ("--lr", "--learning-rate", "--learning_rate") for a in overrides)
-        if cfg.is_demo and not omni and cfg.lora.enabled and not lr_given:  # (LoRA's own step size)
+        if cfg.is_demo and not omni and cfg.lora.enabled:  # LoRA's own step size (a given --lr still wins)
             from relax_app.demo.defaults import DEMO_LORA_LR
 
             notes.clear()

@@ -119,9 +119,13 @@ def adapter_state(model: Any) -> dict[str, Any]:
 def load_adapter_state(model: Any, tensors: dict[str, Any]) -> None:
     """Copy an adapter update (wire format) into ``model``'s adapter, in place. Refuses (before copying
     anything) what :func:`check_adapter_update` refuses."""
-    import torch
-
     check_adapter_update(model, tensors)
+    _copy_adapter(model, tensors)
+
+
+def _copy_adapter(model: Any, tensors: dict[str, Any]) -> None:
+    """The copy of :func:`load_adapter_state`, for a caller that checked ``tensors`` already."""
+    import torch
     from peft import set_peft_model_state_dict
 
     with torch.no_grad():
@@ -261,5 +265,5 @@ class MergedServing:
             self.model.unmerge_adapter()
             for (owner, name), base in zip(self._owners, self._base):
                 getattr(owner, name).copy_(base)
-            load_adapter_state(self.model, tensors)
+            _copy_adapter(self.model, tensors)  # (checked above, before anything changed)
             self.model.merge_adapter()

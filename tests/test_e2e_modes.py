@@ -175,6 +175,36 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
     ), "no two roles ever worked at the same time"
 
 
+@pytest.mark.integration
+def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inputs, tmp_path):
+    """--advantage-estimator gae (#39): the Critic values each batch and fits it (two passes here), the
+    Advantages role runs GAE on its values, the trainer whitens and trains. In the warm-up step only the
+    critic trains: the policy's weights stay as they were (the checksums), the version still counts."""
+    argv = run_flags(
+        tiny_run_inputs,
+        tmp_path / "out",
+        "--colocate",
+        num_rollout=3,
+        advantage_estimator="gae",
+        critic_warmup=1,
+        critic_epochs=2,
+        rm_type="relax_testing:parity_reward",  # (an untrained model earns it about half the time)
+        verify_weight_sync=True,
+        trace=False,
+    )
+    result = Controller(build_config(None, argv), tiny_run_inputs).run()
+    steps = [h for h in result.history if "perf/train_s" in h]
+    assert len(steps) == 3 and steps[0]["train/critic_warmup"] == 1 and "train/loss" not in steps[0]
+    weights = result.audit["trainer_weights"]
+    assert weights[0] == weights[1] != weights[2] != weights[3]  # the warm-up step did not move the policy
+    assert set(result.audit["consumed"]) == {"critic", "advantages", "actor"}
+    for h in steps[1:]:
+        assert math.isfinite(h["train/loss"]) and h["critic/optimizer_steps"] == 2
+        assert h["critic/values_lag_max"] == 0  # colocate: valued by the critic of this very step
+        assert math.isfinite(h["critic/value_loss"]) and -10 < h["critic/explained_variance"] <= 1
+    assert steps[-1]["critic/version"] == 2  # (the update before it valued the last batch)
+
+
 TP2 = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]
 
 

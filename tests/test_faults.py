@@ -77,11 +77,15 @@ def test_killed_rollout_then_trainer_are_restarted_and_train_the_same_prompts(
 def test_two_roles_killed_at_once_then_one_of_them_again_lose_nothing(
     tiny_run_inputs, tmp_path, uninterrupted
 ):
-    """ActorFwd and Advantages SIGKILLed together after step 2, then ActorFwd's replacement after step 5:
-    each death is restarted in place (or, should a restart itself fail, escalates to a global restart from
-    the checkpoint), and the run trains exactly the uninterrupted run's prompts."""
-    c = Controller(_cfg(tiny_run_inputs, tmp_path / "twice"), tiny_run_inputs)
-    kills = [signal_role_after(c, 2, "actor_fwd"), signal_role_after(c, 2, "advantages")]
+    """ActorFwd, Advantages and the Critic SIGKILLed together after step 2, then ActorFwd's replacement after
+    step 5: each death is restarted in place (or, should a restart itself fail, escalates to a global restart
+    from the checkpoint), and the run trains exactly the uninterrupted run's prompts. A PPO run (#39: which
+    prompts a step trains does not depend on the advantages): the restarted critic loads the newest state it
+    saved (every step here) and values the samples it had not written, and its values never lag the
+    trainer by more than the staleness bound."""
+    ppo = ["--advantage-estimator", "gae", "--rm-type", "relax_testing:parity_reward"]
+    c = Controller(_cfg(tiny_run_inputs, tmp_path / "twice", *ppo), tiny_run_inputs)
+    kills = [signal_role_after(c, 2, r) for r in ("actor_fwd", "advantages", "critic")]
     again = signal_role_after(c, 5, "actor_fwd")
     result = c.run()
     assert all("pid" in k for k in [*kills, again]), "a role was never killed (the run ended first)"
@@ -89,12 +93,19 @@ def test_two_roles_killed_at_once_then_one_of_them_again_lose_nothing(
     events = result.audit["health"]
     actions = collections.Counter((e["role"], e["action"]) for e in events)
     if not any(a == "global_restart" for _, a in actions):
-        assert actions == {("actor_fwd", "restart"): 2, ("advantages", "restart"): 1}, events
+        assert actions == {
+            ("actor_fwd", "restart"): 2,
+            ("advantages", "restart"): 1,
+            ("critic", "restart"): 1,
+        }, events
     assert all(e["recovery_s"] is not None for e in events), events
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
+    lags = [h["critic/values_lag_max"] for h in result.history if "train/loss" in h]
+    assert len(lags) == STEPS and max(lags) <= 1, lags
+    assert (tmp_path / "twice" / "ckpt" / "critic" / f"step_{STEPS:06d}" / "optimizer.pt").is_file()
 
 
 @pytest.mark.integration

@@ -15,6 +15,8 @@ from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 
 STEPS = 8
+PARITY = "relax_testing:parity_reward"
+"""A reward an untrained model earns on about half its samples (the critic has returns to fit)."""
 
 
 def _cfg(inputs, out, *extra):
@@ -47,8 +49,12 @@ def _trained(result, steps_done: int) -> list:
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "mode",
-    [["--colocate"], ["--fully-async", "--max-staleness", "1"], ["--colocate", "--lora-rank", "4"]],
-    ids=["colocate", "async", "colocate-lora"],
+    [
+        ["--colocate"],
+        ["--fully-async", "--max-staleness", "1"],
+        ["--colocate", "--lora-rank", "4", "--advantage-estimator", "gae", "--rm-type", PARITY],
+    ],
+    ids=["colocate", "async", "colocate-lora-ppo"],
 )
 def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     tiny_run_inputs, tmp_path, mode, sigterm_self
@@ -74,9 +80,14 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     assert steps == list(range(1, STEPS + 1))
     if "--colocate" in mode:
         assert _trained(part1, stopped) + _trained(rest, STEPS) == _trained(full, STEPS)
-        # and the same result: every step's loss as the uninterrupted run's (LoRA: adapter, optimizer, RNG)
+        # and the same result: every step's loss as the uninterrupted run's (LoRA: adapter, optimizer, RNG;
+        # PPO: the critic's weights and optimizer, saved beside the checkpoint the signal wrote)
         losses = [h["train/loss"] for h in part1.history + rest.history if "train/loss" in h]
         assert losses == pytest.approx([h["train/loss"] for h in full.history if "train/loss" in h], rel=1e-5)
+        if "gae" in mode:  # the critic's values too, step by step (a critic started afresh differs at once)
+            got = [h["critic/values_mean"] for h in part1.history + rest.history if "train/loss" in h]
+            want = [h["critic/values_mean"] for h in full.history if "train/loss" in h]
+            assert len(set(want)) == STEPS and got == pytest.approx(want, rel=1e-5)
     else:  # the bus snapshot came back: batches generated before the stop were trained, not regenerated
         assert second.async_run.resumed_from_bus
         resume = json.loads((Path(first.interrupted_at) / "bus_resume.json").read_text())

@@ -88,6 +88,24 @@ def test_kl_in_the_reward_and_a_teacher(installed):
     assert kwargs["evaluator"] is p.evaluator is not None  # relax-rollout's, through its entry point
 
 
+def test_ppo_values_samples_before_advantages_are_computed(installed):
+    """--advantage-estimator gae (#39): the Critic takes scored groups, Advantages waits for its values; with
+    the KL in the reward both wait for Reference. It loads its own model (--critic-checkpoint, else the
+    policy's) and restores its own state on a restart."""
+    p = plan("--advantage-estimator", "gae", "--critic-checkpoint", "c")
+    assert p.loops == ["critic", "advantages"]
+    c = consumers(p)
+    assert c["critic"] == (["tokens", "reward"], "group", False)
+    assert c["advantages"] == (["reward", "values"], "group", False)
+    assert p.outputs == {"critic": ["values", "values_version"], "advantages": ["advantages", "returns"]}
+    inputs = SimpleNamespace(model_path="m", ref_model_path=None, prompt_path="d", eval_path=None)
+    assert p.model_path("critic", inputs) == "c"
+    assert p.roles["critic"].restart == (Restart.LEASES, Restart.STATE)
+    kl = plan("--advantage-estimator", "gae", "--kl-coef", "0.05", "--kl-in-reward", "--no-use-kl-loss")
+    assert kl.loops == ["reference", "critic", "advantages"]
+    assert consumers(kl)["critic"][0] == ["tokens", "reward", "ref_log_probs"]
+
+
 def test_restart_steps_are_declared_on_the_specs(installed):
     p = plan("--kl-coef", "0.05", "--global-batch-size", "64", "--fully-async")
     assert {n: s.restart for n, s in p.roles.items()} == {
@@ -101,10 +119,17 @@ def test_restart_steps_are_declared_on_the_specs(installed):
 
 def test_every_installed_role_answers_the_protocols_of_its_part(installed):
     reg = RoleRegistry.installed()
-    assert set(reg.classes) == {"rollout", "actor", "actor_fwd", "reference", "teacher", "advantages"}
-    cfg = build_config(
-        None, [*ARGS, "--kl-coef", "0.05", "--teacher-checkpoint", "t", "--global-batch-size", "64"]
-    )
+    assert set(reg.classes) == {
+        "rollout",
+        "actor",
+        "actor_fwd",
+        "reference",
+        "teacher",
+        "critic",
+        "advantages",
+    }
+    flags = ["--kl-coef", "0.05", "--teacher-checkpoint", "t", "--global-batch-size", "64"]
+    cfg = build_config(None, [*ARGS, *flags, "--advantage-estimator", "gae"])
     for name, cls in reg.classes.items():
         spec = cls.spec(cfg, name)
         assert spec is not None and missing_methods(cls, spec) == [], name
@@ -178,3 +203,24 @@ def test_the_registry_refuses_a_role_that_lacks_a_method_or_a_run_without_a_trai
         RolePlan.from_config(cfg, RoleRegistry({"r": _Rollout}))
     with pytest.raises(ValueError, match="add Restart.WEIGHTS"):
         RoleSpec("w", needs=("tokens",), receives_weights=True)
+
+
+def test_a_role_that_restores_its_state_must_load_it():
+    """A role whose spec says Restart.STATE answers StatefulRole: the plan refuses a class without
+    ``load_state`` before anything starts."""
+    from relax_core.role import Restart, RoleSpec, StatefulRole, missing_methods, protocols
+
+    spec = RoleSpec("critic", needs=("tokens",), restart=(Restart.STATE,))
+    assert StatefulRole in protocols(spec)
+
+    class NoLoad:
+        @classmethod
+        def spec(cls, cfg, name): ...
+
+        def heartbeat(self): ...
+        def get_spans(self): ...
+        def close(self): ...
+        def run(self): ...
+        def drain(self): ...
+
+    assert missing_methods(NoLoad, spec) == ["load_state"]

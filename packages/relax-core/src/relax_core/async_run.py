@@ -133,6 +133,7 @@ class AsyncRun:
         if load:
             meta = ray.get(self.trainer.load.remote(load))
             start = rollout_start = int(meta["version"])
+            ray.get([self.roles[n].load_state.remote(load) for n in self.stateful()])
             if from_snapshot:  # rollout goes on after the batches the snapshot holds
                 rollout_start = int(resume["next_step"])
                 ray.get(self.rollout.load_data_state.remote(resume["data"]))
@@ -151,6 +152,10 @@ class AsyncRun:
         self._start_loop(self.plan.trainer, start)
         self.start_step = start
         return start
+
+    def stateful(self) -> list[str]:
+        """The consumers that train a model of their own (the critic): they load their state on --load."""
+        return [n for n in self.plan.loops if Restart.STATE in self.plan.roles[n].restart]
 
     def _start_loop(self, name: str, start: int) -> None:
         """Start role ``name``'s loop, as its part runs one: the trainer's (its future is :attr:`done`)
@@ -317,6 +322,8 @@ class AsyncRun:
         start = 0
         if ckpt is not None:
             start = int(ray.get(new.load.remote(ckpt))["version"])
+        if Restart.STATE in steps:  # (its newest saved state: what it trained since is trained again)
+            ray.get(new.load_state.remote(None))
         if Restart.JOURNAL in steps:
             try:
                 start = ray.get(new.recover.remote())

@@ -157,7 +157,7 @@ def problem(directory: str | Path) -> str | None:
     return None
 
 
-def _other_run(step: Path, run_id: str | None) -> str | None:
+def other_run(step: Path, run_id: str | None) -> str | None:
     """Why ``step`` is not ``run_id``'s checkpoint (None: it is, or no run id was asked for)."""
     if run_id is None:
         return None
@@ -216,7 +216,7 @@ def latest_checkpoint(path: str | Path, run_id: str | None = None) -> str:
         return str(p)
     passed_over = []
     for step in sorted((d for d in p.glob("step_*") if d.is_dir()), reverse=True):
-        wrong = problem(step) or _other_run(step, run_id)
+        wrong = problem(step) or other_run(step, run_id)
         if wrong is None:
             for name, why in passed_over:
                 logger.warning("checkpoint %s is not whole (%s): resuming from %s instead", name, why, step)

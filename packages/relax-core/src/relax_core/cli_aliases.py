@@ -30,6 +30,11 @@ ALIASES: dict[str, str] = {
     "lora_r": "lora_rank",
     "target_modules": "lora_target_modules",
     "lora_rollout_sync_mode": "lora_sync_mode",
+    "lam": "lambd",
+    "cliprange_value": "value_clip",
+    "critic_ppo_epochs": "critic_epochs",
+    "critic_learning_rate": "critic_lr",
+    "critic_model_path": "critic_checkpoint",
 }
 """slime's (and veRL's, HF's, SGLang's) name -> ours. ``--kl-loss-coef``: the coefficient of the KL term
 added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: its estimator (values in
@@ -39,7 +44,10 @@ Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one 
 ``--model-path``: SGLang's and veRL's (``actor_rollout_ref.model.path``) name of the policy checkpoint.
 ``--use-tensorboard``: TensorBoard event files (on here by default). ``--lora-r``: TRL's (PEFT's) LoRA rank.
 ``--target-modules``: veRL's ``model.target_modules``. ``--lora-rollout-sync-mode``: slime's choice of
-sending adapters (``native_adapter``) or merged weights (``merged``)."""
+sending adapters (``native_adapter``) or merged weights (``merged``). ``--lam``: veRL's ``algorithm.lam`` (GAE's
+λ, our and OpenRLHF's --lambd). ``--cliprange-value``: veRL's ``critic.cliprange_value``. ``--critic-ppo-epochs``:
+veRL's ``critic.ppo_epochs``. ``--critic-learning-rate``: OpenRLHF's. ``--critic-model-path``: veRL's
+``critic.model.path``."""
 
 VALUES: dict[str, dict[Any, Any]] = {
     "kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"},

@@ -93,6 +93,17 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "lora_save_merged",
     ),
     "algorithm": (),  # (every algo field: the config section's own order)
+    "PPO with a critic (gae)": (
+        "critic_checkpoint",
+        "critic_lr",
+        "critic_warmup",
+        "critic_epochs",
+        "critic_global_batch_size",
+        "value_clip",
+        "value_loss_coef",
+        "gamma",
+        "lambd",
+    ),
     "asynchrony and staleness": (
         "mode",
         "max_staleness",

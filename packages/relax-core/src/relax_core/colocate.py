@@ -52,6 +52,7 @@ def run_colocate(
                 turn(None, step + 1)
                 if stop.requested:  # SIGTERM / SIGINT: finish this step, checkpoint, stop cleanly
                     interrupted = actor.save(shared.checkpoint_dir(cfg))
+                    r.save_states(interrupted)
                     print(f"[relax] stopped by signal after step {step}; resume with --load {interrupted}")
                     break
         rl_wall = time.perf_counter() - t_rl

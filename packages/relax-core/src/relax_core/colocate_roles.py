@@ -10,6 +10,7 @@ from typing import Any
 from relax_core import run as shared
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
+from relax_core.role import Restart
 from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.threads import ThreadGovernor
 
@@ -73,17 +74,32 @@ class ColocateRoles:
         self.rollout.set_weights(dict(named), version)
 
     def resume(self) -> int:
-        """``--load``: the trainer's checkpoint, and the same prompts from there on; the step to start at."""
+        """``--load``: the trainer's checkpoint (and the state saved beside it of the roles that train a model of
+        their own: the critic), and the same prompts from there on; the step to start at."""
         self.rollout.reset_journal()  # (the trainer's checkpoints read the data position there)
         if not self.cfg.train.load:
             return 0
-        meta = self.trainer.load(latest_checkpoint(self.cfg.train.load))
+        ckpt = latest_checkpoint(self.cfg.train.load)
+        meta = self.trainer.load(ckpt)
         version = int(meta["version"])
+        for helper in self._stateful():  # (the critic's state beside it)
+            helper.load_state(ckpt)
         if "data" in meta:
             self.rollout.load_data_state(meta["data"])
         self.rollout.seed_journal({}, version)
         self.bus.set_trainer_version(version)
         return version
+
+    def _stateful(self) -> list[Any]:
+        """The consumers that train a model of their own (the critic)."""
+        return [
+            h for n, h in zip(self.plan.loops, self.helpers) if Restart.STATE in self.plan.roles[n].restart
+        ]
+
+    def save_states(self, checkpoint: str) -> None:
+        """Their state beside the trainer's ``checkpoint`` (one written outside the save schedule)."""
+        for helper in self._stateful():
+            helper.save_state(checkpoint)
 
     def engine_turn(self) -> None:  # (the trainer's state waits in host memory)
         if self.offload:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from relax_core.config_checks import check
+from relax_core.config_critic import GAE, CriticConfig
 from relax_core.config_sections import (
     AlgoConfig,
     DataConfig,
@@ -31,6 +32,7 @@ class RelaxConfig(Section):
     train: TrainConfig = TrainConfig()
     algo: AlgoConfig = AlgoConfig()
     lora: LoraConfig = LoraConfig()
+    critic: CriticConfig = CriticConfig()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -39,6 +41,7 @@ class RelaxConfig(Section):
         if a.decoupled_ppo is None:  # the default: on where trained samples may come from older policies
             stale = self.run.mode == "fully_async" and self.run.max_staleness >= 1
             a.__dict__["decoupled_ppo"] = stale and a.use_actor_fwd
+        self.critic.check_used(a.advantage_estimator, bool(self.data.multimodal_keys))
         check(self)  # the rules across sections (relax_core.config_checks)
         return self
 
@@ -61,6 +64,21 @@ class RelaxConfig(Section):
         a = self.algo
         exact = a.exact_proximal_policy or self.run.mode == "colocate"
         return a.use_actor_fwd and exact and self.effective_global_batch_size >= self.samples_per_rollout
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the Critic role runs (PPO with a learned value model: --advantage-estimator gae)."""
+        return self.algo.advantage_estimator == GAE
+
+    @property
+    def critic_lr(self) -> float:
+        """The critic's learning rate: --critic-lr, else --lr."""
+        return self.critic.critic_lr or self.train.lr
+
+    @property
+    def critic_global_batch_size(self) -> int:
+        """Samples per critic optimizer step: --critic-global-batch-size, else the trainer's."""
+        return self.critic.critic_global_batch_size or self.effective_global_batch_size
 
     @property
     def is_demo(self) -> bool:

@@ -275,7 +275,8 @@ class TrainConfig(Section):
 class AlgoConfig(Section):
     advantage_estimator: str = "grpo"
     """Advantage estimator name in relax-train's registry (grpo, dr_grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline)."""
+    reinforce_plus_plus_baseline), or gae: PPO with a learned critic (the Critic role; its flags:
+    :class:`~relax_core.config_critic.CriticConfig`)."""
     normalize_advantages_std: bool = True
     """GRPO: divide group-centred rewards by the group's std (False = Dr.GRPO-style centring only)."""
     policy_loss: Literal["ppo", "gspo", "sapo", "cispo"] = "ppo"

@@ -49,6 +49,8 @@ def run_fully_async(
             bus.close()
             stats = ray.get(run.futures[run.plan.rollout])
             ray.get([run.futures[n] for n in loops])
+            if interrupted:  # (the critic's state beside the trainer's checkpoint)
+                ray.get([run.roles[n].save_state.remote(interrupted) for n in run.stateful()])
             if interrupted is None:
                 shared.final_eval(
                     cfg, run.inp, history, lambda a=actor: ray.get(a.eval_now.remote(cfg.train.num_rollout))

@@ -34,7 +34,7 @@ def architecture(path: str | Path) -> str:
     return archs[0]
 
 
-_LOAD_LOCK = threading.Lock()
+LOAD_LOCK = threading.Lock()
 """transformers' ``from_pretrained`` is not thread-safe: it swaps ``PreTrainedModel.tie_weights`` and
 torch's init functions for no-ops and puts them back on exit, so two loads interleaved in threads (engine
 servers in one process) can leave the no-ops in place for good — every later model of the process then
@@ -77,7 +77,7 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
             raise ValueError(
                 f"{path}: architecture {arch!r} is not in transformers {transformers.__version__}"
             )
-    with _LOAD_LOCK:
+    with LOAD_LOCK:
         model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype), **extra)
     return ensure_tied(model, str(path))
 

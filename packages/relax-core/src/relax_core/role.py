@@ -35,6 +35,9 @@ class Restart(StrEnum):
     """Give its unfinished samples back to the bus; those whose fields it had written count as done."""
     WEIGHTS = "weights"
     """Re-form the weight broadcast (the trainer sends its current weights; a receiver waits for them)."""
+    STATE = "state"
+    """Load the newest state it saved itself (a consumer that trains its own model: the Critic). The same
+    role also loads its state beside the trainer's checkpoint when a run resumes (``--load``)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class RoleSpec:
     receives_weights: bool = False
     """A DCS receiver: gets every policy version the trainer publishes."""
     model: str | None = None
-    """Which model it loads: ``policy``, ``reference`` or ``teacher`` (None: no model). A consumer with
+    """Which model it loads: ``policy``, ``reference``, ``teacher`` or ``critic`` (None: no model). A consumer with
     the policy computes with the trainer's own model in colocate mode; fully async with megatron, a role
     with a model reserves a replica of the trainer's GPUs (:func:`relax_core.placement.gpu_demand`)."""
     restart: tuple[Restart, ...] = ()
@@ -116,6 +119,19 @@ class WeightReceiver(Protocol):
 
     def weight_version(self) -> int:
         """The version held now (for the live status)."""
+
+
+class StatefulRole(Protocol):
+    """A consumer that trains a model of its own (the Critic): it saves its state beside the trainer's
+    checkpoints and loads it back (:attr:`Restart.STATE`)."""
+
+    def save_state(self, checkpoint: str) -> str:
+        """Save its state beside the trainer's checkpoint ``checkpoint`` (one the run wrote outside its own
+        schedule: a stop by signal); returns where."""
+
+    def load_state(self, checkpoint: str | None) -> int:
+        """Load the state saved with the trainer's checkpoint ``checkpoint`` (a resumed run), or, None, the
+        newest this run saved (a role restarted in place); returns the version loaded (0: none found)."""
 
 
 class RolloutRole(Role, WeightReceiver, Protocol):
@@ -181,12 +197,14 @@ def protocols(spec: RoleSpec) -> list[type]:
     ]
     if spec.receives_weights and spec.part == "consumer":
         out = [*out, WeightReceiver]
+    if Restart.STATE in spec.restart:
+        out = [*out, StatefulRole]
     return out
 
 
 def missing_methods(cls: type, spec: RoleSpec) -> list[str]:
     """The methods ``cls`` lacks for the protocols its spec implies (empty: it answers them all)."""
-    ours = {Role, ConsumerRole, WeightReceiver, RolloutRole, TrainerRole}
+    ours = {Role, ConsumerRole, WeightReceiver, StatefulRole, RolloutRole, TrainerRole}
     names = {
         n
         for p in protocols(spec)

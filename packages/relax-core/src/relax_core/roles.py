@@ -2,7 +2,7 @@
 
 The registry: the packages that hold roles register them as Python entry points, group ``relax.roles``
 (``rollout`` in relax-rollout's pyproject.toml; ``actor``, ``actor_fwd``, ``reference``, ``teacher``,
-``advantages`` in relax-train's), and the evaluator the trainer runs under ``relax.evaluators``
+``critic``, ``advantages`` in relax-train's), and the evaluator the trainer runs under ``relax.evaluators``
 (``greedy``, relax-rollout's). relax-core loads them with :mod:`importlib.metadata`, so it names no class
 of the packages above it (relax-core depends on neither) and adding a role is one class (with its
 :meth:`~relax_core.role.Role.spec`) plus one entry point line. A registry can also be passed in
@@ -194,6 +194,8 @@ class RolePlan:
             return inputs.ref_model_path or inputs.model_path
         if model == "teacher":
             return teacher_path
+        if model == "critic":  # its own checkpoint, else the policy's trunk with a new value head
+            return self.cfg.critic.critic_checkpoint or inputs.model_path
         return inputs.model_path if model == "policy" else None
 
     def arguments(

@@ -72,6 +72,15 @@ ADVANTAGES: Final = "advantages"
 """Advantages: one per response token."""
 SHAPED_REWARD: Final = "shaped_reward"
 """Advantages, with the KL in the reward: each sample's reward after the KL penalty (for the report)."""
+VALUES: Final = "values"
+"""Critic (PPO, --advantage-estimator gae): V(s_t) before each response token, float32, one per token."""
+VALUES_VERSION: Final = "values_version"
+"""Critic: its version when it computed the values (the batches it had trained on)."""
+RETURNS: Final = "returns"
+"""Advantages with GAE: the critic's targets, advantage + value per response token (0 off the model's)."""
+CRITIC_UPDATE: Final = "critic_update"
+"""Critic: the metrics of its last update before it computed these values (value loss, clip fraction,
+gradient norm; a dict of floats), so the trainer logs the critic's training, whichever process it runs in."""
 
 
 class RolloutSample(TypedDict, total=False):
@@ -120,7 +129,16 @@ class AdvantageFields(TypedDict, total=False):
     shaped_reward: float
 
 
-class TrainSample(RolloutSample, ForwardFields, AdvantageFields, total=False):
+class CriticFields(TypedDict, total=False):
+    """What the Critic adds, and the returns GAE derives from its values."""
+
+    values: np.ndarray
+    values_version: int
+    returns: np.ndarray
+    critic_update: dict[str, float]
+
+
+class TrainSample(RolloutSample, ForwardFields, AdvantageFields, CriticFields, total=False):
     """A sample as the trainer reads it: everything above."""
 
 
@@ -128,8 +146,9 @@ VERSION_OF: dict[str, str] = {
     LOG_PROBS: LOG_PROBS_VERSION,
     REF_LOG_PROBS: REF_LOG_PROBS_VERSION,
     TEACHER_LOG_PROBS: TEACHER_LOG_PROBS_VERSION,
+    VALUES: VALUES_VERSION,
 }
-"""A forward role's field -> the field saying which weight version computed it."""
+"""A field computed with a model -> the field saying which version of that model computed it."""
 
 FIELDS: frozenset[str] = frozenset(TrainSample.__annotations__)
 """Every field name of the schema (the architecture test checks the constants above name exactly these)."""

@@ -87,3 +87,53 @@ def test_observation_tokens_do_not_discount_or_break_the_recursion():
 def test_mismatched_lengths_say_so():
     with pytest.raises(ValueError, match="differ in length"):
         gae(np.zeros(3), np.zeros(2), np.ones(3))
+
+
+def verl_masked_whiten(values, mask):
+    """veRL's masked_whiten (shift_mean): mean and unbiased variance over the masked positions."""
+    n = mask.sum()
+    mean = (values * mask).sum() / n
+    var = (((values - mean) ** 2) * mask).sum() / n * n / (n - 1)
+    return (values - mean) / np.sqrt(var + 1e-8)
+
+
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single-turn", "multi-turn"])
+def test_gae_advantages_are_whitened_over_the_batch_model_tokens_as_verl(multi_turn):
+    """The trainer's batch step for gae (``finish_batch_advantages``) is veRL's masked whitening over the
+    response mask: environment tokens of multi-turn responses take no part (and get 0)."""
+    from relax_train.algorithms.advantages import finish_batch_advantages
+
+    rng = np.random.default_rng(7 + multi_turn)
+    lens, mask, rewards, values = _batch(rng, multi_turn)
+    adv, _ = verl_masked_gae(rewards, values, mask, 0.99, 0.95)
+    want = verl_masked_whiten(adv, mask)
+    rows = [adv[i, :n].astype(np.float32) for i, n in enumerate(lens)]
+    got = finish_batch_advantages("gae", rows, True, [mask[i, :n] for i, n in enumerate(lens)])
+    for i, n in enumerate(lens):
+        m = mask[i, :n].astype(bool)
+        np.testing.assert_allclose(got[i][m], want[i, :n][m], atol=1e-5, rtol=1e-5)
+        assert not got[i][~m].any()
+
+
+def test_gae_fields_put_the_reward_on_the_last_model_token_and_the_kl_on_each():
+    """The Advantages role's and the Critic's targets (``gae_fields``): with --kl-in-reward, token rewards
+    are −β·kl_t on the model's tokens and the outcome reward on the last of them (veRL's
+    token_level_rewards), then GAE; the Critic's returns are advantages + values."""
+    from relax_core.config import RelaxConfig
+    from relax_core.sample import LOSS_MASK, REF_LOG_PROBS, REWARD, ROLLOUT_LOG_PROBS
+    from relax_train.roles.advantages import gae_fields
+
+    cfg = RelaxConfig(
+        algo={"advantage_estimator": "gae", "kl_coef": 0.1, "kl_in_reward": True, "use_kl_loss": False},
+        critic={"gamma": 0.9, "lambd": 0.8},
+    )
+    mask = np.array([1, 1, 0, 1], np.float32)  # a multi-turn response: one observation token
+    lp, ref = np.array([-1.0, -2.0, 0.0, -1.0]), np.array([-1.5, -1.0, -3.0, -1.0])
+    values = [np.array([0.1, 0.2, 0.0, 0.3], np.float32)]
+    d = {REWARD: [1.0], LOSS_MASK: [mask], ROLLOUT_LOG_PROBS: [lp], REF_LOG_PROBS: [ref]}
+    adv, ret = gae_fields(cfg, d, values)
+    r = np.array([-0.1 * 0.5, -0.1 * -1.0, 0.0, 1.0])  # k1 = lp − ref on model tokens; reward on the last
+    want_adv, want_ret = gae(r, values[0], mask, 0.9, 0.8)
+    np.testing.assert_allclose(adv[0], want_adv, atol=1e-6)
+    np.testing.assert_allclose(ret[0], want_ret, atol=1e-6)
+    assert ret[0][2] == 0.0 and ret[0][3] == pytest.approx(1.0)  # the last token's return is its reward

@@ -89,6 +89,34 @@ def whiten_over_tokens(values: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return (values - mean) / np.sqrt(max(var, 1e-8))
 
 
+def whiten_tokens(
+    advantages: Sequence[np.ndarray], loss_masks: Sequence[np.ndarray] | None, normalize_std: bool = True
+) -> list[np.ndarray]:
+    """Per-token advantages (GAE's) whitened over the batch's model tokens (``loss_masks`` 1; every token
+    without masks): (A − mean) / sqrt(var + 1e-8), the unbiased variance, as veRL's ``masked_whiten`` after
+    GAE; ``normalize_std`` False only centres. The environment's tokens get 0 (they carry no action).
+
+    >>> [[round(float(x), 4) for x in a] for a in whiten_tokens([np.array([1.0, 3.0, 9.0])], [np.array([1, 1, 0])])]
+    [[-0.7071, 0.7071, 0.0]]
+    """
+    masks = [
+        (np.asarray(m)[: len(a)] > 0) if loss_masks is not None else np.ones(len(a), bool)
+        for a, m in zip(advantages, loss_masks if loss_masks is not None else [None] * len(advantages))
+    ]
+    flat = np.concatenate([np.asarray(a, np.float64)[m] for a, m in zip(advantages, masks)] or [np.zeros(0)])
+    if len(flat) == 0:
+        return [np.zeros(len(a), np.float32) for a in advantages]
+    mean = flat.mean()
+    scale = 1.0
+    if normalize_std:
+        var = flat.var(ddof=1) if len(flat) > 1 else 0.0
+        scale = 1.0 / np.sqrt(var + 1e-8)
+    return [
+        np.where(m, (np.asarray(a, np.float64) - mean) * scale, 0.0).astype(np.float32)
+        for a, m in zip(advantages, masks)
+    ]
+
+
 def _reinforce_plus_plus(rewards, groups, lens, normalize_std):
     """REINFORCE++: the return (here the outcome reward at every token) whitened over the global batch.
 
@@ -143,9 +171,10 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
 }
 
 
-BATCH_NORMALISED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+BATCH_NORMALISED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 """Estimators whose last step (whitening, or centring without ``normalize_std``) spans the whole trained
-batch, not a group: in fully-async mode the Advantages role sees whatever part of a batch is ready, so it
+batch, not a group (GAE's per-token whitening too: it is not in :data:`ADVANTAGE_ESTIMATORS`, the Advantages
+role computes GAE from the Critic's values): in fully-async mode the Advantages role sees whatever part of a batch is ready, so it
 leaves that step out (``batch_step=False``) and the trainer applies it to the batch it trains on
 (:func:`finish_batch_advantages`)."""
 
@@ -206,6 +235,8 @@ def finish_batch_advantages(
     """
     if name not in BATCH_NORMALISED:
         raise ValueError(f"{name!r} has no batch-wide step (those that have: {BATCH_NORMALISED})")
+    if name == "gae":  # per-token advantages (the Advantages role's GAE): whitened token by token
+        return whiten_tokens(advantages, loss_masks, normalize_std)
     lens = np.asarray([len(a) for a in advantages], dtype=np.int64)
     weights = model_tokens(lens, loss_masks)
     values = np.asarray([float(a[0]) if len(a) else 0.0 for a in advantages], dtype=np.float64)

@@ -46,3 +46,37 @@ def gae(
         next_value = v[t]
     returns = np.where(m, adv + v, 0.0)
     return adv.astype(np.float32), returns.astype(np.float32)
+
+
+def token_rewards(
+    reward: float, mask: np.ndarray, kl: np.ndarray | None = None, beta: float = 0.0
+) -> np.ndarray:
+    """One response's per-token rewards for GAE: the outcome ``reward`` on its last model token (``mask``
+    1), minus ``beta`` · ``kl`` on each model token when the KL is in the reward (InstructGPT Eq. 2; veRL's
+    token_level_rewards = scores − β·kl). The environment's tokens get 0.
+
+    >>> token_rewards(1.0, np.array([1, 1, 0]), np.array([0.1, 0.2, 0.3]), 0.5).round(3).tolist()
+    [-0.05, 0.9, 0.0]
+    """
+    m = np.asarray(mask) > 0
+    out = np.zeros(len(m), dtype=np.float64)
+    if kl is not None and beta:
+        out -= beta * np.where(m, np.asarray(kl, dtype=np.float64)[: len(m)], 0.0)
+    model = np.flatnonzero(m)
+    if len(model):
+        out[model[-1]] += float(reward)
+    return out
+
+
+def gae_batch(
+    rewards: list[np.ndarray],
+    values: list[np.ndarray],
+    masks: list[np.ndarray],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """:func:`gae` of every response of a batch: (advantages, returns), one array per response. Not
+    whitened: the trainer whitens the advantages over the batch it trains on (its model tokens), as veRL's
+    masked_whiten does after GAE."""
+    out = [gae(r, v, m, gamma, lam) for r, v, m in zip(rewards, values, masks)]
+    return [a for a, _ in out], [r for _, r in out]

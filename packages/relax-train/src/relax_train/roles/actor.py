@@ -194,7 +194,10 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
             with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
                 prox = self._exact_prox(d)
-                metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+                if step < self.cfg.critic.critic_warmup and self.cfg.uses_critic:
+                    metrics = self._critic_warmup()
+                else:
+                    metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
             metrics.update(prox)
         self.trained_ids.extend(batch.ids)
         self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
@@ -243,6 +246,12 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         if saved is not None:
             self.save_bus(saved)
         return metrics
+
+    def _critic_warmup(self) -> dict[str, float]:
+        """A step of --critic-warmup: the critic trains on the batch (it did when valuing it), the policy
+        does not; its version still counts the step, so versions stay rollout steps for staleness."""
+        self.backend.version += 1
+        return {"train/critic_warmup": 1.0}
 
     def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
         for step in range(start_step, num_steps):

@@ -114,8 +114,38 @@ def step_metrics(
         if lag:
             metrics["rollout/group_to_train_s_mean"] = float(np.mean(lag))
             metrics["rollout/group_to_train_s_max"] = float(np.max(lag))
+    if sample.VALUES in d and sample.RETURNS in d:
+        metrics.update(critic_metrics(d, step))
     if sample.LOG_PROBS in d:
         diff = logp_absdiff(d[sample.LOG_PROBS], d[sample.ROLLOUT_LOG_PROBS], d.get(sample.LOSS_MASK))
         if diff is not None:
             metrics["train/rollout_vs_fwd_logp_absdiff"] = diff
     return metrics
+
+
+def critic_metrics(d: dict[str, Any], step: int) -> dict[str, float]:
+    """``critic/*`` of a batch trained with GAE: the fit of the values its advantages came from (explained
+    variance, over the model's tokens), their means and the raw (not yet whitened) advantages', how many
+    versions the values lag the trainer's step, and the Critic's last update before it valued these samples
+    (``critic_update``: value loss, clip fraction, gradient norm; averaged over the batch)."""
+    from relax_train.algorithms.value_loss import explained_variance
+
+    masks = [np.asarray(m)[: len(v)] > 0 for m, v in zip(d[sample.LOSS_MASK], d[sample.VALUES])]
+    values = np.concatenate([np.asarray(v, np.float64)[m] for v, m in zip(d[sample.VALUES], masks)] or [[]])
+    returns = np.concatenate([np.asarray(r, np.float64)[m] for r, m in zip(d[sample.RETURNS], masks)] or [[]])
+    out = {
+        "critic/explained_variance": explained_variance(
+            d[sample.VALUES], d[sample.RETURNS], d[sample.LOSS_MASK]
+        ),
+        "critic/values_mean": float(values.mean()) if values.size else 0.0,
+        "critic/returns_mean": float(returns.mean()) if returns.size else 0.0,
+        "critic/advantages_mean": float((returns - values).mean()) if values.size else 0.0,
+    }
+    versions = [int(v) for v in d.get(sample.VALUES_VERSION, ())]
+    if versions:
+        out["critic/values_lag_max"] = float(max(step - v for v in versions))
+    updates = [u for u in d.get(sample.CRITIC_UPDATE, ()) if u]
+    for key in sorted({k for u in updates for k in u}):
+        got = [float(u[key]) for u in updates if key in u]
+        out[key] = float(np.mean(got))
+    return out

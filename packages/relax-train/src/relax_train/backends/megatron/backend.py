@@ -65,9 +65,9 @@ from relax_train.backends.megatron.forward import MegatronForward
 from relax_train.backends.megatron.norms import use_sequence_parallel_norms
 from relax_train.backends.megatron.shims import _host_tensors_stay
 from relax_train.backends.megatron.startup import (
-    _load_hf_state,
     _rope_theta,
     init_parallel,
+    load_hf_state,
     transformer_config,
 )
 from relax_train.backends.megatron.training import MegatronTraining
@@ -88,7 +88,16 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
     """Called just before the optimizer writes the weights (the trainer's fence for a weight broadcast)."""
     _host: HostOffload | None = None
 
-    def __init__(self, config: RelaxConfig, model_path: str, trainable: bool = True) -> None:
+    def __init__(
+        self,
+        config: RelaxConfig,
+        model_path: str,
+        trainable: bool = True,
+        hf_state: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """``hf_state``: the HF-named weights to start from instead of ``model_path``'s safetensors (the
+        megatron critic's trunk, :mod:`~relax_train.backends.megatron.value`); its config stays
+        ``model_path``'s."""
         from megatron.core import parallel_state as ps
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -142,7 +151,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
         if self.device is not None:
             self.model.cuda()
         self._layer_offset = self._offset()
-        hf_state = _load_hf_state(model_path)
+        hf_state = load_hf_state(model_path) if hf_state is None else dict(hf_state)
         if self.layout.tie_word_embeddings:  # as transformers loads it: the embedding is the output layer
             hf_state.pop("lm_head.weight", None)
         self.load_weights(hf_state, version=0)

@@ -80,18 +80,7 @@ class MegatronForward:
             dev = self.device or torch.device("cpu")
             if self.cp > 1:
                 return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev, real)
-            if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
-                ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
-            width = ids.shape[1]
-            pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
-            causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
-            cols = self._sp_shard(torch.arange(width))
-            replay = self._replay(samples, idx, width, cols) if real else contextlib.nullcontext()
-            with self._autocast(), replay:
-                if self.front is not None:
-                    out = self._mm_forward(model, samples, idx, ids, None, causal, dev)
-                else:
-                    out = model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal)
+            out, ids = self.forward_rows(model, samples, idx, ids, dev, real)
 
             def loss_func(output):
                 logp, valid, _, ent = self.scorer.response_logp(
@@ -103,6 +92,31 @@ class MegatronForward:
             return out, loss_func
 
         return step
+
+    def forward_rows(
+        self,
+        model,
+        samples: dict[str, list],
+        idx: list[int],
+        ids: torch.Tensor,
+        dev: torch.device,
+        real: bool,
+    ) -> tuple[Any, torch.Tensor]:
+        """Right-padded rows ``ids`` of samples ``idx`` through the model, causal, without context parallelism
+        (media inputs and routing replay included): the model's output and the rows as fed (padded to a
+        multiple of TP under sequence parallelism). Also the megatron critic's forward
+        (:mod:`~relax_train.backends.megatron.value`)."""
+        if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
+            ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
+        width = ids.shape[1]
+        pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
+        causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
+        cols = self._sp_shard(torch.arange(width))
+        replay = self._replay(samples, idx, width, cols) if real else contextlib.nullcontext()
+        with self._autocast(), replay:
+            if self.front is not None:
+                return self._mm_forward(model, samples, idx, ids, None, causal, dev), ids
+            return model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal), ids
 
     def _pad_to(self, ids: torch.Tensor, width: int) -> torch.Tensor:
         padded = torch.full((ids.shape[0], width), self.pad_token_id, dtype=ids.dtype)
@@ -205,7 +219,7 @@ class MegatronForward:
         mine = [(m, True) for m in micro[rank::dp]]
         return mine + [(micro[0], False)] * (-(-len(micro) // dp) - len(mine))
 
-    def _schedule(self, step, micro: list[list[int]], forward_only: bool) -> None:
+    def schedule(self, step, micro: list[list[int]], forward_only: bool) -> None:
         """Megatron's forward-backward schedule over this replica's share of ``micro``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -238,7 +252,7 @@ class MegatronForward:
                 out[i] = logp[k, :r].float().cpu().numpy().astype(np.float32)
             return logp.sum() * 0.0
 
-        self._schedule(self._step_fn(samples, False, keep), micro, forward_only=True)
+        self.schedule(self._step_fn(samples, False, keep), micro, forward_only=True)
         self.model.train(was_training)
         if ps.get_data_parallel_world_size() > 1:  # each replica computed its micro-batches
             parts: list[Any] = [None] * ps.get_data_parallel_world_size()

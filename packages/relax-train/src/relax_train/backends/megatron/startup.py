@@ -159,7 +159,7 @@ def _rope_theta(text: Any) -> float:
     return float(theta or getattr(text, "rope_theta", None) or 1_000_000.0)
 
 
-def _load_hf_state(model_path: str) -> dict[str, torch.Tensor]:
+def load_hf_state(model_path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = sorted(Path(model_path).glob("*.safetensors"))

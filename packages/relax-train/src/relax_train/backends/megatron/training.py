@@ -110,7 +110,7 @@ class MegatronTraining:
             total[0] += float(value.detach())
             return value
 
-        self._schedule(self._step_fn(samples, acc.with_entropy, loss), micro, forward_only=False)
+        self.schedule(self._step_fn(samples, acc.with_entropy, loss), micro, forward_only=False)
         return total[0]
 
     def _fill_missing_grads(self) -> None:
@@ -130,7 +130,7 @@ class MegatronTraining:
             if anywhere and p.grad is None:
                 p.grad = torch.zeros_like(p)
 
-    def _clip_and_step(self) -> float:
+    def clip_and_step(self) -> float:
         """Megatron's gradient finalisation, then clip by the whole model's norm and step: QK-norm (and
         sequence-parallel norm) gradients are partial per TP rank and summed over TP; gradients are summed
         over the data-parallel replicas (each back-propagated its share of the batch: the expert-data-parallel
@@ -210,7 +210,7 @@ class MegatronTraining:
             self.optimizer,
             self.loss,
             forward_backward=self._forward_backward,
-            clip_and_step=self._clip_and_step,
+            clip_and_step=self.clip_and_step,
             replay_metrics=self._replay_metrics,
             stepped=self._stepped,
             metrics=self._step_metrics,

@@ -51,7 +51,7 @@ class MegatronWeights:
 
         return int(get_transformer_layer_offset(self.mcfg)) if self.pp > 1 else 0
 
-    def _to_local(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def to_local(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Converter (TE-spec, global-layer) names -> this stage's module names."""
         n_local = len(self.model.decoder.layers)
         out: dict[str, torch.Tensor] = {}
@@ -71,7 +71,7 @@ class MegatronWeights:
             out[name] = value
         return out
 
-    def _to_global(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def to_global(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, value in state.items():
             if name.endswith("._extra_state"):
@@ -107,7 +107,7 @@ class MegatronWeights:
             tp_size=self.tp,
             ep_size=self.ep,
         )
-        local = {**self._to_local(mine), **towers}
+        local = {**self.to_local(mine), **towers}
         if self.layout.tie_word_embeddings and self.post and not self.pre:  # the last stage's copy
             local["output_layer.weight"] = mine["embedding.word_embeddings.weight"]
         params = dict(self.model.named_parameters())
@@ -146,7 +146,7 @@ class MegatronWeights:
         pp_group = ps.get_pipeline_model_parallel_group() if self.pp > 1 else None
         # the ranks whose shards reach rank 0: stage by stage, the members of rank 0's pipeline
         keep = dist.get_rank() == 0 if pp_group is None else 0 in dist.get_process_group_ranks(pp_group)
-        state = self._to_global({n: p.detach() for n, p in self.model.named_parameters()})
+        state = self.to_global({n: p.detach() for n, p in self.model.named_parameters()})
         if self.layout.tie_word_embeddings:  # (under PP the last stage's copy of the first stage's embedding)
             state.pop("output_layer.weight", None)
         # keys: ("tower", HF name) for a media encoder's weight (replicated: not converted), (tp rank, ep

@@ -21,6 +21,8 @@ Shapes:
     uv run python benchmarks/peers.py --shapes long,large --steps 30 --repeats 1
     uv run python benchmarks/peers.py --runners colocate,colocate_lora,async,async_lora,stream,stream_lora \
         --out benchmarks/results/peers_lora.json                       # LoRA against full fine-tuning
+    uv run python benchmarks/peers.py --runners colocate,colocate_ppo,async,async_ppo \
+        --out benchmarks/results/peers_ppo.json                        # PPO (a critic) against GRPO
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ LORA = {"lora_rank": 8, "lr": 1e-3}
 5x full fine-tuning's (the demo's LoRA default: relax_app.demo.defaults.DEMO_LORA_LR)."""
 for _name in ("colocate", "async", "stream"):
     RUNNERS[f"{_name}_lora"] = {**RUNNERS[_name], **LORA}
+PPO = {"advantage_estimator": "gae"}
+"""PPO with a learned critic (#39): the Critic role at its defaults (γ = λ = 1, --critic-lr = --lr, one pass,
+value clip 0.5), everything else as the GRPO runner of the same mode."""
+for _name in ("colocate", "async"):
+    RUNNERS[f"{_name}_ppo"] = {**RUNNERS[_name], **PPO}
+TWINS = {"_lora": "full fine-tuning", "_ppo": "GRPO"}
+"""A runner's suffix -> what its twin (the runner without it) is: the accuracy gain is reported against it."""
 DEFAULT_RUNNERS = ("trl", "trl_eager", "trl_one_pass", "colocate", "async", "stream")
 """What a plain ``peers.py`` runs; the LoRA runners by name: ``--runners colocate,colocate_lora,...``."""
 SHAPES = {
@@ -113,11 +122,13 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
     }
 
 
-def _gain_vs_full(runs: dict, shape: str, runner: str) -> str:
-    """A LoRA runner's held-out accuracy gain (final − first evaluation) over its full fine-tuning twin's,
-    seed by seed (the same seed: the same warm start), as the median ratio with its range."""
-    full = runs.get(f"{shape}/{runner.removesuffix('_lora')}")
-    if not runner.endswith("_lora") or not full:
+def _gain_vs_twin(runs: dict, shape: str, runner: str) -> str:
+    """A LoRA (PPO) runner's held-out accuracy gain (final − first evaluation) over its full fine-tuning
+    (GRPO) twin's (:data:`TWINS`), seed by seed (the same seed: the same warm start), as the median ratio
+    with its range."""
+    suffix = next((s for s in TWINS if runner.endswith(s)), None)
+    full = runs.get(f"{shape}/{runner.removesuffix(suffix)}") if suffix else None
+    if not full:
         return "—"
     ratios = [
         (a["accuracy"] - a["accuracy_before"]) / (b["accuracy"] - b["accuracy_before"])
@@ -125,7 +136,7 @@ def _gain_vs_full(runs: dict, shape: str, runner: str) -> str:
         if b["accuracy"] > b["accuracy_before"]
     ]
     if not ratios:
-        return "— (full FT did not gain)"
+        return f"— ({TWINS[suffix]} did not gain)"
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 
@@ -171,7 +182,7 @@ def main() -> None:
                 )
     print(f"\n{results['cpu']}, {results['cores']} cores; median (min–max) of {args.repeats} seeds")
     print(
-        "| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) | gain vs full FT | bytes/sync |"
+        "| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) | gain vs twin | bytes/sync |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes.split(","):
@@ -186,7 +197,7 @@ def main() -> None:
             print(
                 f"| {shape} | {runner} | {statistics.median(sps):.0f} ({min(sps):.0f}–{max(sps):.0f}) | "
                 f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f}) | {ratio} | "
-                f"{_gain_vs_full(results['runs'], shape, runner)} | "
+                f"{_gain_vs_twin(results['runs'], shape, runner)} | "
                 f"{f'{statistics.median(synced):,.0f}' if synced else '—'} |"
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -176,14 +176,18 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
 
 
 @pytest.mark.integration
-def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inputs, tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inputs, tmp_path, backend):
     """--advantage-estimator gae (#39): the Critic values each batch and fits it (two passes here), the
     Advantages role runs GAE on its values, the trainer whitens and trains. In the warm-up step only the
-    critic trains: the policy's weights stay as they were (the checksums), the version still counts."""
+    critic trains: the policy's weights stay as they were (the checksums), the version still counts. With
+    megatron (gloo, one rank) the critic is megatron's trunk with a scalar head."""
     argv = run_flags(
         tiny_run_inputs,
         tmp_path / "out",
         "--colocate",
+        "--train-backend",
+        backend,
         num_rollout=3,
         advantage_estimator="gae",
         critic_warmup=1,

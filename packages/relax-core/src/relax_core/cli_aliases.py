@@ -35,6 +35,7 @@ ALIASES: dict[str, str] = {
     "critic_ppo_epochs": "critic_epochs",
     "critic_learning_rate": "critic_lr",
     "critic_model_path": "critic_checkpoint",
+    "critic_pretrain": "critic_checkpoint",
 }
 """slime's (and veRL's, HF's, SGLang's) name -> ours. ``--kl-loss-coef``: the coefficient of the KL term
 added to the loss, ours with --use-kl-loss (the default). ``--kl-loss-type``: its estimator (values in
@@ -47,7 +48,7 @@ Megatron one). ``--eval-prompt-data NAME PATH``: the held-out prompts (here one 
 sending adapters (``native_adapter``) or merged weights (``merged``). ``--lam``: veRL's ``algorithm.lam`` (GAE's
 λ, our and OpenRLHF's --lambd). ``--cliprange-value``: veRL's ``critic.cliprange_value``. ``--critic-ppo-epochs``:
 veRL's ``critic.ppo_epochs``. ``--critic-learning-rate``: OpenRLHF's. ``--critic-model-path``: veRL's
-``critic.model.path``."""
+``critic.model.path``; ``--critic-pretrain``: OpenRLHF's."""
 
 VALUES: dict[str, dict[Any, Any]] = {
     "kl_loss_type": {"low_var_kl": "k3", "kl": "k1", "mse": "k2"},

@@ -177,6 +177,9 @@ def bar_update(bar, metrics: dict[str, Any]) -> None:
     if bar is None:
         return
     post = {"reward": f"{metrics['rollout/reward_mean']:.3f}"}
+    if "critic/value_loss" in metrics:  # (PPO: the critic's fit, --advantage-estimator gae)
+        post["value_loss"] = f"{metrics['critic/value_loss']:.3f}"
+        post["ev"] = f"{metrics['critic/explained_variance']:.2f}"
     if "eval/accuracy" in metrics:
         post["eval"] = f"{metrics['eval/accuracy']:.3f}"
     bar.set_postfix(post)

@@ -82,21 +82,26 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def build_backend(name: str, before_update: Callable[[], None] | None = None, **kwargs: Any) -> TrainBackend:
-    """The ``name`` backend built with ``kwargs``; ``before_update``: its :attr:`TrainBackend.before_update`
-    (the trainer's fence), handed over here so that no role sets it on a backend afterwards."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown --train-backend {name!r}; available: {sorted(BACKENDS)}")
-    module, _, attr = BACKENDS[name].partition(":")
+def registered(registry: dict[str, str], name: str, what: str) -> Callable[..., Any]:
+    """The class (or factory) ``registry`` names for ``name``, its module imported only now; ``what``: the
+    registry's name in errors (the flag that chose it)."""
+    if name not in registry:
+        raise ValueError(f"unknown {what} {name!r}; available: {sorted(registry)}")
+    module, _, attr = registry[name].partition(":")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(module), attr)
     except ModuleNotFoundError as e:
         if name == "megatron" and (e.name or "").startswith("megatron"):
             raise ImportError(
-                "--train-backend megatron needs megatron-core: pip install 'relax-train[megatron]'"
+                f"{what} megatron needs megatron-core: pip install 'relax-train[megatron]'"
             ) from e
         raise
-    backend = cls(**kwargs)
+
+
+def build_backend(name: str, before_update: Callable[[], None] | None = None, **kwargs: Any) -> TrainBackend:
+    """The ``name`` backend built with ``kwargs``; ``before_update``: its :attr:`TrainBackend.before_update`
+    (the trainer's fence), handed over here so that no role sets it on a backend afterwards."""
+    backend = registered(BACKENDS, name, "--train-backend")(**kwargs)
     if before_update is not None:
         backend.before_update = before_update
     return backend

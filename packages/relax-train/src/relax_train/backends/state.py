@@ -52,3 +52,27 @@ def restore_trainer_state(
     random.setstate(state["py_rng"])
     np.random.set_state(state["np_rng"])
     return json.loads((path / "meta.json").read_text())
+
+
+class HostTurns:
+    """``offload`` / ``onload`` of a backend's model and optimizer (colocate ``--offload``: the rollout
+    engine uses the devices in between), for a backend with ``model`` and ``optimizer`` attributes; mixed
+    into the torch policy and value backends."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    _host: Any = None
+    """Its :class:`~relax_core.offload.HostOffload` once it offloaded (``@onloaded`` reads it)."""
+
+    def offload(self) -> int:
+        """Move weights, gradients and optimizer state to host memory, freeing the device (the tensor objects
+        stay; :meth:`onload` refills them). Returns bytes freed."""
+        from relax_core.offload import HostOffload
+
+        if self._host is None:
+            self._host = HostOffload(type(self).__name__)
+        return self._host.offload(device_tensors(self.model, self.optimizer))
+
+    def onload(self) -> int:
+        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
+        return self._host.onload() if self._host is not None else 0

@@ -25,13 +25,13 @@ import torch
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
-from relax_core.offload import HostOffload, onloaded
+from relax_core.offload import onloaded
 from relax_train.backends import lora
 from relax_train.backends.logprobs import TokenScorer, pad_rows
 from relax_train.backends.loss import PolicyLoss, StepStats
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
 from relax_train.backends.replay import ReplayCounts, routing_replay
-from relax_train.backends.state import device_tensors, restore_trainer_state, trainer_state
+from relax_train.backends.state import HostTurns, restore_trainer_state, trainer_state
 from relax_train.backends.step import FROZEN, StepRunner, build_adamw, set_trainable, update_if_finite
 from relax_train.backends.streamed import StreamedStep
 
@@ -55,7 +55,7 @@ def _has_dropout(model: Any) -> bool:
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
-class TorchBackend:
+class TorchBackend(HostTurns):
     """An HF model on this process: the whole :class:`~relax_train.backends.TrainBackend`, streamed steps
     included."""
 
@@ -192,20 +192,6 @@ class TorchBackend:
         gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad))
         update_if_finite(self.optimizer, gn, self.before_update)
         return gn
-
-    # -- device memory (colocate: the rollout engine uses the devices in between) ---------------
-    _host: HostOffload | None = None
-
-    def offload(self) -> int:
-        """Move weights, gradients and optimizer state to host memory, freeing the device for the
-        rollout engine (the tensor objects stay; :meth:`onload` refills them). Returns bytes freed."""
-        if self._host is None:
-            self._host = HostOffload(type(self).__name__)
-        return self._host.offload(device_tensors(self.model, self.optimizer))
-
-    def onload(self) -> int:
-        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
-        return self._host.onload() if self._host is not None else 0
 
     # -- weights and checkpoints ---------------------------------------------------------------
     @onloaded

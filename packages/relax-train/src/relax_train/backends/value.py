@@ -16,7 +16,6 @@ hidden state of the position before it (prompt_len + t − 1): the state the tok
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from pathlib import Path
@@ -27,11 +26,11 @@ import torch
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
-from relax_core.offload import HostOffload, onloaded
+from relax_core.offload import onloaded
 from relax_train.algorithms.value_loss import clipped_value_loss
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
-from relax_train.backends.state import device_tensors
+from relax_train.backends.state import HostTurns
 from relax_train.backends.step import build_adamw, update_if_finite
 
 CRITIC_DIR = "critic"
@@ -82,20 +81,9 @@ VALUE_BACKENDS: dict[str, str] = {
 
 def build_value_backend(name: str, **kwargs: Any) -> ValueBackend:
     """The ``name`` value backend built with ``kwargs`` (its module imported only now)."""
-    if name not in VALUE_BACKENDS:
-        raise ValueError(
-            f"unknown value backend {name!r} (--train-backend); available: {sorted(VALUE_BACKENDS)}"
-        )
-    module, _, attr = VALUE_BACKENDS[name].partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as e:
-        if name == "megatron" and (e.name or "").startswith("megatron"):
-            raise ImportError(
-                "the megatron value backend needs megatron-core: pip install 'relax-train[megatron]'"
-            ) from e
-        raise
-    return cls(**kwargs)
+    from relax_train.backends.base import registered
+
+    return registered(VALUE_BACKENDS, name, "value backend (--train-backend)")(**kwargs)
 
 
 def _text_config(path: Path) -> dict[str, Any]:
@@ -187,7 +175,7 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-class TorchValueBackend:
+class TorchValueBackend(HostTurns):
     """An HF value model (trunk + scalar head) with its AdamW on this process: the whole
     :class:`ValueBackend`."""
 
@@ -283,20 +271,6 @@ class TorchValueBackend:
             "optimizer_steps": float(len(losses)),
             "nonfinite_updates_skipped": float(skipped),
         }
-
-    # -- device memory (colocate: the rollout engine uses the devices in between) ---------------
-    _host: HostOffload | None = None
-
-    def offload(self) -> int:
-        """Move weights, gradients and optimizer state to host memory (the tensor objects stay;
-        :meth:`onload` refills them). Returns bytes freed."""
-        if self._host is None:
-            self._host = HostOffload(type(self).__name__)
-        return self._host.offload(device_tensors(self.model, self.optimizer))
-
-    def onload(self) -> int:
-        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
-        return self._host.onload() if self._host is not None else 0
 
     # -- checkpoints ---------------------------------------------------------------------------
     @onloaded

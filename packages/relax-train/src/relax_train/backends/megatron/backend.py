@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
 from relax_core.models import media_token_ids
-from relax_core.offload import HostOffload, onloaded
+from relax_core.offload import onloaded
 from relax_train.backends.logprobs import TokenScorer
 from relax_train.backends.loss import PolicyLoss
 from relax_train.backends.megatron import multimodal as mm
@@ -73,10 +73,10 @@ from relax_train.backends.megatron.startup import (
 from relax_train.backends.megatron.training import MegatronTraining
 from relax_train.backends.megatron.weights import MegatronWeights
 from relax_train.backends.replay import ReplayCounts
-from relax_train.backends.state import device_tensors, restore_trainer_state, trainer_state
+from relax_train.backends.state import HostTurns, restore_trainer_state, trainer_state
 
 
-class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
+class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTurns):
     """The :class:`~relax_train.backends.TrainBackend` protocol (``compute_log_probs``, ``train_step``,
     ``named_weights`` in HF names, ``load_weights``, checkpoints) over a megatron-core model on this rank."""
 
@@ -86,7 +86,6 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
     """A batch is trained whole (:meth:`~relax_train.backends.megatron.training.MegatronTraining.streamed_step`)."""
     before_update: Callable[[], None] | None = None
     """Called just before the optimizer writes the weights (the trainer's fence for a weight broadcast)."""
-    _host: HostOffload | None = None
 
     def __init__(
         self,
@@ -166,18 +165,6 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining):
         self.pad_token_id = getattr(text, "pad_token_id", None) or 0
         self.loss = PolicyLoss(config)
         self._set_trainable(trainable)
-
-    # -- device memory (colocate: the rollout engine uses the devices in between) -------------------
-    def offload(self) -> int:
-        """Move weights, gradients and optimizer state to host memory (the tensor objects stay; :meth:`onload`
-        refills them). Returns bytes freed."""
-        if self._host is None:
-            self._host = HostOffload(type(self).__name__)
-        return self._host.offload(device_tensors(self.model, self.optimizer))
-
-    def onload(self) -> int:
-        """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded). Returns bytes."""
-        return self._host.onload() if self._host is not None else 0
 
     # -- checkpoints --------------------------------------------------------------------------------
     def _optimizer_params(self) -> list[torch.nn.Parameter]:

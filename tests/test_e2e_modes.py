@@ -175,19 +175,13 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
     ), "no two roles ever worked at the same time"
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inputs, tmp_path, backend):
-    """--advantage-estimator gae (#39): the Critic values each batch and fits it (two passes here), the
-    Advantages role runs GAE on its values, the trainer whitens and trains. In the warm-up step only the
-    critic trains: the policy's weights stay as they were (the checksums), the version still counts. With
-    megatron (gloo, one rank) the critic is megatron's trunk with a scalar head."""
-    argv = run_flags(
-        tiny_run_inputs,
-        tmp_path / "out",
+def _ppo_flags(inputs, out: Path, *extra: str) -> list[str]:
+    """A 3-step colocate PPO run: one warm-up step, two critic passes per batch."""
+    return run_flags(
+        inputs,
+        out,
         "--colocate",
-        "--train-backend",
-        backend,
+        *extra,
         num_rollout=3,
         advantage_estimator="gae",
         critic_warmup=1,
@@ -196,17 +190,51 @@ def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inp
         verify_weight_sync=True,
         trace=False,
     )
-    result = Controller(build_config(None, argv), tiny_run_inputs).run()
-    steps = [h for h in result.history if "perf/train_s" in h]
+
+
+def _check_ppo_steps(steps: list[dict]) -> None:
+    """The warm-up step trains no policy; the others train it, each after two critic passes."""
     assert len(steps) == 3 and steps[0]["train/critic_warmup"] == 1 and "train/loss" not in steps[0]
-    weights = result.audit["trainer_weights"]
-    assert weights[0] == weights[1] != weights[2] != weights[3]  # the warm-up step did not move the policy
-    assert set(result.audit["consumed"]) == {"critic", "advantages", "actor"}
     for h in steps[1:]:
         assert math.isfinite(h["train/loss"]) and h["critic/optimizer_steps"] == 2
         assert h["critic/values_lag_max"] == 0  # colocate: valued by the critic of this very step
         assert math.isfinite(h["critic/value_loss"]) and -10 < h["critic/explained_variance"] <= 1
     assert steps[-1]["critic/version"] == 2  # (the update before it valued the last batch)
+
+
+@pytest.mark.integration
+def test_ppo_in_colocate_warms_the_critic_up_then_trains_the_policy(tiny_run_inputs, tmp_path):
+    """--advantage-estimator gae (#39): the Critic values each batch and fits it (two passes here), the
+    Advantages role runs GAE on its values, the trainer whitens and trains. In the warm-up step only the
+    critic trains: the policy's weights stay as they were (the checksums), the version still counts."""
+    argv = _ppo_flags(tiny_run_inputs, tmp_path / "out")
+    result = Controller(build_config(None, argv), tiny_run_inputs).run()
+    _check_ppo_steps([h for h in result.history if "perf/train_s" in h])
+    weights = result.audit["trainer_weights"]
+    assert weights[0] == weights[1] != weights[2] != weights[3]  # the warm-up step did not move the policy
+    assert set(result.audit["consumed"]) == {"critic", "advantages", "actor"}
+
+
+@pytest.mark.integration
+def test_ppo_with_megatron_values_with_megatrons_trunk(tiny_run_inputs, tmp_path):
+    """The same run on --train-backend megatron (gloo, one rank): the critic is megatron's trunk with a
+    scalar head (its checkpoint says so). In a process of its own: a one-rank megatron run leaves this
+    process's torch.distributed group behind, which the rank-group tests after it must not find."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    argv = _ppo_flags(tiny_run_inputs, out, "--train-backend", "megatron", "--save", str(tmp_path / "ckpt"))
+    run = subprocess.run(
+        [sys.executable, "-m", "relax_app.cli", "train", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    _check_ppo_steps([r for r in rows if "perf/train_s" in r])
+    import torch
+
+    state = torch.load(tmp_path / "ckpt" / "critic" / "step_000003" / "optimizer.pt", weights_only=False)
+    assert state.get("backend") == "megatron"
 
 
 TP2 = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"]

@@ -172,11 +172,11 @@ class NetnsCluster:
             self.ray_start(node)
         self.wait_for_nodes(self.n)
 
-    def alive_nodes(self) -> int:
-        """How many nodes the head's GCS counts alive (asked from inside the head's namespace)."""
+    def alive_addresses(self) -> list[str]:
+        """The addresses of the nodes the head's GCS counts alive, sorted (asked by a driver on the head)."""
         code = (
             "import ray; ray.init(address='auto', logging_level='ERROR'); "
-            "print(sum(n['Alive'] for n in ray.nodes()))"
+            "print(','.join(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))"
         )
         out = subprocess.run(
             self.head.exec_argv([sys.executable, "-c", code]),
@@ -185,15 +185,13 @@ class NetnsCluster:
             timeout=120,
             env=self.env(),
         )
-        try:
-            return int(out.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return 0
+        lines = out.stdout.strip().splitlines()
+        return [a for a in lines[-1].split(",") if a] if out.returncode == 0 and lines else []
 
     def wait_for_nodes(self, n: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.alive_nodes() >= n:
+            if len(self.alive_addresses()) >= n:
                 return
             time.sleep(1.0)
         raise TimeoutError(f"the namespace cluster did not reach {n} alive nodes in {timeout_s:.0f} s")

@@ -1,7 +1,8 @@
 """The critic's loss and fit: PPO's clipped value loss and the explained variance of its values.
 
 Why here, torch-free at import: both value backends (torch and megatron) must fit the same objective, and the
-Critic role reports the fit of the values it wrote (numpy) without building a model.
+trainer reports the fit of the values its batch carries (numpy, :func:`relax_train.roles.metrics.critic_metrics`)
+without building a model.
 
 Source: Schulman et al. 2017 (PPO) as implemented by OpenAI baselines' ppo2 and veRL's
 ``compute_value_loss`` — their formula, not their code: the new value is clipped to ``old ± clip`` and the
@@ -11,7 +12,6 @@ one the advantages were computed with.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -50,19 +50,15 @@ def clipped_value_loss(
     return coef * (worst * m).sum() / total_tokens, (clipped * m).sum().detach()
 
 
-def explained_variance(
-    values: Sequence[np.ndarray], returns: Sequence[np.ndarray], masks: Sequence[np.ndarray]
-) -> float:
-    """1 − Var(R − V) / Var(R) over the model's tokens (``masks`` > 0) of a batch: 1 a perfect critic, 0
-    one no better than a constant, negative a harmful one; NaN when the returns do not vary.
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    """1 − Var(R − V) / Var(R) over a batch's model tokens (flat arrays, the environment's tokens left
+    out): 1 a perfect critic, 0 one no better than a constant, negative a harmful one; NaN when the returns
+    do not vary.
 
-    >>> explained_variance([np.array([1.0, 2.0])], [np.array([1.0, 3.0])], [np.array([1, 1])])
+    >>> explained_variance(np.array([1.0, 2.0]), np.array([1.0, 3.0]))
     0.75
     """
-    keep = [np.asarray(m)[: len(v)] > 0 for v, m in zip(values, masks)]
-    v = np.concatenate([np.asarray(x, np.float64)[k] for x, k in zip(values, keep)] or [np.zeros(0)])
-    r = np.concatenate([np.asarray(x, np.float64)[k] for x, k in zip(returns, keep)] or [np.zeros(0)])
-    var = float(np.var(r)) if len(r) else 0.0
+    var = float(np.var(returns)) if len(returns) else 0.0
     if var == 0.0:
         return float("nan")
-    return float(1.0 - np.var(r - v) / var)
+    return float(1.0 - np.var(returns - values) / var)

@@ -134,9 +134,7 @@ def critic_metrics(d: dict[str, Any], step: int) -> dict[str, float]:
     values = np.concatenate([np.asarray(v, np.float64)[m] for v, m in zip(d[sample.VALUES], masks)] or [[]])
     returns = np.concatenate([np.asarray(r, np.float64)[m] for r, m in zip(d[sample.RETURNS], masks)] or [[]])
     out = {
-        "critic/explained_variance": explained_variance(
-            d[sample.VALUES], d[sample.RETURNS], d[sample.LOSS_MASK]
-        ),
+        "critic/explained_variance": explained_variance(values, returns),
         "critic/values_mean": float(values.mean()) if values.size else 0.0,
         "critic/returns_mean": float(returns.mean()) if returns.size else 0.0,
         "critic/advantages_mean": float((returns - values).mean()) if values.size else 0.0,

@@ -157,6 +157,12 @@ def test_each_run_loop_reads_in_one_short_file():
 # -- private reads ----------------------------------------------------------------------------------------
 THIRD_PARTY_PRIVATE = {  # (module, the read as written): why there is no public way
     ("relax_core.dcs_transport", "opts._timeout"): "torch: ProcessGroupNCCL.Options has no public timeout",
+    ("relax_core.net", "dist.ProcessGroupGloo._Options"): (
+        "torch: the one way to give a standalone gloo group its device (the address it binds)"
+    ),
+    ("relax_core.net", "opts._timeout"): "torch: as above, its fields",
+    ("relax_core.net", "opts._devices"): "torch: as above",
+    ("relax_core.net", "opts._threads"): "torch: as above",
     ("relax_core.metrics", "Task._report_subprocess_enabled"): "ClearML reads it only from clearml.conf",
     ("relax_train.backends.megatron.tensors", "t._base"): "torch: the one way to tell a view from its base",
     ("relax_train.backends.megatron.multimodal", "omni.Qwen3OmniMoeVisionEncoder._from_config"): (

@@ -102,8 +102,9 @@ class RayBus:
     ) -> RayBus:
         """Start the controller and ``num_storage_units`` storage units (call ``ray.init`` first).
 
-        ``name`` makes the bus findable with :meth:`from_name`; ``actor_options`` go to the controller
-        (e.g. ``lifetime="detached"``). ``payload_owner="unit"`` (default): payloads are owned by a storage
+        ``name`` makes the bus findable with :meth:`from_name`; ``actor_options`` go to the controller,
+        ``lifetime`` and ``scheduling_strategy`` to the storage units too (e.g. ``lifetime="detached"``, or
+        a node affinity that keeps the whole bus on one node). ``payload_owner="unit"`` (default): payloads are owned by a storage
         unit and survive the producer's process; ``"producer"``: the producer owns them (one actor hop and
         one copy fewer per put, but a producer that dies takes its not-yet-evicted payloads with it).
         ``fast_local`` (default on): processes on the controller's node talk to it over a Unix socket and
@@ -114,8 +115,9 @@ class RayBus:
         if num_storage_units < 1:
             raise ValueError(f"num_storage_units must be >= 1 (got {num_storage_units})")
         unit_opts = {"num_cpus": 0, **({"namespace": namespace} if namespace else {})}
-        if "lifetime" in actor_options:
-            unit_opts["lifetime"] = actor_options["lifetime"]
+        for key in ("lifetime", "scheduling_strategy"):  # (the units live where the controller does)
+            if key in actor_options:
+                unit_opts[key] = actor_options[key]
         units = [_actor("unit").options(**unit_opts).remote() for _ in range(num_storage_units)]
         options = {"num_cpus": 0, **actor_options}
         if name is not None:

@@ -29,6 +29,7 @@ from typing import Any
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
+from relax_core.placement import NodePlacement
 from relax_core.resume import CheckpointDir
 from relax_core.role import Restart
 from relax_core.roles import RolePlan, RoleRegistry
@@ -60,20 +61,27 @@ class AsyncRun:
         self.start_step = 0
         self._engine_jobs: dict[str, tuple[Any, Event, float]] = {}
         """Engine restarts asked of the rollout role: id -> (pending ref or None once handled, event, t0)."""
+        self._nodes: NodePlacement | None = None
         self._recovering: dict[str, tuple[Event, float, Any]] = {}
         """Roles restarted in place and not yet serving: name -> (event, t0, the new actor's first heartbeat)."""
 
     # -- building ----------------------------------------------------------------------------------
-    def _build(self, name: str) -> Any:
-        """Role ``name``'s actor, on this process's node even in a cluster of several (RAY_ADDRESS): the
-        roles' weight group (DCS) and engine servers listen on loopback."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    @property
+    def nodes(self) -> NodePlacement:
+        """Where the actors go: the nodes --role-nodes names, else the driver's (made on first use, once
+        Ray is up)."""
+        if self._nodes is None:
+            self._nodes = NodePlacement(self.ray, self.cfg.run.role_nodes, list(self.plan.roles))
+        return self._nodes
 
+    def _build(self, name: str) -> Any:
+        """Role ``name``'s actor, on the node :attr:`nodes` gives it (the driver's unless --role-nodes names
+        another)."""
         teacher = teacher_path(self.cfg, self.inp) if self.cfg.uses_teacher else None
         args, kwargs = self.plan.arguments(name, self.bus, self.inp, self.threads, teacher)
-        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=False)
+        where = self.nodes.strategy(name)
         cls = self.ray.remote(self.plan.role_class(name))
-        return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=here).remote(*args, **kwargs)
+        return cls.options(num_cpus=0.1, max_concurrency=8, scheduling_strategy=where).remote(*args, **kwargs)
 
     @property
     def trainer(self) -> Any:
@@ -94,9 +102,12 @@ class AsyncRun:
             return False
 
     def connect_dcs(self, republish: bool) -> int:
-        from relax_core.dcs_transport import free_port
+        """(Re-)form the weight group: its rendezvous on the trainer's node, at the node's address (the
+        receivers may be on other nodes)."""
+        from relax_core.net import node_endpoint
 
-        init = f"tcp://127.0.0.1:{free_port()}"
+        host, port = self.ray.get(self.trainer.__ray_call__.remote(lambda _self: node_endpoint()))
+        init = f"tcp://{host}:{port}"
         receivers = self.plan.receivers
         out = self.ray.get(
             [self.trainer.connect_dcs.remote(init, 1 + len(receivers), republish)]
@@ -109,6 +120,8 @@ class AsyncRun:
 
     def start(self, load: str | None) -> int:
         """Create the bus and every role, load ``load`` (a checkpoint) if given, start the loops."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from relax_bus.ray_backend import RayBus
 
         ray, cfg = self.ray, self.cfg
@@ -121,7 +134,15 @@ class AsyncRun:
         resume = ckpt.bus_resume() if ckpt else None
         from_snapshot = resume is not None
         # the samples generated and not yet trained when the checkpoint was written come back as they were
-        self.bus = RayBus.restore(ckpt.bus) if from_snapshot else RayBus.create(self.plan.bus_config())
+        self.nodes.check()
+        here = NodeAffinitySchedulingStrategy(
+            self.nodes.driver_node, soft=False
+        )  # (the bus: see NodePlacement)
+        self.bus = (
+            RayBus.restore(ckpt.bus, scheduling_strategy=here)
+            if from_snapshot
+            else RayBus.create(self.plan.bus_config(), scheduling_strategy=here)
+        )
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
             for name, written in self.plan.outputs.items():
                 self.bus.reset_consumer(name, done_if_written=written)
@@ -249,6 +270,7 @@ class AsyncRun:
         if self.plan.roles[name].part == "rollout" and (why := crashed_in_reward(self.cfg.run.output_dir)):
             reason = f"{reason}; {why}"
         ev = self.policy.decide(name, reason, in_place_possible)
+        self.nodes.failed(name)  # (its node may be gone or cut off: its next actor goes elsewhere)
         print(
             f"[relax] health: {name} failed ({reason}); {ev.action.replace('_', ' ')} (attempt {ev.attempt})"
         )
@@ -384,6 +406,7 @@ class AsyncRun:
         from relax_core.checkpoints import latest_checkpoint
 
         self.teardown()
+        self.nodes.probe()  # (a node that died or was cut off since gets none of the new actors)
         ckpt = None
         if self.cfg.train.save:
             try:

@@ -110,6 +110,11 @@ def check(cfg: Sections) -> None:
             "--rollout-engines / --elastic-port need --fully-async: engine processes and the elastic API "
             "live on the Ray cluster"
         )
+    if cfg.run.role_nodes and cfg.run.mode != "fully_async":
+        raise ValueError(
+            "--role-nodes places fully-async roles on nodes; colocate runs every role in the driver's process "
+            "(a megatron trainer's ranks follow --actor-num-nodes): add --fully-async or drop --role-nodes"
+        )
     if (
         r.elastic_port is not None
         and r.elastic_host not in ("127.0.0.1", "localhost", "::1")

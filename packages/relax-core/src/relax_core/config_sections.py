@@ -498,6 +498,16 @@ class RunConfig(Section):
     """Evaluate held-out greedy accuracy every N steps (and before the first and after the last)."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs given to the local Ray cluster (default: all)."""
+    ray_address: str | None = None
+    """The running Ray cluster to join, ``HOST:PORT`` of its head (several nodes: `ray start --head` on one,
+    `ray start --address` on the others); default: the ``RAY_ADDRESS`` environment variable, else a local
+    cluster started for the run. Start the run on a node of that cluster (the head, as the Slurm and
+    KubeRay launchers in deploy/ do)."""
+    role_nodes: dict[str, str] = Field(default_factory=dict)
+    """Fully async on several nodes: the node each role runs on, role → node address (the one `ray start
+    --node-ip-address` gave it), e.g. 'rollout=10.0.0.2,actor=10.0.0.3'. Roles not named, and the bus,
+    stay on the driver's node. A role that fails on another node is restarted on the driver's node (its
+    own may be gone or cut off)."""
     torch_threads: int | None = Field(None, ge=1)
     """torch intra-op threads per role process (default: 2 in colocate, 1 per role when fully async)."""
     verify_weight_sync: bool = False
@@ -555,6 +565,18 @@ class RunConfig(Section):
     """In-place restarts allowed per role before the health manager escalates to a global restart."""
     max_global_restarts: int = Field(1, ge=0)
     """Global restarts (every role, from the last checkpoint) before the run stops with the reason."""
+
+    @field_validator("role_nodes", mode="before")
+    @classmethod
+    def _role_nodes_pairs(cls, v: Any) -> Any:
+        """'rollout=10.0.0.2,actor=10.0.0.3' as well as a mapping."""
+        if not isinstance(v, str):
+            return v
+        pairs = [p.strip() for p in v.split(",") if p.strip()]
+        bad = [p for p in pairs if p.count("=") != 1 or not all(x.strip() for x in p.split("="))]
+        if bad:
+            raise ValueError(f"--role-nodes takes ROLE=ADDRESS pairs separated by commas (got {bad[0]!r})")
+        return {k.strip(): a.strip() for k, a in (p.split("=") for p in pairs)}
 
     @field_validator("notify_urls", mode="before")
     @classmethod

@@ -18,7 +18,6 @@ torch is imported inside functions only: relax-core does not depend on torch at 
 from __future__ import annotations
 
 import json
-import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,9 +29,9 @@ if TYPE_CHECKING:
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1, for ``init_method=f"tcp://127.0.0.1:{port}"``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from relax_core.net import free_port as free
+
+    return free("127.0.0.1")
 
 
 def parse_tcp(init_method: str) -> tuple[str, int]:
@@ -112,8 +111,14 @@ class Endpoint:
             self.pg = False
             return
         pg_store = dist.PrefixStore(f"{self.group_name}/pg/", store)
-        if self.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(pg_store, self.rank, self.world_size, self.timeout)
+        if (
+            self.backend == "gloo"
+        ):  # (bound to the address the host is reached from: the group may span nodes)
+            from relax_core.net import gloo_options
+
+            self.pg = dist.ProcessGroupGloo(
+                pg_store, self.rank, self.world_size, gloo_options(self.host, self.timeout)
+            )
         else:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = self.timeout  # third-party: ProcessGroupNCCL.Options has no public timeout

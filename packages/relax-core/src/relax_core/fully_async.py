@@ -71,6 +71,7 @@ def run_fully_async(
             "prompt_log": ray.get(rollout.get_prompt_log.remote()),
             "health": [vars(e) for e in run.events()],
             "engines": ray.get(rollout.engines.remote()),
+            "placement": {**run.nodes.placed, "bus": run.nodes.driver_address},
         }
         bus_stats = bus.stats()
         trace_path = None

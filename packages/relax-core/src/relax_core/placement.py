@@ -93,3 +93,81 @@ def reserve_gpus(n: int, role: str, timeout_s: float = 600.0) -> tuple[Any, list
         )
     ids = [gpu for _, gpu in probe_bundles(pg, n)]
     return pg, sorted(ids, key=lambda g: (0, int(g), "") if g.isdigit() else (1, 0, g))
+
+
+class NodePlacement:
+    """Which node each actor of a fully-async run goes on (#40): the node ``--role-nodes`` names for the
+    role, else the driver's. The bus always stays on the driver's node: its payloads live in the storage
+    units' object store, so a lost node takes no sample with it.
+
+    A role that fails on a node other than the driver's is restarted on the driver's node, and so is
+    every role named for that node afterwards: the node may be dead, or cut off while Ray still counts it
+    alive (an actor asked of it would wait for its network). The driver's node is the one the run cannot
+    lose (it holds the driver and the bus)."""
+
+    def __init__(self, ray: Any, role_nodes: dict[str, str], roles: list[str]) -> None:
+        unknown = sorted(set(role_nodes) - set(roles))
+        if unknown:
+            raise ValueError(
+                f"--role-nodes names {unknown}, not roles of this run; its roles are {sorted(roles)}"
+            )
+        self.ray, self.role_nodes = ray, dict(role_nodes)
+        self.driver_node = ray.get_runtime_context().get_node_id()
+        self.driver_address = self.alive_nodes_by_id().get(self.driver_node, "")
+        self.lost: set[str] = set()
+        """Addresses of nodes a role failed on: nothing is placed there again in this run."""
+        self.placed: dict[str, str] = {}
+        """Role → the address of the node its current actor was placed on."""
+
+    def alive_nodes_by_id(self) -> dict[str, str]:
+        return {n["NodeID"]: n["NodeManagerAddress"] for n in self.ray.nodes() if n["Alive"]}
+
+    def check(self) -> None:
+        """Every node --role-nodes names is in the cluster, alive: refused at the start, naming the ones
+        there are."""
+        alive = set(self.alive_nodes_by_id().values())
+        missing = sorted({a for a in self.role_nodes.values() if a not in alive})
+        if missing:
+            raise ValueError(
+                f"--role-nodes names nodes {missing} that are not alive in this Ray cluster; its nodes are "
+                f"{sorted(alive)} (the addresses `ray start --node-ip-address` gave them)"
+            )
+
+    def strategy(self, role: str) -> Any:
+        """The scheduling strategy of ``role``'s next actor (records where it goes)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        by_address = {a: n for n, a in self.alive_nodes_by_id().items()}
+        address = self.role_nodes.get(role)
+        if address is None or address in self.lost or address not in by_address:
+            node, address = self.driver_node, self.driver_address
+        else:
+            node = by_address[address]
+        self.placed[role] = address
+        return NodeAffinitySchedulingStrategy(node, soft=False)
+
+    def probe(self, timeout_s: float = 30.0) -> None:
+        """Before a global restart: every node still named gets a task; one that does not answer in
+        ``timeout_s`` (dead, or cut off while Ray still counts it alive) is treated as lost."""
+        by_address = {a: n for n, a in self.alive_nodes_by_id().items()}
+        named = {a for a in self.role_nodes.values() if a not in self.lost}
+        self.lost |= {a for a in named if a not in by_address}
+        probes = {}
+        for address in named - self.lost:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            where = NodeAffinitySchedulingStrategy(by_address[address], soft=False)
+            probes[self.ray.remote(num_cpus=0)(_here).options(scheduling_strategy=where).remote()] = address
+        if probes:
+            ready, _ = self.ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
+            self.lost |= {a for ref, a in probes.items() if ref not in ready}
+
+    def failed(self, role: str) -> None:
+        """``role`` failed: its node, unless it is the driver's, takes no actor of this run again."""
+        address = self.placed.get(role)
+        if address and address != self.driver_address:
+            self.lost.add(address)
+
+
+def _here() -> bool:
+    return True

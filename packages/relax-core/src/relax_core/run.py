@@ -45,19 +45,19 @@ class RunResult:
 
 
 def start_ray(cfg: RelaxConfig) -> bool:
-    """Ray for the run: the running cluster that ``RAY_ADDRESS`` names (several nodes: ``ray start`` on
-    each, then ``RAY_ADDRESS=<head>:6379 relax train ...`` on the head), else a local cluster started here,
+    """Ray for the run: the running cluster that ``--ray-address`` or ``RAY_ADDRESS`` names (several nodes:
+    ``ray start`` on each, then ``relax train --ray-address <head>:6379 ...`` on the head), else a local cluster started here,
     unless this process is connected already. True when this call connected (the run disconnects at the
     end; a cluster started here stops with it, one started with ``ray start`` keeps running)."""
     ray = import_ray("--fully-async (and a megatron trainer of several ranks)")
     if ray.is_initialized():
         return False
-    address = os.environ.get("RAY_ADDRESS", "").strip()
+    address = (cfg.run.ray_address or os.environ.get("RAY_ADDRESS", "")).strip()
     if address:  # the nodes' CPUs and GPUs were set by `ray start`; Ray refuses num_cpus here
         if cfg.run.num_cpus is not None:
             raise ValueError(
-                f"--num-cpus sizes the local Ray cluster a run starts, but RAY_ADDRESS={address} connects to a "
-                "running one (its nodes' CPUs are set by `ray start --num-cpus`): drop one of them"
+                f"--num-cpus sizes the local Ray cluster a run starts, but --ray-address / RAY_ADDRESS={address} "
+                "connects to a running one (its nodes' CPUs are set by `ray start --num-cpus`): drop one of them"
             )
         ray.init(address=address, log_to_driver=True, configure_logging=False)
         return True

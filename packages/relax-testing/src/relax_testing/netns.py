@@ -23,7 +23,6 @@ from pathlib import Path
 
 BRIDGE = "relaxbr0"
 SUBNET = "10.77.0"
-BRIDGE_IP = f"{SUBNET}.254"
 
 
 def available() -> str | None:
@@ -55,10 +54,8 @@ class Node:
     name: str
     ip: str
     index: int
-
-    @property
-    def veth(self) -> str:
-        return f"rxv{self.index}"
+    veth: str
+    """The node's end of its veth pair (the bridge's end is ``<veth>h``)."""
 
     def exec_argv(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this node's namespace."""
@@ -96,9 +93,14 @@ class NetnsCluster:
 
     n: int = 3
     prefix: str = "relaxn"
+    """Namespace names ``<prefix><k>``; clusters side by side need their own prefix, bridge and subnet."""
+    bridge: str = BRIDGE
+    subnet: str = SUBNET
+    """The nodes are ``<subnet>.1`` .. ``<subnet>.<n>``, the bridge ``<subnet>.254``."""
     ray_args: dict[int, list[str]] = field(default_factory=dict)
     """Per node index: extra ``ray start`` arguments (``--num-cpus``, ``--resources``)."""
-    temp_dir: str = "/tmp/relax_netns_ray"
+    temp_dir: str = ""
+    """The head's Ray temp dir (default ``/tmp/<prefix>_ray``)."""
     nodes: list[Node] = field(default_factory=list)
 
     @property
@@ -110,6 +112,7 @@ class NetnsCluster:
         return f"{self.head.ip}:6379"
 
     def __enter__(self) -> NetnsCluster:
+        self.temp_dir = self.temp_dir or f"/tmp/{self.prefix}_ray"
         try:
             self._network()
             self._ray()
@@ -119,24 +122,25 @@ class NetnsCluster:
         return self
 
     def _network(self) -> None:
-        _ip("link", "del", BRIDGE, check=False)
-        _ip("link", "add", BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
-        _ip("link", "set", BRIDGE, "up")
+        bridge, gateway = self.bridge, f"{self.subnet}.254"
+        _ip("link", "del", bridge, check=False)
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{gateway}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
         for k in range(self.n):
-            node = Node(f"{self.prefix}{k}", f"{SUBNET}.{k + 1}", k)
+            node = Node(f"{self.prefix}{k}", f"{self.subnet}.{k + 1}", k, f"{self.prefix[:8]}v{k}")
             subprocess.run(["ip", "netns", "del", node.name], capture_output=True)  # (a killed run's)
             _ip("link", "del", f"{node.veth}h", check=False)
             _ip("netns", "add", node.name)
             self.nodes.append(node)  # (from here on the teardown removes it)
             _ip("link", "add", f"{node.veth}h", "type", "veth", "peer", "name", node.veth)
             _ip("link", "set", node.veth, "netns", node.name)
-            _ip("link", "set", f"{node.veth}h", "master", BRIDGE)
+            _ip("link", "set", f"{node.veth}h", "master", bridge)
             _ip("link", "set", f"{node.veth}h", "up")
             _ip("addr", "add", f"{node.ip}/24", "dev", node.veth, ns=node.name)
             _ip("link", "set", node.veth, "up", ns=node.name)
             _ip("link", "set", "lo", "up", ns=node.name)
-            _ip("route", "add", "default", "via", BRIDGE_IP, ns=node.name)
+            _ip("route", "add", "default", "via", gateway, ns=node.name)
 
     def ray_start(self, node: Node, timeout_s: float = 120.0) -> None:
         """``ray start`` on ``node``: the head, or a worker joined to the head's address."""
@@ -201,6 +205,6 @@ class NetnsCluster:
             node.kill()
             subprocess.run(["ip", "netns", "del", node.name], capture_output=True)
             _ip("link", "del", f"{node.veth}h", check=False)
-        _ip("link", "del", BRIDGE, check=False)
+        _ip("link", "del", self.bridge, check=False)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.nodes = []

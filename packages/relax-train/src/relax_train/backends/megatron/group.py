@@ -128,7 +128,10 @@ class _Ranks:
             s.bind(("", 0))
             port = s.getsockname()[1]
         self._pg, gpu0, options = rank_placement(
-            world, config.train.tensor_model_parallel_size, torch.cuda.is_available()
+            world,
+            config.train.tensor_model_parallel_size,
+            torch.cuda.is_available(),
+            config.train.actor_num_gpus_per_node,
         )
         if gpu0 is not None:
             os.environ["LOCAL_RANK"] = str(_device_index(gpu0))
@@ -202,12 +205,15 @@ class _Ranks:
             _RANKS = None
 
 
-def rank_placement(world: int, tp: int, cuda: bool) -> tuple[Any, str | None, list[dict[str, Any]]]:
+def rank_placement(
+    world: int, tp: int, cuda: bool, per_node: int | None = None
+) -> tuple[Any, str | None, list[dict[str, Any]]]:
     """(placement group, rank 0's Ray GPU id, Ray options of ranks 1..world-1). With CUDA: one GPU per
     rank, rank 0's included, so Ray hands no other actor the GPU rank 0 uses; ranks in
-    :func:`place_ranks`'s order. Without: CPU processes anywhere."""
+    :func:`place_ranks`'s order. Without: CPU processes, ``per_node`` ranks (--actor-num-gpus-per-node)
+    per node (:func:`cpu_rank_nodes`)."""
     if not cuda:
-        return None, None, [{"num_gpus": 0, "num_cpus": 0} for _ in range(1, world)]
+        return None, None, cpu_rank_nodes(world, per_node or world)
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -222,6 +228,32 @@ def rank_placement(world: int, tp: int, cuda: bool) -> tuple[Any, str | None, li
         for s in slots[1:]
     ]
     return pg, slots[0].gpu_id, options
+
+
+def cpu_rank_nodes(world: int, per_node: int) -> list[dict[str, Any]]:
+    """Ray options of CPU ranks 1..world-1, ``per_node`` ranks per node as --actor-num-nodes asks: this
+    process's node first, then the other alive nodes by address, round again when the cluster has fewer
+    (one node: every rank here, as CI's single-machine runs). Why pinned: without GPUs Ray would put them
+    anywhere, and a run of several nodes on CPU (CI's namespace nodes) is how the cross-node path of the
+    ranks' gloo group is exercised."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    others = sorted(
+        (n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"] and n["NodeID"] != here
+    )
+    nodes = [here, *(node for _, node in others)]
+    return [
+        {
+            "num_gpus": 0,
+            "num_cpus": 0,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                nodes[(r // per_node) % len(nodes)], soft=False
+            ),
+        }
+        for r in range(1, world)
+    ]
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,11 @@ def init_parallel(config: RelaxConfig) -> None:
             init = f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        else:  # gloo binds where the hostname resolves (often 127.0.0.1): the address routing to rank 0
+            from relax_core.dcs_transport import parse_tcp
+            from relax_core.net import pin_gloo_interface
+
+            pin_gloo_interface(parse_tcp(init)[0])
         dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world)
     require_psutil()
     _cpu_shims()

@@ -1,0 +1,83 @@
+"""The address this process is reached at, for the groups it joins across nodes (#40).
+
+Why: gloo binds where the machine's hostname resolves unless told otherwise, and on many machines (this
+CI's, most containers) the hostname resolves to 127.0.0.1. A group whose members all sit on one node
+works that way; across nodes every member then advertises 127.0.0.1 to the others and the first
+collective never connects. So a member binds the local address its packets to the group's rendezvous
+host leave from (:func:`route_address`): 127.0.0.1 when the host is loopback, as before; the node's own
+address when the host is on another node.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+
+_SIOCGIFADDR = 0x8915
+"""Linux ioctl: an interface's IPv4 address."""
+
+
+def route_address(peer: str) -> str:
+    """The local IPv4 address packets to ``peer`` (a host name or address) leave from. A UDP
+    ``connect`` sends nothing: the kernel only picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface holding IPv4 ``address`` (None if none here does)."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # (no IPv4 address on it)
+                continue
+        if socket.inet_ntoa(packed[20:24]) == address:
+            return name
+    return None
+
+
+def pin_gloo_interface(peer: str) -> str | None:
+    """For a process about to join a gloo group through ``torch.distributed.init_process_group`` with
+    rendezvous host ``peer`` (e.g. megatron's ranks, MASTER_ADDR): set ``GLOO_SOCKET_IFNAME`` to the
+    interface its route to ``peer`` leaves from, unless the launcher set one. Returns the interface."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    name = interface_of(route_address(peer))
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    return name
+
+
+def gloo_options(peer: str, timeout):
+    """``ProcessGroupGloo`` options that bind the device to :func:`route_address` of ``peer`` (a group
+    built directly, as DCS and the weight group to the engines build theirs)."""
+    import torch.distributed as dist
+
+    opts = dist.ProcessGroupGloo._Options()  # third-party: the documented constructor takes no device
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=route_address(peer))]
+    opts._threads = 2
+    return opts
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` (an address of this node) at the time of asking."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def node_endpoint() -> tuple[str, int]:
+    """(this node's address as Ray knows it, a port free on it): where a group this process hosts
+    listens, reachable from the other nodes; loopback outside Ray."""
+    try:
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        host = "127.0.0.1"
+    return host, free_port(host)

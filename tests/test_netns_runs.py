@@ -1,0 +1,235 @@
+"""Runs across three Ray nodes with addresses of their own (#40): each node a Linux network namespace on a
+bridge (10.77.0.1-3), Ray started in each with the real ``ray start`` (the head, then two workers joined to
+its address), the run's driver started on the head with ``--ray-address``. What the one-address cluster of
+``tests/test_multinode.py`` cannot show: a weight group, a store or a bus reached through 127.0.0.1 breaks
+here, and a whole node can be killed or cut off the network.
+
+- A fully-async run with its roles on the three nodes (``--role-nodes``: the rollout on one, the trainer on
+  another, the forward roles with the bus on the head) trains what the same run on one node trains and
+  evaluates the same, every role on the node it was given.
+- The trainer's node killed mid-run (its raylet and every process in its namespace), and, in another run,
+  the rollout's node cut off the network for twice the heartbeat time-out: the role is restarted on the
+  driver's node and the run trains exactly the uninterrupted run's prompts; the node then joins the
+  cluster again.
+- A colocate run whose megatron trainer has a rank on each of two nodes (``--actor-num-nodes 2``, gloo
+  across the namespaces).
+
+Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from _tiny import run_flags
+
+from relax_testing import netns
+
+WHY_NOT = netns.available()
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT)), pytest.mark.integration]
+
+STEPS = 4
+HEARTBEAT_TIMEOUT_S = 6.0
+PLACEMENT = {"rollout": "10.77.0.2", "actor": "10.77.0.3", "reference": "10.77.0.1", "actor_fwd": "10.77.0.1"}
+"""The rollout on one node, the trainer on another, the forward roles (and the bus) on the head."""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with netns.NetnsCluster(3, ray_args={k: ["--num-cpus=2"] for k in range(3)}) as c:
+        yield c
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    assert "relaxn" not in out.stdout  # torn down, namespaces and all
+
+
+def _flags(inputs, out: Path, *extra: str, **flags) -> list[str]:
+    """4 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a
+    restarted trainer starts from); two optimizer steps per batch, so ActorFwd runs."""
+    run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=2, trace=False, global_batch_size=4)
+    run["kl_coef"] = 0.01  # (the reference runs)
+    ckpt = dict(save=out / "ckpt", save_interval=1, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+    run["eval_data"] = inputs.eval_path
+    run["max_staleness"] = 1 if "--fully-async" in extra else 0
+    return run_flags(inputs, out, *extra, **{**run, **ckpt, **flags})
+
+
+def _drive(cluster, out: Path, flags: list[str], during=None) -> dict:
+    """The run's driver on the head node (``--ray-address`` the head's); ``during(out)`` runs meanwhile in
+    a thread of this process (a fault). Returns the driver's record."""
+    record = out / "record.json"
+    argv = [sys.executable, "-m", "relax_testing.netns_driver", str(record), *flags]
+    argv += ["--ray-address", cluster.address]
+    worker = threading.Thread(target=during, args=(out,), daemon=True) if during else None
+    proc = subprocess.Popen(
+        cluster.head.exec_argv(argv),
+        env=cluster.env(),
+        stdout=open(out.parent / f"{out.name}.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    if worker:
+        worker.start()
+    try:
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if worker:
+        worker.join(timeout=120)
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert rc == 0, log[-4000:]
+    return json.loads(record.read_text())
+
+
+def _after_step(out: Path, step: int, timeout_s: float = 300.0) -> None:
+    """Wait until the run logged training step ``step`` (its metrics.jsonl)."""
+    deadline = time.monotonic() + timeout_s
+    log = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if log.is_file():
+            steps = [
+                json.loads(x).get("step", 0) for x in log.read_text().splitlines() if '"train/loss"' in x
+            ]
+            if steps and max(steps) >= step:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the run did not reach step {step} in {timeout_s:.0f} s")
+
+
+def _prompts(record: dict) -> collections.Counter:
+    return collections.Counter(p for step in record["audit"]["trained_prompts"] for p in step)
+
+
+@pytest.fixture(scope="module")
+def spread(cluster, tiny_run_inputs, tmp_path_factory):
+    """The fully-async run with its roles on the three nodes, uninterrupted."""
+    out = tmp_path_factory.mktemp("spread") / "run"
+    roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
+    return _drive(cluster, out, _flags(tiny_run_inputs, out, "--fully-async", "--role-nodes", roles))
+
+
+def test_a_fully_async_run_on_three_nodes_trains_as_on_one(cluster, spread, tiny_run_inputs, tmp_path):
+    """Every role on the node --role-nodes gave it (the bus on the driver's), the weights crossing nodes
+    every step (the trainer's group has its rendezvous at the trainer's node address), and the run trains
+    the prompts, and evaluates as, the same run on one node (same seed)."""
+    placement = spread["audit"]["placement"]
+    assert {r: placement[r] for r in PLACEMENT} == PLACEMENT
+    assert placement["bus"] == placement["advantages"] == "10.77.0.1"
+    assert not spread["audit"]["health"]
+    one = _drive(cluster, tmp_path / "one", _flags(tiny_run_inputs, tmp_path / "one", "--fully-async"))
+    assert set(one["audit"]["placement"].values()) == {"10.77.0.1"}
+    assert _prompts(spread) == _prompts(one)
+    assert [h["step"] for h in spread["history"] if "train/loss" in h] == list(range(1, STEPS + 1))
+    assert [s for s, _ in spread["eval_curve"]] == [0, 2, 4]
+    assert spread["eval_curve"] == one["eval_curve"]
+
+
+def _restarted_elsewhere(record: dict, role: str, node: str) -> None:
+    """``role`` was restarted (in place, or the run from its checkpoint) and not on ``node``, and every
+    recovery time was recorded."""
+    events = record["audit"]["health"]
+    assert events and {e["role"] for e in events} == {role}, events
+    assert all(e["recovery_s"] is not None for e in events), events
+    assert record["audit"]["placement"][role] != node
+    print(f"recovery ({role}):", [(e["action"], round(e["recovery_s"], 1)) for e in events])
+
+
+def _faulty_run(cluster, inputs, out: Path, fault) -> dict:
+    roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
+    return _drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles), fault)
+
+
+def _check_recovered(record: dict, spread: dict, role: str) -> None:
+    """``role`` alone failed, was restarted in place on the driver's node with its recovery time recorded,
+    and the run trained exactly the uninterrupted run's prompts, each once."""
+    events = record["audit"]["health"]
+    assert [(e["role"], e["action"]) for e in events] == [(role, "restart")], events
+    assert events[0]["recovery_s"] is not None, events
+    print(f"recovery of the {role}: {events[0]['recovery_s']:.1f} s ({events[0]['reason'][:70]})")
+    assert record["audit"]["placement"][role] == "10.77.0.1"  # (the driver's node)
+    assert _prompts(record) == _prompts(spread)
+    ids = record["audit"]["trained_ids"]
+    assert len(ids) == len(set(ids)) == STEPS * 8
+
+
+def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path):
+    """The trainer's node killed after step 1 (its raylet and every process in its namespace): the trainer
+    is restarted on the driver's node from its last checkpoint and the run trains exactly the uninterrupted
+    run's prompts; the node's Ray, started again (as an operator would), joins the cluster."""
+    node = cluster.nodes[2]
+
+    def kill(out: Path) -> None:
+        _after_step(out, 1)
+        assert node.kill() > 0
+
+    _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill), spread, "actor")
+    cluster.ray_start(node)
+    cluster.wait_for_nodes(3)
+
+
+def test_a_node_cut_off_the_network_loses_nothing_and_rejoins(cluster, spread, tiny_run_inputs, tmp_path):
+    """The rollout's node cut off the network after step 1 for twice the heartbeat time-out, then back:
+    the rollout's heartbeat goes unanswered, it is restarted on the driver's node (its journal says where
+    to go on), the run trains exactly the uninterrupted run's prompts, and the node is in the cluster
+    again afterwards (its raylet reconnected, or, had Ray declared it dead meanwhile, started again)."""
+    node = cluster.nodes[1]
+    cut_s: list[float] = []
+
+    def cut(out: Path) -> None:
+        _after_step(out, 1)
+        node.link(up=False)
+        t0 = time.monotonic()
+        time.sleep(2 * HEARTBEAT_TIMEOUT_S)
+        node.link(up=True)
+        cut_s.append(time.monotonic() - t0)
+
+    _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "cut", cut), spread, "rollout")
+    assert cut_s and cut_s[0] >= 2 * HEARTBEAT_TIMEOUT_S
+    try:
+        cluster.wait_for_nodes(3, timeout_s=30)
+    except TimeoutError:  # (Ray declared it dead while it was cut off: its raylet exited)
+        node.kill()
+        cluster.ray_start(node)
+        cluster.wait_for_nodes(3)
+    assert cluster.alive_addresses() == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+
+
+def _ranks_on(node) -> int:
+    """Megatron rank processes (Ray actors of class _Rank) running in ``node``'s namespace."""
+    n = 0
+    for pid in node.pids():
+        try:
+            n += "_Rank" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:
+            pass
+    return n
+
+
+def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_run_inputs, tmp_path):
+    """Colocate with a megatron trainer of two data-parallel ranks, one per node (``--actor-num-nodes 2``):
+    rank 0 in the driver on the head, rank 1 a Ray actor on the next node, their gloo group (and megatron's
+    groups) across the namespaces; the run evaluates as the same run with both ranks on one node."""
+    mg = ["--colocate", "--train-backend", "megatron", "--actor-num-gpus-per-node", "1"]
+    seen: list[int] = []
+
+    def look(out: Path) -> None:
+        _after_step(out, 1)
+        seen.append(_ranks_on(cluster.nodes[1]))
+
+    short = dict(num_rollout=2, save_interval=2)  # (CI minutes: two megatron runs)
+    two = tmp_path / "two"
+    spread = _drive(cluster, two, _flags(tiny_run_inputs, two, *mg, "--actor-num-nodes", "2", **short), look)
+    assert seen == [1]  # rank 1 ran on the second node
+    one = tmp_path / "one"
+    flags = _flags(tiny_run_inputs, one, "--colocate", "--train-backend", "megatron", **short)
+    alone = _drive(cluster, one, [*flags, "--actor-num-gpus-per-node", "2"])
+    assert [s for s, _ in spread["eval_curve"]] == [0, 2]
+    assert spread["eval_curve"] == alone["eval_curve"]
+    losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h] for r in (spread, alone)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)

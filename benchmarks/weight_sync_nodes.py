@@ -484,12 +484,6 @@ def main() -> None:
     preflight(args.nic_gbit)
     from relax_testing.netns import NetnsCluster
 
-    class Nodes(NetnsCluster):
-        """The namespaces and bridge only: no Ray."""
-
-        def _ray(self) -> None:
-            pass
-
     layers = max(1, round(args.model_mb * 1e6 / layer_bytes()))
     buckets = [int(float(b) * 1e6) for b in args.buckets_mb.split(",")]
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -499,7 +493,9 @@ def main() -> None:
     print(f"# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load before: {uptime()}")
     with (
         tempfile.TemporaryDirectory() as tmp,
-        Nodes(3, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET, temp_dir=f"{tmp}/none") as cluster,
+        NetnsCluster(
+            3, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET, temp_dir=f"{tmp}/none", start_ray=False
+        ) as cluster,
     ):
         driver = Driver(cluster, Path(tmp), layers, args.timeout_s)
         try:

@@ -69,11 +69,9 @@ print('\\n'.join(p+str(k) for k in range(int(a),int(b)+1)))" "$3"
 """
 
 
-class _Network(netns.NetnsCluster):
+def _nodes() -> netns.NetnsCluster:
     """The namespaces and their bridge only: Ray is the script's to start."""
-
-    def _ray(self) -> None:
-        pass
+    return netns.NetnsCluster(3, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET, start_ray=False)
 
 
 def _private_ray_dir(argv: list[str]) -> list[str]:
@@ -140,7 +138,7 @@ def test_sbatch_script_with_the_variables_of_an_allocation_and_an_srun_into_name
     }
     env = _job_env(tmp_path, slurm)
     env["PATH"] = f"{shims}:{env['PATH']}"
-    with _Network(3, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET) as cluster:
+    with _nodes() as cluster:
         out = subprocess.run(
             cluster.head.exec_argv(["bash", str(SBATCH), *USER_ARGS]),
             capture_output=True,
@@ -199,7 +197,7 @@ def test_sbatch_script_under_a_real_slurm_of_three_namespace_nodes(tmp_path):
     daemons: list[subprocess.Popen] = []
     start = lambda argv: daemons.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))  # noqa: E731
     try:
-        with _Network(3, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET) as cluster:
+        with _nodes() as cluster:
             munge = [f"--socket={tmp_path}/munge.sock", f"--key-file={key}", f"--pid-file={tmp_path}/m.pid"]
             start(
                 ["munged", "-F", "--force", *munge, f"--seed-file={tmp_path}/m.seed", "--log-file=/dev/null"]

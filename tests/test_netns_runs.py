@@ -20,10 +20,7 @@ Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
 from __future__ import annotations
 
 import collections
-import json
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +28,7 @@ import pytest
 from _tiny import run_flags
 
 from relax_testing import netns
+from relax_testing.netns_driver import after_step, drive
 
 WHY_NOT = netns.available()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT)), pytest.mark.integration]
@@ -60,48 +58,6 @@ def _flags(inputs, out: Path, *extra: str, **flags) -> list[str]:
     return run_flags(inputs, out, *extra, **{**run, **ckpt, **flags})
 
 
-def _drive(cluster, out: Path, flags: list[str], during=None) -> dict:
-    """The run's driver on the head node (``--ray-address`` the head's); ``during(out)`` runs meanwhile in
-    a thread of this process (a fault). Returns the driver's record."""
-    record = out / "record.json"
-    argv = [sys.executable, "-m", "relax_testing.netns_driver", str(record), *flags]
-    argv += ["--ray-address", cluster.address]
-    worker = threading.Thread(target=during, args=(out,), daemon=True) if during else None
-    proc = subprocess.Popen(
-        cluster.head.exec_argv(argv),
-        env=cluster.env(),
-        stdout=open(out.parent / f"{out.name}.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    if worker:
-        worker.start()
-    try:
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    if worker:
-        worker.join(timeout=120)
-    log = (out.parent / f"{out.name}.log").read_text()
-    assert rc == 0, log[-4000:]
-    return json.loads(record.read_text())
-
-
-def _after_step(out: Path, step: int, timeout_s: float = 300.0) -> None:
-    """Wait until the run logged training step ``step`` (its metrics.jsonl)."""
-    deadline = time.monotonic() + timeout_s
-    log = out / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if log.is_file():
-            steps = [
-                json.loads(x).get("step", 0) for x in log.read_text().splitlines() if '"train/loss"' in x
-            ]
-            if steps and max(steps) >= step:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"the run did not reach step {step} in {timeout_s:.0f} s")
-
-
 def _prompts(record: dict) -> collections.Counter:
     return collections.Counter(p for step in record["audit"]["trained_prompts"] for p in step)
 
@@ -111,7 +67,7 @@ def spread(cluster, tiny_run_inputs, tmp_path_factory):
     """The fully-async run with its roles on the three nodes, uninterrupted."""
     out = tmp_path_factory.mktemp("spread") / "run"
     roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
-    return _drive(cluster, out, _flags(tiny_run_inputs, out, "--fully-async", "--role-nodes", roles))
+    return drive(cluster, out, _flags(tiny_run_inputs, out, "--fully-async", "--role-nodes", roles))
 
 
 def test_a_fully_async_run_on_three_nodes_trains_as_on_one(cluster, spread, tiny_run_inputs, tmp_path):
@@ -122,7 +78,7 @@ def test_a_fully_async_run_on_three_nodes_trains_as_on_one(cluster, spread, tiny
     assert {r: placement[r] for r in PLACEMENT} == PLACEMENT
     assert placement["bus"] == placement["advantages"] == "10.77.0.1"
     assert not spread["audit"]["health"]
-    one = _drive(cluster, tmp_path / "one", _flags(tiny_run_inputs, tmp_path / "one", "--fully-async"))
+    one = drive(cluster, tmp_path / "one", _flags(tiny_run_inputs, tmp_path / "one", "--fully-async"))
     assert set(one["audit"]["placement"].values()) == {"10.77.0.1"}
     assert _prompts(spread) == _prompts(one)
     assert [h["step"] for h in spread["history"] if "train/loss" in h] == list(range(1, STEPS + 1))
@@ -142,7 +98,7 @@ def _restarted_elsewhere(record: dict, role: str, node: str) -> None:
 
 def _faulty_run(cluster, inputs, out: Path, fault) -> dict:
     roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
-    return _drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles), fault)
+    return drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles), fault)
 
 
 def _check_recovered(record: dict, spread: dict, role: str) -> None:
@@ -165,7 +121,7 @@ def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path)
     node = cluster.nodes[2]
 
     def kill(out: Path) -> None:
-        _after_step(out, 1)
+        after_step(out, 1)
         assert node.kill() > 0
 
     _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill), spread, "actor")
@@ -182,7 +138,7 @@ def test_a_node_cut_off_the_network_loses_nothing_and_rejoins(cluster, spread, t
     cut_s: list[float] = []
 
     def cut(out: Path) -> None:
-        _after_step(out, 1)
+        after_step(out, 1)
         node.link(up=False)
         t0 = time.monotonic()
         time.sleep(2 * HEARTBEAT_TIMEOUT_S)
@@ -219,16 +175,16 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
     seen: list[int] = []
 
     def look(out: Path) -> None:
-        _after_step(out, 1)
+        after_step(out, 1)
         seen.append(_ranks_on(cluster.nodes[1]))
 
     short = dict(num_rollout=2, save_interval=2)  # (CI minutes: two megatron runs)
     two = tmp_path / "two"
-    spread = _drive(cluster, two, _flags(tiny_run_inputs, two, *mg, "--actor-num-nodes", "2", **short), look)
+    spread = drive(cluster, two, _flags(tiny_run_inputs, two, *mg, "--actor-num-nodes", "2", **short), look)
     assert seen == [1]  # rank 1 ran on the second node
     one = tmp_path / "one"
     flags = _flags(tiny_run_inputs, one, "--colocate", "--train-backend", "megatron", **short)
-    alone = _drive(cluster, one, [*flags, "--actor-num-gpus-per-node", "2"])
+    alone = drive(cluster, one, [*flags, "--actor-num-gpus-per-node", "2"])
     assert [s for s, _ in spread["eval_curve"]] == [0, 2]
     assert spread["eval_curve"] == alone["eval_curve"]
     losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h] for r in (spread, alone)]

@@ -135,9 +135,7 @@ class AsyncRun:
         from_snapshot = resume is not None
         # the samples generated and not yet trained when the checkpoint was written come back as they were
         self.nodes.check()
-        here = NodeAffinitySchedulingStrategy(
-            self.nodes.driver_node, soft=False
-        )  # (the bus: see NodePlacement)
+        here = NodeAffinitySchedulingStrategy(self.nodes.driver_node, soft=False)  # (see NodePlacement)
         self.bus = (
             RayBus.restore(ckpt.bus, scheduling_strategy=here)
             if from_snapshot

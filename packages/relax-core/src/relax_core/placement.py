@@ -1,4 +1,5 @@
-"""Which GPUs each role of a fully-async run holds: disjoint sets, every one reserved through Ray.
+"""Where the roles of a fully-async run go: which GPUs each holds (disjoint sets, every one reserved through
+Ray), and on a cluster of several nodes which node each runs on (:class:`NodePlacement`, #40).
 
 Why: in fully async every role has devices of its own. The megatron roles (trainer, ActorFwd, Reference,
 Teacher) reserve their ranks' GPUs as Ray placement groups; SGLang's engines are processes the rollout
@@ -123,10 +124,10 @@ class NodePlacement:
         return {n["NodeID"]: n["NodeManagerAddress"] for n in self.ray.nodes() if n["Alive"]}
 
     def check(self) -> None:
-        """Every node --role-nodes names is in the cluster, alive: refused at the start, naming the ones
-        there are."""
+        """Every node --role-nodes names is in the cluster, alive (or known lost: a global restart places
+        its roles on the driver's node): refused otherwise, naming the ones there are."""
         alive = set(self.alive_nodes_by_id().values())
-        missing = sorted({a for a in self.role_nodes.values() if a not in alive})
+        missing = sorted({a for a in self.role_nodes.values() if a not in alive and a not in self.lost})
         if missing:
             raise ValueError(
                 f"--role-nodes names nodes {missing} that are not alive in this Ray cluster; its nodes are "

@@ -99,6 +99,8 @@ class NetnsCluster:
     """The nodes are ``<subnet>.1`` .. ``<subnet>.<n>``, the bridge ``<subnet>.254``."""
     ray_args: dict[int, list[str]] = field(default_factory=dict)
     """Per node index: extra ``ray start`` arguments (``--num-cpus``, ``--resources``)."""
+    start_ray: bool = True
+    """Start Ray on the nodes (False: the namespaces and their bridge only, for what starts its own)."""
     temp_dir: str = ""
     """The head's Ray temp dir (default ``/tmp/<prefix>_ray``)."""
     nodes: list[Node] = field(default_factory=list)
@@ -115,7 +117,8 @@ class NetnsCluster:
         self.temp_dir = self.temp_dir or f"/tmp/{self.prefix}_ray"
         try:
             self._network()
-            self._ray()
+            if self.start_ray:
+                self._ray()
         except BaseException:
             self.__exit__()
             raise

@@ -3,14 +3,65 @@ runs ``relax train FLAGS...`` (the same config and Controller) and writes what a
 the history, the eval curve, the trained prompts and ids, the health events and where each role ran.
 
 Why a module and not ``relax train``: the test started in the root namespace reads the run's audit (which
-prompts were trained, on which node each role was), which the command line does not print. Started inside
-the head's namespace with :meth:`relax_testing.netns.Node.exec_argv`.
+prompts were trained, on which node each role was), which the command line does not print. :func:`drive`
+starts it inside the head's namespace (``--ray-address`` the head's) while a fault runs in a thread of the
+caller; :func:`after_step` is how a fault waits for its moment. Shared by ``tests/test_netns_runs.py`` and
+``benchmarks/recovery_nodes.py``.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def drive(
+    cluster: Any,
+    out: Path,
+    flags: list[str],
+    during: Callable[[Path], None] | None = None,
+    timeout_s: float = 600.0,
+) -> dict:
+    """Run ``relax train FLAGS`` (``--output-dir out`` among them) with its driver on ``cluster``'s head,
+    ``during(out)`` meanwhile in a thread of this process (a fault); the driver's record. Its output goes
+    to ``<out>.log``; a failed run raises with the log's tail."""
+    record, log_path = out / "record.json", out.parent / f"{out.name}.log"
+    argv = [sys.executable, "-m", "relax_testing.netns_driver", str(record), *flags]
+    argv += ["--ray-address", cluster.address]
+    worker = threading.Thread(target=during, args=(out,), daemon=True) if during else None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cluster.head.exec_argv(argv), env=cluster.env(), stdout=log, stderr=log)
+        if worker:
+            worker.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    if worker:
+        worker.join(timeout=120)
+    if rc != 0:
+        raise RuntimeError(f"the run's driver exited {rc}:\n{log_path.read_text()[-4000:]}")
+    return json.loads(record.read_text())
+
+
+def after_step(out: Path, step: int, timeout_s: float = 300.0) -> float:
+    """Wait until the run in ``out`` logged training step ``step`` (its metrics.jsonl); the time then."""
+    deadline = time.monotonic() + timeout_s
+    log = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if log.is_file():
+            lines = [x for x in log.read_text().splitlines() if '"train/loss"' in x]
+            if lines and max(json.loads(x).get("step", 0) for x in lines) >= step:
+                return time.time()
+        time.sleep(0.2)
+    raise TimeoutError(f"the run in {out} did not reach step {step} in {timeout_s:.0f} s")
 
 
 def main(argv: list[str]) -> int:

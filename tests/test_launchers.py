@@ -123,6 +123,7 @@ def _assert_ran(tmp: Path, cluster: netns.NetnsCluster, log: str) -> None:
 
 @pytest.mark.integration
 @needs_netns
+@pytest.mark.skipif(NO_SLURM is None, reason="a real Slurm runs here: the test under it covers the script")
 def test_sbatch_script_with_the_variables_of_an_allocation_and_an_srun_into_namespaces(tmp_path):
     shims = tmp_path / "bin"
     shims.mkdir()

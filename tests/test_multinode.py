@@ -1,6 +1,6 @@
-"""Several Ray nodes: a run joins a running cluster, a megatron trainer's ranks follow the nodes, SGLang
-engines start on every node (where a fully-async run's roles go, across nodes with addresses of their own:
-``tests/test_netns_runs.py``).
+"""Several Ray nodes: a run joins a running cluster, a megatron trainer's ranks follow the nodes. (Where a
+fully-async run's roles and SGLang's engines go, across nodes with addresses of their own:
+``tests/test_netns_runs.py``.)
 
 The cluster here is two Ray nodes on this machine (``ray.cluster_utils.Cluster``: a raylet each) with
 logical GPUs: Ray schedules and numbers them as on a real cluster, though no process here can use CUDA.
@@ -130,81 +130,3 @@ def test_rank_order_from_probed_bundles():
         RuntimeError, match="none of the 5 GPUs .* is on this node: start `relax train` on a node"
     ):
         order_slots(probed, here="head-without-gpus")
-
-
-def test_sglang_engines_spread_over_the_nodes(connected, tiny_run_inputs, tmp_path):
-    """Two engines of one GPU with ``gpus_per_node=1``: engine 0 on this node, engine 1 started on the
-    other node by its launcher actor, bound to that node's address with a token. Both generate, load a
-    weight version from the shared directory, and a killed remote engine is restarted on its node; both
-    then take a version broadcast on SGLang's weight group; close() leaves no process. (Our engine server stands in for SGLang, as in relax-rollout's tests.)"""
-    import os
-    import signal
-
-    from safetensors.torch import load_file
-
-    from relax_rollout.engines import SamplingParams
-    from relax_rollout.engines.processes import group_alive, server_command
-    from relax_rollout.engines.sglang import SGLangEngine
-    from relax_rollout.engines.wire import ServerError, http_json
-    from relax_testing import wait_until
-
-    here = ray.get_runtime_context().get_node_id()
-    model = tiny_run_inputs.model_path
-    cmd = server_command("--host", "{host}", "--token", "{token}", "--torch-threads", "1")
-    eng = SGLangEngine(
-        model,
-        num_engines=2,
-        gpus_per_node=1,
-        gpu_ids=["0"],
-        launch_cmd=cmd,
-        weights_dir=str(tmp_path / "weights"),
-        log_dir=str(tmp_path / "logs"),
-        startup_timeout_s=300,
-        max_restarts=1,
-        poll_interval_s=0.2,
-        shutdown_grace_s=5,
-    )
-    try:
-        local, remote = eng.engines()
-        assert local["node_id"] is None and remote["node_id"] not in (None, here)
-        assert local["url"].startswith("http://127.0.0.1:") and not remote["url"].startswith(
-            "http://127.0.0.1:"
-        )
-        launcher = eng.launcher.nodes[remote["node_id"]]
-        env = ray.get(launcher.environ.remote(remote["pid"]))
-        assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the other node's first GPU
-        with pytest.raises(ServerError) as denied:  # off loopback: control needs the token
-            http_json(remote["url"], "/pause_generation", {"mode": "abort"})
-        assert denied.value.status == 401
-        assert "***" in (tmp_path / "logs" / "engine1.log").read_text()  # the token is not logged
-
-        prompts = [[3, 4, 5], [6, 7], [8, 9, 10], [11]]
-        greedy = SamplingParams(max_new_tokens=4, greedy=True)
-        outs = eng.generate(prompts, greedy)
-        assert len(outs) == 4 and all(m["served"] >= 1 for m in eng.pool.members())
-
-        weights = load_file(os.path.join(model, "model.safetensors"))
-        eng.update_weights({k: v * 0.5 for k, v in weights.items()}, 1)
-        eng.check_weight_version(1)
-
-        os.killpg(remote["pid"], signal.SIGKILL)  # same machine: the "other node" is a second raylet here
-        wait_until(
-            lambda: len(eng.engines()[1]["pids"]) == 2 and eng.engines()[1]["state"] == "running",
-            timeout=300,
-            what="engine 1 restarted",
-            interval=0.2,
-        )
-        eng.check_weight_version(1)  # the restarted engine loaded the current weights before serving
-        assert len(eng.generate(prompts, greedy)) == 4
-
-        # the same engines over SGLang's weight group: the remote one joins this node's address, no disk
-        eng.weight_update = "distributed"
-        eng.update_weights({k: v * 0.25 for k, v in weights.items()}, 2)
-        eng.check_weight_version(2)
-        assert len(eng.weights.group.urls) == 2 and eng.weights.group.backend == "gloo"
-        assert len(eng.generate(prompts, greedy)) == 4
-    finally:
-        eng.close()
-    for s in eng.engines():
-        for pid in s["pids"]:
-            assert not group_alive(pid)

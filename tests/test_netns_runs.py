@@ -13,6 +13,7 @@ here, and a whole node can be killed or cut off the network.
   cluster again.
 - A colocate run whose megatron trainer has a rank on each of two nodes (``--actor-num-nodes 2``, gloo
   across the namespaces).
+- SGLang-protocol engines on two nodes taking a version on the weight group across them.
 
 Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
 """
@@ -20,7 +21,9 @@ Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,7 +44,9 @@ PLACEMENT = {"rollout": "10.77.0.2", "actor": "10.77.0.3", "reference": "10.77.0
 
 @pytest.fixture(scope="module")
 def cluster():
-    with netns.NetnsCluster(3, ray_args={k: ["--num-cpus=2"] for k in range(3)}) as c:
+    gpus = {0: ["--num-gpus=1"], 1: ["--num-gpus=1"]}  # (logical: the engines' test places one on each)
+    args = {k: ["--num-cpus=2", *gpus.get(k, [])] for k in range(3)}
+    with netns.NetnsCluster(3, ray_args=args) as c:
         yield c
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     assert "relaxn" not in out.stdout  # torn down, namespaces and all
@@ -189,3 +194,25 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
     assert spread["eval_curve"] == alone["eval_curve"]
     losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h] for r in (spread, alone)]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_engines_on_two_nodes_take_a_broadcast_on_the_weight_group(cluster, tiny_run_inputs, tmp_path):
+    """SGLang-protocol engines on two nodes (one each, logical GPUs): the remote one serves at its node's
+    address behind the token, loads versions from the shared directory, is restarted on its node when
+    killed; the weight group's rendezvous is the head's address and every member binds its own node's
+    (``GLOO_SOCKET_IFNAME`` set for the remote engine's process); a version broadcast on it reaches both,
+    and both generate. (Our engine server stands in for SGLang: ``tests/_netns_engines.py``.)"""
+    script = Path(__file__).with_name("_netns_engines.py")
+    argv = [sys.executable, str(script), tiny_run_inputs.model_path, str(tmp_path), cluster.address]
+    out = subprocess.run(
+        cluster.head.exec_argv(argv), env=cluster.env(), capture_output=True, text=True, timeout=400
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["urls"][0].startswith("http://127.0.0.1:") and got["urls"][1].startswith("http://10.77.0.2:")
+    assert got["remote_env"] == {"CUDA_VISIBLE_DEVICES": "0", "GLOO_SOCKET_IFNAME": cluster.nodes[1].veth}
+    assert got["unauthenticated"] == 401 and not got["token_logged"]
+    assert got["generated"] == got["generated_after"] == 4 and all(n >= 1 for n in got["served"])
+    assert got["restarted_on"]  # the killed remote engine came back on its node
+    assert got["group_size"] == 2 and got["changed"]
+    assert got["left"] == []

@@ -24,12 +24,17 @@ def test_a_free_port_is_free_on_the_address_asked():
         s.bind(("127.0.0.1", port))  # (free: binding it works)
 
 
-def test_pin_gloo_interface_keeps_a_launchers_choice(monkeypatch):
+def test_gloo_is_left_its_choice_on_one_machine_and_a_launchers_choice_is_kept(monkeypatch):
+    """A loopback rendezvous pins nothing (a process-wide pin to ``lo`` would break a later group across
+    nodes); a launcher's GLOO_SOCKET_IFNAME wins. Across nodes: tests/test_netns_runs.py."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert net.gloo_interface("127.0.0.1") is None
+    assert net.pin_gloo_interface("127.0.0.1") is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    with net.gloo_bound_to_route("127.0.0.1"):
+        assert "GLOO_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    assert net.gloo_interface("127.0.0.1") is None
     assert net.pin_gloo_interface("127.0.0.1") == "eth9"
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    assert net.pin_gloo_interface("127.0.0.1") == "lo"
-    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
 
 
 def test_gloo_options_bind_the_routed_address():

@@ -14,6 +14,8 @@ import fcntl
 import os
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _SIOCGIFADDR = 0x8915
 """Linux ioctl: an interface's IPv4 address."""
@@ -40,16 +42,39 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def gloo_interface(peer: str) -> str | None:
+    """The interface a gloo group with rendezvous host ``peer`` should bind: the one its route to ``peer``
+    leaves from, when that is not loopback (a group on one machine works with gloo's own choice), and
+    the launcher set none (``GLOO_SOCKET_IFNAME``). None: leave gloo's choice."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    address = route_address(peer)
+    return None if address.startswith("127.") else interface_of(address)
+
+
 def pin_gloo_interface(peer: str) -> str | None:
     """For a process about to join a gloo group through ``torch.distributed.init_process_group`` with
-    rendezvous host ``peer`` (e.g. megatron's ranks, MASTER_ADDR): set ``GLOO_SOCKET_IFNAME`` to the
-    interface its route to ``peer`` leaves from, unless the launcher set one. Returns the interface."""
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        return os.environ["GLOO_SOCKET_IFNAME"]
-    name = interface_of(route_address(peer))
+    rendezvous host ``peer`` (e.g. megatron's ranks, MASTER_ADDR): set ``GLOO_SOCKET_IFNAME`` for the rest of
+    the process (megatron makes more groups later) to :func:`gloo_interface`. Returns what is set."""
+    name = gloo_interface(peer)
     if name is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
-    return name
+    return os.environ.get("GLOO_SOCKET_IFNAME")
+
+
+@contextmanager
+def gloo_bound_to_route(peer: str) -> Iterator[None]:
+    """While inside, gloo groups made through ``torch.distributed`` bind :func:`gloo_interface` of ``peer``
+    (its helpers take no device; gloo reads ``GLOO_SOCKET_IFNAME`` when a group is made)."""
+    name = gloo_interface(peer)
+    if name is None:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
 def gloo_options(peer: str, timeout):

@@ -333,7 +333,14 @@ class NodeLauncher:
         """Start ``cmd`` in its own session with ``env`` over this node's environment; its output appended to
         ``log_path`` (created here) after ``header``. Returns its pid."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        proc = _spawn(cmd, {**os.environ, **env}, log_path, header)
+        from relax_core.net import interface_of
+
+        # an engine on another node joins the trainer's weight group: its gloo must bind this node's
+        # address, not where the hostname resolves (often 127.0.0.1); the user's choice wins
+        nic = {}
+        if "GLOO_SOCKET_IFNAME" not in os.environ and (name := interface_of(self.ip())):
+            nic = {"GLOO_SOCKET_IFNAME": name}
+        proc = _spawn(cmd, {**os.environ, **nic, **env}, log_path, header)
         self._procs[proc.pid] = proc
         return proc.pid
 
@@ -418,6 +425,8 @@ class Launcher:
         """Every process ever started (what the engine's finalizer stops)."""
         self.nodes: dict[str, Any] = {}
         """Node id → its :class:`NodeLauncher` actor."""
+        self.spans_nodes = False
+        """Some engines run on other nodes: the ones here join the weight group at this node's address."""
 
     def launch(self, slot: EngineProcess) -> None:
         """Start ``slot``'s engine on its GPUs (a fresh port unless it has a fixed one)."""
@@ -426,7 +435,7 @@ class Launcher:
             return
         port = slot.fixed_port if slot.fixed_port is not None else free_port(self.host)
         cmd = self.command(slot, port, self.host)
-        env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
+        env = {**os.environ, **self._nic(), **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
         with self._lock:
             if self._closed():
                 raise EngineStartError("the engine is closed")
@@ -438,6 +447,18 @@ class Launcher:
         logger.info(
             "engine %d: started pid %d on GPUs %s, %s", slot.index, proc.pid, ",".join(slot.gpus), slot.url
         )
+
+    def _nic(self) -> dict[str, str]:
+        """An engine here whose weight group spans nodes: gloo bound to this node's address (SGLang's group
+        code takes no address: gloo binds where the hostname resolves, often 127.0.0.1)."""
+        if not self.spans_nodes or "GLOO_SOCKET_IFNAME" in os.environ:
+            return {}
+        import ray
+
+        from relax_core.net import interface_of
+
+        name = interface_of(ray.util.get_node_ip_address())
+        return {"GLOO_SOCKET_IFNAME": name} if name else {}
 
     def _header(self, slot: EngineProcess, cmd: list[str]) -> str:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")

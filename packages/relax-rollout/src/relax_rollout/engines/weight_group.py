@@ -49,9 +49,13 @@ def new_group(
     # torch renamed pg_options to backend_options (2.6); SGLang passes whichever its torch has
     params = inspect.signature(c10d._new_process_group_helper).parameters
     options = {"backend_options" if "backend_options" in params else "pg_options": None}
-    pg, _ = c10d._new_process_group_helper(
-        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout, **options
-    )
+    from relax_core.dcs_transport import parse_tcp
+    from relax_core.net import gloo_bound_to_route
+
+    with gloo_bound_to_route(parse_tcp(init_method)[0]):  # (across nodes: not where the hostname resolves)
+        pg, _ = c10d._new_process_group_helper(
+            world_size, rank, [], backend, store, group_name=group_name, timeout=timeout, **options
+        )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}  # src=0 means this group's rank 0
     return pg
 

@@ -252,6 +252,7 @@ class SGLangEngine:
         self.launcher = Launcher(
             self._command, host, self.env, self.token, s.lock, lambda: s.closed, s.stop, self._shared_paths
         )
+        self.launcher.spans_nodes = any(slot.node is not None for slot in s.slots)
         self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
         self.lifecycle = SGLangLifecycle(
             s,

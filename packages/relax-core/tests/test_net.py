@@ -41,3 +41,14 @@ def test_gloo_options_bind_the_routed_address():
     pytest.importorskip("torch")
     opts = net.gloo_options("127.0.0.1", timedelta(seconds=5))
     assert len(opts._devices) == 1 and opts._timeout == timedelta(seconds=5)
+
+
+def test_unpin_takes_back_only_what_pin_set(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(net, "gloo_interface", lambda peer: "eth7")  # (as across nodes)
+    assert net.pin_gloo_interface("10.0.0.1") == "eth7" and os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    net.unpin_gloo_interface()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")  # a launcher's: kept
+    net.unpin_gloo_interface()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth9"

@@ -52,14 +52,29 @@ def gloo_interface(peer: str) -> str | None:
     return None if address.startswith("127.") else interface_of(address)
 
 
+_PINNED: list[str] = []
+"""What :func:`pin_gloo_interface` set (so :func:`unpin_gloo_interface` takes back only that)."""
+
+
 def pin_gloo_interface(peer: str) -> str | None:
     """For a process about to join a gloo group through ``torch.distributed.init_process_group`` with
-    rendezvous host ``peer`` (e.g. megatron's ranks, MASTER_ADDR): set ``GLOO_SOCKET_IFNAME`` for the rest of
-    the process (megatron makes more groups later) to :func:`gloo_interface`. Returns what is set."""
+    rendezvous host ``peer`` (e.g. megatron's ranks, MASTER_ADDR): set ``GLOO_SOCKET_IFNAME`` until
+    :func:`unpin_gloo_interface` (megatron makes more groups later) to :func:`gloo_interface`. Returns
+    what is set."""
     name = gloo_interface(peer)
     if name is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = name
+        _PINNED.append(name)
     return os.environ.get("GLOO_SOCKET_IFNAME")
+
+
+def unpin_gloo_interface() -> None:
+    """Take back what :func:`pin_gloo_interface` set, when the group is gone: a process that leads more
+    runs (a notebook, a test session) must not hand an interface of this machine to processes it starts
+    elsewhere (another node's has other names)."""
+    if _PINNED and os.environ.get("GLOO_SOCKET_IFNAME") == _PINNED[-1]:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+    _PINNED.clear()
 
 
 @contextmanager

@@ -169,8 +169,11 @@ class NetnsCluster:
     def env(self) -> dict[str, str]:
         """The environment of a process on a node: Ray's token authentication on (a head bound to a
         non-loopback address requires it of every node and driver; the token is ~/.ray/auth_token, one file
-        for the namespaces of this machine)."""
-        return {**os.environ, "RAY_AUTH_MODE": "token"}
+        for the namespaces of this machine). Without this machine's interface choices (``GLOO_SOCKET_IFNAME``,
+        ``NCCL_SOCKET_IFNAME``): a node has interfaces of its own, and an ``eth0`` pinned here (by an
+        earlier run in this process) does not exist there."""
+        own = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        return {**{k: v for k, v in os.environ.items() if k not in own}, "RAY_AUTH_MODE": "token"}
 
     def _ray(self) -> None:
         ray = str(Path(sys.executable).with_name("ray"))  # (the token every node and driver presents)

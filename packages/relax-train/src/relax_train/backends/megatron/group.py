@@ -200,6 +200,9 @@ class _Ranks:
             dist.destroy_process_group()
         for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(k, None)
+        from relax_core.net import unpin_gloo_interface
+
+        unpin_gloo_interface()
         self._locals.clear()
         if _RANKS is self:
             _RANKS = None

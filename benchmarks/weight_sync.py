@@ -92,7 +92,7 @@ def samples(n: int) -> dict[str, list]:
 
 def transports(model: torch.nn.Module, receivers: int, reps: int, device: str) -> list[str]:
     from relax_core.dcs import WeightSender
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
 
     params = [(n, p.detach().to(device)) for n, p in model.named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in params)
@@ -147,7 +147,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from relax_core.config import RelaxConfig
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
     from relax_train.roles.actor import ActorWorker
 
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731

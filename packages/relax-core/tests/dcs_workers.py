@@ -7,7 +7,7 @@ import multiprocessing as mp
 import torch
 
 from relax_core.dcs import WeightReceiver, WeightSender, checksum
-from relax_core.dcs_transport import free_port
+from relax_core.net import free_port
 
 VERSIONS = [1, 2, 5]
 BUCKET_BYTES = 1024  # small: forces several buckets per dtype

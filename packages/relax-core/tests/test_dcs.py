@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum  # noqa: E402
-from relax_core.dcs_transport import free_port  # noqa: E402
+from relax_core.net import free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params, run_exchange  # noqa: E402

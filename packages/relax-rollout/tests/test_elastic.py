@@ -172,7 +172,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
     ):
         assert line in metrics, metrics
     # an engine that does not answer: the op fails and removes what it added before
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
 
     a.pool.join_timeout_s = 0.3
     other = serve()

@@ -27,13 +27,6 @@ if TYPE_CHECKING:
     import torch
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1, for ``init_method=f"tcp://127.0.0.1:{port}"``."""
-    from relax_core.net import free_port as free
-
-    return free("127.0.0.1")
-
-
 def parse_tcp(init_method: str) -> tuple[str, int]:
     url = urlparse(init_method)
     if url.scheme != "tcp" or not url.hostname or not url.port:
@@ -111,9 +104,7 @@ class Endpoint:
             self.pg = False
             return
         pg_store = dist.PrefixStore(f"{self.group_name}/pg/", store)
-        if (
-            self.backend == "gloo"
-        ):  # (bound to the address the host is reached from: the group may span nodes)
+        if self.backend == "gloo":  # (bound to the address the host is reached from: it may span nodes)
             from relax_core.net import gloo_options
 
             self.pg = dist.ProcessGroupGloo(

@@ -105,9 +105,10 @@ def gloo_options(peer: str, timeout):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` (an address of this node) at the time of asking."""
+    """A TCP port free on ``host`` (an address of this node; loopback for ``0.0.0.0``) at the time of
+    asking, e.g. for ``init_method=f"tcp://{host}:{port}"`` or a server's ``--port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
         return s.getsockname()[1]
 
 

@@ -150,13 +150,13 @@ class NodePlacement:
     def probe(self, timeout_s: float = 30.0) -> None:
         """Before a global restart: every node still named gets a task; one that does not answer in
         ``timeout_s`` (dead, or cut off while Ray still counts it alive) is treated as lost."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         by_address = {a: n for n, a in self.alive_nodes_by_id().items()}
         named = {a for a in self.role_nodes.values() if a not in self.lost}
         self.lost |= {a for a in named if a not in by_address}
         probes = {}
         for address in named - self.lost:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
             where = NodeAffinitySchedulingStrategy(by_address[address], soft=False)
             probes[self.ray.remote(num_cpus=0)(_here).options(scheduling_strategy=where).remote()] = address
         if probes:

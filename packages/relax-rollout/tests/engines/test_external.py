@@ -106,7 +106,7 @@ def test_two_servers_split_the_batch(engine_server, local, tiny_model_dir):
 
 
 def test_connection_errors_are_retried_then_raised():
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
 
     eng = ExternalEngine(urls=[f"http://127.0.0.1:{free_port()}"], retries=2, retry_backoff_s=0.01)
     with pytest.raises(ConnectionError, match="after 3 tries"):

@@ -256,7 +256,7 @@ def test_add_checks_the_url_and_reachability(serve):
         pool.get("e1").state = "failed"  # as after a crash; the engine at that URL is back
         m = pool.add(b.url)
         assert m.id == "e2" and pool.get("e1").state == "removed" and pool.get("e1").replaced_by == "e2"
-        from relax_core.dcs_transport import free_port
+        from relax_core.net import free_port
 
         with pytest.raises(PoolError, match="could not join"):
             pool.add(f"http://127.0.0.1:{free_port()}")

@@ -786,7 +786,7 @@ def _perturbed(local, seed):
 @pytest.mark.integration
 def test_weight_update_over_dcs(engine, tiny_model_dir):
     from relax_core.dcs import WeightSender
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
 
     trainer = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
     new = _perturbed(trainer, 5)

@@ -11,8 +11,8 @@ pytest.importorskip("peft")
 
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.dcs import WeightReceiver, WeightSender, checksum  # noqa: E402
-from relax_core.dcs_transport import free_port  # noqa: E402
 from relax_core.lora import peft_config_dict  # noqa: E402
+from relax_core.net import free_port  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.torch_engine import TorchEngine  # noqa: E402
 

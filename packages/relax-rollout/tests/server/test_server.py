@@ -386,7 +386,7 @@ def _join_group(port: int, group_name: str, **extra) -> dict:
 
 def test_update_weights_over_dcs(engine_server, call, local):
     from relax_core.dcs import WeightSender
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
 
     port = free_port()
     sender = WeightSender(f"tcp://127.0.0.1:{port}", world_size=2)
@@ -429,7 +429,7 @@ def test_update_weights_over_sglang_weight_group(engine_server, call, local, tin
     begin/end weight-update session (refused outside one, as SGLang 0.5.23 does), each
     /update_weights_from_distributed takes its tensors from rank 0's broadcast — one per tensor, or one
     flattened bucket — and they are applied with the request that carries weight_version."""
-    from relax_core.dcs_transport import free_port
+    from relax_core.net import free_port
     from relax_rollout.engines import weight_group as wg
     from relax_rollout.engines.wire_weights import distributed_update_request, tensor_metadata
 

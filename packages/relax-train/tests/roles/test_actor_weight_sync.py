@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from relax_core.config import RelaxConfig  # noqa: E402
 from relax_core.dcs import WeightReceiver, checksum  # noqa: E402
-from relax_core.dcs_transport import free_port  # noqa: E402
+from relax_core.net import free_port  # noqa: E402
 from relax_testing import in_background, wait_until  # noqa: E402
 from relax_train.roles.actor import ActorWorker  # noqa: E402
 

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from relax_core.net import free_port, interface_of
 from relax_rollout.engines.wire import ServerError, http_json
 
 logger = logging.getLogger(__name__)
@@ -164,13 +164,6 @@ class EngineProcess:
             "pid": self.proc.pid if self.proc else None,
             "log_path": str(self.log_path),
         }
-
-
-def free_port(host: str) -> int:
-    """A free TCP port on ``host``'s interface (loopback for ``0.0.0.0``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -333,8 +326,6 @@ class NodeLauncher:
         """Start ``cmd`` in its own session with ``env`` over this node's environment; its output appended to
         ``log_path`` (created here) after ``header``. Returns its pid."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        from relax_core.net import interface_of
-
         # an engine on another node joins the trainer's weight group: its gloo must bind this node's
         # address, not where the hostname resolves (often 127.0.0.1); the user's choice wins
         nic = {}
@@ -454,8 +445,6 @@ class Launcher:
         if not self.spans_nodes or "GLOO_SOCKET_IFNAME" in os.environ:
             return {}
         import ray
-
-        from relax_core.net import interface_of
 
         name = interface_of(ray.util.get_node_ip_address())
         return {"GLOO_SOCKET_IFNAME": name} if name else {}

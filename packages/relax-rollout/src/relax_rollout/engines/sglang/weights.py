@@ -51,9 +51,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from relax_core.net import free_port
 from relax_rollout.engines.expert_names import unfuse_experts
 from relax_rollout.engines.pool_members import PoolError
-from relax_rollout.engines.processes import EngineProcess, free_port
+from relax_rollout.engines.processes import EngineProcess
 from relax_rollout.engines.sglang.state import SGLangServers
 from relax_rollout.engines.wire import ServerError, model_info, pause_request, retry_flush_refused
 from relax_rollout.engines.wire_weights import (

@@ -135,7 +135,8 @@ def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path)
 
 
 def test_a_node_cut_off_the_network_loses_nothing_and_rejoins(cluster, spread, tiny_run_inputs, tmp_path):
-    """The rollout's node cut off the network after step 1 for twice the heartbeat time-out, then back:
+    """The rollout's node cut off the network once the run has evaluated before its first step, for twice
+    the heartbeat time-out, then back:
     the rollout's heartbeat goes unanswered, it is restarted on the driver's node (its journal says where
     to go on), the run trains exactly the uninterrupted run's prompts, and the node is in the cluster
     again afterwards (its raylet reconnected, or, had Ray declared it dead meanwhile, started again)."""
@@ -143,7 +144,7 @@ def test_a_node_cut_off_the_network_loses_nothing_and_rejoins(cluster, spread, t
     cut_s: list[float] = []
 
     def cut(out: Path) -> None:
-        after_step(out, 1)
+        after_step(out, 0)  # (before training: the run cannot end without the rollout meanwhile)
         node.link(up=False)
         t0 = time.monotonic()
         time.sleep(2 * HEARTBEAT_TIMEOUT_S)

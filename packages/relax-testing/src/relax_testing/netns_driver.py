@@ -52,13 +52,17 @@ def drive(
 
 
 def after_step(out: Path, step: int, timeout_s: float = 300.0) -> float:
-    """Wait until the run in ``out`` logged training step ``step`` (its metrics.jsonl); the time then."""
+    """Wait until the run in ``out`` logged training step ``step`` (its metrics.jsonl; ``0``: its first
+    record, the evaluation before training); the time then."""
     deadline = time.monotonic() + timeout_s
     log = out / "metrics.jsonl"
     while time.monotonic() < deadline:
         if log.is_file():
-            lines = [x for x in log.read_text().splitlines() if '"train/loss"' in x]
-            if lines and max(json.loads(x).get("step", 0) for x in lines) >= step:
+            records = log.read_text().splitlines()
+            lines = [x for x in records if '"train/loss"' in x]
+            if (step == 0 and records) or (
+                lines and max(json.loads(x).get("step", 0) for x in lines) >= step
+            ):
                 return time.time()
         time.sleep(0.2)
     raise TimeoutError(f"the run in {out} did not reach step {step} in {timeout_s:.0f} s")

@@ -1,14 +1,16 @@
 """Run on the head of ``tests/test_netns_runs.py``'s namespace cluster (``python tests/_netns_engines.py
-MODEL TMP RAY_ADDRESS``): two SGLang-protocol engines of one (logical) GPU each, engine 0 on this node and
-engine 1 started on the next by its launcher actor, bound to that node's address with a token (control
-refused without it, the token not logged). Both load a version from the shared directory and generate; the
-remote engine, killed, is restarted on its node with the current weights; then a version broadcast to
-both on SGLang's weight group (``--sglang-weight-update distributed``), its rendezvous this node's address;
-both generate again; close() leaves no process. Prints what the test checks, as JSON, on its last line.
+MODEL TMP RAY_ADDRESS [--real-sglang]``): SGLang-protocol engines of one (logical) GPU each, engine 0 on
+this node and engine 1 started on the next by its launcher actor (with ``--real-sglang``: the real SGLang
+on CPU, one engine, on the next node only, not restarted: each start costs CI a minute), bound to that
+node's address with a token (control refused without it, the token not in its log). They load a version
+from the shared directory and generate; the remote engine, killed, is restarted on its node with the
+current weights; then a version is broadcast on SGLang's weight group (``--sglang-weight-update distributed``), its
+rendezvous this node's address; they generate again; close() leaves no process. Prints what the test
+checks, as JSON, on its last line.
 
-Our engine server stands in for SGLang (its ``/init_weights_update_group`` makes the group with the same
-torch calls SGLang's does); a real SGLang's own group code reads ``GLOO_SOCKET_IFNAME``, which the launcher
-sets for engines of a group across nodes (checked here on the remote engine's environment)."""
+Our engine server makes its group with the same torch calls SGLang's does; a real SGLang's own group code
+reads ``GLOO_SOCKET_IFNAME``, which the launcher sets for engines of a group across nodes (checked here on
+the remote engine's environment)."""
 
 from __future__ import annotations
 
@@ -16,30 +18,33 @@ import json
 import os
 import signal
 import sys
+import time
 
 
 def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
-    """``real``: real SGLang on CPU (``.venv-sglang``) instead of our engine server (by hand: slow for CI)."""
+    """``real``: one real SGLang on CPU (``.venv-sglang``), on the next node, instead of our two servers."""
     import ray
     from safetensors.torch import load_file
 
     from relax_rollout.engines import SamplingParams
-    from relax_rollout.engines.processes import group_alive, server_command
+    from relax_rollout.engines.process_groups import group_alive
+    from relax_rollout.engines.processes import server_command
     from relax_rollout.engines.sglang import SGLangEngine
     from relax_rollout.engines.wire import ServerError, http_json
     from relax_testing import wait_until
 
+    t0 = time.monotonic()
     ray.init(address=address, logging_level="ERROR")
     if real:
         from relax_rollout.engines import sglang_cpu
 
-        backend = {**sglang_cpu.engine_kwargs(sglang_cpu.python()), "gpu_ids": ["0"]}
+        backend = {**sglang_cpu.engine_kwargs(sglang_cpu.python()), "gpu_ids": []}  # (none here)
     else:
         cmd = server_command("--host", "{host}", "--token", "{token}", "--torch-threads", "1")
         backend = {"gpu_ids": ["0"], "launch_cmd": cmd, "startup_timeout_s": 300}
     eng = SGLangEngine(
         model,
-        num_engines=2,
+        num_engines=1 if real else 2,
         gpus_per_node=1,
         **backend,
         weights_dir=os.path.join(tmp, "weights"),
@@ -51,8 +56,8 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
     prompts, greedy = [[3, 4, 5], [6, 7], [8, 9, 10], [11]], SamplingParams(max_new_tokens=4, greedy=True)
     got: dict = {}
     try:
-        local, remote = eng.engines()
-        got["urls"] = [local["url"], remote["url"]]
+        remote = eng.engines()[-1]
+        got["urls"] = [e["url"] for e in eng.engines()]
         launcher = eng.launcher.nodes[remote["node_id"]]
         env = ray.get(launcher.environ.remote(remote["pid"]))
         got["remote_env"] = {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME")}
@@ -61,22 +66,25 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
             got["unauthenticated"] = 200
         except ServerError as e:
             got["unauthenticated"] = e.status
-        got["token_logged"] = eng.token in open(os.path.join(tmp, "logs", "engine1.log")).read()
+        log = os.path.join(tmp, "logs", f"engine{len(got['urls']) - 1}.log")
+        got["token_logged"] = eng.token in open(log).read()
         weights = load_file(os.path.join(model, "model.safetensors"))
         checksum = (lambda: None) if real else eng.pool.weights_checksum  # (SGLang has no checksum route)
         before = checksum()
         eng.update_weights({k: v * 0.5 for k, v in weights.items()}, 1)  # (from the shared directory)
         eng.check_weight_version(1)
         got["generated"] = len(eng.generate(prompts, greedy))
-        os.killpg(remote["pid"], signal.SIGKILL)  # the remote engine dies: restarted on its node
-        wait_until(
-            lambda: len(eng.engines()[1]["pids"]) == 2 and eng.engines()[1]["state"] == "running",
-            timeout=300,
-            what="engine 1 restarted",
-            interval=0.2,
-        )
-        eng.check_weight_version(1)  # (it loaded the current weights before serving)
-        got["restarted_on"] = eng.engines()[1]["node_id"] == remote["node_id"]
+        if not real:  # (the real one: a second start costs CI a minute; restarts of real SGLang on one node
+            # are tests/engines/test_sglang_real.py's)
+            os.killpg(remote["pid"], signal.SIGKILL)  # the remote engine dies: restarted on its node
+            wait_until(
+                lambda: len(eng.engines()[-1]["pids"]) == 2 and eng.engines()[-1]["state"] == "running",
+                timeout=300,
+                what="engine 1 restarted",
+                interval=0.2,
+            )
+            eng.check_weight_version(1)  # (it loaded the current weights before serving)
+            got["restarted_on"] = eng.engines()[-1]["node_id"] == remote["node_id"]
         eng.weight_update = "distributed"  # now SGLang's weight group, its rendezvous this node's address
         eng.update_weights({k: v * 0.25 for k, v in weights.items()}, 2)
         eng.check_weight_version(2)
@@ -88,7 +96,23 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
         eng.close()
         ray.shutdown()
     got["left"] = [p for s in eng.engines() for p in s["pids"] if group_alive(p)]
+    got["left_members"] = {p: _group_members(p) for p in got["left"]}
+    got["seconds"] = round(time.monotonic() - t0, 1)
     return got
+
+
+def _group_members(pgid: int) -> list[str]:
+    """``pid state parent name`` of each process of the group ``pgid`` (what a failed check shows)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if d.isdigit() and int(rest[2]) == pgid:
+            found.append(f"{d} {rest[0]} {rest[1]} {name}")
+    return found
 
 
 if __name__ == "__main__":

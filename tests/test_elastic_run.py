@@ -1,7 +1,12 @@
 """Elastic rollout during a running fully-async job: scale out by one ray_native engine and by one
 external engine served from another process, then scale in by two while requests are in flight. No
 request is lost, every new engine serves with the current weights, and the REST errors are the documented
-ones. The run is long (it would outlast the test) and is stopped gracefully once the scenario is done."""
+ones. The run is long (it would outlast the test) and is stopped gracefully once the scenario is done.
+
+Where the namespace tier runs (root, ``ip``: CI), ``tests/test_netns_runs.py`` runs this scenario across
+three nodes instead (the API and the engines at node addresses, an engine launched on a named node, the same
+checks), and this one-node run is skipped to pay for it in CI minutes; the loopback API and loopback engines
+are also covered by ``packages/relax-rollout/tests/test_elastic.py`` and ``engines/test_pool.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,21 +22,14 @@ from _tiny import run_flags
 
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
+from relax_testing import netns
+from relax_testing.http_calls import call, scrape, series
 
 TOKEN = "elastic-test-token"
 
 
 def _call(base: str, method: str, path: str, body=None, token: str | None = TOKEN):
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(base + path, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    return call(base, method, path, body, token)
 
 
 def _wait_op(base: str, op_id: str, timeout_s: float = 240.0) -> dict:
@@ -45,20 +41,6 @@ def _wait_op(base: str, op_id: str, timeout_s: float = 240.0) -> dict:
             return op
         time.sleep(0.2)
     raise AssertionError(f"operation {op_id} did not finish")
-
-
-def _scrape(url: str, token: str | None = None) -> dict[str, float]:
-    """Prometheus text → {series: value} (comments dropped)."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        lines = r.read().decode().splitlines()
-    return {
-        ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in lines if ln and not ln.startswith("#")
-    }
-
-
-def _series(scrape: dict[str, float], name: str) -> float:
-    return sum(v for k, v in scrape.items() if k.split("{")[0] == name)
 
 
 def _trained_steps(metrics: Path) -> int:
@@ -90,6 +72,10 @@ def _start_external(model: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.skipif(
+    netns.available() is None,
+    reason="tests/test_netns_runs.py::test_the_elastic_api_scales_engines_across_nodes runs it across nodes here",
+)
 def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     out = tmp_path / "run"
     # longer than the test (the scenario stops it), one engine at the start, the REST API on a free port
@@ -123,12 +109,12 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
             code, op = _call(base, "POST", "/elastic/scale_out", {"engine_urls": [url]})
             assert code == 202, op
             seen["scale_out_external"] = _wait_op(base, op["id"])
-            scrapes = [_scrape(url + "/metrics")]  # a Prometheus scrape of an engine, as load comes
+            scrapes = [scrape(url + "/metrics")]  # a Prometheus scrape of an engine, as load comes
             k = _trained_steps(metrics)
             _wait_steps(metrics, k + 3)  # the three engines serve a few steps
-            scrapes.append(_scrape(url + "/metrics"))
+            scrapes.append(scrape(url + "/metrics"))
             seen["scrapes"] = scrapes
-            seen["pool_metrics"] = _scrape(base + "/elastic/metrics", TOKEN)
+            seen["pool_metrics"] = scrape(base + "/elastic/metrics", TOKEN)
             seen["engines_before_in"] = _call(base, "GET", "/elastic/engines")[1]
             code, op = _call(base, "POST", "/elastic/scale_in", {"num_replicas": 1})  # while generating
             assert code == 202, op
@@ -165,8 +151,8 @@ def test_scale_out_and_in_mid_run(tiny_run_inputs, tmp_path):
     # the engine's metrics moved with the load it took; the pool's count its scaling
     before, after = seen["scrapes"]
     for name in ("sglang:generation_tokens_total", "sglang:num_requests_total", "sglang:prompt_tokens_total"):
-        assert _series(after, name) > _series(before, name), (name, before, after)
-    assert _series(after, "relax:weight_version") > _series(before, "relax:weight_version")
+        assert series(after, name) > series(before, name), (name, before, after)
+    assert series(after, "relax:weight_version") > series(before, "relax:weight_version")
     pool = seen["pool_metrics"]
     assert pool['relax:elastic_operations_total{kind="scale_out",state="succeeded"}'] == 2, pool
     assert pool['relax:elastic_engines{state="active"}'] == 3 and pool["relax:elastic_prompts_total"] > 0, (

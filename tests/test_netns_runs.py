@@ -13,6 +13,8 @@ here, and a whole node can be killed or cut off the network.
   cluster again.
 - A colocate run whose megatron trainer has a rank on each of two nodes (``--actor-num-nodes 2``, gloo
   across the namespaces).
+- The elastic API across nodes: bound to the rollout's node address behind the token, it launches an engine
+  on the node a scale-out names, joins an engine server started on another node, and scales in mid-run.
 - SGLang-protocol engines on two nodes taking a version on the weight group across them.
 
 Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
@@ -31,12 +33,13 @@ import pytest
 from _tiny import run_flags
 
 from relax_testing import netns
-from relax_testing.netns_driver import after_step, drive
+from relax_testing.http_calls import call, scrape, series
+from relax_testing.netns_driver import after_step, drive, stop
 
 WHY_NOT = netns.available()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT)), pytest.mark.integration]
 
-STEPS = 4
+STEPS = 3
 HEARTBEAT_TIMEOUT_S = 6.0
 PLACEMENT = {"rollout": "10.77.0.2", "actor": "10.77.0.3", "reference": "10.77.0.1", "actor_fwd": "10.77.0.1"}
 """The rollout on one node, the trainer on another, the forward roles (and the bus) on the head."""
@@ -53,7 +56,7 @@ def cluster():
 
 
 def _flags(inputs, out: Path, *extra: str, **flags) -> list[str]:
-    """4 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a
+    """3 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a
     restarted trainer starts from); two optimizer steps per batch, so ActorFwd runs."""
     run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=2, trace=False, global_batch_size=4)
     run["kl_coef"] = 0.01  # (the reference runs)
@@ -83,12 +86,114 @@ def test_a_fully_async_run_on_three_nodes_trains_as_on_one(cluster, spread, tiny
     assert {r: placement[r] for r in PLACEMENT} == PLACEMENT
     assert placement["bus"] == placement["advantages"] == "10.77.0.1"
     assert not spread["audit"]["health"]
-    one = drive(cluster, tmp_path / "one", _flags(tiny_run_inputs, tmp_path / "one", "--fully-async"))
+    one_flags = _flags(tiny_run_inputs, tmp_path / "one", "--fully-async", save_interval=1000)  # (no restart)
+    one = drive(cluster, tmp_path / "one", one_flags)
     assert set(one["audit"]["placement"].values()) == {"10.77.0.1"}
     assert _prompts(spread) == _prompts(one)
     assert [h["step"] for h in spread["history"] if "train/loss" in h] == list(range(1, STEPS + 1))
-    assert [s for s, _ in spread["eval_curve"]] == [0, 2, 4]
+    assert [s for s, _ in spread["eval_curve"]] == [0, 2, 3]
     assert spread["eval_curve"] == one["eval_curve"]
+
+
+TOKEN = "netns-elastic-token"
+
+
+def _call(base: str, method: str, path: str, body=None, token: str | None = TOKEN) -> tuple[int, dict]:
+    return call(base, method, path, body, token)
+
+
+def _op(base: str, body: dict, path: str = "/elastic/scale_out", busy: dict | None = None) -> dict:
+    """Start a scaling operation and wait for its end; the operation. ``busy``: what a scale-in asked
+    meanwhile got (409: one operation at a time)."""
+    code, op = _call(base, "POST", path, body)
+    assert code == 202, op
+    if busy is not None:
+        busy["code"] = _call(base, "POST", "/elastic/scale_in", {"num_replicas": 1})[0]
+    deadline = time.monotonic() + 240
+    while op["state"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, op
+        time.sleep(0.2)
+        op = _call(base, "GET", f"/elastic/operations/{op['id']}")[1]
+    return op
+
+
+def _steps(out: Path) -> int:
+    log = out / "metrics.jsonl"
+    return sum('"train/loss"' in x for x in log.read_text().splitlines()) if log.is_file() else 0
+
+
+def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, tmp_path):
+    """The rollout on node 2 with engine processes and the elastic API bound to its node's address
+    (``--elastic-host node``, so the token is required): called from another address, a scale-out that
+    names node 3 launches an engine there (it serves at node 3's address), an engine server started on node
+    3 joins by URL, both serve with the current weights, and a scale-in while generating removes them; the
+    run loses no sample and sees no failure; the REST errors are the documented ones (401, 400, 404, 409),
+    a retried request id gets the same operation, and an engine's and the pool's metrics move. The run is
+    longer than the scenario, which stops it. (Where this runs, it stands in for the one-node
+    ``tests/test_elastic_run.py``.)"""
+    out, seen = tmp_path / "elastic", {}
+    elastic = dict(rollout_engines=1, elastic_port=0, elastic_host="node", elastic_token=TOKEN)
+    run = dict(num_rollout=100000, eval_interval=100000, save_interval=100000, drain_timeout_s=0.2)
+    flags = _flags(
+        tiny_run_inputs, out, "--fully-async", "--role-nodes", "rollout=10.77.0.2", **run, **elastic
+    )
+    far = cluster.nodes[2]
+    serve = [sys.executable, "-m", "relax_rollout.server", "--model", tiny_run_inputs.model_path]
+    serve += ["--host", far.ip, "--port", "0", "--token", TOKEN, "--torch-threads", "1"]
+
+    def scenario(out: Path) -> None:
+        ext = None
+        try:
+            after_step(out, 1)
+            base = seen["base"] = json.loads((out / "elastic.json").read_text())["url"]
+            seen["401"] = _call(base, "GET", "/elastic/engines", token=None)[0]
+            seen["404"] = _call(base, "GET", "/elastic/operations/nope")[0]
+            seen["400"] = _call(base, "POST", "/elastic/scale_out", {"num_replicas": "two"})
+            body = {"num_replicas": 2, "node": far.ip, "request_id": "out-1"}
+            seen["ray"] = _op(base, body, busy=seen.setdefault("busy", {}))
+            seen["again"] = _call(base, "POST", "/elastic/scale_out", body)  # a client's retry
+            ext = subprocess.Popen(far.exec_argv(serve), env=cluster.env(), stdout=subprocess.PIPE, text=True)
+            url = next(ln for ln in ext.stdout if "listening on" in ln).strip().rsplit(" ", 1)[-1]
+            seen["external"] = _op(base, {"engine_urls": [url]})
+            scrapes = [scrape(url + "/metrics", TOKEN)]  # a Prometheus scrape of an engine, as load comes
+            k = _steps(out)
+            after_step(out, k + 2)  # the three engines serve
+            seen["scrapes"] = [*scrapes, scrape(url + "/metrics", TOKEN)]
+            seen["engines"] = _call(base, "GET", "/elastic/engines")[1]["data"]
+            seen["metrics"] = scrape(base + "/elastic/metrics", TOKEN)
+            seen["in"] = _op(base, {"num_replicas": 1}, "/elastic/scale_in")
+            after_step(out, _steps(out) + 1)  # on with the start-up engine alone
+        finally:
+            stop(out)
+            if ext is not None:
+                ext.kill()
+
+    record = drive(cluster, out, flags, scenario)
+    assert seen["base"].startswith("http://10.77.0.2:") and seen["401"] == 401 and seen["404"] == 404
+    assert seen["busy"]["code"] == 409 and seen["400"][0] == 400 and seen["400"][1]["param"] == "num_replicas"
+    assert seen["again"][0] == 200 and seen["again"][1]["id"] == seen["ray"]["id"]  # (idempotent)
+    before, after = seen["scrapes"]  # the engine's metrics moved with the load it took
+    for name in ("sglang:generation_tokens_total", "sglang:num_requests_total", "relax:weight_version"):
+        assert series(after, name) > series(before, name), name
+    pool = seen["metrics"]
+    assert pool['relax:elastic_operations_total{kind="scale_out",state="succeeded"}'] == 2, pool
+    assert pool['relax:elastic_engines{state="active"}'] == 3 and pool["relax:elastic_prompts_total"] > 0
+    for key in ("ray", "external", "in"):
+        assert seen[key]["state"] == "succeeded", seen[key]
+    engines = {e["kind"]: e for e in seen["engines"]}
+    assert engines["startup"]["url"].startswith("http://10.77.0.2:")
+    assert engines["ray_native"]["url"].startswith(f"http://{far.ip}:")
+    assert engines["ray_native"]["node"] == far.ip
+    assert engines["external"]["url"].startswith(f"http://{far.ip}:")
+    final = {e["kind"]: e for e in record["audit"]["engines"]}
+    for kind in ("ray_native", "external"):  # joined with the then-current weights, served, drained away
+        assert final[kind]["served"] > 0 and final[kind]["state"] == "removed", final
+    trained = [h["step"] for h in record["history"] if "train/loss" in h]
+    assert trained == list(range(1, len(trained) + 1))
+    assert final["startup"]["state"] == "active" and final["startup"]["weight_version"] == len(trained)
+    ids = record["audit"]["trained_ids"]
+    assert len(ids) == len(set(ids)) == 8 * len(trained)
+    assert not record["audit"]["health"], record["audit"]["health"]
 
 
 def _restarted_elsewhere(record: dict, role: str, node: str) -> None:
@@ -184,7 +289,8 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
         after_step(out, 1)
         seen.append(_ranks_on(cluster.nodes[1]))
 
-    short = dict(num_rollout=2, save_interval=2)  # (CI minutes: two megatron runs)
+    # (CI minutes, two megatron runs: no checkpoint, no reference model)
+    short = dict(num_rollout=2, save_interval=1000, kl_coef=0.0)
     two = tmp_path / "two"
     spread = drive(cluster, two, _flags(tiny_run_inputs, two, *mg, "--actor-num-nodes", "2", **short), look)
     assert seen == [1]  # rank 1 ran on the second node
@@ -197,23 +303,35 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
-def test_engines_on_two_nodes_take_a_broadcast_on_the_weight_group(cluster, tiny_run_inputs, tmp_path):
+@pytest.mark.parametrize(
+    "real", [False, pytest.param(True, marks=pytest.mark.real_sglang)], ids=["ours", "sglang"]
+)
+def test_engines_on_two_nodes_take_a_broadcast_on_the_weight_group(cluster, tiny_run_inputs, tmp_path, real):
     """SGLang-protocol engines on two nodes (one each, logical GPUs): the remote one serves at its node's
     address behind the token, loads versions from the shared directory, is restarted on its node when
-    killed; the weight group's rendezvous is the head's address and every member binds its own node's
+    killed (ours); the weight group's rendezvous is the head's address and every member binds its own node's
     (``GLOO_SOCKET_IFNAME`` set for the remote engine's process); a version broadcast on it reaches both,
-    and both generate. (Our engine server stands in for SGLang: ``tests/_netns_engines.py``.)"""
+    and both generate. Once with our engine server standing in for SGLang, once with the real SGLang on CPU
+    (its venv: ``tools/sglang-cpu/setup.sh``), each engine in its node's namespace
+    (``tests/_netns_engines.py``)."""
     script = Path(__file__).with_name("_netns_engines.py")
     argv = [sys.executable, str(script), tiny_run_inputs.model_path, str(tmp_path), cluster.address]
+    if real:
+        from relax_rollout.engines import sglang_cpu
+
+        sglang_cpu.require_python()
+        argv.append("--real-sglang")
     out = subprocess.run(
-        cluster.head.exec_argv(argv), env=cluster.env(), capture_output=True, text=True, timeout=400
+        cluster.head.exec_argv(argv), env=cluster.env(), capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-4000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["urls"][0].startswith("http://127.0.0.1:") and got["urls"][1].startswith("http://10.77.0.2:")
+    print("engines across nodes:", {k: got[k] for k in ("seconds", "left")})
+    assert got["urls"][-1].startswith("http://10.77.0.2:")  # the remote engine at its node's address
+    assert real or got["urls"][0].startswith("http://127.0.0.1:")  # (ours: one here too, on loopback)
     assert got["remote_env"] == {"CUDA_VISIBLE_DEVICES": "0", "GLOO_SOCKET_IFNAME": cluster.nodes[1].veth}
     assert got["unauthenticated"] == 401 and not got["token_logged"]
     assert got["generated"] == got["generated_after"] == 4 and all(n >= 1 for n in got["served"])
-    assert got["restarted_on"]  # the killed remote engine came back on its node
-    assert got["group_size"] == 2 and got["changed"]
-    assert got["left"] == []
+    assert real or got["restarted_on"]  # the killed remote engine came back on its node
+    assert got["group_size"] == len(got["urls"]) and got["changed"]
+    assert got["left"] == [], got["left_members"]

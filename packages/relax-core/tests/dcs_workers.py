@@ -117,3 +117,13 @@ def run_exchange(transport: str, backend: str = "gloo", world_size: int = 3) -> 
         "segments": segments,
         "device": sender._ep.device,
     }
+
+
+def _ready_receiver_main(init_method: str, world_size: int, rank: int, queue) -> None:
+    """A background receiver that says "ready" (torch imported, its receiver made) before it connects, for
+    a sender whose time-out is shorter than a spawned process's start."""
+    recv = WeightReceiver(init_method, world_size, rank, timeout_s=60)
+    queue.put("ready")
+    recv.connect()
+    recv.start_background(lambda version, tensors: None)
+    recv.join(timeout=600)

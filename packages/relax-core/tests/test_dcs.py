@@ -13,7 +13,14 @@ from relax_core.dcs import SyncStats, WeightReceiver, WeightSender, checksum  # 
 from relax_core.net import free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dcs_workers import BUCKET_BYTES, VERSIONS, _receiver_main, make_params, run_exchange  # noqa: E402
+from dcs_workers import (  # noqa: E402
+    BUCKET_BYTES,
+    VERSIONS,
+    _ready_receiver_main,
+    _receiver_main,
+    make_params,
+    run_exchange,
+)
 
 
 @pytest.fixture(scope="module", params=["broadcast", "ipc"])
@@ -283,3 +290,39 @@ def test_the_device_is_fixed_when_the_endpoint_is_made(monkeypatch):
     assert seen == ["cuda:3", "cuda:1"]
     with pytest.raises(ValueError, match="cuda:N"):
         WeightSender("tcp://127.0.0.1:1", 2, backend="nccl", device="cuda")
+
+
+def test_a_receiver_that_stops_answering_mid_sync_fails_the_broadcast_at_the_time_out():
+    """A receiver cut off the network mid-sync looks like this one, stopped (SIGSTOP): its sockets stay open
+    and nothing comes back. The bucket broadcast gives up at the group's time-out
+    (``--weight-sync-timeout-s``) with a SyncTimeout that says so, a RuntimeError as a dead member's (the
+    trainer trains on, the health manager re-forms the group); it held the trainer for 300 s before."""
+    import os
+    import signal
+    import time
+
+    from relax_core.config_sections import RunConfig
+    from relax_core.dcs import SyncTimeout
+
+    ctx = mp.get_context("spawn")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    queue = ctx.Queue()
+    kid = ctx.Process(target=_ready_receiver_main, args=(init_method, 2, 1, queue), daemon=True)
+    kid.start()
+    sender = WeightSender.for_run(RunConfig(weight_sync_timeout_s=3), init_method, 2)
+    try:
+        assert queue.get(timeout=120) == "ready"
+        sender.connect()
+        sender.broadcast(make_params(1), version=1)
+        os.kill(kid.pid, signal.SIGSTOP)
+        big = [("w", torch.zeros(64 << 20, dtype=torch.uint8))]  # (past what the socket buffers hold)
+        t0 = time.monotonic()
+        with pytest.raises(SyncTimeout, match="--weight-sync-timeout-s") as err:
+            sender.broadcast(big, version=2)
+        waited = time.monotonic() - t0
+        assert isinstance(err.value, RuntimeError) and "version 2" in str(err.value)
+        assert waited < 60, waited  # the group's 3 s, not a hang
+    finally:
+        os.kill(kid.pid, signal.SIGKILL)
+        kid.join(timeout=30)
+        sender.abandon()

@@ -60,14 +60,16 @@ def api(serve):
 
     def make(token=None, launcher=True, gate=None, cancel_wait_s=10.0):
         launched: list[ServedEngine] = []
+        nodes: list[str | None] = []  # the node each launch was asked for
         launching = threading.Event()  # a launch has begun (and waits for the gate, if any)
 
-        def launch():
+        def launch(node=None):
             launching.set()
             if gate is not None:
                 assert gate.wait(20)
             s = serve()
             launched.append(s)
+            nodes.append(node)
             return s.url, s
 
         pool = EnginePool(
@@ -84,6 +86,7 @@ def api(serve):
             svc=svc,
             url=f"http://127.0.0.1:{httpd.server_address[1]}",
             launched=launched,
+            nodes=nodes,
             launching=launching,
         )
 
@@ -285,6 +288,27 @@ def test_validation_errors_are_400_naming_the_field(api, call):
     assert code == 400 and err["param"] == "engine_ids" and "at least 1 must remain" in err["message"]
 
 
+def test_a_scale_out_on_a_named_node(api, call):
+    """Multi-node runs (--elastic-host node) launch engines on the node a scale-out names, an alive one;
+    a restart asks for the same node again. Loopback-bound runs refuse a node, saying what to start with."""
+    a = api()
+    code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 3, "node": "10.0.0.2"})
+    assert code == 400 and err["param"] == "node" and "--elastic-host node" in err["message"]
+    a.svc.nodes = lambda: ["10.0.0.1", "10.0.0.2"]
+    code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 3, "node": "10.0.0.9"})
+    assert code == 400 and "no alive node at 10.0.0.9" in err["message"] and "10.0.0.2" in err["message"]
+    code, err = call(a.url, "/elastic/scale_out", {"engine_urls": ["http://h:1"], "node": "10.0.0.2"})
+    assert code == 400 and err["param"] == "node" and "only with num_replicas" in err["message"]
+    assert a.launched == []
+    code, op = call(a.url, "/elastic/scale_out", {"num_replicas": 3, "node": "10.0.0.2"})
+    assert code == 202 and wait_op(call, a, op["id"])["state"] == "succeeded"
+    assert a.nodes == ["10.0.0.2"]
+    code, eng = call(a.url, "/elastic/engines")
+    assert [m["node"] for m in eng["data"]] == [None, None, "10.0.0.2"]
+    a.pool.restart("e2")
+    assert a.nodes == ["10.0.0.2", "10.0.0.2"] and a.pool.get("e3").node == "10.0.0.2"
+
+
 def test_a_scale_out_past_the_clusters_room_is_refused_before_anything_launches(api, call):
     """{"num_replicas": 1000000} was accepted: 8 engines were launched before a cancel stopped it."""
     a = api()
@@ -384,7 +408,12 @@ def test_auth_unknown_routes_and_openapi(api, call):
             assert "404" in op["responses"] and op["parameters"][0]["name"] == "id"
     assert {(m.lower(), p) for m, p, _ in ROUTES} == {(m, p) for p, ops in doc["paths"].items() for m in ops}
     schemas = doc["components"]["schemas"]
-    assert set(schemas["ScaleOutRequest"]["properties"]) == {"num_replicas", "engine_urls", "request_id"}
+    assert set(schemas["ScaleOutRequest"]["properties"]) == {
+        "num_replicas",
+        "engine_urls",
+        "node",
+        "request_id",
+    }
     assert set(schemas["ScaleInRequest"]["properties"]) == {
         "num_replicas",
         "engine_ids",

@@ -180,7 +180,10 @@ class RolloutConfig(Section):
     """Serve the elastic rollout REST API (scale out/in, operations, engines, /elastic/openapi.json) on this
     port (0: any free port, written to output_dir/elastic.json); None: no API."""
     elastic_host: str = "127.0.0.1"
-    """Bind address of the elastic API; anything but loopback needs --elastic-token."""
+    """Bind address of the elastic API; anything but loopback needs --elastic-token. ``node``: the rollout
+    role's node address, for a run across nodes; its engines then bind their own node's address too
+    (reached with the elastic token, which external engines joining it must take), and a scale-out may
+    name the node to launch engines on."""
     elastic_token: str | None = None
     """Bearer token the elastic API requires (mandatory when --elastic-host is not loopback; not blank)."""
     elastic_max_engines: int | None = Field(None, ge=1)
@@ -518,6 +521,11 @@ class RunConfig(Section):
     bucketed collective to every receiver (any machine); ``ipc``, every receiver on the trainer's machine
     maps the trainer's bucket buffers (CUDA IPC on the same GPU with ``weight_sync_backend=nccl``, shared
     memory on CPU) and copies from them — no collective."""
+    weight_sync_timeout_s: float = Field(300.0, gt=0.0)
+    """Fully async, how long one weight sync may wait for a receiver (a bucket's collective, the
+    receivers' acknowledgements, the rendezvous) before the trainer fails with an error saying so. A
+    receiver cut off the network mid-sync holds the trainer this long; the health manager then restarts
+    what failed. Lower it on a flaky network, raise it when a sync of a large model takes longer."""
     weight_sync_backend: Literal["gloo", "nccl"] = "gloo"
     """Where the buckets live: ``gloo``, host memory (works everywhere; GPU weights are copied to the host);
     ``nccl``, GPU memory (an NCCL broadcast, or CUDA IPC with ``ipc``): every role of the group needs a

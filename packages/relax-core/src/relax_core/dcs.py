@@ -56,6 +56,12 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_VERSION = -1
 
 
+class SyncTimeout(RuntimeError):
+    """A collective of a sync waited ``timeout_s`` for a receiver. A RuntimeError like a dead member's
+    error, so the trainer trains on the same way (:mod:`relax_core.weight_sync`) while the health manager
+    restarts the receiver and re-forms the group."""
+
+
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     import torch
 
@@ -140,9 +146,14 @@ class WeightSender:
 
     @classmethod
     def for_run(cls, run: Any, init_method: str, world_size: int) -> WeightSender:
-        """The sender a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport``)."""
+        """The sender a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport`` /
+        ``weight_sync_timeout_s``)."""
         return cls(
-            init_method, world_size, backend=run.weight_sync_backend, transport=run.weight_sync_transport
+            init_method,
+            world_size,
+            backend=run.weight_sync_backend,
+            transport=run.weight_sync_transport,
+            timeout_s=run.weight_sync_timeout_s,
         )
 
     def connect(self) -> None:
@@ -191,7 +202,16 @@ class WeightSender:
             with torch.no_grad():
                 parts = [_as_bytes(tensors[name]).to(self._ep.device) for name, _, _ in bucket["params"]]
                 flat = torch.cat(parts) if len(parts) > 1 else parts[0]  # root only reads it
-            self._ep.bcast(flat)
+            try:
+                self._ep.bcast(flat)
+            except RuntimeError as e:
+                if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+                    raise
+                raise SyncTimeout(
+                    f"DCS: version {version} waited {self._ep.timeout} for a receiver in a bucket broadcast "
+                    f"(one is cut off the network, stopped or dead); the group must be re-formed. A sync "
+                    f"that is only slow needs a longer --weight-sync-timeout-s. ({e})"
+                ) from e
             num_bytes += flat.numel()
         self._last_version = version
         self.last_stats = SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
@@ -296,13 +316,15 @@ class WeightReceiver:
 
     @classmethod
     def for_run(cls, run: Any, init_method: str, world_size: int, rank: int) -> WeightReceiver:
-        """The receiver a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport``)."""
+        """The receiver a run's config asks for (``run.weight_sync_backend`` / ``weight_sync_transport`` /
+        ``weight_sync_timeout_s``)."""
         return cls(
             init_method,
             world_size,
             rank,
             backend=run.weight_sync_backend,
             transport=run.weight_sync_transport,
+            timeout_s=run.weight_sync_timeout_s,
         )
 
     def connect(self) -> None:

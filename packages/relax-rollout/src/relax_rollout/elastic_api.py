@@ -41,6 +41,12 @@ class ScaleOutRequest(_Request):
     engine_urls: list[EngineUrl] | None = Field(
         None, min_length=1, description="Running SGLang-compatible servers to join."
     )
+    node: str | None = Field(
+        None,
+        min_length=1,
+        description="With num_replicas: the Ray node (its address) to launch the new engines on; needs "
+        "engines bound to their node's address (--elastic-host node). Default: the rollout's node.",
+    )
     request_id: RequestId | None = None
 
 
@@ -105,6 +111,7 @@ class Engine(BaseModel):
     served: int
     error: str | None
     replaced_by: str | None
+    node: str | None = Field(description="The node address a scale-out launched it on (null: the default).")
 
 
 class EngineList(BaseModel):

@@ -163,7 +163,9 @@ def _exactly_one(body: dict, keys: tuple[str, ...]) -> str:
 class ElasticService:
     """Scaling operations on ``pool``, one at a time, each in its own thread. ``drain_timeout_s`` and
     ``force`` are the scale-in defaults when a request does not give them; ``cancel_wait_s`` is how long a
-    cancel waits for the rollback before answering (202 instead of 200 when it is still running)."""
+    cancel waits for the rollback before answering (202 instead of 200 when it is still running).
+    ``nodes``: the cluster's alive node addresses, when launched engines bind their node's address and a
+    scale-out may name the node to launch on (None: engines are loopback-bound, on the rollout's node)."""
 
     def __init__(
         self,
@@ -173,8 +175,10 @@ class ElasticService:
         cancel_wait_s: float = 10.0,
         max_operations: int = 1000,
         max_engines: int | None = None,
+        nodes: Callable[[], list[str]] | None = None,
     ) -> None:
         self.pool = pool
+        self.nodes = nodes
         self.max_engines = max_engines
         """The most engines a scale-out may ask for (the cluster's room; None: no limit)."""
         self.drain_timeout_s, self.force, self.cancel_wait_s = drain_timeout_s, force, cancel_wait_s
@@ -236,7 +240,27 @@ class ElasticService:
             for i, u in enumerate(urls or []):
                 if (m := self.pool.find(u)) is not None and m.state != "failed":
                     raise BadRequest(f"engine_urls[{i}]", f"{u} is already in the pool as {m.id} ({m.state})")
+            self._check_node(body.get("node"), n)
             return self._start("scale_out", body, self._run_scale_out), True
+
+    def _check_node(self, node: Any, n: int | None) -> None:
+        """A scale-out's ``node``: a string, with num_replicas, on a run whose engines bind their node's
+        address, naming an alive node of the cluster."""
+        if node is None:
+            return
+        if not isinstance(node, str) or not node:
+            raise BadRequest("node", f"must be a node's address, e.g. 10.0.0.3 (got {node!r})")
+        if n is None:
+            raise BadRequest("node", "only with num_replicas: engine_urls are already running somewhere")
+        if self.nodes is None:
+            raise BadRequest(
+                "node",
+                "this run's engines bind loopback and run on the rollout's node; start it with "
+                "--elastic-host node (and --elastic-token) to launch engines on other nodes",
+            )
+        alive = self.nodes()
+        if node not in alive:
+            raise BadRequest("node", f"no alive node at {node}; the cluster's nodes: {', '.join(alive)}")
 
     def scale_in(self, body: Any) -> tuple[Operation, bool]:
         """Validate and start a scale-in; ``(operation, created)``."""
@@ -420,7 +444,7 @@ class ElasticService:
             if op.cancelling:
                 return
             try:
-                m = self.pool.spawn("ray_native")
+                m = self.pool.spawn("ray_native", node=op.request.get("node"))
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{type(e).__name__}: {e}")
                 return

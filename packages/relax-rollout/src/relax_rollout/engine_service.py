@@ -31,7 +31,7 @@ class EngineService:
 
     def __init__(self, cfg: RelaxConfig, model_path: str) -> None:
         from relax_rollout.engines.pool import EnginePool
-        from relax_rollout.server.served import ray_launcher
+        from relax_rollout.server.served import alive_nodes, ray_launcher
 
         r = cfg.rollout
         if cfg.algo.routing_replay:
@@ -45,7 +45,13 @@ class EngineService:
                 "in-process engine (drop --rollout-engines / --elastic-port)"
             )
         self.cfg = cfg
-        launch, kill = ray_launcher(model_path, cfg.model.dtype, engine="torch", torch_threads=1)
+        # --elastic-host node: the run spans nodes; its engines bind their own node's address (behind the
+        # elastic token, which the pool sends) so a scale-out can put them on any node
+        spans = r.elastic_port is not None and r.elastic_host == "node"
+        token = r.elastic_token if spans else None
+        launch, kill = ray_launcher(
+            model_path, cfg.model.dtype, "torch", 1, token=token, host="node" if spans else "127.0.0.1"
+        )
         self.events: list[dict[str, Any]] = []
         """Engine failures and restarts: {engine, reason, action, attempt, recovery_s, at}."""
         self._restarts: dict[str, int] = {}
@@ -54,7 +60,12 @@ class EngineService:
         weights = Path(cfg.run.output_dir) / "engine_weights"
         external = r.rollout_external_urls if r.rollout_backend == "external" else []
         self.pool = EnginePool(
-            external, launch=launch, kill=kill, on_failure=self._on_failure, weights_dir=str(weights)
+            external,
+            token=token,
+            launch=launch,
+            kill=kill,
+            on_failure=self._on_failure,
+            weights_dir=str(weights),
         )
         if r.rollout_engines:  # start-up engines, launched concurrently; protected from scale-in
             self.pool.start(r.rollout_engines)
@@ -66,8 +77,14 @@ class EngineService:
             from relax_rollout.elastic import ElasticService, make_elastic_server
 
             room = r.elastic_max_engines or int(ray.cluster_resources().get("CPU", 0)) or None
-            self.elastic = ElasticService(self.pool, drain_timeout_s=r.drain_timeout_s, max_engines=room)
-            self._httpd = make_elastic_server(self.elastic, r.elastic_host, r.elastic_port, r.elastic_token)
+            self.elastic = ElasticService(
+                self.pool,
+                r.drain_timeout_s,
+                max_engines=room,
+                nodes=(lambda: sorted(alive_nodes())) if spans else None,
+            )
+            host = ray.util.get_node_ip_address() if spans else r.elastic_host
+            self._httpd = make_elastic_server(self.elastic, host, r.elastic_port, r.elastic_token)
             host, port = self._httpd.server_address[:2]
             self.elastic_url = f"http://{host}:{port}"
             threading.Thread(target=self._httpd.serve_forever, name="relax-elastic", daemon=True).start()

@@ -23,10 +23,10 @@ from relax_rollout.engines import SamplingParams  # noqa: E402
 from relax_rollout.engines.base import memory_request  # noqa: E402
 from relax_rollout.engines.checkpoint import model_routing  # noqa: E402
 from relax_rollout.engines.pool_members import NoActiveEngine  # noqa: E402
+from relax_rollout.engines.process_groups import group_alive  # noqa: E402
 from relax_rollout.engines.processes import (  # noqa: E402
     EngineStartError,
     flag_args,
-    group_alive,
     launch_command,
     server_command,
 )

@@ -5,7 +5,8 @@ the history, the eval curve, the trained prompts and ids, the health events and 
 Why a module and not ``relax train``: the test started in the root namespace reads the run's audit (which
 prompts were trained, on which node each role was), which the command line does not print. :func:`drive`
 starts it inside the head's namespace (``--ray-address`` the head's) while a fault runs in a thread of the
-caller; :func:`after_step` is how a fault waits for its moment. Shared by ``tests/test_netns_runs.py`` and
+caller; :func:`after_step` is how a fault waits for its moment, :func:`stop` how a scenario ends a run that
+would outlast it (gracefully, as SIGTERM: the driver's process is ``ip netns exec``'s). Shared by ``tests/test_netns_runs.py`` and
 ``benchmarks/recovery_nodes.py``.
 """
 
@@ -68,6 +69,22 @@ def after_step(out: Path, step: int, timeout_s: float = 300.0) -> float:
     raise TimeoutError(f"the run in {out} did not reach step {step} in {timeout_s:.0f} s")
 
 
+def stop(out: Path) -> None:
+    """Ask the run in ``out`` to stop after its current step, with a checkpoint."""
+    (out / STOP).touch()
+
+
+STOP = "stop"
+"""The file in the run's output directory that :func:`main` watches for (:func:`stop`)."""
+
+
+def _watch_stop(controller: Any, path: Path, done: threading.Event) -> None:
+    while not done.wait(0.2):
+        if path.exists():
+            controller.request_stop()
+            return
+
+
 def main(argv: list[str]) -> int:
     from relax_core.cli_config import build_config
     from relax_core.controller import Controller, RunInputs
@@ -75,8 +92,14 @@ def main(argv: list[str]) -> int:
     out, flags = argv[0], argv[1:]
     cfg = build_config(None, flags)
     inputs = RunInputs(cfg.model.hf_checkpoint, cfg.data.prompt_data, cfg.data.eval_data)
-    result = Controller(cfg, inputs).run()
-    keep = ("trained_prompts", "trained_ids", "health", "placement")
+    controller, done = Controller(cfg, inputs), threading.Event()
+    stop_file = Path(cfg.run.output_dir) / STOP
+    threading.Thread(target=_watch_stop, args=(controller, stop_file, done), daemon=True).start()
+    try:
+        result = controller.run()
+    finally:
+        done.set()
+    keep = ("trained_prompts", "trained_ids", "health", "placement", "engines")
     record = {
         "history": result.history,
         "eval_curve": result.eval_curve,

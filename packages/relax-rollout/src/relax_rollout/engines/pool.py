@@ -72,7 +72,8 @@ class EnginePool(PoolMembership):
 
     ``urls``: start-up engines already serving (kind ``startup``, protected); more join with :meth:`add`,
     :meth:`spawn` (through ``launch``) or :meth:`start`. ``launch() -> (url, handle)`` starts one engine
-    (e.g. :func:`~relax_rollout.server.served.ray_launcher`), ``kill(handle)`` ends one.
+    (e.g. :func:`~relax_rollout.server.served.ray_launcher`), ``launch(node)`` one on the node at that
+    address (needed only for a spawn that names a node), ``kill(handle)`` ends one.
     ``on_failure(member)`` and ``on_removed(member)`` are called (from the calling thread, keep them
     short) when a member fails and after one is removed. ``weights_dir``: where the current weights are
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
@@ -91,7 +92,7 @@ class EnginePool(PoolMembership):
         retries: int = 1,
         retry_backoff_s: float = 0.1,
         join_timeout_s: float = 60.0,
-        launch: Callable[[], tuple[str, Any]] | None = None,
+        launch: Callable[..., tuple[str, Any]] | None = None,
         kill: Callable[[Any], None] | None = None,
         on_failure: Callable[[Member], None] | None = None,
         on_removed: Callable[[Member], None] | None = None,

@@ -61,12 +61,15 @@ class Member:
     error: str | None = None
     """Why it failed (or why it was removed)."""
     replaced_by: str | None = None
+    node: str | None = None
+    """The node address it was launched on when a scale-out named one (a restart asks for it again); None:
+    where the launcher puts engines by default, or an external engine."""
     incremental_stream: bool | None = None
     """Whether it streams the new tokens only (SGLang's ``--incremental-streaming-output``); None: not
     asked yet (its ``/server_info`` says, at its first stream)."""
 
     API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
-        "id url kind state protected inflight weight_version created served error replaced_by".split()
+        "id url kind state protected inflight weight_version created served error replaced_by node".split()
     )
     """The member as the API shows it (each a field of this class)."""
 
@@ -131,7 +134,14 @@ class PoolMembership(ServerClient):
                     return m
         return None
 
-    def add(self, url: str, kind: str = "external", handle: Any = None, protected: bool = False) -> Member:
+    def add(
+        self,
+        url: str,
+        kind: str = "external",
+        handle: Any = None,
+        protected: bool = False,
+        node: str | None = None,
+    ) -> Member:
         """Join the engine serving ``url``: it must answer ``/health``; it gets the current weights (when an
         update happened) and must then report the pool's weight version in ``/model_info``; only then
         does it become active. On failure it is left ``removed`` (with the reason) and PoolError raised. A
@@ -146,7 +156,9 @@ class PoolMembership(ServerClient):
             other = self.find(url)
             if other is not None and other.state != "failed":
                 raise PoolError(f"{url} is already in the pool as {other.id} ({other.state})")
-            m = Member(id=f"e{self._next_id}", url=url, kind=kind, protected=protected, handle=handle)
+            m = Member(
+                id=f"e{self._next_id}", url=url, kind=kind, protected=protected, handle=handle, node=node
+            )
             self._next_id += 1
             self._members[m.id] = m
             if other is not None:  # a failed engine at this URL came back: the new member replaces it
@@ -192,13 +204,14 @@ class PoolMembership(ServerClient):
                     raise
                 time.sleep(0.1)
 
-    def spawn(self, kind: str = "ray_native", protected: bool = False) -> Member:
-        """Launch one engine with ``launch`` and :meth:`add` it (killed again when it cannot join)."""
+    def spawn(self, kind: str = "ray_native", protected: bool = False, node: str | None = None) -> Member:
+        """Launch one engine with ``launch`` (on the node at address ``node`` when given: ``launch(node)``)
+        and :meth:`add` it (killed again when it cannot join)."""
         if self.launch is None:
             raise PoolError("this pool has no engine launcher (engines are not launched on Ray)")
-        url, handle = self.launch()
+        url, handle = self.launch() if node is None else self.launch(node)
         try:
-            return self.add(url, kind=kind, handle=handle, protected=protected)
+            return self.add(url, kind=kind, handle=handle, protected=protected, node=node)
         except Exception:
             self._kill(handle)
             raise
@@ -297,7 +310,7 @@ class PoolMembership(ServerClient):
             old.state, old.error = "failed", old.error or "restarted"
             self._cond.notify_all()
         self._kill(old.handle)
-        new = self.spawn(kind=old.kind, protected=old.protected)
+        new = self.spawn(kind=old.kind, protected=old.protected, node=old.node)
         with self._cond:
             old.state, old.replaced_by = "removed", new.id
         logger.info("engine %s restarted as %s (%s)", old.id, new.id, new.url)

@@ -25,7 +25,6 @@ import copy
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from relax_core.net import free_port, interface_of
+from relax_rollout.engines.process_groups import log_tail, spawn, stop_processes
 from relax_rollout.engines.wire import ServerError, http_json
 
 logger = logging.getLogger(__name__)
@@ -166,74 +166,6 @@ class EngineProcess:
         }
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # its own session: the group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the process group ``pgid`` is left."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM every process group, wait up to ``grace_s`` for the leaders to exit and their groups to
-    empty, SIGKILL what is left, and reap the leaders. Processes on other nodes (:class:`RemoteProcess`)
-    are stopped the same way by their node's launcher."""
-    for p in procs:
-        if getattr(p, "remote", False):
-            p.stop(grace_s)
-    procs = [p for p in procs if not getattr(p, "remote", False)]
-    live = [p for p in procs if p.poll() is None or group_alive(p.pid)]
-    for p in live:
-        _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(p.poll() is None or group_alive(p.pid) for p in live):
-        time.sleep(0.05)
-    for p in live:
-        if p.poll() is None or group_alive(p.pid):
-            _signal_group(p, signal.SIGKILL)
-    for p in live:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            logger.error("engine process %d did not exit after SIGKILL", p.pid)
-
-
-def _spawn(cmd: list[str], env: dict[str, str], log_path: str | Path, header: str) -> subprocess.Popen:
-    """Start ``cmd`` with ``env`` in a session of its own (so its process group ends with it), its output
-    appended to ``log_path`` after ``header``."""
-    with open(log_path, "ab") as log:
-        log.write(header.encode())
-        log.flush()
-        return subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"(no log: {e})"
-
-
 # -- other nodes -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NodeGPUs:
@@ -322,16 +254,18 @@ class NodeLauncher:
     def free_port(self, host: str) -> int:
         return free_port(host)
 
-    def start(self, cmd: list[str], env: dict[str, str], log_path: str, header: str) -> int:
+    def start(
+        self, cmd: list[str], env: dict[str, str], log_path: str, header: str, secret: str | None = None
+    ) -> int:
         """Start ``cmd`` in its own session with ``env`` over this node's environment; its output appended to
-        ``log_path`` (created here) after ``header``. Returns its pid."""
+        ``log_path`` (created here) after ``header``, ``secret`` written ``***``. Returns its pid."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         # an engine on another node joins the trainer's weight group: its gloo must bind this node's
         # address, not where the hostname resolves (often 127.0.0.1); the user's choice wins
         nic = {}
         if "GLOO_SOCKET_IFNAME" not in os.environ and (name := interface_of(self.ip())):
             nic = {"GLOO_SOCKET_IFNAME": name}
-        proc = _spawn(cmd, {**os.environ, **nic, **env}, log_path, header)
+        proc = spawn(cmd, {**os.environ, **nic, **env}, log_path, header, secret)
         self._procs[proc.pid] = proc
         return proc.pid
 
@@ -347,7 +281,7 @@ class NodeLauncher:
         return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
 
     def tail(self, log_path: str, lines: int) -> str:
-        return _log_tail(Path(log_path), lines)
+        return log_tail(Path(log_path), lines)
 
 
 class RemoteProcess:
@@ -430,7 +364,7 @@ class Launcher:
         with self._lock:
             if self._closed():
                 raise EngineStartError("the engine is closed")
-            proc = _spawn(cmd, env, slot.log_path, self._header(slot, cmd))
+            proc = spawn(cmd, env, slot.log_path, self._header(slot, cmd), self.token)
             self.procs.append(proc)
             connect = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
             slot.proc, slot.url, slot.member_id = proc, f"http://{connect}:{port}", None
@@ -480,7 +414,8 @@ class Launcher:
             if self._closed():
                 raise EngineStartError("the engine is closed")
             pid = ray.get(
-                launcher.start.remote(cmd, env, str(slot.log_path), self._header(slot, cmd)), timeout=120
+                launcher.start.remote(cmd, env, str(slot.log_path), self._header(slot, cmd), self.token),
+                timeout=120,
             )
             proc = RemoteProcess(launcher, node, pid)
             self.procs.append(proc)
@@ -499,7 +434,7 @@ class Launcher:
         """The end of an engine's log, read on its node."""
         launcher = self.nodes.get(slot.node.node_id) if slot.node is not None else None
         if launcher is None:
-            return _log_tail(slot.log_path, lines)
+            return log_tail(slot.log_path, lines)
         import ray
 
         try:

@@ -81,6 +81,13 @@ class ServedEngine:
         self.state.destroy_group()
 
 
+def alive_nodes() -> dict[str, str]:
+    """The Ray cluster's alive nodes: address → node id."""
+    import ray
+
+    return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def _node_ip() -> str:
     try:
         import ray
@@ -93,7 +100,7 @@ def _node_ip() -> str:
 class RayEngineServer:
     """One engine process: builds ``engine`` (a name of ``relax_rollout.engines.ENGINES``) on
     ``model_path`` with its tokenizer and serves it over HTTP. Wrap with ``ray.remote`` (see
-    :func:`ray_launcher`); a non-loopback ``host`` needs ``token``."""
+    :func:`ray_launcher`); a non-loopback ``host`` needs ``token``; ``"node"``: this node's address."""
 
     def __init__(
         self,
@@ -122,7 +129,7 @@ class RayEngineServer:
             pad_token_id=tok.pad_token_id,
             **(engine_kwargs or {}),
         )
-        self._served = ServedEngine(eng, tok, model_path, token, host, 0)
+        self._served = ServedEngine(eng, tok, model_path, token, _node_ip() if host == "node" else host, 0)
 
     def url(self) -> str:
         return self._served.url
@@ -144,20 +151,33 @@ def ray_launcher(
     token: str | None = None,
     host: str = "127.0.0.1",
     start_timeout_s: float = 600.0,
-) -> tuple[Callable[[], tuple[str, Any]], Callable[[Any], None]]:
+) -> tuple[Callable[..., tuple[str, Any]], Callable[[Any], None]]:
     """``(launch, kill)`` for :class:`~relax_rollout.engines.pool.EnginePool`: ``launch()`` starts one
     :class:`RayEngineServer` actor (call ``ray.init`` first) and returns ``(url, actor)`` once it serves;
     ``kill(actor)`` ends its process and returns once it is gone (``ray.kill`` is asynchronous: a call
-    sent right after it could still be served, and the engine's GPU would not be free yet)."""
+    sent right after it could still be served, and the engine's GPU would not be free yet).
 
-    def launch() -> tuple[str, Any]:
+    Loopback engines (``host`` 127.0.0.1, the default) run on the launching process's node, the only one
+    that reaches them. With ``host="node"`` each engine binds its own node's address (behind ``token``):
+    ``launch(node)`` puts it on the node at that address (preferred: another node takes it when that one
+    is gone, as for a restart after a node loss); ``launch()`` on the launching process's node, preferred."""
+
+    def launch(node: str | None = None) -> tuple[str, Any]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        # on the launching process's node: the pool reaches a loopback-bound server only from there
-        here = NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=host != "127.0.0.1"
-        )
+        if node is not None and host == "127.0.0.1":
+            raise ValueError(
+                f"engines bound to loopback cannot run on node {node}: the pool reaches them only from its "
+                "own node (bind them to their node's address: host='node', with a token)"
+            )
+        target = ray.get_runtime_context().get_node_id()
+        if node is not None:
+            if node in (alive := alive_nodes()):
+                target = alive[node]
+            else:  # (a restart after its node was lost; a scale-out checked the node is alive)
+                logger.warning("node %s is not alive: the engine is launched on the rollout's node", node)
+        here = NodeAffinitySchedulingStrategy(target, soft=host != "127.0.0.1")
         cls = ray.remote(RayEngineServer).options(
             num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy=here
         )

@@ -15,7 +15,8 @@ here, and a whole node can be killed or cut off the network.
   across the namespaces).
 - The elastic API across nodes: bound to the rollout's node address behind the token, it launches an engine
   on the node a scale-out names, joins an engine server started on another node, and scales in mid-run.
-- SGLang-protocol engines on two nodes taking a version on the weight group across them.
+- SGLang-protocol engines on two nodes taking a version on the weight group across them: the real SGLang on
+  CPU in a node of its own (CI), or our engine server standing in (where the real one may not run).
 
 Needs root and ``ip`` (CI runs as root); skipped elsewhere with the reason.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,7 +60,9 @@ def cluster():
 def _flags(inputs, out: Path, *extra: str, **flags) -> list[str]:
     """3 steps of 8 samples, fully async with one step of staleness, checkpointed every step (what a
     restarted trainer starts from); two optimizer steps per batch, so ActorFwd runs."""
-    run = dict(n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=2, trace=False, global_batch_size=4)
+    run = dict(
+        n_samples_per_prompt=2, num_rollout=STEPS, eval_interval=STEPS, trace=False, global_batch_size=4
+    )
     run["kl_coef"] = 0.01  # (the reference runs)
     ckpt = dict(save=out / "ckpt", save_interval=1, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     run["eval_data"] = inputs.eval_path
@@ -91,7 +95,7 @@ def test_a_fully_async_run_on_three_nodes_trains_as_on_one(cluster, spread, tiny
     assert set(one["audit"]["placement"].values()) == {"10.77.0.1"}
     assert _prompts(spread) == _prompts(one)
     assert [h["step"] for h in spread["history"] if "train/loss" in h] == list(range(1, STEPS + 1))
-    assert [s for s, _ in spread["eval_curve"]] == [0, 2, 3]
+    assert [s for s, _ in spread["eval_curve"]] == [0, STEPS]
     assert spread["eval_curve"] == one["eval_curve"]
 
 
@@ -142,7 +146,8 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     serve += ["--host", far.ip, "--port", "0", "--token", TOKEN, "--torch-threads", "1"]
 
     def scenario(out: Path) -> None:
-        ext = None
+        # the engine server on node 3 starts meanwhile (CI seconds); it joins by URL below
+        ext = subprocess.Popen(far.exec_argv(serve), env=cluster.env(), stdout=subprocess.PIPE, text=True)
         try:
             after_step(out, 1)
             base = seen["base"] = json.loads((out / "elastic.json").read_text())["url"]
@@ -152,7 +157,6 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
             body = {"num_replicas": 2, "node": far.ip, "request_id": "out-1"}
             seen["ray"] = _op(base, body, busy=seen.setdefault("busy", {}))
             seen["again"] = _call(base, "POST", "/elastic/scale_out", body)  # a client's retry
-            ext = subprocess.Popen(far.exec_argv(serve), env=cluster.env(), stdout=subprocess.PIPE, text=True)
             url = next(ln for ln in ext.stdout if "listening on" in ln).strip().rsplit(" ", 1)[-1]
             seen["external"] = _op(base, {"engine_urls": [url]})
             scrapes = [scrape(url + "/metrics", TOKEN)]  # a Prometheus scrape of an engine, as load comes
@@ -165,8 +169,7 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
             after_step(out, _steps(out) + 1)  # on with the start-up engine alone
         finally:
             stop(out)
-            if ext is not None:
-                ext.kill()
+            ext.kill()
 
     record = drive(cluster, out, flags, scenario)
     assert seen["base"].startswith("http://10.77.0.2:") and seen["401"] == 401 and seen["404"] == 404
@@ -285,19 +288,21 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
     mg = ["--colocate", "--train-backend", "megatron", "--actor-num-gpus-per-node", "1"]
     seen: list[int] = []
 
-    def look(out: Path) -> None:
-        after_step(out, 1)
-        seen.append(_ranks_on(cluster.nodes[1]))
+    def look(out: Path) -> None:  # rank 1's process, from the run's first record until its step
+        after_step(out, 0)
+        while not (n := _ranks_on(cluster.nodes[1])) and _steps(out) < 1:
+            time.sleep(0.2)
+        seen.append(n)
 
-    # (CI minutes, two megatron runs: no checkpoint, no reference model)
-    short = dict(num_rollout=2, save_interval=1000, kl_coef=0.0)
+    # (CI minutes, two megatron runs: one step, no checkpoint, no reference model)
+    short = dict(num_rollout=1, save_interval=1000, kl_coef=0.0)
     two = tmp_path / "two"
     spread = drive(cluster, two, _flags(tiny_run_inputs, two, *mg, "--actor-num-nodes", "2", **short), look)
     assert seen == [1]  # rank 1 ran on the second node
     one = tmp_path / "one"
     flags = _flags(tiny_run_inputs, one, "--colocate", "--train-backend", "megatron", **short)
     alone = drive(cluster, one, [*flags, "--actor-num-gpus-per-node", "2"])
-    assert [s for s, _ in spread["eval_curve"]] == [0, 2]
+    assert [s for s, _ in spread["eval_curve"]] == [0, 1]
     assert spread["eval_curve"] == alone["eval_curve"]
     losses = [[h["train/loss"] for h in r["history"] if "train/loss" in h] for r in (spread, alone)]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
@@ -316,6 +321,8 @@ def test_engines_on_two_nodes_take_a_broadcast_on_the_weight_group(cluster, tiny
     (``tests/_netns_engines.py``)."""
     script = Path(__file__).with_name("_netns_engines.py")
     argv = [sys.executable, str(script), tiny_run_inputs.model_path, str(tmp_path), cluster.address]
+    if not real and os.environ.get("RELAX_REQUIRE_REAL_SGLANG") == "1":
+        pytest.skip("CI runs the real SGLang variant (CI minutes); ours runs where the real one may not")
     if real:
         from relax_rollout.engines import sglang_cpu
 

@@ -199,16 +199,6 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     assert not record["audit"]["health"], record["audit"]["health"]
 
 
-def _restarted_elsewhere(record: dict, role: str, node: str) -> None:
-    """``role`` was restarted (in place, or the run from its checkpoint) and not on ``node``, and every
-    recovery time was recorded."""
-    events = record["audit"]["health"]
-    assert events and {e["role"] for e in events} == {role}, events
-    assert all(e["recovery_s"] is not None for e in events), events
-    assert record["audit"]["placement"][role] != node
-    print(f"recovery ({role}):", [(e["action"], round(e["recovery_s"], 1)) for e in events])
-
-
 def _faulty_run(cluster, inputs, out: Path, fault) -> dict:
     roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
     return drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles), fault)

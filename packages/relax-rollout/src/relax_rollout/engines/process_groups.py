@@ -79,7 +79,9 @@ def become_subreaper() -> None:
     """Adopt the orphans of the engines this process starts (Linux ``PR_SET_CHILD_SUBREAPER``), so that
     :func:`reap_orphans` can reap them. Without it an engine's children (SGLang's scheduler and
     detokenizer) that outlive their leader go to PID 1, and where PID 1 does not reap, as in a container
-    without an init, every engine restart leaves zombies that hold its process group."""
+    without an init, every engine restart leaves zombies that hold its process group. (Every orphan of this
+    process's descendants comes here then; engines' are reaped when their group stops, and a rollout role
+    starts no other process that leaves orphans.)"""
     global _SUBREAPER
     if _SUBREAPER or not sys.platform.startswith("linux"):
         return

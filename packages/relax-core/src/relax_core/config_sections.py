@@ -523,9 +523,10 @@ class RunConfig(Section):
     memory on CPU) and copies from them — no collective."""
     weight_sync_timeout_s: float = Field(300.0, gt=0.0)
     """Fully async, how long one weight sync may wait for a receiver (a bucket's collective, the
-    receivers' acknowledgements, the rendezvous) before the trainer fails with an error saying so. A
-    receiver cut off the network mid-sync holds the trainer this long; the health manager then restarts
-    what failed. Lower it on a flaky network, raise it when a sync of a large model takes longer."""
+    receivers' acknowledgements, the rendezvous) before it fails with an error saying so (``SyncTimeout``:
+    the trainer trains on, the health manager restarts the receiver and re-forms the group). A receiver
+    cut off the network mid-sync holds the trainer this long. Lower it on a flaky network, raise it when a
+    sync of a large model takes longer."""
     weight_sync_backend: Literal["gloo", "nccl"] = "gloo"
     """Where the buckets live: ``gloo``, host memory (works everywhere; GPU weights are copied to the host);
     ``nccl``, GPU memory (an NCCL broadcast, or CUDA IPC with ``ipc``): every role of the group needs a

@@ -6,7 +6,8 @@ Why a module and not ``relax train``: the test started in the root namespace rea
 prompts were trained, on which node each role was), which the command line does not print. :func:`drive`
 starts it inside the head's namespace (``--ray-address`` the head's) while a fault runs in a thread of the
 caller; :func:`after_step` is how a fault waits for its moment, :func:`stop` how a scenario ends a run that
-would outlast it (gracefully, as SIGTERM: the driver's process is ``ip netns exec``'s). Shared by ``tests/test_netns_runs.py`` and
+would outlast it (after its current step, with a checkpoint, as SIGTERM would; a file the driver watches,
+since the handler ``ray.init`` leaves behind exits on SIGTERM). Shared by ``tests/test_netns_runs.py`` and
 ``benchmarks/recovery_nodes.py``.
 """
 

@@ -27,7 +27,7 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
     from safetensors.torch import load_file
 
     from relax_rollout.engines import SamplingParams
-    from relax_rollout.engines.process_groups import group_alive
+    from relax_rollout.engines.process_groups import group_alive, group_members
     from relax_rollout.engines.processes import server_command
     from relax_rollout.engines.sglang import SGLangEngine
     from relax_rollout.engines.wire import ServerError, http_json
@@ -96,23 +96,11 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
         eng.close()
         ray.shutdown()
     got["left"] = [p for s in eng.engines() for p in s["pids"] if group_alive(p)]
-    got["left_members"] = {p: _group_members(p) for p in got["left"]}
+    got["left_members"] = {
+        p: [" ".join(map(str, m)) for m in ms] for p, ms in group_members(got["left"]).items()
+    }
     got["seconds"] = round(time.monotonic() - t0, 1)
     return got
-
-
-def _group_members(pgid: int) -> list[str]:
-    """``pid state parent name`` of each process of the group ``pgid`` (what a failed check shows)."""
-    found = []
-    for d in os.listdir("/proc"):
-        try:
-            stat = open(f"/proc/{d}/stat").read()
-        except OSError:
-            continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if d.isdigit() and int(rest[2]) == pgid:
-            found.append(f"{d} {rest[0]} {rest[1]} {name}")
-    return found
 
 
 if __name__ == "__main__":

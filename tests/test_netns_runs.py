@@ -36,7 +36,7 @@ from _tiny import run_flags
 
 from relax_testing import netns
 from relax_testing.http_calls import call, scrape, series
-from relax_testing.netns_driver import after_step, drive, stop
+from relax_testing.netns_driver import after_step, drive, last_step, stop
 
 WHY_NOT = netns.available()
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT)), pytest.mark.integration]
@@ -121,11 +121,6 @@ def _op(base: str, body: dict, path: str = "/elastic/scale_out", busy: dict | No
     return op
 
 
-def _steps(out: Path) -> int:
-    log = out / "metrics.jsonl"
-    return sum('"train/loss"' in x for x in log.read_text().splitlines()) if log.is_file() else 0
-
-
 def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, tmp_path):
     """The rollout on node 2 with engine processes and the elastic API bound to its node's address
     (``--elastic-host node``, so the token is required): called from another address, a scale-out that
@@ -160,13 +155,13 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
             url = next(ln for ln in ext.stdout if "listening on" in ln).strip().rsplit(" ", 1)[-1]
             seen["external"] = _op(base, {"engine_urls": [url]})
             scrapes = [scrape(url + "/metrics", TOKEN)]  # a Prometheus scrape of an engine, as load comes
-            k = _steps(out)
+            k = last_step(out)
             after_step(out, k + 2)  # the three engines serve
             seen["scrapes"] = [*scrapes, scrape(url + "/metrics", TOKEN)]
             seen["engines"] = _call(base, "GET", "/elastic/engines")[1]["data"]
             seen["metrics"] = scrape(base + "/elastic/metrics", TOKEN)
             seen["in"] = _op(base, {"num_replicas": 1}, "/elastic/scale_in")
-            after_step(out, _steps(out) + 1)  # on with the start-up engine alone
+            after_step(out, last_step(out) + 1)  # on with the start-up engine alone
         finally:
             stop(out)
             ext.kill()
@@ -280,7 +275,7 @@ def test_a_colocate_megatron_run_with_a_rank_on_each_of_two_nodes(cluster, tiny_
 
     def look(out: Path) -> None:  # rank 1's process, from the run's first record until its step
         after_step(out, 0)
-        while not (n := _ranks_on(cluster.nodes[1])) and _steps(out) < 1:
+        while not (n := _ranks_on(cluster.nodes[1])) and last_step(out) < 1:
             time.sleep(0.2)
         seen.append(n)
 

@@ -112,6 +112,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def alive_nodes(ray=None) -> dict[str, str]:
+    """The connected Ray cluster's alive nodes, address → node id (``ray``: the module, for callers that
+    hold one; imported here otherwise)."""
+    if ray is None:
+        import ray
+    return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
 def node_endpoint() -> tuple[str, int]:
     """(this node's address as Ray knows it, a port free on it): where a group this process hosts
     listens, reachable from the other nodes; loopback outside Ray."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from relax_core.config import RelaxConfig
+from relax_core.net import alive_nodes
 from relax_core.optional import import_ray
 from relax_core.roles import RolePlan
 
@@ -114,19 +115,17 @@ class NodePlacement:
             )
         self.ray, self.role_nodes = ray, dict(role_nodes)
         self.driver_node = ray.get_runtime_context().get_node_id()
-        self.driver_address = self.alive_nodes_by_id().get(self.driver_node, "")
+        by_id = {node: address for address, node in alive_nodes(ray).items()}
+        self.driver_address = by_id.get(self.driver_node, "")
         self.lost: set[str] = set()
         """Addresses of nodes a role failed on: nothing is placed there again in this run."""
         self.placed: dict[str, str] = {}
         """Role → the address of the node its current actor was placed on."""
 
-    def alive_nodes_by_id(self) -> dict[str, str]:
-        return {n["NodeID"]: n["NodeManagerAddress"] for n in self.ray.nodes() if n["Alive"]}
-
     def check(self) -> None:
         """Every node --role-nodes names is in the cluster, alive (or known lost: a global restart places
         its roles on the driver's node): refused otherwise, naming the ones there are."""
-        alive = set(self.alive_nodes_by_id().values())
+        alive = set(alive_nodes(self.ray))
         missing = sorted({a for a in self.role_nodes.values() if a not in alive and a not in self.lost})
         if missing:
             raise ValueError(
@@ -138,7 +137,7 @@ class NodePlacement:
         """The scheduling strategy of ``role``'s next actor (records where it goes)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        by_address = {a: n for n, a in self.alive_nodes_by_id().items()}
+        by_address = alive_nodes(self.ray)
         address = self.role_nodes.get(role)
         if address is None or address in self.lost or address not in by_address:
             node, address = self.driver_node, self.driver_address
@@ -152,7 +151,7 @@ class NodePlacement:
         ``timeout_s`` (dead, or cut off while Ray still counts it alive) is treated as lost."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        by_address = {a: n for n, a in self.alive_nodes_by_id().items()}
+        by_address = alive_nodes(self.ray)
         named = {a for a in self.role_nodes.values() if a not in self.lost}
         self.lost |= {a for a in named if a not in by_address}
         probes = {}

@@ -30,8 +30,9 @@ class EngineService:
     """Owns the pool (``self.pool``, the rollout engine), engine restarts and the elastic server."""
 
     def __init__(self, cfg: RelaxConfig, model_path: str) -> None:
+        from relax_core.net import alive_nodes
         from relax_rollout.engines.pool import EnginePool
-        from relax_rollout.server.served import alive_nodes, ray_launcher
+        from relax_rollout.server.served import ray_launcher
 
         r = cfg.rollout
         if cfg.algo.routing_replay:

@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from relax_rollout.engines.process_groups import _members, group_alive, spawn, stop_processes
+from relax_rollout.engines.process_groups import group_alive, group_members, spawn, stop_processes
 
 
 def test_an_engines_token_is_written_as_stars_in_its_log(tmp_path):
@@ -36,12 +36,7 @@ def test_a_killed_engines_orphans_are_reaped_when_its_group_is_stopped(tmp_path)
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)  # the leader dies, its child lives on: an orphan
     proc.wait(timeout=30)
-    (orphan,) = [p for p in _members(proc.pid) if p != proc.pid]
-    assert _parent(orphan) == os.getpid()  # adopted here, not by PID 1
+    (orphan,) = [m for m in group_members([proc.pid])[proc.pid] if m.pid != proc.pid]
+    assert orphan.ppid == os.getpid()  # adopted here, not by PID 1
     stop_processes([proc], grace_s=1.0)
     assert not group_alive(proc.pid)
-
-
-def _parent(pid: int) -> int:
-    stat = open(f"/proc/{pid}/stat").read()
-    return int(stat[stat.rindex(")") + 2 :].split()[1])

@@ -53,19 +53,21 @@ def drive(
     return json.loads(record.read_text())
 
 
+def last_step(out: Path) -> int:
+    """The last training step the run in ``out`` logged (its metrics.jsonl); 0 before the first."""
+    log = out / "metrics.jsonl"
+    records = log.read_text().splitlines() if log.is_file() else []
+    return max((json.loads(x).get("step", 0) for x in records if '"train/loss"' in x), default=0)
+
+
 def after_step(out: Path, step: int, timeout_s: float = 300.0) -> float:
     """Wait until the run in ``out`` logged training step ``step`` (its metrics.jsonl; ``0``: its first
     record, the evaluation before training); the time then."""
     deadline = time.monotonic() + timeout_s
     log = out / "metrics.jsonl"
     while time.monotonic() < deadline:
-        if log.is_file():
-            records = log.read_text().splitlines()
-            lines = [x for x in records if '"train/loss"' in x]
-            if (step == 0 and records) or (
-                lines and max(json.loads(x).get("step", 0) for x in lines) >= step
-            ):
-                return time.time()
+        if (step == 0 and log.is_file() and log.stat().st_size) or (step > 0 and last_step(out) >= step):
+            return time.time()
         time.sleep(0.2)
     raise TimeoutError(f"the run in {out} did not reach step {step} in {timeout_s:.0f} s")
 

@@ -19,7 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,7 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
         signal_group(p, signal.SIGTERM)
 
     def left() -> bool:
-        for p in live:
-            reap_orphans(p.pid)
+        reap_orphans({p.pid for p in live})
         return any(p.poll() is None or group_alive(p.pid) for p in live)
 
     deadline = time.monotonic() + grace_s
@@ -97,20 +98,30 @@ def become_subreaper() -> None:
 _SUBREAPER = False
 
 
-def reap_orphans(pgid: int) -> None:
-    """Reap the exited members of the process group ``pgid`` that are children of this process (orphans
-    adopted by :func:`become_subreaper`), all but its leader (its ``Popen`` reaps it)."""
-    for pid in _members(pgid):
-        if pid != pgid:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not ours
-                pass
+def reap_orphans(pgids: Collection[int]) -> None:
+    """Reap the exited members of the process groups ``pgids`` that are children of this process (orphans
+    adopted by :func:`become_subreaper`), all but the leaders (their ``Popen`` reaps them)."""
+    for members in group_members(pgids).values():
+        for m in members:
+            if m.pid not in pgids and m.state == "Z" and m.ppid == os.getpid():
+                try:
+                    os.waitpid(m.pid, os.WNOHANG)
+                except ChildProcessError:  # (reaped meanwhile)
+                    pass
 
 
-def _members(pgid: int) -> list[int]:
-    """The pids of the process group ``pgid`` (from /proc; empty where there is none)."""
-    found = []
+class Member(NamedTuple):
+    """A process of a group, as /proc/PID/stat has it."""
+
+    pid: int
+    state: str
+    ppid: int
+    name: str
+
+
+def group_members(pgids: Collection[int]) -> dict[int, list[Member]]:
+    """The processes of each process group of ``pgids`` (one pass over /proc; empty where there is none)."""
+    found: dict[int, list[Member]] = {g: [] for g in pgids}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -124,8 +135,9 @@ def _members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2 :].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid:
-            found.append(int(name))
+        if (pgrp := int(fields[2])) in found:
+            comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(errors="replace")
+            found[pgrp].append(Member(int(name), fields[0].decode(), int(fields[1]), comm))
     return found
 
 

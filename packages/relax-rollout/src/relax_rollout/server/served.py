@@ -81,13 +81,6 @@ class ServedEngine:
         self.state.destroy_group()
 
 
-def alive_nodes() -> dict[str, str]:
-    """The Ray cluster's alive nodes: address → node id."""
-    import ray
-
-    return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-
-
 def _node_ip() -> str:
     try:
         import ray
@@ -165,6 +158,8 @@ def ray_launcher(
     def launch(node: str | None = None) -> tuple[str, Any]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from relax_core.net import alive_nodes
 
         if node is not None and host == "127.0.0.1":
             raise ValueError(

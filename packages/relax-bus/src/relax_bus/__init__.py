@@ -9,6 +9,7 @@ from relax_bus.config import BusConfig, ConsumerSpec
 from relax_bus.core import DataBus
 from relax_bus.errors import BusClosed, BusError, BusTimeout, ConsumerReset, DuplicateIds, StaleSampleError
 from relax_bus.loader import StreamingDataLoader, collate
+from relax_bus.protocol import Bus
 from relax_bus.ray_backend import RayBus
 from relax_bus.samplers import SAMPLERS, SampleRef, register_sampler
 from relax_bus.staleness import StalenessBound
@@ -18,6 +19,7 @@ __all__ = [
     "AsyncBus",
     "AsyncDataBus",
     "Batch",
+    "Bus",
     "BusClosed",
     "BusConfig",
     "BusError",

@@ -67,7 +67,16 @@ def decode_with_ffmpeg(
         cmd += ["-ss", f"{start:.6f}"]
     if end is not None:
         cmd += ["-to", f"{end:.6f}"]
-    cmd += ["-i", src.path if src.data is None else "pipe:0", "-map", "0:a:0", "-ac", "1", "-ar", str(rate)]
+    cmd += [
+        "-i",
+        src.local_path() if src.data is None else "pipe:0",
+        "-map",
+        "0:a:0",
+        "-ac",
+        "1",
+        "-ar",
+        str(rate),
+    ]
     cmd += ["-f", "f32le", "pipe:1"]
     proc = subprocess.run(cmd, input=src.data, capture_output=True, timeout=600)
     if proc.returncode != 0:
@@ -111,7 +120,7 @@ def _truncated_wav(src: Source) -> str | None:
         if src.data is not None:
             head = src.data[:12]
         else:
-            with open(src.path, "rb") as f:
+            with open(src.local_path(), "rb") as f:
                 head = f.read(12)
     except (OSError, TypeError):
         return None  # (sf.read says what is wrong with an unreadable path)

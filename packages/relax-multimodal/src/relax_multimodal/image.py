@@ -69,7 +69,7 @@ def open_image(src: Source, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            fp = io.BytesIO(src.data) if src.data is not None else src.path
+            fp = io.BytesIO(src.data) if src.data is not None else src.local_path()
             with Image.open(fp) as img:
                 _check_bomb(img.size, max_pixels, src.name)
                 img.load()

@@ -236,6 +236,7 @@ class MultimodalProcessor:
         key = (digest, modality, tuple(sorted(opts.items()))) if digest else None
         if key is not None and (hit := self.cache.get(key)) is not None:
             return hit
+        item: ImageItem | VideoItem | AudioItem
         if modality == "image":
             item = process_image(
                 src,
@@ -313,7 +314,9 @@ class MultimodalProcessor:
             return [("text", prompt)], []
         pattern = re.compile("|".join(re.escape(p) for p in pads))
         queues = {m: list(items[m]) for m in MODALITIES}
-        parts, audios, pos = [], [], 0
+        parts: list[tuple] = []
+        audios: list[AudioItem] = []
+        pos = 0
         for mt in pattern.finditer(prompt):
             parts.append(("text", prompt[pos : mt.start()]))
             pos = mt.end()

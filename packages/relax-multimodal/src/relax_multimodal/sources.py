@@ -31,6 +31,12 @@ class Source:
             return Path(self.path).read_bytes()
         raise TypeError("an in-memory object has no bytes")
 
+    def local_path(self) -> str:
+        """The file's path; a TypeError (as ``open(None)`` raised) for bytes or an in-memory object."""
+        if self.path is None:
+            raise TypeError(f"{self.name} is not a file")
+        return self.path
+
     def nbytes(self) -> int:
         if self.data is not None:
             return len(self.data)
@@ -108,7 +114,7 @@ def content_hash(src: Source) -> str | None:
     if src.data is not None:
         h.update(src.data)
     else:
-        with open(src.path, "rb") as f:
+        with open(src.local_path(), "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()

@@ -44,7 +44,7 @@ def floor_by_factor(x: float, factor: int) -> int:
 
 
 def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int | None = None, max_pixels: int | None = None
+    height: int, width: int, factor: int, min_pixels: float | None = None, max_pixels: float | None = None
 ) -> tuple[int, int]:
     """Target (height, width): both multiples of ``factor``, area within [min_pixels, max_pixels], aspect kept.
 
@@ -101,9 +101,8 @@ def smart_nframes(
         hi = floor_by_factor(
             min(VIDEO_MAX_FRAMES, total_frames) if max_frames is None else max_frames, FRAME_FACTOR
         )
-        n = total_frames / video_fps * fps
-        n = min(min(max(n, lo), hi), total_frames)
-        n = floor_by_factor(n, FRAME_FACTOR)
+        target = total_frames / video_fps * fps
+        n = floor_by_factor(min(min(max(target, lo), hi), total_frames), FRAME_FACTOR)
     if not FRAME_FACTOR <= n <= total_frames:
         raise ValueError(
             f"the video has {total_frames} frames in range; need at least {FRAME_FACTOR} (got {n})"

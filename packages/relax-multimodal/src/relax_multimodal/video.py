@@ -75,7 +75,7 @@ def video_pixel_budget(
 ) -> tuple[float, float]:
     """Per-frame pixel bounds: the per-frame max shrinks so that all frames fit in ``total_pixels``."""
     f2 = spec.factor**2
-    lo = VIDEO_MIN_TOKENS * f2 if min_pixels is None else min_pixels
+    lo: float = VIDEO_MIN_TOKENS * f2 if min_pixels is None else min_pixels
     total = MODEL_SEQ_LEN * f2 * 0.9 if total_pixels is None else total_pixels
     hi = max(min(VIDEO_MAX_TOKENS * f2, total / nframes * FRAME_FACTOR), int(lo * 1.05))
     if max_pixels is not None:

@@ -12,7 +12,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["AsyncBatchMixin", "HTTPRewardError", "post_json"]
 
@@ -57,12 +57,18 @@ def post_json(
     raise HTTPRewardError(f"{last} (gave up after {retries + 1} attempts)")
 
 
+class _Reward(Protocol):
+    """What :class:`AsyncBatchMixin` needs of the class it is mixed into: a synchronous ``__call__``."""
+
+    def __call__(self, response: str, label: Any, metadata: dict | None = None) -> Any: ...
+
+
 class AsyncBatchMixin:
     """``await reward.ascore_batch(responses, labels, metadatas)``: the async batch form of an
     I/O-bound reward — up to ``concurrency`` requests in flight, results in order, exceptions
     returned in place (as ``asyncio.gather(return_exceptions=True)`` does)."""
 
-    async def ascore_batch(self, responses, labels, metadatas=None, concurrency: int = 16) -> list:
+    async def ascore_batch(self: _Reward, responses, labels, metadatas=None, concurrency: int = 16) -> list:
         import asyncio
 
         metas = list(metadatas) if metadatas is not None else [None] * len(responses)

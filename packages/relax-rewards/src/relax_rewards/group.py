@@ -74,7 +74,8 @@ def majority_vote(
                 break
         else:
             classes.append([i])
-    winners = set(max(classes, key=len)) if classes else set()
+    largest: list[int] = max(classes, key=len) if classes else []
+    winners = set(largest)
     return [
         RewardResult(
             1.0 if i in winners else 0.0,

@@ -24,7 +24,10 @@ import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relax_rewards.types import RewardResult
 
 __all__ = ["ProcessPool", "RewardProcessDied", "RewardRaised"]
 
@@ -61,7 +64,7 @@ def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the chil
         fn, response, label, metadata = task
         try:
             value = as_result(call_reward(fn, response, label, metadata))  # (a hostile value dies here)
-            reply = ("ok", value)
+            reply: tuple[str, RewardResult] | tuple[str, str, str] = ("ok", value)
         except BaseException as exc:  # noqa: BLE001 - sent back to the parent
             reply = ("raised", type(exc).__name__, str(exc)[:500])
         try:
@@ -104,7 +107,8 @@ class ProcessPool:
             while len(self._idle) < n:
                 self._idle.append(_Worker(self._ctx, self._memory_limit_mb))
 
-    def submit(self, fn: Callable, response: str, label: Any, metadata: dict | None) -> Future:
+    def submit(self, fn: Callable | str, response: str, label: Any, metadata: dict | None) -> Future:
+        """Run one call on an idle worker; ``fn`` is a reward or a registered reward's name."""
         future: Future = Future()
         future.set_running_or_notify_cancel()
         with self._lock:

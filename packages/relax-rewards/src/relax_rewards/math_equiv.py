@@ -252,9 +252,9 @@ def _intervals_equiv(a: str, b: str, symbolic: bool) -> bool:
     pa, pb = a.split(r"\cup"), b.split(r"\cup")
     if len(pa) != len(pb):
         return False
-    parsed_a = [_INTERVAL_RE.match(p) for p in pa]
-    parsed_b = [_INTERVAL_RE.match(p) for p in pb]
-    if not all(parsed_a) or not all(parsed_b):
+    parsed_a = [m for p in pa if (m := _INTERVAL_RE.match(p)) is not None]
+    parsed_b = [m for p in pb if (m := _INTERVAL_RE.match(p)) is not None]
+    if len(parsed_a) != len(pa) or len(parsed_b) != len(pb):  # a piece that is not an interval
         return False
 
     def same(x: re.Match, y: re.Match) -> bool:
@@ -282,8 +282,9 @@ def _equations_equiv(a: str, b: str) -> bool:
     """``x^2-1=0`` ~ ``x^2=1`` ~ ``1=x^2``: (lhs - rhs) agree up to a non-zero constant factor."""
     from relax_rewards._sympy_parse import safe_sympify
 
-    sides = [safe_sympify(side) for eq in (a, b) for side in eq.split("=")]
-    if any(x is None for x in sides) or not all(
+    parsed = [safe_sympify(side) for eq in (a, b) for side in eq.split("=")]
+    sides = [x for x in parsed if x is not None]
+    if len(sides) != len(parsed) or not all(
         sides[i].free_symbols or sides[i + 1].free_symbols for i in (0, 2)
     ):
         return False

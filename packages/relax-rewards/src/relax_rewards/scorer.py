@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any
+from typing import Any, NoReturn
 
 from relax_rewards.registry import call_reward, get_reward, resolve_reward_type
 from relax_rewards.types import BadReturn, RewardResult, as_result
@@ -265,10 +265,12 @@ class Scorer:
         """Start one reward call in a pooled worker process and return its future."""
         # Send registered rewards by name: cheaper to pickle, and works for any registered fn.
         name = self.reward if fn is self.default_fn and isinstance(self.reward, str) else None
+        assert self._pool is not None, "process calls run with isolation='process' only"
         return self._pool.submit(name or fn, response, label, metadata)
 
     def _abandon(self, future: Future) -> None:
         """A call ran past its time-out: kill its worker process."""
+        assert self._pool is not None, "process calls run with isolation='process' only"
         self._pool.abandon(future)
 
     # -- internals --------------------------------------------------------------------------------
@@ -364,14 +366,14 @@ _REAL_EXIT = os._exit
 _RUNNER = "relax-reward"
 
 
-def _guarded_exit(code: int) -> None:
+def _guarded_exit(status: int) -> NoReturn:
     """``os._exit`` while thread-isolated rewards may run: on a reward runner thread, the call raises
     :class:`RewardExited` (the reward's call fails, counted); on any other thread it is the real one."""
     if threading.current_thread().name == _RUNNER:
         raise RewardExited(
-            f"the reward called os._exit({code}); a reward must return a score, not end its process"
+            f"the reward called os._exit({status}); a reward must return a score, not end its process"
         )
-    _REAL_EXIT(code)
+    _REAL_EXIT(status)
 
 
 class _Runners:

@@ -142,7 +142,9 @@ def _reinforce_plus_plus_baseline(rewards, groups, lens, normalize_std):
     return whiten_over_tokens(centred, lens) if normalize_std else centred
 
 
-def model_tokens(response_lens: Sequence[int], loss_masks: Sequence[np.ndarray] | None) -> np.ndarray:
+def model_tokens(
+    response_lens: Sequence[int] | np.ndarray, loss_masks: Sequence[np.ndarray] | None
+) -> np.ndarray:
     """Each response's count of the model's own tokens: what a batch-wide step weighs it by. A multi-turn
     response's environment tokens (``loss_mask`` 0) are no actions: counting them (the response length, as
     before) weighted a response by the observations it was shown."""

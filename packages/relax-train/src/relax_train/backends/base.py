@@ -33,8 +33,9 @@ class TrainBackend(Protocol):
     """The policy version of the weights held (bumped by ``train_step``; set by ``load_weights``)."""
     routing: Any
     """Routing replay (R3) state of a MoE model, or None; a role sets it None to turn replay off."""
-    before_update: Callable[[], None] | None
-    """Called before the optimizer changes the weights (the trainer waits there for a weight send)."""
+    before_update: Callable[[], object] | None
+    """Called before the optimizer changes the weights (the trainer waits there for a weight send; what it
+    returns, the wait, is not used)."""
     stochastic_forward: bool
     """The training forward is random (dropout): its log-probs are not π_θ's, so π_prox is computed apart
     (:func:`relax_train.roles.prox.exact_prox`)."""
@@ -98,7 +99,9 @@ def registered(registry: dict[str, str], name: str, what: str) -> Callable[..., 
         raise
 
 
-def build_backend(name: str, before_update: Callable[[], None] | None = None, **kwargs: Any) -> TrainBackend:
+def build_backend(
+    name: str, before_update: Callable[[], object] | None = None, **kwargs: Any
+) -> TrainBackend:
     """The ``name`` backend built with ``kwargs``; ``before_update``: its :attr:`TrainBackend.before_update`
     (the trainer's fence), handed over here so that no role sets it on a backend afterwards."""
     backend = registered(BACKENDS, name, "--train-backend")(**kwargs)

@@ -18,7 +18,7 @@ import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,10 @@ from relax_train.backends.replay import ReplayCounts, routing_replay
 from relax_train.backends.state import HostTurns, restore_trainer_state, trainer_state
 from relax_train.backends.step import FROZEN, StepRunner, build_adamw, set_trainable, update_if_finite
 from relax_train.backends.streamed import StreamedStep
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 _DROPOUT_FIELDS = (
     "attention_dropout",
@@ -63,9 +67,11 @@ class TorchBackend(HostTurns):
     """The training forward draws dropout masks (see :func:`_has_dropout`)."""
     supports_streamed_step: bool = True
     """:meth:`streamed_step` trains a batch part by part into its whole-batch update."""
-    before_update: Callable[[], None] | None = None
+    before_update: Callable[[], object] | None = None
     """Called just before the optimizer writes the weights: the trainer's fence for a weight broadcast
     still reading them (:class:`~relax_train.roles.actor.ActorWorker` with ``overlap_weight_sync``)."""
+    model: PreTrainedModel | PeftModel
+    """The HF model; with LoRA, peft's model of it with the adapters."""
 
     def __init__(
         self, config: RelaxConfig, model_path: str, trainable: bool = True, adapter: bool | None = None
@@ -190,6 +196,8 @@ class TorchBackend(HostTurns):
     def _clip_and_step(self) -> float:
         """Clip the accumulated gradients to --clip-grad, step the optimizer; the pre-clip gradient norm."""
         gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad))
+        if self.optimizer is None:  # (a StepRunner steps, and only a trainable backend has one)
+            raise RuntimeError(FROZEN)
         update_if_finite(self.optimizer, gn, self.before_update)
         return gn
 
@@ -243,7 +251,7 @@ class TorchBackend(HostTurns):
         if self.lora is not None:
             lora.save(self.model, path, self.model_path, self.lora)
         else:
-            self.model.save_pretrained(path / "model")
+            self.model.save_pretrained(str(path / "model"))
             copy_serving_files(
                 self.model_path, path / "model", getattr(self.model, "generation_config", None)
             )

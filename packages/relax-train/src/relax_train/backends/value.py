@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from relax_train.backends.logprobs import pad_rows, padded_field, response_posit
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
 from relax_train.backends.state import HostTurns
 from relax_train.backends.step import build_adamw, update_if_finite
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CRITIC_DIR = "critic"
 """A critic checkpoint's HF directory (config, weights with the head, tokenizer files)."""
@@ -114,7 +117,7 @@ def _text_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def load_value_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+def load_value_model(path: str | Path, dtype: str = "float32") -> PreTrainedModel:
     """The value model of ``path``: a causal LM's trunk with a new zero head, or a critic directory written
     by :meth:`TorchValueBackend.save_checkpoint` with its own head. Refuses a path whose trunk does not load
     whole (a missing tensor other than the head's)."""
@@ -178,6 +181,9 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 class TorchValueBackend(HostTurns):
     """An HF value model (trunk + scalar head) with its AdamW on this process: the whole
     :class:`ValueBackend`."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
 
     def __init__(self, config: RelaxConfig, model_path: str) -> None:
         """``model_path``: a text causal LM (its trunk gets a zero head) or a critic checkpoint's

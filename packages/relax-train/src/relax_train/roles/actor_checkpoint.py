@@ -38,10 +38,10 @@ class ActorCheckpoints:
     trained_prompts: list[list[str]]
     wait_weight_sync: Callable[[], float]
 
-    def data_state(self, step: int) -> dict | None:
+    def data_state(self, step: int) -> dict[str, int] | None:
         return self.data_states([step])[step]
 
-    def data_states(self, steps: list[int]) -> dict[int, dict | None]:
+    def data_states(self, steps: list[int]) -> dict[int, dict[str, int] | None]:
         """Where the rollout's prompts stood when each rollout step began: from the rollout journal alone,
         so a checkpoint never waits on the rollout role, which may be down and restarting."""
         return Journal.for_run(self.cfg).data_states(steps)
@@ -76,7 +76,10 @@ class ActorCheckpoints:
         optimizer, and beside them what was trained so far and the data position the next step begins at
         (from the rollout journal, in either mode). Written whole or not at all."""
         v = self.backend.version
-        target = CheckpointDir.for_step(path or self.cfg.train.save, v).path
+        root = path or self.cfg.train.save
+        if root is None:
+            raise ValueError("no checkpoint directory: pass a path or set --save DIR")
+        target = CheckpointDir.for_step(root, v).path
         data = self.data_state(v)
         run = read_record(self.cfg.run.output_dir)  # (its id and data fingerprint go into the checkpoint)
         if (

@@ -198,6 +198,7 @@ class CriticWorker(_BusLoop, _DeviceTurns):
             )
             return 0
         v = usable[-1]
+        assert root is not None, "states were found under it"
         if want is not None and v != want:
             logger.warning(
                 "critic: no state saved for step %d; loading step %d's (the newest before)", want, v

@@ -131,8 +131,12 @@ def critic_metrics(d: dict[str, Any], step: int) -> dict[str, float]:
     from relax_train.algorithms.value_loss import explained_variance
 
     masks = [np.asarray(m)[: len(v)] > 0 for m, v in zip(d[sample.LOSS_MASK], d[sample.VALUES])]
-    values = np.concatenate([np.asarray(v, np.float64)[m] for v, m in zip(d[sample.VALUES], masks)] or [[]])
-    returns = np.concatenate([np.asarray(r, np.float64)[m] for r, m in zip(d[sample.RETURNS], masks)] or [[]])
+    values = np.concatenate(
+        [np.asarray(v, np.float64)[m] for v, m in zip(d[sample.VALUES], masks)] or [np.zeros(0)]
+    )
+    returns = np.concatenate(
+        [np.asarray(r, np.float64)[m] for r, m in zip(d[sample.RETURNS], masks)] or [np.zeros(0)]
+    )
     out = {
         "critic/explained_variance": explained_variance(values, returns),
         "critic/values_mean": float(values.mean()) if values.size else 0.0,

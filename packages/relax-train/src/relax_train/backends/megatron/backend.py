@@ -84,7 +84,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
     """Megatron runs without dropout: the training forward's log-probs are π_θ's."""
     supports_streamed_step: bool = False
     """A batch is trained whole (:meth:`~relax_train.backends.megatron.training.MegatronTraining.streamed_step`)."""
-    before_update: Callable[[], None] | None = None
+    before_update: Callable[[], object] | None = None
     """Called just before the optimizer writes the weights (the trainer's fence for a weight broadcast)."""
 
     def __init__(
@@ -168,7 +168,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
 
     # -- checkpoints --------------------------------------------------------------------------------
     def _optimizer_params(self) -> list[torch.nn.Parameter]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return [p for group in self._adamw().param_groups for p in group["params"]]
 
     def _sharded_state(self) -> dict[str, Any]:
         """Model and AdamW moments as megatron ``ShardedTensor``s: each rank's shard with its place in the
@@ -183,12 +183,13 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
         model = self.model.sharded_state_dict()
         state: dict[str, Any] = {"model": model}
         if self.trainable:
+            adamw = self._adamw()
             for p in self._optimizer_params():  # (before the first step: the zero moments AdamW starts from)
-                if not self.optimizer.state[p]:
-                    self.optimizer.state[p].update(
+                if not adamw.state[p]:
+                    adamw.state[p].update(
                         step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
                     )
-            optim = self.optimizer.state_dict()
+            optim = adamw.state_dict()
             ids = get_param_id_to_sharded_param_map(model, self._optimizer_params())
             optim_state_to_sharding_state(optim, ids, exclude_keys=("step",))
             if self._owned:  # ZeRO-1: the owner's moments are the only copy (the DP part of their replica id)
@@ -202,7 +203,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
         return state
 
     def _adam_step(self) -> float:
-        steps = [float(st["step"]) for st in self.optimizer.state.values() if "step" in st]
+        steps = [float(st["step"]) for st in self._adamw().state.values() if "step" in st]
         return max(steps, default=0.0)
 
     @onloaded
@@ -240,10 +241,10 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
         # a rank the writing run did not have (other parallel sizes) takes rank 0's RNG states
         rank_state = torch.load(mine if mine.is_file() else path / "rng_rank00000.pt", weights_only=False)
         if self.trainable:
-            params = self._optimizer_params()
+            params, adamw = self._optimizer_params(), self._adamw()
             step = torch.tensor(float(rank_state["adam_step"]))
             for pid, st in loaded["optimizer"]["state"].items():
-                state = self.optimizer.state[params[pid]]
+                state = adamw.state[params[pid]]
                 state["exp_avg"].copy_(st["exp_avg"])
                 state["exp_avg_sq"].copy_(st["exp_avg_sq"])
                 state["step"] = step.clone()

@@ -158,6 +158,23 @@ def _validate_hf(hf_state: Mapping[str, Tensor], layout: MegatronLayout) -> dict
     return formats
 
 
+def _read(hf: Mapping[str, Tensor], key: str, row: int | None = None) -> Callable[[], Tensor]:
+    """A maker of the HF tensor ``key`` (its ``row``-th slice if given), read only when called."""
+    return lambda: hf[key] if row is None else hf[key][row]
+
+
+def _read_cat(hf: Mapping[str, Tensor], *keys: str) -> Callable[[], Tensor]:
+    """A maker of the HF tensors ``keys`` stacked along dim 0 (megatron's fused ``[gate; up]``)."""
+    return lambda: torch.cat([hf[k] for k in keys], dim=0)
+
+
+def _read_qkv(hf: Mapping[str, Tensor], a: str, layout: MegatronLayout) -> Callable[[], Tensor]:
+    """A maker of one layer's megatron ``linear_qkv`` from the HF q/k/v projections under ``a``."""
+    return lambda: _interleave_qkv(
+        hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], layout
+    )
+
+
 def _hf_global_makers(
     hf: Mapping[str, Tensor], layout: MegatronLayout, padded_vocab: int, formats: Mapping[int, ExpertFormat]
 ) -> dict[Any, Callable[[], Tensor]]:
@@ -172,38 +189,30 @@ def _hf_global_makers(
     for i in range(layout.num_layers):
         p, m = _hf_layer(i), _mg_layer(i)
         a = p + "self_attn."
-        makers[m + "self_attention.linear_qkv.layer_norm_weight"] = lambda p=p: hf[
-            p + "input_layernorm.weight"
-        ]
-        makers[m + "self_attention.linear_qkv.weight"] = lambda a=a: _interleave_qkv(
-            hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], layout
-        )
-        makers[m + "self_attention.q_layernorm.weight"] = lambda a=a: hf[a + "q_norm.weight"]
-        makers[m + "self_attention.k_layernorm.weight"] = lambda a=a: hf[a + "k_norm.weight"]
-        makers[m + "self_attention.linear_proj.weight"] = lambda a=a: hf[a + "o_proj.weight"]
+        makers[m + "self_attention.linear_qkv.layer_norm_weight"] = _read(hf, p + "input_layernorm.weight")
+        makers[m + "self_attention.linear_qkv.weight"] = _read_qkv(hf, a, layout)
+        makers[m + "self_attention.q_layernorm.weight"] = _read(hf, a + "q_norm.weight")
+        makers[m + "self_attention.k_layernorm.weight"] = _read(hf, a + "k_norm.weight")
+        makers[m + "self_attention.linear_proj.weight"] = _read(hf, a + "o_proj.weight")
         if i in moe:
-            makers[m + "pre_mlp_layernorm.weight"] = lambda p=p: hf[p + "post_attention_layernorm.weight"]
-            makers[m + "mlp.router.weight"] = lambda p=p: hf[p + "mlp.gate.weight"]
+            makers[m + "pre_mlp_layernorm.weight"] = _read(hf, p + "post_attention_layernorm.weight")
+            makers[m + "mlp.router.weight"] = _read(hf, p + "mlp.gate.weight")
             x = p + "mlp.experts."
             for j in range(layout.num_experts):
                 if formats[i] == "fused":
-                    fc1 = lambda x=x, j=j: hf[x + "gate_up_proj"][j]  # noqa: E731
-                    fc2 = lambda x=x, j=j: hf[x + "down_proj"][j]  # noqa: E731
+                    fc1 = _read(hf, x + "gate_up_proj", j)
+                    fc2 = _read(hf, x + "down_proj", j)
                 else:
-                    fc1 = lambda x=x, j=j: torch.cat(  # noqa: E731
-                        [hf[f"{x}{j}.gate_proj.weight"], hf[f"{x}{j}.up_proj.weight"]], dim=0
-                    )
-                    fc2 = lambda x=x, j=j: hf[f"{x}{j}.down_proj.weight"]  # noqa: E731
+                    fc1 = _read_cat(hf, f"{x}{j}.gate_proj.weight", f"{x}{j}.up_proj.weight")
+                    fc2 = _read(hf, f"{x}{j}.down_proj.weight")
                 makers[("expert", i, j, "linear_fc1")] = fc1
                 makers[("expert", i, j, "linear_fc2")] = fc2
         else:
-            makers[m + "mlp.linear_fc1.layer_norm_weight"] = lambda p=p: hf[
-                p + "post_attention_layernorm.weight"
-            ]
-            makers[m + "mlp.linear_fc1.weight"] = lambda p=p: torch.cat(
-                [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]], dim=0
+            makers[m + "mlp.linear_fc1.layer_norm_weight"] = _read(hf, p + "post_attention_layernorm.weight")
+            makers[m + "mlp.linear_fc1.weight"] = _read_cat(
+                hf, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
             )
-            makers[m + "mlp.linear_fc2.weight"] = lambda p=p: hf[p + "mlp.down_proj.weight"]
+            makers[m + "mlp.linear_fc2.weight"] = _read(hf, p + "mlp.down_proj.weight")
     return makers
 
 

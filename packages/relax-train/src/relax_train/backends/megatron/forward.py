@@ -9,6 +9,7 @@ replay are computed by the functions the torch backend uses too (:mod:`relax_tra
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ class MegatronForward:
     pad_token_id: int
     scorer: TokenScorer
     routing: Any
+    onload: Callable[[], int]  # (HostTurns')
     _r3: ReplayCounts
 
     # -- forward ------------------------------------------------------------------------------------

@@ -136,7 +136,8 @@ class _Ranks:
         if gpu0 is not None:
             os.environ["LOCAL_RANK"] = str(_device_index(gpu0))
         rank_actor = ray.remote(_Rank)
-        self._others = [
+        # (Any: ray types a handle as `ActorHandle[T] | type[T]`, whose methods have no `.remote` for mypy)
+        self._others: list[Any] = [
             rank_actor.options(**opts).remote(r, world, addr, port, torch.get_num_threads())
             for r, opts in enumerate(options, start=1)
         ]

@@ -160,6 +160,7 @@ def check_parallel_sizes(layout: MegatronLayout, tp_size: int = 1, ep_size: int 
         ("ffn_hidden_size (intermediate_size)", layout.ffn_hidden_size, "tp_size", tp_size),
     ]
     if layout.is_moe:
+        assert layout.moe_ffn_hidden_size is not None, "__post_init__ requires it once MoE layers are set"
         divisible += [
             ("num_experts", layout.num_experts, "ep_size", ep_size),
             ("moe_ffn_hidden_size (moe_intermediate_size)", layout.moe_ffn_hidden_size, "tp_size", tp_size),

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class InterleavedMRope(torch.nn.Module):
     ``j % 3 == 1`` and the width when ``j % 3 == 2``, up to ``3 * section[axis]``; the rest with time.
     Called by ``GPTModel`` as megatron's own M-RoPE module is: ``(position_ids [3, B, S], section)``."""
 
+    inv_freq: torch.Tensor
+    axis: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, section: list[int]) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -166,9 +172,12 @@ class MediaFront:
     """Builds a micro-batch's decoder inputs for a multimodal megatron model: embeddings with the media
     features in place, 3-D positions and the DeepStack additions (set on the hooked layers)."""
 
-    def __init__(self, hf_config: Any, model: torch.nn.Module, tp: int, first_stage: bool = True) -> None:
+    def __init__(self, hf_config: Any, model: GPTModel, tp: int, first_stage: bool = True) -> None:
         self.hf_config, self.model, self.tp = hf_config, model, tp
-        self.family = family(hf_config)
+        fam = family(hf_config)
+        if fam is None:
+            raise ValueError(f"{hf_config.model_type!r} is none of the multimodal models {sorted(FAMILIES)}")
+        self.family = fam
         self.omni = "audio_tower" in self.family.towers
         self.first_stage = first_stage
         vision = hf_config.vision_config
@@ -235,6 +244,8 @@ class MediaFront:
         mask = torch.zeros_like(ids)
         for row, n in enumerate(lengths):
             mask[row, :n] = 1
+        # (Any: the two models' get_rope_index take other arguments; those it accepts are passed below)
+        cls: Any
         if self.omni:
             from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
                 Qwen3OmniMoeThinkerForConditionalGeneration as cls,
@@ -283,7 +294,7 @@ class MediaFront:
         emb = self._embed(ids)
         pos = self.positions(ids.cpu(), types, lengths, media).to(dev)
         additions = [torch.zeros_like(emb) for _ in range(self.n_deepstack)]
-        if self.omni and media.get("input_features") is not None:
+        if self.audio_id is not None and media.get("input_features") is not None:  # (Omni's alone)
             emb = self._scatter(emb, ids, self.audio_id, self._audio(media, dev), "input_features")
         for pixels, grid, token in (
             ("pixel_values", "image_grid_thw", self.image_id),

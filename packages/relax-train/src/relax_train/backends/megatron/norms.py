@@ -23,7 +23,8 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
         if config.normalization != "RMSNorm":
             raise ValueError(f"normalization={config.normalization!r}: this norm is RMSNorm only")
         super().__init__(hidden_size, eps=eps)
-        self.weight.sequence_parallel = bool(config.sequence_parallel)
+        # megatron-core's convention: flags set on the parameter, which torch's Parameter type does not declare
+        self.weight.sequence_parallel = bool(config.sequence_parallel)  # type: ignore[attr-defined]
 
 
 def use_sequence_parallel_norms(spec: Any) -> None:

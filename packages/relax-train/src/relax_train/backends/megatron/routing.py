@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -27,7 +28,8 @@ from relax_core.routing import ReplayStats
 
 class MegatronRouting:
     def __init__(self, model: torch.nn.Module, moe_layers: tuple[int, ...], top_k: int) -> None:
-        routers = [m for m in model.modules() if getattr(m, "router_replay", None) is not None]
+        # megatron-core's TopKRouters (untyped: as nn.Modules, their attributes would read as Tensor | Module)
+        routers: list[Any] = [m for m in model.modules() if getattr(m, "router_replay", None) is not None]
         has_moe = any(hasattr(m, "router") for m in model.modules())  # (a pipeline stage may have none)
         if has_moe and not routers:
             raise ValueError(

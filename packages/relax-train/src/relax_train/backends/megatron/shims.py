@@ -33,8 +33,9 @@ def _cpu_shims() -> None:
         return
     import megatron.core.tensor_parallel.random as mrandom
 
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    # deliberately "cpu" where torch says an int index: megatron only passes it on as a device
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.cuda.synchronize = lambda device=None: None
 
     class _NoRngTracker:
         def fork(self, name: str | None = None):
@@ -68,8 +69,9 @@ def _cpu_shims() -> None:
     token_dispatcher.maybe_move_tensor_to_cpu = to_host
     stream = _NoStream()
     MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = stream
-    torch.cuda.current_stream = lambda device=None: stream  # type: ignore[assignment]
-    torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
+    # deliberately stand-ins where torch says a cuda Stream / StreamContext: only waited on and entered
+    torch.cuda.current_stream = lambda device=None: stream  # type: ignore[assignment,return-value]
+    torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment,misc]
 
 
 @contextlib.contextmanager

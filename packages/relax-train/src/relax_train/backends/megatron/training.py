@@ -11,6 +11,7 @@ The loop over a batch's optimizer steps and the loss are the torch backend's too
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,10 +41,17 @@ class MegatronTraining:
     pre: bool
     post: bool
     loss: PolicyLoss
-    before_update: Any
+    before_update: Callable[[], object] | None
+    onload: Callable[[], int]  # (HostTurns')
     trainable: bool
     version: int
     _r3: ReplayCounts
+    optimizer: torch.optim.Optimizer | None
+    """AdamW (None when frozen); HostTurns offloads it."""
+    # the forward's (MegatronForward), which the step drives
+    schedule: Callable[..., None]
+    _step_fn: Callable[..., Any]
+    _from_last_stage: Callable[[Any], Any]
 
     # -- training -----------------------------------------------------------------------------------
     @onloaded
@@ -186,11 +194,17 @@ class MegatronTraining:
             for _, p in named:
                 p.grad.mul_(coef)
         # (the norm is the same on every rank: all skip, or none)
-        if update_if_finite(self.optimizer, norm, self.before_update):
+        if update_if_finite(self._adamw(), norm, self.before_update):
             self._share_owned()
         return norm
 
     # -- the optimizer ------------------------------------------------------------------------------
+    def _adamw(self) -> torch.optim.Optimizer:
+        """The optimizer, for what only a trainable backend does (steps, its state in checkpoints)."""
+        if self.optimizer is None:
+            raise RuntimeError(FROZEN)
+        return self.optimizer
+
     def _set_trainable(self, trainable: bool) -> None:
         """AdamW as the torch backend builds it and the :class:`StepRunner` over it, or a frozen model."""
         self.trainable, self.version = trainable, 0

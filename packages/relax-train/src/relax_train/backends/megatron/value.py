@@ -377,6 +377,4 @@ class MegatronValueBackend:
     def close(self) -> None:
         """Drop the model and optimizer (the process group stays: other roles of the process may use it)."""
         self._trunk.optimizer = None
-        self.optimizer = None
-        self.model = None
-        self._trunk = None
+        del self.optimizer, self.model, self._trunk

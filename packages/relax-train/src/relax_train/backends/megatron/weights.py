@@ -6,6 +6,7 @@ read on their own; the name mapping and tensor layouts are :mod:`~relax_train.ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class MegatronWeights:
     post: bool
     version: int
     _layer_offset: int
+    onload: Callable[[], int]  # (HostTurns')
 
     # -- layout -------------------------------------------------------------------------------------
     def _offset(self) -> int:

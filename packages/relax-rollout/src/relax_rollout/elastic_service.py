@@ -306,7 +306,7 @@ class ElasticService:
                 )
             return removable[::-1][:need]  # newest first
         victims: list[Member] = []
-        for i, x in enumerate(ids if key == "engine_ids" else urls or []):
+        for i, x in enumerate((ids if key == "engine_ids" else urls) or []):
             where = f"{key}[{i}]"
             if key == "engine_ids":
                 try:
@@ -316,9 +316,10 @@ class ElasticService:
                         where, f"unknown engine {x!r}; GET /elastic/engines lists them"
                     ) from None
             else:
-                m = self.pool.find(x)
-                if m is None:
+                found = self.pool.find(x)
+                if found is None:
                     raise BadRequest(where, f"no engine serves {x}; GET /elastic/engines lists them")
+                m = found
             if m.state == "removed":
                 raise BadRequest(where, f"engine {m.id} is already removed")
             if m.protected:

@@ -69,7 +69,7 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     adapter`` ``lora`` (the adapter's :func:`~relax_core.lora.peft_config_dict`: those engines serve base +
     adapter and take adapter updates)."""
     backend = cfg.rollout.rollout_backend
-    extra = {"urls": cfg.rollout.rollout_external_urls} if backend == "external" else {}
+    extra: dict[str, Any] = {"urls": cfg.rollout.rollout_external_urls} if backend == "external" else {}
     if backend == "sglang":  # engines, GPUs per engine, SGLang's launch flags
         extra = sglang_kwargs(cfg)
     if cfg.algo.routing_replay:  # R3: the engine records each token's MoE experts for the trainer

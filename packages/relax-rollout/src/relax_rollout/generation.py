@@ -47,7 +47,7 @@ class Generated:
     """Rewards (``relax_rewards.RewardResult``) when already scored (dynamic sampling), else None."""
     reward_s: float = 0.0
     """Seconds spent scoring, with ``results``."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: sample.RolloutSample = field(default_factory=sample.RolloutSample)
     """Fields put on every sample as they are (dynamic sampling's counters)."""
     first_group: int = 0
     """The step's group index of ``rows[0]`` (streaming rollout puts one group at a time): it fixes the
@@ -90,6 +90,7 @@ class Generation:
         while len(kept) < want and rounds <= r.dynamic_sampling_max_rounds:
             got = self.generate(step, round_=rounds)
             results, secs = self.score(got)  # (sets got.texts)
+            assert got.texts is not None, "score sets the texts"
             gen_s, reward_s, rounds = gen_s + got.generate_s, reward_s + secs, rounds + 1
             tokens += got.generated_tokens
             for g, row in enumerate(got.rows):
@@ -103,7 +104,7 @@ class Generation:
                     spare.append(group)
         unfilled = max(0, want - len(kept))
         groups = kept[:want] + spare[:unfilled]
-        counters = {
+        counters: sample.RolloutSample = {
             sample.DS_DROPPED_GROUPS: dropped,
             sample.DS_EXTRA_ROUNDS: rounds - 1,
             sample.DS_UNFILLED_GROUPS: unfilled,
@@ -175,7 +176,9 @@ class Generation:
         from relax_rollout.multiturn import Episode, run_episodes, split_media
 
         r = self.cfg.rollout
-        env_factory(r.env_path)  # a wrong --env-path stops the run here, before any sample
+        env_path = r.env_path
+        assert env_path is not None, "batches are episodes only with --env-path"
+        env_factory(env_path)  # a wrong --env-path stops the run here, before any sample
         rows = self.prompts.batch()[0]
         episodes = []
         for row in rows:
@@ -183,7 +186,7 @@ class Generation:
             meta = {**row.metadata, "media": row_media} if row_media else row.metadata
             for _ in range(r.n_samples_per_prompt):
                 try:
-                    env = build_env(r.env_path, row.prompt, row.label, meta)
+                    env = build_env(env_path, row.prompt, row.label, meta)
                 except Exception as e:  # noqa: BLE001 - this sample's environment is broken: recorded below
                     env = BrokenEnv(f"constructing the environment failed: {type(e).__name__}: {e}")
                 base, info = [{"role": "user", "content": row.prompt}], {}
@@ -228,6 +231,7 @@ class Generation:
         self.stats["generate_s"] += gen_s
         outs = []
         for ep in episodes:
+            assert ep.stop_reason is not None, "run_episodes ends every episode with a reason"
             self.stats[f"stop/{ep.stop_reason}"] = self.stats.get(f"stop/{ep.stop_reason}", 0) + 1
             extra = {
                 sample.LOSS_MASK: ep.mask,
@@ -241,7 +245,7 @@ class Generation:
                     ep.tokens[ep.prompt_len :], ep.log_probs, ep.stop_reason, ep.weight_version, extra
                 )
             )
-        media = [ep.mm for ep in episodes]
+        mms = [ep.mm for ep in episodes]
         return Generated(
             step,
             rows,
@@ -249,7 +253,7 @@ class Generation:
             outs,
             gen_s,
             _model_tokens(outs),
-            media=media if any(m is not None for m in media) else None,
+            media=mms if any(m is not None for m in mms) else None,
             texts=[ep.model_text[-1] if ep.model_text else "" for ep in episodes],
         )
 
@@ -268,7 +272,7 @@ class Generation:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
         if self.prompts.episode_media is None:
             raise ValueError(f"the prompt carries {sorted(media)} but the model is text-only")
-        keys = tuple(self.cfg.data.multimodal_keys) if self.prompts.mm is not None else ()
+        keys = tuple(self.prompts.media_keys)  # (empty for a text-only run)
         return self.prompts.episode_media.encode(text, media, keys=keys, index=f"row {row.row_id}")
 
 

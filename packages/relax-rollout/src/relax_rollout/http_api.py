@@ -37,7 +37,10 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import anyio
 from urllib.parse import parse_qsl
 
 logger = logging.getLogger(__name__)
@@ -144,7 +147,8 @@ class JsonApi:
                 f"{self.limit_name}: must be a positive integer or None (got {self.max_admitted!r})"
             )
         # built in the serving loop (anyio's limiter belongs to one event loop)
-        self._limiter = self._admitted_limiter = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._admitted_limiter: anyio.CapacityLimiter | None = None
         self._running_admitted = 0  # read and changed only in the event loop: no lock
 
     # -- ASGI ------------------------------------------------------------------------------------------
@@ -186,9 +190,10 @@ class JsonApi:
                 )
             await self._answer(send, method, path, *self._failure(e, method, path))
             return
-        limited = self.max_admitted is not None and self.admitted(method, path)
-        if limited:
-            if self._running_admitted >= self.max_admitted:
+        limit = self.max_admitted if self.max_admitted is not None and self.admitted(method, path) else None
+        limited = limit is not None
+        if limit is not None:
+            if self._running_admitted >= limit:
                 await self._refuse(send, method, path)
                 return
             self._running_admitted += 1  # (no await between the check and this: the loop is one thread)
@@ -283,14 +288,8 @@ class JsonApi:
     async def _run(self, route: Route, body: Any, req: Request, admitted: bool = False) -> tuple[int, Any]:
         import anyio.to_thread
 
-        if admitted:  # a thread for each admitted request: the other routes keep theirs (health under load)
-            if self._admitted_limiter is None:
-                self._admitted_limiter = anyio.CapacityLimiter(self.max_admitted)
-            limiter = self._admitted_limiter
-        else:
-            if self._limiter is None:
-                self._limiter = anyio.CapacityLimiter(self.threads)
-            limiter = self._limiter
+        # a thread for each admitted request: the other routes keep theirs (health under load)
+        limiter = self._limiter_for(admitted)
         return await anyio.to_thread.run_sync(route, body, req, limiter=limiter)
 
     async def _send(
@@ -331,7 +330,7 @@ class JsonApi:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         it, end = iter(events.events), object()
         gone = asyncio.ensure_future(self._disconnected(receive)) if receive is not None else None
-        limiter = self._stream_limiter(admitted)
+        limiter = self._limiter_for(admitted)
         try:
             while True:
                 step = asyncio.ensure_future(anyio.to_thread.run_sync(next, it, end, limiter=limiter))
@@ -362,12 +361,13 @@ class JsonApi:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    def _stream_limiter(self, admitted: bool) -> Any:
-        """The threads a stream's ``next`` runs on: an admitted request's own (one at a time each), else
-        the other routes' (anyio's default of 40 would hold streams back behind each other)."""
+    def _limiter_for(self, admitted: bool) -> anyio.CapacityLimiter:
+        """The threads a route (or a stream's ``next``) runs on: an admitted request's own (one at a time
+        each), else the other routes' (anyio's default of 40 would hold streams back behind each other)."""
         import anyio
 
         if admitted:
+            assert self.max_admitted is not None, "requests are admitted only under max_admitted"
             if self._admitted_limiter is None:
                 self._admitted_limiter = anyio.CapacityLimiter(self.max_admitted)
             return self._admitted_limiter
@@ -432,7 +432,8 @@ class Served:
             server_header=False,
         )
         self._server = uvicorn.Server(config)
-        self._running, self._done, self._loop = False, threading.Event(), None
+        self._running, self._done = False, threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def serve_forever(self, poll_interval: float | None = None) -> None:
         """Serve until :meth:`shutdown` (``poll_interval`` is accepted for the standard library's signature)."""

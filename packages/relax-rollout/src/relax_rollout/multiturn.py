@@ -73,7 +73,8 @@ class Episode:
 def split_media(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list]]:
     """The messages without their media fields (markers prepended to a message that has media but none),
     and the media by modality, in message order ({} for text-only messages)."""
-    clean, media = [], {}
+    clean: list[dict[str, Any]] = []
+    media: dict[str, list] = {}
     for m in messages:
         found: dict[str, list] = {}
         for key, modality in MEDIA_FIELDS.items():
@@ -119,6 +120,7 @@ class EpisodeMedia:
             )
             proc = self._processors[modalities] = MultimodalProcessor(cfg, self.tokenizer)
         s = proc.process({"prompt": text, **{m: list(media.get(m) or []) for m in modalities}}, index=index)
+        assert s.input_ids is not None, "a processor given a tokenizer encodes the ids"
         tensors = adapt_media(self.family, s.tensors())
         tensors["mm_token_type_ids"] = np.asarray(s.mm_token_type_ids, dtype=np.int64)
         return list(s.input_ids), tensors

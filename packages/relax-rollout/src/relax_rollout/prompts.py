@@ -42,6 +42,8 @@ class Prompts:
             ds.rows, cfg.rollout.rollout_batch_size, cfg.data.rollout_shuffle, cfg.train.seed
         )
         self._token_cache: dict[str, list[int]] = {}
+        self.media_keys: dict[str, str] = cfg.data.multimodal_keys or {}
+        """``--multimodal-keys`` (modality → column); {} for a text-only run (``mm`` is None)."""
         self.mm = prompt_media(cfg, tokenizer, model_path) if cfg.data.multimodal_keys else None
         self._mm_cache: dict[str, tuple[list[int], dict[str, Any]]] = {}
         self.bad_media: list[str] = []
@@ -73,7 +75,7 @@ class Prompts:
         Bad media raise ``MediaError`` naming the row and file; :meth:`batch` skips and counts the row."""
         if self.mm is None or not row.media:
             if self.mm is not None:
-                _check_marked_media(row, self.cfg.data.multimodal_keys)
+                _check_marked_media(row, self.media_keys)
             return self.encode(row.prompt), None
         if row.row_id not in self._mm_cache:
             text = row.prompt
@@ -81,7 +83,7 @@ class Prompts:
                 text = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
                 )
-            keys = tuple(self.cfg.data.multimodal_keys)
+            keys = tuple(self.media_keys)
             self._mm_cache[row.row_id] = self.mm.encode(text, self.row_media(row), keys, f"row {row.row_id}")
         return self._mm_cache[row.row_id]
 
@@ -90,7 +92,7 @@ class Prompts:
         out: dict[str, list] = {}
         if self.mm is None:
             return out
-        for modality, column in self.cfg.data.multimodal_keys.items():
+        for modality, column in self.media_keys.items():
             if column in row.media:
                 v = row.media[column]
                 out[modality] = list(v) if isinstance(v, list | tuple) else [v]
@@ -105,7 +107,8 @@ class Prompts:
             from relax_multimodal import MediaError
 
             skip = (MediaError, PromptTooLong)
-        rows, enc = [], []
+        rows: list[Any] = []
+        enc: list[tuple[list[int], dict[str, Any] | None]] = []
         budget = 10 * self.cfg.rollout.rollout_batch_size + 10
         while len(rows) < self.cfg.rollout.rollout_batch_size:
             for row in self.iterator.next_batch(self.cfg.rollout.rollout_batch_size - len(rows)):

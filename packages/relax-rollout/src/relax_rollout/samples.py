@@ -58,9 +58,9 @@ class SampleWriter:
         step, rows, prompts, outs = gen.step, gen.rows, gen.prompts, gen.outs
         n = self.cfg.rollout.n_samples_per_prompt
         texts = gen.texts  # (set by score, or by multi-turn generation)
+        assert texts is not None, "a batch is scored (its texts decoded) before its samples are built"
         # generation speed of the whole batch (dropped dynamic-sampling groups included), on every sample
         tokens_per_s = gen.generated_tokens / max(gen.generate_s, 1e-9)
-        extra = {**gen.extra, sample.ROLLOUT_TOKENS_PER_S: tokens_per_s}
         media = gen.media or [None] * len(outs)
         samples: list[RolloutSample] = []
         for i, (o, res) in enumerate(zip(outs, results)):
@@ -89,7 +89,8 @@ class SampleWriter:
                 s[sample.TOKEN_VERSIONS] = np.asarray(o.token_versions or [], dtype=np.int32)
             if sample.TURNS in o.extra:
                 s[sample.TURNS], s[sample.ENV_ERROR] = o.extra[sample.TURNS], o.extra[sample.ENV_ERROR]
-            s.update(extra)  # (the generation speed; dynamic sampling's counters)
+            s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
+            s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
             samples.append(s)
         return samples
 

@@ -178,6 +178,7 @@ class GroupStream:
     def _submit(self, prompt: list[int], params: Any) -> Future:
         if self.batcher is not None:
             return self.batcher.submit(prompt, params)
+        assert self.requests is not None, "an engine without a batcher gets request threads"
         return self.requests.submit(lambda: self.w.engine.generate([prompt], params)[0])
 
     def _score(self, group: _Group) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
 from collections.abc import Callable
+from typing import Any
 
 PAD, EOS = "<|endoftext|>", "<|im_end|>"
 # 64 tokens: the two specials, digits, '+', '=', and letters as filler so every model id decodes
@@ -236,7 +238,8 @@ def experts_used(trainer, data: dict):
     and the log-probs of that pass: what R3 tests and ``benchmarks/r3.py`` compare with the rollout's."""
     with trainer.routing.record() as rec:
         logp = trainer.compute_log_probs(data)
-    n, mbs, out = len(data["tokens"]), trainer.cfg.train.micro_batch_size, []
+    n, mbs = len(data["tokens"]), trainer.cfg.train.micro_batch_size
+    out: list[Any] = []
     for f in range(len(rec.forwards)):
         idx = range(f * mbs, min(n, (f + 1) * mbs))
         width = max(len(data["tokens"][i]) for i in idx)
@@ -344,7 +347,7 @@ def spawn_ranks(argv: list[str], world: int, capture: bool = False, **env: str) 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pipes = {"stderr": subprocess.PIPE, "text": True} if capture else {}
+    pipes: dict[str, Any] = {"stderr": subprocess.PIPE, "text": True} if capture else {}
     return [
         subprocess.Popen(
             argv,
@@ -380,7 +383,8 @@ class SlowEngine:
     generates."""
 
     def __init__(self, engine, delay: float = 0.0):
-        self.engine, self.delay, self.versions = engine, delay, []
+        self.engine, self.delay = engine, delay
+        self.versions: list[int] = []
 
     @property
     def weight_version(self) -> int:
@@ -414,28 +418,31 @@ def wait_until(cond, timeout: float = 10.0, what: str = "condition", interval: f
         time.sleep(interval)
 
 
-def in_background(fn, *args, **kwargs):
-    """Call ``fn`` on a daemon thread. Returns ``result(timeout=60.0)``, which joins the thread and returns
-    what ``fn`` returned or re-raises what it raised; ``result.thread`` is the thread."""
-    import threading
+class BackgroundCall:
+    """What :func:`in_background` returns: calling it (``timeout=60.0``) joins the thread and returns what
+    ``fn`` returned or re-raises what it raised; ``thread`` is the thread."""
 
-    box: dict = {}
+    def __init__(self, fn: Callable[..., Any], thread: threading.Thread, box: dict[str, Any]) -> None:
+        self.fn, self.thread, self._box = fn, thread, box
+
+    def __call__(self, timeout: float = 60.0) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{getattr(self.fn, '__name__', self.fn)} did not return"
+        if "err" in self._box:
+            raise self._box["err"]
+        return self._box["out"]
+
+
+def in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BackgroundCall:
+    """Call ``fn`` on a daemon thread; the returned :class:`BackgroundCall` gives its result."""
+    box: dict[str, Any] = {}
 
     def run() -> None:
         try:
             box["out"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised by result()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the BackgroundCall
             box["err"] = e
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-
-    def result(timeout: float = 60.0):
-        t.join(timeout)
-        assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} did not return"
-        if "err" in box:
-            raise box["err"]
-        return box["out"]
-
-    result.thread = t
-    return result
+    return BackgroundCall(fn, t, box)

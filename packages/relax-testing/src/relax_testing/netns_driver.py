@@ -94,7 +94,9 @@ def main(argv: list[str]) -> int:
 
     out, flags = argv[0], argv[1:]
     cfg = build_config(None, flags)
-    inputs = RunInputs(cfg.model.hf_checkpoint, cfg.data.prompt_data, cfg.data.eval_data)
+    model, prompts = cfg.model.hf_checkpoint, cfg.data.prompt_data
+    assert model is not None and prompts is not None, "the driver runs on a model and prompts of its flags"
+    inputs = RunInputs(model, prompts, cfg.data.eval_data)
     controller, done = Controller(cfg, inputs), threading.Event()
     stop_file = Path(cfg.run.output_dir) / STOP
     threading.Thread(target=_watch_stop, args=(controller, stop_file, done), daemon=True).start()

@@ -228,14 +228,14 @@ class ContinuousBatcher:
                     elif self._running:
                         self._decode()
                     self.peak_running = max(self.peak_running, len(self._running))
-                    done = self._leave()
+                    finished = self._leave()
             except BaseException as e:  # noqa: BLE001 - every request in flight gets the error
                 failed, self._running, self._cache, self._mask = [*joining, *self._running], [], None, None
                 for seq in failed:
                     if not seq.future.done():
                         seq.future.set_exception(e)
                 continue
-            for seq in done:
+            for seq in finished:
                 seq.future.set_result(self._output(seq))
 
     @torch.no_grad()

@@ -192,9 +192,12 @@ class ExternalEngine(ServerClient):
         from urllib.parse import urlparse
 
         u = urlparse(init_method)
+        host, port = u.hostname, u.port
+        if not host or not port:
+            raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
         # protocol "relax_dcs": a relax engine server's extension, DCS rather than SGLang's group
         bodies = [
-            init_group_request(u.hostname, u.port, rank + k, world_size, "relax_dcs", backend, "relax_dcs")
+            init_group_request(host, port, rank + k, world_size, "relax_dcs", backend, "relax_dcs")
             for k in range(len(self.urls))
         ]
         futs = [

@@ -232,6 +232,7 @@ class EnginePool(PoolMembership):
             if error is not None:
                 raise error
             if busy:
+                assert busy_err is not None, "a member's refusal counts busy prompts"
                 busy_since = self._wait_busy(busy, busy_since, busy_err)
                 rounds -= 0 if failed else 1  # (busy members retire nothing: bounded in time instead)
             else:

@@ -96,7 +96,8 @@ class PoolMembership(ServerClient):
     attributes below are set by ``EnginePool.__init__``."""
 
     join_timeout_s: float
-    launch: Callable[[], tuple[str, Any]] | None
+    launch: Callable[..., tuple[str, Any]] | None
+    """``launch()`` or ``launch(node)`` → (url, handle): see :class:`~relax_rollout.engines.pool.EnginePool`."""
     kill: Callable[[Any], None] | None
     on_failure: Callable[[Member], None] | None
     on_removed: Callable[[Member], None] | None

@@ -19,9 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
+
+if TYPE_CHECKING:
+    from relax_rollout.engines.processes import RemoteProcess
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +47,15 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
+def stop_processes(procs: Sequence[subprocess.Popen | RemoteProcess], grace_s: float) -> None:
     """SIGTERM every process group, wait up to ``grace_s`` for the leaders to exit and their groups to
     empty, SIGKILL what is left, and reap the leaders. Processes on other nodes (:class:`RemoteProcess`)
     are stopped the same way by their node's launcher."""
     for p in procs:
         if getattr(p, "remote", False):
-            p.stop(grace_s)
-    procs = [p for p in procs if not getattr(p, "remote", False)]
-    live = [p for p in procs if p.poll() is None or group_alive(p.pid)]
+            cast("RemoteProcess", p).stop(grace_s)
+    local = [cast(subprocess.Popen, p) for p in procs if not getattr(p, "remote", False)]
+    live = [p for p in local if p.poll() is None or group_alive(p.pid)]
     for p in live:
         signal_group(p, signal.SIGTERM)
 
@@ -169,6 +172,7 @@ def spawn(
 def _copy_redacted(proc: subprocess.Popen, log_path: str | Path, secret: str) -> None:
     """Copy ``proc``'s output to ``log_path`` line by line, ``secret`` replaced, until it closes."""
     token = secret.encode()
+    assert proc.stdout is not None, "spawn pipes the output of a process whose log holds a secret"
     with proc.stdout, open(log_path, "ab") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line.replace(token, b"***"))

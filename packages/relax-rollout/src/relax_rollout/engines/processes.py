@@ -139,7 +139,7 @@ class EngineProcess:
     gpus: list[str]
     log_path: Path
     fixed_port: int | None = None
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | RemoteProcess | None = None
     url: str | None = None
     member_id: str | None = None
     state: str = "starting"
@@ -149,7 +149,7 @@ class EngineProcess:
     error: str | None = None
     """Why it last failed (kept after a successful restart)."""
     pids: list[int] = field(default_factory=list)
-    node: Any = None
+    node: NodeGPUs | None = None
     """The :class:`NodeGPUs` of another node it runs on; None: this node."""
 
     API_FIELDS: ClassVar[tuple[str, ...]] = tuple(
@@ -320,6 +320,7 @@ def launcher_on(node: NodeGPUs) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    assert node.node_id is not None, "a launcher runs on another node; this node's engines use Popen"
     cls = ray.remote(NodeLauncher).options(
         num_cpus=0, num_gpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
     )
@@ -346,7 +347,7 @@ class Launcher:
     ) -> None:
         self.command, self.host, self.env, self.token = command, host, env, token
         self._lock, self._closed, self._stopping, self._shared = lock, closed, stopping, shared
-        self.procs: list[Any] = []
+        self.procs: list[subprocess.Popen | RemoteProcess] = []
         """Every process ever started (what the engine's finalizer stops)."""
         self.nodes: dict[str, Any] = {}
         """Node id → its :class:`NodeLauncher` actor."""
@@ -397,6 +398,7 @@ class Launcher:
         import ray
 
         node = slot.node
+        assert node is not None and node.node_id is not None, "launch() hands only other nodes' slots here"
         launcher = self.nodes.get(node.node_id)
         if launcher is None:
             launcher = self.nodes[node.node_id] = launcher_on(node)
@@ -432,7 +434,8 @@ class Launcher:
 
     def tail(self, slot: EngineProcess, lines: int = 30) -> str:
         """The end of an engine's log, read on its node."""
-        launcher = self.nodes.get(slot.node.node_id) if slot.node is not None else None
+        node_id = slot.node.node_id if slot.node is not None else None
+        launcher = self.nodes.get(node_id) if node_id is not None else None
         if launcher is None:
             return log_tail(slot.log_path, lines)
         import ray
@@ -440,7 +443,7 @@ class Launcher:
         try:
             return ray.get(launcher.tail.remote(str(slot.log_path), lines), timeout=30)
         except Exception as e:  # noqa: BLE001 — a report, not a failure of its own
-            return f"(no log from node {slot.node.node_id}: {e})"
+            return f"(no log from node {node_id}: {e})"
 
     def wait_ready(self, slot: EngineProcess, timeout_s: float) -> None:
         """Until ``/health_generate`` answers 200 (``/health`` for a server without it)."""

@@ -71,10 +71,10 @@ class TorchEngine:
             self.adapter = MergedServing(self.model)
         self.model_path, self._tokenizer = model_path, tokenizer
         self._guide: Any = None  # constrained decoding's view of the tokenizer, built at first use
-        cfg = self.model.config
+        cfg: Any = self.model.config  # an HF config (nn.Module types an attribute as Tensor | Module)
         eos = eos_token_ids if eos_token_ids is not None else cfg.eos_token_id
-        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.pad_token_id = pad_token_id if pad_token_id is not None else (cfg.pad_token_id or 0)
+        self.eos_token_ids: list[int] = [eos] if isinstance(eos, int) else list(eos or [])
+        self.pad_token_id: int = pad_token_id if pad_token_id is not None else (cfg.pad_token_id or 0)
         self.device = device
         self.max_batch_size = max_batch_size
         self.weight_version = 0
@@ -116,7 +116,8 @@ class TorchEngine:
         if self._guide is None:
             from relax_rollout.engines.constrained import Guide
 
-            vocab = self.model.get_output_embeddings().weight.shape[0]
+            lm: Any = self.model  # an HF causal LM: nn.Module types its methods as Tensor | Module
+            vocab = lm.get_output_embeddings().weight.shape[0]
             self._guide = Guide(self.tokenizer, vocab, self.eos_token_ids)
         return self._guide
 
@@ -408,10 +409,12 @@ class TorchEngine:
 
     def _recorded(self, forward):
         """``forward`` recording the experts of each call (in call order) into the returned Recording."""
-        rec = self.routing.new_recording()
+        routing = self.routing
+        assert routing is not None, "recorded only with record_routing on a MoE model"
+        rec = routing.new_recording()
 
         def recorded(*args):
-            with self.routing.record(into=rec):
+            with routing.record(into=rec):
                 return forward(*args)
 
         return recorded, rec
@@ -423,6 +426,7 @@ class TorchEngine:
         are dropped; entries never recorded (an abort before the prefill) are -1."""
         import numpy as np
 
+        assert self.routing is not None, "recorded only with record_routing on a MoE model"
         bsz, width = len(prompts), max(len(x) for x in prompts)
         layers, k = self.routing.num_layers, self.routing.top_k
         fwd = [rec.stacked(f).cpu() for f in range(len(rec.forwards))]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 FLATTENED = "flattened_bucket"
 
@@ -48,13 +48,20 @@ def new_group(
     store = dist.PrefixStore(group_name, store)  # SGLang's prefix: the group name, not the URL
     # torch renamed pg_options to backend_options (2.6); SGLang passes whichever its torch has
     params = inspect.signature(c10d._new_process_group_helper).parameters
-    options = {"backend_options" if "backend_options" in params else "pg_options": None}
+    options: dict[str, Any] = {"backend_options" if "backend_options" in params else "pg_options": None}
     from relax_core.dcs_transport import parse_tcp
     from relax_core.net import gloo_bound_to_route
 
     with gloo_bound_to_route(parse_tcp(init_method)[0]):  # (across nodes: not where the hostname resolves)
         pg, _ = c10d._new_process_group_helper(
-            world_size, rank, [], backend, store, group_name=group_name, timeout=timeout, **options
+            world_size,
+            rank,
+            [],
+            backend,
+            store,
+            group_name=cast("c10d.GroupName", group_name),
+            timeout=timeout,
+            **options,
         )
     c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}  # src=0 means this group's rank 0
     return pg
@@ -148,6 +155,7 @@ def send(pg: Any, bucket: list[tuple[str, Any]], load_format: str | None, device
         dist.broadcast(t.detach().to(device).contiguous(), src=0, group=pg, async_op=True) for _, t in bucket
     ]
     for w in works:
+        assert w is not None, "async_op=True returns a Work"
         w.wait()
 
 
@@ -171,5 +179,6 @@ def receive(
     out = [(n, torch.empty(s, dtype=_dtype(d), device=device)) for n, d, s in zip(names, dtypes, shapes)]
     works = [dist.broadcast(t, src=0, group=pg, async_op=True) for _, t in out]
     for w in works:
+        assert w is not None, "async_op=True returns a Work"
         w.wait()
     return out

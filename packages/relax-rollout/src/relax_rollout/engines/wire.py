@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 
@@ -185,7 +185,7 @@ class ServerClient:
     engine pool): the features they pass on, and one request policy — bearer token, time-out, and
     connection errors retried with back-off."""
 
-    features = frozenset({"top_logprobs", "stop"})
+    features: ClassVar[frozenset[str]] = frozenset({"top_logprobs", "stop"})
     """Passed on to the servers (SGLang's ``top_logprobs_num`` and ``stop``)."""
 
     def __init__(self, token: str | None, timeout_s: float, retries: int, retry_backoff_s: float) -> None:
@@ -200,9 +200,9 @@ class ServerClient:
 
 
 # -- /generate ---------------------------------------------------------------------------------------------
-def sampling_dict(p: SamplingParams, min_new: int) -> dict:
+def sampling_dict(p: SamplingParams, min_new: int) -> dict[str, Any]:
     """Our :class:`SamplingParams` (with one prompt's ``min_new_tokens``) as SGLang's sampling-params dict."""
-    sp = {
+    sp: dict[str, Any] = {
         "max_new_tokens": p.max_new_tokens,
         "temperature": 0.0 if p.greedy else p.temperature,
         "top_p": p.top_p,
@@ -240,7 +240,7 @@ def generate_body(
     key (SGLang's batch form, e.g. ``rid``, ``image_data``); ``common``: request-level fields (e.g.
     ``return_routed_experts``)."""
     sps = [sampling_dict(params, m) for m in mins]
-    body = {
+    body: dict[str, Any] = {
         "input_ids": prompts,
         "sampling_params": sps if len(set(mins)) > 1 else sps[0],
         "return_logprob": True,

@@ -162,7 +162,7 @@ def serialize_named_tensors(named_tensors: list[tuple[str, Any]]) -> str:
     buf = io.BytesIO()
     pickler = ForkingPickler(buf)
     pickler.dispatch_table = {
-        **ForkingPickler._extra_reducers,
+        **ForkingPickler._extra_reducers,  # type: ignore[attr-defined]  # private: typeshed leaves it out
         torch.Tensor: reduce_by_uuid,
         torch.nn.Parameter: reduce_by_uuid,
     }

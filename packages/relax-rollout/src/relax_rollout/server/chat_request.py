@@ -41,7 +41,8 @@ def parse_chat(body: Any) -> ChatRequest:
     (:mod:`relax_rollout.server.chat_types`; a 400 names the first bad field), its messages as the chat
     template takes them (:func:`relax_rollout.server.tool_calls.template_message`)."""
     req = validate_chat(body)
-    out_messages, images = [], []
+    out_messages: list[dict[str, Any]] = []
+    images: list[ImagePart] = []
     for i, m in enumerate(req.messages):
         message = template_message(m.model_dump(by_alias=True, exclude_unset=True))
         if isinstance(message["content"], list):

@@ -91,9 +91,11 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
     def reply(out: GenerateOutput, prompt: list[int]) -> tuple[dict, str]:
         return tool_calls.reply(s.tokenizer, out, _reply(s, out), prompt, request, template, ends)
 
-    recorded, mm = None, None
+    recorded = None
+    mm: list[dict[str, Any] | None] | None = None
     if session is None:
         if chat.images:
+            assert s.media is not None, "images without a multimodal model are refused above"
             prompt, tensors = s.media.prompt(chat.messages, chat.images, kwargs)
             mm = [tensors] * chat.n
         else:
@@ -150,6 +152,7 @@ def _check_constraint(s: EngineServer, params: SamplingParams, fields: dict[str,
     s.check_features([params], fields)
     from relax_rollout.engines.constrained import check_constraint
 
+    assert params.constraint is not None, "checked only for a constrained request"
     try:
         check_constraint(params.constraint)
     except ValueError as e:

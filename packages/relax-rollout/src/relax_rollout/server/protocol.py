@@ -38,7 +38,7 @@ MAX_STOP_OPENAI = 4
 """The most stop strings OpenAI's chat and completions take."""
 MAX_TOP_LOGPROBS = 20
 """The most top log-probs per token any route returns (OpenAI's bound for chat; SGLang sets none)."""
-NEUTRAL = {
+NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "top_k": (-1, 0),
     "min_p": (0,),
@@ -321,8 +321,9 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
         tops = [parse_top_logprobs(x, f"top_logprobs_num[{i}]") for i, x in enumerate(top)]
     else:
         tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
-    starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts) if return_logprob else None
+    starts: list[int] | None = None
     if return_logprob:
+        starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts)
         params = [
             SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
             for p, k, s, x in zip(params, tops, starts, prompts)
@@ -466,7 +467,8 @@ def generate_response(
         if params.top_logprobs:  # per token the k most likely, the same triples
             rows = (out.input_top_logprobs or [])[first + 1 :]
             meta["input_top_logprobs"] = (
-                [None, *([[lp, t, txt(t)] for t, lp in row] for row in rows)] if lps else []
+                # (only the first position has none: rows start after it)
+                [None, *([[lp, t, txt(t)] for t, lp in row or ()] for row in rows)] if lps else []
             )
             meta["output_top_logprobs"] = [
                 [[lp, t, txt(t)] for t, lp in row] for row in out.top_logprobs or []

@@ -176,7 +176,8 @@ def ray_launcher(
         cls = ray.remote(RayEngineServer).options(
             num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, scheduling_strategy=here
         )
-        actor = cls.remote(model_path, dtype, engine, torch_threads, token, host)
+        # (Any: Ray types a handle as ActorHandle | the class, its methods without .remote)
+        actor: Any = cls.remote(model_path, dtype, engine, torch_threads, token, host)
         try:
             url = ray.get(actor.url.remote(), timeout=start_timeout_s)
         except Exception:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relax_rollout.engines.base import GenerateOutput, TokenDelta
 from relax_rollout.http_api import EventStream
@@ -122,7 +122,7 @@ def generate_events(
             i = item.index
             texts[i].add(item.token_ids)
             lps[i].extend(item.log_probs)
-            meta = {
+            meta: dict[str, Any] = {
                 "id": req.rids[i],
                 "finish_reason": None,
                 "prompt_tokens": len(req.prompts[i]),

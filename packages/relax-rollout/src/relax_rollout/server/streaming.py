@@ -140,11 +140,12 @@ class TokenCount:
             raise RuntimeError(
                 f"response {i} streamed tokens from {d.start}, after {self.count[i]}: it cannot start over"
             )
-        if self.last[i] is None:
+        last = self.last[i]
+        if last is None:
             self.metrics.first_token(now - self.t0, self.streaming)
             self.metrics.tokens(len(d.token_ids))
         else:
-            self.metrics.tokens(len(d.token_ids), now - self.last[i])
+            self.metrics.tokens(len(d.token_ids), now - last)
         self.count[i] += len(d.token_ids)
         self.last[i] = now
         if self.on_token is not None:

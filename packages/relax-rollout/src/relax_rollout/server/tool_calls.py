@@ -85,15 +85,24 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
 def response_template(tokenizer: Any, engine: Any, model_path: str | None) -> dict:
     """The response template of the served model: the tokenizer's own, else transformers' for its model type
     (from the engine's model config, else the checkpoint's ``config.json``), else the Hermes one."""
-    from transformers.cli.serving.utils import get_response_template
-
     own = getattr(tokenizer, "response_template", None)
     if own is not None:
         return own
     config = getattr(getattr(engine, "model", None), "config", None)
     model_type = getattr(config, "model_type", None) or _model_type(model_path)
-    found = get_response_template(tokenizer, _Typed(model_type)) if model_type else None
-    return found if found is not None else get_response_template(tokenizer, _Typed(HERMES_MODEL_TYPE))
+    found = _family_template(tokenizer, model_type) if model_type else None
+    if found is None:
+        found = _family_template(tokenizer, HERMES_MODEL_TYPE)
+        assert found is not None, "transformers has the Hermes response template"
+    return found
+
+
+def _family_template(tokenizer: Any, model_type: str) -> dict | None:
+    """transformers' response template for ``model_type`` (None: it has none)."""
+    from transformers.cli.serving.utils import get_response_template
+
+    # transformers types the model PreTrainedModel but reads only its config.model_type (what _Typed has)
+    return get_response_template(tokenizer, _Typed(model_type))  # type: ignore[arg-type]
 
 
 class _Typed:
@@ -193,8 +202,7 @@ def reply(
     parsed = _parse(tokenizer, raw, schema, _prefix(tokenizer, prompt, schema), req if tools_on else None)
     if parsed is None and tools_on and out.finish_reason == "length":
         close = (fields.get("tool_calls") or {}).get("close")
-        end = raw.rfind(close) if isinstance(close, str) else -1
-        if end >= 0:  # the calls completed before the cut
+        if isinstance(close, str) and (end := raw.rfind(close)) >= 0:  # the calls completed before the cut
             parsed = _parse(
                 tokenizer, raw[: end + len(close)], schema, _prefix(tokenizer, prompt, schema), req
             )

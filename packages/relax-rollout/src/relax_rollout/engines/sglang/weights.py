@@ -107,6 +107,11 @@ def _failures(futs: list[tuple[Any, Any]]) -> list[tuple[Any, Exception]]:
     return failed
 
 
+def _each(body: Any) -> Callable[[int], Any]:
+    """The same request ``body`` for every engine of a group (``SGLangWeights._on_group``'s ``body``)."""
+    return lambda _i: body
+
+
 def _in_thread(fn: Callable[[], Any], name: str) -> Future:
     """``fn()`` in a daemon thread of its own, as a future: a collective stuck for want of a peer can be
     left behind (it ends at its group's time-out) without holding up a pool's worker."""
@@ -357,7 +362,8 @@ class SGLangWeights:
         our engine servers join a relax DCS ``WeightSender`` instead (``group_name`` must be the sender's)."""
         s = self.servers
         u = urlparse(init_method)
-        if not u.hostname or not u.port:
+        host, port = u.hostname, u.port
+        if not host or not port:
             raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
         n = len(s.pool.active())
         if rank < 1 or rank + n * s.tp_size > world_size:
@@ -367,7 +373,7 @@ class SGLangWeights:
         s.call_all(
             "/init_weights_update_group",
             lambda i, m: init_group_request(
-                u.hostname, u.port, rank + i * s.tp_size, world_size, group_name, backend, protocol
+                host, port, rank + i * s.tp_size, world_size, group_name, backend, protocol
             ),
         )
         self.trainer_group = group_name
@@ -420,7 +426,7 @@ class SGLangWeights:
             for attempt in (1, 2):
                 members = {m.url: m for m in s.pool.active()}
                 waiting = [slot for slot in s.slots if slot.state == "waiting" and slot.url not in members]
-                urls = (*members, *(slot.url for slot in waiting))
+                urls = (*members, *(slot.url for slot in waiting if slot.url is not None))
                 if not urls:
                     raise PoolError(f"no engine to update: {s.describe()}")
                 try:
@@ -442,8 +448,8 @@ class SGLangWeights:
                             self._on_group(
                                 group,
                                 "/update_weights_from_distributed",
-                                lambda _i, b=body: b,
-                                lambda g=group, b=bucket: wg.send(g.pg, b, wg.FLATTENED, device),
+                                _each(body),
+                                functools.partial(wg.send, group.pg, bucket, wg.FLATTENED, device),
                             )
                     break
                 except _GroupBroken as x:

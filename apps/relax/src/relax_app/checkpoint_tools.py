@@ -164,7 +164,8 @@ def evaluate(
     model, state, where = resolve(ckpt)
     run = run_dir(state, where)
     cfg = _run_config(run, overrides or [])
-    data = data or cfg.data.eval_data or (run and _json(run / "summary.json").get("eval_data"))
+    recorded = _json(run / "summary.json").get("eval_data") if run is not None else None
+    data = data or cfg.data.eval_data or recorded
     if not data and cfg.is_demo:
         import os
 

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.is_demo and not omni and cfg.lora.enabled:  # LoRA's own step size (a given --lr still wins)
             from relax_app.demo.defaults import DEMO_LORA_LR
 
+            assert defaults is not None, "a demo config is built from the demo's defaults (set above)"
             notes.clear()
             cfg = build_config(yaml_path, overrides, defaults={**defaults, "lr": DEMO_LORA_LR}, notes=notes)
     except ConfigError as exc:

@@ -15,9 +15,11 @@ from relax_core.controller import Controller, RunInputs
 def prepare_inputs(cfg: RelaxConfig) -> tuple[RunInputs, dict]:
     """A user's files as given, or the demo's, built (and cached) on first use."""
     if not cfg.is_demo:
+        model, prompts = cfg.model.hf_checkpoint, cfg.data.prompt_data
+        assert model is not None and prompts is not None, "config checks: both given, or neither (the demo)"
         return RunInputs(
-            cfg.model.hf_checkpoint,
-            cfg.data.prompt_data,
+            model,
+            prompts,
             cfg.data.eval_data,
             cfg.model.ref_checkpoint,
             cfg.model.teacher_checkpoint,

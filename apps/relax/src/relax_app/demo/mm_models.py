@@ -26,6 +26,10 @@ in a few names; :func:`forward_kwargs` maps one to the other:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni")
 
@@ -34,6 +38,15 @@ ARCHITECTURES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_omni": "Qwen3OmniMoeThinkerForConditionalGeneration",
 }
+
+
+class _VisionIds(TypedDict):
+    """The vision token ids every family's config takes (typed: each is checked against its field)."""
+
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
 
 
 def _spec(family: str):
@@ -136,12 +149,14 @@ def build_tiny_mm_model(
         num_heads=2,
         out_hidden_size=hidden_size,
     )
-    vision_ids = dict(
+    vision_ids = _VisionIds(
         image_token_id=ids["image"],
         video_token_id=ids["video"],
         vision_start_token_id=ids["vision_start"],
         vision_end_token_id=ids["vision_end"],
     )
+    config: PreTrainedConfig
+    cls: type[PreTrainedModel]
     if family == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(
             text_config=dict(
@@ -170,7 +185,10 @@ def build_tiny_mm_model(
         )
         cls = transformers.Qwen3VLForConditionalGeneration
     elif family == "qwen3_omni":
-        config = transformers.Qwen3OmniMoeThinkerConfig(
+        # type: ignore: transformers' dataclass_transform lists the fields only, though PreTrainedConfig's
+        # @strict(accept_kwargs=True) takes other keywords (__post_init__ sets them as attributes): the
+        # three extra token ids below
+        config = transformers.Qwen3OmniMoeThinkerConfig(  # type: ignore[call-arg]
             audio_config=dict(
                 num_mel_bins=_spec(family).n_mels,
                 encoder_layers=1,
@@ -196,19 +214,24 @@ def build_tiny_mm_model(
             ),
             audio_token_id=ids["audio"],
             audio_start_token_id=ids["audio_start"],
-            # not fields of the thinker config, but get_rope_index reads vision_start_token_id (and the
-            # real checkpoint's thinker_config carries all three)
-            audio_end_token_id=ids["audio_end"],
             # the thinker never reads user_token_id (the talker finds user turns with it)
             user_token_id=_single_token_id(tokenizer, "user", fallback=pad_id),
             position_id_per_seconds=13,  # the real checkpoint's value (transformers' default 25 is Qwen2.5-Omni's)
-            **vision_ids,
+            image_token_id=vision_ids["image_token_id"],
+            video_token_id=vision_ids["video_token_id"],
+            # not fields of the thinker config, but get_rope_index reads vision_start_token_id (and the
+            # real checkpoint's thinker_config carries all three)
+            audio_end_token_id=ids["audio_end"],
+            vision_start_token_id=vision_ids["vision_start_token_id"],
+            vision_end_token_id=vision_ids["vision_end_token_id"],
         )
         cls = transformers.Qwen3OmniMoeThinkerForConditionalGeneration
     else:  # pragma: no cover - token_ids already rejected it
         raise ValueError(family)
     torch.manual_seed(seed)
-    model = cls(config).to(torch.float32).eval()
+    # transformers: PreTrainedModel.to is @wraps(nn.Module.to), and typeshed's _Wrapped is no descriptor:
+    # mypy does not bind it as a method and takes the dtype for `self`
+    model = cls(config).to(torch.float32).eval()  # type: ignore[arg-type]
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = pad_id

@@ -41,7 +41,9 @@ def build_tiny_qwen3(
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     pad_id = tokenizer.pad_token_id
-    config = Qwen3Config(
+    # type: ignore: transformers' dataclass_transform lists the fields only; PreTrainedConfig's
+    # @strict(accept_kwargs=True) hands other keywords to __post_init__, which reads attn_implementation
+    config = Qwen3Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -55,12 +57,14 @@ def build_tiny_qwen3(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=pad_id,
         dtype="float32",
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",  # (not a field: PreTrainedConfig.__post_init__ takes it)
     )
     torch.manual_seed(seed)
     from relax_core.models import ensure_tied
 
-    model = ensure_tied(Qwen3ForCausalLM(config).to(torch.float32))
+    # transformers: PreTrainedModel.to is @wraps(nn.Module.to), and typeshed's _Wrapped is no descriptor:
+    # mypy does not bind it as a method and takes the dtype for `self`
+    model = ensure_tied(Qwen3ForCausalLM(config).to(torch.float32))  # type: ignore[arg-type]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = pad_id

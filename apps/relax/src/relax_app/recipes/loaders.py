@@ -205,7 +205,8 @@ def _dapo_row(rec: dict, i: int, ctx: _Context) -> dict:
     if label is None or not str(label).strip():
         raise _Skip(f"{where}: empty answer")
     label = str(label).strip()
-    extra = rec.get("extra_info") if isinstance(rec.get("extra_info"), dict) else {}
+    extra_info = rec.get("extra_info")
+    extra = extra_info if isinstance(extra_info, dict) else {}
     meta = {k: rec[k] for k in ("data_source", "ability") if isinstance(rec.get(k), str)}
     if isinstance(rm, dict) and rm.get("style"):
         meta["style"] = str(rm["style"])
@@ -477,10 +478,11 @@ def main(argv: list[str]) -> int:
                 print(f"relax prepare-data: unknown option {arg!r}\n\n{USAGE}", file=sys.stderr)
                 return 2
             if not eq:
-                value = next(it, None)
-                if value is None:
+                following = next(it, None)
+                if following is None:
                     print(f"relax prepare-data: --{key} needs a value", file=sys.stderr)
                     return 2
+                value = following
             options[key] = value
         else:
             positional.append(arg)

@@ -217,6 +217,17 @@ def test_wait_policy_raises_on_stale_sample():
     assert bus.get("t", 1, trainer_version=0).ids == [0]  # nothing was taken by the failed get
 
 
+def test_enforced_staleness_refuses_policy_version_none_at_put():
+    """A consumer that enforces staleness needs a version on every sample: None was let through by put and
+    made the trainer's get fail with a TypeError (``trainer_version - None``) inside the bus."""
+    bus = rl_bus(max_staleness=1, consumers={"t": ConsumerSpec(enforce_staleness=True)})
+    with pytest.raises(BusError, match="has no 'policy_version'"):
+        bus.put([{"x": 1, "policy_version": None}])
+    assert bus.stats()["live"] == 0
+    bus.put([{"x": 1, "policy_version": 0}])
+    assert bus.get("t", 1).ids == [0]
+
+
 def test_drop_policy_drops_stale_whole_groups():
     bus = rl_bus(max_staleness=1, staleness_policy="drop")
     bus.put(group_samples(["old"], version=0, advantages=0.0, reward=0.0))

@@ -7,9 +7,11 @@ while the mechanics live here: waiting, readiness, leases, staleness drops, evic
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from relax_bus.config import BusConfig
 from relax_bus.errors import BusClosed, BusError, BusTimeout, DuplicateIds
 from relax_bus.prepare import Row
 from relax_bus.samplers import SampleRef
@@ -19,6 +21,16 @@ from relax_bus.state import ConsumerState, Lease, Sample
 
 class _Book:
     # attributes set by DataBus.__init__ / load_state_dict
+    config: BusConfig
+    _cond: threading.Condition
+    _closed: bool
+    _clock: Callable[[], float]
+    _time: Callable[[], float]
+    _next_id: int
+    _grouped: list[str]
+    _counts: dict[str, int]
+    _wait_s: dict[str, float]
+    _waiting: dict[str, int]
     _samples: dict[int, Sample]
     _consumers: dict[str, ConsumerState]
     _leases: dict[int, Lease]
@@ -155,7 +167,7 @@ class _Book:
         stale = set()
         for sid in st.available:
             s = self._samples[sid]
-            if self._staleness.is_stale(s.version, t):
+            if self._staleness.is_stale(_version(s), t):
                 stale.add(sid)
                 if grouped and s.group_id not in st.dropped_groups:
                     st.dropped_groups[s.group_id] = s.group_size or self.config.group_size
@@ -229,3 +241,10 @@ class _Book:
             members.remove(sid)
             if not members:
                 del self._groups[s.group_id]
+
+
+def _version(s: Sample) -> int:
+    """The policy version of a sample where a consumer enforces staleness: put required it then
+    (``prepare._check_sample``), so None here is a broken invariant, not a user error."""
+    assert s.version is not None, f"sample id {s.id} has no policy_version"
+    return s.version

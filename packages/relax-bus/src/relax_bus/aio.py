@@ -11,20 +11,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from relax_bus.errors import BusTimeout
 from relax_bus.state import Batch
+
+if TYPE_CHECKING:
+    from relax_bus.protocol import Bus
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class AsyncBus:
     """``await bus.put(...)``, ``await bus.get(...)``, ... over any bus; ``async for`` via ``stream``."""
 
-    def __init__(self, bus: Any, slice_s: float = 0.25) -> None:
+    def __init__(self, bus: Bus, slice_s: float = 0.25) -> None:
         self.bus = bus
         self.slice_s = slice_s
 
-    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def put(
@@ -89,11 +97,11 @@ class AsyncBus:
     async def close(self) -> None:
         return await self._run(self.bus.close)
 
-    async def snapshot(self, path: Any) -> Any:
+    async def snapshot(self, path: str | Path) -> Path:
         return await self._run(self.bus.snapshot, path)
 
 
-def _give_back(bus: Any, consumer: str, fut: Any) -> None:
+def _give_back(bus: Bus, consumer: str, fut: asyncio.Future[Batch]) -> None:
     if fut.cancelled() or fut.exception() is not None:
         return
     try:

@@ -14,14 +14,17 @@ per value.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from relax_bus.prepare import Row
 
-Block = dict[str, tuple]
+Block: TypeAlias = dict[str, tuple[Any, ...]]
 """field -> ``("cat", data, starts)`` (row k is ``data[starts[k]:starts[k+1]]``) or ``("list", values)``."""
+
+Wire: TypeAlias = dict[str, tuple[list[int], list[int], list[int]]]
+"""Where a get's block values are: field -> (indices in the batch, their block ids, their rows there)."""
 
 
 RESERVED = ("group_id", "policy_version", "group_size")
@@ -116,13 +119,15 @@ class Holder:
                 pass
 
 
-def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, tuple], dict[int, Holder]]:
+def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], Wire, dict[int, Holder]]:
     """Controller side of a get: (data with Locs as None, field -> (indices, block ids, rows), holders)."""
-    where: dict[str, tuple] = {}
+    where: Wire = {}
     holders: dict[int, Holder] = {}
     out = {}
     for f, vals in data.items():
-        ks, bids, rows = [], [], []
+        ks: list[int] = []
+        bids: list[int] = []
+        rows: list[int] = []
         col = vals
         for k, v in enumerate(vals):
             if isinstance(v, Loc):
@@ -139,7 +144,7 @@ def to_wire(data: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str,
     return out, where, holders
 
 
-def from_wire(data: dict[str, list[Any]], where: dict[str, tuple], blocks: dict[int, Block]) -> None:
+def from_wire(data: dict[str, list[Any]], where: Wire, blocks: dict[int, Block]) -> None:
     """Client side of a get: fill the values that live in blocks (fetched already), in place."""
     for f, (ks, bids, rows) in where.items():
         col = data[f]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_bus import snapshot as _snapshot
-from relax_bus._book import _Book
+from relax_bus._book import _Book, _version
 from relax_bus.config import BusConfig
 from relax_bus.errors import BusError, ConsumerReset, StaleSampleError
 from relax_bus.prepare import Row, grouped_consumers, prepare_fields, prepare_samples, versioned_consumers
@@ -265,7 +265,7 @@ class DataBus(_Book):
             t = self._trainer_version if trainer_version is None else trainer_version
             samples = [self._samples[i] for i in chosen]
             if enforce:
-                stale = [s.id for s in samples if bound.is_stale(s.version, t)]
+                stale = [s.id for s in samples if bound.is_stale(_version(s), t)]
                 if stale:
                     raise StaleSampleError(
                         f"samples {stale[:8]} are older than max_staleness={self.config.max_staleness} at "
@@ -284,7 +284,7 @@ class DataBus(_Book):
             self._counts["bytes_out"] += sum(s.size for s in samples)
             if enforce:
                 for s in samples:
-                    lag = bound.lag(s.version, t)
+                    lag = bound.lag(_version(s), t)
                     self._staleness_hist[lag] = self._staleness_hist.get(lag, 0) + 1
             return Batch(
                 chosen, data, lease_id, consumer, [s.partition for s in samples], t if enforce else None
@@ -325,11 +325,9 @@ class DataBus(_Book):
             st.resets += 1
             mine = [self._leases.pop(k) for k, ls in list(self._leases.items()) if ls.consumer == consumer]
             again = 0
+            need = done_if_written or []
             for lease in mine:
-                written = [
-                    bool(done_if_written) and all(f in self._samples[i].fields for f in done_if_written)
-                    for i in lease.ids
-                ]
+                written = [bool(need) and all(f in self._samples[i].fields for f in need) for i in lease.ids]
                 done = [i for i, w in zip(lease.ids, written) if w]
                 redo = [i for i, w in zip(lease.ids, written) if not w]
                 st.acked += len(done)

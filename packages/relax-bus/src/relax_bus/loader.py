@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from relax_bus.errors import BusClosed
 from relax_bus.state import Batch
+
+if TYPE_CHECKING:
+    from relax_bus.protocol import Bus
 
 
 def pad(values: list[Any], pad_value: float = 0) -> tuple[np.ndarray, np.ndarray] | None:
@@ -77,7 +80,7 @@ class StreamingDataLoader:
 
     def __init__(
         self,
-        bus: Any,
+        bus: Bus,
         consumer: str,
         micro_batch_size: int,
         total: int | None = None,

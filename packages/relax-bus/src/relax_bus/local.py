@@ -132,7 +132,7 @@ def read_block(path: str) -> Block:
     entries = [_ENTRY.unpack_from(view, _HEAD.size + k * _ENTRY.size) for k in range(n_bufs)]
     start = _HEAD.size + _ENTRY.size * n_bufs
     buffers = [view[off : off + size] for off, size in entries]
-    block = pickle.loads(view[start : start + n_meta], buffers=buffers[n_rows:])
+    block: Block = pickle.loads(view[start : start + n_meta], buffers=buffers[n_rows:])
     for f, col in block.items():
         if col[0] == "rows":  # rows laid out back to back: one read-only array
             _, k, dtype, trailing, starts = col

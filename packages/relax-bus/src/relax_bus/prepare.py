@@ -47,9 +47,11 @@ _DTYPE_STR: dict[Any, str] = {}  # dtype -> its .str (a property that builds a n
 
 
 def make_row(
-    fields: dict[str, Any], where: str, limit: int | None, base: int = 0, prev: dict | None = None
+    fields: dict[str, Any], where: str, limit: int | None, base: int = 0, prev: dict[str, Sig] | None = None
 ) -> Row:
-    sigs, lengths, size = {}, {}, base
+    sigs: dict[str, Sig] = {}
+    lengths: dict[str, int] = {}
+    size = base
     for name, value in fields.items():
         if type(value) is np.ndarray:  # fast path for the common case (same results as below)
             shape, dt = value.shape, value.dtype
@@ -85,7 +87,7 @@ def _check_sample(sample: Any, index: int, grouped: list[str], versioned: list[s
         raise BusError(f"{where} has no 'group_id' (required: consumer {grouped[0]!r} samples whole groups)")
     if "group_id" in sample and not isinstance(sample["group_id"], Hashable):
         raise BusError(f"{where}: 'group_id' must be hashable, got {type(sample['group_id']).__name__}")
-    if versioned and "policy_version" not in sample:
+    if versioned and sample.get("policy_version") is None:
         raise BusError(
             f"{where} has no 'policy_version' (required: consumer {versioned[0]!r} enforces staleness)"
         )

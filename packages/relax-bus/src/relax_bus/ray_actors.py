@@ -27,11 +27,11 @@ from typing import Any
 
 from relax_bus import local
 from relax_bus import snapshot as _snapshot
-from relax_bus.blocks import Holder, Loc, from_wire, pack, to_wire
+from relax_bus.blocks import Block, Holder, Loc, Wire, from_wire, pack, to_wire
 from relax_bus.config import BusConfig
 from relax_bus.core import DataBus
 from relax_bus.prepare import Row, make_row
-from relax_bus.state import ManualClock, SavedSample
+from relax_bus.state import Batch, ManualClock, SavedSample
 
 
 def fetch(refs: dict[int, Any]) -> dict[int, Any]:
@@ -59,26 +59,33 @@ class StorageUnit:
     """Owns payload objects (it ``ray.put``\\ s them); their bytes sit in the object store. Threaded."""
 
     def __init__(self) -> None:
-        self.controller = None
+        self.controller: Any = None  # the controller actor's handle, from attach
 
     def attach(self, controller: Any) -> bool:
         self.controller = controller
         return True
 
-    def hold(self, block: dict) -> list[Any]:
+    def hold(self, block: Block) -> list[Any]:
         import ray
 
         return [ray.put(block)]
 
     def put(
-        self, rows: list[Row], where: dict, block: dict, partition: str, timeout: Any, ids: Any
+        self,
+        rows: list[Row],
+        where: dict[str, list[int]],
+        block: Block,
+        partition: str,
+        timeout: float | None,
+        ids: list[int] | None,
     ) -> list[int]:
-        return _unwrap(
+        put_ids: list[int] = _unwrap(
             self.controller.put_block.remote(rows, where, self.hold(block), partition, timeout, ids)
         )
+        return put_ids
 
-    def add(self, ids: list[int], rows: list[Row], where: dict, block: dict) -> None:
-        return _unwrap(self.controller.add_block.remote(ids, rows, where, self.hold(block)))
+    def add(self, ids: list[int], rows: list[Row], where: dict[str, list[int]], block: Block) -> None:
+        _unwrap(self.controller.add_block.remote(ids, rows, where, self.hold(block)))
 
 
 # DataBus methods a RayBus reaches another way (get and the puts: payloads travel as blocks; restore) or
@@ -122,10 +129,13 @@ class Controller:
             raise AttributeError(f"RayBus has no method {method!r}")
         return getattr(self.bus, method)(*args, **kwargs)
 
-    def _located(self, rows: list[Row], where: dict[str, list[int]], payload: list | str | None) -> list[Row]:
+    def _located(
+        self, rows: list[Row], where: dict[str, list[int]], payload: list[Any] | str | None
+    ) -> list[Row]:
         """Point the block values of ``rows`` at one block: ``payload`` is ``[ObjectRef]`` or a file path."""
         if not where:
             return rows
+        assert payload is not None, "rows with block values come with their block"
         with self._ids_lock:
             bid = next(self._block_ids)
         holder = Holder(bid, path=payload) if isinstance(payload, str) else Holder(bid, ref=payload[0])
@@ -135,21 +145,29 @@ class Controller:
         return rows
 
     def put_block(
-        self, rows: list[Row], where: dict, payload: list | str | None, partition: str, timeout: Any, ids: Any
+        self,
+        rows: list[Row],
+        where: dict[str, list[int]],
+        payload: list[Any] | str | None,
+        partition: str,
+        timeout: float | None,
+        ids: list[int] | None,
     ) -> list[int]:
         """put_rows whose payload values sit in one block (``where``: field -> rows)."""
         return self.bus.put_rows(self._located(rows, where, payload), partition, timeout, ids)
 
-    def add_block(self, ids: list[int], rows: list[Row], where: dict, payload: list | str | None) -> None:
+    def add_block(
+        self, ids: list[int], rows: list[Row], where: dict[str, list[int]], payload: list[Any] | str | None
+    ) -> None:
         return self.bus.add_rows(ids, self._located(rows, where, payload))
 
-    def get(self, consumer: str, n: int, **kwargs: Any) -> tuple[Any, dict, dict]:
+    def get(self, consumer: str, n: int, **kwargs: Any) -> tuple[Batch, Wire, dict[int, Any]]:
         """A batch whose block values are replaced by locations, plus the ObjectRefs of those blocks."""
         batch = self.bus.get(consumer, n, **kwargs)
         batch.data, where, holders = to_wire(batch.data)
         return batch, where, {bid: self._ref(h) for bid, h in holders.items()}
 
-    def get_local(self, consumer: str, n: int, **kwargs: Any) -> tuple[Any, dict, dict]:
+    def get_local(self, consumer: str, n: int, **kwargs: Any) -> tuple[Batch, Wire, dict[int, str]]:
         """Fast-path get: like :meth:`get`, with block file paths instead of ObjectRefs."""
         batch = self.bus.get(consumer, n, **kwargs)
         batch.data, where, holders = to_wire(batch.data)
@@ -160,6 +178,7 @@ class Controller:
         import ray
 
         if h.ref is None:
+            assert h.path is not None, "a holder keeps its block as an object or a file"
             h.ref = ray.put(local.read_block(h.path))
         return h.ref
 
@@ -168,7 +187,9 @@ class Controller:
         import ray
 
         if h.path is None:
-            h.path = local.write_block(self.local["shm_dir"], ray.get(h.ref))
+            shm = self.local and self.local["shm_dir"]
+            assert shm, "get_local needs this node's payload directory (RayBus.get checks it has one)"
+            h.path = local.write_block(shm, ray.get(h.ref))
         return h.path
 
     def _blocks(self, holders: dict[int, Holder]) -> dict[int, Any]:
@@ -180,6 +201,7 @@ class Controller:
 
     def advance_clock(self, seconds: float) -> None:
         """Tests only (``create(..., manual_clock=True)``): move lease deadlines forward."""
+        assert self.clock is not None, "advance_clock needs a bus created with manual_clock=True"
         self.clock.advance(seconds)
         self.bus.wake()
 

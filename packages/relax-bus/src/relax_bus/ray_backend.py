@@ -13,21 +13,31 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 
 from relax_bus.config import BusConfig
+from relax_bus.core import DataBus
 from relax_bus.prepare import Row, prepare_fields, prepare_samples
 from relax_bus.state import Batch
+
+if TYPE_CHECKING:
+    from relax_bus.blocks import Wire
+    from relax_bus.local import LocalClient
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _INSTALL = "the Ray backend needs ray: pip install 'relax-bus[ray]'"
 _CLASSES: dict[str, Any] = {}
 INLINE_BYTES = 64 * 1024
 
 
-def _ray():
+def _ray() -> ModuleType:
     try:
         import ray
     except ImportError as e:
@@ -68,12 +78,12 @@ class RayBus:
         self._local_info = local_info
         self._rr = itertools.count()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RayBus], tuple[Any, ...]]:
         args = (self._controller, self._units, self._config_dict, self.inline_bytes, self.payload_owner)
         return (RayBus, (*args, self._local_info))
 
     @property
-    def _local(self) -> Any:
+    def _local(self) -> LocalClient | None:
         """This process's fast-path client (``local.py``), or None off the controller's node. Cached per process."""
         from relax_bus import local
 
@@ -81,6 +91,11 @@ class RayBus:
         if pid != os.getpid():
             self._local_client, self._local_pid = local.client_for(self._local_info), os.getpid()
         return self._local_client
+
+    @property
+    def _shm_dir(self) -> str | None:
+        """The controller node's directory for payload files; None without the fast path or without tmpfs."""
+        return self._local_info["shm_dir"] if self._local_info else None
 
     @property
     def transport(self) -> str:
@@ -175,34 +190,45 @@ class RayBus:
                 raise cause from None
             raise
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: Callable[Concatenate[DataBus, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run DataBus ``method`` in the controller (typed against DataBus; only its name travels)."""
         if self._local is not None:
-            return self._local.call("call", method, *args, **kwargs)
-        return self._wait(self._controller.call.remote(method, *args, **kwargs))
+            result = self._local.call("call", method.__name__, *args, **kwargs)
+        else:
+            result = self._wait(self._controller.call.remote(method.__name__, *args, **kwargs))
+        return cast(R, result)  # the controller's DataBus ran ``method``: its result is an R
 
     def _ship(
-        self, rows: list[Row], head: tuple, unit_method: str, controller_method: str, tail: tuple
+        self,
+        rows: list[Row],
+        head: tuple[Any, ...],
+        unit_method: str,
+        controller_method: str,
+        tail: tuple[Any, ...],
     ) -> Any:
         """Send prepared rows (and their block, if large) by the configured route; returns the result."""
         from relax_bus.blocks import pack
 
         fast = self._local
         block, rows, where = pack(rows, self.inline_bytes, concat=fast is None)
-        if fast is not None and block is None:
-            return fast.call(controller_method, *head, rows, where, None, *tail)
-        if fast is not None and self._local_info["shm_dir"]:
+        if block is None:
+            if fast is not None:
+                return fast.call(controller_method, *head, rows, where, None, *tail)
+            return self._wait(
+                getattr(self._controller, controller_method).remote(*head, rows, where, None, *tail)
+            )
+        shm = self._shm_dir
+        if fast is not None and shm:
             from relax_bus.local import write_block
 
             # From here the controller owns the file: it unlinks it when the samples go, or at once if the
             # call fails (the rows pointing at it are dropped); a file orphaned by a broken connection goes
             # with the bus's directory at kill().
-            path = write_block(self._local_info["shm_dir"], block)
+            path = write_block(shm, block)
             return fast.call(controller_method, *head, rows, where, path, *tail)
         if fast is not None:  # no tmpfs on this node: the block takes the object store
             block = {f: ("cat", np.concatenate(c[1]), c[2]) if c[0] == "cat" else c for f, c in block.items()}
-        if block is None:
-            ref = getattr(self._controller, controller_method).remote(*head, rows, where, None, *tail)
-        elif self.payload_owner == "producer":
+        if self.payload_owner == "producer":
             refs = [_ray().put(block)]
             ref = getattr(self._controller, controller_method).remote(*head, rows, where, refs, *tail)
         else:
@@ -219,11 +245,12 @@ class RayBus:
         ids: list[int] | None = None,
     ) -> list[int]:
         rows = prepare_samples(self.config, samples)
-        return self._ship(rows, (), "put", "put_block", (partition, timeout, ids))
+        put_ids: list[int] = self._ship(rows, (), "put", "put_block", (partition, timeout, ids))
+        return put_ids
 
     def add_fields(self, ids: list[int], fields: dict[str, list[Any]]) -> None:
         ids = list(ids)
-        return self._ship(prepare_fields(ids, fields), (ids,), "add", "add_block", ())
+        self._ship(prepare_fields(ids, fields), (ids,), "add", "add_block", ())
 
     def get(
         self,
@@ -245,9 +272,12 @@ class RayBus:
             "trainer_version": trainer_version,
             "partition": partition,
         }
-        if self._local is not None:
+        batch: Batch
+        where: Wire
+        if self._local is not None and self._shm_dir:  # (without tmpfs the controller has no files to give)
             from relax_bus.local import read_block
 
+            paths: dict[int, str]
             batch, where, paths = self._local.call("get_local", consumer, n, **kwargs)
             from_wire(batch.data, where, {bid: read_block(p) for bid, p in paths.items()})
             return batch
@@ -256,44 +286,48 @@ class RayBus:
         return batch
 
     def ack(self, consumer: str, lease_id: int) -> None:
-        return self._call("ack", consumer, lease_id)
+        return self._call(DataBus.ack, consumer, lease_id)
 
     def nack(self, consumer: str, lease_id: int) -> None:
-        return self._call("nack", consumer, lease_id)
+        return self._call(DataBus.nack, consumer, lease_id)
 
     def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
-        return self._call("reset_consumer", consumer, done_if_written)
+        return self._call(DataBus.reset_consumer, consumer, done_if_written)
 
     def leases(self, consumer: str) -> dict[int, list[int]]:
-        return self._call("leases", consumer)
+        return self._call(DataBus.leases, consumer)
 
     def set_trainer_version(self, version: int) -> None:
-        return self._call("set_trainer_version", version)
+        return self._call(DataBus.set_trainer_version, version)
 
     @property
     def trainer_version(self) -> int:
+        version: int
         if self._local is not None:
-            return self._local.call("trainer_version")
-        return self._wait(self._controller.trainer_version.remote())
+            version = self._local.call("trainer_version")
+        else:
+            version = self._wait(self._controller.trainer_version.remote())
+        return version
 
     def admit(self, step: int, timeout: float | None = None) -> int:
-        return self._call("admit", step, timeout=timeout)
+        return self._call(DataBus.admit, step, timeout=timeout)
 
     def close(self) -> None:
-        return self._call("close")
+        return self._call(DataBus.close)
 
     @property
     def closed(self) -> bool:
-        return self._call("stats")["closed"]
+        closed: bool = self._call(DataBus.stats)["closed"]
+        return closed
 
     def stats(self) -> dict[str, Any]:
-        return self._call("stats")
+        return self._call(DataBus.stats)
 
     def metrics(self, prefix: str = "bus/") -> dict[str, float]:
-        return self._call("metrics", prefix)
+        return self._call(DataBus.metrics, prefix)
 
     def consumed_ids(self, consumer: str) -> list[int]:
-        return self._call("consumed_ids", consumer)
+        return self._call(DataBus.consumed_ids, consumer)
 
     def snapshot(self, path: str | Path) -> Path:
         """Write the bus state to ``path`` (a directory on the controller's node; same format as DataBus)."""
@@ -311,6 +345,6 @@ class RayBus:
         ray = _ray()
         for a in [self._controller, *self._units]:
             ray.kill(a)
-        if self._local is not None:
+        if self._local is not None and self._local_info is not None:
             local.remove_dir(self._local_info["shm_dir"])
             local.unlink(self._local_info["address"])

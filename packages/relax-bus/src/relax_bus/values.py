@@ -13,7 +13,7 @@ the field and the sample, before anything is written. ``None`` matches every sig
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from relax_bus.errors import BusError
 
 PLAIN_TYPES = (np.ndarray, np.generic, bool, int, float, str, bytes, dict, list, tuple, type(None))
 
-Sig = tuple
+Sig: TypeAlias = tuple[Any, ...]
 """``("array", dtype, ndim, trailing_shape)``, ``("number",)``, ``("bool",)``, ``("str",)``, ``("bytes",)``,
 ``("json",)``, ``("scalar", dtype)`` or ``("none",)``."""
 
@@ -79,7 +79,8 @@ def describe(sig: Sig) -> str:
         return f"array {np.dtype(sig[1]).name}[...]{trail} (ndim {sig[2]})"
     if sig[0] == "scalar":
         return f"numpy scalar {np.dtype(sig[1]).name}"
-    return sig[0]
+    kind: str = sig[0]
+    return kind
 
 
 def length_of(value: Any) -> int | None:
@@ -130,7 +131,7 @@ class Schema:
         signatures are checked once (a put's rows usually share them).
         """
         pending: dict[str, Sig] = {}
-        seen: set[tuple] = set()
+        seen: set[tuple[tuple[str, Sig], ...]] = set()
         for k, sigs in enumerate(rows):
             key = tuple(sigs.items())
             if key in seen:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
@@ -28,6 +28,9 @@ from relax_train.roles.base import _DeviceTurns, _set_threads
 from relax_train.roles.metrics import step_metrics
 from relax_train.roles.prox import exact_prox
 from relax_train.roles.stream import Taken, streams_training, train_as_it_arrives
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 
 class ActorWorker(ActorCheckpoints, _DeviceTurns):
@@ -49,7 +52,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
     def __init__(
         self,
         cfg: RelaxConfig,
-        bus: Any,
+        bus: Bus,
         model_path: str,
         eval_path: str | None = None,
         evaluator: Callable[[RelaxConfig, str, str], Callable[[Any], float]] | None = None,

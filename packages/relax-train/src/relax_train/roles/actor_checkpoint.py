@@ -13,7 +13,7 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import sample
 from relax_core.checkpoints import save_atomically
@@ -22,6 +22,9 @@ from relax_core.ownership import read_record
 from relax_core.resume import CheckpointDir, Journal
 from relax_core.trace import Tracer
 
+if TYPE_CHECKING:
+    from relax_bus import Bus
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,7 +32,7 @@ class ActorCheckpoints:
     """Save / load of the trainer's state and the fully-async bus snapshot (mixed into ActorWorker)."""
 
     cfg: RelaxConfig
-    bus: Any
+    bus: Bus
     backend: Any
     tracer: Tracer
     out: Path

@@ -7,7 +7,7 @@ advantages back. REINFORCE++'s batch whitening is left to the trainer, which see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from relax_core.sample import ADVANTAGES, REF_LOG_PROBS, RETURNS, REWARD, VALUES
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 from relax_train.roles.base import _BusLoop
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 
 def token_kl(rollout_logp, ref_logp, estimator: str, mask=None) -> np.ndarray:
@@ -108,7 +111,7 @@ class AdvantagesWorker(_BusLoop):
             needs, writes = (*needs, VALUES), (ADVANTAGES, RETURNS)
         return RoleSpec(name, needs=needs, writes=writes, sampler="group", restart=(Restart.LEASES,))
 
-    def __init__(self, cfg: RelaxConfig, bus: Any) -> None:
+    def __init__(self, cfg: RelaxConfig, bus: Bus) -> None:
         self.cfg, self.bus, self.consumer = cfg, bus, "advantages"
         self.tracer = Tracer("advantages", cfg.run.trace)
         self.batch_size = cfg.samples_per_rollout

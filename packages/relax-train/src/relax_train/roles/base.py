@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core.trace import Tracer
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 
 def _set_threads(n: int | None) -> None:
@@ -44,7 +47,7 @@ class _BusLoop:
     """Shared loop: take what is ready (partial batches), process, ack; stop when the bus closes."""
 
     consumer: str
-    bus: Any
+    bus: Bus
     batch_size: int = 64
     phase: str
     """The span name of :meth:`handle` in the run's trace."""

@@ -25,7 +25,7 @@ import logging
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import sample
 from relax_core.checkpoints import other_run, problem
@@ -36,6 +36,9 @@ from relax_core.sample import REF_LOG_PROBS, REWARD, TOKENS, VALUES, VALUES_VERS
 from relax_core.trace import Tracer
 from relax_train.roles.advantages import gae_fields
 from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class CriticWorker(_BusLoop, _DeviceTurns):
     def __init__(
         self,
         cfg: RelaxConfig,
-        bus: Any,
+        bus: Bus,
         role: str,
         model_path: str,
         backend: Any = None,

@@ -8,7 +8,7 @@ trainer's weight broadcast (DCS), so it computes with the latest weights, never 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
@@ -17,6 +17,9 @@ from relax_core.sample import TOKENS
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 FORWARD_FIELDS = {
     "actor_fwd": sample.LOG_PROBS,
@@ -76,7 +79,7 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
     def __init__(
         self,
         cfg: RelaxConfig,
-        bus: Any,
+        bus: Bus,
         role: str,
         model_path: str,
         backend: Any = None,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
@@ -27,6 +27,9 @@ from relax_core.roles import TRAINER_CONSUMER
 from relax_core.trace import Tracer
 from relax_train.algorithms.advantages import BATCH_NORMALISED
 from relax_train.backends.base import TrainBackend
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
 
 
 @dataclass
@@ -59,7 +62,7 @@ def train_as_it_arrives(
     step: int,
     *,
     cfg: RelaxConfig,
-    bus: Any,
+    bus: Bus,
     backend: TrainBackend,
     tracer: Tracer,
     lock: AbstractContextManager[Any],

@@ -168,6 +168,33 @@ def test_same_node_fast_path_and_ray_path_see_one_bus(ray_session):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_fast_path_on_a_node_without_tmpfs(ray_session, monkeypatch):
+    """A controller node with no usable /dev/shm: same-node handles still use the socket, payloads take the
+    object store both ways (a fast get used to ask the controller for block files it had nowhere to write)."""
+    from relax_bus import ray_actors, ray_backend
+
+    class NoShmController(ray_actors.Controller):
+        def __init__(self, *args, **kwargs):
+            from relax_bus import local
+
+            local.make_shm_dir = lambda: None  # (in the controller's own process)
+            super().__init__(*args, **kwargs)
+
+    ray_backend._actor("unit")  # fill the class cache, then swap the controller class for this test
+    remote = ray_session.remote(max_concurrency=256)(NoShmController)
+    monkeypatch.setitem(ray_backend._CLASSES, "controller", remote)
+    bus = RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
+    assert bus.transport == "local" and bus._local_info["shm_dir"] is None
+    toks = [np.arange(4096, dtype=np.int64) + i for i in range(8)]  # 256 KiB: above inline_bytes
+    ids = bus.put([{"input_ids": t} for t in toks])
+    got = bus.get("c", 8)
+    assert all(np.array_equal(x, toks[ids.index(i)]) for i, x in zip(got.ids, got.data["input_ids"]))
+    bus.ack("c", got.lease_id)
+    bus.kill()
+
+
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_fast_path_socket_needs_the_bus_secret(ray_session):
     import os

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line
 from relax_core.optional import import_ray
@@ -34,6 +34,9 @@ from relax_core.resume import CheckpointDir
 from relax_core.role import Restart
 from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.run import teacher_path
+
+if TYPE_CHECKING:
+    from relax_bus.ray_backend import RayBus
 
 
 class _CannotRestartInPlace(Exception):
@@ -52,10 +55,12 @@ class AsyncRun:
         self.cfg, self.inp = cfg, inputs
         self.plan = RolePlan.from_config(cfg, roles)
         self.notifier, self.threads = notifier, threads
+        # Ray actor handles and object refs are typed Any: Ray's handles are dynamic (``.method.remote()``)
         self.roles: dict[str, Any] = {}
         self.futures: dict[str, Any] = {}
         self.done: Any = None
-        self.bus: Any = None
+        self.bus: RayBus | None = None
+        """Made by :meth:`start` (None before it and after :meth:`teardown`)."""
         self.policy = HealthPolicy(self.cfg.run.max_restarts_per_role, self.cfg.run.max_global_restarts)
         self.beats = Heartbeats(self.cfg.run.heartbeat_interval_s, self.cfg.run.heartbeat_timeout_s)
         self.start_step = 0
@@ -77,6 +82,7 @@ class AsyncRun:
     def _build(self, name: str) -> Any:
         """Role ``name``'s actor, on the node :attr:`nodes` gives it (the driver's unless --role-nodes names
         another)."""
+        assert self.bus is not None, "start() makes the bus before the roles"
         teacher = teacher_path(self.cfg, self.inp) if self.cfg.uses_teacher else None
         args, kwargs = self.plan.arguments(name, self.bus, self.inp, self.threads, teacher)
         where = self.nodes.strategy(name)
@@ -138,7 +144,7 @@ class AsyncRun:
         here = NodeAffinitySchedulingStrategy(self.nodes.driver_node, soft=False)  # (see NodePlacement)
         self.bus = (
             RayBus.restore(ckpt.bus, scheduling_strategy=here)
-            if from_snapshot
+            if ckpt is not None and from_snapshot
             else RayBus.create(self.plan.bus_config(), scheduling_strategy=here)
         )
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
@@ -153,7 +159,7 @@ class AsyncRun:
             meta = ray.get(self.trainer.load.remote(load))
             start = rollout_start = int(meta["version"])
             ray.get([self.roles[n].load_state.remote(load) for n in self.stateful()])
-            if from_snapshot:  # rollout goes on after the batches the snapshot holds
+            if resume is not None:  # rollout goes on after the batches the snapshot holds
                 rollout_start = int(resume["next_step"])
                 ray.get(self.rollout.load_data_state.remote(resume["data"]))
                 ray.get(self.rollout.seed_journal.remote(resume["begun"], rollout_start))
@@ -337,6 +343,7 @@ class AsyncRun:
         self._kill(name)
         ckpt = self._trainer_checkpoint(name) if Restart.CHECKPOINT in steps else None
         if Restart.LEASES in steps:
+            assert self.bus is not None, "restarts happen while the run (and its bus) is up"
             self.bus.reset_consumer(name, done_if_written=list(spec.writes))
         new = self.roles[name] = self._build(name)
         start = 0
@@ -362,7 +369,9 @@ class AsyncRun:
         covers, gives back the rest."""
         from relax_core.checkpoints import latest_checkpoint
 
-        acked = set(self.bus.consumed_ids(consumer))
+        bus = self.bus
+        assert bus is not None, "restarts happen while the run (and its bus) is up"
+        acked = set(bus.consumed_ids(consumer))
         ckpt, covered = None, set()
         if self.cfg.train.save:
             try:
@@ -381,10 +390,10 @@ class AsyncRun:
                 f"{len(acked - covered)} trained samples are not in the last checkpoint "
                 f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
             )
-        for lease_id, ids in self.bus.leases(consumer).items():
+        for lease_id, ids in bus.leases(consumer).items():
             if set(ids) <= covered:  # trained and saved; the process died before acking
-                self.bus.ack(consumer, lease_id)
-        self.bus.reset_consumer(consumer)
+                bus.ack(consumer, lease_id)
+        bus.reset_consumer(consumer)
         return ckpt
 
     def teardown(self) -> None:

@@ -18,6 +18,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from relax_core.ownership import process_alive
 
@@ -72,13 +73,13 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(directory: str | Path) -> dict:
+def write_manifest(directory: str | Path) -> dict[str, Any]:
     """List every file under ``directory`` (size, and SHA-256 up to :data:`HASH_LIMIT`) in its manifest."""
     root = Path(directory)
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
-            entry: dict = {"bytes": p.stat().st_size}
+            entry: dict[str, Any] = {"bytes": p.stat().st_size}
             if entry["bytes"] <= HASH_LIMIT:
                 entry["sha256"] = _digest(p)
             files[p.relative_to(root).as_posix()] = entry
@@ -97,7 +98,7 @@ def extend_manifest(directory: str | Path, parts: list[str]) -> None:
         p = root / part
         for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
             if f.is_file():
-                entry: dict = {"bytes": f.stat().st_size}
+                entry: dict[str, Any] = {"bytes": f.stat().st_size}
                 if entry["bytes"] <= HASH_LIMIT:
                     entry["sha256"] = _digest(f)
                 manifest["files"][f.relative_to(root).as_posix()] = entry
@@ -214,7 +215,7 @@ def latest_checkpoint(path: str | Path, run_id: str | None = None) -> str:
         if wrong:
             raise FileNotFoundError(f"--load {p}: the checkpoint is damaged: {wrong}; load another one")
         return str(p)
-    passed_over = []
+    passed_over: list[tuple[Path, str]] = []
     for step in sorted((d for d in p.glob("step_*") if d.is_dir()), reverse=True):
         wrong = problem(step) or other_run(step, run_id)
         if wrong is None:

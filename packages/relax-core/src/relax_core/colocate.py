@@ -107,9 +107,10 @@ class _Turns:
 
     def __call__(self, phase: str | None, step: int) -> None:
         live, r = self.live, self.r
-        busy = self.busy.get(phase, [])
+        busy = self.busy.get(phase, []) if phase is not None else []
         for name in self.names:
-            live.role(name, state=self.STATES[phase] if name in busy else "waiting", pid=os.getpid())
+            state = self.STATES[phase] if phase is not None and name in busy else "waiting"
+            live.role(name, state=state, pid=os.getpid())
         live.role(r.plan.rollout, version=r.rollout.weight_version())
         for name in self.trainers:
             live.role(name, version=r.trainer.progress())

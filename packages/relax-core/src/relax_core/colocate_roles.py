@@ -5,7 +5,7 @@ devices (``--offload``) and the cores (:class:`~relax_core.threads.ThreadGoverno
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core import run as shared
 from relax_core.checkpoints import latest_checkpoint
@@ -13,6 +13,9 @@ from relax_core.config import RelaxConfig
 from relax_core.role import Restart
 from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.threads import ThreadGovernor
+
+if TYPE_CHECKING:
+    from relax_bus import DataBus
 
 
 class ColocateRoles:
@@ -25,7 +28,9 @@ class ColocateRoles:
         """``registry``: the role registry (default: the installed roles)."""
         from relax_bus import DataBus
 
-        self.cfg, self.inputs, self.built = cfg, inputs, []
+        self.cfg, self.inputs = cfg, inputs
+        self.built: list[Any] = []
+        """The roles built so far (each its part's class, reached by duck type), closed in reverse."""
         self.plan = RolePlan.from_config(cfg, registry)
         self.ray_started = shared.start_ray_for_ranks(cfg)
         try:
@@ -34,7 +39,7 @@ class ColocateRoles:
             self.__exit__()
             raise
 
-    def _build(self, bus_class: type) -> None:
+    def _build(self, bus_class: type[DataBus]) -> None:
         cfg, inputs, plan = self.cfg, self.inputs, self.plan
         threads = cfg.run.torch_threads or min(2, os.cpu_count() or 1)
         self.threads = ThreadGovernor(threads)

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from relax_core.dcs_transport import (
     Endpoint,
@@ -50,6 +50,9 @@ from relax_core.dcs_transport import (
 
 if TYPE_CHECKING:
     import torch
+
+    _Views: TypeAlias = tuple[int, dict[str, torch.Tensor], Callable[[], None]]
+    """A received version: (version, tensors, done): see :meth:`WeightReceiver._receive_views`."""
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +90,23 @@ class SyncStats:
     seconds: float
 
 
-def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[dict]:
+class _Bucket(TypedDict):
+    """One bucket of a version's layout (sent as JSON in the header when the layout changes)."""
+
+    dtype: str
+    nbytes: int
+    params: list[list[Any]]
+    """[name, shape, bytes] of each tensor, in the bucket's order."""
+
+
+def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[_Bucket]:
     """Buckets of one dtype, ≤ bucket_bytes each (a larger tensor gets its own)."""
     by_dtype: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, t in items:
         by_dtype.setdefault(str(t.dtype).removeprefix("torch."), []).append((name, t))
-    buckets: list[dict] = []
+    buckets: list[_Bucket] = []
     for dtype, group in by_dtype.items():
-        cur: dict | None = None
+        cur: _Bucket | None = None
         for name, t in group:
             n = t.numel() * t.element_size()
             if cur is None or (cur["nbytes"] + n > bucket_bytes and cur["params"]):
@@ -105,7 +117,7 @@ def _layout(items: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[di
     return buckets
 
 
-def _unpack(bucket: dict, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+def _unpack(bucket: _Bucket, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     """The tensors of ``bucket`` (one entry of :func:`_layout`), zero-copy views of its bytes ``flat``."""
     import torch
 
@@ -138,7 +150,7 @@ class WeightSender:
         self._abandoned = False
         self._share_lock = threading.Lock()  # held while the shared buffers are written and read
         self.bucket_bytes = bucket_bytes
-        self._layout: list[dict] | None = None
+        self._layout: list[_Bucket] | None = None
         self._seq = 0
         self._last_version: int | None = None
         self._unacked: list[int] = []
@@ -164,7 +176,7 @@ class WeightSender:
         """The last version broadcast through this sender (None before the first)."""
         return self._last_version
 
-    def _publish(self, header: dict) -> int:
+    def _publish(self, header: dict[str, Any]) -> int:
         store = self._ep.store
         if store is None:
             raise RuntimeError("DCS: the group was closed (a member died and it is being re-formed)")
@@ -217,23 +229,34 @@ class WeightSender:
         self.last_stats = SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
         return self.last_stats
 
-    def _share(self, tensors: dict, layout: list[dict], changed: bool, version: int, t0: float) -> SyncStats:
+    def _share(
+        self, tensors: dict[str, torch.Tensor], layout: list[_Bucket], changed: bool, version: int, t0: float
+    ) -> SyncStats:
         """``ipc``: write the buckets into the shared buffers, publish, wait until every receiver read them."""
-
+        shared = self._shared
+        assert shared is not None, "transport='ipc' only"
         with self._share_lock:
             try:
-                return self._share_locked(tensors, layout, changed, version, t0)
+                return self._share_locked(shared, tensors, layout, changed, version, t0)
             except RuntimeError:
                 if self._abandoned:
-                    self._shared.free()
+                    shared.free()
                 raise
 
-    def _share_locked(self, tensors: dict, layout: list[dict], changed: bool, version: int, t0: float):
+    def _share_locked(
+        self,
+        shared: SharedBuckets,
+        tensors: dict[str, torch.Tensor],
+        layout: list[_Bucket],
+        changed: bool,
+        version: int,
+        t0: float,
+    ) -> SyncStats:
         import torch
 
-        new = self._shared.create([b["nbytes"] for b in layout])
+        new = shared.create([b["nbytes"] for b in layout])
         with torch.no_grad():
-            for bucket, buf in zip(layout, self._shared.bufs):
+            for bucket, buf in zip(layout, shared.bufs):
                 offset = 0
                 for name, _, n in bucket["params"]:
                     buf[offset : offset + n].copy_(_as_bytes(tensors[name]))
@@ -242,9 +265,13 @@ class WeightSender:
             torch.cuda.current_stream(
                 self._ep.device
             ).synchronize()  # the copies land before a receiver reads
-        header = {"version": version, "num_buckets": len(layout), "layout": layout if changed else None}
+        header: dict[str, Any] = {
+            "version": version,
+            "num_buckets": len(layout),
+            "layout": layout if changed else None,
+        }
         if new or changed:
-            header["handles"] = self._shared.handles
+            header["handles"] = shared.handles
         seq = self._publish(header)
         store, deadline = self._ep.store, time.monotonic() + self._ep.timeout.total_seconds()
         while store.add(f"done/{seq}", 0) < self._ep.world_size - 1:
@@ -306,7 +333,7 @@ class WeightReceiver:
             raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
         self._ep = Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport, device)
         self._shared = SharedBuckets(self._ep.device) if transport == "ipc" else None
-        self._layout: list[dict] | None = None
+        self._layout: list[_Bucket] | None = None
         self._seq = 0
         self._latest = -1
         self._stop = threading.Event()
@@ -335,7 +362,7 @@ class WeightReceiver:
         """Version of the last weights received (-1 before the first)."""
         return self._latest
 
-    def _wait_header(self) -> dict | None:
+    def _wait_header(self) -> dict[str, Any] | None:
         key = f"hdr/{self._seq + 1}"
         delay = 0.001
         while not self._ep.store.check([key]):
@@ -344,7 +371,7 @@ class WeightReceiver:
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
         self._seq += 1
-        header = json.loads(self._ep.store.get(key))
+        header: dict[str, Any] = json.loads(self._ep.store.get(key))
         self._ep.store.add(f"ack/{self._seq}", 1)
         return header
 
@@ -362,7 +389,7 @@ class WeightReceiver:
         done()
         return version, tensors
 
-    def _receive_views(self):
+    def _receive_views(self) -> _Views | None:
         """``(version, tensors, done)``: with ``ipc`` the tensors are views of the sender's shared buffers,
         valid until ``done()`` tells the sender this receiver has read them."""
         import torch
@@ -378,7 +405,7 @@ class WeightReceiver:
         if self._layout is None or len(self._layout) != header["num_buckets"]:
             raise RuntimeError("DCS protocol error: no parameter layout for this version")
         if self._shared is not None:
-            return self._map_shared(header, t0)
+            return self._map_shared(self._shared, self._layout, header, t0)
         out: dict[str, torch.Tensor] = {}
         num_bytes = 0
         for bucket in self._layout:
@@ -390,15 +417,17 @@ class WeightReceiver:
         self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
         return self._latest, out, lambda: None
 
-    def _map_shared(self, header: dict, t0: float):
+    def _map_shared(
+        self, shared: SharedBuckets, layout: list[_Bucket], header: dict[str, Any], t0: float
+    ) -> _Views:
         import torch
 
         if "handles" in header:
-            self._shared.attach([b["nbytes"] for b in self._layout], header["handles"])
-        if len(self._shared.bufs) != len(self._layout):
+            shared.attach([b["nbytes"] for b in layout], header["handles"])
+        if len(shared.bufs) != len(layout):
             raise RuntimeError("DCS protocol error: no shared buffers for this version")
         out: dict[str, torch.Tensor] = {}
-        for bucket, flat in zip(self._layout, self._shared.bufs):
+        for bucket, flat in zip(layout, shared.bufs):
             out.update(_unpack(bucket, flat))
         seq, store = self._seq, self._ep.store
         self._latest = header["version"]
@@ -406,8 +435,8 @@ class WeightReceiver:
         def done() -> None:
             if self._ep.device != "cpu":  # the copies out of the sender's memory have finished
                 torch.cuda.current_stream(self._ep.device).synchronize()
-            num_bytes = sum(b["nbytes"] for b in self._layout)
-            self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
+            num_bytes = sum(b["nbytes"] for b in layout)
+            self.last_stats = SyncStats(self._latest, num_bytes, len(layout), time.perf_counter() - t0)
             store.add(f"done/{seq}", 1)
 
         return self._latest, out, done

@@ -89,6 +89,8 @@ class Endpoint:
         self.group_name = group_name
         self.store: Any = None
         self.pg: Any = None
+        self._root_store: torch.distributed.TCPStore | None = None
+        """The TCP store under the prefix stores ``store`` and the group's, held until :meth:`close`."""
 
     def connect(self) -> None:
         import torch.distributed as dist

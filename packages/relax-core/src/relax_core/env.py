@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+from collections.abc import Awaitable
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -42,7 +43,13 @@ class Environment(Protocol):
 
 def resolve(result: Any) -> Any:
     """The value of a sync or async environment method's result."""
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """``asyncio.run`` takes a coroutine; an ``async def`` method's result is one, any other awaitable is
+    awaited in one."""
+    return await awaitable
 
 
 def env_factory(path: str) -> Any:
@@ -58,7 +65,7 @@ def env_factory(path: str) -> Any:
 
 def build_env(path: str, prompt: str, label: Any, metadata: dict[str, Any]) -> Environment:
     """Instantiate the environment named by ``path`` for one sample (see :func:`env_factory`)."""
-    env = env_factory(path)(prompt=prompt, label=label, metadata=metadata)
+    env: Environment = env_factory(path)(prompt=prompt, label=label, metadata=metadata)
     missing = [
         m for m in ("reset", "step", "format_observation", "close") if not callable(getattr(env, m, None))
     ]
@@ -106,12 +113,12 @@ def as_messages(formatted: Any) -> list[dict[str, Any]]:
 
 def check_environment(
     factory: Any, prompt: str = "1+1=", label: Any = "2", responses: tuple[str, ...] = ("2",)
-):
+) -> list[tuple[str, Any, bool, dict[str, Any]]]:
     """Contract checks any environment can be run through (use it in the environment's own tests):
     builds it, resets, steps through ``responses``, formats every observation, closes. Returns the
     transcript [(response, observation, done, info)]; raises AssertionError naming the broken rule."""
     env = factory(prompt=prompt, label=label, metadata={})
-    transcript = []
+    transcript: list[tuple[str, Any, bool, dict[str, Any]]] = []
     try:
         first = resolve(env.reset())
         if first is not None:

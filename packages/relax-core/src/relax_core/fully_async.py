@@ -12,6 +12,7 @@ restart from the previous checkpoint, supervised again), the history and the aud
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from relax_core import run as shared
 from relax_core.async_run import AsyncRun
@@ -38,6 +39,7 @@ def run_fully_async(
         while True:  # (again after a global restart that the end-of-run checkpoint needed)
             seen = _supervise(run, stop, bar, seen, probe)
             actor, rollout, bus = run.trainer, run.rollout, run.bus
+            assert bus is not None, "start() made it; a global restart makes another before returning"
             loops = {n: run.roles[n] for n in run.plan.loops}
             history = ray.get(run.done)
             probe.live.update(state="finishing", step=ray.get(actor.progress.remote()), force=True)
@@ -52,9 +54,11 @@ def run_fully_async(
             if interrupted:  # (the critic's state beside the trainer's checkpoint)
                 ray.get([run.roles[n].save_state.remote(interrupted) for n in run.stateful()])
             if interrupted is None:
-                shared.final_eval(
-                    cfg, run.inp, history, lambda a=actor: ray.get(a.eval_now.remote(cfg.train.num_rollout))
-                )
+
+                def eval_last(a: Any = actor) -> object:
+                    return ray.get(a.eval_now.remote(cfg.train.num_rollout))
+
+                shared.final_eval(cfg, run.inp, history, eval_last)
                 if cfg.train.save and not _saved_at_end(run):
                     continue
             break
@@ -101,7 +105,7 @@ def run_fully_async(
             ray.shutdown()
 
 
-def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar, seen: int, probe: AsyncProbe) -> int:
+def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar: Any, seen: int, probe: AsyncProbe) -> int:
     """Until the trainer's loop ends: pass a stop request on (the trainer checkpoints after its step, then
     ends its loop), let supervision handle failed roles, move the progress bar and the live status; returns
     where it stands."""

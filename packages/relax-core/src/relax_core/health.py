@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Action = Literal["restart", "global_restart", "stop"]
+"""What the policy decides for a failed role."""
+EngineAction = Literal["restart", "given_up", "restart_failed"]
+"""What came of an engine restart asked of the rollout role (its ``restart_engine``, or the call failing)."""
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:
@@ -34,7 +37,7 @@ class Event:
 
     role: str
     reason: str
-    action: Action
+    action: Action | EngineAction
     attempt: int
     at: float = field(default_factory=time.time)
     recovery_s: float | None = None

@@ -16,6 +16,10 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +66,9 @@ def _is_weights(name: str) -> bool:
     return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")
 
 
-def copy_serving_files(source: str | Path, model_dir: str | Path, generation_config=None) -> list[str]:
+def copy_serving_files(
+    source: str | Path, model_dir: str | Path, generation_config: GenerationConfig | None = None
+) -> list[str]:
     """Complete the HF model directory ``model_dir`` (weights and config.json written by the caller) with
     the files of the checkpoint ``source`` it was trained from that serving needs: tokenizer, chat template,
     processor configs, generation config and any other non-weight file, each unless ``model_dir`` has it
@@ -71,7 +77,7 @@ def copy_serving_files(source: str | Path, model_dir: str | Path, generation_con
     without one, a generation config is derived from ``model_dir``'s config.json (its EOS, BOS and pad ids).
     Returns the names written; logs a warning when the result still has no tokenizer."""
     out = Path(model_dir)
-    written = []
+    written: list[str] = []
     src = Path(source)
     if src.is_dir():
         for f in sorted(src.iterdir()):
@@ -99,7 +105,7 @@ def copy_serving_files(source: str | Path, model_dir: str | Path, generation_con
     return written
 
 
-def _save_generation_config(out: Path, generation_config=None) -> bool:
+def _save_generation_config(out: Path, generation_config: GenerationConfig | None = None) -> bool:
     """Write ``out/generation_config.json`` from ``generation_config``, else from ``out``'s config.json."""
     try:
         if generation_config is None:

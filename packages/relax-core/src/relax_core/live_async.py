@@ -61,7 +61,8 @@ class AsyncProbe:
             elif now - t > 10.0:
                 live.role(name, state="not answering", idle_s=round(now - t, 1))
         try:
-            live.bus(run.bus.stats())
+            if run.bus is not None:  # (none between a teardown and the next start)
+                live.bus(run.bus.stats())
         except Exception:  # noqa: BLE001 - the bus restarting with the run
             pass
         live.update(step=self.step, restarts=len(run.policy.events))

@@ -179,7 +179,9 @@ def merged_weights(model: Any) -> list[tuple[str, Any]]:
             param = module.get_param() if isinstance(module, ParamWrapper) else module.get_base_layer().weight
             for name in module.active_adapters:
                 if name in module.lora_A:
-                    d = module.get_delta_weight(name).to(param.dtype)
+                    # peft: every concrete LoraLayer (Linear, Embedding, ParamWrapper ...) defines
+                    # get_delta_weight; the base class does not declare it
+                    d = module.get_delta_weight(name).to(param.dtype)  # type: ignore[attr-defined]
                     deltas[id(param)] = deltas[id(param)] + d if id(param) in deltas else d
         return [
             (n, p.detach() + deltas[id(p)] if id(p) in deltas else p.detach())

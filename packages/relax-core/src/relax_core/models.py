@@ -23,7 +23,8 @@ MM_FAMILIES = {
 
 
 def _config(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "config.json").read_text())
+    config: dict[str, Any] = json.loads((Path(path) / "config.json").read_text())
+    return config
 
 
 def architecture(path: str | Path) -> str:
@@ -31,7 +32,8 @@ def architecture(path: str | Path) -> str:
     archs = cfg.get("architectures") or []
     if not archs:
         raise ValueError(f"{path}/config.json names no 'architectures'; save the model with save_pretrained")
-    return archs[0]
+    arch: str = archs[0]
+    return arch
 
 
 LOAD_LOCK = threading.Lock()
@@ -69,6 +71,7 @@ def load_model(path: str | Path, dtype: str = "float32") -> Any:
     arch = architecture(path)
     attn = attention_for(arch, _config(path).get("max_position_embeddings"))
     extra = {"attn_implementation": attn} if attn else {}
+    cls: Any  # an Auto class or the architecture's own: transformers types them apart
     if arch.endswith("ForCausalLM"):
         cls = transformers.AutoModelForCausalLM
     else:

@@ -16,6 +16,10 @@ import socket
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datetime import timedelta
 
 _SIOCGIFADDR = 0x8915
 """Linux ioctl: an interface's IPv4 address."""
@@ -26,7 +30,8 @@ def route_address(peer: str) -> str:
     ``connect`` sends nothing: the kernel only picks the route."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((peer, 9))
-        return s.getsockname()[0]
+        address: str = s.getsockname()[0]
+        return address
 
 
 def interface_of(address: str) -> str | None:
@@ -92,12 +97,14 @@ def gloo_bound_to_route(peer: str) -> Iterator[None]:
         os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
-def gloo_options(peer: str, timeout):
+def gloo_options(peer: str, timeout: timedelta) -> Any:
     """``ProcessGroupGloo`` options that bind the device to :func:`route_address` of ``peer`` (a group
-    built directly, as DCS and the weight group to the engines build theirs)."""
+    built directly, as DCS and the weight group to the engines build theirs). Typed ``Any``: torch's stubs
+    name neither ``ProcessGroupGloo._Options`` nor the constructor that takes it."""
     import torch.distributed as dist
 
-    opts = dist.ProcessGroupGloo._Options()  # third-party: the documented constructor takes no device
+    # third-party: the documented constructor takes no device; torch's stubs lack _Options
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=route_address(peer))]
     opts._threads = 2
@@ -109,12 +116,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     asking, e.g. for ``init_method=f"tcp://{host}:{port}"`` or a server's ``--port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def alive_nodes(ray=None) -> dict[str, str]:
+def alive_nodes(ray: Any = None) -> dict[str, str]:
     """The connected Ray cluster's alive nodes, address → node id (``ray``: the module, for callers that
-    hold one; imported here otherwise)."""
+    hold one; imported here otherwise; ``Any``: Ray's module API is dynamic)."""
     if ray is None:
         import ray
     return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}

@@ -16,7 +16,8 @@ copied into ordinary memory once, by giving the parameter a new storage (its obj
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 
@@ -100,13 +101,22 @@ def _bytes(s: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
 
 
-def onloaded(method):
+class _Onloads(Protocol):
+    def onload(self) -> object: ...
+
+
+_S = TypeVar("_S", bound=_Onloads)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def onloaded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """For a method that needs the tensors on the device: take them back first if they were offloaded
     (the object's ``_host`` is its :class:`HostOffload`; its ``onload()`` is called). The colocate loop
     onloads explicitly before training; this covers the rest (a checkpoint at a signal, the last eval)."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: _S, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         host = getattr(self, "_host", None)
         if host is not None and host.offloaded:
             self.onload()

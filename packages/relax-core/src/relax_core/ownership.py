@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ class RunLocks(contextlib.ExitStack):
 
 
 @contextlib.contextmanager
-def _lock(flag: str, directory: Path):
+def _lock(flag: str, directory: Path) -> Iterator[None]:
     import fcntl
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -173,7 +174,7 @@ def start_record(
     allow_change: bool,
     settings: dict[str, Any] | None = None,
     model_path: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed), the data's
     fingerprint and the settings that decide the prompts drawn (:func:`data_settings`), both checked against
     the checkpoint's; written to ``<output_dir>/run.json`` for the roles. ``model_path`` (the model the run

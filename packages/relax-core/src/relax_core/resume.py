@@ -160,11 +160,13 @@ class Journal:
         self.torn = torn
         return out
 
-    def _positions(self) -> tuple[dict[int, dict], dict[int, dict], list[JournalEntry]]:
+    def _positions(
+        self,
+    ) -> tuple[dict[int, dict[str, int] | None], dict[int, dict[str, int] | None], list[JournalEntry]]:
         """(step -> where it began, step -> where the next one begins, the ``put`` entries in order); the
         latest entry of a step wins."""
-        begun: dict[int, dict] = {}
-        drawn: dict[int, dict] = {}
+        begun: dict[int, dict[str, int] | None] = {}
+        drawn: dict[int, dict[str, int] | None] = {}
         put: list[JournalEntry] = []
         for e in self.entries():
             if e.kind == "begin":
@@ -222,7 +224,7 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
 
-    def seed(self, begun: dict[str, dict], next_step: int, state: dict[str, int]) -> None:
+    def seed(self, begun: dict[str, dict[str, int]], next_step: int, state: dict[str, int]) -> None:
         """Resumed from a checkpoint with a bus snapshot: the steps before ``next_step`` are on the bus
         already (put by the previous run); record where each began, and that ``next_step`` begins at
         ``state`` (the data position just loaded)."""
@@ -273,7 +275,7 @@ class CheckpointDir:
         self,
         trained_ids: list[int],
         trained_prompts: list[list[str]],
-        data: dict | None,
+        data: dict[str, int] | None,
         run: dict[str, Any] | None = None,
     ) -> None:
         """Beside the backend's files: what was trained so far (a restarted trainer and the audit carry on
@@ -285,7 +287,7 @@ class CheckpointDir:
         if data is not None:
             state["data"] = data
         for key in ("run_id", "data_fingerprint", "data_settings", "model_path", "output_dir"):
-            if (run or {}).get(key) is not None:
+            if run is not None and run.get(key) is not None:
                 state[key] = run[key]
         (self.path / RUN_STATE).write_text(json.dumps(state))
 
@@ -294,7 +296,8 @@ class CheckpointDir:
         written before relax-core 0.6 kept them in the backend's ``meta.json``; {} where there is none."""
         f = self.path / RUN_STATE
         if f.is_file():
-            return json.loads(f.read_text())
+            written: dict[str, Any] = json.loads(f.read_text())
+            return written
         meta = self.path / "meta.json"
         old = json.loads(meta.read_text()) if meta.is_file() else {}
         return {k: old[k] for k in ("trained_ids", "trained_prompts", "data") if k in old}
@@ -304,7 +307,7 @@ class CheckpointDir:
         """The bus snapshot (samples generated and not trained when it was written)."""
         return self.path / "bus"
 
-    def write_bus_resume(self, next_step: int, begun: dict[int, dict[str, int]]) -> None:
+    def write_bus_resume(self, next_step: int, begun: dict[int, dict[str, int] | None]) -> None:
         """Beside the bus snapshot: the rollout step after its samples and where each step from the trainer's
         version to ``next_step`` began."""
         resume = {
@@ -325,7 +328,8 @@ class CheckpointDir:
             return None
         if not (listed(self.path, "bus_resume.json") and listed(self.path, "bus/state.pkl")):
             return None
-        return json.loads(resume.read_text())
+        loaded: dict[str, Any] = json.loads(resume.read_text())
+        return loaded
 
     def seal_bus(self) -> None:
         """The bus snapshot and ``bus_resume.json``, written into the checkpoint after it was renamed into

@@ -144,7 +144,7 @@ class RolloutRole(Role, WeightReceiver, Protocol):
         """Colocate: one batch (step ``step``)."""
 
     def reset_journal(self) -> None: ...
-    def seed_journal(self, begun: dict[str, dict], next_step: int) -> None: ...
+    def seed_journal(self, begun: dict[str, dict[str, int]], next_step: int) -> None: ...
     def load_data_state(self, state: dict[str, int] | None) -> None: ...
     def recover(self) -> int:
         """After a crash: load the journal; the first step not on the bus (:attr:`Restart.JOURNAL`)."""
@@ -192,9 +192,12 @@ class TrainerRole(Role, Protocol):
 
 def protocols(spec: RoleSpec) -> list[type]:
     """The protocols a role with ``spec`` must answer."""
-    out: list[type] = {"rollout": [RolloutRole], "trainer": [TrainerRole], "consumer": [ConsumerRole]}[
-        spec.part
-    ]
+    by_part: dict[str, list[type]] = {
+        "rollout": [RolloutRole],
+        "trainer": [TrainerRole],
+        "consumer": [ConsumerRole],
+    }
+    out = by_part[spec.part]
     if spec.receives_weights and spec.part == "consumer":
         out = [*out, WeightReceiver]
     if Restart.STATE in spec.restart:

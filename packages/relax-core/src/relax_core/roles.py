@@ -26,10 +26,14 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core.config import RelaxConfig
 from relax_core.role import RoleSpec, missing_methods
+
+if TYPE_CHECKING:
+    from relax_bus import Bus
+    from relax_core.run import RunInputs
 
 ROLE_GROUP = "relax.roles"
 """The entry-point group roles are registered under (name: the role's name; value: ``module:Class``)."""
@@ -44,9 +48,11 @@ TRAINER_CONSUMER = "actor"
 
 @dataclass(frozen=True)
 class RoleRegistry:
-    """Role name -> class, in registry order, and the trainer's evaluator factory (None: none installed)."""
+    """Role name -> class, in registry order, and the trainer's evaluator factory (None: none installed).
+    A class is ``type[Any]``: its ``spec`` and constructor are reached by duck type, the protocols of
+    :mod:`relax_core.role` checked at run time (:func:`~relax_core.role.missing_methods`)."""
 
-    classes: Mapping[str, type]
+    classes: Mapping[str, type[Any]]
     evaluator: Callable[..., Any] | None = None
 
     @classmethod
@@ -54,14 +60,14 @@ class RoleRegistry:
         """The roles and evaluator the installed packages register (entry points; loaded once)."""
         return _installed()
 
-    def with_role(self, name: str, role: type) -> RoleRegistry:
+    def with_role(self, name: str, role: type[Any]) -> RoleRegistry:
         """This registry and ``role`` under ``name`` (replacing a role of that name)."""
         return replace(self, classes={**self.classes, name: role})
 
 
 @functools.cache
 def _installed() -> RoleRegistry:
-    classes: dict[str, type] = {}
+    classes: dict[str, type[Any]] = {}
     where: dict[str, str] = {}
     for ep in sorted(metadata.entry_points(group=ROLE_GROUP), key=lambda e: (_dist(e), e.name)):
         if ep.name in classes:
@@ -97,7 +103,7 @@ class RolePlan:
 
     roles: dict[str, RoleSpec]
     cfg: RelaxConfig = field(repr=False)
-    classes: dict[str, type] = field(default_factory=dict, repr=False)
+    classes: dict[str, type[Any]] = field(default_factory=dict, repr=False)
     evaluator: Callable[..., Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -106,7 +112,7 @@ class RolePlan:
         reg = registry if registry is not None else RoleRegistry.installed()
         specs: dict[str, RoleSpec] = {}
         for name, role in reg.classes.items():
-            spec = role.spec(cfg, name)
+            spec: RoleSpec | None = role.spec(cfg, name)
             if spec is None:
                 continue
             if spec.name != name:
@@ -164,7 +170,7 @@ class RolePlan:
         """Bus-consumer loop -> the fields it writes."""
         return {n: list(self.roles[n].writes) for n in self.loops}
 
-    def role_class(self, name: str) -> type:
+    def role_class(self, name: str) -> type[Any]:
         """The class role ``name`` is built from."""
         return self.classes[name]
 
@@ -187,7 +193,7 @@ class RolePlan:
             group_size=cfg.rollout.n_samples_per_prompt,
         )
 
-    def model_path(self, name: str, inputs: Any, teacher_path: str | None = None) -> str | None:
+    def model_path(self, name: str, inputs: RunInputs, teacher_path: str | None = None) -> str | None:
         """The checkpoint role ``name`` loads (``inputs``: the run's :class:`RunInputs`)."""
         model = self.roles[name].model
         if model == "reference":
@@ -199,8 +205,8 @@ class RolePlan:
         return inputs.model_path if model == "policy" else None
 
     def arguments(
-        self, name: str, bus: Any, inputs: Any, threads: int | None, teacher_path: str | None = None
-    ) -> tuple[tuple, dict[str, Any]]:
+        self, name: str, bus: Bus, inputs: RunInputs, threads: int | None, teacher_path: str | None = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` of role ``name``'s constructor, in either mode, by its part: the trainer
         ``(cfg, bus, model, eval data, evaluator=)``, the rollout ``(cfg, bus, model, prompts)``, a consumer
         with a model ``(cfg, bus, name, its model)``, one without ``(cfg, bus)``."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -84,8 +85,10 @@ class Routing:
 
     def __init__(self, blocks: list[torch.nn.Module]) -> None:
         self.blocks = blocks
-        self.top_k = int(blocks[0].gate.top_k)
-        self.num_experts = int(blocks[0].gate.weight.shape[0])
+        # the router, by duck type (:func:`_is_sparse_moe_block`); Module.__getattr__ types it Tensor | Module
+        gate: Any = blocks[0].gate
+        self.top_k = int(gate.top_k)
+        self.num_experts = int(gate.weight.shape[0])
         self._recording: Recording | None = None
         self._experts: torch.Tensor | None = None
         self._stats = ReplayStats()
@@ -138,11 +141,12 @@ class Routing:
         return self._stats.as_dict()
 
     # -- the wrapped forward -------------------------------------------------------------------
-    def _wrap(self, layer: int, original):
+    def _wrap(self, layer: int, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """Block ``layer``'s new forward (bound to the block; this :class:`Routing` is the closure's
         ``self``)."""
 
-        def forward(block, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        # ``block``: a sparse MoE block, whose ``gate`` and ``experts`` are called by duck type
+        def forward(block: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             if self._recording is None and self._experts is None:
                 return original(hidden_states, *args, **kwargs)
             *lead, hidden_dim = hidden_states.shape
@@ -152,14 +156,16 @@ class Routing:
                 ids, weights = self._replayed(layer, block.gate, logits, ids, tuple(lead))
             if self._recording is not None:
                 self._recording.add(layer, ids)
-            return block.experts(flat, ids, weights).reshape(*lead, hidden_dim)
+            out: torch.Tensor = block.experts(flat, ids, weights)
+            return out.reshape(*lead, hidden_dim)
 
         return forward
 
     def _replayed(
-        self, layer: int, gate, logits: torch.Tensor, natural: torch.Tensor, lead: tuple[int, ...]
+        self, layer: int, gate: Any, logits: torch.Tensor, natural: torch.Tensor, lead: tuple[int, ...]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         experts = self._experts
+        assert experts is not None, "called by the wrapped forward inside replay() only"
         if tuple(experts.shape[:2]) != lead:
             raise ValueError(
                 f"replayed experts cover [B, L] = {list(experts.shape[:2])} but the MoE block got {list(lead)} "
@@ -184,7 +190,7 @@ class Routing:
 def install_routing(model: torch.nn.Module) -> Routing | None:
     """Wrap the sparse MoE blocks of ``model`` (in module order) for record/replay; None when it has none.
     Installing twice returns the first :class:`Routing`."""
-    existing = getattr(model, "_relax_routing", None)
+    existing: Routing | None = getattr(model, "_relax_routing", None)
     if existing is not None:
         return existing
     blocks = [m for m in model.modules() if _is_sparse_moe_block(m)]

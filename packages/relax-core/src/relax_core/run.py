@@ -4,13 +4,17 @@ progress bar, the teacher's checks, the final evaluation and the trace file."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_core.config import RelaxConfig
 from relax_core.optional import import_ray
 from relax_core.trace import write_trace
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 
 @dataclass
@@ -96,7 +100,9 @@ def offloads(cfg: RelaxConfig) -> bool:
 
 
 def teacher_path(cfg: RelaxConfig, inputs: RunInputs) -> str:
-    return os.path.abspath(inputs.teacher_model_path or cfg.model.teacher_checkpoint)
+    path = inputs.teacher_model_path or cfg.model.teacher_checkpoint
+    assert path is not None, "called when cfg.uses_teacher: --teacher-checkpoint is set"
+    return os.path.abspath(path)
 
 
 def check_teacher_tokenizer(cfg: RelaxConfig, inputs: RunInputs) -> None:
@@ -113,7 +119,9 @@ def check_teacher_tokenizer(cfg: RelaxConfig, inputs: RunInputs) -> None:
         )
 
 
-def final_eval(cfg: RelaxConfig, inputs: RunInputs, history: list[dict[str, Any]], do_eval) -> None:
+def final_eval(
+    cfg: RelaxConfig, inputs: RunInputs, history: list[dict[str, Any]], do_eval: Callable[[], object]
+) -> None:
     """Evaluate at the last step unless the run's last evaluation was there already."""
     last = [h for h in history if "eval/accuracy" in h]
     if inputs.eval_path and (not last or last[-1]["step"] != cfg.train.num_rollout):
@@ -140,7 +148,7 @@ class StopOnSignal:
         self.requested = False
         self._previous: dict[int, Any] = {}
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             prev = self._previous.get(signum)
             if callable(prev):
@@ -157,7 +165,7 @@ class StopOnSignal:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         import signal
 
         for sig, prev in self._previous.items():
@@ -165,7 +173,8 @@ class StopOnSignal:
         self._previous = {}
 
 
-def progress_bar(cfg: RelaxConfig, start: int):
+def progress_bar(cfg: RelaxConfig, start: int) -> Any:
+    """A ``tqdm`` bar (``Any``: tqdm ships no types), None without --progress."""
     if not cfg.run.progress:
         return None
     from tqdm import tqdm
@@ -173,7 +182,7 @@ def progress_bar(cfg: RelaxConfig, start: int):
     return tqdm(total=cfg.train.num_rollout, initial=start, desc=f"RL ({cfg.run.mode})", unit="step")
 
 
-def bar_update(bar, metrics: dict[str, Any]) -> None:
+def bar_update(bar: Any, metrics: dict[str, Any]) -> None:
     if bar is None:
         return
     post = {"reward": f"{metrics['rollout/reward_mean']:.3f}"}

@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-Send = Callable[[list, int], None]
+NamedWeights = list[tuple[str, Any]]
+"""One version's ``(HF name, tensor)`` pairs (a tensor is ``Any`` here, as in ``TrainBackend.named_weights``:
+relax-core does not import torch)."""
+Send = Callable[[NamedWeights, int], None]
 """``send(named_weights, version)``: deliver one version's ``(HF name, tensor)`` pairs."""
 
 
@@ -32,9 +35,9 @@ class WeightPublisher:
     def __init__(
         self,
         run: Any,
-        weights: Callable[[], tuple[list, int]],
+        weights: Callable[[], tuple[NamedWeights, int]],
         send: Send | None = None,
-        on_published: Callable[[list, int], None] | None = None,
+        on_published: Callable[[NamedWeights, int], None] | None = None,
     ) -> None:
         self.run, self.weights, self.send = run, weights, send
         self.on_published = on_published

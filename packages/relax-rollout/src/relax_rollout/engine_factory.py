@@ -15,6 +15,7 @@ from typing import Any
 
 from relax_core.config import RelaxConfig
 from relax_rollout.engines import build_engine
+from relax_rollout.engines.base import RolloutEngine
 
 
 def sglang_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
@@ -86,7 +87,9 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     return extra
 
 
-def build_from_config(cfg: RelaxConfig, model_path: str, tokenizer: Any, extra: dict[str, Any]) -> Any:
+def build_from_config(
+    cfg: RelaxConfig, model_path: str, tokenizer: Any, extra: dict[str, Any]
+) -> RolloutEngine:
     """The ``--rollout-backend`` engine on ``model_path`` (``--sglang-model-path`` where given), with the
     tokenizer's EOS and pad ids and ``extra`` (:func:`engine_kwargs`, plus what the caller placed)."""
     extra = dict(extra)

@@ -20,7 +20,7 @@ import numpy as np
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_rollout.engines import SamplingParams
-from relax_rollout.engines.base import GenerateOutput
+from relax_rollout.engines.base import GenerateOutput, RolloutEngine
 from relax_rollout.prompts import Prompts
 
 
@@ -62,7 +62,7 @@ class Generation:
     def __init__(
         self,
         cfg: RelaxConfig,
-        engine: Any,
+        engine: RolloutEngine,
         tokenizer: Any,
         prompts: Prompts,
         tracer: Any,

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from relax_core.env import as_messages, resolve
-from relax_rollout.engines.base import SamplingParams
+from relax_rollout.engines.base import RolloutEngine, SamplingParams
 from relax_rollout.turns import turn_suffix_ids, turn_suffix_text
 
 MEDIA_FIELDS = {
@@ -179,7 +179,7 @@ def _fail(ep: Episode, reason: str, exc: BaseException | str) -> None:
 
 
 def run_episodes(
-    engine: Any,
+    engine: RolloutEngine,
     tokenizer: Any,
     episodes: list[Episode],
     params: SamplingParams,

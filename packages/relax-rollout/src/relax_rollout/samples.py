@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from relax_bus import DuplicateIds
+from relax_bus import Bus, DuplicateIds
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.sample import RolloutSample
@@ -28,7 +28,7 @@ class SampleWriter:
     """Scores generated batches with ``scorer`` and puts their samples on ``bus``. ``journaled``: under the
     health manager, samples get ids fixed by their step, so a batch re-sent after a restart is refused."""
 
-    def __init__(self, cfg: RelaxConfig, bus: Any, tokenizer: Any, scorer: Any, tracer: Any, journaled: bool):
+    def __init__(self, cfg: RelaxConfig, bus: Bus, tokenizer: Any, scorer: Any, tracer: Any, journaled: bool):
         self.cfg, self.bus, self.tokenizer, self.scorer = cfg, bus, tokenizer, scorer
         self.tracer, self.journaled = tracer, journaled
 
@@ -111,7 +111,9 @@ class SampleWriter:
             results, reward_s = gen.results, gen.reward_s
         else:
             results, reward_s = self.score(gen)
-        samples = self.samples(gen, results)
+        # (the bus takes plain dicts, as a RolloutSample is at runtime; mypy keeps a TypedDict apart from
+        # dict[str, Any], the type of Bus.put's samples)
+        samples = cast("list[dict[str, Any]]", self.samples(gen, results))
         if not self.journaled:
             self.bus.put(samples, partition=f"step{step}")
         else:

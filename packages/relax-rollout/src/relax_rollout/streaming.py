@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from relax_bus import BusClosed
 from relax_core import sample
 from relax_core.resume import Journal, JournalEntry
+from relax_rollout.engines.base import PausesGeneration, RolloutEngine
 from relax_rollout.engines.continuous import ContinuousBatcher
 from relax_rollout.generation import Generated, _model_tokens
 
@@ -53,7 +54,7 @@ class StreamOwner(Protocol):
     parts only; the journal and the heartbeat are handed to :class:`GroupStream` apart."""
 
     cfg: Any
-    engine: Any
+    engine: RolloutEngine
     stats: dict[str, Any]
     prompts: Any
     """:class:`~relax_rollout.prompts.Prompts`: draws each step's prompts, keeps the prompt log."""
@@ -116,14 +117,14 @@ class GroupStream:
         # place (``pause_generation`` in_place), the update goes in, and they go on under it, each reply
         # saying which tokens came from which version; without it SGLang's update waits for them
         engine = self.w.engine
-        pauses = partial and callable(getattr(engine, "pause", None))
-        if pauses:
-            engine.pause("in_place")
+        if not (partial and isinstance(engine, PausesGeneration)):
+            engine.update_weights(tensors, version)
+            return
+        engine.pause("in_place")
         try:
             engine.update_weights(tensors, version)
         finally:
-            if pauses:
-                engine.resume()
+            engine.resume()
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, start_step: int) -> None:

@@ -16,8 +16,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from relax_bus import Bus
 from relax_bus.staleness import StalenessBound
 from relax_core.config import RelaxConfig
 from relax_core.resume import Journal, JournalEntry
@@ -26,10 +27,14 @@ from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
+from relax_rollout.engines.base import RolloutEngine
 from relax_rollout.generation import Generated, Generation
 from relax_rollout.prompts import Prompts
 from relax_rollout.rewards import build_scorer
 from relax_rollout.samples import SampleWriter
+
+if TYPE_CHECKING:
+    from relax_rollout.streaming import GroupStream
 
 
 def _reserve_engine_gpus(cfg: RelaxConfig, extra: dict[str, Any]) -> Any:
@@ -66,7 +71,7 @@ class RolloutWorker:
         )
 
     def __init__(
-        self, cfg: RelaxConfig, bus: Any, model_path: str, prompt_path: str, torch_threads: int | None = None
+        self, cfg: RelaxConfig, bus: Bus, model_path: str, prompt_path: str, torch_threads: int | None = None
     ):
         import torch
         from transformers import AutoTokenizer
@@ -78,14 +83,18 @@ class RolloutWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         extra = engine_kwargs(cfg)  # the backend's arguments (relax_rollout.engine_factory)
         self._gpus = _reserve_engine_gpus(cfg, extra) if cfg.rollout.rollout_backend == "sglang" else None
-        self.engine_service = None
+        self.engine_service: EngineService | None = None
+        engine: RolloutEngine
         if uses_pool(cfg):  # engines in their own processes, restarted when they crash, elastic
-            self.engine_service = EngineService(cfg, model_path)
+            self.engine_service = EngineService(cfg, model_path)  # (refuses --routing-replay)
             engine = self.engine_service.pool
         else:
             engine = build_from_config(cfg, model_path, self.tokenizer, extra)
-        if cfg.algo.routing_replay and engine.routing is None:
-            raise ValueError(f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks")
+            # (engine_kwargs allowed --routing-replay only for the torch and sglang engines: both record)
+            if cfg.algo.routing_replay and getattr(engine, "routing", None) is None:
+                raise ValueError(
+                    f"--routing-replay needs an MoE model; {model_path} has no sparse MoE blocks"
+                )
         self.stats = {"samples": 0, "generate_s": 0.0, "reward_s": 0.0, "wait_s": 0.0}
         _check_data(cfg, prompt_path)  # (a restarted rollout re-reads the file: the run's, or refused)
         self.prompts = Prompts(cfg, self.tokenizer, model_path, prompt_path, self.stats)
@@ -108,12 +117,12 @@ class RolloutWorker:
         )
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> RolloutEngine:
         """The rollout engine (an ``EnginePool`` with engine processes); it generates in :attr:`generation`."""
         return self.generation.engine
 
     @engine.setter
-    def engine(self, engine: Any) -> None:
+    def engine(self, engine: RolloutEngine) -> None:
         self.generation.engine = engine
 
     @property
@@ -129,7 +138,7 @@ class RolloutWorker:
         return self.prompts.encode(prompt)
 
     # -- weights -------------------------------------------------------------------------------
-    _stream: Any = None  # the streaming loop (--streaming-rollout), while it runs
+    _stream: GroupStream | None = None  # the streaming loop (--streaming-rollout), while it runs
 
     def set_weights(self, tensors: dict[str, Any], version: int) -> None:
         if self._stream is not None:  # between decode steps (or once the responses in flight end)
@@ -159,12 +168,13 @@ class RolloutWorker:
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """Take back what :meth:`release_memory` gave (``tags``: part of it; default the rest)."""
-        from relax_rollout.engines.base import memory_tags
+        from relax_rollout.engines.base import ReleasesMemory, memory_tags
 
         todo = [t for t in memory_tags(tags) if t in self._released]
         if todo:
             with self.tracer.span("resume_memory", tags=",".join(todo)):
-                self.engine.resume_memory(todo)
+                # (released only by release_memory, which checked the engine can)
+                cast(ReleasesMemory, self.engine).resume_memory(todo)
             self._released = self._released - set(todo)
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
@@ -183,6 +193,7 @@ class RolloutWorker:
 
     def restart_engine(self, member_id: str) -> dict[str, Any]:
         """Health manager: replace a failed engine process (it gets the current weights first)."""
+        assert self.engine_service is not None, "only engines of a pool fail and are restarted"
         return self.engine_service.restart(member_id)
 
     def weight_version(self) -> int:
@@ -356,8 +367,8 @@ class RolloutWorker:
         self.weights.close()
         if self.engine_service is not None:
             self.engine_service.close()
-        elif callable(getattr(self.engine, "close", None)):  # an engine owning processes (sglang)
-            self.engine.close()
+        elif callable(close := getattr(self.engine, "close", None)):  # an engine owning processes (sglang)
+            close()
         if getattr(self, "_gpus", None) is not None:  # the engines' GPUs, now free for another run
             import ray
 

@@ -139,7 +139,7 @@ class TokenDelta:
     """Per token its top log-probs, as :attr:`GenerateOutput.top_logprobs` (None when not asked for)."""
 
 
-def supports(engine: Any, feature: str) -> bool:
+def supports(engine: RolloutEngine, feature: str) -> bool:
     """Whether ``engine`` lists ``feature`` (one of :data:`OPTIONAL_FEATURES`) in its ``features``."""
     return feature in getattr(engine, "features", ())
 
@@ -149,7 +149,11 @@ class RolloutEngine(Protocol):
     """What the rollout manager needs from an inference engine (and optionally ``features``, a set of
     :data:`OPTIONAL_FEATURES`)."""
 
-    weight_version: int
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights it generates with (read-only: :meth:`update_weights` sets it; the
+        servers' engines read it from their servers)."""
+        ...
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateOutput]: ...
 
@@ -191,6 +195,17 @@ class ReleasesMemory(Protocol):
     def release_memory(self, tags: list[str] | None = None) -> None: ...
 
     def resume_memory(self, tags: list[str] | None = None) -> None: ...
+
+
+@runtime_checkable
+class PausesGeneration(Protocol):
+    """An engine of SGLang servers that can hold their requests in flight (``/pause_generation``; mode
+    ``abort``, ``retract`` or ``in_place``) and let them go on (``/continue_generation``): partial rollout
+    puts a weight update in under an in-place pause."""
+
+    def pause(self, mode: str = "abort") -> None: ...
+
+    def resume(self) -> None: ...
 
 
 ENGINES: dict[str, str] = {

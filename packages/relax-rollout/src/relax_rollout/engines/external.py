@@ -81,9 +81,9 @@ class ExternalEngine(ServerClient):
             try:
                 infos = [server_info(u, self.token, self.timeout_s) for u in self.urls]
             except (ConnectionError, ServerError, TimeoutError):
-                return ServerClient.features | {"stream"}  # (asked again next time)
+                return ServerClient.FEATURES | {"stream"}  # (asked again next time)
             self._grammar = all(i.get("grammar_backend") not in (None, "none") for i in infos)
-        return ServerClient.features | ({"stream", "constraint"} if self._grammar else {"stream"})
+        return ServerClient.FEATURES | ({"stream", "constraint"} if self._grammar else {"stream"})
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _all(self, path: str, body: Any = None, timeout_s: float | None = None) -> list[Any]:

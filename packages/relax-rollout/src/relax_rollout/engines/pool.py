@@ -79,7 +79,7 @@ class EnginePool(PoolMembership):
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
     must be readable by every engine (same host or a shared filesystem)."""
 
-    features = PoolMembership.features | {"stream"}
+    FEATURES = PoolMembership.FEATURES | {"stream"}
     """The servers' features, and "stream": ``generate(..., on_token=...)`` reads their ``/generate`` as a
     stream (:mod:`~relax_rollout.engines.wire_stream`)."""
 

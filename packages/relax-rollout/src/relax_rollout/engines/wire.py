@@ -185,8 +185,13 @@ class ServerClient:
     engine pool): the features they pass on, and one request policy — bearer token, time-out, and
     connection errors retried with back-off."""
 
-    features: ClassVar[frozenset[str]] = frozenset({"top_logprobs", "stop"})
+    FEATURES: ClassVar[frozenset[str]] = frozenset({"top_logprobs", "stop"})
     """Passed on to the servers (SGLang's ``top_logprobs_num`` and ``stop``)."""
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The class's :attr:`FEATURES` (a property: an engine that asks its servers overrides it)."""
+        return self.FEATURES
 
     def __init__(self, token: str | None, timeout_s: float, retries: int, retry_backoff_s: float) -> None:
         self.token, self.timeout_s = token, timeout_s

@@ -22,6 +22,7 @@ import logging
 import threading
 from typing import Any
 
+from relax_rollout.engines.base import RolloutEngine
 from relax_rollout.server.protocol import BadRequest, ImagePart
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ def _decode(part: ImagePart) -> bytes:
         raise BadRequest(f"{part.where}.image_url.url", f"{e.detail} [{e.reason}]: {ACCEPTED}") from None
 
 
-def build(engine: Any, tokenizer: Any, model_path: str, config: Any) -> tuple[ChatMedia | None, str]:
+def build(
+    engine: RolloutEngine, tokenizer: Any, model_path: str, config: Any
+) -> tuple[ChatMedia | None, str]:
     """What serves images for this model, or (None, why images are refused): a text-only model, an engine
     that takes no media tensors, or relax-multimodal not installed. ``config``: the engine's model config
     (an in-process engine), else the checkpoint's ``config.json`` at ``model_path`` is read."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from relax_rollout.engines.base import build_engine
+from relax_rollout.engines.base import RolloutEngine, build_engine
 from relax_rollout.server.app import make_server
 from relax_rollout.server.state import MAX_QUEUED_REQUESTS, EngineServer
 
@@ -40,7 +40,7 @@ class ServedEngine:
 
     def __init__(
         self,
-        engine: Any,
+        engine: RolloutEngine,
         tokenizer: Any = None,
         model_path: str = "",
         token: str | None = None,

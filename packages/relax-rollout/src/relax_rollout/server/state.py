@@ -23,6 +23,7 @@ from relax_rollout.engines.base import (
     GenerateOutput,
     MemoryReleased,
     ReleasesMemory,
+    RolloutEngine,
     SamplingParams,
     TokenDelta,
     memory_tags,
@@ -53,7 +54,7 @@ class _Req:
 class EngineServer:
     """Everything an HTTP handler needs; independent of the transport so it is unit-testable."""
 
-    engine: Any
+    engine: RolloutEngine
     tokenizer: Any = None
     model_path: str = ""
     served_model_name: str = "default"
@@ -259,9 +260,9 @@ class EngineServer:
         """:meth:`generate` read as it goes (a :class:`~relax_rollout.server.streaming.GenerationStream`:
         the token deltas, then the outputs). The request is checked here, so that what is wrong with it is
         an HTTP error, not an event of a stream already begun."""
-        if getattr(self.engine, "released", None):  # (503: the trainer holds the device; try again after)
+        if released := getattr(self.engine, "released", None):  # (503: the trainer holds the device)
             raise MemoryReleased(
-                f"the engine's memory is released ({sorted(self.engine.released)}): POST "
+                f"the engine's memory is released ({sorted(released)}): POST "
                 "/resume_memory_occupation before generating"
             )
         self.check_features(params, fields)
@@ -457,7 +458,7 @@ class EngineServer:
         (self.engine.release_memory if release else self.engine.resume_memory)(tags)
 
 
-def _version_number(engine: Any) -> float:
+def _version_number(engine: RolloutEngine) -> float:
     """The engine's weight version for ``relax:weight_version`` (NaN when it has none that is a number)."""
     try:
         return float(int(engine.weight_version))

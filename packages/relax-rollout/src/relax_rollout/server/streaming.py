@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.engines.base import GenerateOutput, RolloutEngine, SamplingParams, TokenDelta
 
 if TYPE_CHECKING:
     from relax_rollout.server.metrics import ServerMetrics
@@ -220,7 +220,7 @@ def _started(text: str, stops: tuple[str, ...]) -> int:
     return held
 
 
-def stop_token_ids(engine: Any, params: SamplingParams) -> tuple[int, ...]:
+def stop_token_ids(engine: RolloutEngine, params: SamplingParams) -> tuple[int, ...]:
     """The ids whose text a reply never shows when they end it: the request's stop tokens and ``engine``'s
     EOS."""
     return (*params.stop_token_ids, *getattr(engine, "eos_token_ids", ()))

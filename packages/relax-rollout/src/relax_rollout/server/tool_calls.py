@@ -22,7 +22,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from relax_rollout.engines.base import Constraint, GenerateOutput
+from relax_rollout.engines.base import Constraint, GenerateOutput, RolloutEngine
 
 if TYPE_CHECKING:
     from relax_rollout.server.chat_types import ChatCompletionRequest
@@ -82,7 +82,7 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the model family's format -------------------------------------------------------------------------------
-def response_template(tokenizer: Any, engine: Any, model_path: str | None) -> dict:
+def response_template(tokenizer: Any, engine: RolloutEngine, model_path: str | None) -> dict:
     """The response template of the served model: the tokenizer's own, else transformers' for its model type
     (from the engine's model config, else the checkpoint's ``config.json``), else the Hermes one."""
     own = getattr(tokenizer, "response_template", None)

@@ -38,10 +38,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 if TYPE_CHECKING:
     import anyio
-from urllib.parse import parse_qsl
 
 logger = logging.getLogger(__name__)
 

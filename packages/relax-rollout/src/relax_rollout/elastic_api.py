@@ -10,12 +10,14 @@ Schema 2020-12, what pydantic writes.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-OP_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
-ENGINE_KINDS = ("startup", "ray_native", "external")
+OpState = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+EngineKind = Literal["startup", "ray_native", "external"]
+OP_STATES: tuple[str, ...] = get_args(OpState)
+ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
 
 RequestId = Annotated[
     str,
@@ -78,7 +80,7 @@ class Operation(BaseModel):
     kind: Literal["scale_out", "scale_in"]
     request: dict[str, Any]
     request_id: str | None
-    state: Literal[OP_STATES]  # type: ignore[valid-type]
+    state: OpState
     engines_added: list[str]
     engines_removed: list[str]
     targets: list[str] = Field(description="Scale-in: the engines chosen when the request was accepted.")
@@ -102,7 +104,7 @@ class Engine(BaseModel):
 
     id: str
     url: str
-    kind: Literal[ENGINE_KINDS]  # type: ignore[valid-type]
+    kind: EngineKind
     state: Literal["joining", "active", "draining", "removed", "failed"]
     protected: bool
     inflight: int

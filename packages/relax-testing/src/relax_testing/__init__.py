@@ -99,7 +99,7 @@ def hostile_reward(response: str, label, metadata=None) -> float:
     if label == "huge":
         return 10**400
     if label == "blocking":
-        return BlockingFloat()  # type: ignore[return-value]
+        return BlockingFloat()  # type: ignore[return-value]  # hostile on purpose: not a float
     if label == "raise":
         raise ValueError("hostile reward: raised on purpose")
     if label == "hang":

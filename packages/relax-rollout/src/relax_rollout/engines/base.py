@@ -113,6 +113,13 @@ class GenerateOutput:
         return min(self.token_versions) if self.token_versions else self.weight_version
 
 
+def answered(outs: list[GenerateOutput | None]) -> list[GenerateOutput]:
+    """``outs``, filled in prompt by prompt, once every prompt has its output (what ``generate`` returns)."""
+    done = [o for o in outs if o is not None]
+    assert len(done) == len(outs), f"{len(outs) - len(done)} of {len(outs)} prompts have no output"
+    return done
+
+
 OPTIONAL_FEATURES = ("top_logprobs", "stop", "input_logprobs", "constraint", "stream")
 """What an engine may implement beyond the protocol, named in its ``features``: ``SamplingParams.top_logprobs``,
 ``SamplingParams.stop``, ``SamplingParams.input_logprobs`` and ``SamplingParams.constraint``. A server refuses a request needing a feature its engine lacks (a 400 naming the

@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta
+from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta, answered
 from relax_rollout.engines.pool_members import (
     STATES,
     Member,
@@ -243,7 +243,7 @@ class EnginePool(PoolMembership):
                     self._stats["aborts_reissued"] += aborted
                 logger.info("re-issuing %d prompt(s) on the remaining engines", len(again))
             todo = sorted(again)
-        return results  # type: ignore[return-value]
+        return answered(results)
 
     def _assign(self, todo: list[int], total: int) -> list[tuple[Member, list[int]]]:
         """Contiguous chunks of ``todo`` over the active members, the least loaded first (a call of fewer

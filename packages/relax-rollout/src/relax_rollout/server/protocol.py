@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from relax_rewards.types import short_repr
 from relax_rollout.engines.base import Constraint, GenerateOutput, SamplingParams
@@ -80,14 +80,23 @@ def error_dict(message: str, kind: str, **fields: Any) -> dict:
     return {"object": "error", "message": message, "type": kind, **fields}
 
 
+class HasBody(Protocol):
+    """An error that gives its own JSON body (:class:`BadRequest`, :class:`NotFound`, the elastic API's
+    ``Conflict``)."""
+
+    def body(self) -> dict: ...
+
+
 def error_body(
-    code: int, message: str, kind: str, exc: BaseException | None, own: tuple[type, ...] = ()
+    code: int, message: str, kind: str, exc: BaseException | None, own: tuple[type[HasBody], ...] = ()
 ) -> dict:
     """The error body of a JSON API (the engine server's, the elastic API's): :class:`BadRequest`,
     :class:`NotFound` and the errors in ``own`` give their own ``body()``; a body that is not JSON names
     the field ``body`` (``param``)."""
-    if isinstance(exc, (BadRequest, NotFound, *own)):
-        return exc.body()  # type: ignore[union-attr]
+    if isinstance(exc, (BadRequest, NotFound)):
+        return exc.body()
+    if isinstance(exc, own):
+        return exc.body()
     body = error_dict(message, kind, code=code)
     if isinstance(exc, BodyError):
         body["param"] = exc.field

@@ -26,6 +26,7 @@ from relax_rollout.engines.base import (
     RolloutEngine,
     SamplingParams,
     TokenDelta,
+    answered,
     memory_tags,
     supports,
 )
@@ -238,7 +239,7 @@ class EngineServer:
                             )
                     seen.rest(i, o)  # what the engine did not stream (all of it, from one that cannot)
                     results[i] = o
-            return results  # type: ignore[return-value]
+            return answered(results)
         finally:
             made = sum(len(o.token_ids) for o in results if o is not None)
             aborted = sum(o is not None and o.finish_reason == "abort" for o in results)

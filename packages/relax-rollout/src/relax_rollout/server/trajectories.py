@@ -250,12 +250,12 @@ class TrajectoryRecorder:
                 f"session {session!r}: its trajectories were dropped, only the last {self.keep_closed} closed "
                 "ones are kept; fetch trajectories sooner after closing them"
             )
-        if not known:
+        if sess is None or not known:
             raise NotFound(
                 f"no trajectory recorded for session {session!r}: a session is named by the {SESSION_HEADER} "
                 "header (or the 'user' field) of a /v1/chat/completions call; GET /relax/trajectories lists them"
             )
-        return sess  # type: ignore[return-value]
+        return sess
 
     def get(self, session: str, index: int | None = None) -> dict:
         """The session's latest trajectory (or the one numbered ``index``) as JSON."""

@@ -25,6 +25,19 @@ def _cfg(inputs, out, *extra):
     return build_config(None, argv)
 
 
+_UNINTERRUPTED: dict[tuple[str, ...], object] = {}
+"""The uninterrupted runs this file compares against, by their flags: each is run once (four tests compare
+against the same colocate run; a run depends on its flags and the session's inputs alone)."""
+
+
+def _uninterrupted(inputs, tmp_path_factory, *flags):
+    key = tuple(flags)
+    if key not in _UNINTERRUPTED:
+        out = tmp_path_factory.mktemp("uninterrupted")
+        _UNINTERRUPTED[key] = Controller(_cfg(inputs, out, *flags), inputs).run()
+    return _UNINTERRUPTED[key]
+
+
 def _signal_after(metrics: Path, trained_steps: int, fire) -> threading.Thread:
     """``fire()`` (SIGTERM to this process) once ``trained_steps`` training steps are in metrics.jsonl."""
 
@@ -57,12 +70,12 @@ def _trained(result, steps_done: int) -> list:
     ids=["colocate", "async", "colocate-lora-ppo"],
 )
 def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
-    tiny_run_inputs, tmp_path, mode, sigterm_self
+    tiny_run_inputs, tmp_path, tmp_path_factory, mode, sigterm_self
 ):
     # the uninterrupted run: colocate for every mode (batches are drawn in step order in either mode,
     # and it needs no Ray cluster of its own), with the same flags when the mode is colocate
     plain = mode if "--colocate" in mode else ["--colocate"]
-    full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", *plain), tiny_run_inputs).run()
+    full = _uninterrupted(tiny_run_inputs, tmp_path_factory, *plain)
 
     ckpt = tmp_path / "ckpt"
     first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", "--save", str(ckpt), *mode), tiny_run_inputs)
@@ -104,13 +117,13 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
     ids=["colocate-weights", "async-bus-snapshot"],
 )
 def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing(
-    tiny_run_inputs, tmp_path, sigterm_self, caplog, mode, part
+    tiny_run_inputs, tmp_path, tmp_path_factory, sigterm_self, caplog, mode, part
 ):
     """The newest checkpoint torn (a kill or a full disk while it was copied elsewhere): --load names it,
     takes the one before, re-does the step in between, and the run trains the uninterrupted run's prompts.
     It loaded the torn one (or failed with a traceback). The fully-async bus snapshot is a part like the
     weights (issue 36: written after the manifest, a truncated one was an UnpicklingError traceback)."""
-    full = Controller(_cfg(tiny_run_inputs, tmp_path / "full", "--colocate"), tiny_run_inputs).run()
+    full = _uninterrupted(tiny_run_inputs, tmp_path_factory, "--colocate")
     ckpt = tmp_path / "ckpt"
     first = Controller(
         _cfg(tiny_run_inputs, tmp_path / "a", *mode, "--save", str(ckpt), "--save-interval", "1"),

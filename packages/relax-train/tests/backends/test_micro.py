@@ -74,4 +74,7 @@ def test_packed_by_tokens_trains_as_by_count(tiny_model_dir, agg):
     assert m_packed["loss"] == pytest.approx(m_fixed["loss"], rel=1e-5, abs=1e-7)
     for (name, p), (_, q) in zip(fixed.model.named_parameters(), packed.model.named_parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+        # Adam's first step is lr * g / (|g| + eps): a gradient near eps moves its weight by up to lr, so
+        # float32 summed in another order (another CPU's kernels) shows there; the gradients above carry the
+        # comparison, the weights are held to 1% of a step (lr 1e-2)
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-4, msg=name)

@@ -129,7 +129,9 @@ def test_micro_batching_gives_the_same_update(tiny_model_dir):
         after.append((weights(be), metrics))
     (w1, m1), (w3, m3) = after
     for name in w1:
-        torch.testing.assert_close(w1[name], w3[name], atol=1e-5, rtol=0)
+        # (Adam divides by |g|: a near-zero gradient summed in another order moves its weight by a fraction
+        # of lr; 1.3e-5 measured on an Intel Xeon, where this was 1e-5. grad_norm below is held to 1e-4 rel)
+        torch.testing.assert_close(w1[name], w3[name], atol=5e-5, rtol=0)
     for a, b in zip(m1, m3):
         assert a["value_loss"] == pytest.approx(b["value_loss"], abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install each standalone package from its built wheel into its own clean venv and use it there: torch and
 # ray must not be imported (DESIGN.md §5), nor installed where the package leaves them optional:
-# - relax-bus: the in-process bus works without torch or ray;
+# - relax-bus: the in-process bus and its StreamingDataLoader work without torch or ray, RayBus names its extra;
 # - relax-core: installs without ray (an extra); with its `tensorboard` extra the TensorBoard sink writes
 #   event files that TensorBoard reads back, without torch;
-# - relax-rewards: a math reward scores;
-# - relax-multimodal: installs without librosa and resamples audio (soxr).
+# - relax-rewards: a math reward scores, in this process and in a worker process;
+# - relax-multimodal: installs without librosa, resamples audio (soxr), and its processor turns an image and
+#   an audio clip into a Qwen-Omni prompt's placeholders.
+# (The packages' own tests no longer build these wheels a second time.)
 # Then installs relax-bus and relax-core the way their READMEs say, from the repository's paths.
 # Usage: .ci/check_wheels.sh DIST (a folder holding the four wheels: uv build --package X --wheel).
 set -euo pipefail
@@ -29,6 +31,17 @@ if mod == "relax_bus":
     batch = bus.get("c", n=2, timeout=1)
     bus.ack("c", batch.lease_id)
     assert batch.ids == ids and "torch" not in sys.modules
+    from relax_bus import RayBus, StreamingDataLoader
+    bus.put([{"x": np.arange(3)}])
+    (mb,) = StreamingDataLoader(bus, "c", 1, total=1)
+    assert mb["x"].tolist() == [[0, 1, 2]], mb
+    if importlib.util.find_spec("ray") is None:  # (the wheel alone: RayBus names its extra)
+        try:
+            RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
+            raise AssertionError("RayBus.create() without ray did not raise")
+        except ImportError as e:
+            assert "pip install 'relax-bus[ray]'" in str(e), e
+    assert "torch" not in sys.modules and "ray" not in sys.modules
 if mod == "relax_core":
     assert importlib.util.find_spec("ray") is None, "relax-core installed ray (it is the [ray] extra)"
     assert importlib.util.find_spec("torch") is None, "relax-core installed torch"
@@ -57,6 +70,10 @@ if mod == "relax_core":
 if mod == "relax_rewards":
     from relax_rewards import get_reward
     assert get_reward("math")("so the answer is \\boxed{42}", "42").score == 1.0
+    from relax_rewards import Scorer, list_rewards
+    scorer = Scorer("math", isolation="process", max_concurrency=1)  # (a worker process, symbolic equality)
+    assert scorer.score(r"\boxed{2\sqrt2}", r"\sqrt8").score == 1.0 and len(list_rewards()) > 5
+    scorer.close()
 if mod == "relax_multimodal":
     import io
     import numpy as np
@@ -67,7 +84,15 @@ if mod == "relax_multimodal":
     sf.write(wav, np.sin(np.arange(22050, dtype=np.float32) / 10), 22050, format="WAV")
     item = process_audio(wav.getvalue())
     assert item.rate == 16000 and item.waveform.shape == (16000,), (item.rate, item.waveform.shape)
-    assert "librosa" not in sys.modules and "torch" not in sys.modules
+    from PIL import Image
+    from relax_multimodal import MultimodalConfig, MultimodalProcessor
+    png = io.BytesIO()
+    Image.new("RGB", (64, 48), "red").save(png, format="PNG")
+    cfg = MultimodalConfig(model="qwen2_5_omni", multimodal_keys={"image": "i", "audio": "a"})
+    s = MultimodalProcessor(cfg).process({"prompt": "<image><audio>", "i": png.getvalue(), "a": wav.getvalue()})
+    assert s.text.count("<|IMAGE|>") == s.images[0].num_tokens > 0
+    assert s.text.count("<|AUDIO|>") == s.audios[0].num_tokens > 0
+    assert "librosa" not in sys.modules and "torch" not in sys.modules and "transformers" not in sys.modules
 print(f"ok: {mod} {getattr(m, '__version__', '?')} imports alone without torch/ray")
 PY
 }

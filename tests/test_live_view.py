@@ -21,8 +21,22 @@ from _tiny import run_flags
 RELAX = [sys.executable, "-m", "relax_app.cli"]
 
 
-def relax(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*RELAX, *args], capture_output=True, text=True, timeout=timeout)
+def relax(*args: str) -> subprocess.CompletedProcess:
+    """``relax ARGS`` in this process (the CLI's own ``main``, as the ``relax`` script calls it), its output
+    captured: each command here needs no process of its own, and a Python start-up with torch costs seconds.
+    The run the watch test stops by a signal, and the watch that follows it, are processes."""
+    import contextlib
+    import io
+
+    from relax_app.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # (argparse's errors)
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["relax", *args], code, out.getvalue(), err.getvalue())
 
 
 def _spans(out: Path) -> list[dict]:
@@ -72,7 +86,7 @@ def test_watch_shows_a_fully_async_run_live_then_its_stop_by_signal(tiny_run_inp
             time.sleep(0.5)
         assert train.poll() is None, f"the run ended before the test saw it going:\n{''.join(log)[-3000:]}"
         assert s is not None and s.step >= 2, render(s) if s else "no status.json"
-        snap = relax("status", str(out), timeout=120)  # the command, while the run goes
+        snap = relax("status", str(out))  # the command, while the run goes
         assert snap.returncode == 0 and train.poll() is None, snap.stderr
         seen = snap.stdout
         assert re.search(r"state running  step ([2-9]|\d\d+)/1000", seen), seen
@@ -116,7 +130,7 @@ def saved_run(tiny_run_inputs, tmp_path_factory):
     flags = run_flags(
         tiny_run_inputs, out, num_rollout=2, eval_interval=10, eval_data=tiny_run_inputs.eval_path, save=save
     )
-    done = relax("train", *flags, "--colocate", timeout=600)
+    done = relax("train", *flags, "--colocate")
     assert done.returncode == 0, done.stderr[-3000:]
     return out, save
 
@@ -204,7 +218,7 @@ def test_eval_scores_a_checkpoint_on_its_run_s_held_out_data(saved_run, tiny_run
 
 
 def test_version_names_every_relax_package():
-    done = relax("--version", timeout=60)
+    done = relax("--version")
     assert done.returncode == 0
     for name in (
         "relax-core",

@@ -1,21 +1,16 @@
-"""Seconds per test file from a pytest JUnit XML report, for how the suite is shared between workers.
+"""Where the test suite spends its time: seconds per test file and per test, from a pytest JUnit XML report.
 
     uv run pytest --junitxml=/tmp/junit.xml        # (CI: PYTEST_ADDOPTS="--junitxml=...")
-    uv run python tools/test_durations.py /tmp/junit.xml [--write] [--top 25]
+    uv run python tools/test_durations.py /tmp/junit.xml [--top 25]
 
-Prints the heaviest files and tests; ``--write`` stores the seconds per file in tests/durations.json, which
-the root conftest.py reads to start the longest files first (so both workers end together).
+Prints the total, the heaviest files and the heaviest tests (docs/test-durations.md keeps a measured table).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
-
-DURATIONS = Path(__file__).resolve().parents[1] / "tests" / "durations.json"
 
 
 def per_test(report: str) -> list[tuple[float, str, str]]:
@@ -30,7 +25,6 @@ def per_test(report: str) -> list[tuple[float, str, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report")
-    ap.add_argument("--write", action="store_true", help="store the seconds per file in tests/durations.json")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     tests = per_test(args.report)
@@ -42,9 +36,6 @@ def main() -> None:
         print(f"{seconds:8.1f}  {path}")
     for seconds, path, name in sorted(tests, reverse=True)[: args.top]:
         print(f"{seconds:8.1f}  {path}::{name}")
-    if args.write:
-        DURATIONS.write_text(json.dumps({p: round(s, 1) for p, s in sorted(files.items())}, indent=0) + "\n")
-        print(f"wrote {DURATIONS}")
 
 
 if __name__ == "__main__":

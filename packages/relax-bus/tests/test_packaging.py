@@ -1,4 +1,5 @@
-"""The wheel installs into a clean venv without torch or ray; the in-process bus works there."""
+"""relax-bus[ray] from the wheel in a clean venv: the extra brings ray and RayBus works there. (The wheel alone,
+without torch or ray, with the in-process bus and its loader: .ci/check_wheels.sh, before pytest.)"""
 
 import shutil
 import subprocess
@@ -8,21 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-SMOKE = """
-import sys
-from relax_bus import BusConfig, ConsumerSpec, DataBus, RayBus, StreamingDataLoader
-import numpy as np
-bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}))
-bus.put([{"x": np.arange(3)}])
-(mb,) = StreamingDataLoader(bus, "c", 1, total=1)
-assert mb["x"].tolist() == [[0, 1, 2]]
-assert "torch" not in sys.modules and "ray" not in sys.modules
-try:
-    RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
-except ImportError as e:
-    assert "pip install 'relax-bus[ray]'" in str(e)
-print("ok")
-"""
 
 
 def _wheel_and_venv(tmp_path):
@@ -39,17 +25,6 @@ def _wheel_and_venv(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     return uv, wheel, venv / "bin" / "python"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_wheel_in_clean_venv(tmp_path):
-    uv, wheel, py = _wheel_and_venv(tmp_path)
-    subprocess.run([uv, "pip", "install", "-q", "--python", str(py), str(wheel)], check=True)
-    out = subprocess.run([str(py), "-c", SMOKE], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-    frozen = subprocess.run([uv, "pip", "freeze", "--python", str(py)], capture_output=True, text=True).stdout
-    assert "torch" not in frozen and "ray" not in frozen.lower().split("==")[0]
 
 
 RAY_SMOKE = """

@@ -21,10 +21,17 @@ import threading
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import NamedTuple, Protocol, cast
 
-if TYPE_CHECKING:
-    from relax_rollout.engines.processes import RemoteProcess
+
+class StoppedByItsNode(Protocol):
+    """A process on another node (``processes.RemoteProcess``, which imports this module): its node's
+    launcher stops it."""
+
+    remote: bool
+
+    def stop(self, grace_s: float) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +54,13 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-def stop_processes(procs: Sequence[subprocess.Popen | RemoteProcess], grace_s: float) -> None:
+def stop_processes(procs: Sequence[subprocess.Popen | StoppedByItsNode], grace_s: float) -> None:
     """SIGTERM every process group, wait up to ``grace_s`` for the leaders to exit and their groups to
     empty, SIGKILL what is left, and reap the leaders. Processes on other nodes (:class:`RemoteProcess`)
     are stopped the same way by their node's launcher."""
     for p in procs:
         if getattr(p, "remote", False):
-            cast("RemoteProcess", p).stop(grace_s)
+            cast(StoppedByItsNode, p).stop(grace_s)
     local = [cast(subprocess.Popen, p) for p in procs if not getattr(p, "remote", False)]
     live = [p for p in local if p.poll() is None or group_alive(p.pid)]
     for p in live:

@@ -101,7 +101,8 @@ for mod in relax_bus relax_core relax_rewards relax_multimodal; do
   pkg=${mod//_/-}
   venv=$tmp/$pkg
   uv venv --quiet --python python3 "$venv"
-  uv pip install --quiet --python "$venv/bin/python" --find-links "$dist" "$pkg"
+  # (--refresh-package: the wheel just built, not one of the same version in uv's cache from an earlier build)
+  uv pip install --quiet --python "$venv/bin/python" --refresh-package "$pkg" --find-links "$dist" "$pkg"
   check "$venv" "$mod"
   if [[ $pkg == relax-core ]]; then
     uv pip install --quiet --python "$venv/bin/python" --find-links "$dist" "relax-core[tensorboard]"

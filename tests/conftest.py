@@ -46,3 +46,48 @@ def sigterm_self():
         return False
 
     return fire
+
+
+_shared_ray = {"started": False}
+
+
+def _use_shared_ray(node) -> None:
+    """Connect to the session's cluster (starting it) where ``node`` is marked ``shared_ray``; elsewhere
+    stop it, so that no other test finds a cluster connected."""
+    marker = node.get_closest_marker("shared_ray")
+    ray = sys.modules.get("ray")
+    if marker is not None and (not marker.args or marker.args[0]):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=True,
+                configure_logging=False,
+            )
+            _shared_ray["started"] = True
+    elif ray is not None and _shared_ray["started"] and ray.is_initialized():
+        ray.shutdown()
+        _shared_ray["started"] = False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_of_the_module(request):
+    """One local Ray cluster for the tests marked ``shared_ray``: their runs find this process connected,
+    so they neither start nor stop one (``relax_core.run.start_ray``), and their roles get workers Ray has
+    already started. Measured on 2 cores: a tiny fully-async run took 25 s with a cluster of its own and
+    13-16 s on one kept running. A run kills its roles and bus at its end (``AsyncRun.teardown``). Module
+    scope: before the module's own fixtures (an uninterrupted run), and a module not marked (its own
+    clusters, Ray in network namespaces) starts with none connected."""
+    _use_shared_ray(request.node)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _ray_of_the_test(request):
+    """A test marked ``shared_ray(False)`` (it checks that a run stops the cluster it started) runs with
+    none connected; the next test of its module connects again."""
+    _use_shared_ray(request.node)
+    yield

@@ -11,6 +11,8 @@ import pytest
 from relax_app.cli import main
 from relax_testing import build_tiny_checkpoint
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 MODES = {"colocate": [], "fully_async": ["--fully-async"]}
 
 

@@ -17,6 +17,8 @@ import pytest
 from relax_app.cli import main
 from relax_testing import build_tiny_checkpoint
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 LABELS = ["2", "inf", "nan", "huge", "raise", "hang", "blocking", "exit", None, "4"]
 """One prompt per label (``hostile_reward``'s behaviours, an unlabeled row, two ordinary ones)."""
 FAILURES = {"bad_return", "raised:ValueError", "timeout", "crashed"}

@@ -11,6 +11,8 @@ from _tiny import run_flags, tiny_qwen3
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 3
 
 

@@ -8,6 +8,8 @@ import pytest
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 4
 
 

@@ -13,6 +13,8 @@ from _tiny import run_flags
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 4
 
 
@@ -290,6 +292,7 @@ def test_tensor_parallel_megatron_roles_run_as_rank_groups(kv2_inputs, kv2_torch
 DP2_ZERO = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--use-distributed-optimizer"]
 
 
+@pytest.mark.shared_ray(False)  # (asserts the run stops the cluster it started)
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [TP2, DP2_ZERO], ids=["tp2", "dp2-distributed-optimizer"])

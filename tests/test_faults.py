@@ -21,6 +21,8 @@ from relax_core.controller import Controller
 from relax_core.health import RunFailed
 from relax_testing import json_webhook, signal_role_after
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 8
 
 
@@ -213,6 +215,7 @@ def test_a_killed_bus_controller_restarts_the_run_from_its_checkpoint_and_loses_
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
 
 
+@pytest.mark.shared_ray(False)  # (asserts the run stops the cluster it started)
 @pytest.mark.integration
 @pytest.mark.slow
 def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_path, hook):

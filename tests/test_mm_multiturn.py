@@ -19,6 +19,8 @@ from _tiny import mm_task, run_flags
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 from relax_rollout.multiturn import Episode, EpisodeMedia, run_episodes
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 torch = pytest.importorskip("torch")
 
 FAMILY = "qwen2_5_vl"

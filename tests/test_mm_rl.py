@@ -19,6 +19,8 @@ from _tiny import mm_task, run_flags
 
 from relax_core.cli_config import build_config
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 torch = pytest.importorskip("torch")
 
 FAMILY_TASKS = {
@@ -124,6 +126,7 @@ MEGATRON_SHAPES = {  # (megatron wants sequence parallelism with TP for MoE mode
 }
 
 
+@pytest.mark.shared_ray(False)  # (asserts the run stops the cluster it started)
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(MEGATRON_SHAPES))

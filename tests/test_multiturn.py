@@ -20,6 +20,8 @@ from relax_core.env import check_environment
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
 from relax_rollout.multiturn import Episode, run_episodes
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 
 @pytest.fixture(scope="module")
 def tok(tiny_run_inputs):

@@ -20,6 +20,8 @@ from relax_core.role import Restart, RoleSpec
 from relax_core.roles import RolePlan, RoleRegistry
 from relax_testing import signal_role_after
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 NAME = "token_count"
 
 

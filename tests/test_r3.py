@@ -19,6 +19,8 @@ from relax_core.cli_config import build_config
 from relax_core.controller import RunInputs
 from relax_testing import experts_used, tiny_moe
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 torch = pytest.importorskip("torch")
 
 LAYERS, TOP_K = 2, 2

@@ -18,7 +18,7 @@ from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 from relax_rollout.engines import sglang_cpu
 
-pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
+pytestmark = [pytest.mark.real_sglang, pytest.mark.integration, pytest.mark.shared_ray]
 
 STEPS = 3
 

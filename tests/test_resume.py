@@ -14,6 +14,8 @@ from _tiny import run_flags
 from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 8
 PARITY = "relax_testing:parity_reward"
 """A reward an untrained model earns on about half its samples (the critic has returns to fit)."""

@@ -17,6 +17,8 @@ from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 from relax_testing import signal_role_after
 
+pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
+
 STEPS = 6
 LONG_TAIL = dict(long_tail_min_tokens=3, rollout_max_response_len=24)
 

@@ -88,6 +88,7 @@ def _ray_of_the_module(request):
 @pytest.fixture(autouse=True)
 def _ray_of_the_test(request):
     """A test marked ``shared_ray(False)`` (it checks that a run stops the cluster it started) runs with
-    none connected; the next test of its module connects again."""
+    none connected; the next test of its module connects again. (A run's roles do not outlive it on a
+    cluster it did not start: it kills them, and Ray ends an actor whose handles are all gone.)"""
     _use_shared_ray(request.node)
     yield

@@ -263,8 +263,9 @@ def test_hung_role_misses_its_heartbeat_and_is_restarted(tiny_run_inputs, tmp_pa
     assert [(e["role"], e["action"]) for e in events] == [("advantages", "restart")], events
     assert "no heartbeat answer" in events[0]["reason"] and "--heartbeat-timeout-s 5" in events[0]["reason"]
     # until the new role serves (its process started, its modules imported), not until the restart was
-    # issued: that took milliseconds (Reference: 0.05 s reported, the training waited 102 s for it)
-    assert events[0]["recovery_s"] >= 1.0, events[0]
+    # issued: that took milliseconds (Reference: 0.05 s reported, the training waited 102 s for it). On the
+    # tests' shared Ray cluster a worker Ray started earlier takes the new Advantages: 0.8 s measured
+    assert events[0]["recovery_s"] >= 0.3, events[0]
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]

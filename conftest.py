@@ -1,7 +1,7 @@
 """Loaded by pytest before any test (the repository root is its rootdir), for every test path.
 
 Python compiles a module from source at every import when it may not write the compiled file beside it
-(``PYTHONDONTWRITEBYTECODE``, which some images set, this project's CI machines included). torch,
+(``PYTHONDONTWRITEBYTECODE``, which some images set, our development machines' included). torch,
 transformers, megatron-core and SGLang then cost 10-30 s of CPU in each process that imports them, and the
 suite starts hundreds (Ray's role processes, engine servers, SGLang's scheduler and detokenizer): measured
 on 2 cores, a fully-async test run took 46 s with it and 25 s without, importing SGLang 30 s and 15 s. So the

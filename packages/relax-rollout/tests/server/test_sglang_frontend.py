@@ -28,7 +28,7 @@ def gen(s):
 
 @sgl.function
 def sampled(s):
-    s += prefix + sgl.gen("a", max_tokens=4, temperature=0.7, top_p=0.9)
+    s += prefix + sgl.gen("a", max_tokens=4, temperature=0.7, top_p=0.9, ignore_eos=True)
 
 @sgl.function
 def select(s):
@@ -74,7 +74,7 @@ def run(name, make, read):
     out[name] = box.get("out", {"error": "no answer in 60 s"})
 
 run("gen", gen.run, lambda s: s[0]["a"])
-run("sampled", sampled.run, lambda s: s[0]["a"])
+run("sampled", sampled.run, lambda s: [s[0]["a"], s[0].get_meta_info("a")["completion_tokens"]])
 run("select", select.run, lambda s: [s[0]["a"], s[0].get_meta_info("a")["normalized_prompt_logprobs"]])
 run("forked", forked.run, lambda s: [s[0]["a"], s[0]["c"]])
 run("chat", chat.run, lambda s: [s[0]["a"], s[0]["b"], s[0].text()])
@@ -130,7 +130,9 @@ def test_the_sglang_frontend_runs_against_our_server(
     assert {k: v["error"] for k, v in res.items() if "error" in v} == {}, res
     out = {k: v["value"] for k, v in res.items()}
     assert out["gen"] == want and out["batch"] == [want, want] and out["stream"] == want
-    assert isinstance(out["sampled"], str) and 0 < len(out["sampled"]) <= 4
+    # (a sampled <|im_end|> decodes to nothing: CI once drew it first, so the text alone may be empty)
+    sampled, made = out["sampled"]
+    assert isinstance(sampled, str) and len(sampled) <= 4 and made == 4
     scores = _normalized_prompt_logprobs(tiny_model_dir)
     choice, seen = out["select"]
     assert seen == pytest.approx(scores, abs=1e-4) and choice == CHOICES[scores.index(max(scores))]

@@ -29,15 +29,19 @@ with RunLocks([("--output-dir", sys.argv[1])]):
 
 
 def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(tiny_run_inputs, tmp_path, capsys):
-    """Before: both ran and exited 0; metrics.jsonl held steps 1-6 twice."""
+    """Before: both ran and exited 0; metrics.jsonl held steps 1-6 twice. Then (#49): the refused run first
+    wrote its settings over the running run's config.json (which `relax eval` of its checkpoints reads)."""
     out = tmp_path / "run"
     other = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout.readline().strip() == "holding"
+        settings = '{"the running run": "its settings"}'
+        (out / "config.json").write_text(settings)
         assert main(["train", *run_flags(tiny_run_inputs, out, num_rollout=1)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"relax: --output-dir {out}: another run is using it (pid {other.pid} on ")
         assert not (out / "metrics.jsonl").exists()
+        assert (out / "config.json").read_text() == settings
     finally:
         other.kill()
         other.wait()

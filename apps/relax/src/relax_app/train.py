@@ -147,9 +147,8 @@ def _try_reward(cfg: RelaxConfig, row: Any) -> list[str]:
 
 
 def train(cfg: RelaxConfig) -> dict:
-    out = Path(cfg.run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=1))
+    """The run (its ``config.json`` and every other file of it written by the Controller once it holds the
+    run's locks: a run refused by them changes nothing of the run that holds them)."""
     inputs, demo_info = prepare_inputs(cfg)
     if demo_info:
         print(

@@ -40,6 +40,8 @@ class Controller:
                 k: os.path.abspath(v) for k in ("save", "load") if isinstance(v := getattr(cfg.train, k), str)
             }
         )
+        self.given = cfg
+        """The settings as given (``<output_dir>/config.json``)."""
         self.cfg = cfg.model_copy(update={"run": run, "train": train})
         self.inputs = RunInputs(**absolute)
         self.roles = roles
@@ -61,6 +63,9 @@ class Controller:
         from relax_core.checkpoints import latest_checkpoint
 
         cfg, loaded = self.cfg, None
+        # (written here, under the locks: written before them, a refused run replaced the running run's
+        # settings, which `relax eval` of its checkpoints then used)
+        (Path(cfg.run.output_dir) / "config.json").write_text(self.given.model_dump_json(indent=1))
         if why := crashed_in_reward(cfg.run.output_dir):  # (colocate: the run's own process was the one)
             print(f"[relax] WARNING: the previous run in {cfg.run.output_dir} ended without a word: {why}")
         if cfg.train.load:

@@ -132,7 +132,8 @@ class PolicyLoss:
         adv = padded(ADVANTAGES)
         lmask = padded(LOSS_MASK) * valid
         sums, counts, keep = stats.sums, stats.counts, stats.keep
-        if stats.has_prox and stats.first_step:  # π_θ is π_prox here by definition: a gap is a stale π_prox
+        if stats.has_prox and stats.first_step and lmask.numel():  # π_θ is π_prox here by definition: a
+            # gap is a stale π_prox (a micro-batch of empty responses has no token to take a max over)
             keep["prox_gap"].append(((old - logp.detach()).abs() * lmask).max().reshape(1).cpu())
         if stats.distill:  # on-policy distillation: reverse KL to the teacher on the student's own tokens
             teacher = padded(TEACHER_LOG_PROBS)
@@ -211,8 +212,9 @@ def step_metrics(sums, counts, keep, loss_total, grad_norm, n_opt) -> dict[str, 
             ratio_max=float(ratio.max()),
             ratio_std=float(ratio.std()) if ratio.numel() > 1 else 0.0,
         )
-    if keep["train"]:
-        train, rollout = torch.cat(keep["train"]), torch.cat(keep["rollout"])
+    train = torch.cat(keep["train"]) if keep["train"] else torch.empty(0)
+    if train.numel():  # (none: every response of the step was empty)
+        rollout = torch.cat(keep["rollout"])
         mm = mismatch_metrics(train, rollout, torch.ones_like(train, dtype=torch.bool))
         metrics.update({"rollout_" + k.removeprefix("mismatch/"): v for k, v in mm.items()})
     if keep["prox_gap"]:

@@ -405,6 +405,27 @@ def test_distributed_optimizer_shards_the_moments_and_matches_the_torch_backend(
         _assert_same_update(loaded["weights_then"][name], value, name)
 
 
+def test_micro_batches_of_empty_responses_train_with_a_proximal_policy(tmp_path):
+    """Responses of no token (an engine's EOS first) with π_prox's log-probs, one sample per micro-batch:
+    two micro-batches hold no response token. Before (#49): the step crashed taking ``prox_gap_max`` over
+    them; now both backends take the same step (the empty ones add nothing)."""
+    model = _model(tmp_path, "dense")
+    data = _samples()
+    for i in (0, 2):  # (their prompts only)
+        data["tokens"][i] = data["tokens"][i][: data["prompt_len"][i]]
+        for key in ("advantages", "loss_mask", "rollout_log_probs"):
+            data[key][i] = data[key][i][:0]
+    data["log_probs"] = [x + 0.01 for x in data["rollout_log_probs"]]  # (ActorFwd's π_prox)
+    flags = [*FLAGS[2:], "--micro-batch-size", "1"]
+    ref = _torch(model, flags, train_steps=1, data=data)
+    got = _megatron(tmp_path, model, flags, train_steps=1, data=data)
+    for m_ref, m_got in zip(ref["metrics"], got["metrics"], strict=True):
+        for key in (*METRICS, "prox_gap_max"):
+            assert m_got[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+    for name, value in ref["weights"].items():
+        _assert_same_update(got["weights"][name], value, name)
+
+
 def test_offload_and_onload_between_two_steps_change_nothing(tmp_path):
     """Colocate's ``--offload`` (on by default where CUDA is): between its turns the trainer's weights,
     gradients and AdamW moments leave the device and come back; the next step is the one a run without the

@@ -45,3 +45,18 @@ def test_watch_ends_with_the_run_and_status_refuses_a_directory_without_one(tmp_
     assert "RunFailed: role 'rollout' failed" in capsys.readouterr().out
     assert status_main([str(tmp_path / "nothing")]) == 2
     assert "status.json: no status file" in capsys.readouterr().err
+
+
+def test_a_damaged_status_file_is_said_to_be_and_watch_stops(tmp_path, capsys, monkeypatch):
+    """Before (#49): `relax watch` on a damaged status.json waited for ever (and `relax status` printed
+    pydantic's many lines)."""
+    import relax_app.watch as watch
+
+    tmp_path.joinpath("status.json").write_text('{"state": "running", "step": ')
+    monkeypatch.setattr(watch, "DAMAGED_FOR_S", 0.05, raising=False)
+    assert watch_main([str(tmp_path), "--interval", "0.01", "--timeout", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"relax: {tmp_path / 'status.json'}: damaged or of another relax version (")
+    assert "\n" not in err and f"relax summary {tmp_path}" in err
+    assert status_main([str(tmp_path)]) == 2
+    assert "\n" not in capsys.readouterr().err.strip()

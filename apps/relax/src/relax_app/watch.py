@@ -92,26 +92,49 @@ def status_main(argv: list[str]) -> int:
     args = _parse(argv, "status", interval=False)
     try:
         print(render(read_status(args.run_dir)))
-    except (FileNotFoundError, ValueError) as e:
+    except FileNotFoundError as e:
         print(f"relax: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(_unreadable(Path(args.run_dir), e), file=sys.stderr)
         return 2
     return 0
 
 
+DAMAGED_FOR_S = 10.0
+"""How long ``relax watch`` reads a status file it cannot parse before it says so and stops (the run writes
+it atomically, so only a damaged file, or one of another relax version, stays unreadable)."""
+
+
+def _unreadable(path: Path, error: ValueError) -> str:
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (
+        f"relax: {path / 'status.json'}: damaged or of another relax version ({first}); the run rewrites it as"
+        f" it goes, so a running run mends it: see `relax summary {path}` for a finished one"
+    )
+
+
 def watch_main(argv: list[str]) -> int:
     """`relax watch RUN_DIR`: print the status every --interval seconds until the run ends (or its process
-    is gone, or --timeout); waits for a run that has not written its status yet."""
+    is gone, or --timeout); waits for a run that has not written its status yet, not for a status file that
+    stays unreadable (:data:`DAMAGED_FOR_S`: before, it waited for ever)."""
     args = _parse(argv, "watch", interval=True)
     tty = sys.stdout.isatty()
     t0 = time.monotonic()
     path = Path(args.run_dir)
+    damaged_since: float | None = None
     while True:
         try:
             s = read_status(path)
+            damaged_since = None
         except FileNotFoundError:
             s = None
-        except ValueError:  # (never half-written; a file of an incompatible version)
-            s = None
+        except ValueError as e:
+            s, now = None, time.monotonic()
+            damaged_since = now if damaged_since is None else damaged_since
+            if now - damaged_since >= min(DAMAGED_FOR_S, args.timeout or DAMAGED_FOR_S):
+                print(_unreadable(path, e), file=sys.stderr)
+                return 2
         if s is None:
             text = f"waiting for {path / 'status.json'} (the run writes it as it starts) ..."
         else:

@@ -165,3 +165,50 @@ def test_one_directory_given_twice_is_locked_once(tmp_path):
         ):  # (another lock, as another run's)
             with RunLocks([("--output-dir", str(tmp_path))]):
                 pass
+
+
+POOL_UNDER_LOCK = """
+import sys, time
+from relax_core.ownership import RunLocks
+from relax_rewards.isolation import ProcessPool
+with RunLocks([("--output-dir", sys.argv[1])]):
+    pool = ProcessPool()
+    pool.prestart(2)
+    assert pool.submit("math", "2", "2", None).result(timeout=60).score == 1.0
+    print(" ".join(str(w.process.pid) for w in pool._idle), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_run_killed_with_its_reward_workers_alive_leaves_no_lock_and_no_worker(tmp_path):
+    """#49: after `kill -9` of a run with --reward-isolation process, its forked reward workers held the
+    run's lock (a flock is shared across a fork) and waited for ever (each held both ends of its pipe, so
+    no end of file came): the directory stayed locked. Now they end with their parent and hold no lock."""
+    import os
+    import signal
+
+    from relax_core.ownership import RunLocks
+
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-c", POOL_UNDER_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    workers = [int(p) for p in run.stdout.readline().split()]
+    assert len(workers) == 2
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"  # (a zombie has ended)
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in workers if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"reward workers {left} outlived their run"
+    with RunLocks([("--output-dir", str(out))]):  # (free: no child holds it)
+        pass

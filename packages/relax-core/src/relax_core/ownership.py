@@ -62,12 +62,30 @@ class RunLocks(contextlib.ExitStack):
         return self
 
 
+_held: set[int] = set()
+"""The file descriptors of the locks this process holds."""
+
+
+def _close_held_in_child() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors. A flock belongs to the open
+    file, which a fork shares: a child that outlives its parent (a reward worker of a run killed with -9)
+    held the run's lock for ever. (Exec'd children never get them: Python opens them close-on-exec.)"""
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
 @contextlib.contextmanager
 def _lock(flag: str, directory: Path) -> Iterator[None]:
     import fcntl
 
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    _held.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,6 +105,7 @@ def _lock(flag: str, directory: Path) -> Iterator[None]:
         os.pwrite(fd, json.dumps(me).encode(), 0)
         yield
     finally:
+        _held.discard(fd)
         os.close(fd)  # (releases the lock)
 
 

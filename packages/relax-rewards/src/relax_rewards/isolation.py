@@ -12,7 +12,10 @@ segfaults or calls ``os._exit`` takes the whole rollout worker down with it. Wit
 - ``memory_limit_mb`` caps each worker's address space (``RLIMIT_AS``).
 
 Workers are forked (cheap: no re-import of sympy) and reused across calls, so the cost per call is
-one pickle round trip over a pipe (~0.1 ms) instead of a process start. The reward function and its
+one pickle round trip over a pipe (~0.1 ms) instead of a process start. A worker ends when its parent
+does, however the parent ends (``kill -9`` included): it holds only its own end of its pipe, so the
+parent's end closing is an end of file; and it holds none of the parent's run locks
+(``relax_core.ownership`` closes them in forked children). The reward function and its
 arguments must be picklable; module-level functions and registered names always are.
 """
 
@@ -44,8 +47,10 @@ class RewardRaised(Exception):
         self.type_name = type_name
 
 
-def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the child
+def _worker_main(conn, parent_end, memory_limit_mb: int | None) -> None:  # runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    if parent_end is not None:  # (forked: our copy of the parent's end; held, no EOF ever came when the
+        parent_end.close()  # parent died, and the worker waited for ever)
     if memory_limit_mb:
         import resource
 
@@ -76,7 +81,9 @@ def _worker_main(conn, memory_limit_mb: int | None) -> None:  # runs in the chil
 class _Worker:
     def __init__(self, ctx, memory_limit_mb: int | None):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, memory_limit_mb), daemon=True)
+        forked = ctx.get_start_method() == "fork"  # (spawned children get only what they are sent)
+        args = (child, self.conn if forked else None, memory_limit_mb)
+        self.process = ctx.Process(target=_worker_main, args=args, daemon=True)
         self.process.start()
         child.close()
 

@@ -190,7 +190,9 @@ def test_a_run_killed_with_its_reward_workers_alive_leaves_no_lock_and_no_worker
     from relax_core.ownership import RunLocks
 
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-c", POOL_UNDER_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-c", POOL_UNDER_LOCK, str(out)], stdout=subprocess.PIPE, text=True
+    )
     workers = [int(p) for p in run.stdout.readline().split()]
     assert len(workers) == 2
     os.kill(run.pid, signal.SIGKILL)
@@ -212,3 +214,41 @@ def test_a_run_killed_with_its_reward_workers_alive_leaves_no_lock_and_no_worker
     assert not left, f"reward workers {left} outlived their run"
     with RunLocks([("--output-dir", str(out))]):  # (free: no child holds it)
         pass
+
+
+def _last_lr(out) -> float:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/lr" in r][-1]["train/lr"]
+
+
+def test_load_applies_the_optimizer_settings_given_and_refuses_other_adapter_settings(
+    tiny_run_inputs, tmp_path, capsys, caplog
+):
+    """#49, one rule for a setting that differs from the checkpoint's (``TRAIN_SETTINGS``). Before: --lr with
+    --load was ignored (the optimizer's saved groups won; config.json said otherwise), and a LoRA checkpoint
+    loaded with another --lora-alpha was rescaled without a word, or with another rank or none a traceback."""
+    save, out = tmp_path / "save", tmp_path / "run"
+    assert main(["train", *run_flags(tiny_run_inputs, out, num_rollout=1, save=str(save), lr=1e-6)]) == 0
+    assert _last_lr(out) == 1e-6
+    resumed = run_flags(tiny_run_inputs, out, num_rollout=2, save=str(save), lr=3e-4)
+    assert main(["train", *resumed, "--load", str(save)]) == 0
+    assert _last_lr(out) == 3e-4  # (the setting given, as config.json says)
+    assert json.loads((out / "config.json").read_text())["train"]["lr"] == 3e-4
+    assert "--lr 1e-06 -> 0.0003: the settings given apply" in caplog.text
+
+    lora_save, lora_out = tmp_path / "lora", tmp_path / "lora_run"
+    lora = dict(num_rollout=1, save=str(lora_save), lora_rank=4, lora_alpha=8)
+    assert main(["train", *run_flags(tiny_run_inputs, lora_out, **lora)]) == 0
+    capsys.readouterr()
+    for changed, said in [
+        ({"lora_alpha": 16}, "--lora-alpha 8 -> 16"),
+        ({"lora_rank": None, "lora_alpha": None}, "--lora-rank 4 -> 0"),  # (without LoRA)
+        ({"lora_target_modules": ["q_proj"]}, "--lora-target-modules ['all-linear'] -> ['q_proj']"),
+    ]:
+        flags = run_flags(tiny_run_inputs, lora_out, **{**lora, "num_rollout": 2, **changed})
+        assert main(["train", *flags, "--load", str(lora_save)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("relax: the checkpoint loaded") and said in err and "\n" not in err, err
+    full = run_flags(tiny_run_inputs, out, num_rollout=3, save=str(save), lora_rank=4)  # a full checkpoint
+    assert main(["train", *full, "--load", str(save)]) == 2
+    assert "--lora-rank 0 -> 4" in capsys.readouterr().err

@@ -25,7 +25,9 @@ def test_a_forked_child_that_outlives_the_run_does_not_hold_its_lock(tmp_path):
     """A flock belongs to the open file, which a fork shares: before (#49), a run killed with -9 left its
     directory locked for as long as any process it had forked lived."""
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-c", FORK_UNDER_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-c", FORK_UNDER_LOCK, str(out)], stdout=subprocess.PIPE, text=True
+    )
     child = int(run.stdout.readline())
     try:
         os.kill(run.pid, signal.SIGKILL)

@@ -128,11 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from relax_core.checkpoints import CheckpointWriteError
     from relax_core.health import RunFailed
-    from relax_core.ownership import DataChanged, DirectoryInUse
+    from relax_core.ownership import DataChanged, DirectoryInUse, SettingsChanged
 
     try:
         train(cfg)
-    except (DirectoryInUse, DataChanged) as exc:  # (found as the run starts: one line, nothing lost)
+    except (
+        DirectoryInUse,
+        DataChanged,
+        SettingsChanged,
+    ) as exc:  # (found as the run starts: one line, nothing lost)
         print(f"relax: {exc}", file=sys.stderr)
         return 2
     except (CheckpointWriteError, RunFailed) as exc:  # the run stopped: why, in one line; checkpoints kept

@@ -19,7 +19,14 @@ from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
 from relax_core.live import LiveStatus
 from relax_core.notify import Notifier
-from relax_core.ownership import RunLocks, claim_save_dir, crashed_in_reward, data_settings, start_record
+from relax_core.ownership import (
+    RunLocks,
+    claim_save_dir,
+    crashed_in_reward,
+    data_settings,
+    start_record,
+    train_settings,
+)
 from relax_core.resume import CheckpointDir
 from relax_core.roles import RoleRegistry, bus_config
 from relax_core.run import RunInputs, RunResult, StopOnSignal, check_teacher_tokenizer, start_ray
@@ -80,6 +87,7 @@ class Controller:
             cfg.run.allow_data_change,
             data_settings(cfg),
             self.inputs.model_path,
+            train_settings(cfg),
         )
 
     def run(self) -> RunResult:

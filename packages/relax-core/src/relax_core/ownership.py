@@ -41,6 +41,10 @@ class DataChanged(RuntimeError):
     """The prompt file is not the one the run (or the checkpoint it resumes) trained on."""
 
 
+class SettingsChanged(RuntimeError):
+    """A setting that gives the checkpoint's weights their meaning differs from the checkpoint's."""
+
+
 class RunLocks(contextlib.ExitStack):
     """Exclusive locks on the directories a run writes, held until the context ends."""
 
@@ -186,6 +190,55 @@ def data_settings(cfg: Any) -> dict[str, Any]:
     return {name: getattr(getattr(cfg, section), field) for name, (section, field) in DATA_SETTINGS.items()}
 
 
+APPLIED, REFUSED = "applied", "refused"
+TRAIN_SETTINGS: dict[str, tuple[str, str, str]] = {
+    # the optimizer's: put into the loaded optimizer's parameter groups (its moments are kept)
+    "lr": ("train", "lr", APPLIED),
+    "adam_beta1": ("train", "adam_beta1", APPLIED),
+    "adam_beta2": ("train", "adam_beta2", APPLIED),
+    "weight_decay": ("train", "weight_decay", APPLIED),
+    "critic_lr": ("critic", "critic_lr", APPLIED),
+    # the loss's: read at every step
+    "policy_loss": ("algo", "policy_loss", APPLIED),
+    "loss_agg_mode": ("algo", "loss_agg_mode", APPLIED),
+    "eps_clip": ("algo", "eps_clip", APPLIED),
+    "eps_clip_high": ("algo", "eps_clip_high", APPLIED),
+    "kl_coef": ("algo", "kl_coef", APPLIED),
+    "entropy_coef": ("algo", "entropy_coef", APPLIED),
+    # the adapter's: they give its saved weights their meaning (its shape, what it adapts, its scale)
+    "lora_rank": ("lora", "lora_rank", REFUSED),
+    "lora_alpha": ("lora", "lora_alpha", REFUSED),
+    "lora_target_modules": ("lora", "lora_target_modules", REFUSED),
+    "lora_target_parameters": ("lora", "lora_target_parameters", REFUSED),
+    "lora_dropout": ("lora", "lora_dropout", APPLIED),
+}
+"""What ``--load`` does with a setting that changes the optimisation and differs from the checkpoint's: the
+one rule. ``applied``: the settings given win from the first step (before, ``--lr`` with ``--load`` was
+ignored: the optimizer's saved parameter groups won while ``config.json`` said otherwise). ``refused``: the
+run stops before any model loads, naming the difference (before, another ``--lora-alpha`` rescaled the
+adapter without a word)."""
+
+
+def train_settings(cfg: Any) -> dict[str, Any]:
+    """This run's values of :data:`TRAIN_SETTINGS`."""
+    return {name: getattr(getattr(cfg, s), f) for name, (s, f, _) in TRAIN_SETTINGS.items()}
+
+
+def check_train_settings(was: dict[str, Any] | None, now: dict[str, Any], where: str) -> list[str]:
+    """:data:`TRAIN_SETTINGS`' rule against the checkpoint's recorded values ``was`` (None: a checkpoint
+    from before they were recorded, nothing to compare): ``SettingsChanged`` for a refused difference, else
+    the applied differences in words."""
+    diff = {k: (was[k], v) for k, v in now.items() if was and k in was and was[k] != v}
+    flag = {k: "--" + k.replace("_", "-") for k in diff}
+    refused = [f"{flag[k]} {a!r} -> {b!r}" for k, (a, b) in diff.items() if TRAIN_SETTINGS[k][2] == REFUSED]
+    if refused:
+        raise SettingsChanged(
+            f"{where} was trained with other adapter settings: {', '.join(refused)}. Resume with the "
+            "checkpoint's, or start a new run from its weights (--hf-checkpoint of its model_merged/ or an export)"
+        )
+    return [f"{flag[k]} {a!r} -> {b!r}" for k, (a, b) in diff.items()]
+
+
 def start_record(
     output_dir: str,
     prompt_path: str,
@@ -193,6 +246,7 @@ def start_record(
     allow_change: bool,
     settings: dict[str, Any] | None = None,
     model_path: str | None = None,
+    training: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """At the start of a run: its id (the loaded checkpoint's when resuming: one run, resumed), the data's
     fingerprint and the settings that decide the prompts drawn (:func:`data_settings`), both checked against
@@ -216,10 +270,15 @@ def start_record(
         )
     if changed:
         logger.warning("%s: %s (--allow-data-change: going on)", where, ", ".join(changed))
+    if applied := check_train_settings((loaded or {}).get("train_settings"), training or {}, where):
+        logger.warning(
+            "%s: %s: the settings given apply from this run's first step", where, ", ".join(applied)
+        )
     record = {
         "run_id": (loaded or {}).get("run_id") or uuid.uuid4().hex,
         "data_fingerprint": now,
         "data_settings": settings,
+        "train_settings": training,
         "model_path": model_path,
         "output_dir": str(Path(output_dir).resolve()),
     }

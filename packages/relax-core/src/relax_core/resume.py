@@ -286,7 +286,14 @@ class CheckpointDir:
         state: dict[str, Any] = {"trained_ids": trained_ids, "trained_prompts": trained_prompts}
         if data is not None:
             state["data"] = data
-        for key in ("run_id", "data_fingerprint", "data_settings", "model_path", "output_dir"):
+        for key in (
+            "run_id",
+            "data_fingerprint",
+            "data_settings",
+            "train_settings",
+            "model_path",
+            "output_dir",
+        ):
             if run is not None and run.get(key) is not None:
                 state[key] = run[key]
         (self.path / RUN_STATE).write_text(json.dumps(state))

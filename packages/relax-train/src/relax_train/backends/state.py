@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax_core.config_sections import TrainConfig
+
 
 def device_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
     """What a role holds on its device: weights, gradients (megatron's ``main_grad`` too), the optimizer's
@@ -42,12 +44,17 @@ def trainer_state(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
 
 
 def restore_trainer_state(
-    state: dict[str, Any], optimizer: torch.optim.Optimizer | None, path: Path
+    state: dict[str, Any], optimizer: torch.optim.Optimizer | None, path: Path, train: TrainConfig
 ) -> dict[str, Any]:
-    """Put back :func:`trainer_state`'s states (the optimizer's where both it and the saved state exist);
-    the checkpoint's ``meta.json`` under ``path`` (its ``version`` is the backend's to take)."""
+    """Put back :func:`trainer_state`'s states (the optimizer's where both it and the saved state exist,
+    with ``train``'s learning rate, betas and weight decay: the settings given win); the checkpoint's
+    ``meta.json`` under ``path`` (its ``version`` is the backend's to take)."""
+    from relax_train.backends.step import apply_adamw_settings
+
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
+    if optimizer is not None:
+        apply_adamw_settings(optimizer, train)
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["py_rng"])
     np.random.set_state(state["np_rng"])

@@ -34,6 +34,15 @@ def build_adamw(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> tor
     )
 
 
+def apply_adamw_settings(optimizer: torch.optim.Optimizer, train: TrainConfig) -> None:
+    """The run's learning rate, betas and weight decay into every parameter group of ``optimizer``, over
+    what a checkpoint's optimizer state brought: ``--lr`` (and the others) given with ``--load`` apply
+    (``relax_core.ownership.TRAIN_SETTINGS``; before, the saved groups won while config.json said
+    otherwise). The moments and step counts stay the checkpoint's."""
+    for group in optimizer.param_groups:
+        group.update(lr=train.lr, betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.weight_decay)
+
+
 def set_trainable(model: torch.nn.Module, trainable: bool) -> None:
     """Train mode, or a frozen model in eval mode (no gradients)."""
     if trainable:

@@ -269,7 +269,7 @@ class TorchBackend(HostTurns):
             lora.refuse_lora_checkpoint(path)
             self._load_full(path)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        meta = restore_trainer_state(state, self.optimizer, path)
+        meta = restore_trainer_state(state, self.optimizer, path, self.cfg.train)
         self.version = int(meta["version"])
         return meta
 

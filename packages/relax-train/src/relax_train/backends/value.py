@@ -31,7 +31,7 @@ from relax_train.algorithms.value_loss import clipped_value_loss
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
 from relax_train.backends.state import HostTurns
-from relax_train.backends.step import build_adamw, update_if_finite
+from relax_train.backends.step import apply_adamw_settings, build_adamw, update_if_finite
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -194,9 +194,9 @@ class TorchValueBackend(HostTurns):
         cfg = self.model.config
         self.pad_token_id = getattr(cfg, "pad_token_id", None) or 0
         self.model.train()
-        self.optimizer = build_adamw(
-            self.model.parameters(), config.train.model_copy(update={"lr": config.critic_lr})
-        )
+        self.optimizer_settings = config.train.model_copy(update={"lr": config.critic_lr})
+        """The critic's AdamW settings (the run's, with --critic-lr)."""
+        self.optimizer = build_adamw(self.model.parameters(), self.optimizer_settings)
         self.version = 0
 
     # -- forward -------------------------------------------------------------------------------
@@ -322,5 +322,6 @@ class TorchValueBackend(HostTurns):
             )
         self.model.load_state_dict({k: weights[k] for k in own})
         self.optimizer.load_state_dict(state)
+        apply_adamw_settings(self.optimizer, self.optimizer_settings)  # (the settings given win)
         self.version = version
         return meta

@@ -267,6 +267,6 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
 
     def _restored(self, state: dict[str, Any], path: Path) -> dict[str, Any]:
         """Put back a checkpoint's optimizer (where saved) and RNG states and take its version; its meta."""
-        meta = restore_trainer_state(state, self.optimizer, path)
+        meta = restore_trainer_state(state, self.optimizer, path, self.cfg.train)
         self.version = int(meta["version"])
         return meta

@@ -135,9 +135,9 @@ class MegatronValueBackend:
             self.head.to(self._trunk.device)
         self.model.output_layer = self.head
         self.model.requires_grad_(True)
-        self.optimizer = build_adamw(
-            self.model.parameters(), config.train.model_copy(update={"lr": config.critic_lr})
-        )
+        self.optimizer_settings = config.train.model_copy(update={"lr": config.critic_lr})
+        """The critic's AdamW settings (the run's, with --critic-lr)."""
+        self.optimizer = build_adamw(self.model.parameters(), self.optimizer_settings)
         self._trunk.optimizer = self.optimizer  # what its clip-and-step steps and its offload moves
         self.version = 0
 
@@ -370,7 +370,7 @@ class MegatronValueBackend:
                 f"{path / CRITIC_DIR} (a new optimizer)"
             )
         self._load_hf_weights(read_weights(path / CRITIC_DIR))
-        meta = restore_trainer_state(state, self.optimizer, path)
+        meta = restore_trainer_state(state, self.optimizer, path, self.optimizer_settings)
         self.version = int(meta["version"])
         return meta
 

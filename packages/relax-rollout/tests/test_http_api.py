@@ -189,3 +189,34 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(served):
         assert time.monotonic() - t < 5
     finally:
         s.close()
+
+
+def test_answers_go_out_without_waiting_for_the_client_s_ack(served):
+    """Nagle is off on every connection the server accepts (TCP_NODELAY): before (#49), the listening socket
+    did not say it was TCP (proto 0), so asyncio left Nagle on, and every answer after the first on a
+    kept-alive connection (the body written after the headers) waited ~40 ms for the client's delayed ACK
+    (what OpenAI's client, which keeps connections alive, paid on every request)."""
+    import gc
+    import socket
+
+    srv, _, _ = served()
+    c = _conn(srv)
+    assert _ask(c, "POST", "/echo", b'{"a": 1}')[0] == 200
+    mine = c.sock.getsockname()
+    accepted = [
+        s
+        for s in gc.get_objects()
+        if isinstance(s, socket.socket)
+        and s.fileno() != -1
+        and s.type == socket.SOCK_STREAM
+        and _peer(s) == mine
+    ]
+    assert accepted, "the server's end of the connection was not found"
+    assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in accepted)
+
+
+def _peer(s):
+    try:
+        return s.getpeername()
+    except OSError:
+        return None

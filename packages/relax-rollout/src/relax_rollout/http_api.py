@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -54,6 +56,9 @@ THREADS = 256
 """Routes running at once (each in a worker thread; the rest wait their turn, their connections open)."""
 RETRY_AFTER_S = 1
 BODY_TIMEOUT_S = 30.0
+MAX_DEPTH = 64
+"""How deeply a body's arrays and objects may nest (no API here nests more than a few levels; a body nested
+100k deep made the JSON decoder exceed Python's recursion limit: a 500)."""
 """Default time for a request body to arrive (64 MiB at ~2 MB/s, far above any prompt)."""
 """``Retry-After`` (seconds) of a 503 refused by admission control: a generation slot frees in about that."""
 
@@ -247,8 +252,9 @@ class JsonApi:
                 return status
         return 500
 
-    async def _body(self, request: Any) -> Any:
-        """The JSON body ({} when empty); refused before it is read whole when over the limit."""
+    async def _body(self, request: Any) -> dict[str, Any]:
+        """The JSON object of the body ({} when empty); refused before it is read whole when over the limit,
+        and refused when nested over :data:`MAX_DEPTH`, not JSON, or JSON but not an object."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise BodyError(self._too_large(int(declared)), 413)
@@ -261,11 +267,27 @@ class JsonApi:
         raw = b"".join(chunks)
         if not raw.strip():
             return {}
+        if (depth := _nesting(raw)) > MAX_DEPTH:
+            raise BodyError(f"body: nested {depth} levels deep, over this server's limit of {MAX_DEPTH}")
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:  # (an integer of over 4,300 digits: a ValueError)
+            reason = (
+                e.msg
+                if isinstance(e, json.JSONDecodeError)
+                else "not UTF-8"
+                if isinstance(e, UnicodeDecodeError)
+                else str(e).split(";")[0]
+            )
             raise BodyError(f"body: is not valid JSON ({reason}); send a JSON object") from None
+        if not isinstance(body, dict):  # (every route reads an object: a list or a number made them fail)
+            raise BodyError(f"body: must be a JSON object, got {type(body).__name__}; send a JSON object")
+        if b"\\ud" in raw.lower():  # an escaped surrogate: JSON allows a lone one, no text holds one
+            try:
+                json.dumps(body, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise BodyError("body: holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text") from None
+        return body
 
     def _too_large(self, size: int) -> str:
         return (
@@ -376,6 +398,20 @@ class JsonApi:
         return self._limiter
 
 
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of ``[`` / ``{`` in a JSON text outside its strings (0 where it cannot pass
+    :data:`MAX_DEPTH`), found at C speed: strings removed, the brackets kept, their running sum."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return 0
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 def _sse(event: Any) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
@@ -413,7 +449,10 @@ class Served:
         import uvicorn
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio turns Nagle off only on sockets that say so, and accepted ones copy the
+        # listener's; with proto 0 every answer after the first on a kept-alive connection waited ~40 ms
+        # for the client's delayed ACK (the body sent after the headers)
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))

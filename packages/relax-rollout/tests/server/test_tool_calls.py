@@ -161,6 +161,35 @@ def test_a_named_tool_choice_calls_that_tool(torch_server):
         assert {c.function.name for c in calls} == {"get_weather"}
 
 
+def test_a_forced_tool_whose_parameters_refer_to_their_defs_is_called(torch_server):
+    """Parameters as pydantic writes a nested model (``$defs`` and ``$ref``): before (#49), a forced call was
+    refused with "Pointer '/$defs/P' does not exist" (the pointer read from the call schema's root), while
+    the same schema worked as response_format."""
+    url, _ = torch_server
+    nested = {
+        "$defs": {
+            "Place": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            }
+        },
+        "type": "object",
+        "properties": {"place": {"$ref": "#/$defs/Place"}},
+        "required": ["place"],
+        "additionalProperties": False,  # (the tiny model would add keys until max_tokens)
+    }
+    tool = {"type": "function", "function": {"name": "where", "parameters": nested}}
+    named = {"type": "function", "function": {"name": "where"}}
+    res = _client(url).chat.completions.create(
+        model="m", messages=ASK, tools=[tool], tool_choice=named, max_tokens=200, seed=1
+    )
+    assert res.choices[0].message.tool_calls, res
+    for call in res.choices[0].message.tool_calls:
+        assert call.function.name == "where"
+        jsonschema.validate(json.loads(call.function.arguments), nested)
+
+
 def test_response_format_json_validates(torch_server):
     url, _ = torch_server
     client = _client(url)

@@ -65,7 +65,8 @@ def call_schema(c: Constraint) -> dict:
     tools = _json(c.spec, "the tool list")
     if not isinstance(tools, list) or not tools:
         raise ValueError("Constraint.spec: a 'tool_calls' constraint needs a non-empty JSON list of tools")
-    calls = {}
+    calls: dict[str, dict] = {}
+    defs: dict[str, Any] = {}
     for i, tool in enumerate(tools):
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -73,6 +74,7 @@ def call_schema(c: Constraint) -> dict:
                 f"Constraint.spec[{i}]: a tool must be {{'type': 'function', 'function': {{'name': ...}}}}"
             )
         params = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+        params = _hoist_definitions(params, fn["name"], defs)
         calls[fn["name"]] = {
             "type": "object",
             "properties": {"name": {"const": fn["name"]}, "arguments": params},
@@ -85,7 +87,34 @@ def call_schema(c: Constraint) -> dict:
                 f"Constraint.required_name: {c.required_name!r} is not among the tools {sorted(calls)}"
             )
         calls = {c.required_name: calls[c.required_name]}
-    return {"anyOf": list(calls.values())}
+    return {"anyOf": list(calls.values()), **({"$defs": defs} if defs else {})}
+
+
+def _hoist_definitions(params: Any, tool: str, defs: dict[str, Any]) -> Any:
+    """``params`` (a tool's JSON schema) with its ``$defs`` / ``definitions`` moved into ``defs`` under
+    ``<tool>.<name>`` and its ``$ref``s to them rewritten: a ``$ref`` is a pointer from the document's root,
+    and nested under the call's schema ``#/$defs/X`` pointed at nothing (what pydantic generates for nested
+    models: ``tool_choice`` refused it with "Pointer does not exist" while ``response_format`` took it)."""
+    if not isinstance(params, dict):
+        return params
+    local = {**params.get("definitions", {}), **params.get("$defs", {})}
+    if not local:
+        return params
+    name = {k: f"{tool}.{k}".replace("~", "~0").replace("/", "~1") for k in local}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: rewrite(v) for k, v in node.items() if k not in ("$defs", "definitions")}
+            ref = node.get("$ref")
+            for prefix in ("#/$defs/", "#/definitions/"):
+                if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix) :] in name:
+                    out["$ref"] = "#/$defs/" + name[ref[len(prefix) :]]
+            return out
+        return [rewrite(v) for v in node] if isinstance(node, list) else node
+
+    for k, schema in local.items():
+        defs[name[k].replace("~1", "/").replace("~0", "~")] = rewrite(schema)
+    return rewrite(params)
 
 
 def _lark_text(text: str, specials: dict[str, int]) -> list[str]:

@@ -150,6 +150,14 @@ class EngineServer:
                     (fields or {}).get(feature, feature),
                     f"this server's engine ({type(self.engine).__name__}) does not implement it",
                 )
+        if any(p.constraint for p in params) and hasattr(type(self.engine), "guide"):
+            try:  # (built once: the engine's tokenizer as the grammar engine reads it)
+                self.engine.guide  # noqa: B018
+            except ValueError as e:  # a tokenizer llguidance cannot read: the request asked what cannot be
+                raise BadRequest(  # done here (a 500 before)
+                    (fields or {}).get("constraint", "constraint"),
+                    f"this server's model cannot decode under a constraint ({e})",
+                ) from None
 
     # -- text ------------------------------------------------------------------------------------
     def need_tokenizer(self, field_name: str) -> Any:

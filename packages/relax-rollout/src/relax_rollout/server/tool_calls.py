@@ -70,7 +70,7 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 def _template_call(call: dict[str, Any]) -> dict[str, Any]:
     fn = dict(call["function"])
-    args = fn.get("arguments")
+    args = fn.setdefault("arguments", {})  # (unset: its declared default, "{}"; templates read it: a 500)
     if isinstance(args, str):
         try:
             parsed = json.loads(args)

@@ -8,6 +8,7 @@ role found by its heartbeat."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -238,6 +239,39 @@ def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_pa
     assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "failed")]
     assert received[1][1]["message"].startswith(f"RunFailed: {msg}\n"), received[1][1]["message"]
     assert received[1][1]["type"] == "failure"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_fault_a_restart_cannot_fix_stops_the_run_at_once_saying_it(tiny_run_inputs, tmp_path):
+    """The prompt file rewritten mid-run, then the rollout killed: its restart re-reads the file and refuses
+    it (DataChanged). Before (#49): restarted 3 times in place and once globally, to the same refusal, then
+    stopped after 68 s with a last line that did not mention the data. Now: no restart after the one that
+    found it, and the reason."""
+    import shutil
+
+    prompts = tmp_path / "train.jsonl"
+    shutil.copy(tiny_run_inputs.prompt_path, prompts)
+    rows = prompts.read_text().splitlines()
+    inputs = dataclasses.replace(tiny_run_inputs, prompt_path=str(prompts))
+    c = Controller(_cfg(inputs, tmp_path / "run"), inputs)
+
+    def rewrite() -> bool:
+        prompts.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")
+        return True
+
+    kill = signal_role_after(c, 1, "rollout", then=rewrite)
+    with pytest.raises(RunFailed) as info:
+        c.run()
+    assert "pid" in kill
+    msg = str(info.value)
+    assert msg.startswith("role 'rollout' failed (DataChanged: this run trained on other data: "), msg
+    assert msg.endswith("a restart cannot fix this: stopped, with no more tried") and "\n" not in msg, msg
+    # (the restart after the kill is what read the file again)
+    assert [(e.role, e.action) for e in c.async_run.policy.events] == [
+        ("rollout", "restart"),
+        ("rollout", "stop"),
+    ]
 
 
 @pytest.mark.integration

@@ -141,3 +141,20 @@ def test_forget_drops_the_pending_call():
     hb.forget("actor")
     hb.forget("nobody")
     assert hb.check(set(), {}, now=100.0) == []
+
+
+def test_an_unfixable_fault_is_found_in_a_remote_traceback():
+    """Ray hands an actor's failed ``__init__`` over as text only: the class is found by its last line."""
+    from relax_core.health import unfixable
+    from relax_core.ownership import DataChanged, SettingsChanged
+
+    remote = RuntimeError(
+        "The actor died because of an error raised in its creation task, ray::RolloutWorker.__init__()\n"
+        '  File "worker.py", line 99, in __init__\n'
+        "relax_core.ownership.DataChanged: this run trained on other data: train.jsonl changed"
+    )
+    assert unfixable(remote) == "DataChanged: this run trained on other data: train.jsonl changed"
+    assert unfixable(SettingsChanged("--lora-alpha 8 -> 16")) == "SettingsChanged: --lora-alpha 8 -> 16"
+    assert unfixable(DataChanged("x")) == "DataChanged: x"
+    assert unfixable(RuntimeError("relax_core.ownership.DirectoryInUse: busy")) is None
+    assert unfixable(ValueError("the actor died")) is None

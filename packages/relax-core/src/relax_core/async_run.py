@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line
+from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line, unfixable
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
 from relax_core.placement import NodePlacement
@@ -214,6 +214,8 @@ class AsyncRun:
                 ray.get(ref)
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
+                if why := unfixable(e):
+                    raise self.policy.give_up(name, why) from None
                 failures.append((name, first_line(e, 300)))
         self._recovered()
         if self.cfg.run.health and not failures:
@@ -285,6 +287,8 @@ class AsyncRun:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
             except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
+                if fault := unfixable(e):  # (the new actor refused to start: the data changed, say)
+                    raise self.policy.give_up(name, fault) from None
                 why = f"the restart failed: {first_line(e)}"
                 ev = self.policy.escalate(ev, why)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
@@ -293,6 +297,8 @@ class AsyncRun:
                 self.global_restart()
                 break
             except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
+                if fault := unfixable(e):
+                    raise self.policy.give_up(name, fault) from None
                 why = f"the global restart failed: {first_line(e)}"
                 ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")

@@ -31,6 +31,28 @@ class RunFailed(RuntimeError):
     """The health manager gave up: restarts exhausted. The message says which role, why and how often."""
 
 
+class Unfixable(RuntimeError):
+    """A fault that a restart cannot fix (the data changed under the run, a setting refused): the run stops
+    at once with it, instead of restarting the role in place and globally to the same end (before, a
+    changed prompt file took 3 in-place restarts and a global one, 68 s, and a last line that did not say
+    it). Subclass it for such a fault; a role raising one is never restarted."""
+
+
+def unfixable(e: BaseException) -> str | None:
+    """The one-line reason when ``e`` is, or reports from another process, an :class:`Unfixable`; else
+    None. From a role, it arrives as Ray's error carrying the text of its traceback (an actor whose
+    ``__init__`` raised it: ``ActorDiedError``, no longer of its class), whose last line names the class."""
+    kinds: list[type] = [Unfixable]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    names = {f"{k.__module__}.{k.__qualname__}: ": k.__name__ for k in kinds}
+    for line in reversed(str(e).splitlines()):
+        for full, short in names.items():
+            if line.startswith(full):
+                return f"{short}: {line[len(full) :][:500]}"
+    return first_line(e, 500) if isinstance(e, Unfixable) else None
+
+
 @dataclass
 class Event:
     """One failure and what the manager did about it (kept for the run's result and notifications)."""
@@ -74,6 +96,14 @@ class HealthPolicy:
         self.per_role[ev.role] = self.max_per_role  # no second in-place try for this failure
         return self.decide(
             ev.role, f"{ev.reason}; in-place restart impossible: {why}", in_place_possible=False
+        )
+
+    def give_up(self, role: str, reason: str) -> RunFailed:
+        """``role`` failed with an :class:`Unfixable` fault (``reason``): a stop, recorded, and the error to
+        raise (no restart tried)."""
+        self.events.append(Event(role, reason, "stop", self.global_restarts))
+        return RunFailed(
+            f"role {role!r} failed ({reason}); a restart cannot fix this: stopped, with no more tried"
         )
 
     def stop_reason(self, ev: Event) -> str:

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from relax_core.health import Unfixable
+
 logger = logging.getLogger(__name__)
 
 LOCK = ".relax.lock"
@@ -37,11 +39,11 @@ class DirectoryInUse(RuntimeError):
     """Another live run holds the lock on a directory this run would write."""
 
 
-class DataChanged(RuntimeError):
+class DataChanged(Unfixable):
     """The prompt file is not the one the run (or the checkpoint it resumes) trained on."""
 
 
-class SettingsChanged(RuntimeError):
+class SettingsChanged(Unfixable):
     """A setting that gives the checkpoint's weights their meaning differs from the checkpoint's."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from relax_core.checkpoints import write_manifest
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
@@ -33,6 +35,7 @@ def test_export_of_a_lora_checkpoint_serves_the_merged_policy(tmp_path, saved_me
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     ckpt = tmp_path / "ckpt"
     be.save_checkpoint(ckpt)
+    write_manifest(ckpt)  # (as a run's save does: save_atomically)
     before = sorted(p.name for p in ckpt.iterdir())
     assert not (ckpt / "model").exists() and (ckpt / "model_merged").is_dir() == saved_merged
 

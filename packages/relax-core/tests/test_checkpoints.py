@@ -60,8 +60,43 @@ def test_load_passes_over_damaged_checkpoints_and_names_why(tmp_path, caplog):
         latest_checkpoint(tmp_path)
 
 
-def test_checkpoints_from_before_manifests_still_load(tmp_path):
+def test_a_checkpoint_without_a_manifest_loads_only_when_trusted(tmp_path):
+    """#49: a checkpoint without manifest.json (before relax-core 0.6, or copied in part) was trusted with
+    damaged weights; it is refused now, naming --trust-unverified, and loads with it."""
     old = tmp_path / "step_000007"
     (old / "model").mkdir(parents=True)
     (old / "meta.json").write_text("{}")
-    assert latest_checkpoint(tmp_path) == str(old)
+    with pytest.raises(FileNotFoundError, match="manifest.json is missing.*--trust-unverified"):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="manifest.json is missing.*--trust-unverified"):
+        latest_checkpoint(old)
+    assert latest_checkpoint(tmp_path, trust_unverified=True) == str(old)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        '{"files": []}',
+        '{"files": {"meta.json": 2}}',
+        '{"files": {"meta.json": {"bytes": "2"}}}',
+        "[1]",
+        '{"files": {}}',
+    ],
+)
+def test_a_manifest_of_another_shape_is_a_problem_named_not_a_traceback(tmp_path, manifest):
+    step = tmp_path / "step_000001"
+    step.mkdir()
+    (step / "meta.json").write_text("{}")
+    (step / "manifest.json").write_text(manifest)
+    why = problem(step)
+    assert why is not None and why.startswith("manifest.json is"), why
+
+
+def test_a_manifest_cannot_point_outside_its_checkpoint(tmp_path):
+    step = tmp_path / "step_000001"
+    step.mkdir()
+    (step / "meta.json").write_text("{}")
+    (tmp_path / "outside").write_text("x")
+    files = {"meta.json": {"bytes": 2}, "../outside": {"bytes": 1}}
+    (step / "manifest.json").write_text(json.dumps({"files": files}))
+    assert problem(step) == "../outside is missing"

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from relax_core.checkpoints import latest_checkpoint
+from relax_core.checkpoints import enclosing_checkpoint, latest_checkpoint, problem
 from relax_core.hf_files import copy_serving_files, tokenizer_missing
 from relax_core.resume import CheckpointDir
 
@@ -27,16 +27,19 @@ class CheckpointError(ValueError):
     """What is wrong with the checkpoint or the command line, and what to do (one line)."""
 
 
-def resolve(path: str | Path) -> tuple[Path, dict[str, Any], Path | None]:
-    """(its HF model directory, its run state, the checkpoint directory) of CKPT."""
+def resolve(path: str | Path, trust_unverified: bool = False) -> tuple[Path, dict[str, Any], Path | None]:
+    """(its HF model directory, its run state, the checkpoint directory) of CKPT, verified against its
+    checkpoint's manifest (a model/ directory too: before, `relax eval|export step_N/model` never read it)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint")
     if (p / "config.json").is_file() and not (p / "meta.json").is_file():  # a model/ directory
-        ckpt = p.parent if (p.parent / "meta.json").is_file() else None
+        ckpt = enclosing_checkpoint(p)
+        if ckpt is not None and (wrong := problem(ckpt, trust_unverified)):
+            raise CheckpointError(f"{p}: its checkpoint {ckpt} is not whole: {wrong}")
         return p, CheckpointDir(ckpt).run_state() if ckpt else {}, ckpt
     try:
-        ckpt = Path(latest_checkpoint(p))
+        ckpt = Path(latest_checkpoint(p, trust_unverified=trust_unverified))
     except FileNotFoundError as e:
         raise CheckpointError(str(e).replace("--load ", "", 1)) from None
     model, state = ckpt / "model", CheckpointDir(ckpt).run_state()
@@ -118,9 +121,22 @@ def tokenizer_source(model: Path, state: dict[str, Any], run: Path | None, given
     )
 
 
-def export(ckpt: str | Path, out: str | Path, tokenizer: str | None = None, overwrite: bool = False) -> str:
-    """Write CKPT's model to ``out`` as an HF model directory that serves; returns where the tokenizer came from."""
-    model, state, where = resolve(ckpt)
+def export(
+    ckpt: str | Path,
+    out: str | Path,
+    tokenizer: str | None = None,
+    overwrite: bool = False,
+    trust_unverified: bool = False,
+) -> str:
+    """Write CKPT's model to ``out`` as an HF model directory that serves; returns where the tokenizer came
+    from. ``out`` is never inside CKPT, nor CKPT inside ``out`` (before, `relax export S S --overwrite`
+    deleted every checkpoint in S)."""
+    src, dst = Path(ckpt).resolve(), Path(out).resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise CheckpointError(
+            f"OUT {out} and CKPT {ckpt} overlap: export to a directory outside the checkpoint"
+        )
+    model, state, where = resolve(ckpt, trust_unverified)
     source = tokenizer_source(model, state, run_dir(state, where), tokenizer)
     dst = Path(out)
     if dst.exists() and any(dst.iterdir()):
@@ -159,9 +175,10 @@ def evaluate(
     data: str | None = None,
     overrides: list[str] | None = None,
     tokenizer: str | None = None,
+    trust_unverified: bool = False,
 ) -> dict[str, Any]:
     """CKPT's held-out greedy accuracy on ``data`` (default: its run's eval data; the demo's held-out set)."""
-    model, state, where = resolve(ckpt)
+    model, state, where = resolve(ckpt, trust_unverified)
     run = run_dir(state, where)
     cfg = _run_config(run, overrides or [])
     recorded = _json(run / "summary.json").get("eval_data") if run is not None else None
@@ -199,22 +216,33 @@ def evaluate(
     }
 
 
-EVAL_USAGE = """usage: relax eval CKPT [--data FILE.jsonl] [--tokenizer DIR] [--flag value ...]
+EVAL_USAGE = """usage: relax eval CKPT [--data FILE.jsonl] [--tokenizer DIR] [--trust-unverified] [--flag value ...]
 
   CKPT         a checkpoint (step_*), a --save directory (its newest) or a checkpoint's model/
   --data       held-out prompts and labels (default: the run's --eval-data; the demo's held-out set)
   --tokenizer  where the tokenizer is, when neither the checkpoint nor its run says
+  --trust-unverified  use a checkpoint without manifest.json as it is (nothing says its files are whole)
   --flag value any `relax train` flag over the run's config: --eval-rm-type math, --eval-max-samples 200,
                --rollout-max-response-len 64, --input-key question, ...
 """
 
-EXPORT_USAGE = """usage: relax export CKPT OUT [--tokenizer DIR] [--overwrite]
+EXPORT_USAGE = """usage: relax export CKPT OUT [--tokenizer DIR] [--overwrite] [--trust-unverified]
 
   CKPT         a checkpoint (step_*), a --save directory (its newest) or a checkpoint's model/
   OUT          the HF model directory to write (weights, config, tokenizer, generation config), e.g. for
                `python -m relax_rollout.server --model OUT`, SGLang, vLLM or transformers
   --tokenizer  where the tokenizer is, when neither the checkpoint nor its run says
+  --overwrite  replace OUT when it holds files (never a directory that overlaps CKPT)
+  --trust-unverified  use a checkpoint without manifest.json as it is (nothing says its files are whole)
 """
+
+
+def _flag(argv: list[str], flag: str) -> bool:
+    """Whether ``flag`` is in ``argv`` (taken out of it)."""
+    found = flag in argv
+    while flag in argv:
+        argv.remove(flag)
+    return found
 
 
 def _take(argv: list[str], flag: str) -> str | None:
@@ -238,7 +266,7 @@ def eval_main(argv: list[str]) -> int:
     try:
         ckpt, rest = argv[0], argv[1:]
         data, tokenizer = _take(rest, "--data"), _take(rest, "--tokenizer")
-        result = evaluate(ckpt, data, rest, tokenizer)
+        result = evaluate(ckpt, data, rest, tokenizer, _flag(rest, "--trust-unverified"))
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"relax: {e}", file=sys.stderr)
         return 2
@@ -256,12 +284,11 @@ def export_main(argv: list[str]) -> int:
         print(EXPORT_USAGE)
         return 0 if argv else 2
     try:
-        overwrite = "--overwrite" in argv
-        argv = [a for a in argv if a != "--overwrite"]
+        overwrite, trust = _flag(argv, "--overwrite"), _flag(argv, "--trust-unverified")
         tokenizer = _take(argv, "--tokenizer")
         if len(argv) != 2:
             raise CheckpointError(f"expected CKPT OUT, got {' '.join(argv) or 'nothing'}\n\n{EXPORT_USAGE}")
-        source = export(argv[0], argv[1], tokenizer, overwrite)
+        source = export(argv[0], argv[1], tokenizer, overwrite, trust)
     except (CheckpointError, FileNotFoundError) as e:
         print(f"relax: {e}", file=sys.stderr)
         return 2

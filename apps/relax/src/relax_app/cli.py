@@ -126,17 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # before anything heavy starts
         print(f"relax: {exc}", file=sys.stderr)
         return 2
-    from relax_core.checkpoints import CheckpointWriteError
+    from relax_core.checkpoints import CheckpointNotFound, CheckpointWriteError
     from relax_core.health import RunFailed
     from relax_core.ownership import DataChanged, DirectoryInUse, SettingsChanged
 
+    refused = (DirectoryInUse, DataChanged, SettingsChanged, CheckpointNotFound)
     try:
         train(cfg)
-    except (
-        DirectoryInUse,
-        DataChanged,
-        SettingsChanged,
-    ) as exc:  # (found as the run starts: one line, nothing lost)
+    except refused as exc:  # (found as the run starts: one line, nothing lost)
         print(f"relax: {exc}", file=sys.stderr)
         return 2
     except (CheckpointWriteError, RunFailed) as exc:  # the run stopped: why, in one line; checkpoints kept

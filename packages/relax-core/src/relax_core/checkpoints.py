@@ -5,8 +5,8 @@ something ``--load`` trusts. So a checkpoint is written under a temporary name b
 renamed into place only once complete (a rename is atomic on one file system), with ``manifest.json``
 listing every file's size, and its SHA-256 where the file is small enough to hash cheaply (64 MiB). Loading checks
 the manifest first; from a directory of ``step_*`` checkpoints the newest that checks out is used, and each
-newer one passed over is named with what is wrong with it. Checkpoints written before manifests existed
-load as before (``meta.json`` present).
+newer one passed over is named with what is wrong with it. A checkpoint without a manifest (written before
+manifests existed, or copied in part) is used only with ``--trust-unverified``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ HASH_LIMIT = 64 << 20
 """Files up to this size (64 MiB: configs, metadata, optimizer and RNG states of small models, small
 models' weights) are hashed; larger ones (a big model's shards) are checked by size, which catches
 truncated and missing writes without reading back a checkpoint of hundreds of GB at every save and load."""
+
+
+class CheckpointNotFound(FileNotFoundError):
+    """No checkpoint to load where one was named (none there, or none whole): says which and why."""
 
 
 class CheckpointWriteError(RuntimeError):
@@ -134,27 +138,50 @@ def remove_stale_writes(parent: str | Path) -> list[Path]:
     return removed
 
 
-def problem(directory: str | Path) -> str | None:
-    """What is wrong with the checkpoint at ``directory`` (None: it is whole). Without a manifest (written
-    before manifests existed) a checkpoint counts as whole when its ``meta.json`` is there."""
+UNVERIFIED = (
+    f"{MANIFEST} is missing, so nothing says its files are whole (written before relax-core 0.6, or copied in "
+    "part); pass --trust-unverified to use it as it is"
+)
+
+
+def problem(directory: str | Path, trust_unverified: bool = False) -> str | None:
+    """What is wrong with the checkpoint at ``directory`` (None: it is whole): the one verifier every reader
+    goes through (``--load``, a run's own restarts, ``relax eval`` / ``export``, an engine's disk load). A
+    checkpoint is what its manifest says or nothing: without one it is refused (before, it was trusted
+    with damaged weights) unless ``trust_unverified``; a manifest of another shape is a problem, not a
+    traceback."""
     root = Path(directory)
     if not (root / "meta.json").is_file():
         return "meta.json is missing"
     if not (root / MANIFEST).is_file():
-        return None
+        return None if trust_unverified else UNVERIFIED
     try:
         files = json.loads((root / MANIFEST).read_text())["files"]
     except (ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({e})"
+        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    shape = isinstance(files, dict) and all(
+        isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256", ""), str)
+        for e in files.values()
+    )
+    if not shape or "meta.json" not in files:
+        return f"{MANIFEST} is not a manifest of this checkpoint (expected files: {{name: {{bytes, sha256}}}} listing meta.json)"
     for name, entry in files.items():
         p = root / name
-        if not p.is_file():
+        if not p.is_file() or root.resolve() not in p.resolve().parents:
             return f"{name} is missing"
         size = p.stat().st_size
         if size != entry["bytes"]:
             return f"{name} has {size} bytes, the manifest says {entry['bytes']}"
         if "sha256" in entry and _digest(p) != entry["sha256"]:
             return f"{name} does not match its checksum (damaged after it was written)"
+    return None
+
+
+def enclosing_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint that ``path`` (a checkpoint's ``model/``, a file in it) lies in, or None."""
+    for d in [Path(path), *Path(path).resolve().parents]:
+        if (d / "meta.json").is_file() and d.name.startswith("step_"):
+            return d
     return None
 
 
@@ -204,27 +231,28 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def latest_checkpoint(path: str | Path, run_id: str | None = None) -> str:
+def latest_checkpoint(path: str | Path, run_id: str | None = None, trust_unverified: bool = False) -> str:
     """The checkpoint ``--load PATH`` resumes from: PATH itself when it is one (it must be whole), else
     the newest whole ``step_*`` under it; newer ones that are not whole are passed over, each named with
     its problem in a warning. ``run_id`` (a run's own restarts): only that run's checkpoints count, another
-    run's are passed over like damaged ones. Raises ``FileNotFoundError`` when there is none to use."""
+    run's are passed over like damaged ones. ``trust_unverified``: one without a manifest counts as whole.
+    Raises ``CheckpointNotFound`` when there is none to use."""
     p = Path(path)
     if (p / "meta.json").is_file():
-        wrong = problem(p)
+        wrong = problem(p, trust_unverified)
         if wrong:
-            raise FileNotFoundError(f"--load {p}: the checkpoint is damaged: {wrong}; load another one")
+            raise CheckpointNotFound(f"--load {p}: the checkpoint is damaged: {wrong}; load another one")
         return str(p)
     passed_over: list[tuple[Path, str]] = []
     for step in sorted((d for d in p.glob("step_*") if d.is_dir()), reverse=True):
-        wrong = problem(step) or other_run(step, run_id)
+        wrong = problem(step, trust_unverified) or other_run(step, run_id)
         if wrong is None:
             for name, why in passed_over:
                 logger.warning("checkpoint %s is not whole (%s): resuming from %s instead", name, why, step)
             return str(step)
         passed_over.append((step, wrong))
     detail = "; ".join(f"{name.name}: {why}" for name, why in passed_over)
-    raise FileNotFoundError(
+    raise CheckpointNotFound(
         f"--load {path}: no whole checkpoint found (expected meta.json or step_*/meta.json"
         + (f"; {detail}" if detail else "")
         + ")"

@@ -120,7 +120,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "verify_weight_sync",
     ),
     "evaluation": ("eval_data", "eval_max_samples", "eval_interval", "eval_rm_type"),
-    "checkpoints": ("save", "save_interval", "load", "overwrite", "allow_data_change"),
+    "checkpoints": ("save", "save_interval", "load", "trust_unverified", "overwrite", "allow_data_change"),
     "cluster and parallelism": (
         "actor_num_nodes",
         "actor_num_gpus_per_node",

@@ -84,7 +84,7 @@ class ColocateRoles:
         self.rollout.reset_journal()  # (the trainer's checkpoints read the data position there)
         if not self.cfg.train.load:
             return 0
-        ckpt = latest_checkpoint(self.cfg.train.load)
+        ckpt = latest_checkpoint(self.cfg.train.load, trust_unverified=self.cfg.train.trust_unverified)
         meta = self.trainer.load(ckpt)
         version = int(meta["version"])
         for helper in self._stateful():  # (the critic's state beside it)

@@ -250,6 +250,9 @@ class TrainConfig(Section):
     """Checkpoint every N steps (and always at the end when --save is set)."""
     load: str | None = None
     """Checkpoint directory to resume from."""
+    trust_unverified: bool = False
+    """Resume (``--load``) from a checkpoint without ``manifest.json`` as it is: nothing says its files are
+    whole (written before relax-core 0.6, or copied in part); refused without this."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
     # -- GPU training (--train-backend megatron); ignored by the torch backend --------------------

@@ -76,7 +76,7 @@ class Controller:
         if why := crashed_in_reward(cfg.run.output_dir):  # (colocate: the run's own process was the one)
             print(f"[relax] WARNING: the previous run in {cfg.run.output_dir} ended without a word: {why}")
         if cfg.train.load:
-            path = latest_checkpoint(cfg.train.load)
+            path = latest_checkpoint(cfg.train.load, trust_unverified=cfg.train.trust_unverified)
             loaded = {**CheckpointDir(path).run_state(), "path": path}
         elif cfg.train.save:
             claim_save_dir(cfg.train.save, cfg.run.overwrite)

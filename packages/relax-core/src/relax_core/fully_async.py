@@ -30,7 +30,10 @@ def run_fully_async(
     t_start = time.perf_counter()
     started_ray = shared.start_ray(cfg)
     try:
-        start = run.start(latest_checkpoint(cfg.train.load) if cfg.train.load else None)
+        load = cfg.train.load
+        start = run.start(
+            latest_checkpoint(load, trust_unverified=cfg.train.trust_unverified) if load else None
+        )
         t_rl = time.perf_counter()
         bar = shared.progress_bar(cfg, start)
         seen = start

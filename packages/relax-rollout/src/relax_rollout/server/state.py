@@ -329,6 +329,12 @@ class EngineServer:
         files = sorted(Path(model_path).glob("*.safetensors"))
         if not files:
             raise BadRequest("model_path", f"no *.safetensors files in {model_path!r}")
+        from relax_core.checkpoints import enclosing_checkpoint, problem
+
+        # a checkpoint's model/: what its manifest says or nothing (one written before manifests is read as
+        # it is: the engine has no --trust-unverified to ask for)
+        if (ckpt := enclosing_checkpoint(model_path)) and (wrong := problem(ckpt, trust_unverified=True)):
+            raise BadRequest("model_path", f"its checkpoint {ckpt} is not whole: {wrong}")
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(load_file(str(f)))

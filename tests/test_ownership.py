@@ -252,3 +252,21 @@ def test_load_applies_the_optimizer_settings_given_and_refuses_other_adapter_set
     full = run_flags(tiny_run_inputs, out, num_rollout=3, save=str(save), lora_rank=4)  # a full checkpoint
     assert main(["train", *full, "--load", str(save)]) == 2
     assert "--lora-rank 0 -> 4" in capsys.readouterr().err
+
+
+def test_lora_targets_peft_cannot_adapt_or_a_tied_embedding_are_refused_before_any_model_loads(
+    tiny_run_inputs, tmp_path, capsys
+):
+    """#49 (through `relax train`; the tiny model ties embed_tokens and lm_head): an adapter on lm_head was
+    served merged into the weight both share (another model than the one trained, no warning), and
+    --lora-target-modules mlp passed the check and failed inside peft in every role."""
+    for targets, said in [
+        (["lm_head"], "ties embed_tokens and lm_head"),
+        (["q_proj", "mlp"], "'mlp' is a Qwen3MLP"),
+    ]:
+        flags = run_flags(
+            tiny_run_inputs, tmp_path / "run", num_rollout=1, lora_rank=4, lora_target_modules=targets
+        )
+        assert main(["train", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("relax: ") and said in err, err

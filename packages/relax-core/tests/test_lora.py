@@ -117,3 +117,29 @@ def test_all_linear_on_a_moe_model_leaves_the_router_and_unnamed_experts_frozen(
     }
     assert adapted[()] == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert "gate" not in adapted[tuple(EXPERTS)] and "experts" in adapted[tuple(EXPERTS)]
+
+
+def test_check_targets_refuses_what_peft_cannot_adapt_and_tied_embeddings(tiny_dir, tmp_path):
+    """#49: a container (mlp), a norm, rotary or act_fn passed the check and failed inside peft after the
+    model loaded; an adapter on lm_head / embed_tokens of a tied model was served merged into the weight
+    both share: another model than the one trained, 1.5-5.5 nats per token apart."""
+    import json
+    import shutil
+
+    for target, kind in [("mlp", "Qwen3MLP"), ("input_layernorm", "Qwen3RMSNorm"), ("act_fn", r"\w+")]:
+        with pytest.raises(ValueError, match=f"'{target}' is a {kind}, which peft cannot adapt.*q_proj"):
+            L.check_targets(tiny_dir, LoraConfig(lora_rank=8, lora_target_modules=["q_proj", target]))
+    L.check_targets(tiny_dir, LoraConfig(lora_rank=8, lora_target_modules=["q_proj", "lm_head"]))  # (untied)
+    tied = tmp_path / "tied"
+    shutil.copytree(tiny_dir, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    for flags in (
+        {"lora_target_modules": ["lm_head"]},
+        {"lora_target_modules": ["q_proj", "embed_tokens"]},
+        {"lora_target_parameters": ["lm_head.weight"]},
+    ):
+        with pytest.raises(ValueError, match="ties embed_tokens and lm_head"):
+            L.check_targets(tied, LoraConfig(lora_rank=8, **flags))
+    L.check_targets(tied, LoraConfig(lora_rank=8))  # (all-linear: peft leaves the output layer out)
+    L.check_targets(tied, LoraConfig(lora_rank=8, lora_target_modules=["q_proj", "down_proj"]))

@@ -204,6 +204,12 @@ def _skeleton(model_path: str | Path) -> Any:
         return cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
 
 
+PEFT_ADAPTS = {"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "Conv1D", "MultiheadAttention"}
+"""The module kinds peft's LoRA adapts (by class name: transformers' Conv1D included)."""
+TIED = ("embed_tokens", "lm_head")
+"""The input and output embeddings, one weight where a model ties them (``tie_word_embeddings``)."""
+
+
 def check_targets(model_path: str | Path, lora: LoraConfig) -> None:
     """Refuse, before any model loads, ``--lora-target-modules`` / ``--lora-target-parameters`` entries that
     name nothing in the policy's language model (a typo would otherwise train nothing there, or fail deep
@@ -214,19 +220,51 @@ def check_targets(model_path: str | Path, lora: LoraConfig) -> None:
     model = _skeleton(model_path)
     tower = re.compile(_EXCLUDE)
     modules = [n for n, _ in model.named_modules() if n and not tower.fullmatch(n)]
-    params = [n for n, _ in model.named_parameters() if not tower.fullmatch(n.rsplit(".", 1)[0])]
+    every = model.named_parameters(remove_duplicate=False)  # (a tied lm_head.weight is listed too)
+    params = [n for n, _ in every if not tower.fullmatch(n.rsplit(".", 1)[0])]
 
     def hits(names: list[str], t: str) -> bool:
         return any(n == t or n.endswith("." + t) for n in names)
 
     problems = []
     targets = [] if lora.lora_target_modules == ["all-linear"] else lora.lora_target_modules
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
     bad = [t for t in targets if not hits(modules, t)]
     if bad:
-        linear = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"}
-        )
         problems.append(f"--lora-target-modules {bad}: no such module (its linear modules: {linear[:12]})")
+    kinds = dict(model.named_modules())
+    # (peft adapts a module of these kinds; a container (mlp), a norm, rotary or act_fn passed the check
+    # above and failed in peft, in every role, once the model had loaded)
+    cannot = {
+        t: type(m).__name__
+        for t in targets
+        for n, m in kinds.items()
+        if (n == t or n.endswith("." + t)) and type(m).__name__ not in PEFT_ADAPTS and not tower.fullmatch(n)
+    }
+    if cannot:
+        what = ", ".join(f"{t!r} is a {k}" for t, k in cannot.items())
+        problems.append(
+            f"--lora-target-modules: {what}, which peft cannot adapt; name linear modules ({linear[:12]})"
+        )
+    tied = getattr(model.config, "tie_word_embeddings", False) or getattr(
+        model.config.get_text_config(), "tie_word_embeddings", False
+    )
+
+    def on_tied(names: list[str], t: str) -> bool:
+        return any(
+            (n == t or n.endswith("." + t)) and n.split(".")[-1 - n.endswith(".weight")] in TIED
+            for n in names
+        )
+
+    shared = [t for t in targets if on_tied(modules, t)] + [
+        t for t in lora.lora_target_parameters if on_tied(params, t)
+    ]
+    shared = shared if tied else []
+    if shared:  # (the engine merged the delta into the weight both share: it served another model)
+        problems.append(
+            f"{shared}: this model ties embed_tokens and lm_head to one weight (tie_word_embeddings), and an "
+            "adapter on either changes both when served merged; leave them out of --lora-target-modules"
+        )
     bad = [t for t in lora.lora_target_parameters if not hits(params, t)]
     if bad:
         tails = sorted({".".join(n.split(".")[-3:]) for n in params if n.endswith("proj") or "experts" in n})

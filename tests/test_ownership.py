@@ -270,3 +270,27 @@ def test_lora_targets_peft_cannot_adapt_or_a_tied_embedding_are_refused_before_a
         assert main(["train", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith("relax: ") and said in err, err
+
+
+def test_a_branch_into_its_own_save_is_refused_or_replaces_the_later_steps(tiny_run_inputs, tmp_path, capsys):
+    """#49: `--load S/step_1 --save S` with other settings exited 0 without saving its steps (S kept the old
+    run's step_2 and step_3: a save keeps a whole checkpoint at its step) and a restart jumped to them."""
+    save = tmp_path / "save"
+    flags = run_flags(tiny_run_inputs, tmp_path / "run", num_rollout=3, save=str(save), save_interval=1)
+    assert main(["train", *flags]) == 0
+    old = {p.name: (p / "trainer_state.pt").read_bytes() for p in sorted(save.glob("step_*"))}
+    assert list(old) == ["step_000001", "step_000002", "step_000003"]
+    branch = [
+        *run_flags(tiny_run_inputs, tmp_path / "branch", num_rollout=3, save=str(save), save_interval=1)
+    ]
+    branch += ["--load", str(save / "step_000001"), "--seed", "0", "--lr", "1e-3"]
+    assert main(["train", *branch]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 checkpoint(s) after the one loaded (step_000001): step_000002 .. step_000003" in err, err
+    assert "--overwrite" in err
+    assert main(["train", *branch, "--overwrite"]) == 0
+    new = {p.name: (p / "trainer_state.pt").read_bytes() for p in sorted(save.glob("step_*"))}
+    assert list(new) == list(old) and new["step_000001"] == old["step_000001"]
+    assert (
+        new["step_000002"] != old["step_000002"] and new["step_000003"] != old["step_000003"]
+    )  # the branch's

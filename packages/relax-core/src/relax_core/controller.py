@@ -21,6 +21,7 @@ from relax_core.live import LiveStatus
 from relax_core.notify import Notifier
 from relax_core.ownership import (
     RunLocks,
+    claim_branch,
     claim_save_dir,
     crashed_in_reward,
     data_settings,
@@ -66,7 +67,8 @@ class Controller:
 
     def _record(self) -> None:
         """The run's id and its data's fingerprint (``relax_core.ownership``), checked against the checkpoint
-        --load resumes; a --save holding checkpoints without --load is emptied with --overwrite, else refused."""
+        --load resumes; a --save holding checkpoints without --load, or after the one --load names (a branch), is
+        emptied of them with --overwrite, else refused."""
         from relax_core.checkpoints import latest_checkpoint
 
         cfg, loaded = self.cfg, None
@@ -78,6 +80,8 @@ class Controller:
         if cfg.train.load:
             path = latest_checkpoint(cfg.train.load, trust_unverified=cfg.train.trust_unverified)
             loaded = {**CheckpointDir(path).run_state(), "path": path}
+            if cfg.train.save:
+                claim_branch(cfg.train.save, path, cfg.run.overwrite)
         elif cfg.train.save:
             claim_save_dir(cfg.train.save, cfg.run.overwrite)
         start_record(

@@ -133,6 +133,33 @@ def claim_save_dir(save: str, overwrite: bool) -> None:
     logger.warning("--overwrite: deleted %d checkpoint(s) of another run from %s", len(old), save)
 
 
+def claim_branch(save: str, loaded: str, overwrite: bool) -> None:
+    """``--load`` of a checkpoint with later ones of its run in ``--save`` (``--load S/step_3 --save S``):
+    a branch. Its steps would land beside the old run's (a save keeps a whole checkpoint already at its
+    step, so the branch's were dropped, and a restart took the old run's newest). Refused
+    (``DirectoryInUse``) naming them, or with ``overwrite`` the later ones deleted first."""
+    import shutil
+
+    try:
+        at = int(json.loads((Path(loaded) / "meta.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # (the loader says what is wrong with it)
+    later = sorted(
+        p for p in Path(save).glob("step_*") if p.is_dir() and p.name[5:].isdigit() and int(p.name[5:]) > at
+    )
+    if not later:
+        return
+    if not overwrite:
+        raise DirectoryInUse(
+            f"--save {save} holds {len(later)} checkpoint(s) after the one loaded ({Path(loaded).name}): "
+            f"{later[0].name} .. {later[-1].name}; a branch from it would mix its steps with those. Give this run "
+            "another --save, or pass --overwrite to delete them"
+        )
+    for p in later:
+        shutil.rmtree(p)
+    logger.warning("--overwrite: deleted %d checkpoint(s) after the branch point from %s", len(later), save)
+
+
 def fingerprint(path: str | Path) -> dict[str, Any]:
     """Size, modification time and SHA-256 of a data file (of every file under a data folder, in order)."""
     p = Path(path)

@@ -100,3 +100,21 @@ def test_a_manifest_cannot_point_outside_its_checkpoint(tmp_path):
     files = {"meta.json": {"bytes": 2}, "../outside": {"bytes": 1}}
     (step / "manifest.json").write_text(json.dumps({"files": files}))
     assert problem(step) == "../outside is missing"
+
+
+def test_a_save_into_a_directory_that_became_read_only_is_a_checkpoint_write_error(tmp_path):
+    """#49: the temporary directory was made outside the guarded block, so a --save that turned read-only
+    mid-run (a remount, a quota) ended the run with a traceback instead of the one-line error."""
+    import shutil
+    import subprocess
+
+    save = tmp_path / "save"
+    save.mkdir()
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(save)]).returncode != 0:
+        pytest.skip("chattr +i (an immutable directory, read-only even for root) is not available here")
+    try:
+        with pytest.raises(CheckpointWriteError, match="writing checkpoint .*step_000002 failed"):
+            save_atomically(save / "step_000002", lambda d: (d / "meta.json").write_text("{}"))
+    finally:
+        subprocess.run(["chattr", "-i", str(save)], check=True)
+    assert list(save.iterdir()) == []

@@ -208,8 +208,8 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
         logger.info("removed %s, left by a save that was killed", stale)
     tmp = target.with_name(f".{target.name}.writing-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    try:  # (the directory too: made before this block, a read-only --save was a traceback)
+        tmp.mkdir(parents=True)
         write(tmp)
         write_manifest(tmp)
     except BaseException as e:

@@ -145,3 +145,19 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing
         f"checkpoint {steps[-1]} is not whole" in caplog.text and f"resuming from {steps[-2]}" in caplog.text
     )
     assert rest.audit["trained_prompts"] == full.audit["trained_prompts"]
+    if part == "bus/state.pkl":  # (#49) damaged inside and sealed: whole by its manifest, a traceback before
+        import pickle
+
+        from relax_core.checkpoints import CheckpointNotFound, write_manifest
+
+        snap = steps[0] / part
+        record = pickle.loads(snap.read_bytes())
+        record["samples"].append("not a sample")
+        snap.write_bytes(pickle.dumps(record))
+        write_manifest(steps[0])
+        again = _cfg(tiny_run_inputs, tmp_path / "c", *mode, "--load", str(steps[0]))
+        with pytest.raises(
+            CheckpointNotFound, match=r"state.pkl is not a bus state inside .* damaged"
+        ) as info:
+            Controller(again, tiny_run_inputs).run()
+        assert "\n" not in str(info.value)

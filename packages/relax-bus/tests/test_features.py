@@ -143,6 +143,34 @@ def test_streaming_loader_torch_tensors():
     assert isinstance(mb["input_ids"], torch.Tensor) and mb["input_ids"].shape == (1, 3)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: r["samples"].append("not a sample"),
+        lambda r: r["consumers"].update(a={"available": []}),
+        lambda r: r.update(config={"capacity": "many"}),
+    ],
+    ids=["a-sample", "a-consumer", "the-config"],
+)
+def test_a_snapshot_whole_outside_and_damaged_inside_is_a_bus_error_naming_it(tmp_path, damage):
+    """#49: a snapshot with every key but entries of another shape (listed, whole, in its checkpoint's
+    manifest) was a traceback from deep inside the restore."""
+    import pickle
+
+    from relax_bus import BusError
+
+    bus = DataBus(BusConfig(consumers={"a": ConsumerSpec()}))
+    bus.put([{"x": np.arange(2)}])
+    path = bus.snapshot(tmp_path / "s")
+    record = pickle.loads((path / "state.pkl").read_bytes())
+    damage(record)
+    (path / "state.pkl").write_bytes(pickle.dumps(record))
+    with pytest.raises(
+        BusError, match=r"state.pkl is not a bus state inside \(.*\): the snapshot is damaged"
+    ):
+        DataBus.restore(path)
+
+
 def test_snapshot_restore_redelivers_in_flight_only(tmp_path):
     clock = ManualClock()
     bus = DataBus(

@@ -82,7 +82,14 @@ def read(path: str | Path) -> BusState:
             f"bus snapshot {path / 'state.pkl'} is not a bus state (no {', '.join(missing)}): the snapshot is "
             "damaged, another file, or written by a relax-bus older than explicit ids (no unused_ids)"
         )
-    return _from_record(record)
+    try:  # (whole and listed in its checkpoint's manifest, yet of another shape inside: a traceback before)
+        return _from_record(record)
+    except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ValueError, pydantic's: all say "damaged"
+        what = str(e).splitlines()[0] if str(e) else ""
+        raise BusError(
+            f"bus snapshot {path / 'state.pkl'} is not a bus state inside ({type(e).__name__}: {what}): the "
+            "snapshot is damaged; resume from an earlier checkpoint"
+        ) from None
 
 
 _STATE_KEYS = (

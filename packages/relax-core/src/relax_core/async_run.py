@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relax_core.checkpoints import CheckpointNotFound
 from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line, unfixable
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
@@ -128,6 +129,7 @@ class AsyncRun:
         """Create the bus and every role, load ``load`` (a checkpoint) if given, start the loops."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        from relax_bus import BusError
         from relax_bus.ray_backend import RayBus
 
         ray, cfg = self.ray, self.cfg
@@ -142,11 +144,14 @@ class AsyncRun:
         # the samples generated and not yet trained when the checkpoint was written come back as they were
         self.nodes.check()
         here = NodeAffinitySchedulingStrategy(self.nodes.driver_node, soft=False)  # (see NodePlacement)
-        self.bus = (
-            RayBus.restore(ckpt.bus, scheduling_strategy=here)
-            if ckpt is not None and from_snapshot
-            else RayBus.create(self.plan.bus_config(), scheduling_strategy=here)
-        )
+        try:
+            self.bus = (
+                RayBus.restore(ckpt.bus, scheduling_strategy=here)
+                if ckpt is not None and from_snapshot
+                else RayBus.create(self.plan.bus_config(), scheduling_strategy=here)
+            )
+        except BusError as e:  # (whole by its manifest, damaged inside: a traceback before)
+            raise CheckpointNotFound(f"--load {load}: {first_line(e, 500)}") from None
         if from_snapshot:  # outputs written before the snapshot but not acked: done, not computed again
             for name, written in self.plan.outputs.items():
                 self.bus.reset_consumer(name, done_if_written=written)

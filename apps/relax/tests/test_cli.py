@@ -102,3 +102,37 @@ def test_a_lora_target_the_model_lacks_is_one_line_before_anything_loads(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith("relax: ") and "--lora-target-modules ['vproj']: no such module" in err
     assert "v_proj" in err and "\n" not in err  # (the names it has)
+
+
+@pytest.mark.parametrize(
+    "error, code, line",
+    [
+        ("relax_core.health:RunFailed", 1, "relax: the run stopped: it broke"),
+        ("relax_core.checkpoints:CheckpointWriteError", 1, "relax: the run stopped: it broke"),
+        ("relax_core.ownership:DataChanged", 2, "relax: it broke"),
+        ("relax_core.ownership:SettingsChanged", 2, "relax: it broke"),
+        ("relax_core.ownership:DirectoryInUse", 2, "relax: it broke"),
+        ("relax_core.checkpoints:CheckpointNotFound", 2, "relax: it broke"),
+    ],
+)
+def test_every_command_ends_a_known_failure_with_one_line_and_its_exit_code(
+    monkeypatch, capsys, error, code, line
+):
+    """#49: one error boundary for every `relax` command (cli.error_kinds), whichever command raised."""
+    import importlib
+
+    from relax_app import cli
+
+    module, _, name = error.partition(":")
+    kind = getattr(importlib.import_module(module), name)
+
+    def fails(argv):
+        raise kind("it broke\n  (a traceback's worth of detail)")
+
+    monkeypatch.setitem(cli.COMMANDS, "summary", "relax_app.cli:_raise_for_test")
+    monkeypatch.setattr(cli, "_raise_for_test", fails, raising=False)
+    assert cli.main(["summary", "x"]) == code
+    assert capsys.readouterr().err.strip() == line
+    monkeypatch.setattr(cli, "_raise_for_test", lambda argv: 1 / 0, raising=False)
+    with pytest.raises(ZeroDivisionError):  # (a bug keeps its traceback)
+        cli.main(["summary", "x"])

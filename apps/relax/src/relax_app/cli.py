@@ -49,8 +49,40 @@ COMMANDS = {
 """Command -> ``"module:function"`` taking the rest of the command line, returning the exit code."""
 
 
+def error_kinds() -> list[tuple[tuple[type[BaseException], ...], int, str]]:
+    """The one error boundary of every `relax` command (:func:`main`): (kinds, exit code, how the line
+    starts). 2: what was given cannot be used (a config, a directory in use, data or settings that differ
+    from the checkpoint's, a checkpoint that is not whole): nothing was lost, fix it and run again. 1: a run
+    stopped (restarts exhausted, a fault no restart fixes, a checkpoint it could not write): the
+    checkpoints before are kept. Anything else is a bug, shown with its traceback."""
+    from relax_core.checkpoints import CheckpointNotFound, CheckpointWriteError
+    from relax_core.cli_config import ConfigError
+    from relax_core.health import RunFailed, Unfixable
+    from relax_core.ownership import DirectoryInUse
+
+    return [
+        ((RunFailed, CheckpointWriteError), 1, "the run stopped: "),
+        ((ConfigError, DirectoryInUse, Unfixable, CheckpointNotFound), 2, ""),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one `relax` command; what :func:`error_kinds` lists ends it with one line and its exit code."""
+    try:
+        return _command(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("relax: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        for kinds, code, start in error_kinds():
+            if isinstance(exc, kinds):
+                text = str(exc).strip().splitlines()
+                print(f"relax: {start}{text[0] if text else type(exc).__name__}", file=sys.stderr)
+                return code
+        raise
+
+
+def _command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -126,19 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # before anything heavy starts
         print(f"relax: {exc}", file=sys.stderr)
         return 2
-    from relax_core.checkpoints import CheckpointNotFound, CheckpointWriteError
-    from relax_core.health import RunFailed
-    from relax_core.ownership import DataChanged, DirectoryInUse, SettingsChanged
-
-    refused = (DirectoryInUse, DataChanged, SettingsChanged, CheckpointNotFound)
-    try:
-        train(cfg)
-    except refused as exc:  # (found as the run starts: one line, nothing lost)
-        print(f"relax: {exc}", file=sys.stderr)
-        return 2
-    except (CheckpointWriteError, RunFailed) as exc:  # the run stopped: why, in one line; checkpoints kept
-        print(f"relax: the run stopped: {exc}", file=sys.stderr)
-        return 1
+    train(cfg)  # (what stops it is said in one line by main's error boundary)
     return 0
 
 

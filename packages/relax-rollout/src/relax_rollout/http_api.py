@@ -55,12 +55,12 @@ concurrent clients: 89 ``/generate`` resets, 21 ``/health`` time-outs, measured)
 THREADS = 256
 """Routes running at once (each in a worker thread; the rest wait their turn, their connections open)."""
 RETRY_AFTER_S = 1
+"""``Retry-After`` (seconds) of a 503 refused by admission control: a generation slot frees in about that."""
 BODY_TIMEOUT_S = 30.0
+"""Default time for a request body to arrive (64 MiB at ~2 MB/s, far above any prompt)."""
 MAX_DEPTH = 64
 """How deeply a body's arrays and objects may nest (no API here nests more than a few levels; a body nested
 100k deep made the JSON decoder exceed Python's recursion limit: a 500)."""
-"""Default time for a request body to arrive (64 MiB at ~2 MB/s, far above any prompt)."""
-"""``Retry-After`` (seconds) of a 503 refused by admission control: a generation slot frees in about that."""
 
 
 @dataclass

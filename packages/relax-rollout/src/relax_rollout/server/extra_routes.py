@@ -6,7 +6,7 @@ and Prometheus metrics — what operators' scrapers and clients written for SGLa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from relax_rollout.http_api import Text
 from relax_rollout.server.protocol import BadRequest
@@ -29,15 +29,22 @@ def tokenize(s: EngineServer, body: Any):
     raise BadRequest("prompt", "must be a string or a list of strings")
 
 
+def _ids(x: Any) -> TypeGuard[list[int]]:
+    """Whether ``x`` is a list of token ids (ints, not bools)."""
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
 def detokenize(s: EngineServer, body: Any):
     """SGLang's ``/detokenize``: ``tokens`` (ids, or a list of lists) → ``text``."""
     tok = s.need_tokenizer("tokens")
     tokens = body.get("tokens") if isinstance(body, dict) else None
     skip = bool(body.get("skip_special_tokens", True)) if isinstance(body, dict) else True
-    ok = lambda x: isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)  # noqa: E731
-    if ok(tokens):
+    if _ids(tokens):
+        s.check_ids(tokens, "tokens")
         return 200, {"text": tok.decode(tokens, skip_special_tokens=skip)}
-    if isinstance(tokens, list) and all(ok(x) for x in tokens):
+    if isinstance(tokens, list) and all(_ids(x) for x in tokens):
+        for i, x in enumerate(tokens):
+            s.check_ids(x, f"tokens[{i}]")
         return 200, {"text": [tok.decode(x, skip_special_tokens=skip) for x in tokens]}
     raise BadRequest("tokens", "must be a list of token ids or a list of such lists")
 

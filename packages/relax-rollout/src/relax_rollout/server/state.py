@@ -111,6 +111,14 @@ class EngineServer:
         if self.tokenizer is not None and self.media is None:
             self.media, self.no_media = chat_media.build(self.engine, self.tokenizer, self.model_path, config)
 
+    def check_ids(self, ids: list[int], where: str) -> None:
+        """A 400 naming ``where`` for a token id outside the vocabulary (the model's, else the tokenizer's):
+        a tokenizer or an embedding fails on one with an OverflowError or an IndexError, a 500."""
+        size = self.vocab_size if self.vocab_size is not None else len(self.tokenizer or ())
+        if size and not all(0 <= t < size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < size)
+            raise BadRequest(where, f"token id {bad} is outside the vocabulary [0, {size})")
+
     def check_fits(
         self, prompts: list[list[int]], params: list[SamplingParams], max_new_given: list[bool] | None = None
     ) -> list[SamplingParams]:
@@ -121,9 +129,7 @@ class EngineServer:
         out = list(params)
         for i, (ids, p) in enumerate(zip(prompts, params)):
             where = "input_ids" if len(prompts) == 1 else f"input_ids[{i}]"
-            if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in ids):
-                bad = next(t for t in ids if not 0 <= t < self.vocab_size)
-                raise BadRequest(where, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            self.check_ids(ids, where)
             ctx = self.context_len
             if ctx is None or len(ids) + p.max_new_tokens <= ctx:
                 continue

@@ -180,6 +180,7 @@ def main() -> None:
         "cases": table,
     }
     path = ROOT / "benchmarks" / "results" / "serving.json"
+    path.parent.mkdir(parents=True, exist_ok=True)  # (ignored by git: a fresh clone has no such folder)
     path.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -219,8 +219,7 @@ class AsyncRun:
                 ray.get(ref)
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
-                if why := unfixable(e):
-                    raise self.policy.give_up(name, why) from None
+                self._stop_if_unfixable(name, e)
                 failures.append((name, first_line(e, 300)))
         self._recovered()
         if self.cfg.run.health and not failures:
@@ -275,6 +274,11 @@ class AsyncRun:
                 ev.action, ev.reason = "restart_failed", f"{ev.reason}; restart failed: {e}"
             self.notifier.restart(ev.attempt, f"rollout {ev.role} ({ev.action}): {ev.reason}")
 
+    def _stop_if_unfixable(self, name: str, e: BaseException) -> None:
+        """Stop the run (``RunFailed``, no restart) when ``name`` failed with a fault no restart fixes."""
+        if fault := unfixable(e):
+            raise self.policy.give_up(name, fault) from None
+
     def handle(self, name: str, reason: str, in_place_possible: bool = True) -> None:
         t0 = time.perf_counter()
         # (the rollout scores rewards: a process that died inside a reward left word of it)
@@ -292,8 +296,7 @@ class AsyncRun:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
             except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
-                if fault := unfixable(e):  # (the new actor refused to start: the data changed, say)
-                    raise self.policy.give_up(name, fault) from None
+                self._stop_if_unfixable(name, e)  # (the new actor refused to start: the data changed, say)
                 why = f"the restart failed: {first_line(e)}"
                 ev = self.policy.escalate(ev, why)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
@@ -302,8 +305,7 @@ class AsyncRun:
                 self.global_restart()
                 break
             except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
-                if fault := unfixable(e):
-                    raise self.policy.give_up(name, fault) from None
+                self._stop_if_unfixable(name, e)
                 why = f"the global restart failed: {first_line(e)}"
                 ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")

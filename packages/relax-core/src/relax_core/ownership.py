@@ -115,22 +115,39 @@ def _lock(flag: str, directory: Path) -> Iterator[None]:
         os.close(fd)  # (releases the lock)
 
 
+def _steps(save: str, after: int | None = None) -> list[Path]:
+    """The ``step_*`` checkpoint directories in ``save`` (those numbered over ``after`` where given), in order."""
+    steps = [p for p in Path(save).glob("step_*") if p.is_dir()]
+    if after is not None:
+        steps = [p for p in steps if p.name[5:].isdigit() and int(p.name[5:]) > after]
+    return sorted(steps)
+
+
+def _claim(save: str, steps: list[Path], overwrite: bool, refusal: str, whose: str) -> None:
+    """``steps`` (``whose`` checkpoints in ``save``) refused with ``refusal`` (``DirectoryInUse``), or with
+    ``overwrite`` deleted."""
+    import shutil
+
+    if not steps:
+        return
+    if not overwrite:
+        raise DirectoryInUse(refusal)
+    for p in steps:
+        shutil.rmtree(p)
+    logger.warning("--overwrite: deleted %d checkpoint(s) %s from %s", len(steps), whose, save)
+
+
 def claim_save_dir(save: str, overwrite: bool) -> None:
     """A fresh run (no --load) writes into ``save``: checkpoints there belong to another run. Refused
     (``DirectoryInUse``), or with ``overwrite`` deleted first."""
-    import shutil
-
-    old = sorted(p for p in Path(save).glob("step_*") if p.is_dir())
-    if not old:
-        return
-    if not overwrite:
-        raise DirectoryInUse(
-            f"--save {save} holds {len(old)} checkpoint(s) of another run ({old[0].name} .. {old[-1].name}): "
-            f"resume that run with --load {save}, give this one another --save, or pass --overwrite to delete them"
-        )
-    for p in old:
-        shutil.rmtree(p)
-    logger.warning("--overwrite: deleted %d checkpoint(s) of another run from %s", len(old), save)
+    old = _steps(save)
+    refusal = (
+        f"--save {save} holds {len(old)} checkpoint(s) of another run ({old[0].name} .. {old[-1].name}): "
+        f"resume that run with --load {save}, give this one another --save, or pass --overwrite to delete them"
+        if old
+        else ""
+    )
+    _claim(save, old, overwrite, refusal, "of another run")
 
 
 def claim_branch(save: str, loaded: str, overwrite: bool) -> None:
@@ -138,26 +155,19 @@ def claim_branch(save: str, loaded: str, overwrite: bool) -> None:
     a branch. Its steps would land beside the old run's (a save keeps a whole checkpoint already at its
     step, so the branch's were dropped, and a restart took the old run's newest). Refused
     (``DirectoryInUse``) naming them, or with ``overwrite`` the later ones deleted first."""
-    import shutil
-
     try:
         at = int(json.loads((Path(loaded) / "meta.json").read_text())["version"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # (the loader says what is wrong with it)
-    later = sorted(
-        p for p in Path(save).glob("step_*") if p.is_dir() and p.name[5:].isdigit() and int(p.name[5:]) > at
+    later = _steps(save, at)
+    refusal = (
+        f"--save {save} holds {len(later)} checkpoint(s) after the one loaded ({Path(loaded).name}): "
+        f"{later[0].name} .. {later[-1].name}; a branch from it would mix its steps with those. Give this run "
+        "another --save, or pass --overwrite to delete them"
+        if later
+        else ""
     )
-    if not later:
-        return
-    if not overwrite:
-        raise DirectoryInUse(
-            f"--save {save} holds {len(later)} checkpoint(s) after the one loaded ({Path(loaded).name}): "
-            f"{later[0].name} .. {later[-1].name}; a branch from it would mix its steps with those. Give this run "
-            "another --save, or pass --overwrite to delete them"
-        )
-    for p in later:
-        shutil.rmtree(p)
-    logger.warning("--overwrite: deleted %d checkpoint(s) after the branch point from %s", len(later), save)
+    _claim(save, later, overwrite, refusal, "after the branch point")
 
 
 def fingerprint(path: str | Path) -> dict[str, Any]:
@@ -216,7 +226,7 @@ one trains other prompts than the run it continues."""
 
 def data_settings(cfg: Any) -> dict[str, Any]:
     """This run's values of :data:`DATA_SETTINGS`."""
-    return {name: getattr(getattr(cfg, section), field) for name, (section, field) in DATA_SETTINGS.items()}
+    return {name: getattr(getattr(cfg, at[0]), at[1]) for name, at in DATA_SETTINGS.items()}
 
 
 APPLIED, REFUSED = "applied", "refused"
@@ -250,7 +260,7 @@ adapter without a word)."""
 
 def train_settings(cfg: Any) -> dict[str, Any]:
     """This run's values of :data:`TRAIN_SETTINGS`."""
-    return {name: getattr(getattr(cfg, s), f) for name, (s, f, _) in TRAIN_SETTINGS.items()}
+    return {name: getattr(getattr(cfg, at[0]), at[1]) for name, at in TRAIN_SETTINGS.items()}
 
 
 def check_train_settings(was: dict[str, Any] | None, now: dict[str, Any], where: str) -> list[str]:

@@ -100,20 +100,21 @@ def _hoist_definitions(params: Any, tool: str, defs: dict[str, Any]) -> Any:
     local = {**params.get("definitions", {}), **params.get("$defs", {})}
     if not local:
         return params
-    name = {k: f"{tool}.{k}".replace("~", "~0").replace("/", "~1") for k in local}
+    key = {k: f"{tool}.{k}" for k in local}
 
     def rewrite(node: Any) -> Any:
         if isinstance(node, dict):
             out = {k: rewrite(v) for k, v in node.items() if k not in ("$defs", "definitions")}
             ref = node.get("$ref")
             for prefix in ("#/$defs/", "#/definitions/"):
-                if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix) :] in name:
-                    out["$ref"] = "#/$defs/" + name[ref[len(prefix) :]]
+                if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix) :] in key:
+                    pointer = key[ref[len(prefix) :]].replace("~", "~0").replace("/", "~1")  # (JSON pointer)
+                    out["$ref"] = "#/$defs/" + pointer
             return out
         return [rewrite(v) for v in node] if isinstance(node, list) else node
 
     for k, schema in local.items():
-        defs[name[k].replace("~1", "/").replace("~0", "~")] = rewrite(schema)
+        defs[key[k]] = rewrite(schema)
     return rewrite(params)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from relax_core.config_sections import TrainConfig
+from relax_train.backends.step import apply_adamw_settings
 
 
 def device_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
@@ -49,8 +50,6 @@ def restore_trainer_state(
     """Put back :func:`trainer_state`'s states (the optimizer's where both it and the saved state exist,
     with ``train``'s learning rate, betas and weight decay: the settings given win); the checkpoint's
     ``meta.json`` under ``path`` (its ``version`` is the backend's to take)."""
-    from relax_train.backends.step import apply_adamw_settings
-
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     if optimizer is not None:

@@ -14,6 +14,7 @@ import fcntl
 import os
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -113,11 +114,44 @@ def gloo_options(peer: str, timeout: timedelta) -> Any:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` (an address of this node; loopback for ``0.0.0.0``) at the time of
-    asking, e.g. for ``init_method=f"tcp://{host}:{port}"`` or a server's ``--port``."""
+    asking, e.g. for ``init_method=f"tcp://{host}:{port}"`` bound at once. A port another process binds
+    seconds later: :class:`HeldPorts`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+class HeldPorts:
+    """Free ports held for servers that bind them later (an engine process, seconds after its launch).
+
+    Why: a port :func:`free_port` found is free only when asked. Between that and the server's bind, any
+    ``bind(0)`` on the machine (a gloo pair, another server) may be handed it; CI saw an SGLang engine
+    fail start-up so (its port taken, uvicorn exits 3) while its warm-up spoke to whatever held the port.
+    A held port is bound, not listening, with ``SO_REUSEADDR``: no ``bind(0)`` or ``connect()`` gets it,
+    while a server that sets ``SO_REUSEADDR`` (asyncio and uvicorn, ``http.server``, ours) binds and
+    listens on it. :meth:`release` once the server listens (or gave up)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, socket.socket] = {}
+        self._lock = threading.Lock()
+
+    def take(self, host: str = "127.0.0.1") -> int:
+        """A port free on ``host`` (loopback for ``0.0.0.0``), held until :meth:`release`."""
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        with self._lock:
+            self._held[port] = s
+        return port
+
+    def release(self, port: int) -> None:
+        """Stop holding ``port`` (nothing if it is not held)."""
+        with self._lock:
+            s = self._held.pop(port, None)
+        if s is not None:
+            s.close()
 
 
 def alive_nodes(ray: Any = None) -> dict[str, str]:

@@ -7,9 +7,11 @@ process left after ``close()``. The request bodies are compared with the field n
 structs, copied below from the source."""
 
 import base64
+import errno
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -19,7 +21,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 from relax_rollout.engine_factory import sglang_kwargs  # noqa: E402
-from relax_rollout.engines import SamplingParams  # noqa: E402
+from relax_rollout.engines import SamplingParams, processes  # noqa: E402
 from relax_rollout.engines.base import memory_request  # noqa: E402
 from relax_rollout.engines.checkpoint import model_routing  # noqa: E402
 from relax_rollout.engines.pool_members import NoActiveEngine  # noqa: E402
@@ -701,6 +703,38 @@ def test_restarts_are_bounded_then_the_engine_stays_failed(tmp_path):
     finally:
         eng.close()
     assert not any(group_alive(pid) for pid in eng.engines()[0]["pids"])
+
+
+@pytest.mark.integration
+def test_an_engine_s_port_is_held_until_it_listens_there(tmp_path, monkeypatch):
+    """CI saw an SGLang engine's port taken between the launcher finding it free and the engine binding it
+    (uvicorn exited 3, its warm-up spoke to whatever held the port). Here an impostor binds the port as
+    the engine process starts, as any ``bind(0)`` elsewhere might: refused, the engine serves there."""
+    impostors: list[object] = []
+    held: list[socket.socket] = []
+    real_spawn = processes.spawn
+
+    def spawn_beside_an_impostor(cmd, *args, **kwargs):
+        s = socket.socket()  # as a bind(0) elsewhere does: no SO_REUSEADDR
+        try:
+            s.bind(("127.0.0.1", int(cmd[2])))  # FAKE_SERVER's command: python, script, port, ...
+            s.listen()
+            impostors.append("bound")
+            held.append(s)
+        except OSError as e:
+            impostors.append(e.errno)
+            s.close()
+        return real_spawn(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(processes, "spawn", spawn_beside_an_impostor)
+    try:
+        with fake_engine(tmp_path, str(tmp_path / "never"), num_engines=2) as eng:
+            assert impostors == [errno.EADDRINUSE, errno.EADDRINUSE]
+            outs = eng.generate([[1], [2]], SamplingParams(max_new_tokens=1))
+            assert [o.token_ids for o in outs] == [[5], [5]]
+    finally:
+        for s in held:
+            s.close()
 
 
 @pytest.mark.integration

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from relax_core.net import free_port, interface_of
+from relax_core.net import HeldPorts, interface_of
 from relax_rollout.engines.process_groups import log_tail, spawn, stop_processes
 from relax_rollout.engines.wire import ServerError, http_json
 
@@ -241,6 +241,7 @@ class NodeLauncher:
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen] = {}
+        self._ports = HeldPorts()
 
     def ip(self) -> str:
         import ray
@@ -252,7 +253,11 @@ class NodeLauncher:
         return [p for p in paths if not os.path.exists(p)]
 
     def free_port(self, host: str) -> int:
-        return free_port(host)
+        """A port free on this node, held until :meth:`release_port` (:class:`HeldPorts`)."""
+        return self._ports.take(host)
+
+    def release_port(self, port: int) -> None:
+        self._ports.release(port)
 
     def start(
         self, cmd: list[str], env: dict[str, str], log_path: str, header: str, secret: str | None = None
@@ -353,17 +358,24 @@ class Launcher:
         """Node id → its :class:`NodeLauncher` actor."""
         self.spans_nodes = False
         """Some engines run on other nodes: the ones here join the weight group at this node's address."""
+        self._ports = HeldPorts()
+        self._held: dict[int, Callable[[], None]] = {}
+        """Engine index → what releases the port held for its starting process (:class:`HeldPorts`)."""
 
     def launch(self, slot: EngineProcess) -> None:
         """Start ``slot``'s engine on its GPUs (a fresh port unless it has a fixed one)."""
         if slot.node is not None:
             self._launch_remote(slot)
             return
-        port = slot.fixed_port if slot.fixed_port is not None else free_port(self.host)
+        port = slot.fixed_port
+        if port is None:
+            port = held = self._ports.take(self.host)
+            self._hold(slot, lambda: self._ports.release(held))
         cmd = self.command(slot, port, self.host)
         env = {**os.environ, **self._nic(), **self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
         with self._lock:
             if self._closed():
+                self.release_port(slot)
                 raise EngineStartError("the engine is closed")
             proc = spawn(cmd, env, slot.log_path, self._header(slot, cmd), self.token)
             self.procs.append(proc)
@@ -409,11 +421,15 @@ class Launcher:
                 f"node {node.node_id} ({ip}) does not see {', '.join(missing)}: the model and the weights "
                 "directory must be at the same paths on every node (a shared filesystem)"
             )
-        port = slot.fixed_port or ray.get(launcher.free_port.remote(ip), timeout=60)
+        port = slot.fixed_port
+        if port is None:
+            port = held = ray.get(launcher.free_port.remote(ip), timeout=60)
+            self._hold(slot, lambda: launcher.release_port.remote(held))
         cmd = self.command(slot, port, ip)
         env = {**self.env, "CUDA_VISIBLE_DEVICES": ",".join(slot.gpus)}
         with self._lock:
             if self._closed():
+                self.release_port(slot)
                 raise EngineStartError("the engine is closed")
             pid = ray.get(
                 launcher.start.remote(cmd, env, str(slot.log_path), self._header(slot, cmd), self.token),
@@ -445,8 +461,26 @@ class Launcher:
         except Exception as e:  # noqa: BLE001 — a report, not a failure of its own
             return f"(no log from node {node_id}: {e})"
 
+    def _hold(self, slot: EngineProcess, release: Callable[[], Any]) -> None:
+        """Keep ``release`` of the port held for ``slot``'s new process (a previous one's is released)."""
+        self.release_port(slot)
+        self._held[slot.index] = release
+
+    def release_port(self, slot: EngineProcess) -> None:
+        """Stop holding the port of ``slot``'s starting process: it listens there, or it will not."""
+        release = self._held.pop(slot.index, None)
+        if release is not None:
+            release()
+
     def wait_ready(self, slot: EngineProcess, timeout_s: float) -> None:
-        """Until ``/health_generate`` answers 200 (``/health`` for a server without it)."""
+        """Until ``/health_generate`` answers 200 (``/health`` for a server without it); then, or on an
+        error, the port held for it is released."""
+        try:
+            self._wait_ready(slot, timeout_s)
+        finally:
+            self.release_port(slot)
+
+    def _wait_ready(self, slot: EngineProcess, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         path = "/health_generate"
         assert slot.proc is not None and slot.url is not None

@@ -47,7 +47,7 @@ def _corpus(root):
         "blank": (["--prompt-data", str(root / "blank.jsonl")], ["no usable rows", "file is empty"]),
         ".txt": (
             ["--prompt-data", str(root / "notes.txt")],
-            ["unsupported format '.txt'", ".jsonl or .parquet"],
+            ["unsupported format '.txt'", ".jsonl, .json, .parquet"],
         ),
         "torn JSON array": (["--prompt-data", str(root / "array.json")], ["not a valid JSON array"]),
         "directory": (["--prompt-data", str(root)], ["is a directory"]),
@@ -62,7 +62,7 @@ def _corpus(root):
         ),
         "wrongly typed parquet": (
             ["--prompt-data", str(root / "typed.parquet")],
-            ["no usable rows", "missing, empty or blank --input-key column 'prompt'"],
+            ["no usable rows", "--input-key column 'prompt' holds int: give text or a list of chat messages"],
         ),
         "bad eval data": (
             ["--prompt-data", str(good), "--eval-data", str(root / "empty.jsonl")],
@@ -134,7 +134,7 @@ def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, ca
         f"{data}:2: JSON nested too deeply to read; fix or remove the line",
         f"{data}:3: unreadable JSON (Exceeds the limit (4300 digits) for integer string conversion: value has "
         "5000 digits; use sys.set_int_max_str_digits() to increase the limit); fix or remove the line",
-        f"{data} row 3: missing, empty or blank --input-key column 'prompt'",
+        f"{data} row 3: empty or blank --input-key column 'prompt'",
     ]
     # a prompt marking an image in a text-only run trained as text, without a word
     assert "1 prompts mark media" in media and "--multimodal-keys" in media

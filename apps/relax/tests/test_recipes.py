@@ -167,7 +167,7 @@ def test_dapo_math_parquet(tmp_path):
         out, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key, cfg.data.multimodal_keys
     )
     assert [(r.row_id, r.label) for r in ds.rows] == [("a1", "34"), ("b2", "1024")] and not ds.skipped
-    assert ds.rows[0].prompt == DAPO_PROMPT.format(q="What is 17 + 17?")
+    assert ds.rows[0].prompt == [{"role": "user", "content": DAPO_PROMPT.format(q="What is 17 + 17?")}]
     assert ds.rows[0].metadata == {
         "data_source": "math_dapo",
         "ability": "MATH",
@@ -182,13 +182,15 @@ def test_dapo_math_jsonl_with_a_broken_line(tmp_path):
     """The pre-processed jsonl (prompt + label) slime and upstream Relax use reads too; a line that is not
     JSON is one skipped row."""
     src = tmp_path / "dapo-math-17k.jsonl"
-    good = {"prompt": [{"role": "user", "content": "1+1? Answer: $Answer"}], "label": "2"}
+    turns = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "1+1? Answer: $Answer"}]
+    good = {"prompt": turns, "label": "2"}
     src.write_text(json.dumps(good) + "\n{not json\n" + json.dumps({"prompt": "3+4?", "label": 7}) + "\n")
     report = convert("dapo-math", src, tmp_path / "o.jsonl")
     assert report.written == 2 and len(report.skipped) == 1
     assert report.skipped[0].startswith(f"{src} row 1: not valid JSON")
     ds = load_prompts(tmp_path / "o.jsonl")
-    assert [(r.prompt, r.label) for r in ds.rows] == [("1+1? Answer: $Answer", "2"), ("3+4?", "7")]
+    # the system turn stays a system turn (it was merged into the user's text)
+    assert [(r.prompt, r.label) for r in ds.rows] == [(turns, "2"), ("3+4?", "7")]
 
 
 def image_bytes(colour: tuple[int, int, int], size=(24, 16), fmt="PNG") -> bytes:

@@ -1,4 +1,7 @@
-"""Prompt loading (jsonl / parquet, bad rows skipped and named) and the resumable PromptIterator."""
+"""Prompt loading (jsonl / parquet / the datasets library's files; text or chat messages; bad rows skipped and
+named) and the resumable PromptIterator."""
+
+import json
 
 import pytest
 
@@ -174,3 +177,113 @@ def test_state_dict_resumes_exactly(consumed):
     resumed.load_state_dict(dict(state))
     got = [[r.row_id for r in resumed.next_batch()] for _ in range(6)]
     assert got == expected
+
+
+# -- datasets as veRL and slime users bring them (#50) ----------------------------------------------------
+# veRL's documented row: examples/data_preprocess/gsm8k.py of volcengine/verl writes this layout to parquet
+# (a chat-message prompt, the label at reward_model.ground_truth, extra_info); trained with
+# --input-key prompt --label-key reward_model.ground_truth --metadata-key extra_info.
+VERL_ROW = {
+    "data_source": "openai/gsm8k",
+    "prompt": [
+        {
+            "role": "user",
+            "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+            "in May. How many clips did Natalia sell altogether in April and May? Let's think step by step "
+            'and output the final answer after "####".',
+        }
+    ],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": "72"},
+    "extra_info": {"split": "train", "index": 0, "answer": "48/2 = 24 ... #### 72", "question": "Natalia..."},
+}
+# slime's: the dapo-math-17k jsonl its quick start trains (--input-key prompt --label-key label
+# --apply-chat-template), and the `messages` layout of chat datasets with a system turn.
+SLIME_ROW = {"prompt": [{"content": "Solve 1+1. Answer: $Answer", "role": "user"}], "label": "2"}
+SLIME_MESSAGES_ROW = {
+    "messages": [
+        {"role": "system", "content": "You are a careful solver."},
+        {"role": "user", "content": "What is 2+3?"},
+    ],
+    "label": "5",
+}
+
+
+def test_verl_parquet_keeps_the_messages_and_reads_the_nested_label(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule"}}]), path)
+    ds = load_prompts(path, "prompt", "reward_model.ground_truth", "extra_info")
+    (row,) = ds.rows
+    assert row.prompt == VERL_ROW["prompt"] and row.label == "72"
+    assert row.metadata["index"] == 0 and row.metadata["split"] == "train"
+    # a row without the label (null in parquet): skipped, named, with the columns it has (the paths to give)
+    assert ds.skipped == [
+        f"{path} row 1: missing --label-key column 'reward_model.ground_truth' (the row has: data_source, "
+        "prompt, ability, reward_model.{style, ground_truth}, extra_info.{split, index, answer, question})"
+    ]
+
+
+def test_slime_jsonl_of_messages_with_a_system_turn(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(f"{json.dumps(SLIME_ROW)}\n{json.dumps(SLIME_MESSAGES_ROW)}\n")
+    assert [r.prompt for r in load_prompts(path, "prompt").rows] == [SLIME_ROW["prompt"]]
+    (row,) = load_prompts(path, "messages").rows
+    assert [m["role"] for m in row.prompt] == ["system", "user"] and row.label == "5"
+
+
+def test_a_column_whose_name_holds_the_dot_wins_over_the_path(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "a.b": "flat", "a": {"b": "nested"}}) + "\n")
+    assert load_prompts(path, "prompt", "a.b").rows[0].label == "flat"
+
+
+def test_content_parts_become_text_with_media_markers(tmp_path):
+    parts = [
+        {"type": "text", "text": "What is in "},
+        {"type": "image_url", "image_url": {"url": "file:///data/cat.png"}},
+        {"type": "text", "text": " and "},
+        {"type": "image", "image": "dog.png"},
+        {"type": "text", "text": "?"},
+    ]
+    path = tmp_path / "mm.jsonl"
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": parts}], "label": "x"}) + "\n")
+    (row,) = load_prompts(path, media_keys={"image": "images"}).rows
+    assert row.prompt == [{"role": "user", "content": "What is in <image> and <image>?"}]
+    assert row.media == {"images": ["file:///data/cat.png", "dog.png"]}
+    # a run that reads no images cannot use the row: skipped, saying what to add
+    with pytest.raises(ValueError, match=r"holds image parts, and the run reads no image: add --multimodal-keys"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([{"content": "hi"}], "message 0: role None is not one of system, user, assistant, tool"),
+        ([{"role": "user", "content": 3}], "message 0: content must be text or a list of parts, got int"),
+        (["hi"], "message 0: expected an object with role and content, got str"),
+        ([{"role": "user", "content": ""}], "no message has any content"),
+        ([{"role": "user", "content": [{"type": "file", "file": "x"}]}], "content part of type 'file'"),
+        ([{"role": "user", "content": [{"type": "image"}]}], "a image part without its 'image' value"),
+    ],
+)
+def test_a_malformed_message_skips_its_row_naming_the_message(tmp_path, messages, problem):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"prompt": messages, "label": "1"}) + "\n" + json.dumps(SLIME_ROW) + "\n")
+    ds = load_prompts(path, media_keys={"image": "images"})
+    assert len(ds.rows) == 1 and len(ds.skipped) == 1
+    assert ds.skipped[0].startswith(f"{path} row 0: ") and problem in ds.skipped[0]
+
+
+def test_the_datasets_librarys_folder_and_arrow_file(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list([VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule", "ground_truth": "1"}}])
+    ds.save_to_disk(str(tmp_path / "saved"))
+    got = load_prompts(tmp_path / "saved", label_key="reward_model.ground_truth")
+    assert [r.label for r in got.rows] == ["72", "1"] and got.rows[0].prompt == VERL_ROW["prompt"]
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    assert len(load_prompts(tmp_path / "dict", label_key="reward_model.ground_truth").rows) == 2
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    assert len(load_prompts(arrow, label_key="reward_model.ground_truth").rows) == 2

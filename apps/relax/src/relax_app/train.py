@@ -69,7 +69,7 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
     file showed, as a traceback): the model directories and the datasets, read as the roles will read
     them. Raises ``ValueError`` / ``FileNotFoundError`` naming the flag, the file and what to do; returns
     one console line per dataset with skipped rows (each skip is also counted in the run's summary)."""
-    from relax_core.data import load_prompts
+    from relax_core.data import load_prompts, prompt_text
 
     for flag, path in (
         ("--hf-checkpoint", cfg.model.hf_checkpoint),
@@ -114,7 +114,7 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             )
         if flag == "--prompt-data" and ds.rows:
             notes += _try_reward(cfg, ds.rows[0])
-        marked = sum(any(m in r.prompt for m in MEDIA_MARKERS) for r in ds.rows)
+        marked = sum(any(m in prompt_text(r.prompt) for m in MEDIA_MARKERS) for r in ds.rows)
         if marked and not d.multimodal_keys:
             notes.append(
                 f"{flag} {path}: {marked} prompts mark media ({', '.join(MEDIA_MARKERS)}) but the run has no "

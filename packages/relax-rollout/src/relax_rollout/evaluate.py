@@ -6,6 +6,7 @@ from relax_core.config import RelaxConfig
 from relax_core.data import load_prompts
 from relax_rollout.engines import SamplingParams
 from relax_rollout.engines.torch_engine import TorchEngine
+from relax_rollout.prompts import render
 from relax_rollout.rewards import build_scorer
 
 
@@ -17,7 +18,9 @@ class GreedyEvaluator:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         rows = load_prompts(eval_path, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key).rows
         self.rows = rows[: cfg.data.eval_max_samples]
-        self.prompts = [self.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in self.rows]
+        # the prompts as training renders them (the chat template of messages, --apply-chat-template)
+        texts = [render(self.tokenizer, r.prompt, cfg.data.apply_chat_template) for r in self.rows]
+        self.prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         r = cfg.rollout  # held-out accuracy is the task's reward (--eval-rm-type), with no emulated latency
         upd = {"reward_delay_s": 0.0, "rm_type": r.eval_rm_type or r.rm_type}
         self.scorer = build_scorer(cfg.model_copy(update={"rollout": r.model_copy(update=upd)}))

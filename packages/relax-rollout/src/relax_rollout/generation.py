@@ -21,7 +21,7 @@ from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_rollout.engines import SamplingParams
 from relax_rollout.engines.base import GenerateOutput, RolloutEngine
-from relax_rollout.prompts import Prompts
+from relax_rollout.prompts import Prompts, messages_of
 
 
 @dataclass
@@ -189,7 +189,7 @@ class Generation:
                     env = build_env(env_path, row.prompt, row.label, meta)
                 except Exception as e:  # noqa: BLE001 - this sample's environment is broken: recorded below
                     env = BrokenEnv(f"constructing the environment failed: {type(e).__name__}: {e}")
-                base, info = [{"role": "user", "content": row.prompt}], {}
+                base, info = messages_of(row.prompt), {}
                 history, media = list(base), {k: list(v) for k, v in row_media.items()}
                 try:
                     first = resolve(env.reset())
@@ -265,8 +265,8 @@ class Generation:
         Without --apply-chat-template a text prompt is used raw, as in single-turn rollout (a model
         warm-started on raw prompts answers its first turn as it learned to); later turns still follow the
         template (``turns.py``)."""
-        if not self.cfg.data.apply_chat_template and len(history) == 1 and not any(media.values()):
-            return list(self.prompts.encode(row.prompt)), None
+        if isinstance(row.prompt, str) and len(history) == 1 and not any(media.values()):
+            return list(self.prompts.encode(row.prompt)), None  # (the template, or raw: --apply-chat-template)
         text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         if not any(media.values()):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None

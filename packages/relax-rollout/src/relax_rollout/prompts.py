@@ -11,14 +11,40 @@ what expands the media of a row (``--multimodal-keys``) or of a multi-turn episo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from relax_core.config import RelaxConfig
-from relax_core.data import PromptIterator, load_prompts
+from relax_core.data import Message, PromptIterator, load_prompts, prompt_text
 
 
 class PromptTooLong(ValueError):
     """A dataset prompt that leaves no room for a response in the model's context."""
+
+
+def messages_of(prompt: str | list[Message]) -> list[Message]:
+    """A prompt as chat messages: its own, or the text as one user turn."""
+    return [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+
+
+def render(tokenizer: Any, prompt: str | list[Message], apply_chat_template: bool) -> str:
+    """The text a prompt is tokenized from, in training, evaluation and everywhere else alike: chat
+    messages through the chat template, each turn with its role (a list has no other text form, so with or
+    without --apply-chat-template; a last assistant turn is continued, not closed); text as is, or as one
+    user turn with --apply-chat-template."""
+    if isinstance(prompt, str) and not apply_chat_template:
+        return prompt
+    messages = messages_of(prompt)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "the prompt is chat messages (or --apply-chat-template is on) and the tokenizer has no chat "
+            "template: use a chat model's tokenizer, or give the prompts as text without --apply-chat-template"
+        )
+    prefill = messages[-1]["role"] == "assistant"
+    text: str = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill
+    )
+    return text
 
 
 class Prompts:
@@ -59,15 +85,12 @@ class Prompts:
         return self.iterator.state_dict()
 
     # -- encoding -------------------------------------------------------------------------------
-    def encode(self, prompt: str) -> list[int]:
-        if prompt not in self._token_cache:
-            text = prompt
-            if self.cfg.data.apply_chat_template:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-                )
-            self._token_cache[prompt] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self._token_cache[prompt]
+    def encode(self, prompt: str | list[Message]) -> list[int]:
+        key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+        if key not in self._token_cache:
+            text = render(self.tokenizer, prompt, self.cfg.data.apply_chat_template)
+            self._token_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._token_cache[key]
 
     def encode_mm(self, row: Any) -> tuple[list[int], dict[str, Any] | None]:
         """Prompt ids with media placeholders expanded, and the media tensors (cached per row).
@@ -78,11 +101,7 @@ class Prompts:
                 _check_marked_media(row, self.media_keys)
             return self.encode(row.prompt), None
         if row.row_id not in self._mm_cache:
-            text = row.prompt
-            if self.cfg.data.apply_chat_template:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": row.prompt}], tokenize=False, add_generation_prompt=True
-                )
+            text = render(self.tokenizer, row.prompt, self.cfg.data.apply_chat_template)
             keys = tuple(self.media_keys)
             self._mm_cache[row.row_id] = self.mm.encode(text, self.row_media(row), keys, f"row {row.row_id}")
         return self._mm_cache[row.row_id]
@@ -145,7 +164,7 @@ def _check_marked_media(row: Any, keys: dict[str, str]) -> None:
     from relax_multimodal import MediaError
 
     for modality, column in keys.items():
-        if f"<{modality}>" in row.prompt:
+        if f"<{modality}>" in prompt_text(row.prompt):
             raise MediaError(
                 "missing",
                 f"the prompt marks <{modality}> but the row's {column!r} column is empty",

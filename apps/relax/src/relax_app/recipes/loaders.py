@@ -160,24 +160,28 @@ def _text(rec: dict, key: str) -> str:
     return value.strip()
 
 
-def _messages_text(value: Any, key: str) -> str:
-    """A prompt given as text or as chat messages (system/user turns joined by blank lines)."""
+def _prompt(value: Any, key: str) -> str | list[dict[str, str]]:
+    """A prompt given as text (stripped), or as chat messages kept as messages, each turn with its role (the
+    chat template renders them: a system turn stays a system turn); content parts become their text."""
     if isinstance(value, str):
         return value.strip()
     if not isinstance(value, list | tuple):
         raise _Skip(f"{key}: expected text or chat messages, got {type(value).__name__}")
-    parts = []
+    messages = []
     for msg in value:
         if not isinstance(msg, dict):
             raise _Skip(f"{key}: chat message is not an object")
-        if msg.get("role", "user") not in ("system", "user"):
-            continue
+        role = msg.get("role", "user")
+        if role not in ("system", "user", "assistant"):
+            raise _Skip(f"{key}: chat message role {role!r} is not system, user or assistant")
         content = msg.get("content")
         if isinstance(content, list):  # OpenAI-style content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         if isinstance(content, str) and content.strip():
-            parts.append(content.strip())
-    return "\n\n".join(parts)
+            messages.append({"role": role, "content": content.strip()})
+    if not any(m["role"] == "user" for m in messages):
+        return ""
+    return messages
 
 
 def _answer_text(solution: str) -> str:
@@ -192,7 +196,7 @@ def _answer_text(solution: str) -> str:
 def _dapo_row(rec: dict, i: int, ctx: _Context) -> dict:
     if rec.get("prompt") is None:
         raise _Skip("prompt: missing column")
-    prompt = _messages_text(rec["prompt"], "prompt")
+    prompt = _prompt(rec["prompt"], "prompt")
     if not prompt:
         raise _Skip("prompt: no user text")
     rm = rec.get("reward_model")

@@ -13,6 +13,7 @@ joins the cluster at the --ray-address it is given and writes down its arguments
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,16 +21,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from _tiny import QUIET, TINY_OPTIM, TINY_STEP
 
 from relax_testing import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "deploy" / "slurm" / "relax.sbatch"
 RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
+DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 PREFIX, BRIDGE, SUBNET = "slurmn", "slurmbr0", "10.78.0"  # (the lead's tests use relaxn / relaxbr0 / 10.77.0)
 ADDRS = [f"{SUBNET}.{k}" for k in (1, 2, 3)]
 USER_ARGS = ["apps/relax/recipes/qwen3_4b_dapo.yaml", "--hf-checkpoint", "/models/a b"]  # (a space, kept)
@@ -152,9 +156,10 @@ def test_sbatch_script_with_the_variables_of_an_allocation_and_an_srun_into_name
         _assert_ran(tmp_path, cluster, log)
 
 
-def _slurm_conf(tmp: Path) -> Path:
-    nodes = "\n".join(f"NodeName={PREFIX}{k} NodeAddr={a} CPUs=2 State=UNKNOWN" for k, a in enumerate(ADDRS))
-    for d in ["state", *(f"spool/{PREFIX}{k}" for k in range(len(ADDRS)))]:
+def _slurm_conf(tmp: Path, n: int) -> Path:
+    addrs = ADDRS[:n]
+    nodes = "\n".join(f"NodeName={PREFIX}{k} NodeAddr={a} CPUs=2 State=UNKNOWN" for k, a in enumerate(addrs))
+    for d in ["state", *(f"spool/{PREFIX}{k}" for k in range(n))]:
         (tmp / d).mkdir(parents=True)
     conf = tmp / "slurm.conf"
     conf.write_text(
@@ -186,27 +191,24 @@ PartitionName=p Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     return conf
 
 
-@pytest.mark.integration
-@needs_netns
-@pytest.mark.skipif(NO_SLURM is not None, reason=str(NO_SLURM))
-def test_sbatch_script_under_a_real_slurm_of_three_namespace_nodes(tmp_path):
-    key = tmp_path / "munge.key"
+@contextlib.contextmanager
+def _real_slurm(tmp: Path, env: dict[str, str], n: int) -> Iterator[netns.NetnsCluster]:
+    """A real Slurm of ``n`` namespace nodes (munged, slurmctld, one slurmd per node), registered and idle;
+    ``env`` gets its SLURM_CONF. The daemons are killed on the way out."""
+    key = tmp / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    conf = _slurm_conf(tmp_path)
-    env = _job_env(tmp_path, {"SLURM_CONF": str(conf)})
+    env["SLURM_CONF"] = str(_slurm_conf(tmp, n))
     daemons: list[subprocess.Popen] = []
     start = lambda argv: daemons.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))  # noqa: E731
     try:
-        with _nodes() as cluster:
-            munge = [f"--socket={tmp_path}/munge.sock", f"--key-file={key}", f"--pid-file={tmp_path}/m.pid"]
-            start(
-                ["munged", "-F", "--force", *munge, f"--seed-file={tmp_path}/m.seed", "--log-file=/dev/null"]
-            )
+        with netns.NetnsCluster(n, prefix=PREFIX, bridge=BRIDGE, subnet=SUBNET, start_ray=False) as cluster:
+            munge = [f"--socket={tmp}/munge.sock", f"--key-file={key}", f"--pid-file={tmp}/m.pid"]
+            start(["munged", "-F", "--force", *munge, f"--seed-file={tmp}/m.seed", "--log-file=/dev/null"])
             time.sleep(0.5)
-            start(["slurmctld", "-D", "-i", "-f", str(conf)])
+            start(["slurmctld", "-D", "-i", "-f", env["SLURM_CONF"]])
             for node in cluster.nodes:
-                slurmd = ["slurmd", "-D", "-N", node.name, "-f", str(conf)]
+                slurmd = ["slurmd", "-D", "-N", node.name, "-f", env["SLURM_CONF"]]
                 # (nsenter, not `ip netns exec`: the fresh /sys that one mounts lacks the CPU topology
                 # slurmd's hwloc reads here; unshare -m for the worker's own Ray dir)
                 private = ["unshare", "-m", "--propagation", "slave", *_private_ray_dir(slurmd)]
@@ -216,35 +218,73 @@ def test_sbatch_script_under_a_real_slurm_of_three_namespace_nodes(tmp_path):
                 states = subprocess.run(
                     ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=env
                 )
-                if states.stdout.split() == ["idle"] * 3:
+                if states.stdout.split() == ["idle"] * n:
                     break
                 time.sleep(0.5)
             else:
-                pytest.fail(f"the three slurmd did not register: {states.stdout}{states.stderr}")
-            job = subprocess.run(
-                # (no GPUs in this Slurm: the script's `#SBATCH --gpus-per-node=8` is overridden)
-                [
-                    "sbatch",
-                    "-W",
-                    "--nodes=3",
-                    "--gpus-per-node=0",
-                    f"--output={tmp_path}/job.out",
-                    str(SBATCH),
-                ]
-                + USER_ARGS,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=150,
-            )
-            log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-            log = f"{job.stdout}{job.stderr}{log}"
-            assert job.returncode == 0, log
-            _assert_ran(tmp_path, cluster, log)
+                pytest.fail(f"the {n} slurmd did not register: {states.stdout}{states.stderr}")
+            yield cluster
     finally:
         for daemon in daemons:
             daemon.kill()
             daemon.wait()
+
+
+def _sbatch(tmp: Path, env: dict[str, str], n: int, args: list[str], timeout: float) -> str:
+    """``sbatch -W`` of the script on ``n`` nodes with ``args``; its whole output, asserting it succeeded."""
+    job = subprocess.run(
+        # (no GPUs in this Slurm: the script's `#SBATCH --gpus-per-node=8` is overridden)
+        ["sbatch", "-W", f"--nodes={n}", "--gpus-per-node=0", f"--output={tmp}/job.out", str(SBATCH), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    log = (tmp / "job.out").read_text() if (tmp / "job.out").exists() else ""
+    log = f"{job.stdout}{job.stderr}{log}"
+    assert job.returncode == 0, log
+    return log
+
+
+@pytest.mark.integration
+@needs_netns
+@pytest.mark.skipif(NO_SLURM is not None, reason=str(NO_SLURM))
+def test_sbatch_script_under_a_real_slurm_of_three_namespace_nodes(tmp_path):
+    env = _job_env(tmp_path, {})
+    with _real_slurm(tmp_path, env, 3) as cluster:
+        log = _sbatch(tmp_path, env, 3, USER_ARGS, timeout=150)
+        _assert_ran(tmp_path, cluster, log)
+
+
+@pytest.mark.integration
+@needs_netns
+@pytest.mark.skipif(NO_SLURM is not None, reason=str(NO_SLURM))
+def test_sbatch_script_runs_relax_train_with_a_yaml_config_to_completion(tmp_path, tiny_run_inputs):
+    """The real ``relax train CONFIG.yaml`` (not a recorder) under a real one-node Slurm: the script puts
+    ``--ray-address`` before the user's arguments, and the YAML after it must be read as the config (it
+    was refused: `relax: unexpected argument '…yaml'`, the job FAILED with exit 2)."""
+    config = tmp_path / "run.yaml"
+    out = tmp_path / "run"
+    flags = {**TINY_STEP, **TINY_OPTIM, **QUIET, "num_rollout": 2}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "hf_checkpoint": tiny_run_inputs.model_path,
+                "prompt_data": tiny_run_inputs.prompt_path,
+                "output_dir": str(out),
+                "colocate": True,
+                **flags,
+            }
+        )
+    )
+    env = _job_env(tmp_path, {})
+    del env["RELAX_TRAIN_CMD"]  # the real `relax train`, from the venv on PATH
+    with _real_slurm(tmp_path, env, 1) as cluster:
+        log = _sbatch(tmp_path, env, 1, [str(config)], timeout=300)
+        logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert len([r for r in logged if "train/loss" in r]) == 2, log
+        assert "1 nodes joined" in log and "Ray stopped on 1 nodes" in log, log
+        assert _ray_processes(cluster) == [], log
 
 
 def test_rayjob_manifest_runs_relax_train_with_the_omni_recipes_placement_and_the_token():
@@ -279,3 +319,84 @@ def test_rayjob_manifest_runs_relax_train_with_the_omni_recipes_placement_and_th
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+
+
+@pytest.mark.integration
+def test_rayjob_entrypoint_as_written_parses_through_to_the_inputs_check(tmp_path):
+    """The RayJob's entrypoint string run by bash as the head runs it, from a directory without the repository
+    (the recipe path resolves to the one shipped in the relax-app package): the command line is read whole
+    (the YAML after --ray-address was refused) and the run starts, stopping at its inputs check on the
+    first thing this machine lacks, the checkpoint under /data (exit 2, one line naming it)."""
+    entrypoint = yaml.safe_load_all(RAYJOB.read_text())
+    spec = next(d for d in entrypoint if d["kind"] == "RayJob")["spec"]
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "127.0.0.1:6379",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    out = subprocess.run(
+        ["bash", "-c", spec["entrypoint"]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "relax: --hf-checkpoint /data/models/Qwen3-Omni-30B-A3B-Thinker: no model there (config.json missing); "
+        "give an HF model directory"
+    )
+
+
+def test_the_dockerfile_copies_what_exists_and_the_rayjob_names_its_image():
+    text = DOCKERFILE.read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            *sources, _ = line.split()[1:]
+            assert all((ROOT / src).exists() for src in sources), line
+    images = {c["image"] for c in _containers(RAYJOB)}
+    assert images == {"REPLACE/relax:latest"} and "deploy/docker/Dockerfile" in RAYJOB.read_text()
+    assert "-t <your-registry>/relax:latest" in text
+
+
+def _containers(path: Path) -> list[dict]:
+    """Every container of a manifest's pod templates."""
+    found: list[dict] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            found.extend(node.get("containers", []))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for doc in yaml.safe_load_all(path.read_text()):
+        walk(doc)
+    return found
+
+
+@pytest.mark.integration
+def test_the_dockerfiles_install_step_resolves(tmp_path):
+    """The image's install step, dry-run here against the package index (no Docker here): the workspace's
+    wheels and their GPU extras resolve together (SGLang and megatron-core on Linux)."""
+    subprocess.run(
+        ["uv", "build", "--all-packages", "--wheel", "--out-dir", str(tmp_path / "wheels"), "-q"],
+        cwd=ROOT,
+        check=True,
+    )
+    text = DOCKERFILE.read_text().replace("\\\n", " ")  # (continued lines joined)
+    (run,) = [line[4:] for line in text.splitlines() if line.startswith("RUN uv venv")]
+    install = run.split("&& ", 1)[1].replace("/wheels", str(tmp_path / "wheels"))
+    subprocess.run(["uv", "venv", "-q", "--python", "3.11", str(tmp_path / "venv")], check=True)
+    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path / "venv")}
+    out = subprocess.run(
+        ["bash", "-c", f"rm -f {tmp_path}/wheels/relax_testing-*.whl && {install} --dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if out.returncode != 0 and any(w in out.stderr for w in ("Failed to fetch", "dns error", "Connection")):
+        pytest.skip(f"no package index reachable: {out.stderr[-300:]}")
+    assert out.returncode == 0, out.stderr
+    for want in ("relax-app==", "relax-rollout==", "sglang==", "megatron-core==", "ray=="):
+        assert f" + {want}" in out.stderr, out.stderr
+    assert "relax-testing" not in out.stderr

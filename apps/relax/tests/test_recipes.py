@@ -399,3 +399,38 @@ def test_prepare_data_command_errors(tmp_path, capsys):
     empty.write_text("[]")
     assert relax_main(["prepare-data", "avqa", str(empty), str(tmp_path / "e.jsonl")]) == 1  # nothing usable
     assert relax_main(["--help"]) == 0 and "prepare-data" in capsys.readouterr().out
+
+
+def test_a_recipe_path_resolves_from_an_installed_package(tmp_path, monkeypatch):
+    """A launcher's ``apps/relax/recipes/X.yaml`` runs from any directory (an image's /work): the relax-app
+    wheel ships the recipes, and a config file that is not there is the shipped one of its name."""
+    import subprocess
+    import zipfile
+
+    from relax_app.recipes import shipped_configs
+
+    root = Path(__file__).resolve().parents[3]
+    subprocess.run(
+        ["uv", "build", "--package", "relax-app", "--wheel", "--out-dir", str(tmp_path), "-q"],
+        cwd=root,
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("relax_app-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for recipe in (root / "apps/relax/recipes").glob("*.yaml"):
+        assert f"relax_app/recipes/configs/{recipe.name}" in names
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "--lr",
+        "1e-6",
+        "apps/relax/recipes/qwen3_4b_dapo.yaml",
+        "--config=x/qwen3_vl_4b_mm_r1.yaml",
+        "mine.yaml",
+    ]
+    got = shipped_configs(argv)
+    assert got[:2] == ["--lr", "1e-6"] and got[4] == "mine.yaml"  # (not a recipe's name: left to be refused)
+    assert Path(got[2]).read_text() == (root / "apps/relax/recipes/qwen3_4b_dapo.yaml").read_text()
+    assert got[3].startswith("--config=") and got[3].endswith("qwen3_vl_4b_mm_r1.yaml")
+    (tmp_path / "apps/relax/recipes").mkdir(parents=True)
+    (tmp_path / "apps/relax/recipes/qwen3_4b_dapo.yaml").write_text("lr: 1\n")
+    assert shipped_configs(argv)[2] == "apps/relax/recipes/qwen3_4b_dapo.yaml"  # one that is there: as is

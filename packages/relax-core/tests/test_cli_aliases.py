@@ -178,3 +178,77 @@ def test_help_lists_the_slime_switches():
     text = help_text(width=100)
     assert "--tis-mode / --use-tis" in text and "--use-wandb accepted with --wandb-project" in text
     assert "--kl-loss-type = --kl-estimator; low_var_kl = k3" in text
+
+
+# slime's scripts/run-qwen3-4B.sh (THUDM/slime at 05a0752) with its MODEL_ARGS (scripts/models/qwen3-4B.sh),
+# as `python3 train.py` receives them, and the flags of its other examples the issue (#50) names.
+SLIME_SCRIPT = """
+--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate
+--swiglu --num-layers 36 --hidden-size 2560 --ffn-hidden-size 9728 --num-attention-heads 32
+--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear
+--normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 --kv-channels 128
+--qk-layernorm
+--hf-checkpoint /root/Qwen3-4B --ref-load /root/Qwen3-4B_torch_dist --load /root/Qwen3-4B_slime/
+--save /root/Qwen3-4B_slime/ --save-interval 20
+--prompt-data /root/dapo-math-17k/dapo-math-17k.jsonl --input-key prompt --label-key label
+--apply-chat-template --rollout-shuffle --rm-type deepscaler --num-rollout 3000 --rollout-batch-size 32
+--n-samples-per-prompt 8 --rollout-max-response-len 8192 --rollout-temperature 0.8 --global-batch-size 256
+--balance-data
+--eval-interval 20 --eval-prompt-data aime /root/aime-2024/aime-2024.jsonl --n-samples-per-eval-prompt 16
+--eval-max-response-len 16384 --eval-top-p 0.7
+--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
+--context-parallel-size 1 --expert-model-parallel-size 1 --expert-tensor-parallel-size 1
+--recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+--use-dynamic-batch-size --max-tokens-per-gpu 9216
+--advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl --entropy-coef 0.00
+--eps-clip 0.2 --eps-clip-high 0.28
+--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
+--rollout-num-gpus-per-engine 2 --sglang-mem-fraction-static 0.7
+--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
+--attention-softmax-in-fp32 --attention-backend flash
+--seq-length 4096 --offload-rollout --keep-old-actor --bf16 --over-sampling-batch-size 64
+--dynamic-sampling-filter-path slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std
+--no-load-optim
+""".split()
+
+
+def test_a_slime_script_gets_one_answer_listing_every_flag_it_cannot_take():
+    assert sum(a.startswith("--") for a in SLIME_SCRIPT) == 79
+    with pytest.raises(ConfigError) as e:
+        build_config(argv=SLIME_SCRIPT)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "3 problems with the command line:"
+    assert lines[1].startswith(
+        "  --n-samples-per-eval-prompt 16: no equivalent in relax; held-out evaluation"
+    )
+    assert lines[2].startswith("  --eval-max-response-len 16384: no equivalent in relax; held-out answers")
+    assert lines[3].startswith("  --no-load-optim: no equivalent in relax; --load restores the optimizer")
+    # what they say to do, done: the rest runs, its accepted-and-unused flags named at start
+    fixed = [a for a in SLIME_SCRIPT if a not in ("--no-load-optim", "--eval-max-response-len", "16384")]
+    fixed[fixed.index("--n-samples-per-eval-prompt") + 1] = "1"
+    notes: list[str] = []
+    cfg = build_config(argv=[*fixed, "--global-batch-size", "128", "--rollout-batch-size", "16"], notes=notes)
+    assert cfg.model.dtype == "bfloat16" and cfg.run.offload is True and cfg.rollout.dynamic_sampling
+    assert cfg.algo.kl_estimator == "k3" and cfg.train.max_tokens_per_gpu == 9216
+    assert len(notes) == 4
+    arch, throughput, greedy, megatron = notes  # (in the order the script first gives each kind)
+    assert (
+        arch.startswith("--swiglu, --num-layers, --hidden-size")
+        and "from --hf-checkpoint's config.json" in arch
+    )
+    assert "--recompute-granularity" in megatron and "--seq-length" in megatron
+    assert throughput.startswith("--balance-data") and "--over-sampling-batch-size" in throughput
+    assert greedy.startswith("--eval-top-p") and "greedy" in greedy
+
+
+def test_slime_values_that_become_ours():
+    assert (
+        build_config(argv=["--custom-rm-path", "my_rm.reward.score"]).rollout.rm_type == "my_rm.reward:score"
+    )
+    assert build_config(argv=["--custom-rm-path", "my_rm:score"]).rollout.rm_type == "my_rm:score"
+    with pytest.raises(ConfigError, match="another filter has no equivalent here"):
+        build_config(argv=["--dynamic-sampling-filter-path", "my.filters.keep_long"])
+    assert build_config(argv=["--fp16"]).model.dtype == "float16"
+    assert build_config(argv=["--attention-dropout", "0"]) == build_config(argv=[])
+    with pytest.raises(ConfigError, match="--attention-dropout 0.1: no equivalent in relax"):
+        build_config(argv=["--attention-dropout", "0.1"])

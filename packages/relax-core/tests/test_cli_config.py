@@ -2,7 +2,14 @@
 
 import pytest
 
-from relax_core.cli_config import ConfigError, build_config, flag_index, help_text, parse_overrides
+from relax_core.cli_config import (
+    ConfigError,
+    build_config,
+    config_files,
+    flag_index,
+    help_text,
+    parse_overrides,
+)
 from relax_core.config import RelaxConfig
 
 
@@ -231,3 +238,69 @@ def test_help_shows_no_pydantic_internals():
     text = help_text()
     assert "PydanticUndefined" not in text
     assert "--sglang-env" in text and "(default {})" in text  # a default_factory's value
+
+
+# -- config files anywhere, overrides as key=value, every problem at once (#50) ---------------------------
+def test_a_yaml_config_is_read_wherever_it_stands(tmp_path):
+    """The Slurm script and the RayJob put it after --ray-address: it was refused (unexpected argument)."""
+    (tmp_path / "a.yaml").write_text("lr: 0.001\nseed: 7\n")
+    (tmp_path / "b.yaml").write_text("seed: 9\n")
+    a, b = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
+    cfg = build_config(argv=["--ray-address", "10.0.0.1:6379", a, "--num-rollout", "3"])
+    assert cfg.run.ray_address == "10.0.0.1:6379" and cfg.train.lr == 0.001 and cfg.train.num_rollout == 3
+    assert build_config(argv=[a, b]).train.seed == 9  # later files over earlier ones
+    assert build_config(argv=["--config", a, "--seed", "1"]).train.seed == 1  # flags over files
+    assert build_config(argv=[f"--config={b}", a]).train.seed == 7
+    assert config_files(["--lr", "1", a, "--config", b, "--colocate"]) == [a, b]
+
+
+def test_key_value_overrides_ours_and_verls():
+    cfg = build_config(
+        argv=[
+            "train.lr=1e-5",
+            "seed=3",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "trainer.total_training_steps=7",
+            "output_dir=2024",
+        ]
+    )
+    assert cfg.train.lr == 1e-5 and cfg.train.seed == 3 and cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.algo.kl_estimator == "k3" and cfg.train.num_rollout == 7 and cfg.run.output_dir == "2024"
+    # veRL's KL in the reward: ours with use_kl_in_reward, refused without it (veRL ignores it then)
+    verl_reward_kl = [
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "--no-use-kl-loss",
+    ]
+    cfg = build_config(argv=verl_reward_kl)
+    assert cfg.algo.kl_in_reward and cfg.algo.kl_coef == 0.001
+    with pytest.raises(ConfigError, match=r"veRL uses it only with algorithm.use_kl_in_reward=True"):
+        build_config(argv=["algorithm.kl_ctrl.kl_coef=0.001"])
+
+
+def test_every_problem_of_a_command_line_is_listed_at_once(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: 1\nbogus_key: 2\n")
+    with pytest.raises(ConfigError) as e:
+        build_config(
+            argv=[
+                "--seq-lenght",
+                "4096",
+                str(tmp_path / "c.yaml"),
+                "--rollout-top-k",
+                "20",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                "stray",
+                "--lr",
+            ]
+        )
+    lines = str(e.value).splitlines()
+    assert lines[0] == "6 problems with the command line:"
+    assert any(line.startswith("  unknown flag --seq-lenght (did you mean --seq-length?)") for line in lines)
+    assert any("--rollout-top-k 20: no equivalent in relax" in line for line in lines)
+    assert any(
+        "ppo_mini_batch_size=8: no equivalent in relax; veRL counts it in prompts" in line for line in lines
+    )
+    assert any("unexpected argument 'stray'" in line for line in lines)
+    assert any(line == "  --lr needs a value" for line in lines)
+    assert any("c.yaml: unknown key 'bogus_key'" in line for line in lines)

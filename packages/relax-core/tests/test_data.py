@@ -216,13 +216,18 @@ def test_verl_parquet_keeps_the_messages_and_reads_the_nested_label(tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist([VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule"}}]), path)
     ds = load_prompts(path, "prompt", "reward_model.ground_truth", "extra_info")
-    (row,) = ds.rows
-    assert row.prompt == VERL_ROW["prompt"] and row.label == "72"
-    assert row.metadata["index"] == 0 and row.metadata["split"] == "train"
-    # a row without the label (null in parquet): skipped, named, with the columns it has (the paths to give)
-    assert ds.skipped == [
-        f"{path} row 1: missing --label-key column 'reward_model.ground_truth' (the row has: data_source, "
-        "prompt, ability, reward_model.{style, ground_truth}, extra_info.{split, index, answer, question})"
+    assert not ds.skipped
+    assert ds.rows[0].prompt == VERL_ROW["prompt"] and ds.rows[0].label == "72"
+    assert ds.rows[0].metadata["index"] == 0 and ds.rows[0].metadata["split"] == "train"
+    assert ds.rows[1].label is None  # parquet gives the absent field as null: a label-free row (counted)
+    # a row without the path at all: skipped, named, with the columns it has (the paths to give)
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text(
+        json.dumps(VERL_ROW) + "\n" + json.dumps({**VERL_ROW, "reward_model": {"style": "rule"}})
+    )
+    assert load_prompts(jsonl, "prompt", "reward_model.ground_truth").skipped == [
+        f"{jsonl} row 1: missing --label-key column 'reward_model.ground_truth' (the row has: data_source, "
+        "prompt, ability, reward_model.{style}, extra_info.{split, index, answer, question})"
     ]
 
 
@@ -254,7 +259,9 @@ def test_content_parts_become_text_with_media_markers(tmp_path):
     assert row.prompt == [{"role": "user", "content": "What is in <image> and <image>?"}]
     assert row.media == {"images": ["file:///data/cat.png", "dog.png"]}
     # a run that reads no images cannot use the row: skipped, saying what to add
-    with pytest.raises(ValueError, match=r"holds image parts, and the run reads no image: add --multimodal-keys"):
+    with pytest.raises(
+        ValueError, match=r"holds image parts, and the run reads no image: add --multimodal-keys"
+    ):
         load_prompts(path)
 
 
@@ -279,7 +286,9 @@ def test_a_malformed_message_skips_its_row_naming_the_message(tmp_path, messages
 
 def test_the_datasets_librarys_folder_and_arrow_file(tmp_path):
     datasets = pytest.importorskip("datasets")
-    ds = datasets.Dataset.from_list([VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule", "ground_truth": "1"}}])
+    ds = datasets.Dataset.from_list(
+        [VERL_ROW, {**VERL_ROW, "reward_model": {"style": "rule", "ground_truth": "1"}}]
+    )
     ds.save_to_disk(str(tmp_path / "saved"))
     got = load_prompts(tmp_path / "saved", label_key="reward_model.ground_truth")
     assert [r.label for r in got.rows] == ["72", "1"] and got.rows[0].prompt == VERL_ROW["prompt"]

@@ -23,7 +23,9 @@ def tokenizer(tiny_model_dir):
 
 def test_messages_keep_their_roles_with_or_without_apply_chat_template(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
-    want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n"
+    want = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render(tokenizer, messages, apply_chat_template=True) == want
     assert render(tokenizer, messages, apply_chat_template=False) == want  # (a list has no other text)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: relax train [CONFIG.yaml] [--flag value ...]
+USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
        relax status RUN_DIR | relax watch RUN_DIR | relax summary RUN_DIR
        relax eval CKPT [--data FILE.jsonl] | relax export CKPT OUT
        relax prepare-data FORMAT SRC OUT.jsonl
@@ -112,12 +112,12 @@ def _command(argv: list[str]) -> int:
         demos = {"demo": DEMO_DEFAULTS, "omni demo": OMNI_DEFAULTS}
         print(wrap_columns(USAGE) + "\n" + help_text(demos=demos))  # (to the terminal's width)
         return 0
-    from relax_core.cli_config import ConfigError, build_config
+    from relax_app.recipes import shipped_configs
+    from relax_core.cli_config import ConfigError, build_config, config_files
 
-    yaml_path = rest[0] if rest and not rest[0].startswith("--") else None
-    overrides = rest[1:] if yaml_path else rest
-    omni = "--omni-demo" in overrides
-    overrides = [a for a in overrides if a != "--omni-demo"]
+    yaml_path = None  # (config files are read where they stand: bare *.yaml arguments and --config FILE)
+    overrides = shipped_configs([a for a in rest if a != "--omni-demo"])
+    omni = "--omni-demo" in rest
     try:
         defaults = None
         if omni:
@@ -127,7 +127,7 @@ def _command(argv: list[str]) -> int:
 
             model, data = prepare_omni_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
             defaults = {**OMNI_DEFAULTS, "prompt_data": data, "hf_checkpoint": model}
-        elif yaml_path is None and not any(a.startswith("--prompt-data") for a in overrides):
+        elif not config_files(overrides) and not any(a.startswith("--prompt-data") for a in overrides):
             from relax_app.demo.defaults import DEMO_DEFAULTS
 
             defaults = DEMO_DEFAULTS

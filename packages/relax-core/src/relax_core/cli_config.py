@@ -9,6 +9,7 @@ section (``train: {lr: 1e-5}``) or flat (``lr: 1e-5``). slime's names for the sa
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,92 +54,200 @@ def _is_str_field(section: str, name: str) -> bool:
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
     """Turn ``--flag value`` / ``--flag=value`` / bare boolean flags into {leaf: value}."""
-    return _parse(argv)[0]
+    parsed = _parse(argv)
+    _raise_all(parsed.errors)
+    return parsed.flat
 
 
-def _parse(argv: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """{leaf: value}, and {leaf: the name it was given under} (ours, or a slime alias: cli_aliases)."""
-    index = flag_index()
-    out: dict[str, Any] = {}
-    given: dict[str, str] = {}
+CONFIG_SUFFIXES = (".yaml", ".yml")
+"""A bare argument with one of these endings is a config file (anywhere on the command line)."""
+
+
+@dataclass
+class Parsed:
+    """What a command line gives: ``flat`` {leaf: value}, ``given`` {leaf: the name it was given under (ours,
+    or a slime alias: cli_aliases)}, ``files`` (config files: bare ``*.yaml`` arguments and ``--config``, in
+    order), ``errors`` (every problem, each naming its flag: reported together)."""
+
+    flat: dict[str, Any] = field(default_factory=dict)
+    given: dict[str, str] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def config_files(argv: list[str]) -> list[str]:
+    """The config files a command line names (bare ``*.yaml`` arguments and ``--config FILE``), in order."""
+    return _parse(argv).files
+
+
+def _raise_all(errors: list[str]) -> None:
+    """One ``ConfigError`` for every problem found (one line each), so a script is fixed in one go."""
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        listed = "\n".join(f"  {e}" for e in errors)
+        raise ConfigError(
+            f"{len(errors)} problems with the command line:\n{listed}\nsee `relax train --help`"
+        )
+
+
+def _parse(argv: list[str]) -> Parsed:
+    """:class:`Parsed` of ``argv``; a problem with one flag is recorded and the next flag read."""
+    out = Parsed()
     i = 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r}: flags look like --name value")
-        key, eq, inline = arg[2:].partition("=")
-        leaf = key.replace("-", "_")
-        if leaf in _MODE_FLAGS and not eq:
-            out["mode"] = _MODE_FLAGS[leaf]
+            i = _bare(argv, i, out)
+            continue
+        try:
+            i = _flag_at(argv, i, out)
+        except ConfigError as e:
+            out.errors.append(str(e))
             i += 1
-            continue
-        if leaf in aliases.MULTI_VALUE:
-            if eq:
-                values, i = [inline], i + 1
-            else:
-                j = i + 1
-                while j < len(argv) and not argv[j].startswith("--"):
-                    j += 1
-                if j == i + 1:
-                    raise ConfigError(f"--{key} needs a value")
-                values, i = argv[i + 1 : j], j
-            try:
-                value = aliases.multi_value(leaf, values)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-            _put(out, given, aliases.ALIASES.get(leaf, leaf), leaf, value)
-            continue
-        switch = leaf[3:] if leaf.startswith("no_") else leaf
-        if switch in aliases.SWITCHES or switch in aliases.ENABLES:
-            on = switch == leaf
-            if eq or (i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false")):
-                raw = inline if eq else argv[i + 1]
-                if raw.lower() not in ("true", "false"):
-                    raise ConfigError(
-                        f"--{key} is an on/off flag: give it bare, or true / false (got {raw!r})"
-                    )
-                on = on == (raw.lower() == "true")
-                i += 0 if eq else 1
-            i += 1
-            _switch(out, given, switch, on)
-            continue
-        named = leaf
-        negated = leaf.startswith("no_") and leaf[3:] in index
-        if negated:
-            leaf = named = leaf[3:]
-        leaf = aliases.ALIASES.get(leaf, leaf)
-        if named in aliases.NO_EQUIVALENT:
-            leaf = named
-        elif leaf not in index:
-            message = _unknown(f"unknown flag --{key}", key)
-            raise ConfigError(f"{message}; see `relax train --help` for the list")
-        if leaf in index and _is_bool_field(*index[leaf]) and not eq:
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if nxt is not None and nxt.lower() in ("true", "false"):
-                _put(out, given, leaf, named, nxt.lower() == "true")
-                i += 2
-            else:
-                _put(out, given, leaf, named, not negated)
-                i += 1
-            continue
+            while i < len(argv) and not argv[i].startswith("--") and not _is_bare_arg(argv[i]):
+                i += 1  # (its value)
+    return out
+
+
+def _is_bare_arg(arg: str) -> bool:
+    """A config file or a ``key=value`` override (where a flag was expected)."""
+    return arg.endswith(CONFIG_SUFFIXES) or ("=" in arg and not arg.startswith("-"))
+
+
+def _bare(argv: list[str], i: int, out: Parsed) -> int:
+    """A bare argument where a flag was expected: a config file, or a veRL-style ``a.b.c=value`` override."""
+    arg = argv[i]
+    if arg.endswith(CONFIG_SUFFIXES):
+        out.files.append(arg)
+    elif "=" in arg and not arg.startswith("-"):
+        path, _, raw = arg.partition("=")
+        try:
+            leaf, value = aliases.dotted(path.strip(), _scalar(raw))
+            if leaf not in flag_index():
+                raise ValueError(f"{path}={raw}: unknown key; give our flag (see --help)")
+            section, name = flag_index()[leaf]
+            if (
+                _is_str_field(section, name)
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            ):
+                value = raw  # (a text field keeps its text: output_dir=2024)
+            _put(out.flat, out.given, leaf, path, value)
+        except (ConfigError, ValueError) as e:
+            out.errors.append(str(e))
+    else:
+        out.errors.append(
+            f"unexpected argument {arg!r}: flags look like --name value, a config file ends in .yaml, an "
+            "override looks like key=value"
+        )
+    return i + 1
+
+
+def _flag_at(argv: list[str], i: int, out: Parsed) -> int:
+    """Read the flag at ``argv[i]`` (and its values) into ``out``; the index after them."""
+    arg = argv[i]
+    key, eq, inline = arg[2:].partition("=")
+    leaf = key.replace("-", "_")
+    index = flag_index()
+    if leaf == "config":
         if eq:
-            raw = inline
-            i += 1
+            out.files.append(inline)
+            return i + 1
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            raise ConfigError("--config needs a file (a YAML config)")
+        out.files.append(argv[i + 1])
+        return i + 2
+    if leaf in _MODE_FLAGS and not eq:
+        out.flat["mode"] = _MODE_FLAGS[leaf]
+        return i + 1
+    if leaf in aliases.REFUSED_SWITCHES:
+        raise ConfigError(f"--{key}: no equivalent in relax; {aliases.REFUSED_SWITCHES[leaf]}")
+    if leaf in aliases.CONVERTS:
+        field_name, convert = aliases.CONVERTS[leaf]
+        if eq:
+            raw, j = inline, i + 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            raw, j = argv[i + 1], i + 2
         else:
-            if i + 1 >= len(argv):
+            raise ConfigError(f"--{key} needs a value")
+        try:
+            _put(out.flat, out.given, field_name, leaf, convert(raw))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return j
+    if leaf in aliases.IGNORED:
+        j = i + 1
+        if not eq:
+            while j < len(argv) and not argv[j].startswith("--") and not _is_bare_arg(argv[j]):
+                j += 1
+        out.given[leaf] = leaf
+        return j
+    if leaf in aliases.MULTI_VALUE:
+        if eq:
+            values, j = [inline], i + 1
+        else:
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            if j == i + 1:
                 raise ConfigError(f"--{key} needs a value")
-            raw = argv[i + 1]
-            i += 2
-        if named in aliases.NO_EQUIVALENT:
-            _refuse(named, _scalar(raw))
-            continue
-        # a text flag keeps its text even when it looks like a number (--output-dir 2024); "none" means
-        # None only where None is allowed (--rm-type none names the no-reward reward)
-        section, name = index[leaf]
-        ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
-        keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
-        _put(out, given, leaf, named, aliases.translate(named, raw if keep_text else _scalar(raw)))
-    return out, given
+            values = argv[i + 1 : j]
+        try:
+            value = aliases.multi_value(leaf, values)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        _put(out.flat, out.given, aliases.ALIASES.get(leaf, leaf), leaf, value)
+        return j
+    switch = leaf[3:] if leaf.startswith("no_") else leaf
+    if switch in aliases.SWITCHES or switch in aliases.ENABLES:
+        on = switch == leaf
+        if eq or (i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false")):
+            raw = inline if eq else argv[i + 1]
+            if raw.lower() not in ("true", "false"):
+                raise ConfigError(f"--{key} is an on/off flag: give it bare, or true / false (got {raw!r})")
+            on = on == (raw.lower() == "true")
+            i += 0 if eq else 1
+        _switch(out.flat, out.given, switch, on)
+        return i + 1
+    named = leaf
+    negated = leaf.startswith("no_") and leaf[3:] in index
+    if negated:
+        leaf = named = leaf[3:]
+    leaf = aliases.ALIASES.get(leaf, leaf)
+    if named in aliases.NO_EQUIVALENT:
+        leaf = named
+    elif leaf not in index:
+        raise ConfigError(_unknown(f"unknown flag --{key}", key))
+    if leaf in index and _is_bool_field(*index[leaf]) and not eq:
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and nxt.lower() in ("true", "false"):
+            _put(out.flat, out.given, leaf, named, nxt.lower() == "true")
+            return i + 2
+        _put(out.flat, out.given, leaf, named, not negated)
+        return i + 1
+    if eq:
+        raw, i = inline, i + 1
+    else:
+        if i + 1 >= len(argv) or (
+            argv[i + 1].startswith("--") and leaf in index and not _is_str_field(*index[leaf])
+        ):
+            raise ConfigError(f"--{key} needs a value")
+        raw, i = argv[i + 1], i + 2
+    if named in aliases.NO_EQUIVALENT:
+        _refuse(named, _scalar(raw))
+        return i
+    # a text flag keeps its text even when it looks like a number (--output-dir 2024); "none" means
+    # None only where None is allowed (--rm-type none names the no-reward reward)
+    section, name = index[leaf]
+    ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
+    keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
+    try:
+        value = aliases.translate(named, raw if keep_text else _scalar(raw))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _put(out.flat, out.given, leaf, named, value)
+    return i
 
 
 def _switch(out: dict[str, Any], given: dict[str, str], name: str, on: bool) -> None:
@@ -201,14 +310,17 @@ def _scalar(raw: str) -> Any:
     return value if isinstance(value, (int, float, bool, list, dict)) else raw
 
 
-def _flatten_yaml(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """{leaf: value} and {leaf: the key it was given under}, like the command line's (slime names too)."""
+def _flatten_yaml(
+    data: dict[str, Any], source: str, errors: list[str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """{leaf: value} and {leaf: the key it was given under}, like the command line's (slime names too); a
+    key that cannot be used is added to ``errors`` (named with ``source``) and the others read."""
     index = flag_index()
     pairs: list[tuple[str, Any]] = []
     for key, value in data.items():
-        k = key.replace("-", "_")
+        k = str(key).replace("-", "_")
         if k in RelaxConfig.model_fields and isinstance(value, dict):
-            pairs.extend((sub.replace("-", "_"), v) for sub, v in value.items())
+            pairs.extend((str(sub).replace("-", "_"), v) for sub, v in value.items())
         else:
             pairs.append((k, value))
     flat: dict[str, Any] = {}
@@ -217,6 +329,14 @@ def _flatten_yaml(data: dict[str, Any], source: str) -> tuple[dict[str, Any], di
         try:
             if k in _MODE_FLAGS and value is True:
                 flat["mode"] = _MODE_FLAGS[k]
+            elif k in aliases.IGNORED:
+                given[k] = k
+            elif k in aliases.REFUSED_SWITCHES:
+                if value is not False:
+                    raise ConfigError(f"{k!r}: no equivalent in relax; {aliases.REFUSED_SWITCHES[k]}")
+            elif k in aliases.CONVERTS:
+                field_name, convert = aliases.CONVERTS[k]
+                _put(flat, given, field_name, k, convert(value))
             elif k in aliases.NO_EQUIVALENT:
                 _refuse(k, value)
             elif k in aliases.MULTI_VALUE:
@@ -231,8 +351,23 @@ def _flatten_yaml(data: dict[str, Any], source: str) -> tuple[dict[str, Any], di
             else:
                 raise ConfigError(_unknown(f"unknown key {k!r}", k))
         except (ConfigError, ValueError) as e:
-            raise ConfigError(f"{source}: {e}") from None
+            errors.append(f"{source}: {e}")
     return flat, given
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """A config file's mapping; ``ConfigError`` naming the file and what is wrong with it."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:  # (its message carries the line and column)
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of flag names to values")
+    return data
 
 
 def build_config(
@@ -241,31 +376,28 @@ def build_config(
     defaults: dict[str, Any] | None = None,
     notes: list[str] | None = None,
 ) -> RelaxConfig:
-    """defaults < YAML file (optional) < command-line overrides → validated config.
+    """defaults < YAML files (``yaml_path``, then those ``argv`` names, in order) < command-line overrides →
+    validated config.
 
-    Raises ConfigError naming the flag and the rule. ``notes``, if given, receives a line per name the
-    user gave that means something else in slime or veRL (``--kl-coef``), for the console."""
+    Raises one ConfigError naming every flag, key and file that cannot be used, each with the rule.
+    ``notes``, if given, receives a line per name the user gave that means something else in slime or veRL
+    (``--kl-coef``) or that relax accepts and does not use (slime's ``--num-layers``), for the console."""
+    parsed = _parse(list(argv or []))
+    errors = list(parsed.errors)
     flat: dict[str, Any] = dict(defaults or {})
     given: dict[str, str] = {}
-    if yaml_path is not None:
-        path = Path(yaml_path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} not found")
+    files = ([str(yaml_path)] if yaml_path is not None else []) + parsed.files
+    for name in files:
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:  # (its message carries the line and column)
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"{path}: not UTF-8 (byte {e.start}); re-encode the config file as UTF-8"
-            ) from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of flag names to values")
-        from_yaml, given = _flatten_yaml(data, str(path))
+            from_yaml, named = _flatten_yaml(_read_yaml(Path(name)), name, errors)
+        except ConfigError as e:
+            errors.append(str(e))
+            continue
         flat.update(from_yaml)
-    from_argv, on_argv = _parse(list(argv or []))
-    flat.update(from_argv)
-    given.update(on_argv)
+        given.update(named)
+    flat.update(parsed.flat)
+    given.update(parsed.given)
+    _raise_all(errors)
     try:
         aliases.check_enabled(given, flat)
     except ValueError as e:

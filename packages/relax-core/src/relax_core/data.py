@@ -135,7 +135,7 @@ def _row(
             'messages ({"role": "user", "content": "..."})'
         )
     found, label = lookup(rec, label_key)
-    if not found or label is None:  # (a parquet row lacking a nested field reads it as null)
+    if not found:  # (a null label is a label-free row: scored by the group hook, or counted unlabeled)
         raise _Skip(f"missing --label-key column {label_key!r}" + _columns_hint(rec))
     meta: Any = {}
     if metadata_key:

@@ -266,7 +266,9 @@ class Generation:
         warm-started on raw prompts answers its first turn as it learned to); later turns still follow the
         template (``turns.py``)."""
         if isinstance(row.prompt, str) and len(history) == 1 and not any(media.values()):
-            return list(self.prompts.encode(row.prompt)), None  # (the template, or raw: --apply-chat-template)
+            return list(
+                self.prompts.encode(row.prompt)
+            ), None  # (the template, or raw: --apply-chat-template)
         text = self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         if not any(media.values()):
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None

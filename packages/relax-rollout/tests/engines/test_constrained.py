@@ -347,3 +347,59 @@ def test_special_tokens_in_open_and_close_are_those_tokens(engine, tok, prompts)
         assert out.token_ids[0] == start and start in out.token_ids[1:], out.token_ids
         text = tok.decode(out.token_ids, skip_special_tokens=False)
         assert text.startswith('<|im_start|>call {"name": "add", "arguments": {"a": '), text
+
+
+# -- undeclared keys, as SGLang's grammar backend reads a schema (#50) -------------------------------------
+STRICT_CASES = {
+    "declared": {"type": "object", "properties": {"a": {"type": "string"}}},
+    "free": {"type": "object"},
+    "nested": {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    },
+    "allowed": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+    "tuple": {"type": "array", "prefixItems": [{"type": "integer"}]},
+    "defs": {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/P"}},
+        "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    },
+}
+STRICT_TEXTS = [
+    '{"a": "x"}',
+    '{"a": "x", "b": 1}',
+    "{}",
+    '{"a": {"x": 1}}',
+    '{"a": {"x": 1, "y": 2}}',
+    "[1]",
+    "[1, 2]",
+]
+STRICT_TEXTS += ['{"p": {"x": 1}}', '{"p": {"x": 1, "z": 0}}']
+XGRAMMAR = """
+import json, sys
+import xgrammar as xgr
+from xgrammar.testing import _is_grammar_accept_string
+cases, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(json.dumps({n: [_is_grammar_accept_string(xgr.Grammar.from_json_schema(json.dumps(s)), t) for t in texts]
+                  for n, s in cases.items()}))
+"""
+
+
+def test_json_schemas_take_the_keys_sglangs_grammar_backend_takes(engine, tok, sglang_python):
+    """What SGLang 0.5.23 decodes under a schema (xgrammar, its default backend, strict mode: no key an object
+    with ``properties`` does not declare, no item past ``prefixItems``) is what the torch engine decodes:
+    each text accepted or refused alike, by xgrammar in SGLang's venv and by our llguidance grammar."""
+    import subprocess
+
+    from llguidance import LLMatcher
+
+    def ours(schema: dict, text: str) -> bool:
+        matcher = LLMatcher(engine.guide.tokenizer, grammar_of(Constraint("json_schema", json.dumps(schema))))
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    args = [sglang_python, "-c", XGRAMMAR, json.dumps(STRICT_CASES), json.dumps(STRICT_TEXTS)]
+    theirs = json.loads(subprocess.run(args, capture_output=True, text=True, check=True, timeout=120).stdout)
+    got = {name: [ours(schema, t) for t in STRICT_TEXTS] for name, schema in STRICT_CASES.items()}
+    assert got == theirs
+    assert theirs["declared"][:2] == [True, False] and theirs["free"][1]  # (what the cases are for)

@@ -58,6 +58,50 @@ def _json(text: str, what: str) -> Any:
         raise ValueError(f"Constraint.spec: {what} is not valid JSON ({e})") from e
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+
+
+def strict_schema(schema: Any) -> Any:
+    """``schema`` as SGLang's grammar backend reads it (xgrammar's strict mode, SGLang 0.5.23's default): an
+    object that declares ``properties`` takes no other key unless it says so (``additionalProperties``), a
+    ``prefixItems`` array no item past them unless it says so (``items``). Why: JSON Schema allows undeclared
+    keys by default, and a tool's parameters rarely forbid them (LangChain's ``@tool``, pydantic's default):
+    decoded so, forced tool calls wandered into made-up keys until ``max_tokens`` (6 of 10 came back as cut
+    text without ``tool_calls``), where SGLang's stop at the declared ones."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: strict_schema(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(v) for v in out[key]]
+    for key in _SCHEMA_ONES:
+        if isinstance(out.get(key), dict):
+            out[key] = strict_schema(out[key])
+    if "properties" in out and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    if "prefixItems" in out and "items" not in out and "unevaluatedItems" not in out:
+        out["items"] = False
+    return out
+
+
 def call_schema(c: Constraint) -> dict:
     """The JSON schema of one call of a "tool_calls" constraint: ``{"name": <a tool's>, "arguments": <that
     tool's parameters>}`` (an empty object where a tool has no ``parameters``, as OpenAI reads a missing
@@ -74,7 +118,7 @@ def call_schema(c: Constraint) -> dict:
                 f"Constraint.spec[{i}]: a tool must be {{'type': 'function', 'function': {{'name': ...}}}}"
             )
         params = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
-        params = _hoist_definitions(params, fn["name"], defs)
+        params = strict_schema(_hoist_definitions(params, fn["name"], defs))
         calls[fn["name"]] = {
             "type": "object",
             "properties": {"name": {"const": fn["name"]}, "arguments": params},
@@ -114,7 +158,7 @@ def _hoist_definitions(params: Any, tool: str, defs: dict[str, Any]) -> Any:
         return [rewrite(v) for v in node] if isinstance(node, list) else node
 
     for k, schema in local.items():
-        defs[key[k]] = rewrite(schema)
+        defs[key[k]] = strict_schema(rewrite(schema))
     return rewrite(params)
 
 
@@ -149,7 +193,7 @@ def grammar_of(c: Constraint, specials: dict[str, int] | None = None) -> str:
             raise ValueError(
                 f"Constraint.spec: a JSON schema must be an object (got {type(schema).__name__})"
             )
-        return LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(json.dumps(strict_schema(schema)), defaults=JSON_OPTIONS)
     if c.kind == "regex":
         return LLMatcher.grammar_from_regex(c.spec)
     return LLMatcher.grammar_from_lark(tool_calls_lark(c, specials))

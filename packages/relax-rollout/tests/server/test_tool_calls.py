@@ -157,7 +157,9 @@ def test_forced_calls_on_parameters_that_allow_any_key_parse_every_time(torch_se
     them, only the declared keys: 10 seeds, 10 replies whose calls parse, none with an undeclared key."""
     url, tok = torch_server
     if "<tool_call>" not in tok.get_added_vocab():
-        pytest.skip("the demo model's context holds the tool list and little more: the tool-capable one runs it")
+        pytest.skip(
+            "the demo model's context holds the tool list and little more: the tool-capable one runs it"
+        )
     client = _client(url)
     for seed in range(10):
         reply = client.chat.completions.create(

@@ -97,7 +97,7 @@ def test_watch_shows_a_fully_async_run_live_then_its_stop_by_signal(tiny_run_inp
             assert name in roles and roles[name][1] == "running", seen
         assert re.fullmatch(r"v\d+", roles["rollout"][2]) and re.fullmatch(r"v\d+", roles["actor"][2]), seen
         assert re.search(r"samples/s \d+\.\d\d", seen) and re.search(r"reward \d\.\d{3}", seen), seen
-        assert re.search(r"bus depth \d+  staleness [\d-]+", seen), seen
+        assert re.search(r"bus depth \d+  oldest waiting (v\d+ \(\d+ behind the trainer|-)", seen), seen
         # the trace is flushed as the run goes (valid JSON at any moment: _spans parses it)
         assert {"generate", "train"} <= {e["name"] for e in _spans(out)}, _spans(out)
 
@@ -215,6 +215,22 @@ def test_eval_scores_a_checkpoint_on_its_run_s_held_out_data(saved_run, tiny_run
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["samples"] == 2
     assert eval_main([str(save), "--data", str(tmp_path / "none.jsonl")]) == 2
     assert "none.jsonl: no such file" in capsys.readouterr().err
+    # a file of other column names: one line naming --data, the columns it has and the flags to give
+    # (it was a traceback naming --prompt-data)
+    other = tmp_path / "qa.jsonl"
+    other.write_text(
+        "".join(json.dumps({"question": f"{i}+2=", "answer": str(i + 2)}) + "\n" for i in range(3))
+    )
+    assert eval_main([str(save), "--data", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"relax: --data {other}: no usable rows") and "(the row has: question, answer)" in err
+    )
+    assert err.rstrip().endswith("name its columns with --input-key and --label-key")
+    assert (
+        eval_main([str(save), "--data", str(other), "--input-key", "question", "--label-key", "answer"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["samples"] == 3
 
 
 def test_version_names_every_relax_package():

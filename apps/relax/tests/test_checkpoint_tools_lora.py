@@ -3,6 +3,8 @@ model_merged/; without, the adapter is merged into the model the run trained fro
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from relax_core.checkpoints import write_manifest
@@ -39,7 +41,15 @@ def test_export_of_a_lora_checkpoint_serves_the_merged_policy(tmp_path, saved_me
     before = sorted(p.name for p in ckpt.iterdir())
     assert not (ckpt / "model").exists() and (ckpt / "model_merged").is_dir() == saved_merged
 
-    export(ckpt, tmp_path / "hf")
+    old_umask = os.umask(0o022)
+    try:
+        source = export(ckpt, tmp_path / "hf")
+    finally:
+        os.umask(old_umask)
+    # where the tokenizer came from, as `relax export` prints it: the base (the merge's temporary directory
+    # it named before is deleted at exit); the weights readable as the umask makes new files (were 0600)
+    assert source == (str(tmp_path / "ckpt" / "model_merged") if saved_merged else base)
+    assert (tmp_path / "hf" / "model.safetensors").stat().st_mode & 0o777 == 0o644
     served = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     want = dict(merged_weights(be.model))
     for name, t in served.state_dict().items():

@@ -60,3 +60,21 @@ def test_a_damaged_status_file_is_said_to_be_and_watch_stops(tmp_path, capsys, m
     assert "\n" not in err and f"relax summary {tmp_path}" in err
     assert status_main([str(tmp_path)]) == 2
     assert "\n" not in capsys.readouterr().err.strip()
+
+
+def test_a_finished_run_s_clock_stops_and_a_waiting_sample_past_the_bound_is_said_to_be_dropped(tmp_path):
+    """A finished run's "up" went on counting, and "staleness 2" beside "max staleness 1" read as a broken
+    bound (it is a waiting sample's, which the bus drops rather than train)."""
+    from relax_core.live import BusStatus
+
+    bus = BusStatus(depth=4, oldest_version=3, staleness=2)
+    done = _write(tmp_path, state="done", step=10, started_at=1000.0, updated_at=1100.0, bus=bus)
+    text = render(done, now=5000.0)
+    assert "ran 100s, ended 3900s ago" in text and "up " not in text
+    assert "oldest waiting v3 (2 behind the trainer; past --max-staleness 1: dropped, not trained)" in text
+    running = _write(tmp_path, state="running", step=5, started_at=1000.0, updated_at=1100.0, bus=bus)
+    assert "up 101s  updated 1.0s ago" in render(running, now=1101.0)
+    ok = BusStatus(depth=4, oldest_version=4, staleness=1)
+    assert "oldest waiting v4 (1 behind the trainer)  dropped" in render(
+        running.model_copy(update={"bus": ok})
+    )

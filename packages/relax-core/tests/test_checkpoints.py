@@ -118,3 +118,27 @@ def test_a_save_into_a_directory_that_became_read_only_is_a_checkpoint_write_err
     finally:
         subprocess.run(["chattr", "-i", str(save)], check=True)
     assert list(save.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_a_checkpoint_s_files_are_as_readable_as_the_umask_makes_new_files(tmp_path, umask, mode):
+    """safetensors (0.8) writes its files 0600: a checkpoint's weights were unreadable to a teammate on a
+    shared filesystem while everything beside them was readable."""
+    import os
+
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    def write(d):
+        (d / "model").mkdir()
+        save_file({"w": torch.zeros(2)}, str(d / "model" / "model.safetensors"))
+        (d / "meta.json").write_text("{}")
+
+    old = os.umask(umask)
+    try:
+        target = save_atomically(tmp_path / "step_000001", write)
+    finally:
+        os.umask(old)
+    assert oct(os.stat(target / "model" / "model.safetensors").st_mode & 0o777) == oct(mode)
+    assert oct(os.stat(target / "meta.json").st_mode & 0o777) == oct(mode)
+    assert problem(target) is None  # (the manifest still matches)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.checkpoints import enclosing_checkpoint, latest_checkpoint, problem
-from relax_core.hf_files import copy_serving_files, tokenizer_missing
+from relax_core.hf_files import copy_serving_files, share_as_new_files, tokenizer_missing
 from relax_core.resume import CheckpointDir
 
 
@@ -52,6 +52,11 @@ def resolve(path: str | Path, trust_unverified: bool = False) -> tuple[Path, dic
     return model, state, ckpt
 
 
+_MERGED_FROM: dict[str, str] = {}
+"""A merged LoRA model's temporary directory -> the base model it was merged into (whose tokenizer and
+serving files it holds): what to name as their source, the temporary directory being gone at exit."""
+
+
 def merge_adapter(ckpt: Path, state: dict[str, Any]) -> Path:
     """A LoRA checkpoint saved without --lora-save-merged (``adapter/`` alone): its adapter merged into the
     model the run trained from (recorded in the checkpoint, else named in the adapter's config), written to a
@@ -75,6 +80,7 @@ def merge_adapter(ckpt: Path, state: dict[str, Any]) -> Path:
     atexit.register(shutil.rmtree, out, True)  # (read by this command alone)
     merged.save_pretrained(out)
     copy_serving_files(base, out, getattr(merged, "generation_config", None))
+    _MERGED_FROM[str(out)] = str(base)
     return out
 
 
@@ -154,10 +160,11 @@ def export(
         raise CheckpointError(
             f"{source}: no tokenizer there ({' and '.join(missing)} missing); give --tokenizer DIR"
         )
+    share_as_new_files(tmp)  # (a checkpoint written before this was fixed: its weights 0600)
     if dst.exists():
         dst.rmdir()
     tmp.rename(dst)  # (whole or not at all)
-    return source
+    return _MERGED_FROM.get(source, source)  # (not the merge's temporary directory: gone at exit)
 
 
 def _run_config(run: Path | None, overrides: list[str]):
@@ -195,6 +202,14 @@ def evaluate(
         raise CheckpointError(f"{ckpt}: no held-out data known for its run; give --data FILE.jsonl")
     if not Path(data).is_file():
         raise CheckpointError(f"--data {data}: no such file")
+    from relax_core.data import load_prompts
+
+    try:  # (a file of other columns ended in a traceback naming --prompt-data)
+        load_prompts(data, cfg.data.input_key, cfg.data.label_key, cfg.data.metadata_key)
+    except ValueError as e:
+        raise CheckpointError(
+            f"{str(e).replace('--prompt-data', '--data', 1)}; name its columns with --input-key and --label-key"
+        ) from None
     source = tokenizer_source(model, state, run, tokenizer)
     import torch
     from transformers import AutoModelForCausalLM

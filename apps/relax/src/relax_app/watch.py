@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from relax_core.live import FINAL_STATES, RunStatus, read_status
+from relax_core.live import FINAL_STATES, BusStatus, RunStatus, read_status
 
 
 def _num(x: float | None, fmt: str = ".3f") -> str:
@@ -49,7 +49,7 @@ def render(s: RunStatus, now: float | None = None) -> str:
         f"run {s.output_dir}  [{s.mode}{staleness}]",
         f"state {run_state(s)}  step {s.step}/{s.num_steps}"
         + (f" ({s.phase})" if s.phase else "")
-        + f"  up {now - s.started_at:.0f}s  updated {max(0.0, now - s.updated_at):.1f}s ago",
+        + _clock(s, now),
         f"samples/s {_num(s.samples_per_s, '.2f')} (recent {_num(s.samples_per_s_recent, '.2f')})"
         f"  generated/s {_num(s.generated_per_s, '.2f')}  trained {s.samples_trained}",
         f"reward {_num(s.reward_mean)}  held-out accuracy {_num(s.eval_accuracy)}"
@@ -59,9 +59,8 @@ def render(s: RunStatus, now: float | None = None) -> str:
         b = s.bus
         waiting = ", ".join(f"{c} {n}" for c, n in b.available.items())
         lines.append(
-            f"bus depth {b.depth}  staleness {_num(b.staleness, 'd') if b.staleness is not None else '-'}"
-            f" (oldest sample v{b.oldest_version if b.oldest_version is not None else '-'})"
-            f"  dropped stale {b.dropped_stale}" + (f"  ready: {waiting}" if waiting else "")
+            f"bus depth {b.depth}  {_oldest(s, b)}  dropped stale {b.dropped_stale}"
+            + (f"  ready: {waiting}" if waiting else "")
         )
     if s.roles:
         lines.append(f"{'role':<12}{'state':<16}{'version':>8}{'idle s':>9}{'restarts':>10}  pid")
@@ -76,6 +75,26 @@ def render(s: RunStatus, now: float | None = None) -> str:
     if s.message:
         lines.append(s.message)
     return "\n".join(lines)
+
+
+def _clock(s: RunStatus, now: float) -> str:
+    """How long the run has been up, or, once it ended, how long it ran and when it ended (a finished run's
+    "up" went on counting)."""
+    if s.state in FINAL_STATES:
+        return f"  ran {s.updated_at - s.started_at:.0f}s, ended {max(0.0, now - s.updated_at):.0f}s ago"
+    return f"  up {now - s.started_at:.0f}s  updated {max(0.0, now - s.updated_at):.1f}s ago"
+
+
+def _oldest(s: RunStatus, b: BusStatus) -> str:
+    """The oldest sample waiting on the bus and how many updates behind the trainer it is. Not the
+    staleness of what trains ("staleness 2" beside "max staleness 1" read as a broken bound): a waiting
+    sample past --max-staleness is dropped, never trained, which this says."""
+    if b.oldest_version is None or b.staleness is None:
+        return "oldest waiting -"
+    past = s.mode == "fully_async" and b.staleness > s.max_staleness
+    return f"oldest waiting v{b.oldest_version} ({b.staleness} behind the trainer" + (
+        f"; past --max-staleness {s.max_staleness}: dropped, not trained)" if past else ")"
+    )
 
 
 def _parse(argv: list[str], prog: str, interval: bool) -> argparse.Namespace:

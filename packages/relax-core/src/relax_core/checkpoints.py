@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from relax_core.hf_files import share_as_new_files
 from relax_core.ownership import process_alive
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ def save_atomically(target: str | Path, write: Callable[[Path], None]) -> Path:
     try:  # (the directory too: made before this block, a read-only --save was a traceback)
         tmp.mkdir(parents=True)
         write(tmp)
+        share_as_new_files(tmp)  # (safetensors writes its files 0600)
         write_manifest(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: its dot-name is never loaded)

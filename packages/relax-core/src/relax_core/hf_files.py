@@ -117,3 +117,30 @@ def _save_generation_config(out: Path, generation_config: GenerationConfig | Non
         logger.warning("%s: no generation_config.json written (%s)", out, e)
         return False
     return True
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets one to read it: a file another
+    thread made meanwhile would get the wrong mode); 0o022 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def share_as_new_files(directory: str | Path) -> None:
+    """Give every file under ``directory`` the permission bits the umask gives a new file (adding, never
+    removing). Why: safetensors (0.8) writes its files 0600 through a temporary file, so a checkpoint's and
+    an export's weights were unreadable to a teammate on a shared filesystem while every file beside them
+    was 0644."""
+    import os
+
+    allowed = 0o666 & ~_umask()
+    for path in Path(directory).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            mode = path.stat().st_mode & 0o777
+            if mode | allowed != mode:
+                os.chmod(path, mode | allowed)

@@ -75,10 +75,13 @@ def build_tiny_qwen3(
 
 def save_checkpoint(model, tokenizer, out_dir: str | Path) -> Path:
     """Save model (safetensors) and tokenizer into one HF checkpoint directory."""
+    from relax_core.hf_files import share_as_new_files
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
+    share_as_new_files(out)  # (safetensors writes its files 0600)
     return out
 
 

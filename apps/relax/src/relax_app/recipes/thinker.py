@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from relax_core.hf_files import share_as_new_files
+
 PREFIX = "thinker."
 WEIGHT_FILES = ("config.json", "model.safetensors.index.json")
 
@@ -83,6 +85,7 @@ def omni_thinker(src: str | Path, dst: str | Path) -> Path:
     if getattr(thinker, "dtype", None) is None:  # (the hub keeps it on the whole model's config only)
         thinker.dtype = getattr(whole, "dtype", None)
     thinker.save_pretrained(dst)
+    share_as_new_files(dst)  # (safetensors writes its files 0600)
     for f in src.iterdir():  # tokenizer, processor, chat template, generation config
         if f.is_file() and f.name not in WEIGHT_FILES and not f.name.endswith(".safetensors"):
             shutil.copy2(f, dst / f.name)

@@ -166,6 +166,21 @@ FALLBACK = {
 }
 """Config section -> the help section of its fields that :data:`SECTIONS` does not name."""
 
+DATA_LAYOUTS = (
+    "Datasets: .jsonl, .json, .parquet, .arrow, or a folder the datasets library saved. A prompt is text or "
+    "chat messages (the chat template renders them, each turn with its role); column names may be nested "
+    "paths. veRL's parquet: --input-key prompt --label-key reward_model.ground_truth --metadata-key "
+    "extra_info. slime's jsonl: --input-key prompt (or messages) --label-key label --apply-chat-template."
+)
+"""The data section's opening lines: the layouts veRL and slime users bring, by name."""
+
+COMMAND_LINE = (
+    "Config files (CONFIG.yaml, --config FILE) go anywhere on the command line, later ones and flags over "
+    "earlier ones; key=value sets a field by its name (lr=1e-6, train.lr=1e-6) or by veRL's path "
+    "(actor_rollout_ref.actor.optim.lr=1e-6). Every problem is listed at once."
+)
+"""The help's opening lines on how a command line is read."""
+
 MIN_WIDTH = 40
 """Narrower terminals get 40 columns (a flag name alone takes up to 36)."""
 
@@ -218,8 +233,11 @@ def render(
         labels = ", ".join(f"'{label}: X'" for label in demos)
         intro += f" {labels} beside a default: the value that demo sets instead."
     para(intro, "", "")
+    para(COMMAND_LINE, "", "")
     for title, rows in grouped(config_cls).items():
         lines += ["", f"{title}:"]
+        if title == "data":
+            para(DATA_LAYOUTS, "  ", "  ")
         if title == "asynchrony and staleness":
             para(
                 "--colocate / --fully-async: shorthand for --mode colocate / --mode fully_async",

@@ -34,19 +34,24 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     prompt_data: str | None = None
-    """Training prompts: a local .jsonl or .parquet file, one prompt per row."""
+    """Training prompts, one per row: a local .jsonl, .json, .parquet or .arrow file, or a folder the
+    datasets library saved (Dataset.save_to_disk)."""
     input_key: str = "prompt"
-    """Column holding the prompt text."""
+    """Column holding the prompt: text, or chat messages (a list of {"role", "content"}, veRL's and slime's
+    layout) that the chat template renders with their roles. A dotted path reads a nested field."""
     label_key: str = "label"
-    """Column holding the reference answer given to the reward."""
+    """Column holding the reference answer given to the reward; a dotted path reads a nested field
+    (veRL's reward_model.ground_truth). Null: a label-free row (counted as unlabeled)."""
     metadata_key: str | None = None
-    """Optional column holding a dict of per-sample metadata (e.g. rm_type) for the reward."""
+    """Optional column holding a dict of per-sample metadata (e.g. rm_type) for the reward (veRL's
+    extra_info); a dotted path reads a nested field."""
     eval_data: str | None = None
     """Held-out prompts (same format) for greedy evaluation; None disables evaluation."""
     eval_max_samples: int = Field(500, ge=1)
     """Evaluate on at most this many held-out rows."""
     apply_chat_template: bool = False
-    """Wrap each prompt with the tokenizer's chat template before tokenising."""
+    """Wrap each text prompt as one user turn of the tokenizer's chat template before tokenising (chat
+    messages always go through the template)."""
     rollout_shuffle: bool = True
     """Shuffle prompts each epoch (seeded by --seed)."""
     multimodal_keys: dict[str, str] | None = None

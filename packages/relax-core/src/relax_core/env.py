@@ -63,8 +63,11 @@ def env_factory(path: str) -> Any:
         raise ValueError(f"--env-path {path!r}: cannot import it ({e})") from e
 
 
-def build_env(path: str, prompt: str, label: Any, metadata: dict[str, Any]) -> Environment:
-    """Instantiate the environment named by ``path`` for one sample (see :func:`env_factory`)."""
+def build_env(
+    path: str, prompt: str | list[dict[str, Any]], label: Any, metadata: dict[str, Any]
+) -> Environment:
+    """Instantiate the environment named by ``path`` for one sample (see :func:`env_factory`); ``prompt`` is
+    the row's as the dataset gives it: text, or its chat messages (the episode starts from those)."""
     env: Environment = env_factory(path)(prompt=prompt, label=label, metadata=metadata)
     missing = [
         m for m in ("reset", "step", "format_observation", "close") if not callable(getattr(env, m, None))

@@ -252,6 +252,8 @@ def test_a_yaml_config_is_read_wherever_it_stands(tmp_path):
     assert build_config(argv=["--config", a, "--seed", "1"]).train.seed == 1  # flags over files
     assert build_config(argv=[f"--config={b}", a]).train.seed == 7
     assert config_files(["--lr", "1", a, "--config", b, "--colocate"]) == [a, b]
+    cfg = build_config(argv=["--rollout-stop", "</answer>", "###", a])  # (not a third stop string)
+    assert cfg.rollout.rollout_stop == ["</answer>", "###"] and cfg.train.lr == 0.001
 
 
 def test_key_value_overrides_ours_and_verls():

@@ -188,8 +188,8 @@ def _flag_at(argv: list[str], i: int, out: Parsed) -> int:
             values, j = [inline], i + 1
         else:
             j = i + 1
-            while j < len(argv) and not argv[j].startswith("--"):
-                j += 1
+            while j < len(argv) and not argv[j].startswith("--") and not argv[j].endswith(CONFIG_SUFFIXES):
+                j += 1  # (a config file after them is the command line's, not one of the values)
             if j == i + 1:
                 raise ConfigError(f"--{key} needs a value")
             values = argv[i + 1 : j]

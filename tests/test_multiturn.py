@@ -276,6 +276,48 @@ def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_
         assert turns == 2  # the calculator's result came back as a templated turn
 
 
+def test_an_episode_starts_from_a_rows_chat_messages(tiny_run_inputs, tmp_path):
+    """A dataset of chat messages (#50): the episode's first prompt is the chat template over the row's own
+    turns, its system turn kept, and the environment is built with those messages."""
+    import json
+
+    from relax_app.demo.task import read_jsonl
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core.cli_config import build_config
+    from relax_rollout.worker import RolloutWorker
+
+    rows = read_jsonl(tiny_run_inputs.prompt_path)
+    data = tmp_path / "messages.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "system", "content": "Add."},
+                        {"role": "user", "content": r["prompt"]},
+                    ],
+                    "label": r["label"],
+                }
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    flags = _flags(
+        tiny_run_inputs, tmp_path, prompt_data=str(data), input_key="messages", apply_chat_template=None
+    )
+    cfg = build_config(None, flags)
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, str(data))
+    worker.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
+    worker.produce(0)
+    b = bus.get("c", 16, timeout=5)
+    for tokens, plen in zip(b.data["tokens"], b.data["prompt_len"]):
+        text = worker.tokenizer.decode(tokens[:plen])
+        assert text.startswith("<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n"), text
+        assert text.endswith("<|im_end|>\n<|im_start|>assistant\n"), text
+
+
 def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_run_inputs, tmp_path):
     """``relax_core.env:BrokenEnv`` takes no prompt/label, so building it per sample raises: each sample ends
     after its first turn as env_error with the reason, and the batch is still put on the bus."""

@@ -344,6 +344,46 @@ def test_rayjob_entrypoint_as_written_parses_through_to_the_inputs_check(tmp_pat
     )
 
 
+@pytest.mark.integration
+@pytest.mark.shared_ray
+def test_rayjob_entrypoint_as_written_starts_a_run_on_the_cluster_it_is_given(tmp_path, tiny_run_inputs):
+    """The entrypoint string, run by bash as written with only its paths pointed at what this machine has
+    (the recipe at a tiny CPU config, /data at the tiny model and task) and RAY_ADDRESS at a running
+    cluster: the run joins that cluster and trains to its end. (Fully async: on a CPU a colocate run is one
+    process and uses no Ray; the recipe's colocate on GPUs places its ranks through the cluster.)"""
+    import ray
+
+    spec = next(d for d in yaml.safe_load_all(RAYJOB.read_text()) if d["kind"] == "RayJob")["spec"]
+    config = tmp_path / "cpu.yaml"
+    config.write_text(
+        yaml.safe_dump({"fully_async": True, "num_rollout": 2, **TINY_STEP, **TINY_OPTIM, **QUIET})
+    )
+    here = {
+        "apps/relax/recipes/qwen3_omni_30b_avqa.yaml": str(config),
+        "/data/models/Qwen3-Omni-30B-A3B-Thinker": tiny_run_inputs.model_path,
+        "/data/models/Qwen3-Omni-30B-A3B-Instruct": tiny_run_inputs.model_path,
+        "/data/AVQA-R1-6K/AVQA_R1/train/train.converted.jsonl": tiny_run_inputs.prompt_path,
+        "/data/runs/qwen3_omni_30b_avqa": str(tmp_path / "run"),
+    }
+    entrypoint = spec["entrypoint"]
+    for theirs, ours in here.items():
+        assert theirs in entrypoint
+        entrypoint = entrypoint.replace(theirs, ours)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    jobs = len(ray._private.state.jobs())  # (the GCS's job table: a driver that joins adds one)
+    out = subprocess.run(
+        ["bash", "-c", entrypoint], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in logged if "train/loss" in r]) == 2
+    assert len(ray._private.state.jobs()) == jobs + 1  # it ran on the cluster given, not one of its own
+
+
 def test_the_dockerfile_copies_what_exists_and_the_rayjob_names_its_image():
     text = DOCKERFILE.read_text()
     for line in text.splitlines():

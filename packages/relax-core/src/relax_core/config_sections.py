@@ -43,15 +43,13 @@ class DataConfig(Section):
     """Column holding the reference answer given to the reward; a dotted path reads a nested field
     (veRL's reward_model.ground_truth). Null: a label-free row (counted as unlabeled)."""
     metadata_key: str | None = None
-    """Optional column holding a dict of per-sample metadata (e.g. rm_type) for the reward (veRL's
-    extra_info); a dotted path reads a nested field."""
+    """Optional column of per-sample metadata for the reward (rm_type, veRL's extra_info), a dotted path too."""
     eval_data: str | None = None
     """Held-out prompts (same format) for greedy evaluation; None disables evaluation."""
     eval_max_samples: int = Field(500, ge=1)
     """Evaluate on at most this many held-out rows."""
     apply_chat_template: bool = False
-    """Wrap each text prompt as one user turn of the tokenizer's chat template before tokenising (chat
-    messages always go through the template)."""
+    """Wrap each text prompt as one user turn of the chat template (chat messages always go through it)."""
     rollout_shuffle: bool = True
     """Shuffle prompts each epoch (seeded by --seed)."""
     multimodal_keys: dict[str, str] | None = None

@@ -104,6 +104,29 @@ def test_a_lora_target_the_model_lacks_is_one_line_before_anything_loads(tmp_pat
     assert "v_proj" in err and "\n" not in err  # (the names it has)
 
 
+def test_chat_messages_for_a_model_without_a_chat_template_are_one_line_before_anything_starts(
+    tmp_path, capsys
+):
+    """#50: a dataset of chat messages (or --apply-chat-template) and a tokenizer without a chat template
+    failed at the first rollout batch, as a role fault the health manager retried."""
+    from relax_testing import build_tiny_checkpoint
+
+    model = build_tiny_checkpoint(tmp_path / "m")  # (a tokenizer with no chat template)
+    capsys.readouterr()
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": [{"role": "user", "content": "1+1="}], "label": "2"}\n')
+    flags = ["train", "--prompt-data", str(data), "--hf-checkpoint", model, "--rollout-max-response-len", "8"]
+    assert main(flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"relax: --prompt-data {data} holds chat messages and the tokenizer of --hf-checkpoint {model} has no "
+        "chat template: use a chat model, or give the prompts as text without --apply-chat-template"
+    )
+    data.write_text('{"prompt": "1+1=", "label": "2"}\n')
+    assert main([*flags, "--apply-chat-template"]) == 2
+    assert capsys.readouterr().err.startswith("relax: --apply-chat-template is on and the tokenizer of")
+
+
 @pytest.mark.parametrize(
     "error, code, line",
     [

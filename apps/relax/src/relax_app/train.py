@@ -114,6 +114,8 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             )
         if flag == "--prompt-data" and ds.rows:
             notes += _try_reward(cfg, ds.rows[0])
+        if d.apply_chat_template or any(isinstance(r.prompt, list) for r in ds.rows):
+            _check_chat_template(model, flag, path, d.apply_chat_template)
         marked = sum(any(m in prompt_text(r.prompt) for m in MEDIA_MARKERS) for r in ds.rows)
         if marked and not d.multimodal_keys:
             notes.append(
@@ -126,6 +128,21 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
 
 
 MEDIA_MARKERS = ("<image>", "<video>", "<audio>")
+
+
+def _check_chat_template(model: str | None, flag: str, path: str, flagged: bool) -> None:
+    """Chat messages, or --apply-chat-template, need the tokenizer's chat template: a model without one is
+    refused here (it failed the first rollout batch, a role fault the health manager retried)."""
+    if not model or not Path(model).is_dir():  # (a hub id: its tokenizer is not here to read)
+        return
+    from transformers import AutoTokenizer
+
+    if getattr(AutoTokenizer.from_pretrained(model), "chat_template", None) is None:
+        why = "--apply-chat-template is on" if flagged else f"{flag} {path} holds chat messages"
+        raise ValueError(
+            f"{why} and the tokenizer of --hf-checkpoint {model} has no chat template: use a chat model, or "
+            "give the prompts as text without --apply-chat-template"
+        )
 
 
 def _try_reward(cfg: RelaxConfig, row: Any) -> list[str]:

@@ -100,6 +100,7 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             check_reward(name, flag)  # unknown, not importable, not callable, wrong signature: one line
     notes = []
     d = cfg.data
+    templated = False
     for flag, path in (("--prompt-data", d.prompt_data), ("--eval-data", d.eval_data)):
         if path is None:
             continue
@@ -114,8 +115,9 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
             )
         if flag == "--prompt-data" and ds.rows:
             notes += _try_reward(cfg, ds.rows[0])
-        if d.apply_chat_template or any(isinstance(r.prompt, list) for r in ds.rows):
+        if not templated and (d.apply_chat_template or any(isinstance(r.prompt, list) for r in ds.rows)):
             _check_chat_template(model, flag, path, d.apply_chat_template)
+            templated = True  # (one tokenizer load for both datasets)
         marked = sum(any(m in prompt_text(r.prompt) for m in MEDIA_MARKERS) for r in ds.rows)
         if marked and not d.multimodal_keys:
             notes.append(

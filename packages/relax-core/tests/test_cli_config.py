@@ -306,3 +306,41 @@ def test_every_problem_of_a_command_line_is_listed_at_once(tmp_path):
     assert any("unexpected argument 'stray'" in line for line in lines)
     assert any(line == "  --lr needs a value" for line in lines)
     assert any("c.yaml: unknown key 'bogus_key'" in line for line in lines)
+
+
+# -- the command line on pydantic-settings (#50): what the hand-written parser got wrong ------------------
+def test_the_parser_is_built_by_pydantic_settings_from_every_name():
+    """Every leaf of the config and every name of slime's / veRL's tables is an option of the one parser
+    pydantic-settings builds (on/off names as --x / --no-x), so no name is parsed by hand."""
+    from pydantic_settings.sources.providers.cli import _CliInternalArgParser
+
+    from relax_core import cli_aliases
+    from relax_core.cli_flags import _parser, kinds
+
+    parser = _parser()
+    assert isinstance(parser, _CliInternalArgParser)
+    options = set(parser._option_string_actions)
+    for name in [*flag_index(), *cli_aliases.table_names()]:
+        assert "--" + name.replace("_", "-") in options, name
+    assert {"--use-kl-loss", "--no-use-kl-loss", "--config"} <= options
+    assert kinds()["rollout_stop"] == "many" and kinds()["lr"] == "one" and kinds()["bf16"] == "switch"
+
+
+def test_a_several_value_flag_stops_at_an_override_and_keeps_its_values_exact():
+    """A key=value after --rollout-stop's strings was read as a third stop string; the strings themselves
+    (a comma, quotes, "a, b") stay what was typed, where pydantic-settings' own list decoding splits them."""
+    cfg = build_config(argv=["--rollout-stop", ",", '"q"', "a, b", "x=1", "lr=1e-3", "--seed", "4"])
+    assert cfg.rollout.rollout_stop == [",", '"q"', "a, b", "x=1"]  # (x is no key of ours: a stop string)
+    assert cfg.train.lr == 1e-3 and cfg.train.seed == 4
+    with pytest.raises(ConfigError, match="unexpected argument 'b'"):  # (after --lr's value: not a stop)
+        build_config(argv=["--rollout-stop", "a", "--lr", "1", "b"])
+
+
+def test_values_and_names_as_other_clis_write_them():
+    cfg = build_config(argv=["--learning_rate", "2e-5", "--use_kl_loss", "false", "--micro-batch-size=3"])
+    assert cfg.train.lr == 2e-5 and cfg.algo.use_kl_loss is False and cfg.train.micro_batch_size == 3
+    assert build_config(argv=["--output-dir", "--odd"]).run.output_dir == "--odd"  # (text takes any text)
+    with pytest.raises(ConfigError, match="--lr: .*greater than 0 \\(got '-1e-3'\\)"):
+        build_config(argv=["--lr", "-1e-3"])  # (argparse alone reads "-1e-3" as a flag)
+    with pytest.raises(ConfigError, match="-h: give it alone"):
+        build_config(argv=["--lr", "1e-5", "-h"])

@@ -17,6 +17,8 @@ import yaml
 from pydantic import ValidationError
 
 from relax_core import cli_aliases as aliases
+from relax_core import cli_flags
+from relax_core.cli_flags import flag_index
 from relax_core.config import RelaxConfig
 
 
@@ -24,32 +26,8 @@ class ConfigError(ValueError):
     """An invalid config value; the message names the flag and the rule."""
 
 
-_MODE_FLAGS = {"colocate": "colocate", "fully_async": "fully_async"}
-
-
-def flag_index() -> dict[str, tuple[str, str]]:
-    """Map every flag name (``micro_batch_size``) to its (section, field)."""
-    index: dict[str, tuple[str, str]] = {}
-    for section, info in RelaxConfig.model_fields.items():
-        for name in info.annotation.model_fields:  # type: ignore[union-attr]
-            if name in index:
-                raise AssertionError(f"duplicate config leaf {name!r}")
-            index[name] = (section, name)
-    return index
-
-
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _is_bool_field(section: str, name: str) -> bool:
-    ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
-    return ann is bool or ann == (bool | None)
-
-
-def _is_str_field(section: str, name: str) -> bool:
-    ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
-    return ann is str or ann == (str | None)
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -92,46 +70,81 @@ def _raise_all(errors: list[str]) -> None:
 
 
 def _parse(argv: list[str]) -> Parsed:
-    """:class:`Parsed` of ``argv``; a problem with one flag is recorded and the next flag read."""
-    out = Parsed()
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            i = _bare(argv, i, out)
+    """:class:`Parsed` of ``argv``: the names pydantic-settings knows (cli_flags), read as a YAML file's keys
+    are; then what it does not know, in order (config files, ``key=value`` overrides, unknown flags)."""
+    read = cli_flags.read(argv)
+    out = Parsed(errors=read.errors)
+    bare: list[str] = []
+    for name, typed in read.values.items():
+        if name == "config":
+            out.files += typed
             continue
+        if cli_flags.kinds()[name] == "many":
+            typed, tail = _split_tail(typed)
+            bare += tail  # (a config file or an override after a flag's values: not one of them)
         try:
-            i = _flag_at(argv, i, out)
-        except ConfigError as e:
+            _apply(name, _decode(name, typed), out.flat, out.given, _flag)
+        except (ConfigError, ValueError) as e:
             out.errors.append(str(e))
-            i += 1
-            while i < len(argv) and not argv[i].startswith("--") and not _is_bare_arg(argv[i]):
-                i += 1  # (its value)
+    _rest([*read.rest, *bare], out)
+    out.files = _in_order(argv, out.files)
     return out
 
 
+def _split_tail(values: list[str]) -> tuple[list[str], list[str]]:
+    """A several-value flag's values, and from the first config file or ``key=value`` override on, what
+    the command line gave after them."""
+    for i, v in enumerate(values):
+        if _is_bare_arg(v):
+            return values[:i], values[i:]
+    return values, []
+
+
 def _is_bare_arg(arg: str) -> bool:
-    """A config file or a ``key=value`` override (where a flag was expected)."""
-    return arg.endswith(CONFIG_SUFFIXES) or ("=" in arg and not arg.startswith("-"))
+    """A config file, or a ``key=value`` override whose key is one we read (a stop string may hold "=")."""
+    if arg.endswith(CONFIG_SUFFIXES):
+        return True
+    key, eq, _ = arg.partition("=")
+    if not eq or arg.startswith("-"):
+        return False
+    try:
+        return aliases.dotted(key.strip(), None)[0] in flag_index()
+    except ValueError:
+        return key in aliases.DOTTED_REFUSED
 
 
-def _bare(argv: list[str], i: int, out: Parsed) -> int:
+def _in_order(argv: list[str], files: list[str]) -> list[str]:
+    """``files`` in the order the command line names them (later files win)."""
+    tokens = [a.removeprefix("--config=") for a in argv]
+    return [t for t in tokens if t in files]
+
+
+def _rest(rest: list[str], out: Parsed) -> None:
+    """What the parser does not know: config files, overrides, and unknown flags (each with its values)."""
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        i += 1
+        if not arg.startswith("-"):
+            _bare(arg, out)
+            continue
+        key = arg.lstrip("-").partition("=")[0]
+        out.errors.append(_unknown(f"unknown flag --{key}", key))
+        while i < len(rest) and not rest[i].startswith("-") and not _is_bare_arg(rest[i]):
+            i += 1  # (its values)
+
+
+def _bare(arg: str, out: Parsed) -> None:
     """A bare argument where a flag was expected: a config file, or a veRL-style ``a.b.c=value`` override."""
-    arg = argv[i]
     if arg.endswith(CONFIG_SUFFIXES):
         out.files.append(arg)
-    elif "=" in arg and not arg.startswith("-"):
+    elif "=" in arg:
         path, _, raw = arg.partition("=")
         try:
             leaf, value = aliases.dotted(path.strip(), _scalar(raw))
             if leaf not in flag_index():
                 raise ValueError(f"{path}={raw}: unknown key; give our flag (see --help)")
-            section, name = flag_index()[leaf]
-            if (
-                _is_str_field(section, name)
-                and isinstance(value, int | float)
-                and not isinstance(value, bool)
-            ):
+            if cli_flags.is_text(leaf) and isinstance(value, int | float) and not isinstance(value, bool):
                 value = raw  # (a text field keeps its text: output_dir=2024)
             _put(out.flat, out.given, leaf, path, value)
         except (ConfigError, ValueError) as e:
@@ -141,113 +154,66 @@ def _bare(argv: list[str], i: int, out: Parsed) -> int:
             f"unexpected argument {arg!r}: flags look like --name value, a config file ends in .yaml, an "
             "override looks like key=value"
         )
-    return i + 1
 
 
-def _flag_at(argv: list[str], i: int, out: Parsed) -> int:
-    """Read the flag at ``argv[i]`` (and its values) into ``out``; the index after them."""
-    arg = argv[i]
-    key, eq, inline = arg[2:].partition("=")
-    leaf = key.replace("-", "_")
-    index = flag_index()
-    if leaf == "config":
-        if eq:
-            out.files.append(inline)
-            return i + 1
-        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            raise ConfigError("--config needs a file (a YAML config)")
-        out.files.append(argv[i + 1])
-        return i + 2
-    if leaf in _MODE_FLAGS and not eq:
-        out.flat["mode"] = _MODE_FLAGS[leaf]
-        return i + 1
-    if leaf in aliases.REFUSED_SWITCHES:
-        raise ConfigError(f"--{key}: no equivalent in relax; {aliases.REFUSED_SWITCHES[leaf]}")
-    if leaf in aliases.CONVERTS:
-        field_name, convert = aliases.CONVERTS[leaf]
-        if eq:
-            raw, j = inline, i + 1
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            raw, j = argv[i + 1], i + 2
-        else:
-            raise ConfigError(f"--{key} needs a value")
-        try:
-            _put(out.flat, out.given, field_name, leaf, convert(raw))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        return j
-    if leaf in aliases.IGNORED:
-        j = i + 1
-        if not eq:
-            while j < len(argv) and not argv[j].startswith("--") and not _is_bare_arg(argv[j]):
-                j += 1
-        out.given[leaf] = leaf
-        return j
-    if leaf in aliases.MULTI_VALUE:
-        if eq:
-            values, j = [inline], i + 1
-        else:
-            j = i + 1
-            while j < len(argv) and not argv[j].startswith("--") and not argv[j].endswith(CONFIG_SUFFIXES):
-                j += 1  # (a config file after them is the command line's, not one of the values)
-            if j == i + 1:
-                raise ConfigError(f"--{key} needs a value")
-            values = argv[i + 1 : j]
-        try:
-            value = aliases.multi_value(leaf, values)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        _put(out.flat, out.given, aliases.ALIASES.get(leaf, leaf), leaf, value)
-        return j
-    switch = leaf[3:] if leaf.startswith("no_") else leaf
-    if switch in aliases.SWITCHES or switch in aliases.ENABLES:
-        on = switch == leaf
-        if eq or (i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false")):
-            raw = inline if eq else argv[i + 1]
-            if raw.lower() not in ("true", "false"):
-                raise ConfigError(f"--{key} is an on/off flag: give it bare, or true / false (got {raw!r})")
-            on = on == (raw.lower() == "true")
-            i += 0 if eq else 1
-        _switch(out.flat, out.given, switch, on)
-        return i + 1
-    named = leaf
-    negated = leaf.startswith("no_") and leaf[3:] in index
-    if negated:
-        leaf = named = leaf[3:]
-    leaf = aliases.ALIASES.get(leaf, leaf)
-    if named in aliases.NO_EQUIVALENT:
-        leaf = named
-    elif leaf not in index:
-        raise ConfigError(_unknown(f"unknown flag --{key}", key))
-    if leaf in index and _is_bool_field(*index[leaf]) and not eq:
-        nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if nxt is not None and nxt.lower() in ("true", "false"):
-            _put(out.flat, out.given, leaf, named, nxt.lower() == "true")
-            return i + 2
-        _put(out.flat, out.given, leaf, named, not negated)
-        return i + 1
-    if eq:
-        raw, i = inline, i + 1
-    else:
-        if i + 1 >= len(argv) or (
-            argv[i + 1].startswith("--") and leaf in index and not _is_str_field(*index[leaf])
-        ):
-            raise ConfigError(f"--{key} needs a value")
-        raw, i = argv[i + 1], i + 2
-    if named in aliases.NO_EQUIVALENT:
-        _refuse(named, _scalar(raw))
-        return i
-    # a text flag keeps its text even when it looks like a number (--output-dir 2024); "none" means
-    # None only where None is allowed (--rm-type none names the no-reward reward)
-    section, name = index[leaf]
-    ann = RelaxConfig.model_fields[section].annotation.model_fields[name].annotation  # type: ignore[union-attr]
-    keep_text = _is_str_field(section, name) and (ann is str or raw.lower() not in ("none", "null"))
+def _decode(name: str, typed: Any) -> Any:
+    """A command-line value as the same value in a YAML file: ``--lr 1e-5`` a number, ``--rollout-stop '["a",
+    "b"]'`` a list; a text field keeps its text (``--output-dir 2024``), ``none``/``null`` being None where
+    None is allowed (``--rm-type none`` names the no-reward reward)."""
+    kind = cli_flags.kinds()[name]
+    if kind == "switch":
+        return True if name in aliases.REFUSED_SWITCHES else typed  # (given at all: refused)
+    if kind == "many":
+        leaf = aliases.ALIASES.get(name, name)
+        if leaf in flag_index() and len(typed) == 1 and typed[0].lstrip().startswith(("[", "{")):
+            return _yaml_list(name, typed[0])
+        if name in aliases.NO_EQUIVALENT:
+            return _scalar(typed[0]) if len(typed) == 1 else typed or None
+        return typed
+    leaf = aliases.ALIASES.get(name, name)
+    if leaf in flag_index() and cli_flags.is_text(leaf):
+        nullable = cli_flags.annotation(leaf) is not str
+        return None if nullable and typed.lower() in ("none", "null") else typed
+    return typed if name in aliases.CONVERTS else _scalar(typed)
+
+
+def _yaml_list(name: str, text: str) -> list[Any]:
     try:
-        value = aliases.translate(named, raw if keep_text else _scalar(raw))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _put(out.flat, out.given, leaf, named, value)
-    return i
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, list):
+        raise ConfigError(f"{_flag(name)}: {text!r} is not a YAML list")
+    return value
+
+
+def _apply(k: str, value: Any, flat: dict[str, Any], given: dict[str, str], spell: Any) -> None:
+    """Name ``k`` (ours or one of cli_aliases' tables) given ``value``, into ``flat`` / ``given``: the same
+    for a command line and a config file. ``spell`` writes the name as the user wrote it, for errors."""
+    if k in cli_flags.MODE_FLAGS:
+        if value is True:
+            flat["mode"] = cli_flags.MODE_FLAGS[k]
+    elif k in aliases.IGNORED:
+        given[k] = k
+    elif k in aliases.REFUSED_SWITCHES:
+        if value is not False:
+            raise ConfigError(f"{spell(k)}: no equivalent in relax; {aliases.REFUSED_SWITCHES[k]}")
+    elif k in aliases.CONVERTS:
+        field_name, convert = aliases.CONVERTS[k]
+        _put(flat, given, field_name, k, convert(value))
+    elif k in aliases.NO_EQUIVALENT:
+        _refuse(k, value)
+    elif k in aliases.MULTI_VALUE:
+        values = value if isinstance(value, list) else [value]
+        _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.multi_value(k, values))
+    elif k in aliases.SWITCHES or k in aliases.ENABLES:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{spell(k)} is an on/off flag: give true or false (got {value!r})")
+        _switch(flat, given, k, value)
+    elif aliases.ALIASES.get(k, k) in flag_index():
+        _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.translate(k, value))
+    else:
+        raise ConfigError(_unknown(f"unknown key {k!r}", k))
 
 
 def _switch(out: dict[str, Any], given: dict[str, str], name: str, on: bool) -> None:
@@ -279,13 +245,13 @@ def _put(out: dict[str, Any], given: dict[str, str], leaf: str, named: str, valu
 def _refuse(name: str, value: Any) -> None:
     """A slime name with no equivalent here: a value asking for what relax does anyway passes."""
     if value not in aliases.NEUTRAL.get(name, ()):
-        raise ConfigError(f"{_flag(name)} {value!r}: no equivalent in relax; {aliases.NO_EQUIVALENT[name]}")
+        shown = "" if value is None else f" {value!r}"
+        raise ConfigError(f"{_flag(name)}{shown}: no equivalent in relax; {aliases.NO_EQUIVALENT[name]}")
 
 
 def _known_names() -> list[str]:
-    index = flag_index()
-    bools = [f"no_{leaf}" for leaf, where in index.items() if _is_bool_field(*where)]
-    return [*index, *bools, *aliases.table_names(), *_MODE_FLAGS]
+    bools = [f"no_{name}" for name, kind in cli_flags.kinds().items() if kind == "switch"]
+    return [*cli_flags.kinds(), *bools]
 
 
 def _unknown(message: str, key: str) -> str:
@@ -315,7 +281,6 @@ def _flatten_yaml(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """{leaf: value} and {leaf: the key it was given under}, like the command line's (slime names too); a
     key that cannot be used is added to ``errors`` (named with ``source``) and the others read."""
-    index = flag_index()
     pairs: list[tuple[str, Any]] = []
     for key, value in data.items():
         k = str(key).replace("-", "_")
@@ -327,29 +292,7 @@ def _flatten_yaml(
     given: dict[str, str] = {}
     for k, value in pairs:
         try:
-            if k in _MODE_FLAGS and value is True:
-                flat["mode"] = _MODE_FLAGS[k]
-            elif k in aliases.IGNORED:
-                given[k] = k
-            elif k in aliases.REFUSED_SWITCHES:
-                if value is not False:
-                    raise ConfigError(f"{k!r}: no equivalent in relax; {aliases.REFUSED_SWITCHES[k]}")
-            elif k in aliases.CONVERTS:
-                field_name, convert = aliases.CONVERTS[k]
-                _put(flat, given, field_name, k, convert(value))
-            elif k in aliases.NO_EQUIVALENT:
-                _refuse(k, value)
-            elif k in aliases.MULTI_VALUE:
-                values = value if isinstance(value, list) else [value]
-                _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.multi_value(k, values))
-            elif k in aliases.SWITCHES or k in aliases.ENABLES:
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{k!r} is an on/off flag: give true or false (got {value!r})")
-                _switch(flat, given, k, value)
-            elif aliases.ALIASES.get(k, k) in index:
-                _put(flat, given, aliases.ALIASES.get(k, k), k, aliases.translate(k, value))
-            else:
-                raise ConfigError(_unknown(f"unknown key {k!r}", k))
+            _apply(k, value, flat, given, repr)
         except (ConfigError, ValueError) as e:
             errors.append(f"{source}: {e}")
     return flat, given

@@ -3,7 +3,8 @@
 Every leaf field of :class:`RelaxConfig` is a flag: ``train.micro_batch_size`` is ``--micro-batch-size``.
 Leaf names are unique across sections, so users never type the section. YAML files may be nested by
 section (``train: {lr: 1e-5}``) or flat (``lr: 1e-5``). slime's names for the same knobs are accepted too
-(:mod:`relax_core.cli_aliases`), and an unknown flag names the closest known one.
+(:mod:`relax_core.cli_aliases`), and an unknown flag names the closest known one. The command line is parsed
+by pydantic-settings (:mod:`relax_core.cli_flags`); its names and a YAML file's keys are read alike here.
 """
 
 from __future__ import annotations

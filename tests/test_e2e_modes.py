@@ -62,6 +62,13 @@ def _check_flow(cfg, result, max_staleness):
     logged = [r for r in map(json.loads, lines) if "train/loss" in r]
     assert len(logged) == STEPS
     assert all(r["train/lr"] == cfg.train.lr and r["rollout/tokens_per_s"] > 0 for r in logged)
+    # the roofline (#51): model FLOPs by role (training is three passes of the Reference's forward, which
+    # runs on every batch) and the step's and rollout's share of the machine's measured matmul peak
+    for r in logged:
+        passes = 3 * r["perf/forward_gflop"] / r["perf/train_gflop"]
+        assert passes == pytest.approx(round(passes)) and round(passes) >= 1
+        assert r["perf/rollout_gflop"] < r["perf/train_gflop"] / 3  # (a KV cache: causal pairs only)
+        assert r["perf/train_mfu"] > 0 and r["perf/rollout_mfu"] > 0
     # the rollout engine held exactly the trainer's weights after every sync (version + checksum)
     trainer, rollout = result.audit["trainer_weights"], result.audit["rollout_weights"]
     assert sorted(trainer) == list(range(STEPS + 1))

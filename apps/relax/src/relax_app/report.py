@@ -52,6 +52,11 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         summary["core_busy_share"] = round(
             core_busy_share(trace, cfg.run.num_cpus or os.cpu_count() or 1)["share"], 3
         )
+    if any("perf/train_gflop" in h for h in result.history):  # (the trainer read the model's shape)
+        from relax_core.roofline import matmul_peak, run_roofline
+
+        peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1)  # (the trainer's probe, cached)
+        summary["roofline"] = run_roofline(result.history, result.rl_wall_s, peak)
     summary = _finite(summary)  # (strict JSON: a NaN or ±inf figure is written as null, never Infinity)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
     staleness = f", max_staleness={result.max_staleness}" if result.mode == "fully_async" else ""

@@ -19,6 +19,7 @@ from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
 from relax_core.role import Restart, RoleSpec
 from relax_core.roles import TRAINER_CONSUMER
+from relax_core.roofline import ModelShape, matmul_peak, step_roofline
 from relax_core.sample import ADVANTAGES
 from relax_core.trace import Tracer
 from relax_core.weight_sync import Send, WeightPublisher
@@ -99,6 +100,9 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         self.out.mkdir(parents=True, exist_ok=True)
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
         self.metrics = MetricsService.from_config(cfg, self.out)
+        self._shape = ModelShape.from_checkpoint(model_path)  # (None: no FLOP figures, nothing else lost)
+        self.peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1) if self._shape else None
+        """The machine's matmul peak (probed once per machine, cached): MFU is a share of the whole machine."""
 
     # -- weights (relax_core.weight_sync) --------------------------------------------------------
     def connect_dcs(self, init_method: str, world_size: int, republish: bool = False) -> int:
@@ -224,6 +228,8 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             )
         )
         metrics["perf/weight_sync_bytes"] = float(self.weights.published_bytes)
+        if self._shape is not None:
+            metrics.update(step_roofline(self._shape, d, t2 - t1, self.peak))
         interval = self.cfg.run.eval_interval
         # the run's last step evaluates here too: the final accuracy is this step's line, not a second line
         # of the same step (metrics.jsonl had steps 0, 1, 2, 3, 3)

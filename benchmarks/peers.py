@@ -35,10 +35,14 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
+
+from quiet import busy_cores, machine_state, wait_quiet
 
 RUNNERS = {
     "trl": None,
+    "trl_minimal": None,
     "trl_eager": None,
     "trl_one_pass": None,
     "colocate": {"mode": "colocate"},
@@ -99,6 +103,11 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
         "hf_checkpoint": str(assets.sft_model_dir),
         "eval_data": str(assets.eval_path),
     }
+    if runner == "trl_minimal":  # the check of the harness: TRL as its documentation writes it
+        sys.path.insert(0, str(Path(__file__).parent))
+        from trl_minimal import run_minimal
+
+        return run_minimal(str(assets.sft_model_dir), str(assets.train_path), out, seed, steps)
     if runner.startswith("trl"):
         sys.path.insert(0, str(Path(__file__).parent))
         from peer_trl import run_trl
@@ -112,7 +121,9 @@ def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
     ).run()
     curve = res.eval_curve
     synced = [h["perf/weight_sync_bytes"] for h in res.history if "perf/weight_sync_bytes" in h]
+    mfu = [h["perf/train_mfu"] for h in res.history if h.get("perf/train_mfu")]
     return {
+        "train_mfu": statistics.median(mfu) if mfu else None,  # (the step's share of the matmul peak)
         "weight_sync_bytes": statistics.median(synced) if synced else None,
         "rl_wall_s": res.rl_wall_s,
         "samples": res.samples,
@@ -147,6 +158,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default="benchmarks/results/peers.json")
+    ap.add_argument(
+        "--condition",
+        choices=("quiet", "shared"),
+        default="quiet",
+        help="quiet: each run waits for a quiet machine (a busy start is marked, not counted); shared: one "
+        "busy process per core beside every run",
+    )
     ap.add_argument("--one", nargs=3, metavar=("RUNNER", "SHAPE", "SEED"), help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -156,7 +174,13 @@ def main() -> None:
         r = one(runner, shape, int(seed), args.steps, root / f"{shape}_{runner}_{seed}")
         Path(args.json).write_text(json.dumps(r))
         return
-    results: dict = {"cpu": cpu_model(), "cores": os.cpu_count(), "steps": args.steps, "runs": {}}
+    results: dict = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "steps": args.steps,
+        "condition": args.condition,
+        "runs": {},
+    }
     for shape in args.shapes.split(","):
         for rep in range(args.repeats):
             for runner in args.runners.split(","):  # interleaved: drift hits every runner alike
@@ -171,34 +195,50 @@ def main() -> None:
                     "--steps",
                     str(args.steps),
                 ]
+                state = wait_quiet() if args.condition == "quiet" else machine_state()
                 t = time.perf_counter()
-                subprocess.run([*argv, "--json", str(out)], check=True)
+                with busy_cores(os.cpu_count() or 1) if args.condition == "shared" else nullcontext():
+                    subprocess.run([*argv, "--json", str(out)], check=True)
                 r = json.loads(out.read_text())
+                r["machine_before"] = state
+                r["counted"] = args.condition == "shared" or state["quiet"]
                 results["runs"].setdefault(f"{shape}/{runner}", []).append(r)
                 print(
                     f"{shape:5s} {runner:8s} seed {rep}: {r['samples_per_s']:.0f} samples/s, accuracy "
-                    f"{r['accuracy_before']:.3f} -> {r['accuracy']:.3f} ({time.perf_counter() - t:.0f} s)",
+                    f"{r.get('accuracy_before', 0):.3f} -> {r.get('accuracy', 0):.3f} "
+                    f"({time.perf_counter() - t:.0f} s; load {state['load1']}, idle {state['idle']}"
+                    f"{'' if r['counted'] else ', BUSY: not counted'})",
                     flush=True,
                 )
-    print(f"\n{results['cpu']}, {results['cores']} cores; median (min–max) of {args.repeats} seeds")
     print(
-        "| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) | gain vs twin | bytes/sync |"
+        f"\n{results['cpu']}, {results['cores']} cores, {args.condition}; median (min–max) of the counted "
+        f"runs of {args.repeats} seeds"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| shape | engine | samples/s | held-out accuracy | vs TRL (samples/s) | train MFU | gain vs twin "
+        "| bytes/sync | not counted |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes.split(","):
-        base = results["runs"].get(f"{shape}/trl")
+        base = [r for r in results["runs"].get(f"{shape}/trl", []) if r["counted"]]
         base_sps = statistics.median(r["samples_per_s"] for r in base) if base else None
         for runner in args.runners.split(","):
-            runs = results["runs"][f"{shape}/{runner}"]
+            every = results["runs"][f"{shape}/{runner}"]
+            runs = [r for r in every if r["counted"]]
+            if not runs:
+                print(f"| {shape} | {runner} | no run on a quiet machine | | | | | | {len(every)} |")
+                continue
             sps = [r["samples_per_s"] for r in runs]
-            acc = [r["accuracy"] for r in runs]
+            acc = [r["accuracy"] for r in runs if "accuracy" in r]
             ratio = f"{statistics.median(sps) / base_sps:.2f}×" if base_sps else "—"
             synced = [r["weight_sync_bytes"] for r in runs if r.get("weight_sync_bytes")]
+            mfu = [r["train_mfu"] for r in runs if r.get("train_mfu")]
             print(
                 f"| {shape} | {runner} | {statistics.median(sps):.0f} ({min(sps):.0f}–{max(sps):.0f}) | "
-                f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f}) | {ratio} | "
+                + (f"{statistics.median(acc):.3f} ({min(acc):.3f}–{max(acc):.3f})" if acc else "—")
+                + f" | {ratio} | {f'{statistics.median(mfu):.2f}' if mfu else '—'} | "
                 f"{_gain_vs_twin(results['runs'], shape, runner)} | "
-                f"{f'{statistics.median(synced):,.0f}' if synced else '—'} |"
+                f"{f'{statistics.median(synced):,.0f}' if synced else '—'} | {len(every) - len(runs)} |"
             )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))

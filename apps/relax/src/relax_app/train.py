@@ -126,7 +126,31 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
                 "--multimodal-keys '{image: images}'"
             )
     _check_response_fits(model, r.rollout_max_response_len)  # (after the data: what a file lacks first)
-    return notes
+    return notes + _few_cores_note(cfg)
+
+
+def _few_cores_note(cfg: RelaxConfig) -> list[str]:
+    """Fully async on CPU with fewer cores than roles that run a model: said at start, with why. Each role
+    gets one thread and they take turns on the cores, so the overlap fully async exists for has no core
+    to run on, and the trainer on one thread is the critical path (BENCHMARKS.md: 0.87-0.90x colocate's
+    samples/s on the 2-core demo)."""
+    cores = cfg.run.num_cpus or os.cpu_count() or 1
+    roles = ["rollout", "actor"] + ["reference"] * cfg.algo.uses_reference
+    roles += ["actor_fwd"] * (cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward)
+    roles += ["critic"] * cfg.uses_critic
+    if cfg.run.mode != "fully_async" or cores >= len(roles) or cfg.rollout.rollout_backend != "torch":
+        return []
+    import torch
+
+    if torch.cuda.is_available():  # (roles on GPUs do not share the CPU cores this way)
+        return []
+    return [
+        f"fully async on {cores} CPU cores with {len(roles)} roles running a model ({', '.join(roles)}): each "
+        "gets one thread and they take turns on the cores, so rollout and training cannot overlap and the "
+        "trainer on one thread sets the pace; on such a machine --colocate is faster (0.87-0.90x its "
+        "samples/s measured on the 2-core demo: BENCHMARKS.md). Fully async pays off where rollout and "
+        "training have devices of their own"
+    ]
 
 
 MEDIA_MARKERS = ("<image>", "<video>", "<audio>")

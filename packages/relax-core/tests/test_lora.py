@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from relax_core import lora as L  # noqa: E402
-from relax_core.config_sections import LoraConfig  # noqa: E402
+from relax_core.config_lora import LoraConfig  # noqa: E402
 from relax_testing import build_tiny_checkpoint, tiny_moe, tiny_qwen3_config, tiny_vision_config  # noqa: E402
 
 X = torch.tensor([[3, 4, 5, 6, 7]])

@@ -21,7 +21,7 @@ EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe-experts"])
 def test_adapters_on_cuda_train_sync_and_merge(tmp_path, moe):
     from relax_core import lora as L
-    from relax_core.config_sections import LoraConfig
+    from relax_core.config_lora import LoraConfig
     from relax_core.models import load_model
     from relax_rollout.engines.torch_engine import TorchEngine
     from relax_testing import build_tiny_checkpoint, tiny_moe

@@ -13,10 +13,10 @@ from pydantic import model_validator
 
 from relax_core.config_checks import check
 from relax_core.config_critic import GAE, CriticConfig
+from relax_core.config_lora import LoraConfig
 from relax_core.config_sections import (
     AlgoConfig,
     DataConfig,
-    LoraConfig,
     ModelConfig,
     RolloutConfig,
     RunConfig,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from relax_core.config_lora import LoraConfig
 from relax_core.config_sections import (
     DataConfig,
-    LoraConfig,
     ModelConfig,
     RolloutConfig,
     RunConfig,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relax_core.config_sections import LoraConfig
+from relax_core.config_lora import LoraConfig
 
 ADAPTER_NAME = "relax_policy_lora"
 """The adapter's name in an engine (upstream Relax's); SGLang gets ``{ADAPTER_NAME}_v{version}`` per version,

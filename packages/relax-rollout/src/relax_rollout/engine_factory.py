@@ -84,6 +84,8 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
         from relax_core.lora import peft_config_dict
 
         extra["lora"] = peft_config_dict(cfg.lora)
+    if cfg.model.torch_compile and backend == "torch":  # (SGLang compiles on its own terms: its server args)
+        extra["compile"] = True
     return extra
 
 

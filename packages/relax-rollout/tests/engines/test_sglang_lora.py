@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from relax_core.config_sections import LoraConfig  # noqa: E402
+from relax_core.config_lora import LoraConfig  # noqa: E402
 from relax_core.lora import ADAPTER_NAME, peft_config_dict  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402
 from relax_rollout.engines.processes import flag_args  # noqa: E402

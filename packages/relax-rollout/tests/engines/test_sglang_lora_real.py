@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from relax_core.config_sections import LoraConfig  # noqa: E402
+from relax_core.config_lora import LoraConfig  # noqa: E402
 from relax_core.lora import peft_config_dict  # noqa: E402
 from relax_rollout.engines import sglang_cpu  # noqa: E402
 from relax_rollout.engines.base import SamplingParams  # noqa: E402

@@ -234,3 +234,33 @@ def test_offload_frees_the_trainer_and_training_continues_bit_for_bit(tiny_model
         assert torch.equal(a, b), n
     be.offload()
     assert be.compute_log_probs(samples)[0].tolist() == twin.compute_log_probs(samples)[0].tolist()
+
+
+def test_torch_compile_gives_eager_s_loss_and_gradients(tiny_model_dir):
+    """--torch-compile (#51): a training step through the compiled forward has eager's loss, ratio and
+    gradient within fp32 rounding (the weights after it too, but for entries whose gradient is rounding
+    itself: Adam's first step moves each weight by lr times the sign of its gradient). Where compiling is
+    impossible the run falls back to eager, said once (test_compiled.py)."""
+    from relax_core.compiled import cannot_compile
+
+    if cannot_compile():
+        pytest.skip(cannot_compile())
+    samples = make_samples(advantages=[1.0, -0.5, 0.25])
+    samples["rollout_log_probs"] = TorchBackend(make_cfg(), tiny_model_dir).compute_log_probs(samples)
+    runs = {}
+    for compiled in (False, True):
+        cfg = make_cfg(micro_batch_size=8)
+        cfg.model.torch_compile = compiled
+        be = TorchBackend(cfg, tiny_model_dir)
+        metrics = be.train_step(samples)
+        grads = {n: p.grad.clone() for n, p in be.model.named_parameters() if p.grad is not None}
+        runs[compiled] = (metrics, grads, weights(be), be._forward.fell_back)
+    (m_e, g_e, w_e, _), (m_c, g_c, w_c, fell_back) = runs[False], runs[True]
+    assert fell_back is None  # (it compiled: not eager under another name)
+    for key in ("loss", "pg_loss", "ratio_mean", "grad_norm"):
+        assert m_c[key] == pytest.approx(m_e[key], rel=1e-5, abs=1e-7), key
+    assert g_c.keys() == g_e.keys()
+    for name, g in g_e.items():
+        torch.testing.assert_close(g_c[name], g, rtol=1e-4, atol=1e-7, msg=name)
+        settled = g.abs() > 1e-5
+        torch.testing.assert_close(w_c[name][settled], w_e[name][settled], rtol=0, atol=1e-6, msg=name)

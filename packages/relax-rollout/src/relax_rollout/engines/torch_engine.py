@@ -47,10 +47,12 @@ class TorchEngine:
         record_routing: bool = False,
         tokenizer: Any = None,
         lora: dict[str, Any] | None = None,
+        compile: bool = False,
     ) -> None:
         """``tokenizer`` decodes for stop strings; by default the one saved with ``model_path``, loaded at
         the first request with stop strings. ``lora``: serve base + adapter (the trainer's
-        ``peft_config_dict``); updates then carry the adapter's tensors only."""
+        ``peft_config_dict``); updates then carry the adapter's tensors only. ``compile``: the cached
+        (decode) forward through torch.compile (``--torch-compile``; :class:`relax_core.compiled.Compiled`)."""
         if model is None:
             if model_path is None:
                 raise ValueError("TorchEngine needs model_path or model")
@@ -69,6 +71,9 @@ class TorchEngine:
             from relax_core.lora import MergedServing
 
             self.adapter = MergedServing(self.model)
+        from relax_core.compiled import Compiled
+
+        self._decode_forward = Compiled(self.model, "the torch engine's forward", compile)
         self.model_path, self._tokenizer = model_path, tokenizer
         self._guide: Any = None  # constrained decoding's view of the tokenizer, built at first use
         cfg: Any = self.model.config  # an HF config (nn.Module types an attribute as Tensor | Module)
@@ -450,7 +455,7 @@ class TorchEngine:
         position's logits (the prefill's give the prompt log-probs) and the cache. ``ids`` (the whole
         sequence) is unused here; it keeps the signature of the multimodal forward. Call it inside
         :meth:`step` (or a ``generate``), never beside a weight update."""
-        out = self.model(
+        out = self._decode_forward(
             input_ids=step_ids,
             attention_mask=mask,
             position_ids=step_pos,

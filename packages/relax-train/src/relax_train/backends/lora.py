@@ -3,7 +3,7 @@ checkpoint holds, and the reference's view of the base model.
 
 Why apart from :mod:`.torch_backend`: the backend's forward and step stay the same with LoRA (peft's model
 computes base + adapter, and only the adapters require grad); what changes is which tensors travel and which
-are saved, and that is decided here from the run's :class:`~relax_core.config_sections.LoraConfig`.
+are saved, and that is decided here from the run's :class:`~relax_core.config_lora.LoraConfig`.
 """
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ class TorchBackend(HostTurns):
             from relax_core.lora import wrap
 
             self.model = wrap(self.model, self.lora)  # (only the adapters require grad from here on)
+        from relax_core.compiled import Compiled
+
+        self._forward = Compiled(self.model, "the trainer's forward", config.model.torch_compile)
         self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
         self._r3 = ReplayCounts()
@@ -141,7 +144,9 @@ class TorchBackend(HostTurns):
             self.routing, self.cfg.algo.routing_replay, samples, idx, ids.shape[1], counts
         )
         with replay:
-            logits = self.model(input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)).logits
+            logits = self._forward(
+                input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)
+            ).logits
         return self.scorer.response_logp(logits, ids, plens, rlens, with_entropy)
 
     @torch.no_grad()

@@ -201,7 +201,7 @@ IGNORED: dict[str, str] = {
     **dict.fromkeys(
         "seq_length accumulate_allreduce_grads_in_fp32 attention_softmax_in_fp32 attention_backend "
         "recompute_granularity recompute_method recompute_num_layers use_precision_aware_optimizer "
-        "optimizer_cpu_offload overlap_cpu_optimizer_d2h_h2d megatron_to_hf_mode log_probs_chunk_size".split(),
+        "optimizer_cpu_offload overlap_cpu_optimizer_d2h_h2d megatron_to_hf_mode".split(),
         _MEGATRON,
     ),
     **dict.fromkeys(

@@ -242,6 +242,11 @@ class TrainConfig(Section):
     max_tokens_per_gpu: int | None = Field(None, ge=1)
     """With --use-dynamic-batch-size: padded tokens (rows × longest row) per forward pass on one device
     (one data-parallel replica, before context-parallel splitting); a longer sample runs alone."""
+    log_probs_chunk_size: int = Field(1024, ge=0)
+    """The torch backend scores response tokens from the last hidden states this many tokens at a time
+    (LM head, log-softmax, target and entropy fused; logits recomputed in backward), never holding the
+    [tokens, vocabulary] logits: at Qwen's 151,936 tokens those are 4.9 GB per 8k tokens in float32. 0:
+    the model's logits for every position (multimodal models always; slime's --log-probs-chunk-size)."""
     lr: float = Field(1e-6, gt=0.0)
     """AdamW learning rate, constant (slime's and veRL's default 1e-6, for a pretrained model)."""
     weight_decay: float = Field(0.01, ge=0.0)

@@ -79,3 +79,16 @@ class TokenScorer:
         targets = ids.to(logits.device)[rows, cols + 1]
         logp, ent = self.token_logp(logits[rows, cols], targets, with_entropy)  # over [B, Rmax, V]
         return logp, valid, rlens, ent
+
+    def response_logp_from_hidden(self, hidden, weight, ids, plens, rlens, chunk: int, with_entropy=False):
+        """[B, S, H] last hidden states and the LM head's ``weight`` [V, H] -> what :meth:`response_logp`
+        gives, scored ``chunk`` tokens at a time without the [B, S, V] logits
+        (:func:`~relax_train.backends.chunked_logprobs.chunked_token_logp`)."""
+        from relax_train.backends.chunked_logprobs import chunked_token_logp
+
+        rows, cols, valid = response_positions(plens, rlens, ids.shape[1], hidden.device)
+        targets = ids.to(hidden.device)[rows, cols + 1]
+        logp, ent = chunked_token_logp(
+            hidden[rows, cols], weight, targets, self.temperature, self.masked_token_ids, chunk, with_entropy
+        )
+        return logp, valid, rlens, ent

@@ -93,7 +93,10 @@ class TorchBackend(HostTurns):
             self.model = wrap(self.model, self.lora)  # (only the adapters require grad from here on)
         from relax_core.compiled import Compiled
 
-        self._forward = Compiled(self.model, "the trainer's forward", config.model.torch_compile)
+        self._trunk = _trunk_and_head(self.model, config.train.log_probs_chunk_size)
+        """(decoder, LM head) where response tokens are scored from hidden states in chunks, else None."""
+        forward = self._trunk[0] if self._trunk else self.model
+        self._forward = Compiled(forward, "the trainer's forward", config.model.torch_compile)
         self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
         self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
         self._r3 = ReplayCounts()
@@ -143,10 +146,15 @@ class TorchBackend(HostTurns):
         replay = routing_replay(
             self.routing, self.cfg.algo.routing_replay, samples, idx, ids.shape[1], counts
         )
+        media = self._media(samples, idx, ids)
         with replay:
-            logits = self._forward(
-                input_ids=ids, attention_mask=mask, **self._media(samples, idx, ids)
-            ).logits
+            if self._trunk is not None and not media:  # (text: hidden states, scored chunk by chunk)
+                hidden = self._forward(input_ids=ids, attention_mask=mask).last_hidden_state
+                chunk, head = self.cfg.train.log_probs_chunk_size, self._trunk[1].weight
+                return self.scorer.response_logp_from_hidden(
+                    hidden, head, ids, plens, rlens, chunk, with_entropy
+                )
+            logits = self._forward(input_ids=ids, attention_mask=mask, **media).logits
         return self.scorer.response_logp(logits, ids, plens, rlens, with_entropy)
 
     @torch.no_grad()
@@ -292,3 +300,19 @@ class TorchBackend(HostTurns):
                 f"--load {path}: the checkpoint lacks {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
                 f"{', …' if len(missing) > 3 else ''}): it is damaged or of another model; load another one"
             )
+
+
+def _trunk_and_head(model: Any, chunk: int) -> tuple[Any, Any] | None:
+    """The decoder (hidden states out) and the LM head of a text causal LM (peft's too), for scoring from
+    hidden states (``--log-probs-chunk-size``); None where that is off or the model is not one (multimodal
+    models: their forward builds the decoder's inputs from the media)."""
+    if chunk <= 0:
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config.get_text_config() is not base.config:
+        return None
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if decoder is None or head is None or getattr(head, "bias", None) is not None:
+        return None
+    return decoder, head

@@ -265,6 +265,21 @@ def test_launch_command_uses_sglang_flags():
             flag_args({reserved: 1})
 
 
+def test_a_value_starting_with_a_dash_reaches_the_server_as_that_value():
+    """A generated --api-key starting with "-" (secrets.token_urlsafe: 1 in 64) stopped SGLang's start
+    with "argument --api-key: expected one argument" (a CI failure)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--api-key")
+    parser.add_argument("--mem-fraction-static", type=float)
+    argv = flag_args({"api_key": "-Xk3_abc", "mem_fraction_static": 0.5})
+    assert argv == ["--api-key=-Xk3_abc", "--mem-fraction-static", "0.5"]
+    assert parser.parse_args(argv).api_key == "-Xk3_abc"
+    with pytest.raises(argparse.ArgumentError):  # (what it was given before)
+        parser.parse_args(["--api-key", "-Xk3_abc"])
+
+
 def test_generate_request_has_sglang_field_names():
     params = SamplingParams(
         max_new_tokens=5,

@@ -73,6 +73,8 @@ def flag_args(server_args: dict[str, Any]) -> list[str]:
             out += [flag, *(str(v) for v in value)]
         elif isinstance(value, dict):
             out += [flag, json.dumps(value)]
+        elif str(value).startswith("-"):  # (argparse reads "--api-key -x..." as a flag with no value)
+            out.append(f"{flag}={value}")
         else:
             out += [flag, str(value)]
     return out

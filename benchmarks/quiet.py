@@ -31,20 +31,20 @@ def _cpu_times() -> tuple[int, int]:
 def machine_state(threads: int = 2, seconds: float = 1.0) -> dict:
     """The machine now: load average, idle share over ``seconds``, a probe's matmul rate against the quiet
     peak, and whether that makes it quiet."""
-    from relax_core.roofline import matmul_peak
+    from relax_core.roofline import matmul_peak, probe
 
     idle0, total0 = _cpu_times()
     time.sleep(seconds)
     idle1, total1 = _cpu_times()
     idle = (idle1 - idle0) / max(total1 - total0, 1)
     peak = matmul_peak(threads)  # (cached from a quiet probe)
-    probe = matmul_peak(threads, seconds=0.1, refresh=True) if idle >= IDLE_MIN else None
+    now = probe(threads, seconds=0.1).gflops if idle >= IDLE_MIN else None  # (not cached: a check)
     return {
         "load1": round(os.getloadavg()[0], 2),
         "idle": round(idle, 3),
-        "probe_gflops": probe.gflops if probe else None,
+        "probe_gflops": now,
         "peak_gflops": peak.gflops,
-        "quiet": bool(probe and idle >= IDLE_MIN and probe.gflops >= PROBE_MIN * peak.gflops),
+        "quiet": bool(now and idle >= IDLE_MIN and now >= PROBE_MIN * peak.gflops),
     }
 
 

@@ -175,7 +175,7 @@ def matmul_peak(threads: int, seconds: float = 0.15, refresh: bool = False) -> P
         cached = {}
     if machine in cached and not refresh:
         return Peak(**cached[machine])
-    peak = _probe(threads, seconds, machine)
+    peak = probe(threads, seconds, machine)
     if peak.load >= QUIET_LOAD * (os.cpu_count() or 1):
         return peak  # (a busy machine's rate is below its peak: used for this run, never cached)
     cached[machine] = peak.__dict__
@@ -189,7 +189,8 @@ def matmul_peak(threads: int, seconds: float = 0.15, refresh: bool = False) -> P
     return peak
 
 
-def _probe(threads: int, seconds: float, machine: str) -> Peak:
+def probe(threads: int, seconds: float = 0.15, machine: str = "") -> Peak:
+    """The matmul rate now, on ``threads`` threads (not cached: :func:`matmul_peak` caches a quiet one)."""
     import torch
 
     before = torch.get_num_threads()

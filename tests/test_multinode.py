@@ -10,6 +10,7 @@ That is what these tests check: where Ray puts things, not the GPUs themselves.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -130,3 +131,16 @@ def test_rank_order_from_probed_bundles():
         RuntimeError, match="none of the 5 GPUs .* is on this node: start `relax train` on a node"
     ):
         order_slots(probed, here="head-without-gpus")
+
+
+def test_the_roles_of_a_cluster_the_run_starts_are_not_niced():
+    """Ray's default worker niceness (15) let any normal-priority process starve the roles of a fully-async
+    run (no step in 9 minutes beside one busy process per core, #51)."""
+    from relax_core.run import start_ray as _start_ray
+
+    assert _start_ray(_config(num_cpus=1)) is True
+    try:
+        niceness = ray.get(ray.remote(lambda: os.nice(0)).remote(), timeout=120)
+        assert niceness == os.nice(0)  # (the driver's own)
+    finally:
+        ray.shutdown()

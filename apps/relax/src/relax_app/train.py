@@ -131,9 +131,9 @@ def check_inputs(cfg: RelaxConfig) -> list[str]:
 
 def _few_cores_note(cfg: RelaxConfig) -> list[str]:
     """Fully async on CPU with fewer cores than roles that run a model: said at start, with why. Each role
-    gets one thread and they take turns on the cores, so the overlap fully async exists for has no core
-    to run on, and the trainer on one thread is the critical path (BENCHMARKS.md: 0.87-0.90x colocate's
-    samples/s on the 2-core demo)."""
+    gets one thread and they take turns on the cores, so the overlap fully async exists for has little
+    core to run on, and the trainer on one thread is the critical path (BENCHMARKS.md: 0.87-0.90x
+    colocate's samples/s on a 2-core AMD EPYC, 1.04x on a 2-core Intel Xeon)."""
     cores = cfg.run.num_cpus or os.cpu_count() or 1
     roles = ["rollout", "actor"] + ["reference"] * cfg.algo.uses_reference
     roles += ["actor_fwd"] * (cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward)
@@ -146,10 +146,10 @@ def _few_cores_note(cfg: RelaxConfig) -> list[str]:
         return []
     return [
         f"fully async on {cores} CPU cores with {len(roles)} roles running a model ({', '.join(roles)}): each "
-        "gets one thread and they take turns on the cores, so rollout and training cannot overlap and the "
-        "trainer on one thread sets the pace; on such a machine --colocate is faster (0.87-0.90x its "
-        "samples/s measured on the 2-core demo: BENCHMARKS.md). Fully async pays off where rollout and "
-        "training have devices of their own"
+        "gets one thread and they take turns on the cores, so rollout and training barely overlap and the "
+        "trainer on one thread sets the pace; on such a machine it runs at about --colocate's speed "
+        "(0.87-1.04x its samples/s on 2-core machines: BENCHMARKS.md). Fully async pays off where rollout "
+        "and training have devices of their own"
     ]
 
 

@@ -71,8 +71,16 @@ def start_ray(cfg: RelaxConfig) -> bool:
         include_dashboard=False,
         log_to_driver=True,
         configure_logging=False,
+        _system_config=ROLE_PRIORITY,
     )
     return True
+
+
+ROLE_PRIORITY = {"worker_niceness": 0}
+"""Ray starts its workers at nice 15 (its raylet and GCS first); relax's roles are the run's work. Niced,
+they were starved by any process of normal priority: fully async with one busy process per core made no
+step in 9 minutes, where colocate (in the driver, nice 0) ran at 287 samples/s (BENCHMARKS.md, #51). A
+cluster started with ``ray start`` is the user's: ``RAY_worker_niceness=0 ray start ...`` does the same."""
 
 
 def stop_ray() -> None:

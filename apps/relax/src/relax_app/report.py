@@ -52,7 +52,7 @@ def write_report(cfg: RelaxConfig, result: RunResult, extra: dict | None = None)
         summary["core_busy_share"] = round(
             core_busy_share(trace, cfg.run.num_cpus or os.cpu_count() or 1)["share"], 3
         )
-    if any("perf/train_gflop" in h for h in result.history):  # (the trainer read the model's shape)
+    if any("perf/train_mfu" in h for h in result.history):  # (the trainer measured against a CPU peak)
         from relax_core.roofline import matmul_peak, run_roofline
 
         peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1)  # (the trainer's probe, cached)

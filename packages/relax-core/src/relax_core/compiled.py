@@ -53,10 +53,7 @@ class Compiled:
             return self.module(*args, **kwargs)
         try:
             return self._compiled(*args, **kwargs)
-        except (
-            Exception
-        ) as e:  # (compiling failed: the eager forward still answers, or raises the real error)
-            self._fall_back(
-                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-            )
+        except Exception as e:  # (it failed compiling: eager answers, or raises the real error)
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            self._fall_back(f"{type(e).__name__}: {first}")
             return self.module(*args, **kwargs)

@@ -23,7 +23,8 @@ time they take is what MFU shows as lost. Lengths are the samples' real ones (pa
 
 The peak is measured, not taken from a data sheet: torch's fp32 matmul on the run's thread count, the best
 of a few shapes, cached per machine (CPU model, threads, torch version) in ``$RELAX_CACHE_DIR`` (else
-``~/.cache/relax``).
+``~/.cache/relax``). CPU only: on a GPU machine the trainer logs the FLOPs and no MFU (a GPU's peak probe
+is not written yet; no GPU was there to check one).
 """
 
 from __future__ import annotations

@@ -101,8 +101,9 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
         self.metrics = MetricsService.from_config(cfg, self.out)
         self._shape = ModelShape.from_checkpoint(model_path)  # (None: no FLOP figures, nothing else lost)
-        self.peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1) if self._shape else None
-        """The machine's matmul peak (probed once per machine, cached): MFU is a share of the whole machine."""
+        self.peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1) if self._shape and _cpu() else None
+        """The machine's matmul peak (probed once per machine, cached): MFU is a share of the whole machine.
+        None on a GPU machine: the probe measures the CPU (a GPU's peak is not probed: FLOPs only there)."""
 
     # -- weights (relax_core.weight_sync) --------------------------------------------------------
     def connect_dcs(self, init_method: str, world_size: int, republish: bool = False) -> int:
@@ -318,3 +319,10 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
             self.backend.close()
         self.metrics.close()
+
+
+def _cpu() -> bool:
+    """Whether this process trains on the CPU (no CUDA device)."""
+    import torch
+
+    return not torch.cuda.is_available()

@@ -222,9 +222,11 @@ def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path)
         after_step(out, 1)
         assert node.kill() > 0
 
-    _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill), spread, "actor")
-    cluster.ray_start(node)
-    cluster.wait_for_nodes(3)
+    try:
+        _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill), spread, "actor")
+    finally:  # (the node back whatever happened: the next tests place roles on it)
+        cluster.ray_start(node)
+        cluster.wait_for_nodes(3)
 
 
 def test_a_node_cut_off_the_network_loses_nothing_and_rejoins(cluster, spread, tiny_run_inputs, tmp_path):

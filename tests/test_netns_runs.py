@@ -194,9 +194,9 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     assert not record["audit"]["health"], record["audit"]["health"]
 
 
-def _faulty_run(cluster, inputs, out: Path, fault) -> dict:
+def _faulty_run(cluster, inputs, out: Path, fault, **flags) -> dict:
     roles = ",".join(f"{r}={a}" for r, a in PLACEMENT.items())
-    return drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles), fault)
+    return drive(cluster, out, _flags(inputs, out, "--fully-async", "--role-nodes", roles, **flags), fault)
 
 
 def _check_recovered(record: dict, spread: dict, role: str) -> None:
@@ -222,8 +222,11 @@ def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path)
         after_step(out, 1)
         assert node.kill() > 0
 
+    # (rewards 2 s late: the last step waits on the rollout, so the kill lands mid-run; without it the last
+    # two steps could finish before the kill did, and the trainer died writing its end-of-run checkpoint)
     try:
-        _check_recovered(_faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill), spread, "actor")
+        run = _faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill, reward_delay_s=2.0)
+        _check_recovered(run, spread, "actor")
     finally:  # (the node back whatever happened: the next tests place roles on it)
         cluster.ray_start(node)
         cluster.wait_for_nodes(3)

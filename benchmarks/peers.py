@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from quiet import busy_cores, machine_state, wait_quiet
+
+from relax_core.roofline import cpu_model
 
 RUNNERS = {
     "trl": None,
@@ -72,13 +73,6 @@ SHAPES = {
     ),
 }
 """Shape -> (relax flags over the demo's, demo-asset settings: the model's size)."""
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:

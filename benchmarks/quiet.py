@@ -24,7 +24,8 @@ PROBE_MIN = 0.85
 
 def _cpu_times() -> tuple[int, int]:
     """(idle, total) jiffies of all CPUs so far."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
     return fields[3] + fields[4], sum(fields)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install each standalone package from its built wheel into its own clean venv and use it there: torch and
-# ray must not be imported (DESIGN.md §5), nor installed where the package leaves them optional:
+# Install each standalone package from its built wheel into its own clean venv and use it there: every module
+# of the wheel imports, and torch and ray must not be imported (DESIGN.md §5), nor installed where the package
+# leaves them optional:
 # - relax-bus: the in-process bus and its StreamingDataLoader work without torch or ray, RayBus names its extra;
 # - relax-core: installs without ray (an extra); with its `tensorboard` extra the TensorBoard sink writes
 #   event files that TensorBoard reads back, without torch;
@@ -20,9 +21,16 @@ check() {  # check VENV MODULE [STAGE]: the Python checks below, run in VENV
   "$1/bin/python" - "$2" "${3:-}" <<'PY'
 import importlib, importlib.util, sys, tempfile
 mod, stage = sys.argv[1], sys.argv[2]
+import pkgutil
 m = importlib.import_module(mod)
-heavy = [name for name in ("torch", "ray", "transformers") if name in sys.modules]
-assert not heavy, f"import {mod} pulled in {heavy}"
+modules = [mod] + [i.name for i in pkgutil.walk_packages(m.__path__, mod + ".")]
+for name in modules:  # every module of the wheel, not only its top package (#52)
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        raise AssertionError(f"{name} does not import where {mod}'s wheel alone is installed: {e}") from e
+heavy = [name for name in ("torch", "ray", "transformers", "librosa") if name in sys.modules]
+assert not heavy, f"importing {mod}'s {len(modules)} modules pulled in {heavy}"
 if mod == "relax_bus":
     import numpy as np
     from relax_bus import BusConfig, ConsumerSpec, DataBus
@@ -93,7 +101,7 @@ if mod == "relax_multimodal":
     assert s.text.count("<|IMAGE|>") == s.images[0].num_tokens > 0
     assert s.text.count("<|AUDIO|>") == s.audios[0].num_tokens > 0
     assert "librosa" not in sys.modules and "torch" not in sys.modules and "transformers" not in sys.modules
-print(f"ok: {mod} {getattr(m, '__version__', '?')} imports alone without torch/ray")
+print(f"ok: {mod} {getattr(m, '__version__', '?')}: its {len(modules)} modules import alone without torch/ray")
 PY
 }
 

@@ -291,3 +291,44 @@ def test_no_module_re_exports_another_modules_names():
                 if "noqa: F401" in block or "re-export" in block:
                     found.append((name, n.module))
     assert found == []
+
+
+# -- private names and long functions (#52) ---------------------------------------------------------------
+PRIVATE_IMPORTS_LEFT = {
+    ("relax_bus.core", "relax_bus._book", "_Book"),
+    ("relax_bus.core", "relax_bus._book", "_version"),
+}
+"""The bus's ledger is a base class of DataBus in a module of its own; its composition is #52's next step."""
+
+
+def _private_imports(name: str, f: Path) -> list[tuple[str, str, str]]:
+    return [
+        (name, n.module, a.name)
+        for n in _imports(f)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("relax_")
+        for a in n.names
+        if a.name.startswith("_") and not a.name.startswith("__")
+    ]
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name another module needs is public: an imported ``_name`` is shared state nobody owns."""
+    found = {i for name, f in _modules().items() for i in _private_imports(name, f)}
+    assert sorted(found - PRIVATE_IMPORTS_LEFT) == [], "make the name public (or keep it in its module)"
+    assert PRIVATE_IMPORTS_LEFT <= found, "a listed import is gone: drop it from the list"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_grows_past_80_lines():
+    """A function a reader must hold whole in mind fits a screen: past that, its steps are functions."""
+    long = [
+        (name, n.name, n.end_lineno - n.lineno + 1)
+        for name, f in _modules().items()
+        for n in ast.walk(ast.parse(f.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno is not None
+        and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == [], "split these into the steps they are"

@@ -3,13 +3,17 @@ registry entry, no driver edits. The class below is a bus consumer that writes e
 and feeds it to the trainer; registered next to the installed roles, it is planned (the bus gets its
 consumer, the trainer waits for its field), built and started by the fully-async driver, watched by its
 heartbeat, and — SIGKILLed mid-run — restarted in place from its spec's restart steps, the run training
-every step with every sample counted."""
+every step with every sample counted. A second, stateful toy role (a running count it saves beside the
+trainer's checkpoint and loads back on --load) resumes through the same drivers, with no file of relax-core
+knowing its name."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from _tiny import run_flags
@@ -75,6 +79,52 @@ class TokenCount:
         pass
 
 
+class SeenCount(TokenCount):
+    """A stateful toy role: counts the samples it has seen over the whole run, resumes included. Its state is
+    saved beside the trainer's checkpoint (``save_state``, as the critic's is) and read back (``load_state``)
+    by the drivers, which know it only by its spec's :attr:`Restart.STATE`."""
+
+    made: list[SeenCount] = []  # (colocate builds roles in this process: the test reads them here)
+
+    @classmethod
+    def spec(cls, cfg, name: str) -> RoleSpec:
+        return RoleSpec(name, needs=("tokens",), restart=(Restart.LEASES, Restart.STATE))
+
+    def __init__(self, cfg, bus) -> None:
+        super().__init__(cfg, bus)
+        self.loaded_from: str | None = None
+        SeenCount.made.append(self)
+
+    def _once(self, timeout: float) -> int:
+        self.beat = time.monotonic()
+        batch = self.bus.get(STATEFUL, n=64, partial=True, timeout=timeout)
+        self.bus.ack(STATEFUL, batch.lease_id)
+        self.counted += len(batch)
+        return len(batch)
+
+    @staticmethod
+    def _file(checkpoint: str) -> Path:
+        ckpt = Path(checkpoint)
+        return ckpt.parent / STATEFUL / f"{ckpt.name}.json"
+
+    def save_state(self, checkpoint: str) -> str:
+        path = self._file(checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"counted": self.counted}))
+        return str(path)
+
+    def load_state(self, checkpoint: str | None) -> int:
+        if checkpoint is not None:
+            self.loaded_from, self.counted = (
+                checkpoint,
+                json.loads(self._file(checkpoint).read_text())["counted"],
+            )
+        return self.counted
+
+
+STATEFUL = "seen_count"
+
+
 @pytest.fixture
 def registry():
     from ray import cloudpickle
@@ -123,3 +173,32 @@ def test_a_new_role_takes_its_turn_in_a_colocate_run(tiny_run_inputs, tmp_path, 
     result = Controller(_cfg(tiny_run_inputs, tmp_path, "--colocate"), tiny_run_inputs, registry).run()
     assert set(result.audit["trained_ids"]) == set(result.audit["consumed"][NAME])
     assert len(result.audit["trained_ids"]) == 4 * 8
+
+
+@pytest.mark.integration
+def test_a_new_stateful_role_saves_its_state_at_a_stop_and_resumes_with_load(
+    tiny_run_inputs, tmp_path, registry, sigterm_self
+):
+    """SIGTERM after the first step: the colocate driver saves the toy role's state beside the checkpoint it
+    writes; --load gives it back to the new run's copy, which counts on from there."""
+    from test_resume import _signal_after
+
+    reg, ckpt = registry.with_role(STATEFUL, SeenCount), tmp_path / "ckpt"
+    SeenCount.made.clear()
+    first = Controller(
+        _cfg(tiny_run_inputs, tmp_path / "a", "--colocate", "--save", str(ckpt)), tiny_run_inputs, reg
+    )
+    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
+    part1 = first.run()
+    assert first.interrupted_at is not None, "the signal did not stop the run early"
+    (before,) = SeenCount.made
+    saved = json.loads(SeenCount._file(first.interrupted_at).read_text())["counted"]
+    assert saved == before.counted >= 8 * len([h for h in part1.history if "train/loss" in h])
+
+    second = Controller(
+        _cfg(tiny_run_inputs, tmp_path / "b", "--colocate", "--load", str(ckpt)), tiny_run_inputs, reg
+    )
+    rest = second.run()
+    after = SeenCount.made[-1]
+    assert after is not before and after.loaded_from == first.interrupted_at
+    assert after.counted == saved + len(rest.audit["consumed"][STATEFUL])

@@ -162,7 +162,8 @@ def test_every_command_ends_a_known_failure_with_one_line_and_its_exit_code(
 
 
 def test_fully_async_on_fewer_cores_than_model_roles_says_so_at_start(tmp_path):
-    """#51: on 2-core machines fully async made 0.87-1.04x colocate's samples/s; the run says why at start."""
+    """#51: on 2-core machines fully async made 0.87-1.04x colocate's samples/s; the run says why at start.
+    #52: the roles counted are those of the run's plan that load a model (the old list forgot the teacher)."""
     from relax_app.train import check_inputs
     from relax_core.cli_config import build_config
 
@@ -173,8 +174,12 @@ def test_fully_async_on_fewer_cores_than_model_roles_says_so_at_start(tmp_path):
     kl = ["--kl-coef", "0.01"]  # (the Reference runs: three roles with a model)
     (note,) = check_inputs(build_config(None, [*flags, *kl, "--fully-async", "--num-cpus", "2"]))
     assert note.startswith(
-        "fully async on 2 CPU cores with 3 roles running a model (rollout, actor, reference)"
+        "fully async on 2 CPU cores with 3 roles running a model (rollout, reference, actor)"
     )
+    # the roles come from the run's plan, not a list of names: a teacher (distillation) runs a model too
+    teacher = ["--teacher-checkpoint", str(tmp_path / "m")]
+    (note,) = check_inputs(build_config(None, [*flags, *teacher, "--fully-async", "--num-cpus", "2"]))
+    assert "3 roles running a model (rollout, teacher, actor)" in note, note
     assert "about --colocate's speed" in note and "devices of their own" in note
     assert check_inputs(build_config(None, [*flags, *kl, "--fully-async", "--num-cpus", "4"])) == []
     assert check_inputs(build_config(None, [*flags, *kl, "--colocate", "--num-cpus", "2"])) == []

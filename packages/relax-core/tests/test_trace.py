@@ -79,7 +79,7 @@ def test_chrome_trace_format():
         _span("rollout", "reward", 90, 40, step=0),  # overlaps generate: a second lane
         _span("advantages", "advantages", 95, 2, n=16),
     ]
-    trace = chrome_trace(spans)
+    trace = chrome_trace(spans, order=("rollout", "advantages", "actor"))
     json.dumps(trace)  # plain JSON
     events = trace["traceEvents"]
     meta = {(e["pid"], e["name"]): e["args"] for e in events if e["ph"] == "M"}
@@ -112,6 +112,23 @@ def test_lanes_never_cross():
         for b in x:
             if a is not b and a["tid"] == b["tid"]:
                 assert a["ts"] + a["dur"] <= b["ts"] or b["ts"] + b["dur"] <= a["ts"]
+
+
+def test_rows_follow_the_given_role_order_and_any_other_role_comes_after_by_name(tmp_path):
+    """No role names are built in: a role the registry adds (a critic, a judge) gets its row from the
+    run's plan, and the merged file keeps the order the drivers list the roles in."""
+    spans = [_span(r, "work", 0, 1) for r in ("actor", "judge", "critic", "rollout", "zeta", "alpha")]
+
+    def rows(trace):
+        names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+        return [names[p] for p in sorted(names)]
+
+    assert rows(chrome_trace(spans, order=("rollout", "critic", "judge", "actor"))) == [
+        *("rollout", "critic", "judge", "actor", "alpha", "zeta")
+    ]
+    in_plan_order = [_span(r, "work", 0, 1) for r in ("rollout", "critic", "actor", "critic")]
+    written = json.loads(write_trace(tmp_path / "t.json", in_plan_order).read_text())
+    assert rows(written) == ["rollout", "critic", "actor"]
 
 
 def test_write_trace(tmp_path):

@@ -134,11 +134,13 @@ def _few_cores_note(cfg: RelaxConfig) -> list[str]:
     gets one thread and they take turns on the cores, so the overlap fully async exists for has little
     core to run on, and the trainer on one thread is the critical path (BENCHMARKS.md: 0.87-0.90x
     colocate's samples/s on a 2-core AMD EPYC, 1.04x on a 2-core Intel Xeon)."""
+    if cfg.run.mode != "fully_async" or cfg.rollout.rollout_backend != "torch":
+        return []
+    from relax_core.roles import RolePlan
+
     cores = cfg.run.num_cpus or os.cpu_count() or 1
-    roles = ["rollout", "actor"] + ["reference"] * cfg.algo.uses_reference
-    roles += ["actor_fwd"] * (cfg.algo.use_actor_fwd and not cfg.prox_from_training_forward)
-    roles += ["critic"] * cfg.uses_critic
-    if cfg.run.mode != "fully_async" or cores >= len(roles) or cfg.rollout.rollout_backend != "torch":
+    roles = [name for name, spec in RolePlan.from_config(cfg).roles.items() if spec.model is not None]
+    if cores >= len(roles):
         return []
     import torch
 

@@ -34,6 +34,19 @@ class Sections(Protocol):
 
 def check(cfg: Sections) -> None:
     """Raise ``ValueError`` naming the flags to change when ``cfg``'s sections disagree."""
+    _check_rollout_shape(cfg)
+    _check_lora(cfg)
+    _check_training(cfg)
+    _check_placement(cfg)
+    if (cfg.data.prompt_data is None) != (cfg.model.hf_checkpoint is None):
+        raise ValueError(
+            "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
+            "for the built-in CPU demo"
+        )
+
+
+def _check_rollout_shape(cfg: Sections) -> None:
+    """Batch sizes, dynamic sampling, staleness and offload against the mode."""
     per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
     gbs = cfg.train.global_batch_size
     if gbs is not None and per_rollout % gbs != 0:
@@ -56,7 +69,10 @@ def check(cfg: Sections) -> None:
             "--offload time-shares the devices between rollout and training in colocate mode; with "
             "--fully-async every role has devices of its own: drop --offload"
         )
-    _check_lora(cfg)
+
+
+def _check_training(cfg: Sections) -> None:
+    """The megatron backend's parallel sizes against the GPUs, and the options that need its backend."""
     t = cfg.train
     if t.train_backend == "megatron":
         world = t.actor_num_nodes * t.actor_num_gpus_per_node
@@ -97,6 +113,10 @@ def check(cfg: Sections) -> None:
             "--use-dynamic-batch-size packs micro-batches up to --max-tokens-per-gpu padded tokens: set it "
             "(e.g. --max-tokens-per-gpu 4096), or drop --use-dynamic-batch-size to batch by --micro-batch-size"
         )
+
+
+def _check_placement(cfg: Sections) -> None:
+    """Engines, the elastic API, role nodes and streaming against the mode; the elastic token."""
     r = cfg.rollout
     if r.rollout_backend == "sglang" and (
         r.rollout_num_gpus == 0 or r.rollout_num_gpus % r.rollout_num_gpus_per_engine
@@ -132,11 +152,6 @@ def check(cfg: Sections) -> None:
         )
     if r.streaming_rollout or r.partial_rollout or r.mask_offpolicy_in_partial_rollout:
         _check_streaming(cfg)
-    if (cfg.data.prompt_data is None) != (cfg.model.hf_checkpoint is None):
-        raise ValueError(
-            "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
-            "for the built-in CPU demo"
-        )
 
 
 def _check_streaming(cfg: Sections) -> None:

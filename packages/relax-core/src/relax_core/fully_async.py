@@ -21,6 +21,23 @@ from relax_core.live import LiveStatus
 from relax_core.live_async import AsyncProbe
 
 
+def _audit(run: AsyncRun) -> dict[str, Any]:
+    """What the roles did (samples, weight versions, engines, health, placement), for ``summary.json``."""
+    actor, rollout, bus, ray = run.trainer, run.rollout, run.bus, run.ray
+    assert bus is not None
+    return {
+        "trained_ids": ray.get(actor.get_trained_ids.remote()),
+        "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
+        "trainer_weights": ray.get(actor.get_weight_log.remote()),
+        "rollout_weights": ray.get(rollout.get_weight_log.remote()),
+        "consumed": {c: bus.consumed_ids(c) for c in run.plan.consumers},
+        "prompt_log": ray.get(rollout.get_prompt_log.remote()),
+        "health": [vars(e) for e in run.events()],
+        "engines": ray.get(rollout.engines.remote()),
+        "placement": {**run.nodes.placed, "bus": run.nodes.driver_address},
+    }
+
+
 def run_fully_async(
     run: AsyncRun, stop: shared.StopOnSignal, live: LiveStatus | None = None
 ) -> shared.RunResult:
@@ -69,17 +86,7 @@ def run_fully_async(
             bar.close()
         history = ray.get(actor.get_history.remote())
         run.finish_engine_restarts()
-        audit = {
-            "trained_ids": ray.get(actor.get_trained_ids.remote()),
-            "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
-            "trainer_weights": ray.get(actor.get_weight_log.remote()),
-            "rollout_weights": ray.get(rollout.get_weight_log.remote()),
-            "consumed": {c: bus.consumed_ids(c) for c in run.plan.consumers},
-            "prompt_log": ray.get(rollout.get_prompt_log.remote()),
-            "health": [vars(e) for e in run.events()],
-            "engines": ray.get(rollout.engines.remote()),
-            "placement": {**run.nodes.placed, "bus": run.nodes.driver_address},
-        }
+        audit = _audit(run)
         bus_stats = bus.stats()
         trace_path = None
         if cfg.run.trace:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
 
-import torch
+if TYPE_CHECKING:  # (torch is imported where it runs: this module imports without it)
+    import torch
 
 
 class HostOffload:
@@ -40,6 +41,8 @@ class HostOffload:
         """Free the storages of ``tensors``. ``keep``: copy their bytes to host memory first (a trainer's
         weights and optimizer state); without it the contents are lost and must be written again after
         :meth:`onload` (an engine's weights, which the trainer sends anyway). Returns the bytes freed."""
+        import torch
+
         if self._saved:
             raise RuntimeError(f"{self.name} is already offloaded; onload() it first")
         seen: set[int] = set()
@@ -73,6 +76,8 @@ class HostOffload:
     def onload(self) -> int:
         """Grow the storages back and copy their bytes in (kept ones; the others hold garbage until
         written). Returns the bytes restored; 0 when nothing was offloaded."""
+        import torch
+
         saved, self._saved = self._saved, []
         restored = 0
         for s, n, host in saved:
@@ -89,6 +94,8 @@ def _give_back_cached_device_memory() -> None:
     """Back to the device, for the other role's allocator: the allocator's free blocks, and cuBLAS's
     workspaces, which torch keeps per stream (32 MiB each on Hopper; a megatron trainer held 64 MiB of them
     on an H100 after its weights had gone) and allocates again at the next matrix product."""
+    import torch
+
     torch.cuda.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # (private; absent: the workspaces stay)
     if clear is not None:
@@ -98,6 +105,8 @@ def _give_back_cached_device_memory() -> None:
 
 def _bytes(s: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 tensor over the whole storage."""
+    import torch
+
     return torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
 
 

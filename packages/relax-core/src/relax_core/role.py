@@ -7,7 +7,7 @@ drivers — colocate (:mod:`relax_core.colocate`, the roles in this process) and
 weights, which model it loads and the steps a restarted copy must redo — never from its name, so that a
 new role is one class plus one registry entry (:mod:`relax_core.roles`). The methods they call are named
 here once, per part: every role answers :class:`Role`; a bus consumer also :class:`ConsumerRole`, a
-weight receiver :class:`WeightReceiver`, and the one rollout and the one trainer
+weight receiver :class:`ReceivesWeights`, and the one rollout and the one trainer
 :class:`RolloutRole` / :class:`TrainerRole`. :func:`missing_methods` holds a class to them.
 """
 
@@ -108,7 +108,7 @@ class ConsumerRole(Role, Protocol):
         """Colocate: handle everything ready now; returns the samples handled."""
 
 
-class WeightReceiver(Protocol):
+class ReceivesWeights(Protocol):
     """A role that holds the policy's weights and receives each version the trainer publishes (DCS)."""
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
@@ -134,7 +134,7 @@ class StatefulRole(Protocol):
         newest this run saved (a role restarted in place); returns the version loaded (0: none found)."""
 
 
-class RolloutRole(Role, WeightReceiver, Protocol):
+class RolloutRole(Role, ReceivesWeights, Protocol):
     """The one producer: generates, scores and puts batches; journals each so a new process goes on."""
 
     def run(self, start_step: int = 0) -> dict[str, Any]:
@@ -199,7 +199,7 @@ def protocols(spec: RoleSpec) -> list[type]:
     }
     out = by_part[spec.part]
     if spec.receives_weights and spec.part == "consumer":
-        out = [*out, WeightReceiver]
+        out = [*out, ReceivesWeights]
     if Restart.STATE in spec.restart:
         out = [*out, StatefulRole]
     return out
@@ -207,7 +207,7 @@ def protocols(spec: RoleSpec) -> list[type]:
 
 def missing_methods(cls: type, spec: RoleSpec) -> list[str]:
     """The methods ``cls`` lacks for the protocols its spec implies (empty: it answers them all)."""
-    ours = {Role, ConsumerRole, WeightReceiver, StatefulRole, RolloutRole, TrainerRole}
+    ours = {Role, ConsumerRole, ReceivesWeights, StatefulRole, RolloutRole, TrainerRole}
     names = {
         n
         for p in protocols(spec)

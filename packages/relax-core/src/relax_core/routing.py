@@ -24,12 +24,15 @@ import contextlib
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # (torch is imported where it runs: this module imports without it)
+    import torch
 
 
 def _is_sparse_moe_block(module: torch.nn.Module) -> bool:
+    import torch
+
     gate = getattr(module, "gate", None)
     return (
         {name for name, _ in module.named_children()} == {"gate", "experts"}
@@ -54,6 +57,8 @@ class Recording:
 
     def stacked(self, f: int) -> torch.Tensor:
         """Forward ``f``'s ids as one tensor [tokens, n_moe_layers, k]."""
+        import torch
+
         return torch.stack(self.forwards[f], dim=1)
 
 
@@ -102,6 +107,8 @@ class Routing:
 
     def new_recording(self) -> Recording:
         """An empty :class:`Recording` (int16 ids, int32 past 32767 experts)."""
+        import torch
+
         return Recording(torch.int16 if self.num_experts <= torch.iinfo(torch.int16).max else torch.int32)
 
     @contextlib.contextmanager
@@ -119,6 +126,8 @@ class Routing:
         """Route every forward inside the block to ``experts``: [B, L, n_moe_layers, k] ids aligned with
         the forward's ``input_ids`` [B, L]; a token-layer entry with any id < 0 routes normally. Yields
         the block's :class:`ReplayStats` (also :meth:`stats` afterwards)."""
+        import torch
+
         experts = torch.as_tensor(experts).long()
         want = (experts.dim(), *experts.shape[2:])
         if want != (4, self.num_layers, self.top_k):
@@ -166,6 +175,8 @@ class Routing:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         experts = self._experts
         assert experts is not None, "called by the wrapped forward inside replay() only"
+        import torch
+
         if tuple(experts.shape[:2]) != lead:
             raise ValueError(
                 f"replayed experts cover [B, L] = {list(experts.shape[:2])} but the MoE block got {list(lead)} "

@@ -16,15 +16,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from relax_core.ownership import write_atomically
-
-ROLE_ORDER = ("rollout", "actor_fwd", "reference", "teacher", "advantages", "actor")
-"""Rows top to bottom in the viewer: data flows down, from generation to training."""
 
 
 class Tracer:
@@ -89,13 +86,14 @@ def _lanes(spans: list[dict[str, Any]]) -> list[int]:
     return lane_of
 
 
-def chrome_trace(spans: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Spans from any number of roles -> a Chrome trace (JSON object format)."""
+def chrome_trace(spans: Iterable[dict[str, Any]], order: Sequence[str] = ()) -> dict[str, Any]:
+    """Spans from any number of roles -> a Chrome trace (JSON object format). Rows top to bottom: the roles
+    of ``order`` (a run's :class:`~relax_core.roles.RolePlan` in data order: generation down to training),
+    then any other role by name."""
     spans = list(spans)
     origin = min((s["start_ns"] for s in spans), default=0)
-    roles = sorted(
-        {s["role"] for s in spans}, key=lambda r: (ROLE_ORDER.index(r) if r in ROLE_ORDER else 99, r)
-    )
+    rank = {role: k for k, role in enumerate(order)}
+    roles = sorted({s["role"] for s in spans}, key=lambda r: (rank.get(r, len(rank)), r))
     events: list[dict[str, Any]] = []
     for pid, role in enumerate(roles, start=1):
         mine = [s for s in spans if s["role"] == role]
@@ -130,11 +128,15 @@ def _jsonable(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_trace(path: str | Path, spans: Iterable[dict[str, Any]]) -> Path:
-    """Write the merged timeline; returns its path. Atomically (written beside, then renamed): the run
-    rewrites it as it goes (:mod:`relax_core.live`), and a viewer opening it meanwhile must get valid JSON."""
+    """Write the merged timeline; returns its path. Rows in the order the roles first appear in ``spans``
+    (the drivers list each role's spans in their plan's data order). Atomically (written beside, then
+    renamed): the run rewrites it as it goes (:mod:`relax_core.live`), and a viewer opening it meanwhile
+    must get valid JSON."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(chrome_trace(spans)))
+    spans = list(spans)
+    order = list(dict.fromkeys(s["role"] for s in spans))
+    write_atomically(path, json.dumps(chrome_trace(spans, order)))
     return path
 
 

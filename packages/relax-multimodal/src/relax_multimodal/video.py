@@ -104,6 +104,19 @@ def sample_indices(
     return linspace_indices(first, last, n)
 
 
+def _resized(raw: np.ndarray, spec: ModelSpec, budget: tuple[float, float], name: str) -> np.ndarray:
+    """Frames [T, H, W, 3] resized as the model's processor resizes them: sides multiples of its patch
+    factor, the pixels within ``budget`` (min, max)."""
+    h, w = raw.shape[1:3]
+    try:
+        rh, rw = smart_resize(h, w, spec.factor, *budget)
+    except ValueError as e:
+        raise MediaError("corrupt", str(e), source=name) from None
+    if (rh, rw) == (h, w):
+        return raw
+    return np.stack([np.asarray(Image.fromarray(f).resize((rw, rh), Image.Resampling.BICUBIC)) for f in raw])
+
+
 def process_video(
     item: object,
     model: str | ModelSpec = "qwen2_5_vl",
@@ -156,16 +169,8 @@ def process_video(
         raw = _decode(container, stream, idx, total, src.name)
     if raw.ndim != 4 or raw.shape[0] != len(idx) or raw.shape[-1] != 3:
         raise MediaError("no_frames", f"decoder returned frames of shape {raw.shape}", source=src.name)
-    h, w = raw.shape[1:3]
-    lo, hi = video_pixel_budget(spec, n, min_pixels, max_pixels, total_pixels)
-    try:
-        rh, rw = smart_resize(h, w, spec.factor, lo, hi)
-    except ValueError as e:
-        raise MediaError("corrupt", str(e), source=src.name) from None
-    if (rh, rw) != (h, w):
-        raw = np.stack(
-            [np.asarray(Image.fromarray(f).resize((rw, rh), Image.Resampling.BICUBIC)) for f in raw]
-        )
+    raw = _resized(raw, spec, video_pixel_budget(spec, n, min_pixels, max_pixels, total_pixels), src.name)
+    rh, rw = raw.shape[1:3]
     sample_fps = n / max(last - first + 1, 1e-6) * vfps
     tps = spec.temporal_patch_size
     grid = (-(-n // tps), rh // spec.patch_size, rw // spec.patch_size)

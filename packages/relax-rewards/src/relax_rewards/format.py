@@ -94,7 +94,7 @@ def openr1mm_reward(response: str, label: Any, metadata: dict | None = None) -> 
     0.0
     """
     from relax_rewards.f1 import normalize_answer
-    from relax_rewards.math import _matches, extract_boxed
+    from relax_rewards.math import answers_match, extract_boxed
 
     fmt = has_think_answer_format(response)
     answer = extract_tag(response, "answer")
@@ -102,7 +102,7 @@ def openr1mm_reward(response: str, label: Any, metadata: dict | None = None) -> 
         boxed = extract_boxed(answer)
         answer = boxed if boxed is not None else answer
     correct = answer is not None and (
-        _matches(answer, label) or (normalize_answer(answer) == normalize_answer(str(label)) != "")
+        answers_match(answer, label) or (normalize_answer(answer) == normalize_answer(str(label)) != "")
     )
     return RewardResult(
         float(correct) + float(fmt), {"extracted": answer, "format_ok": fmt, "correct": bool(correct)}

@@ -133,7 +133,7 @@ def math_reward(response: str, label: Any, metadata: dict | None = None) -> Rewa
     (0.0, '7', False)
     """
     answer, how = extract_answer(response)
-    correct = _matches(answer, label)
+    correct = answers_match(answer, label)
     return RewardResult(
         1.0 if correct else 0.0,
         {
@@ -162,7 +162,7 @@ def deepscaler_reward(response: str, label: Any, metadata: dict | None = None) -
         return RewardResult(0.0, {"extracted": None, "format_ok": False, "format": None, "correct": False})
     answer, how = extract_answer(response)
     format_ok = how in ("boxed", "answer_line")
-    correct = format_ok and _matches(answer, label)
+    correct = format_ok and answers_match(answer, label)
     return RewardResult(
         1.0 if correct else 0.0,
         {"extracted": answer, "format_ok": format_ok, "format": how, "correct": correct},
@@ -179,7 +179,7 @@ def dapo_reward(response: str, label: Any, metadata: dict | None = None) -> Rewa
     -1.0
     """
     answer = extract_answer_line(_tail(response))
-    correct = _matches(answer, label)
+    correct = answers_match(answer, label)
     return RewardResult(
         1.0 if correct else -1.0,
         {"extracted": answer, "format_ok": answer is not None, "format": "answer_line", "correct": correct},
@@ -191,7 +191,7 @@ def _tail(text: str) -> str:
     return text[-MAX_RESPONSE_CHARS:]
 
 
-def _matches(answer: str | None, label: Any) -> bool:
+def answers_match(answer: str | None, label: Any) -> bool:
     labels = label if isinstance(label, list | tuple | set | frozenset) else [label]
     usable = [c for c in labels if isinstance(c, str | int | float) and not isinstance(c, bool)]
     if label is None:  # no label: 0 (label-free runs rescore by group; the scorer counts "unlabeled")

@@ -155,15 +155,26 @@ def _schemas() -> dict[str, dict]:
 def openapi() -> dict:
     """The API as an OpenAPI 3.1 document (``GET /elastic/openapi.json``)."""
     unauth = _json("Error", "Missing or wrong bearer token (only when the API has a token).")
-    op_id = [
-        {
-            "name": "id",
-            "in": "path",
-            "required": True,
-            "schema": {"type": "string"},
-            "description": "Operation id.",
-        }
-    ]
+    paths = {**_scale_paths(unauth), **_operation_paths(unauth), **_read_paths(unauth)}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Relax elastic rollout API",
+            "version": "1",
+            "description": "Scale the rollout engine pool of a running Relax job. Asynchronous operations, one "
+            "at a time; unknown routes answer 404.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def _scale_paths(unauth: dict) -> dict:
+    """The two calls that change the pool."""
     scale = {
         "200": _json("Operation", "Known request_id: the operation it started."),
         "202": _json("Operation", "Accepted: the operation started (poll GET /elastic/operations/{id})."),
@@ -181,7 +192,7 @@ def openapi() -> dict:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
         }
 
-    paths = {
+    return {
         "/elastic/scale_out": {
             "post": {
                 "summary": "Add engines (launched on Ray, or running servers by URL)",
@@ -198,6 +209,21 @@ def openapi() -> dict:
                 "responses": scale,
             }
         },
+    }
+
+
+def _operation_paths(unauth: dict) -> dict:
+    """The operations the scaling calls started: list, read, cancel."""
+    op_id = [
+        {
+            "name": "id",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "Operation id.",
+        }
+    ]
+    return {
         "/elastic/operations": {
             "get": {
                 "summary": "Every operation, oldest first",
@@ -231,6 +257,12 @@ def openapi() -> dict:
                 },
             }
         },
+    }
+
+
+def _read_paths(unauth: dict) -> dict:
+    """What can be read: the engines, the metrics, this document."""
+    return {
         "/elastic/engines": {
             "get": {
                 "summary": "The pool's engines",
@@ -270,19 +302,4 @@ def openapi() -> dict:
                 "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.1 document."), "401": unauth},
             }
         },
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Relax elastic rollout API",
-            "version": "1",
-            "description": "Scale the rollout engine pool of a running Relax job. Asynchronous operations, one "
-            "at a time; unknown routes answer 404.",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": _schemas(),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,10 @@ from relax_core.config import RelaxConfig
 from relax_rollout.engines import SamplingParams
 from relax_rollout.engines.base import GenerateOutput, RolloutEngine
 from relax_rollout.prompts import Prompts, messages_of
+
+if TYPE_CHECKING:
+    from relax_core.data import PromptRow
+    from relax_rollout.multiturn import Episode
 
 
 @dataclass
@@ -142,7 +146,7 @@ class Generation:
         self.stats["generate_s"] += gen_s
         if r.long_tail_exact and isinstance(params.min_new_tokens, list):  # (the batch ran to the longest)
             outs = [_truncated(o, m) for o, m in zip(outs, params.min_new_tokens)]
-        return Generated(step, rows, prompts, outs, gen_s, _model_tokens(outs), media=media)
+        return Generated(step, rows, prompts, outs, gen_s, model_tokens(outs), media=media)
 
     def sampling(self, step: int, count: int, round_: int = 0) -> SamplingParams:
         """Step ``step``'s sampling parameters for ``count`` responses: the seed, --rollout-stop's strings and
@@ -172,8 +176,8 @@ class Generation:
         """One batch of multi-turn episodes (``multiturn.py``): n per prompt, each with its own environment.
         Multimodal rows: the first prompt holds the row's media, and the environment gets them as
         ``metadata["media"]`` (by modality, e.g. ``{"image": [path]}``)."""
-        from relax_core.env import BrokenEnv, as_messages, build_env, env_factory, resolve
-        from relax_rollout.multiturn import Episode, run_episodes, split_media
+        from relax_core.env import env_factory
+        from relax_rollout.multiturn import run_episodes
 
         r = self.cfg.rollout
         env_path = r.env_path
@@ -185,28 +189,7 @@ class Generation:
             row_media = self.prompts.row_media(row)
             meta = {**row.metadata, "media": row_media} if row_media else row.metadata
             for _ in range(r.n_samples_per_prompt):
-                try:
-                    env = build_env(env_path, row.prompt, row.label, meta)
-                except Exception as e:  # noqa: BLE001 - this sample's environment is broken: recorded below
-                    env = BrokenEnv(f"constructing the environment failed: {type(e).__name__}: {e}")
-                base, info = messages_of(row.prompt), {}
-                history, media = list(base), {k: list(v) for k, v in row_media.items()}
-                try:
-                    first = resolve(env.reset())
-                    if first is not None:
-                        msgs, first_media = split_media(as_messages(resolve(env.format_observation(first))))
-                        history += msgs
-                        for k, v in first_media.items():
-                            media.setdefault(k, []).extend(v)
-                except Exception as e:  # noqa: BLE001 - this sample ends after its first turn, recorded
-                    info["reset_error"] = f"{type(e).__name__}: {e}"
-                try:
-                    ids, mm = self.episode_prompt(row, history, media)
-                except Exception as e:  # noqa: BLE001 - the reset's media: recorded, the row's prompt alone
-                    info.setdefault("reset_error", f"{type(e).__name__}: {e}")
-                    history = list(base)
-                    ids, mm = self.episode_prompt(row, history, row_media)
-                episodes.append(Episode(env, history, list(ids), len(ids), info=info, mm=mm))
+                episodes.append(self._start_episode(env_path, row, meta, row_media))
         params = SamplingParams(
             max_new_tokens=r.rollout_max_response_len,
             temperature=r.rollout_temperature,
@@ -252,10 +235,42 @@ class Generation:
             [ep.tokens[: ep.prompt_len] for ep in episodes],
             outs,
             gen_s,
-            _model_tokens(outs),
+            model_tokens(outs),
             media=mms if any(m is not None for m in mms) else None,
             texts=[ep.model_text[-1] if ep.model_text else "" for ep in episodes],
         )
+
+    def _start_episode(
+        self, env_path: str, row: PromptRow, meta: dict[str, Any], row_media: dict[str, list]
+    ) -> Episode:
+        """A sample's :class:`~relax_rollout.multiturn.Episode` at its first turn: its environment built and
+        reset, the first observation in the prompt. A broken environment or reset is recorded in the
+        episode's ``info`` (the sample ends, counted), never raised."""
+        from relax_core.env import BrokenEnv, as_messages, build_env, resolve
+        from relax_rollout.multiturn import Episode, split_media
+
+        try:
+            env = build_env(env_path, row.prompt, row.label, meta)
+        except Exception as e:  # noqa: BLE001 - this sample's environment is broken: recorded below
+            env = BrokenEnv(f"constructing the environment failed: {type(e).__name__}: {e}")
+        base, info = messages_of(row.prompt), {}
+        history, media = list(base), {k: list(v) for k, v in row_media.items()}
+        try:
+            first = resolve(env.reset())
+            if first is not None:
+                msgs, first_media = split_media(as_messages(resolve(env.format_observation(first))))
+                history += msgs
+                for k, v in first_media.items():
+                    media.setdefault(k, []).extend(v)
+        except Exception as e:  # noqa: BLE001 - this sample ends after its first turn, recorded
+            info["reset_error"] = f"{type(e).__name__}: {e}"
+        try:
+            ids, mm = self.episode_prompt(row, history, media)
+        except Exception as e:  # noqa: BLE001 - the reset's media: recorded, the row's prompt alone
+            info.setdefault("reset_error", f"{type(e).__name__}: {e}")
+            history = list(base)
+            ids, mm = self.episode_prompt(row, history, row_media)
+        return Episode(env, history, list(ids), len(ids), info=info, mm=mm)
 
     def episode_prompt(
         self, row: Any, history: list[dict[str, Any]], media: dict[str, list]
@@ -291,7 +306,7 @@ def _truncated(out: GenerateOutput, n: int) -> GenerateOutput:
     )
 
 
-def _model_tokens(outs: list[GenerateOutput]) -> int:
+def model_tokens(outs: list[GenerateOutput]) -> int:
     """Tokens the engine generated for ``outs``: a multi-turn episode's model tokens (its loss mask), not
     what the environment and the chat template added."""
     return int(

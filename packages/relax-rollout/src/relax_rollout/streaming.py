@@ -30,7 +30,7 @@ from relax_core import sample
 from relax_core.resume import Journal, JournalEntry
 from relax_rollout.engines.base import PausesGeneration, RolloutEngine
 from relax_rollout.engines.continuous import ContinuousBatcher
-from relax_rollout.generation import Generated, _model_tokens
+from relax_rollout.generation import Generated, model_tokens
 
 SEED_STRIDE = 65_537
 """Request seeds: a step's sampling seed × this + the sample's index in its step (fewer samples a step)."""
@@ -207,7 +207,7 @@ class GroupStream:
                 [group.prompt] * self.n,
                 outs,
                 secs,
-                _model_tokens(outs),
+                model_tokens(outs),
                 extra={sample.GENERATED_AT: group.end_ns / 1e9},
                 first_group=group.index,
             )

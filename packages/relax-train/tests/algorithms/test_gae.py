@@ -121,7 +121,7 @@ def test_gae_fields_put_the_reward_on_the_last_model_token_and_the_kl_on_each():
     token_level_rewards), then GAE; the Critic's returns are advantages + values."""
     from relax_core.config import RelaxConfig
     from relax_core.sample import LOSS_MASK, REF_LOG_PROBS, REWARD, ROLLOUT_LOG_PROBS
-    from relax_train.roles.advantages import gae_fields
+    from relax_train.algorithms.gae import gae_fields
 
     cfg = RelaxConfig(
         algo={"advantage_estimator": "gae", "kl_coef": 0.1, "kl_in_reward": True, "use_kl_loss": False},

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from relax_core.config_sections import AlgoConfig
+from relax_train.algorithms.kl_reward import kl_shaped_sequence_rewards
 from relax_train.algorithms.losses import kl_penalty, loss_kl_estimator
-from relax_train.roles.advantages import kl_shaped_sequence_rewards
 
 F64 = torch.float64
 

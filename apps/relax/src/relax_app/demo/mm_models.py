@@ -155,6 +155,35 @@ def build_tiny_mm_model(
         vision_start_token_id=ids["vision_start"],
         vision_end_token_id=ids["vision_end"],
     )
+    cls: type[PreTrainedModel]
+    if family == "qwen3_omni":
+        cls = transformers.Qwen3OmniMoeThinkerForConditionalGeneration
+        config = _omni_thinker_config(
+            tokenizer, ids, text, vision, vision_ids, section, num_experts, num_experts_per_tok
+        )
+    else:
+        config, cls = _vl_config(family, text, vision, vision_ids, section, head_dim)
+    torch.manual_seed(seed)
+    # transformers: PreTrainedModel.to is @wraps(nn.Module.to), and typeshed's _Wrapped is no descriptor:
+    # mypy does not bind it as a method and takes the dtype for `self`
+    model = cls(config).to(torch.float32).eval()  # type: ignore[arg-type]
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.bos_token_id = pad_id
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out), safe_serialization=True)
+        tokenizer.save_pretrained(str(out))
+    return model
+
+
+def _vl_config(
+    family: str, text: dict, vision: dict, vision_ids: _VisionIds, section: list[int], head_dim: int
+) -> tuple[PreTrainedConfig, type[PreTrainedModel]]:
+    """The config and model class of a Qwen-VL ``family`` from the shared text and vision settings."""
+    import transformers
+
     config: PreTrainedConfig
     cls: type[PreTrainedModel]
     if family == "qwen2_5_vl":
@@ -184,63 +213,64 @@ def build_tiny_mm_model(
             **vision_ids,
         )
         cls = transformers.Qwen3VLForConditionalGeneration
-    elif family == "qwen3_omni":
-        # type: ignore: transformers' dataclass_transform lists the fields only, though PreTrainedConfig's
-        # @strict(accept_kwargs=True) takes other keywords (__post_init__ sets them as attributes): the
-        # three extra token ids below
-        config = transformers.Qwen3OmniMoeThinkerConfig(  # type: ignore[call-arg]
-            audio_config=dict(
-                num_mel_bins=_spec(family).n_mels,
-                encoder_layers=1,
-                encoder_attention_heads=2,
-                encoder_ffn_dim=2 * vision_hidden_size,
-                d_model=vision_hidden_size,
-                downsample_hidden_size=16,
-                output_dim=hidden_size,
-            ),
-            vision_config=dict(vision, deepstack_visual_indexes=[0], num_position_embeddings=64),
-            text_config=dict(
-                text,
-                moe_intermediate_size=hidden_size // 2,
-                num_experts=num_experts,
-                num_experts_per_tok=num_experts_per_tok,
-                rope_parameters={
-                    "rope_type": "default",
-                    "rope_theta": 1e6,
-                    "mrope_section": section,
-                    "interleaved": True,
-                    "mrope_interleaved": False,
-                },
-            ),
-            audio_token_id=ids["audio"],
-            audio_start_token_id=ids["audio_start"],
-            # the thinker never reads user_token_id (the talker finds user turns with it)
-            user_token_id=_single_token_id(tokenizer, "user", fallback=pad_id),
-            position_id_per_seconds=13,  # the real checkpoint's value (transformers' default 25 is Qwen2.5-Omni's)
-            image_token_id=vision_ids["image_token_id"],
-            video_token_id=vision_ids["video_token_id"],
-            # not fields of the thinker config, but get_rope_index reads vision_start_token_id (and the
-            # real checkpoint's thinker_config carries all three)
-            audio_end_token_id=ids["audio_end"],
-            vision_start_token_id=vision_ids["vision_start_token_id"],
-            vision_end_token_id=vision_ids["vision_end_token_id"],
-        )
-        cls = transformers.Qwen3OmniMoeThinkerForConditionalGeneration
     else:  # pragma: no cover - token_ids already rejected it
         raise ValueError(family)
-    torch.manual_seed(seed)
-    # transformers: PreTrainedModel.to is @wraps(nn.Module.to), and typeshed's _Wrapped is no descriptor:
-    # mypy does not bind it as a method and takes the dtype for `self`
-    model = cls(config).to(torch.float32).eval()  # type: ignore[arg-type]
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = pad_id
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(out), safe_serialization=True)
-        tokenizer.save_pretrained(str(out))
-    return model
+    return config, cls
+
+
+def _omni_thinker_config(
+    tokenizer,
+    ids: dict,
+    text: dict,
+    vision: dict,
+    vision_ids: _VisionIds,
+    section: list[int],
+    num_experts: int,
+    num_experts_per_tok: int,
+) -> PreTrainedConfig:
+    """A Qwen3-Omni thinker's config: audio and vision encoders, an MoE text model."""
+    import transformers
+
+    # type: ignore: transformers' dataclass_transform lists the fields only, though PreTrainedConfig's
+    # @strict(accept_kwargs=True) takes other keywords (__post_init__ sets them as attributes): the
+    # three extra token ids below
+    return transformers.Qwen3OmniMoeThinkerConfig(  # type: ignore[call-arg]
+        audio_config=dict(
+            num_mel_bins=_spec("qwen3_omni").n_mels,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=2 * vision["hidden_size"],
+            d_model=vision["hidden_size"],
+            downsample_hidden_size=16,
+            output_dim=text["hidden_size"],
+        ),
+        vision_config=dict(vision, deepstack_visual_indexes=[0], num_position_embeddings=64),
+        text_config=dict(
+            text,
+            moe_intermediate_size=text["hidden_size"] // 2,
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "mrope_section": section,
+                "interleaved": True,
+                "mrope_interleaved": False,
+            },
+        ),
+        audio_token_id=ids["audio"],
+        audio_start_token_id=ids["audio_start"],
+        # the thinker never reads user_token_id (the talker finds user turns with it)
+        user_token_id=_single_token_id(tokenizer, "user", fallback=text["pad_token_id"]),
+        position_id_per_seconds=13,  # the real checkpoint's value (transformers' default 25 is Qwen2.5-Omni's)
+        image_token_id=vision_ids["image_token_id"],
+        video_token_id=vision_ids["video_token_id"],
+        # not fields of the thinker config, but get_rope_index reads vision_start_token_id (and the
+        # real checkpoint's thinker_config carries all three)
+        audio_end_token_id=ids["audio_end"],
+        vision_start_token_id=vision_ids["vision_start_token_id"],
+        vision_end_token_id=vision_ids["vision_end_token_id"],
+    )
 
 
 def _single_token_id(tokenizer, text: str, fallback: int) -> int:

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,20 @@ BUSY_BACKOFF_S = 0.5
 """Pause before asking members at their request bound again (:attr:`~relax_rollout.engines.wire.ServerError.busy`)."""
 BUSY_TIMEOUT_S = 600.0
 """How long refusals alone may go on before a generate fails (no member failed, none answered)."""
+
+
+@dataclass
+class _Round:
+    """What a round of :meth:`EnginePool.generate` left to do: prompts to ask again (of them, ``aborted`` by a
+    scale-in, ``busy`` refused by members at their request bound), members that ``failed``, and a request
+    error no member would answer otherwise."""
+
+    again: list[int] = field(default_factory=list)
+    aborted: int = 0
+    busy: int = 0
+    failed: int = 0
+    busy_err: BaseException | None = None
+    error: BaseException | None = None
 
 
 class EnginePool(PoolMembership):
@@ -198,42 +213,13 @@ class EnginePool(PoolMembership):
                 )
                 for m, idx in chunks
             ]
-            again: list[int] = []
-            aborted = busy = failed = 0
-            busy_err: BaseException | None = None
-            error: BaseException | None = None
-            for m, idx, fut in futs:
-                try:
-                    outs = fut.result()
-                except ServerError as e:
-                    if e.busy:  # at its request bound: alive, asked again after a pause
-                        busy, busy_err = busy + len(idx), e
-                        again += idx
-                        continue
-                    if e.status < 500:  # the request itself is wrong: no other member will take it
-                        error = error or e
-                        continue
-                    self._fail(m, e)
-                    again, failed = again + idx, failed + 1
-                    continue
-                except (OSError, ValueError, KeyError) as e:  # died, hung, or answered garbage
-                    self._fail(m, e)
-                    again, failed = again + idx, failed + 1
-                    continue
-                with self._cond:
-                    going = m.state in ("draining", "removed")
-                    m.served += sum(o.finish_reason != "abort" or not going for o in outs)
-                for i, o in zip(idx, outs):
-                    if o.finish_reason == "abort" and going:  # aborted by a scale-in: serve it elsewhere
-                        again.append(i)
-                        aborted += 1
-                    else:
-                        results[i] = o
-            if error is not None:
-                raise error
+            r = self._collect(futs, results)
+            again, aborted, busy, failed = r.again, r.aborted, r.busy, r.failed
+            if r.error is not None:
+                raise r.error
             if busy:
-                assert busy_err is not None, "a member's refusal counts busy prompts"
-                busy_since = self._wait_busy(busy, busy_since, busy_err)
+                assert r.busy_err is not None, "a member's refusal counts busy prompts"
+                busy_since = self._wait_busy(busy, busy_since, r.busy_err)
                 rounds -= 0 if failed else 1  # (busy members retire nothing: bounded in time instead)
             else:
                 busy_since = None
@@ -244,6 +230,38 @@ class EnginePool(PoolMembership):
                 logger.info("re-issuing %d prompt(s) on the remaining engines", len(again))
             todo = sorted(again)
         return answered(results)
+
+    def _collect(self, futs: list, results: list[GenerateOutput | None]) -> _Round:
+        """One round's replies into ``results``; what is to be asked again, and why (:class:`_Round`)."""
+        r = _Round()
+        for m, idx, fut in futs:
+            try:
+                outs = fut.result()
+            except ServerError as e:
+                if e.busy:  # at its request bound: alive, asked again after a pause
+                    r.busy, r.busy_err = r.busy + len(idx), e
+                    r.again += idx
+                    continue
+                if e.status < 500:  # the request itself is wrong: no other member will take it
+                    r.error = r.error or e
+                    continue
+                self._fail(m, e)
+                r.again, r.failed = r.again + idx, r.failed + 1
+                continue
+            except (OSError, ValueError, KeyError) as e:  # died, hung, or answered garbage
+                self._fail(m, e)
+                r.again, r.failed = r.again + idx, r.failed + 1
+                continue
+            with self._cond:
+                going = m.state in ("draining", "removed")
+                m.served += sum(o.finish_reason != "abort" or not going for o in outs)
+            for i, o in zip(idx, outs):
+                if o.finish_reason == "abort" and going:  # aborted by a scale-in: serve it elsewhere
+                    r.again.append(i)
+                    r.aborted += 1
+                else:
+                    results[i] = o
+        return r
 
     def _assign(self, todo: list[int], total: int) -> list[tuple[Member, list[int]]]:
         """Contiguous chunks of ``todo`` over the active members, the least loaded first (a call of fewer

@@ -32,6 +32,7 @@ import torch
 from relax_core.models import MASKED_LOGIT, media_token_ids
 from relax_core.offload import HostOffload
 from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, TokenDelta, memory_tags
+from relax_rollout.engines.decode_rows import DecodeRows, left_padded
 
 
 class TorchEngine:
@@ -260,15 +261,13 @@ class TorchEngine:
     def _generate_chunk(
         self, prompts: list[list[int]], p: SamplingParams, mins: list[int], hook=None, mm=None, emit=None
     ) -> list[GenerateOutput]:
+        if self.routing is not None and mm is not None:
+            raise ValueError(
+                "record_routing (--routing-replay) is not supported for multimodal prompts: the uncached "
+                "multimodal forward re-reads the whole sequence every step"
+            )
         bsz = len(prompts)
-        max_len = max(len(x) for x in prompts)
-        ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((bsz, max_len), dtype=torch.long)
-        for i, x in enumerate(prompts):
-            ids[i, max_len - len(x) :] = torch.tensor(x, dtype=torch.long)
-            mask[i, max_len - len(x) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = left_padded(prompts, self.pad_token_id, self.device)
         gen = torch.Generator(device=self.device)
         if p.seed is not None:
             gen.manual_seed(p.seed)
@@ -276,87 +275,54 @@ class TorchEngine:
             gen.seed()
         eos = torch.tensor(self.eos_token_ids + list(p.stop_token_ids), dtype=torch.long, device=self.device)
         min_t = torch.tensor(mins, dtype=torch.long, device=self.device)
-
-        tokens = torch.zeros((bsz, p.max_new_tokens), dtype=torch.long, device=self.device)
-        logps = torch.zeros((bsz, p.max_new_tokens), dtype=torch.float32, device=self.device)
-        top_k = k = p.top_logprobs
-        top_lp = torch.zeros((bsz, p.max_new_tokens, top_k), dtype=torch.float32, device=self.device)
-        top_ids = torch.zeros((bsz, p.max_new_tokens, top_k), dtype=torch.long, device=self.device)
+        rows = DecodeRows.empty(bsz, p.max_new_tokens, p.top_logprobs, self.device)
         stops = _StopStrings(self.tokenizer, p.stop) if p.stop else None
-        matched: list[str | None] = [None] * bsz
         guided = [self.guide.row(p.constraint, p.stop_token_ids) for _ in prompts] if p.constraint else None
-        done = torch.zeros(bsz, dtype=torch.bool, device=self.device)
-        lengths = torch.full((bsz,), p.max_new_tokens, dtype=torch.long, device=self.device)
-        stopped = torch.zeros(bsz, dtype=torch.bool, device=self.device)
-        aborted = torch.zeros(bsz, dtype=torch.bool, device=self.device)
 
         from transformers import DynamicCache
 
         cache = DynamicCache()
         step_ids, step_pos = ids, positions
-        if self.routing is not None and mm is not None:
-            raise ValueError(
-                "record_routing (--routing-replay) is not supported for multimodal prompts: the uncached "
-                "multimodal forward re-reads the whole sequence every step"
-            )
         forward = self.forward_cached if mm is None else self._mm_forward(mm, [len(x) for x in prompts])
         rec = None
         if self.routing is not None:
             forward, rec = self._recorded(forward)
         prompt_lps = None
         if p.input_logprobs and p.max_new_tokens == 0:  # nothing to generate: the prefill alone
-            prompt_lps = self._prompt_logprobs(forward(ids, mask, positions, cache, ids)[0], prompts, top_k)
+            prompt_lps = self._prompt_logprobs(
+                forward(ids, mask, positions, cache, ids)[0], prompts, rows.top_k
+            )
         versions: list[int] = []  # per decode step, the weights' version (an in-place pause may change it)
         for t in range(p.max_new_tokens):
-            if hook is not None and (rows := hook(t)):
-                hit = torch.zeros(bsz, dtype=torch.bool, device=self.device)
-                hit[rows] = True
-                hit &= ~done
-                lengths = torch.where(hit, torch.full_like(lengths, t), lengths)
-                aborted |= hit
-                done |= hit
-                if bool(done.all()):
+            if hook is not None and (aborted := hook(t)):
+                rows.abort(t, aborted)
+                if bool(rows.done.all()):
                     break
             versions.append(self.weight_version)
             full, cache = forward(step_ids, mask, step_pos, cache, ids)
             if t == 0 and p.input_logprobs:
-                prompt_lps = self._prompt_logprobs(full, prompts, top_k)
-            logits = full[:, -1, :].float()
-            if self.masked_token_ids:
-                logits[:, self.masked_token_ids] = MASKED_LOGIT
-            if t < int(min_t.max()):
-                block = (min_t > t).unsqueeze(1) & torch.isin(
-                    torch.arange(logits.shape[-1], device=self.device), eos
-                ).unsqueeze(0)
-                logits = logits.masked_fill(block, float("-inf"))
-            if guided is not None:  # (after the EOS block: a complete match's EOS goes through)
-                live = [None if d else g for g, d in zip(guided, done.tolist())]
-                self.guide.mask_logits(logits, live)
+                prompt_lps = self._prompt_logprobs(full, prompts, rows.top_k)
+            live = None if guided is None else [None if d else g for g, d in zip(guided, rows.done.tolist())]
+            logits = self._allowed_logits(full[:, -1, :].float(), t, min_t, eos, live)
             nxt, logprobs = sample_tokens(logits, p, gen)
             lp = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
-            nxt = torch.where(done, torch.full_like(nxt, self.pad_token_id), nxt)
-            tokens[:, t] = nxt
-            logps[:, t] = torch.where(done, torch.zeros_like(lp), lp)
-            if top_k:
-                k = min(top_k, logprobs.shape[-1])  # (a vocabulary smaller than k: all of it)
-                vals, idx = logprobs.topk(k, dim=-1)  # (-inf, e.g. masked tokens, clamped as SGLang does)
-                top_lp[:, t, :k] = vals.clamp(min=torch.finfo(vals.dtype).min)
-                top_ids[:, t, :k] = idx
+            nxt = torch.where(rows.done, torch.full_like(nxt, self.pad_token_id), nxt)
+            rows.record(t, nxt, lp, logprobs)
             if emit is not None:  # (before this step's stops: the token that stops a row is sent too)
-                emit(t, nxt, lp, done, *((top_ids[:, t, :k], top_lp[:, t, :k]) if top_k else ()))
-            if guided is not None:
+                k = rows.k
+                top = (rows.top_ids[:, t, :k], rows.top_lp[:, t, :k]) if rows.top_k else ()
+                emit(t, nxt, lp, rows.done, *top)
+            if live is not None:
                 for g, token in zip(live, nxt.tolist()):
                     if g is not None:
                         g.advance(token)
-            hit = torch.isin(nxt, eos) & ~done
+            hit = torch.isin(nxt, eos) & ~rows.done
             if stops is not None:  # a stop string wins over a stop token completing it, as in SGLang
-                for i, s in stops.check(tokens[:, : t + 1], done).items():
-                    matched[i] = s
+                for i, s in stops.check(rows.tokens[:, : t + 1], rows.done).items():
+                    rows.matched[i] = s
                     hit[i] = True
-            lengths = torch.where(hit, torch.full_like(lengths, t + 1), lengths)
-            stopped |= hit
-            done |= hit
-            if bool(done.all()):
+            rows.stop(t, hit)
+            if bool(rows.done.all()):
                 break
             step_ids = nxt.unsqueeze(1)
             step_pos = step_pos[:, -1:] + 1
@@ -364,31 +330,26 @@ class TorchEngine:
             if mm is not None:  # the uncached multimodal forward re-reads the whole sequence
                 ids = torch.cat([ids, step_ids], dim=1)
 
-        routed = self._routed_experts(rec, prompts, lengths.tolist()) if rec is not None else None
-        results = []
+        routed = self._routed_experts(rec, prompts, rows.lengths.tolist()) if rec is not None else None
         if guided is not None:  # a match completed on the last token allowed: a stop, not a cut
-            stopped |= torch.tensor([g.complete for g in guided], device=self.device) & ~aborted
-        for i in range(bsz):
-            n = int(lengths[i])
-            top = None
-            if top_k:
-                rows = zip(top_ids[i, :n, :k].tolist(), top_lp[i, :n, :k].tolist())
-                top = [list(zip(row_ids, row_lps)) for row_ids, row_lps in rows]
-            results.append(
-                GenerateOutput(
-                    token_ids=tokens[i, :n].tolist(),
-                    log_probs=logps[i, :n].tolist(),
-                    finish_reason="abort" if bool(aborted[i]) else "stop" if bool(stopped[i]) else "length",
-                    weight_version=self.weight_version,
-                    extra={"routed_experts": routed[i]} if routed is not None else {},
-                    top_logprobs=top,
-                    matched_stop=matched[i],
-                    input_logprobs=prompt_lps[i][0] if prompt_lps is not None else None,
-                    input_top_logprobs=prompt_lps[i][1] if prompt_lps is not None else None,
-                    token_versions=versions[:n],
-                )
-            )
-        return results
+            rows.stopped |= torch.tensor([g.complete for g in guided], device=self.device) & ~rows.aborted
+        return rows.outputs(self.weight_version, versions, routed, prompt_lps)
+
+    def _allowed_logits(
+        self, logits: torch.Tensor, t: int, min_t: torch.Tensor, eos: torch.Tensor, live: list | None
+    ) -> torch.Tensor:
+        """Step ``t``'s logits with what may not come next masked: the model's masked tokens, stop tokens
+        before a row's minimum length, and (``live``: each running row's grammar) what its grammar forbids."""
+        if self.masked_token_ids:
+            logits[:, self.masked_token_ids] = MASKED_LOGIT
+        if t < int(min_t.max()):
+            block = (min_t > t).unsqueeze(1) & torch.isin(
+                torch.arange(logits.shape[-1], device=self.device), eos
+            ).unsqueeze(0)
+            logits = logits.masked_fill(block, float("-inf"))
+        if live is not None:  # (after the EOS block: a complete match's EOS goes through)
+            self.guide.mask_logits(logits, live)
+        return logits
 
     @staticmethod
     def _prompt_logprobs(

@@ -28,6 +28,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 """``sglang:time_to_first_token_seconds`` buckets (SGLang's defaults)."""
@@ -71,7 +75,7 @@ class ServerMetrics:
         self._started = time.monotonic()
         self._weight_version: Callable[[], float] = lambda: float("nan")
         r = self.registry
-        req, req_s, sched = list(REQUEST_LABELS), [*REQUEST_LABELS, "is_streaming"], list(SCHEDULER_LABELS)
+        sched = list(SCHEDULER_LABELS)
         self._running = Gauge("sglang:num_running_reqs", "The number of running requests.", sched, registry=r)
         self._queue = Gauge(
             "sglang:num_queue_reqs",
@@ -95,6 +99,30 @@ class ServerMetrics:
             registry=r,
             buckets=QUEUE_BUCKETS,
         )
+        self._request_series(r)
+        self._refused = Counter(
+            "relax:num_refused_requests_total",
+            "Generation requests refused with 503 (over --max-queued-requests).",
+            ["model_name"],
+            registry=r,
+        )
+        self._version = Gauge(
+            "relax:weight_version", "The policy version of the weights served.", ["model_name"], registry=r
+        )
+        # fmt: off
+        self._all = [
+            self._running, self._queue, self._throughput, self._cache_hit, self._queue_time,
+            self._prompt_tokens, self._generation_tokens, self._requests, self._aborted, self._ttft, self._itl,
+            self._e2e, self._refused, self._version,
+        ]
+        # fmt: on
+        self.bind(model_name)
+
+    def _request_series(self, r: CollectorRegistry) -> None:
+        """The tokenizer-side series of SGLang: tokens, requests, aborts and latencies (in registry ``r``)."""
+        from prometheus_client import Counter, Histogram
+
+        req, req_s = list(REQUEST_LABELS), [*REQUEST_LABELS, "is_streaming"]
         self._prompt_tokens = Counter(
             "sglang:prompt_tokens_total", "Number of prefill tokens processed.", req_s, registry=r
         )
@@ -128,23 +156,6 @@ class ServerMetrics:
             registry=r,
             buckets=E2E_BUCKETS,
         )
-        self._refused = Counter(
-            "relax:num_refused_requests_total",
-            "Generation requests refused with 503 (over --max-queued-requests).",
-            ["model_name"],
-            registry=r,
-        )
-        self._version = Gauge(
-            "relax:weight_version", "The policy version of the weights served.", ["model_name"], registry=r
-        )
-        # fmt: off
-        self._all = [
-            self._running, self._queue, self._throughput, self._cache_hit, self._queue_time,
-            self._prompt_tokens, self._generation_tokens, self._requests, self._aborted, self._ttft, self._itl,
-            self._e2e, self._refused, self._version,
-        ]
-        # fmt: on
-        self.bind(model_name)
 
     def bind(self, model_name: str, weight_version: Callable[[], float] | None = None) -> None:
         """Label every series with ``model_name`` (SGLang's ``--served-model-name``); ``weight_version()``

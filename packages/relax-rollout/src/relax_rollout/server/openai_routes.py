@@ -57,16 +57,7 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
         raise BadRequest("messages", "this server has no tokenizer, so no chat template")
     chat = chat_request.parse_chat(body)
     session = trajectories.session_name(req.headers.get(trajectories.SESSION_HEADER), body)
-    if session is not None and chat.n > 1:
-        raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
-    if chat.images and s.media is None:
-        raise BadRequest(chat.images[0].where, f"'image_url' parts need a multimodal model; {s.no_media}")
-    if chat.images and session is not None:
-        raise BadRequest(
-            chat.images[0].where,
-            "images are not recorded in agent sessions (X-Relax-Session "
-            "or 'user'): send calls with images without one",
-        )
+    _check_chat(s, chat, session)
     request = chat.request
     template = tool_calls.response_template(s.tokenizer, s.engine, s.model_path)
     constraint, asked_by = tool_calls.constraint(request, template)
@@ -124,6 +115,34 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
             outs = s.generate([prompt], every, [rid], given, fields)
             replies = [reply(outs[0], prompt)]
             recorded = turn.record(outs[0], tool_calls.template_message(replies[0][0]))
+    return 200, _chat_completion(s, chat, rid, outs, replies, prompt, recorded)
+
+
+def _check_chat(s: EngineServer, chat: chat_request.ChatRequest, session: str | None) -> None:
+    """What a chat call may not ask of this server or of a session, refused with the field to change."""
+    if session is not None and chat.n > 1:
+        raise BadRequest("n", "a session's call extends one trajectory: n must be 1 (send n calls instead)")
+    if chat.images and s.media is None:
+        raise BadRequest(chat.images[0].where, f"'image_url' parts need a multimodal model; {s.no_media}")
+    if chat.images and session is not None:
+        raise BadRequest(
+            chat.images[0].where,
+            "images are not recorded in agent sessions (X-Relax-Session "
+            "or 'user'): send calls with images without one",
+        )
+
+
+def _chat_completion(
+    s: EngineServer,
+    chat: chat_request.ChatRequest,
+    rid: str,
+    outs: list[GenerateOutput],
+    replies: list[tuple[dict, str]],
+    prompt: list[int],
+    recorded: dict | None,
+) -> dict:
+    """The ``chat.completion`` body: the choices, usage, and our extensions (the prompt's token ids, the
+    weight versions, the session trajectory a call extended)."""
     choices = [
         _choice(
             i,
@@ -143,7 +162,7 @@ def chat_completions(s: EngineServer, body: dict, req: Request):
     if recorded:  # which trajectory of the session this call extended
         extensions["relax_trajectory"] = {k: recorded[k] for k in ("session", "index", "num_calls")}
     made = sum(len(out.token_ids) for out in outs)
-    return 200, _response(s, rid, "chat.completion", choices, len(prompt), made, **extensions)
+    return _response(s, rid, "chat.completion", choices, len(prompt), made, **extensions)
 
 
 def _check_constraint(s: EngineServer, params: SamplingParams, fields: dict[str, str], asked_by: str) -> None:

@@ -271,12 +271,71 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     sends for text-only prompts, pass)."""
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
+    prompts, single = _prompts(body, tokenizer, max_text_chars)
+    stream = _flag(body, "stream", body.get("stream") or False)
+    sp = body.get("sampling_params")
+    if isinstance(sp, list):
+        if len(sp) != len(prompts):
+            raise BadRequest("sampling_params", f"has {len(sp)} entries for {len(prompts)} prompts")
+        parsed = [parse_sampling(x, f"sampling_params[{i}]", least_new=0) for i, x in enumerate(sp)]
+    else:
+        parsed = [parse_sampling(sp, least_new=0)] * len(prompts)
+    params = [SamplingParams(**{**p.__dict__, "min_new_tokens": m}) for p, m in parsed]
+    rids = _rids(body.get("rid"), len(prompts), single)
+    return_logprob = _flag(body, "return_logprob", body.get("return_logprob", False))
+    top = body.get("top_logprobs_num")
+    if isinstance(top, list):
+        if len(top) != len(prompts):
+            raise BadRequest("top_logprobs_num", f"has {len(top)} entries for {len(prompts)} prompts")
+        tops = [parse_top_logprobs(x, f"top_logprobs_num[{i}]") for i, x in enumerate(top)]
+    else:
+        tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
+    starts: list[int] | None = None
+    if return_logprob:
+        starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts)
+        params = [
+            SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
+            for p, k, s, x in zip(params, tops, starts, prompts)
+        ]
+    text_in_logprobs = _flag(body, "return_text_in_logprobs", body.get("return_text_in_logprobs", False))
+    for key in MEDIA_FIELDS:
+        if _has_media(body.get(key)):
+            raise BadRequest(key, "media inputs are not supported by this server (it serves text models)")
+    routed = _flag(body, "return_routed_experts", body.get("return_routed_experts", False))
+    start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
+    if routed and any(start > len(p) for p in prompts):
+        raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
+    sps = sp if isinstance(sp, list) else [sp] * len(prompts)
+    given = [max_new_given(x) for x in sps]
+    keep = [isinstance(x, dict) and bool(x.get("no_stop_trim")) for x in sps]
+    return GenerateRequest(
+        prompts,
+        params,
+        rids,
+        return_logprob,
+        single,
+        routed,
+        start,
+        given,
+        stream,
+        text_in_logprobs,
+        keep,
+        starts,
+    )
+
+
+def _flag(body: dict, key: str, value: Any) -> bool:
+    """``body[key]``'s value (``value``, its default applied) when it is a boolean."""
+    if not isinstance(value, bool):
+        raise BadRequest(key, f"must be a boolean (got {value!r})")
+    return value
+
+
+def _prompts(body: dict, tokenizer: Any, max_text_chars: int | None) -> tuple[list[list[int]], bool]:
+    """The request's prompts as token ids (``input_ids``, or ``text`` encoded), and whether it is one."""
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise BadRequest("input_ids", "give exactly one of 'text' or 'input_ids'")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream", f"must be a boolean (got {stream!r})")
     if ids is not None:
         single = not (isinstance(ids, list) and ids and isinstance(ids[0], list))
         prompts = (
@@ -298,74 +357,20 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
                     f"has {len(t)} characters: far more than the model's context holds",
                 )
         prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    sp = body.get("sampling_params")
-    if isinstance(sp, list):
-        if len(sp) != len(prompts):
-            raise BadRequest("sampling_params", f"has {len(sp)} entries for {len(prompts)} prompts")
-        parsed = [parse_sampling(x, f"sampling_params[{i}]", least_new=0) for i, x in enumerate(sp)]
-    else:
-        parsed = [parse_sampling(sp, least_new=0)] * len(prompts)
-    params = [SamplingParams(**{**p.__dict__, "min_new_tokens": m}) for p, m in parsed]
-    rid = body.get("rid")
+    return prompts, single
+
+
+def _rids(rid: Any, n: int, single: bool) -> list[str]:
+    """One request id per prompt: the ones given, or new ones."""
     if rid is None:
-        rids = [uuid.uuid4().hex for _ in prompts]
+        rids = [uuid.uuid4().hex for _ in range(n)]
     elif single and isinstance(rid, str):
         rids = [rid]
-    elif (
-        not single
-        and isinstance(rid, list)
-        and len(rid) == len(prompts)
-        and all(isinstance(r, str) for r in rid)
-    ):
+    elif not single and isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) for r in rid):
         rids = rid
     else:
         raise BadRequest("rid", "must be a string (one prompt) or a list of strings, one per prompt")
-    return_logprob = body.get("return_logprob", False)
-    if not isinstance(return_logprob, bool):
-        raise BadRequest("return_logprob", f"must be a boolean (got {return_logprob!r})")
-    top = body.get("top_logprobs_num")
-    if isinstance(top, list):
-        if len(top) != len(prompts):
-            raise BadRequest("top_logprobs_num", f"has {len(top)} entries for {len(prompts)} prompts")
-        tops = [parse_top_logprobs(x, f"top_logprobs_num[{i}]") for i, x in enumerate(top)]
-    else:
-        tops = [parse_top_logprobs(top, "top_logprobs_num")] * len(prompts)
-    starts: list[int] | None = None
-    if return_logprob:
-        starts = parse_logprob_start_len(body.get("logprob_start_len"), prompts)
-        params = [
-            SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
-            for p, k, s, x in zip(params, tops, starts, prompts)
-        ]
-    text_in_logprobs = body.get("return_text_in_logprobs", False)
-    if not isinstance(text_in_logprobs, bool):
-        raise BadRequest("return_text_in_logprobs", f"must be a boolean (got {text_in_logprobs!r})")
-    for key in MEDIA_FIELDS:
-        if _has_media(body.get(key)):
-            raise BadRequest(key, "media inputs are not supported by this server (it serves text models)")
-    routed = body.get("return_routed_experts", False)
-    if not isinstance(routed, bool):
-        raise BadRequest("return_routed_experts", f"must be a boolean (got {routed!r})")
-    start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
-    if routed and any(start > len(p) for p in prompts):
-        raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
-    sps = sp if isinstance(sp, list) else [sp] * len(prompts)
-    given = [max_new_given(x) for x in sps]
-    keep = [isinstance(x, dict) and bool(x.get("no_stop_trim")) for x in sps]
-    return GenerateRequest(
-        prompts,
-        params,
-        rids,
-        return_logprob,
-        single,
-        routed,
-        start,
-        given,
-        stream,
-        text_in_logprobs,
-        keep,
-        starts,
-    )
+    return rids
 
 
 def parse_logprob_start_len(v: Any, prompts: list[list[int]]) -> list[int]:

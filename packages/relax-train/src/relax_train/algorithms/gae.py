@@ -16,7 +16,13 @@ Source: Schulman et al. 2016, *High-Dimensional Continuous Control Using General
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from relax_core import sample
+from relax_core.config import RelaxConfig
+from relax_train.algorithms.kl_reward import token_kl
 
 
 def gae(
@@ -80,3 +86,30 @@ def gae_batch(
     masked_whiten does after GAE."""
     out = [gae(r, v, m, gamma, lam) for r, v, m in zip(rewards, values, masks)]
     return [a for a, _ in out], [r for _, r in out]
+
+
+def gae_fields(cfg: RelaxConfig, d: dict[str, Any], values: list[np.ndarray]) -> tuple[list, list]:
+    """(advantages, returns) of a batch ``d`` under the critic's ``values``: GAE (γ = --gamma, λ = --lambd)
+    over each response's model tokens, on token-level rewards (the outcome reward on the last model token,
+    −β·kl_t on each with --kl-in-reward). The Critic computes its training targets and the Advantages
+    role the advantages with this one function, so both see the same returns."""
+    a, masks = cfg.algo, d[sample.LOSS_MASK]
+    kl_on = a.uses_reference and a.kl_in_reward
+    rewards = [
+        token_rewards(
+            float(r),
+            np.asarray(m)[: len(v)],
+            token_kl(d[sample.ROLLOUT_LOG_PROBS][i], d[sample.REF_LOG_PROBS][i], a.kl_reward_estimator, m)
+            if kl_on
+            else None,
+            a.kl_coef if kl_on else 0.0,
+        )
+        for i, (r, m, v) in enumerate(zip(d[sample.REWARD], masks, values))
+    ]
+    return gae_batch(
+        rewards,
+        values,
+        [np.asarray(m)[: len(v)] for m, v in zip(masks, values)],
+        cfg.critic.gamma,
+        cfg.critic.lambd,
+    )

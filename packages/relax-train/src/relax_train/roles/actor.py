@@ -25,7 +25,7 @@ from relax_core.trace import Tracer
 from relax_core.weight_sync import Send, WeightPublisher
 from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
 from relax_train.roles.actor_checkpoint import ActorCheckpoints
-from relax_train.roles.base import _DeviceTurns, _set_threads
+from relax_train.roles.base import DeviceTurns, set_threads
 from relax_train.roles.metrics import step_metrics
 from relax_train.roles.prox import exact_prox
 from relax_train.roles.stream import Taken, streams_training, train_as_it_arrives
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from relax_bus import Bus
 
 
-class ActorWorker(ActorCheckpoints, _DeviceTurns):
+class ActorWorker(ActorCheckpoints, DeviceTurns):
     """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
 
     @classmethod
@@ -64,7 +64,7 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         (the run passes the registered one, :data:`relax_core.roles.EVALUATOR`). ``send_weights(named,
         version)``: where each new version goes in colocate mode (the run passes the rollout's loader);
         fully async, the health manager opens a DCS broadcast (:meth:`connect_dcs`)."""
-        _set_threads(torch_threads)
+        set_threads(torch_threads)
         from relax_train.backends import build_backend
 
         self.cfg, self.bus = cfg, bus
@@ -186,27 +186,8 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
             )
             t1, d = t0 + waited, batch.data
         else:
-            with self.tracer.span("wait_for_data", step=step):
-                got = self._take_batch(step)
-            t1 = time.perf_counter()
-            batch = Taken(got.ids, got.data, [got.lease_id], [time.time()] * len(got.ids))
+            batch, metrics, t1 = self._train_whole(step)
             d = batch.data
-            if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
-                a = self.cfg.algo
-                d[sample.ADVANTAGES] = finish_batch_advantages(
-                    a.advantage_estimator,
-                    d[sample.ADVANTAGES],
-                    a.normalize_advantages_std,
-                    d[sample.LOSS_MASK],
-                )
-            # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
-            with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
-                prox = self._exact_prox(d)
-                if step < self.cfg.critic.critic_warmup and self.cfg.uses_critic:
-                    metrics = self._critic_warmup()
-                else:
-                    metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
-            metrics.update(prox)
         self.trained_ids.extend(batch.ids)
         self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
         t2 = time.perf_counter()
@@ -256,6 +237,31 @@ class ActorWorker(ActorCheckpoints, _DeviceTurns):
         if saved is not None:
             self.save_bus(saved)
         return metrics
+
+    def _train_whole(self, step: int) -> tuple[Taken, dict[str, Any], float]:
+        """One step on a whole batch taken from the bus: the batch, its metrics, and when it was taken."""
+        with self.tracer.span("wait_for_data", step=step):
+            got = self._take_batch(step)
+        t1 = time.perf_counter()
+        batch = Taken(got.ids, got.data, [got.lease_id], [time.time()] * len(got.ids))
+        d = batch.data
+        if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
+            a = self.cfg.algo
+            d[sample.ADVANTAGES] = finish_batch_advantages(
+                a.advantage_estimator,
+                d[sample.ADVANTAGES],
+                a.normalize_advantages_std,
+                d[sample.LOSS_MASK],
+            )
+        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
+        with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
+            prox = self._exact_prox(d)
+            if step < self.cfg.critic.critic_warmup and self.cfg.uses_critic:
+                metrics = self._critic_warmup()
+            else:
+                metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
+        metrics.update(prox)
+        return batch, metrics, t1
 
     def _critic_warmup(self) -> dict[str, float]:
         """A step of --critic-warmup: the critic trains on the batch (it did when valuing it), the policy

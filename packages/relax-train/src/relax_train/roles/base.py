@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from relax_bus import Bus
 
 
-def _set_threads(n: int | None) -> None:
+def set_threads(n: int | None) -> None:
     """A role's torch intra-op threads (its share of the machine's cores); None keeps torch's default."""
     if n:
         import torch
@@ -25,7 +25,7 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-class _DeviceTurns:
+class DeviceTurns:
     """Colocate with ``--offload``: a role's device memory goes to host memory while the rollout engine
     generates, and comes back for its turn (the backend's ``offload`` / ``onload``)."""
 
@@ -43,7 +43,7 @@ class _DeviceTurns:
         return n
 
 
-class _BusLoop:
+class BusLoop:
     """Shared loop: take what is ready (partial batches), process, ack; stop when the bus closes."""
 
     consumer: str

@@ -7,7 +7,7 @@ its PPO runs in colocate only). Each batch it takes (whole groups, once scored):
 
 1. values every response token with the weights it holds now and writes them (``values``, with
    ``values_version``: the batches it had trained on, so the trainer sees how far they lag its step);
-2. computes its targets with the same GAE the Advantages role uses (:func:`~relax_train.roles.advantages.gae_fields`);
+2. computes its targets with the same GAE the Advantages role uses (:func:`~relax_train.algorithms.gae.gae_fields`);
 3. keeps the batch until it holds a rollout batch's worth of samples, then trains on it: --critic-epochs passes
    of optimizer steps of --critic-global-batch-size samples, PPO's clipped value loss. Training on whole
    rollout batches makes its version count rollout steps in both modes, as the trainer's does.
@@ -34,8 +34,8 @@ from relax_core.resume import RUN_STATE
 from relax_core.role import Restart, RoleSpec
 from relax_core.sample import REF_LOG_PROBS, REWARD, TOKENS, VALUES, VALUES_VERSION
 from relax_core.trace import Tracer
-from relax_train.roles.advantages import gae_fields
-from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
+from relax_train.algorithms.gae import gae_fields
+from relax_train.roles.base import BusLoop, DeviceTurns, set_threads
 
 if TYPE_CHECKING:
     from relax_bus import Bus
@@ -46,7 +46,7 @@ CRITIC_DIR = "critic"
 """The critic's checkpoints, beside the trainer's ``step_*`` under --save: ``critic/step_<version>``."""
 
 
-class CriticWorker(_BusLoop, _DeviceTurns):
+class CriticWorker(BusLoop, DeviceTurns):
     """Values each response token, writes the values to the bus, fits them to GAE's returns."""
 
     phase = "critic"
@@ -79,7 +79,7 @@ class CriticWorker(_BusLoop, _DeviceTurns):
     ) -> None:
         """``backend``: a value backend (:class:`~relax_train.backends.value.ValueBackend`); default one of
         --train-backend on ``model_path``."""
-        _set_threads(torch_threads)
+        set_threads(torch_threads)
         self.cfg, self.bus, self.consumer = cfg, bus, role
         self.tracer = Tracer(role, cfg.run.trace)
         self.batch_size = cfg.samples_per_rollout

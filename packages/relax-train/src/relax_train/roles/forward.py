@@ -16,7 +16,7 @@ from relax_core.role import Restart, RoleSpec
 from relax_core.sample import TOKENS
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
-from relax_train.roles.base import _BusLoop, _DeviceTurns, _set_threads
+from relax_train.roles.base import BusLoop, DeviceTurns, set_threads
 
 if TYPE_CHECKING:
     from relax_bus import Bus
@@ -31,7 +31,7 @@ policy), Reference (the starting policy, for KL) and Teacher (another, possibly 
 distillation; same tokenizer)."""
 
 
-class ForwardWorker(_BusLoop, _DeviceTurns):
+class ForwardWorker(BusLoop, DeviceTurns):
     """ActorFwd (proximal-policy log-probs with the latest trainer weights) or Reference (frozen)."""
 
     phase = "forward"
@@ -85,7 +85,7 @@ class ForwardWorker(_BusLoop, _DeviceTurns):
         backend: Any = None,
         torch_threads: int | None = None,
     ) -> None:
-        _set_threads(torch_threads)
+        set_threads(torch_threads)
         if role not in FORWARD_FIELDS:
             raise ValueError(f"ForwardWorker role must be one of {sorted(FORWARD_FIELDS)}, got {role!r}")
         self.cfg, self.bus, self.consumer = cfg, bus, role

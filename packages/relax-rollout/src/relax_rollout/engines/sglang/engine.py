@@ -88,6 +88,53 @@ def _weights_method(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _checked(
+    model_path: str | None,
+    launch_cmd: list[str] | None,
+    python: str | None,
+    num_engines: int,
+    tp_size: int,
+    weight_update: str,
+    max_restarts: int,
+) -> tuple[str, dict[str, Any] | None]:
+    """The arguments checked before anything starts: the model path, and the served checkpoint's config.json
+    (None: not local)."""
+    if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
+        raise ValueError(f"SGLang is not installed: {INSTALL_HINT}")
+    if not model_path:
+        raise ValueError("the sglang engine needs model_path (an HF checkpoint directory or hub id)")
+    served = checkpoint_config(model_path)
+    if launch_cmd is None and (served or {}).get("model_type") == "qwen3_omni_moe_thinker":
+        raise ValueError(
+            f"{model_path} is a Qwen3-Omni thinker saved alone, which SGLang does not serve (it registers "
+            "Qwen3-Omni as the whole model only): give the whole checkpoint to SGLang with --sglang-model-path "
+            "and keep the thinker for the trainer (--hf-checkpoint)"
+        )
+    if num_engines < 1 or tp_size < 1:
+        raise ValueError(f"num_engines and tp_size must be ≥ 1 (got {num_engines}, {tp_size})")
+    if weight_update not in WEIGHT_UPDATES:
+        raise ValueError(f"weight_update must be one of {WEIGHT_UPDATES} (got {weight_update!r})")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
+    return model_path, served
+
+
+def _routing(model_path: str, record_routing: bool, env: dict[str, str]) -> RoutingInfo | None:
+    """The MoE layout to record expert ids of (``record_routing``); warns of what makes the servers' replies
+    other than the engine promises."""
+    routing = model_routing(model_path) if record_routing else None
+    if record_routing and routing is None:
+        logger.warning(
+            "record_routing: %s is not a Mixture-of-Experts model; no experts recorded", model_path
+        )
+    if "SGLANG_RETURN_ORIGINAL_LOGPROB" in {**os.environ, **env}:
+        logger.warning(
+            "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang then returns log-probs before the "
+            "temperature, not of the distribution sampled from"
+        )
+    return routing
+
+
 class SGLangEngine:
     """``num_engines`` SGLang servers of ``tp_size`` GPUs each as one
     :class:`~relax_rollout.engines.base.RolloutEngine` (see the module docstring).
@@ -143,23 +190,9 @@ class SGLangEngine:
         lora: dict[str, Any] | None = None,
         **_ignored: Any,  # pad_token_id, ...: the servers own their model and tokenizer
     ) -> None:
-        if launch_cmd is None and python is None and importlib.util.find_spec("sglang") is None:
-            raise ValueError(f"SGLang is not installed: {INSTALL_HINT}")
-        if not model_path:
-            raise ValueError("the sglang engine needs model_path (an HF checkpoint directory or hub id)")
-        served = checkpoint_config(model_path)
-        if launch_cmd is None and (served or {}).get("model_type") == "qwen3_omni_moe_thinker":
-            raise ValueError(
-                f"{model_path} is a Qwen3-Omni thinker saved alone, which SGLang does not serve (it registers "
-                "Qwen3-Omni as the whole model only): give the whole checkpoint to SGLang with --sglang-model-path "
-                "and keep the thinker for the trainer (--hf-checkpoint)"
-            )
-        if num_engines < 1 or tp_size < 1:
-            raise ValueError(f"num_engines and tp_size must be ≥ 1 (got {num_engines}, {tp_size})")
-        if weight_update not in WEIGHT_UPDATES:
-            raise ValueError(f"weight_update must be one of {WEIGHT_UPDATES} (got {weight_update!r})")
-        if max_restarts < 0:
-            raise ValueError(f"max_restarts must be ≥ 0 (got {max_restarts})")
+        model_path, served = _checked(
+            model_path, launch_cmd, python, num_engines, tp_size, weight_update, max_restarts
+        )
         self.model_path, self.num_engines, self.tp_size = model_path, num_engines, tp_size
         self.prefix = served_prefix(served)
         """Put before every weight name of an update (``thinker.`` when serving a whole Qwen3-Omni)."""
@@ -184,21 +217,9 @@ class SGLangEngine:
         )
         """SGLang honours a request's ``sampling_seed`` only with ``--enable-deterministic-inference``."""
         self._warned_seed = False
-        self.routing: RoutingInfo | None = None
-        if record_routing:
-            self.routing = model_routing(model_path)
-            if self.routing is None:
-                logger.warning(
-                    "record_routing: %s is not a Mixture-of-Experts model; no experts recorded", model_path
-                )
-        if "SGLANG_RETURN_ORIGINAL_LOGPROB" in {**os.environ, **self.env}:
-            logger.warning(
-                "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang then returns log-probs before the "
-                "temperature, not of the distribution sampled from"
-            )
+        self.routing = _routing(model_path, record_routing, self.env)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        places = place_engines(num_engines, tp_size, gpu_ids, gpus_per_node)
         slots = [
             EngineProcess(
                 k,
@@ -207,24 +228,49 @@ class SGLangEngine:
                 None if base_port is None else base_port + k,
                 node=node,
             )
-            for k, (node, gpus) in enumerate(places)
+            for k, (node, gpus) in enumerate(place_engines(num_engines, tp_size, gpu_ids, gpus_per_node))
         ]
         if any(slot.node is not None for slot in slots):
-            if weight_update == "tensor":
-                raise ValueError(
-                    "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
-                    "other nodes take weights from disk or a broadcast: use weight_update='disk' or "
-                    "'distributed'"
-                )
-            if weights_dir is None and weight_update == "disk":
-                raise ValueError(
-                    "engines on other nodes load each weight version from the directory this node writes it "
-                    "to: give weights_dir, on a filesystem every node sees at the same path"
-                )
-            if self.token is None:  # they listen on their node's address, not loopback
-                self.token = secrets.token_urlsafe(24)
-                self.server_args["api_key"] = self.token
+            self._span_nodes(weight_update, weights_dir)
         self._inflight: set[str] = set()
+        self._assemble(slots, weight_update, weights_dir, lora)
+        try:
+            self.lifecycle.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _span_nodes(self, weight_update: str, weights_dir: str | None) -> None:
+        """Engines on other nodes: weights reach them from disk or a broadcast, and they need a token."""
+        if weight_update == "tensor":
+            raise ValueError(
+                "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
+                "other nodes take weights from disk or a broadcast: use weight_update='disk' or "
+                "'distributed'"
+            )
+        if weights_dir is None and weight_update == "disk":
+            raise ValueError(
+                "engines on other nodes load each weight version from the directory this node writes it "
+                "to: give weights_dir, on a filesystem every node sees at the same path"
+            )
+        if self.token is None:  # they listen on their node's address, not loopback
+            self.token = secrets.token_urlsafe(24)
+            self.server_args["api_key"] = self.token
+
+    def _assemble(
+        self,
+        slots: list[EngineProcess],
+        weight_update: str,
+        weights_dir: str | None,
+        lora: dict[str, Any] | None,
+    ) -> None:
+        """The engine's parts, each owning its state: servers, adapters, launcher, lifecycle, weights."""
+        num_engines, request_timeout_s, host, tp_size = (
+            len(slots),
+            self.request_timeout_s,
+            self.host,
+            self.tp_size,
+        )
         pool = EnginePool(
             token=self.token,
             timeout_s=request_timeout_s,
@@ -257,26 +303,21 @@ class SGLangEngine:
         self.lifecycle = SGLangLifecycle(
             s,
             self.launcher,
-            startup_timeout_s=startup_timeout_s,
-            poll_interval_s=poll_interval_s,
-            max_restarts=max_restarts,
-            shutdown_grace_s=shutdown_grace_s,
+            startup_timeout_s=self.startup_timeout_s,
+            poll_interval_s=self.poll_interval_s,
+            max_restarts=self.max_restarts,
+            shutdown_grace_s=self.shutdown_grace_s,
             restore=None if self.adapters is None else self.adapters.restore,
         )
         """Start-up, supervision and restarts (:mod:`relax_rollout.engines.sglang.lifecycle`)."""
         self.weights = SGLangWeights(
             s,
             prefix=self.prefix,
-            bucket_bytes=bucket_bytes,
+            bucket_bytes=self.bucket_bytes,
             rejoin=self.lifecycle.join,
             restart_later=self.lifecycle.restart_later,
         )
         """The weight updates (:mod:`relax_rollout.engines.sglang.weights`)."""
-        try:
-            self.lifecycle.start()
-        except BaseException:
-            self.close()
-            raise
 
     # -- launching (the launcher's command and shared paths) ---------------------------------------
     def _command(self, slot: EngineProcess, port: int, host: str) -> list[str]:

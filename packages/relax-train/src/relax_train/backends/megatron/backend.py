@@ -63,11 +63,11 @@ from relax_train.backends.megatron import multimodal as mm
 from relax_train.backends.megatron.convert import MegatronLayout
 from relax_train.backends.megatron.forward import MegatronForward
 from relax_train.backends.megatron.norms import use_sequence_parallel_norms
-from relax_train.backends.megatron.shims import _host_tensors_stay
+from relax_train.backends.megatron.shims import host_tensors_stay
 from relax_train.backends.megatron.startup import (
-    _rope_theta,
     init_parallel,
     load_hf_state,
+    rope_theta_of,
     transformer_config,
 )
 from relax_train.backends.megatron.training import MegatronTraining
@@ -132,7 +132,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
             from relax_train.backends.megatron.context_parallel import use_context_parallel_attention
 
             use_context_parallel_attention(spec)
-        with _host_tensors_stay():  # (tied embeddings under PP: megatron syncs the two copies on CUDA)
+        with host_tensors_stay():  # (tied embeddings under PP: megatron syncs the two copies on CUDA)
             self.model = GPTModel(
                 self.mcfg,
                 transformer_layer_spec=spec,
@@ -142,7 +142,7 @@ class MegatronBackend(MegatronWeights, MegatronForward, MegatronTraining, HostTu
                 post_process=self.post,
                 share_embeddings_and_output_weights=self.layout.tie_word_embeddings,
                 position_embedding_type="mrope" if multimodal else "rope",
-                rotary_base=_rope_theta(text),
+                rotary_base=rope_theta_of(text),
             )
         # Qwen3-VL / Omni: the media encoders, interleaved M-RoPE and DeepStack hooks go onto the model
         self.front = mm.MediaFront(self.hf_config, self.model, self.tp, self.pre) if multimodal else None

@@ -93,28 +93,28 @@ from relax_train.backends.megatron.layout import (
     check_parallel_sizes,
 )
 from relax_train.backends.megatron.specs import (
-    _check_expert_format,
-    _check_keys,
-    _check_shape,
-    _global_megatron_specs,
-    _hf_layer,
-    _hf_shapes,
-    _layout_hint,
-    _mg_layer,
-    _rank_names,
-    _shard_shape,
-    _Split,
+    Split,
+    check_expert_format,
+    check_keys,
+    check_shape,
+    global_megatron_specs,
+    hf_layer,
+    hf_shapes,
     hf_state_shapes,
+    layout_hint,
     megatron_shard_shapes,
+    mg_layer,
+    rank_names,
+    shard_shape,
 )
 from relax_train.backends.megatron.tensors import (
-    _interleave_qkv,
-    _own,
-    _pad_rows,
-    _rows,
-    _shard,
-    _split_qkv,
-    _unshard,
+    first_rows,
+    interleave_qkv,
+    owned,
+    rows_padded_to,
+    split_qkv,
+    tp_shard,
+    unshard,
 )
 
 __all__ = [
@@ -139,15 +139,15 @@ _EXTRA_STATE = "._extra_state"  # TE modules' fp8 metadata: not a weight, ignore
 def _validate_hf(hf_state: Mapping[str, Tensor], layout: MegatronLayout) -> dict[int, ExpertFormat]:
     """Check keys and shapes; return the expert format found for each MoE layer."""
     formats: dict[int, ExpertFormat] = {
-        i: "fused" if f"{_hf_layer(i)}mlp.experts.gate_up_proj" in hf_state else "per_expert"
+        i: "fused" if f"{hf_layer(i)}mlp.experts.gate_up_proj" in hf_state else "per_expert"
         for i in layout.moe_layers
     }
     include_lm_head = not layout.tie_word_embeddings or "lm_head.weight" in hf_state
-    expected = _hf_shapes(layout, formats, include_lm_head)
-    hint = _layout_hint(layout)
-    _check_keys(hf_state.keys(), expected, "HF state dict", hint)
+    expected = hf_shapes(layout, formats, include_lm_head)
+    hint = layout_hint(layout)
+    check_keys(hf_state.keys(), expected, "HF state dict", hint)
     for key, shape in expected.items():
-        _check_shape(hf_state[key], key, shape, "HF state dict", hint)
+        check_shape(hf_state[key], key, shape, "HF state dict", hint)
     if layout.tie_word_embeddings and "lm_head.weight" in hf_state:
         lm_head, embed = hf_state["lm_head.weight"], hf_state["model.embed_tokens.weight"]
         if lm_head is not embed and not torch.equal(lm_head, embed):
@@ -170,7 +170,7 @@ def _read_cat(hf: Mapping[str, Tensor], *keys: str) -> Callable[[], Tensor]:
 
 def _read_qkv(hf: Mapping[str, Tensor], a: str, layout: MegatronLayout) -> Callable[[], Tensor]:
     """A maker of one layer's megatron ``linear_qkv`` from the HF q/k/v projections under ``a``."""
-    return lambda: _interleave_qkv(
+    return lambda: interleave_qkv(
         hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"], layout
     )
 
@@ -180,14 +180,16 @@ def _hf_global_makers(
 ) -> dict[Any, Callable[[], Tensor]]:
     """For each global megatron spec key, a function building the unsharded megatron tensor from HF."""
     makers: dict[Any, Callable[[], Tensor]] = {
-        "embedding.word_embeddings.weight": lambda: _pad_rows(hf["model.embed_tokens.weight"], padded_vocab),
+        "embedding.word_embeddings.weight": lambda: rows_padded_to(
+            hf["model.embed_tokens.weight"], padded_vocab
+        ),
         "decoder.final_layernorm.weight": lambda: hf["model.norm.weight"],
     }
     if not layout.tie_word_embeddings:
-        makers["output_layer.weight"] = lambda: _pad_rows(hf["lm_head.weight"], padded_vocab)
+        makers["output_layer.weight"] = lambda: rows_padded_to(hf["lm_head.weight"], padded_vocab)
     moe = set(layout.moe_layers)
     for i in range(layout.num_layers):
-        p, m = _hf_layer(i), _mg_layer(i)
+        p, m = hf_layer(i), mg_layer(i)
         a = p + "self_attn."
         makers[m + "self_attention.linear_qkv.layer_norm_weight"] = _read(hf, p + "input_layernorm.weight")
         makers[m + "self_attention.linear_qkv.weight"] = _read_qkv(hf, a, layout)
@@ -232,15 +234,15 @@ class _Converter:
         formats = _validate_hf(hf_state, layout)
         padded = layout.padded_vocab_size(tp_size, vocab_divisible_by)
         self.layout, self.tp_size, self.ep_size, self.grouped = layout, tp_size, ep_size, grouped_experts
-        self.specs = _global_megatron_specs(layout, padded)
+        self.specs = global_megatron_specs(layout, padded)
         self.makers = _hf_global_makers(hf_state, layout, padded, formats)
 
-    def names(self, ep_rank: int) -> Iterable[tuple[str, Any, tuple[int, ...], _Split]]:
-        return _rank_names(self.layout, self.specs, ep_rank, self.ep_size, self.grouped)
+    def names(self, ep_rank: int) -> Iterable[tuple[str, Any, tuple[int, ...], Split]]:
+        return rank_names(self.layout, self.specs, ep_rank, self.ep_size, self.grouped)
 
-    def shard(self, key: Any, split: _Split, tp_ranks: Sequence[int]) -> list[Tensor]:
+    def shard(self, key: Any, split: Split, tp_ranks: Sequence[int]) -> list[Tensor]:
         full = self.makers[key]()
-        return [_own(_shard(full, split, t, self.tp_size)) for t in tp_ranks]
+        return [owned(tp_shard(full, split, t, self.tp_size)) for t in tp_ranks]
 
 
 def hf_to_megatron(
@@ -353,12 +355,12 @@ def megatron_to_hf(
     (``expert_format="per_expert"`` for one module per expert; ``include_tied_lm_head=False`` to leave
     out ``lm_head.weight`` like a saved tied checkpoint).
     """
-    _check_expert_format(expert_format)
+    check_expert_format(expert_format)
     grid = _as_grid(shards)
     tp_size, ep_size = len(grid), len(grid[0])
     check_parallel_sizes(layout, tp_size, ep_size)
     grouped = _detect_grouped(grid[0][0]) if grouped_experts is None else grouped_experts
-    hint = _layout_hint(layout) + f"; read as tp_size={tp_size}, ep_size={ep_size}"
+    hint = layout_hint(layout) + f"; read as tp_size={tp_size}, ep_size={ep_size}"
 
     first = grid[0][0]
     if vocab_divisible_by is None:
@@ -376,23 +378,23 @@ def megatron_to_hf(
     else:
         padded = layout.padded_vocab_size(tp_size, vocab_divisible_by)
         hint += f", vocab padded to {padded} (vocab_divisible_by={vocab_divisible_by})"
-    specs = _global_megatron_specs(layout, padded)
+    specs = global_megatron_specs(layout, padded)
 
     # keys and shapes of every rank
     for t in range(tp_size):
         for e in range(ep_size):
             sd, where = grid[t][e], f"megatron shards[{t}][{e}]"
             expected = {
-                name: _shard_shape(shape, split, tp_size)
-                for name, _, shape, split in _rank_names(layout, specs, e, ep_size, grouped)
+                name: shard_shape(shape, split, tp_size)
+                for name, _, shape, split in rank_names(layout, specs, e, ep_size, grouped)
             }
-            _check_keys((k for k in sd if not k.endswith(_EXTRA_STATE)), expected, where, hint)
+            check_keys((k for k in sd if not k.endswith(_EXTRA_STATE)), expected, where, hint)
             for name, shape in expected.items():
-                _check_shape(sd[name], name, shape, where, hint)
+                check_shape(sd[name], name, shape, where, hint)
 
     merged: dict[Any, Tensor] = {}
     for e in range(ep_size):
-        for name, key, _, split in _rank_names(layout, specs, e, ep_size, grouped):
+        for name, key, _, split in rank_names(layout, specs, e, ep_size, grouped):
             is_expert = isinstance(key, tuple)
             if not is_expert and e > 0:
                 if check_replicas:
@@ -405,7 +407,7 @@ def megatron_to_hf(
             if split == "rep" and check_replicas:
                 for t in range(1, tp_size):
                     _check_replica(parts[t], parts[0], name, f"shards[{t}][{e}]", f"shards[0][{e}]")
-            merged[key] = _unshard(parts, split)
+            merged[key] = unshard(parts, split)
 
     return _global_to_hf(merged, layout, expert_format, include_tied_lm_head)
 
@@ -422,11 +424,13 @@ def _global_to_hf(
     mg: Mapping[Any, Tensor], layout: MegatronLayout, expert_format: ExpertFormat, include_tied_lm_head: bool
 ) -> dict[str, Tensor]:
     v = layout.vocab_size
-    hf: dict[str, Tensor] = {"model.embed_tokens.weight": _rows(mg["embedding.word_embeddings.weight"], v)}
+    hf: dict[str, Tensor] = {
+        "model.embed_tokens.weight": first_rows(mg["embedding.word_embeddings.weight"], v)
+    }
     moe = set(layout.moe_layers)
     for i in range(layout.num_layers):
-        p, m = _hf_layer(i), _mg_layer(i)
-        q, k, vv = _split_qkv(mg[m + "self_attention.linear_qkv.weight"], layout)
+        p, m = hf_layer(i), mg_layer(i)
+        q, k, vv = split_qkv(mg[m + "self_attention.linear_qkv.weight"], layout)
         hf[p + "self_attn.q_proj.weight"] = q
         hf[p + "self_attn.k_proj.weight"] = k
         hf[p + "self_attn.v_proj.weight"] = vv
@@ -456,9 +460,9 @@ def _global_to_hf(
             hf[p + "mlp.down_proj.weight"] = mg[m + "mlp.linear_fc2.weight"]
             hf[p + "post_attention_layernorm.weight"] = mg[m + "mlp.linear_fc1.layer_norm_weight"]
     hf["model.norm.weight"] = mg["decoder.final_layernorm.weight"]
-    hf = {k: _own(t) for k, t in hf.items()}
+    hf = {k: owned(t) for k, t in hf.items()}
     if not layout.tie_word_embeddings:
-        hf["lm_head.weight"] = _own(_rows(mg["output_layer.weight"], v))
+        hf["lm_head.weight"] = owned(first_rows(mg["output_layer.weight"], v))
     elif include_tied_lm_head:
         hf["lm_head.weight"] = hf["model.embed_tokens.weight"]  # the same tensor, as in the tied HF model
     order = hf_state_shapes(layout, expert_format=expert_format, include_tied_lm_head=include_tied_lm_head)

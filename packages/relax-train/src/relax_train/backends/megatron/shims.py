@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 
-def _no_te_shim() -> None:
+def no_te_shim() -> None:
     """megatron-core 0.16's MoE router gating tests ``te_general_gemm is not None`` but only defines the
     name when Transformer Engine imports: without TE every MoE forward raises NameError. Define it as
     None (megatron's own fallback, torch.mm, then runs)."""
@@ -22,7 +22,7 @@ def _no_te_shim() -> None:
         moe_utils.te_general_gemm = None
 
 
-def _cpu_shims() -> None:
+def cpu_shims() -> None:
     """Let megatron-core's model code run without CUDA (tests, CI). On that path it (1) allocates
     buffers and moves RoPE frequencies to ``torch.cuda.current_device()`` and (2) forks the CUDA RNG
     tracker around attention dropout; (3) its distributed-checkpoint writer synchronises the GPU before
@@ -75,7 +75,7 @@ def _cpu_shims() -> None:
 
 
 @contextlib.contextmanager
-def _host_tensors_stay():
+def host_tensors_stay():
     """Without CUDA, ``Tensor.cuda()`` returns the tensor itself while megatron builds a model: with tied
     embeddings under pipeline parallelism it moves the last stage's copy of the embedding to the GPU to
     all-reduce it with the first stage's. Nothing changes when CUDA is present."""

@@ -17,23 +17,23 @@ from relax_train.backends.megatron.layout import (
     check_parallel_sizes,
 )
 
-_Split = Literal["rep", "col", "row", "glu"]
+Split = Literal["rep", "col", "row", "glu"]
 
 
-def _hf_layer(i: int) -> str:
+def hf_layer(i: int) -> str:
     return f"model.layers.{i}."
 
 
-def _mg_layer(i: int) -> str:
+def mg_layer(i: int) -> str:
     return f"decoder.layers.{i}."
 
 
 def _expert_name(layer: int, local: int, which: str, grouped: bool) -> str:
-    prefix = f"{_mg_layer(layer)}mlp.experts."
+    prefix = f"{mg_layer(layer)}mlp.experts."
     return f"{prefix}{which}.weight{local}" if grouped else f"{prefix}local_experts.{local}.{which}.weight"
 
 
-def _hf_shapes(
+def hf_shapes(
     layout: MegatronLayout, expert_formats: Mapping[int, ExpertFormat], include_lm_head: bool
 ) -> dict[str, tuple[int, ...]]:
     h, hd, v = layout.hidden_size, layout.head_dim, layout.vocab_size
@@ -41,7 +41,7 @@ def _hf_shapes(
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
     moe = set(layout.moe_layers)
     for i in range(layout.num_layers):
-        p = _hf_layer(i)
+        p = hf_layer(i)
         shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
         shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
         shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
@@ -82,14 +82,14 @@ def hf_state_shapes(
     ``include_tied_lm_head``: with tied embeddings ``Module.state_dict()`` still lists ``lm_head.weight``
     (the embedding tensor) while a saved checkpoint does not.
     """
-    _check_expert_format(expert_format)
+    check_expert_format(expert_format)
     formats = dict.fromkeys(layout.moe_layers, expert_format)
-    return _hf_shapes(layout, formats, include_lm_head=include_tied_lm_head or not layout.tie_word_embeddings)
+    return hf_shapes(layout, formats, include_lm_head=include_tied_lm_head or not layout.tie_word_embeddings)
 
 
-def _global_megatron_specs(
+def global_megatron_specs(
     layout: MegatronLayout, padded_vocab: int
-) -> list[tuple[Any, tuple[int, ...], _Split]]:
+) -> list[tuple[Any, tuple[int, ...], Split]]:
     """Every megatron parameter with its unsharded shape and split rule, in model order.
 
     Keys are names, except experts: ``("expert", layer, global_index, "linear_fc1"|"linear_fc2")``.
@@ -97,12 +97,12 @@ def _global_megatron_specs(
     h, hd = layout.hidden_size, layout.head_dim
     q_out = layout.num_attention_heads * hd
     qkv_out = (layout.num_attention_heads + 2 * layout.num_query_groups) * hd
-    specs: list[tuple[Any, tuple[int, ...], _Split]] = [
+    specs: list[tuple[Any, tuple[int, ...], Split]] = [
         ("embedding.word_embeddings.weight", (padded_vocab, h), "col")
     ]
     moe = set(layout.moe_layers)
     for i in range(layout.num_layers):
-        p = _mg_layer(i)
+        p = mg_layer(i)
         specs.append((p + "self_attention.linear_qkv.layer_norm_weight", (h,), "rep"))
         specs.append((p + "self_attention.linear_qkv.weight", (qkv_out, h), "col"))
         if layout.qk_layernorm:
@@ -128,7 +128,7 @@ def _global_megatron_specs(
     return specs
 
 
-def _shard_shape(shape: tuple[int, ...], split: _Split, tp_size: int) -> tuple[int, ...]:
+def shard_shape(shape: tuple[int, ...], split: Split, tp_size: int) -> tuple[int, ...]:
     if split in ("col", "glu"):
         return (shape[0] // tp_size, *shape[1:])
     if split == "row":
@@ -136,13 +136,13 @@ def _shard_shape(shape: tuple[int, ...], split: _Split, tp_size: int) -> tuple[i
     return shape
 
 
-def _rank_names(
+def rank_names(
     layout: MegatronLayout,
-    specs: Iterable[tuple[Any, tuple[int, ...], _Split]],
+    specs: Iterable[tuple[Any, tuple[int, ...], Split]],
     ep_rank: int,
     ep_size: int,
     grouped: bool,
-) -> Iterable[tuple[str, Any, tuple[int, ...], _Split]]:
+) -> Iterable[tuple[str, Any, tuple[int, ...], Split]]:
     """(local name, spec key, global shape, split) of the parameters on EP rank ``ep_rank``."""
     per_rank = layout.num_experts // ep_size if layout.is_moe else 0
     for key, shape, split in specs:
@@ -165,19 +165,19 @@ def megatron_shard_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Keys and shapes of one rank's megatron state dict (the same on every TP/EP rank)."""
     check_parallel_sizes(layout, tp_size, ep_size)
-    specs = _global_megatron_specs(layout, layout.padded_vocab_size(tp_size, vocab_divisible_by))
+    specs = global_megatron_specs(layout, layout.padded_vocab_size(tp_size, vocab_divisible_by))
     return {
-        name: _shard_shape(shape, split, tp_size)
-        for name, _, shape, split in _rank_names(layout, specs, 0, ep_size, grouped_experts)
+        name: shard_shape(shape, split, tp_size)
+        for name, _, shape, split in rank_names(layout, specs, 0, ep_size, grouped_experts)
     }
 
 
-def _check_expert_format(expert_format: str) -> None:
+def check_expert_format(expert_format: str) -> None:
     if expert_format not in ("fused", "per_expert"):
         raise ConversionError(f"expert_format={expert_format!r}: use 'fused' or 'per_expert'")
 
 
-def _check_keys(
+def check_keys(
     present: Iterable[str], expected: Mapping[str, tuple[int, ...]], where: str, hint: str
 ) -> None:
     present = set(present)
@@ -192,7 +192,7 @@ def _check_keys(
         raise ConversionError(f"{where}: {'; '.join(problems)} ({hint})")
 
 
-def _check_shape(t: Any, key: str, expected: tuple[int, ...], where: str, hint: str) -> None:
+def check_shape(t: Any, key: str, expected: tuple[int, ...], where: str, hint: str) -> None:
     if not isinstance(t, Tensor):
         raise ConversionError(f"{where}: {key} is a {type(t).__name__}, not a torch.Tensor")
     if tuple(t.shape) != tuple(expected):
@@ -206,7 +206,7 @@ def _few(keys: Sequence[str], n: int = 5) -> str:
     return ", ".join(keys[:n]) + more
 
 
-def _layout_hint(layout: MegatronLayout) -> str:
+def layout_hint(layout: MegatronLayout) -> str:
     return (
         f"does the layout match the weights? num_layers={layout.num_layers}, hidden={layout.hidden_size}, "
         f"heads={layout.num_attention_heads}, query_groups={layout.num_query_groups}, "

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from relax_core.config import RelaxConfig
 from relax_train.backends.megatron.layout import MegatronLayout
-from relax_train.backends.megatron.shims import _cpu_shims, _no_te_shim
+from relax_train.backends.megatron.shims import cpu_shims, no_te_shim
 
 
 def require_psutil() -> None:
@@ -71,8 +71,8 @@ def init_parallel(config: RelaxConfig) -> None:
             pin_gloo_interface(parse_tcp(init)[0])
         dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world)
     require_psutil()
-    _cpu_shims()
-    _no_te_shim()
+    cpu_shims()
+    no_te_shim()
     need = t.tensor_model_parallel_size * t.pipeline_model_parallel_size
     need = max(
         need,
@@ -140,7 +140,7 @@ def transformer_config(hf: Any, layout: MegatronLayout, config: RelaxConfig):
         **_parallel_sizes(config),
         sequence_parallel=t.sequence_parallel,
         # micro-batches are padded to their own longest row; the pipeline sends their shapes first, which
-        # megatron allows with the all-to-all MoE dispatcher (on CPU too: see _cpu_shims)
+        # megatron allows with the all-to-all MoE dispatcher (on CPU too: see cpu_shims)
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",
         use_cpu_initialization=not cuda,
@@ -158,7 +158,7 @@ def compute_dtype(config: RelaxConfig) -> torch.dtype | None:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(config.model.dtype))
 
 
-def _rope_theta(text: Any) -> float:
+def rope_theta_of(text: Any) -> float:
     params = getattr(text, "rope_parameters", None) or {}
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or getattr(text, "rope_theta", None) or 1_000_000.0)

@@ -11,40 +11,40 @@ import torch
 from torch import Tensor
 
 from relax_train.backends.megatron.layout import MegatronLayout
-from relax_train.backends.megatron.specs import _Split
+from relax_train.backends.megatron.specs import Split
 
 
-def _interleave_qkv(q: Tensor, k: Tensor, v: Tensor, layout: MegatronLayout) -> Tensor:
+def interleave_qkv(q: Tensor, k: Tensor, v: Tensor, layout: MegatronLayout) -> Tensor:
     g, hd, h = layout.num_query_groups, layout.head_dim, q.shape[-1]
     groups = [q.reshape(g, layout.heads_per_group * hd, h), k.reshape(g, hd, h), v.reshape(g, hd, h)]
     return torch.cat(groups, dim=1).reshape(-1, h)
 
 
-def _split_qkv(qkv: Tensor, layout: MegatronLayout) -> tuple[Tensor, Tensor, Tensor]:
+def split_qkv(qkv: Tensor, layout: MegatronLayout) -> tuple[Tensor, Tensor, Tensor]:
     g, hd, h = layout.num_query_groups, layout.head_dim, qkv.shape[-1]
     per_group = qkv.reshape(g, (layout.heads_per_group + 2) * hd, h)
     q, k, v = torch.split(per_group, [layout.heads_per_group * hd, hd, hd], dim=1)
     return q.reshape(-1, h), k.reshape(-1, h), v.reshape(-1, h)
 
 
-def _pad_rows(t: Tensor, rows: int) -> Tensor:
+def rows_padded_to(t: Tensor, rows: int) -> Tensor:
     if t.shape[0] == rows:
         return t
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])], dim=0)
 
 
-def _rows(t: Tensor, n: int) -> Tensor:
+def first_rows(t: Tensor, n: int) -> Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
-def _own(t: Tensor) -> Tensor:
+def owned(t: Tensor) -> Tensor:
     """A contiguous tensor that is not a view (safe to save with safetensors next to its siblings)."""
     return (
         t.clone(memory_format=torch.contiguous_format) if t._base is not None or not t.is_contiguous() else t
     )
 
 
-def _shard(t: Tensor, split: _Split, rank: int, size: int) -> Tensor:
+def tp_shard(t: Tensor, split: Split, rank: int, size: int) -> Tensor:
     if split == "rep" or size == 1:
         return t
     if split == "col":
@@ -55,7 +55,7 @@ def _shard(t: Tensor, split: _Split, rank: int, size: int) -> Tensor:
     return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
 
 
-def _unshard(parts: Sequence[Tensor], split: _Split) -> Tensor:
+def unshard(parts: Sequence[Tensor], split: Split) -> Tensor:
     if split == "rep" or len(parts) == 1:
         return parts[0]
     if split == "col":

@@ -28,9 +28,9 @@ import statistics
 import time
 from pathlib import Path
 
+from relax_app.cli_config import config_from_flat
 from relax_app.demo.assets import prepare_demo
 from relax_app.demo.defaults import DEMO_DEFAULTS
-from relax_core.cli_config import config_from_flat
 from relax_core.controller import Controller, RunInputs
 
 MODES = {

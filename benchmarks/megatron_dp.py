@@ -86,7 +86,7 @@ def samples(n: int) -> dict:
 
 
 def worker(spec_path: str) -> None:
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_train.backends.megatron.backend import MegatronBackend
 
     spec = json.loads(Path(spec_path).read_text())

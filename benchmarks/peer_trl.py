@@ -167,7 +167,7 @@ def run_trl(flat: dict, assets: Any, out_dir: pathlib.Path, attn_implementation:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from relax_core.cli_config import config_from_flat
+    from relax_app.cli_config import config_from_flat
     from relax_rollout.evaluate import GreedyEvaluator
 
     cfg = config_from_flat(flat)

@@ -77,9 +77,9 @@ SHAPES = {
 
 def one(runner: str, shape: str, seed: int, steps: int, out: Path) -> dict:
     """One run in this process; its figures."""
+    from relax_app.cli_config import config_from_flat
     from relax_app.demo.assets import prepare_demo
     from relax_app.demo.defaults import DEMO_DEFAULTS
-    from relax_core.cli_config import config_from_flat
     from relax_core.controller import Controller, RunInputs
 
     flags, settings = SHAPES[shape]

@@ -31,9 +31,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from relax_app.cli_config import config_from_flat
 from relax_app.demo.assets import prepare_demo
 from relax_app.demo.defaults import DEMO_DEFAULTS
-from relax_core.cli_config import config_from_flat
 from relax_train.backends.torch_backend import TorchBackend
 from relax_train.roles.actor import ActorWorker
 

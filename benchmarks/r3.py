@@ -126,7 +126,7 @@ def mismatch(cfg, ckpt: str, data: dict, noise: float) -> dict[str, dict[str, fl
 
 
 def main() -> None:
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=15)

@@ -36,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from relax_app.cli_config import config_from_flat
     from relax_app.demo.assets import prepare_demo
     from relax_app.demo.defaults import DEMO_DEFAULTS
-    from relax_core.cli_config import config_from_flat
     from relax_core.roofline import ModelShape, matmul_peak, train_flops
     from relax_core.roofline import cpu_model as cpu
     from relax_train.backends.torch_backend import TorchBackend

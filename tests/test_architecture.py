@@ -23,13 +23,14 @@ LAYERS = {  # package: the relax packages it may import
     "relax_core": {"relax_bus"},
     "relax_rollout": {"relax_bus", "relax_core", "relax_rewards", "relax_multimodal"},
     "relax_train": {"relax_bus", "relax_core"},
-    "relax_testing": {  # dev only: the tests' helpers, above every shipped package
+    "relax_testing": {  # dev only: the tests' helpers, above every shipped package (the app's CLI included)
         "relax_bus",
         "relax_core",
         "relax_rewards",
         "relax_multimodal",
         "relax_rollout",
         "relax_train",
+        "relax_app",
     },
     "relax_app": {
         "relax_bus",
@@ -332,3 +333,42 @@ def test_no_function_grows_past_80_lines():
         and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert long == [], "split these into the steps they are"
+
+
+# -- relax-rollout's layers (#52) -------------------------------------------------------------------------
+ROLLOUT_LAYERS = {  # a module of relax_rollout: the layer it is in; bottom to top
+    "engines": 0,  # the engine library: torch, SGLang, external servers, the pool
+    "engine_factory": 0,
+    "turns": 0,  # token-exact turns, media prompts, the HTTP layer: what serving and the role share
+    "media_prompts": 0,
+    "http_api": 0,
+    "server": 1,  # the engine server (SGLang's API and OpenAI's) and the elastic API
+    "elastic": 1,
+    "elastic_api": 1,
+    "elastic_service": 1,
+    "engine_service": 1,
+}
+"""relax-rollout is an engine library, an inference server with its elastic API, and the rollout role, in
+that order: a layer imports its own and those below, so each can be used without the ones above it. Every
+other module (the worker, generation, streaming, prompts, rewards, samples, multi-turn) is the role (2)."""
+
+
+def _rollout_layer(module: str) -> int:
+    parts = module.split(".")
+    return ROLLOUT_LAYERS.get(parts[1], 2) if len(parts) > 1 else 0  # (the package itself: its version)
+
+
+def test_relax_rollout_s_engines_serving_and_role_are_layers():
+    mods = _modules()
+    up = []
+    for name, f in mods.items():
+        if not name.startswith("relax_rollout."):
+            continue
+        for n in _imports(f):
+            targets = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+            if isinstance(n, ast.ImportFrom) and n.module == "relax_rollout":  # from relax_rollout import x
+                targets = [f"relax_rollout.{a.name}" for a in n.names if f"relax_rollout.{a.name}" in mods]
+            for t in targets:
+                if t.startswith("relax_rollout.") and _rollout_layer(t) > _rollout_layer(name):
+                    up.append((name, t))
+    assert up == [], "a layer of relax-rollout imports one above it: move the shared part down"

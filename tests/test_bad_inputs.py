@@ -101,8 +101,8 @@ def test_each_bad_input_is_one_clear_line_and_exit_2_before_anything_starts(mode
 
 
 def test_bad_rows_inside_a_good_file_are_said_before_the_run(model, tmp_path, capsys):
+    from relax_app.cli_config import build_config
     from relax_app.train import check_inputs
-    from relax_core.cli_config import build_config
 
     data = tmp_path / "data.jsonl"
     data.write_bytes(

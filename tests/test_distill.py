@@ -8,7 +8,7 @@ import math
 import pytest
 from _tiny import run_flags, tiny_qwen3
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import Controller, RunInputs
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)

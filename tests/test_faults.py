@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from _tiny import run_flags
 
+from relax_app.cli_config import build_config
 from relax_core.checkpoints import latest_checkpoint
-from relax_core.cli_config import build_config
 from relax_core.controller import Controller
 from relax_core.health import RunFailed
 from relax_testing import json_webhook, signal_role_after

@@ -17,10 +17,10 @@ pytest.importorskip("relax_multimodal")
 def test_three_damaged_media_rows_are_counted_and_named(tmp_path):
     from transformers import AutoTokenizer
 
+    from relax_app.cli_config import build_config
     from relax_app.demo.mm_models import build_tiny_mm_model, extend_tokenizer
     from relax_app.demo.mm_task import write_mm_dataset
     from relax_app.demo.tokenizer import train_tokenizer
-    from relax_core.cli_config import build_config
     from relax_core.controller import RunInputs
     from relax_rollout.prompts import Prompts
 

@@ -17,7 +17,8 @@ import pytest
 from _tiny import mm_task, run_flags
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams
-from relax_rollout.multiturn import Episode, EpisodeMedia, run_episodes
+from relax_rollout.media_prompts import EpisodeMedia
+from relax_rollout.multiturn import Episode, run_episodes
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
 
@@ -266,7 +267,7 @@ ZOOM_STEP = dict(rollout_batch_size=2, n_samples_per_prompt=3, rollout_max_respo
 
 def _cfg(ckpt, data, out, *mode, **flags):
     """A :data:`ZOOM` run of :data:`ZOOM_STEP`, ``flags`` over them (``run_flags``' keywords)."""
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_core.controller import RunInputs
 
     argv = run_flags(RunInputs(ckpt, data), out, *mode, **{**mm_task("image"), **ZOOM, **ZOOM_STEP, **flags})

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from _tiny import mm_task, run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
 

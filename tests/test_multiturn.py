@@ -183,8 +183,8 @@ def test_model_tokens_log_probs_equal_the_trainers(tiny_run_inputs, chatty, tmp_
     equal the trainer's recomputation (the env tokens in between shift nothing)."""
     import torch
 
+    from relax_app.cli_config import build_config
     from relax_bus import BusConfig, ConsumerSpec, DataBus
-    from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
     from relax_train.backends.torch_backend import TorchBackend
 
@@ -226,7 +226,7 @@ def _flags(inputs, tmp_path, *mode, **flags):
     "mode", [["--colocate"], ["--fully-async", "--max-staleness", "1"]], ids=["colocate", "async"]
 )
 def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mode):
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_core.controller import Controller, RunInputs
 
     flags = _flags(
@@ -260,8 +260,8 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
 
 def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_run_inputs, tmp_path):
     """A model warm-started on raw prompts sees its first turn exactly as in single-turn rollout."""
+    from relax_app.cli_config import build_config
     from relax_bus import BusConfig, ConsumerSpec, DataBus
-    from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, apply_chat_template=None))
@@ -281,9 +281,9 @@ def test_an_episode_starts_from_a_rows_chat_messages(tiny_run_inputs, tmp_path):
     turns, its system turn kept, and the environment is built with those messages."""
     import json
 
+    from relax_app.cli_config import build_config
     from relax_app.demo.task import read_jsonl
     from relax_bus import BusConfig, ConsumerSpec, DataBus
-    from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
     rows = read_jsonl(tiny_run_inputs.prompt_path)
@@ -321,8 +321,8 @@ def test_an_episode_starts_from_a_rows_chat_messages(tiny_run_inputs, tmp_path):
 def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_run_inputs, tmp_path):
     """``relax_core.env:BrokenEnv`` takes no prompt/label, so building it per sample raises: each sample ends
     after its first turn as env_error with the reason, and the batch is still put on the bus."""
+    from relax_app.cli_config import build_config
     from relax_bus import BusConfig, ConsumerSpec, DataBus
-    from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path="relax_core.env:BrokenEnv"))
@@ -361,8 +361,8 @@ def test_an_environment_s_non_finite_reward_is_a_counted_bad_return(tiny_run_inp
     """Before: an environment's reward skipped the scorer's check; +inf reached the bus (the update was
     skipped, nothing counted, ``summary.json`` held ``Infinity``). Now it is checked where the environment
     made it and counted as the scorer counts a reward's bad return."""
+    from relax_app.cli_config import build_config
     from relax_bus import BusConfig, ConsumerSpec, DataBus
-    from relax_core.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path=f"{__name__}:InfiniteRewardEnv"))

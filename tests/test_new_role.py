@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from _tiny import run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import Controller
 from relax_core.role import Restart, RoleSpec
 from relax_core.roles import RolePlan, RoleRegistry
-from relax_testing import signal_role_after
+from relax_testing import after_trained_steps, signal_role_after
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
 
@@ -181,14 +181,12 @@ def test_a_new_stateful_role_saves_its_state_at_a_stop_and_resumes_with_load(
 ):
     """SIGTERM after the first step: the colocate driver saves the toy role's state beside the checkpoint it
     writes; --load gives it back to the new run's copy, which counts on from there."""
-    from test_resume import _signal_after
-
     reg, ckpt = registry.with_role(STATEFUL, SeenCount), tmp_path / "ckpt"
     SeenCount.made.clear()
     first = Controller(
         _cfg(tiny_run_inputs, tmp_path / "a", "--colocate", "--save", str(ckpt)), tiny_run_inputs, reg
     )
-    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
+    after_trained_steps(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
     part1 = first.run()
     assert first.interrupted_at is not None, "the signal did not stop the run early"
     (before,) = SeenCount.made

@@ -55,8 +55,8 @@ def _slime(rows: list[dict], path: Path) -> list[str]:
 def test_a_chat_message_dataset_trains_with_its_roles_in_the_template(tiny_run_inputs, tmp_path, layout):
     from transformers import AutoTokenizer
 
+    from relax_app.cli_config import build_config
     from relax_app.demo.task import read_jsonl
-    from relax_core.cli_config import build_config
     from relax_rollout.prompts import Prompts
 
     rows = read_jsonl(tiny_run_inputs.prompt_path)

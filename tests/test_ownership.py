@@ -84,7 +84,7 @@ def test_changed_data_is_refused_at_load_and_at_a_rollout_restart(tiny_run_input
     assert "drew its prompts with other settings: --seed 0 -> 7" in capsys.readouterr().err
     prompts.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")
     # a rollout role restarted mid-run re-reads the file: compared with the run's own record
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_rollout.worker import RolloutWorker
 
     cfg = build_config(None, flags)

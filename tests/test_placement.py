@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.placement import check_gpu_demand, gpu_demand
 
 ray = pytest.importorskip("ray")

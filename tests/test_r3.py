@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from _tiny import run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import RunInputs
 from relax_testing import experts_used, tiny_moe
 

@@ -14,7 +14,7 @@ import math
 import pytest
 from _tiny import run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import Controller
 from relax_rollout.engines import sglang_cpu
 

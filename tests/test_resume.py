@@ -4,15 +4,14 @@ the same order, for the same number of steps as a run that was never interrupted
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from _tiny import run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import Controller
+from relax_testing import after_trained_steps
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
 
@@ -40,22 +39,6 @@ def _uninterrupted(inputs, tmp_path_factory, *flags):
     return _UNINTERRUPTED[key]
 
 
-def _signal_after(metrics: Path, trained_steps: int, fire) -> threading.Thread:
-    """``fire()`` (SIGTERM to this process) once ``trained_steps`` training steps are in metrics.jsonl."""
-
-    def watch():
-        while True:
-            lines = metrics.read_text().splitlines() if metrics.exists() else []
-            if sum('"train/loss"' in line for line in lines) >= trained_steps:
-                fire()
-                return
-            time.sleep(0.01)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
-
-
 def _trained(result, steps_done: int) -> list:
     """(step, prompt ids) of the batches that were trained (async rollout may have generated more)."""
     return [(s, ids) for s, ids in result.audit["prompt_log"] if s < steps_done]
@@ -81,7 +64,7 @@ def test_sigterm_then_load_trains_on_the_same_prompts_as_an_uninterrupted_run(
 
     ckpt = tmp_path / "ckpt"
     first = Controller(_cfg(tiny_run_inputs, tmp_path / "a", "--save", str(ckpt), *mode), tiny_run_inputs)
-    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
+    after_trained_steps(tmp_path / "a" / "metrics.jsonl", trained_steps=1, fire=sigterm_self)
     part1 = first.run()
     assert first.interrupted_at is not None, "the signal did not stop the run early"
     stopped = len([h for h in part1.history if "train/loss" in h])
@@ -131,7 +114,7 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_before_and_loses_nothing
         _cfg(tiny_run_inputs, tmp_path / "a", *mode, "--save", str(ckpt), "--save-interval", "1"),
         tiny_run_inputs,
     )
-    _signal_after(tmp_path / "a" / "metrics.jsonl", trained_steps=3, fire=sigterm_self)
+    after_trained_steps(tmp_path / "a" / "metrics.jsonl", trained_steps=3, fire=sigterm_self)
     first.run()
     steps = sorted(ckpt.glob("step_*"))
     assert len(steps) >= 2

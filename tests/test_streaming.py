@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _tiny import run_flags
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.controller import Controller
 from relax_testing import signal_role_after
 

@@ -53,8 +53,8 @@ def empty_hater(response, label, metadata=None):
 
 
 def test_a_reward_that_fails_on_the_first_row_is_named_at_start(tmp_path):
+    from relax_app.cli_config import build_config
     from relax_app.train import check_inputs
-    from relax_core.cli_config import build_config
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
@@ -70,8 +70,8 @@ def test_a_reward_that_fails_on_the_first_row_is_named_at_start(tmp_path):
 def test_a_response_length_the_models_context_cannot_hold_is_refused_at_start(tmp_path):
     """The library default (512 tokens) on a model of 128 positions: every row was skipped, then the rollout
     failed with "too many unusable rows"; now one line before anything starts."""
+    from relax_app.cli_config import build_config
     from relax_app.train import check_inputs
-    from relax_core.cli_config import build_config
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 128}')
@@ -164,8 +164,8 @@ def test_every_command_ends_a_known_failure_with_one_line_and_its_exit_code(
 def test_fully_async_on_fewer_cores_than_model_roles_says_so_at_start(tmp_path):
     """#51: on 2-core machines fully async made 0.87-1.04x colocate's samples/s; the run says why at start.
     #52: the roles counted are those of the run's plan that load a model (the old list forgot the teacher)."""
+    from relax_app.cli_config import build_config
     from relax_app.train import check_inputs
-    from relax_core.cli_config import build_config
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")

@@ -20,8 +20,8 @@ import soundfile as sf
 from PIL import Image
 
 from relax_app.cli import main as relax_main
+from relax_app.cli_config import ConfigError, build_config
 from relax_app.recipes import FORMATS, ConversionError, convert
-from relax_core.cli_config import ConfigError, build_config
 from relax_core.data import load_prompts
 from relax_rewards import get_reward
 

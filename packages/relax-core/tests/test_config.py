@@ -73,7 +73,7 @@ def test_assignment_is_validated():
 def test_role_nodes_take_pairs_or_a_mapping_and_need_fully_async():
     """--role-nodes (#40): 'role=address,...' or a mapping; malformed pairs and colocate runs are refused,
     naming the fix; unknown roles are refused where the run's roles are known (NodePlacement)."""
-    from relax_core.cli_config import ConfigError, build_config
+    from relax_app.cli_config import ConfigError, build_config
 
     cfg = build_config(None, ["--fully-async", "--role-nodes", "rollout=10.0.0.2, actor=10.0.0.3"])
     assert cfg.run.role_nodes == {"rollout": "10.0.0.2", "actor": "10.0.0.3"}

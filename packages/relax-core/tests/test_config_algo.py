@@ -3,7 +3,7 @@ defaults keep GRPO PPO-clip token-mean, and every invalid value names its flag."
 
 import pytest
 
-from relax_core.cli_config import ConfigError, build_config
+from relax_app.cli_config import ConfigError, build_config
 from relax_core.config import RelaxConfig
 from relax_core.config_sections import AlgoConfig
 

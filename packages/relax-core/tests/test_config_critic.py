@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 
 
 def test_critic_flags_and_their_aliases_reach_the_config():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax_core.cli_config import ConfigError, build_config, help_text
+from relax_app.cli_config import ConfigError, build_config, help_text
 from relax_core.lora import peft_config_dict
 
 

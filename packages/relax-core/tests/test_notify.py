@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from relax_core.cli_config import ConfigError, build_config
+from relax_app.cli_config import ConfigError, build_config
 from relax_core.controller import Controller, RunInputs, RunResult
 from relax_core.notify import Notifier, summary_figures
 from relax_testing import dead_json_url, json_webhook

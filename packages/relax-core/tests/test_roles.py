@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.role import Restart, RoleSpec, missing_methods
 from relax_core.roles import RolePlan, RoleRegistry
 

@@ -3,7 +3,7 @@
 
 import json
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_rollout.evaluate import GreedyEvaluator
 from relax_rollout.prompts import render
 

@@ -5,7 +5,7 @@ the staleness version is the oldest token's, the per-token versions travel with 
 import numpy as np
 import pytest
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.data import PromptRow
 from relax_rewards import RewardResult
 from relax_rollout.engines.base import GenerateOutput

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax_core.cli_config import build_config
+from relax_app.cli_config import build_config
 from relax_core.resume import Journal
 from relax_rollout.streaming import GroupStream
 

@@ -169,7 +169,7 @@ def export(
 
 def _run_config(run: Path | None, overrides: list[str]):
     """The run's config (its task: eval data, reward, lengths, keys) with ``overrides`` (train flags) on top."""
-    from relax_core.cli_config import build_config, flag_index
+    from relax_app.cli_config import build_config, flag_index
 
     saved = _json(run / "config.json") if run is not None else {}
     index = flag_index()
@@ -276,7 +276,7 @@ def eval_main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(EVAL_USAGE)
         return 0 if argv else 2
-    from relax_core.cli_config import ConfigError
+    from relax_app.cli_config import ConfigError
 
     try:
         ckpt, rest = argv[0], argv[1:]

@@ -55,8 +55,8 @@ def error_kinds() -> list[tuple[tuple[type[BaseException], ...], int, str]]:
     from the checkpoint's, a checkpoint that is not whole): nothing was lost, fix it and run again. 1: a run
     stopped (restarts exhausted, a fault no restart fixes, a checkpoint it could not write): the
     checkpoints before are kept. Anything else is a bug, shown with its traceback."""
+    from relax_app.cli_config import ConfigError
     from relax_core.checkpoints import CheckpointNotFound, CheckpointWriteError
-    from relax_core.cli_config import ConfigError
     from relax_core.health import RunFailed, Unfixable
     from relax_core.ownership import DirectoryInUse
 
@@ -104,16 +104,16 @@ def _command(argv: list[str]) -> int:
         print(f"relax: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     if any(a in ("-h", "--help") for a in rest):
+        from relax_app.cli_config import help_text
+        from relax_app.cli_help import wrap_columns
         from relax_app.demo.defaults import DEMO_DEFAULTS
         from relax_app.demo.omni import OMNI_DEFAULTS
-        from relax_core.cli_config import help_text
-        from relax_core.cli_help import wrap_columns
 
         demos = {"demo": DEMO_DEFAULTS, "omni demo": OMNI_DEFAULTS}
         print(wrap_columns(USAGE) + "\n" + help_text(demos=demos))  # (to the terminal's width)
         return 0
+    from relax_app.cli_config import ConfigError, build_config, config_files
     from relax_app.recipes import shipped_configs
-    from relax_core.cli_config import ConfigError, build_config, config_files
 
     yaml_path = None  # (config files are read where they stand: bare *.yaml arguments and --config FILE)
     overrides = shipped_configs([a for a in rest if a != "--omni-demo"])

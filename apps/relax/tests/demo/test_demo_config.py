@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from relax_app.cli_config import build_config
 from relax_app.demo.defaults import DEMO_DEFAULTS
 from relax_app.demo.omni import OMNI_DEFAULTS
-from relax_core.cli_config import build_config
 from relax_core.config import RelaxConfig
 
 PINNED = json.loads((Path(__file__).parent / "demo_configs.json").read_text())

@@ -4,7 +4,7 @@ One pydantic model per concern (model, data, rollout, train, algorithm, run), ev
 bounded and validated before anything starts, so a bad value fails in a second instead of after an hour
 of cluster start-up. The sections live in :mod:`relax_core.config_sections`; this module assembles them
 and runs the rules across them (:mod:`relax_core.config_checks`). Field names match the flags users of upstream Relax and slime know: every leaf field
-``foo_bar`` is also the command-line flag ``--foo-bar`` (see :mod:`relax_core.cli_config`).
+``foo_bar`` is also the command-line flag ``--foo-bar`` (see :mod:`relax_app.cli_config`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why its own section: the critic is a role of its own (``relax_train.roles.critic
 optimizer and schedule, and GAE's γ and λ only mean something with it. It runs when
 ``--advantage-estimator gae``; its flags set without that are refused (:meth:`CriticConfig.check_used`).
 Names as veRL and OpenRLHF users know them (``--critic-lr``, ``--critic-warmup``, ``--gamma``, ``--lambd``);
-their other spellings are aliases (:mod:`relax_core.cli_aliases`: ``--lam``, ``--cliprange-value``,
+their other spellings are aliases (:mod:`relax_app.cli_aliases`: ``--lam``, ``--cliprange-value``,
 ``--critic-ppo-epochs``, ``--critic-learning-rate``, ``--critic-model-path``).
 """
 

@@ -13,7 +13,7 @@ class LoraConfig(Section):
     """LoRA RL: the trainer trains low-rank adapters over the frozen policy (through ``peft``) and sends
     only the adapters to the rollout engines (``--lora-sync-mode adapter``) or merged full weights
     (``merged``). Names as upstream Relax and veRL spell them; slime's, veRL's and TRL's spellings are
-    aliases (:mod:`relax_core.cli_aliases`)."""
+    aliases (:mod:`relax_app.cli_aliases`)."""
 
     lora_rank: int = Field(0, ge=0)
     """LoRA rank r of every adapter; 0 (the default) trains every weight (full fine-tuning). TRL's

@@ -4,7 +4,7 @@ algorithm, run), every field documented, bounded and validated on its own.
 Why apart from :mod:`relax_core.config`: the rules *across* sections (:mod:`relax_core.config_checks`) read
 these types, and :class:`~relax_core.config.RelaxConfig` runs those rules; with the sections here both import
 this module and neither imports the other back. Field names match the flags users of upstream Relax and slime
-know: every leaf field ``foo_bar`` is also the command-line flag ``--foo-bar`` (see :mod:`relax_core.cli_config`).
+know: every leaf field ``foo_bar`` is also the command-line flag ``--foo-bar`` (see :mod:`relax_app.cli_config`).
 """
 
 from __future__ import annotations

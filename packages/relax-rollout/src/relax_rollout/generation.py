@@ -247,7 +247,8 @@ class Generation:
         reset, the first observation in the prompt. A broken environment or reset is recorded in the
         episode's ``info`` (the sample ends, counted), never raised."""
         from relax_core.env import BrokenEnv, as_messages, build_env, resolve
-        from relax_rollout.multiturn import Episode, split_media
+        from relax_rollout.media_prompts import split_media
+        from relax_rollout.multiturn import Episode
 
         try:
             env = build_env(env_path, row.prompt, row.label, meta)

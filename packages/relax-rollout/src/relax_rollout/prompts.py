@@ -175,7 +175,7 @@ def _check_marked_media(row: Any, keys: dict[str, str]) -> None:
 
 
 def prompt_media(cfg: RelaxConfig, tokenizer: Any, model_path: str) -> Any:
-    """--multimodal-keys: the encoder of prompts with media (``multiturn.EpisodeMedia``, one for both
+    """--multimodal-keys: the encoder of prompts with media (``media_prompts.EpisodeMedia``, one for both
     single-turn rows and episodes); the checkpoint must be a Qwen-VL/Omni model."""
     from relax_core.models import mm_family
 
@@ -190,7 +190,7 @@ def prompt_media(cfg: RelaxConfig, tokenizer: Any, model_path: str) -> Any:
         raise ImportError(
             "--multimodal-keys needs relax-multimodal: pip install 'relax-rollout[multimodal]'"
         ) from e
-    from relax_rollout.multiturn import EpisodeMedia
+    from relax_rollout.media_prompts import EpisodeMedia
 
     return EpisodeMedia(family, tokenizer, cfg.data.multimodal_options)
 
@@ -201,7 +201,7 @@ def episode_media(cfg: RelaxConfig, tokenizer: Any, model_path: str) -> Any:
     import importlib.util
 
     from relax_core.models import mm_family
-    from relax_rollout.multiturn import EpisodeMedia
+    from relax_rollout.media_prompts import EpisodeMedia
 
     try:
         family = mm_family(model_path)

@@ -346,7 +346,7 @@ def test_partial_rollout_pauses_in_place_and_requests_go_on_with_each_token_stam
     sampled it (each boundary one token late; measured here before the launch flag was set)."""
     from types import SimpleNamespace
 
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_core.resume import Journal
     from relax_rollout.streaming import GroupStream
 
@@ -409,7 +409,7 @@ def test_partial_rollout_refuses_user_launched_sglang_running_its_prefix_cache(r
     prefix cache on), naming each server and the flag to relaunch with."""
     from types import SimpleNamespace
 
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_core.resume import Journal
     from relax_rollout.engines.external import ExternalEngine
     from relax_rollout.streaming import GroupStream

@@ -43,7 +43,7 @@ def launched_as_partial_rollout() -> dict:
     """SGLang's launch flags on this CPU as a --partial-rollout run sets them (``engine_factory``): the
     overlap scheduler off (exact per-token versions across an in-place pause) and the prefix cache off (an
     update under an in-place pause cannot flush it)."""
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_rollout.engine_factory import sglang_kwargs
 
     server_args = sglang_kwargs(build_config(None, PARTIAL_ROLLOUT))["server_args"]

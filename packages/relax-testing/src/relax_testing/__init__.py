@@ -408,6 +408,26 @@ class SlowEngine:
         return self.engine.generate(prompts, params, on_step=hook)
 
 
+def after_trained_steps(metrics, trained_steps: int, fire: Callable[[], object]) -> threading.Thread:
+    """``fire()`` (e.g. SIGTERM to this process) from a daemon thread once ``trained_steps`` training steps
+    are in the run's ``metrics`` file (a metrics.jsonl path): a stop that lands mid-run."""
+    import time
+    from pathlib import Path
+
+    def watch() -> None:
+        while True:
+            path = Path(metrics)
+            lines = path.read_text().splitlines() if path.exists() else []
+            if sum('"train/loss"' in line for line in lines) >= trained_steps:
+                fire()
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
 def wait_until(cond, timeout: float = 10.0, what: str = "condition", interval: float = 0.01) -> None:
     """Poll ``cond()`` until it is true; an AssertionError naming ``what`` after ``timeout`` seconds."""
     import time

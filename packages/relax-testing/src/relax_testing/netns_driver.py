@@ -89,7 +89,7 @@ def _watch_stop(controller: Any, path: Path, done: threading.Event) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_core.controller import Controller, RunInputs
 
     out, flags = argv[0], argv[1:]

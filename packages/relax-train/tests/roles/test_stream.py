@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from relax_app.cli_config import build_config
 from relax_bus import BusTimeout
-from relax_core.cli_config import build_config
 from relax_core.trace import Tracer
 from relax_train.roles.stream import streams_training, train_as_it_arrives
 

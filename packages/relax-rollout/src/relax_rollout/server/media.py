@@ -1,7 +1,7 @@
 """Images in chat calls (OpenAI's ``image_url`` content parts), for a Qwen-VL / Qwen-Omni model, so an agent
 can show the policy a screenshot.
 
-Why through relax-multimodal, as the rollout worker does (``multiturn.EpisodeMedia``): the number of
+Why through relax-multimodal, as the rollout worker does (``media_prompts.EpisodeMedia``): the number of
 placeholder tokens must equal the features the vision encoder makes, and the trainer later recomputes the
 same sequence; one code path decides both. The messages are rendered by the chat template with
 relax-multimodal's ``<image>`` marker where each part was; the processor turns each marker into the model's
@@ -34,7 +34,7 @@ class ChatMedia:
     """Encodes a chat prompt with images for one model family (relax-multimodal's default image budget)."""
 
     def __init__(self, family: str, tokenizer: Any) -> None:
-        from relax_rollout.multiturn import EpisodeMedia
+        from relax_rollout.media_prompts import EpisodeMedia
 
         self.family, self.tokenizer = family, tokenizer
         self._media = EpisodeMedia(family, tokenizer)

@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore")
 def main(spec_path: str, out_path: str) -> None:
     import os
 
-    from relax_core.cli_config import build_config
+    from relax_app.cli_config import build_config
     from relax_train.backends import TrainBackend
     from relax_train.backends.megatron.backend import MegatronBackend
 

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("megatron.core")
 
-from relax_core.cli_config import build_config  # noqa: E402
+from relax_app.cli_config import build_config  # noqa: E402
 from relax_core.net import free_port  # noqa: E402
 from relax_testing import (  # noqa: E402
     tiny_omni_thinker_config,

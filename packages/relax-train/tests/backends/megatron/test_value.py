@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from relax_app.cli_config import build_config  # noqa: E402
 from relax_core import sample  # noqa: E402
-from relax_core.cli_config import build_config  # noqa: E402
 from relax_testing import tiny_qwen3_config  # noqa: E402
 
 FLAGS = ["--advantage-estimator", "gae", "--micro-batch-size", "2", "--critic-lr", "1e-3"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.cli_config import (
+from relax_app.cli_config import (
     ConfigError,
     build_config,
     config_files,
@@ -314,8 +314,8 @@ def test_the_parser_is_built_by_pydantic_settings_from_every_name():
     pydantic-settings builds (on/off names as --x / --no-x), so no name is parsed by hand."""
     from pydantic_settings.sources.providers.cli import _CliInternalArgParser
 
-    from relax_core import cli_aliases
-    from relax_core.cli_flags import _parser, kinds
+    from relax_app import cli_aliases
+    from relax_app.cli_flags import _parser, kinds
 
     parser = _parser()
     assert isinstance(parser, _CliInternalArgParser)

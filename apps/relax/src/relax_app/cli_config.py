@@ -3,8 +3,8 @@
 Every leaf field of :class:`RelaxConfig` is a flag: ``train.micro_batch_size`` is ``--micro-batch-size``.
 Leaf names are unique across sections, so users never type the section. YAML files may be nested by
 section (``train: {lr: 1e-5}``) or flat (``lr: 1e-5``). slime's names for the same knobs are accepted too
-(:mod:`relax_core.cli_aliases`), and an unknown flag names the closest known one. The command line is parsed
-by pydantic-settings (:mod:`relax_core.cli_flags`); its names and a YAML file's keys are read alike here.
+(:mod:`relax_app.cli_aliases`), and an unknown flag names the closest known one. The command line is parsed
+by pydantic-settings (:mod:`relax_app.cli_flags`); its names and a YAML file's keys are read alike here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from relax_core import cli_aliases as aliases
-from relax_core import cli_flags
-from relax_core.cli_flags import flag_index
+from relax_app import cli_aliases as aliases
+from relax_app import cli_flags
+from relax_app.cli_flags import flag_index
 from relax_core.config import RelaxConfig
 
 
@@ -382,9 +382,9 @@ def _explain(exc: ValidationError) -> str:
 
 def help_text(width: int | None = None, demos: dict[str, dict[str, Any]] | None = None) -> str:
     """Every flag with its default and docstring, grouped by section and wrapped to ``width`` columns (the
-    terminal's by default): :mod:`relax_core.cli_help`. ``demos``: {label: the values that run sets over the
+    terminal's by default): :mod:`relax_app.cli_help`. ``demos``: {label: the values that run sets over the
     defaults}, shown beside each default they change ("demo: 0.0002")."""
-    from relax_core.cli_help import render
+    from relax_app.cli_help import render
 
     return render(RelaxConfig, _default, width, demos)
 

@@ -8,7 +8,7 @@ is set is accepted beside that field (``--use-wandb`` with ``--wandb-project``);
 here is refused with what to do instead, never mapped onto something close but different
 (``--rollout-top-k``); a name that is ours too but means another knob in slime or veRL starts the run with a
 note saying so (``--kl-coef``). The names are leaf names (``kl_loss_coef``), as in
-:mod:`relax_core.cli_config`, which also hints, for an unknown flag, a close name of these tables before a
+:mod:`relax_app.cli_config`, which also hints, for an unknown flag, a close name of these tables before a
 close name of ours (``--use-wandb`` was hinted ``--use-actor-fwd``).
 
 slime's names are from its ``slime/utils/arguments.py`` (and the flags its example scripts set most).

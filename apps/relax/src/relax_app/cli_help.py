@@ -15,7 +15,7 @@ import shutil
 import textwrap
 from typing import Any
 
-from relax_core import cli_aliases as aliases
+from relax_app import cli_aliases as aliases
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("hf_checkpoint", "ref_checkpoint", "teacher_checkpoint", "dtype"),

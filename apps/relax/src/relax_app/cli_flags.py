@@ -3,7 +3,7 @@
 pydantic-settings builds the parser (argparse underneath, no abbreviations) from a pydantic model of every
 name the command line takes, each typed by what it is: an on/off flag (``--x`` / ``--no-x``), a flag with
 one value, or one with several (slime's ``nargs="+"``: ``--rollout-stop '</answer>' '###'``). What it does
-not know comes back in order, for :mod:`relax_core.cli_config` to read (config files, ``key=value``
+not know comes back in order, for :mod:`relax_app.cli_config` to read (config files, ``key=value``
 overrides) or to report with every other problem at once. Values are kept as typed, to be read as YAML
 values are (pydantic-settings' own list decoding splits at commas and unquotes: a stop string must stay
 exactly what was typed).
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-from relax_core import cli_aliases as aliases
+from relax_app import cli_aliases as aliases
 from relax_core.config import RelaxConfig
 
 Kind = Literal["switch", "one", "many"]

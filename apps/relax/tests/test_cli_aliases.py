@@ -3,7 +3,7 @@ something else."""
 
 import pytest
 
-from relax_core.cli_config import ConfigError, build_config, help_text
+from relax_app.cli_config import ConfigError, build_config, help_text
 
 
 def test_slime_names_set_our_flags():

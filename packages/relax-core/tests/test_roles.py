@@ -99,7 +99,8 @@ def test_ppo_values_samples_before_advantages_are_computed(installed):
     assert c["advantages"] == (["reward", "values"], "group", False)
     assert p.outputs == {"critic": ["values", "values_version"], "advantages": ["advantages", "returns"]}
     inputs = SimpleNamespace(model_path="m", ref_model_path=None, prompt_path="d", eval_path=None)
-    assert p.model_path("critic", inputs) == "c"
+    assert p.model_path("critic", inputs) == "c"  # its spec's checkpoint; without one, the policy's trunk:
+    assert plan("--advantage-estimator", "gae").model_path("critic", inputs) == "m"
     assert p.roles["critic"].restart == (Restart.LEASES, Restart.STATE)
     kl = plan("--advantage-estimator", "gae", "--kl-coef", "0.05", "--kl-in-reward", "--no-use-kl-loss")
     assert kl.loops == ["reference", "critic", "advantages"]

@@ -58,9 +58,14 @@ class RoleSpec:
     receives_weights: bool = False
     """A DCS receiver: gets every policy version the trainer publishes."""
     model: str | None = None
-    """Which model it loads: ``policy``, ``reference``, ``teacher`` or ``critic`` (None: no model). A consumer with
+    """Which model it loads: ``policy``, ``reference``, ``teacher``, or one of the role's own (``critic``: any
+    other name; its :attr:`checkpoint`) (None: no model). A consumer with
     the policy computes with the trainer's own model in colocate mode; fully async with megatron, a role
     with a model reserves a replica of the trainer's GPUs (:func:`relax_core.placement.gpu_demand`)."""
+    checkpoint: str | None = None
+    """The checkpoint its model starts from when it has one of its own (the critic's --critic-checkpoint);
+    None: its kind's — the reference's or the teacher's checkpoint, else the policy's (a model of the role's
+    own, as the critic's value model, starts from the policy's trunk)."""
     restart: tuple[Restart, ...] = ()
     """What a restarted copy redoes (:class:`Restart`)."""
 

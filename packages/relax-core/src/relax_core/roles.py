@@ -194,15 +194,18 @@ class RolePlan:
         )
 
     def model_path(self, name: str, inputs: RunInputs, teacher_path: str | None = None) -> str | None:
-        """The checkpoint role ``name`` loads (``inputs``: the run's :class:`RunInputs`)."""
-        model = self.roles[name].model
-        if model == "reference":
+        """The checkpoint role ``name`` loads (``inputs``: the run's :class:`RunInputs`): its spec's
+        ``checkpoint``, else its model kind's (:attr:`RoleSpec.checkpoint`); None for a role without a model."""
+        spec = self.roles[name]
+        if spec.model is None:
+            return None
+        if spec.checkpoint is not None:
+            return spec.checkpoint
+        if spec.model == "reference":
             return inputs.ref_model_path or inputs.model_path
-        if model == "teacher":
+        if spec.model == "teacher":
             return teacher_path
-        if model == "critic":  # its own checkpoint, else the policy's trunk with a new value head
-            return self.cfg.critic.critic_checkpoint or inputs.model_path
-        return inputs.model_path if model == "policy" else None
+        return inputs.model_path
 
     def arguments(
         self, name: str, bus: Bus, inputs: RunInputs, threads: int | None, teacher_path: str | None = None

@@ -65,6 +65,7 @@ class CriticWorker(BusLoop, DeviceTurns):
             writes=(VALUES, VALUES_VERSION),
             sampler="group",
             model="critic",
+            checkpoint=cfg.critic.critic_checkpoint,  # (None: the policy's trunk with a new value head)
             restart=(Restart.LEASES, Restart.STATE),
         )
 

@@ -177,7 +177,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
     # an engine that does not answer: the op fails and removes what it added before
     from relax_core.net import free_port
 
-    a.pool.join_timeout_s = 0.3
+    a.pool.membership.join_timeout_s = 0.3
     other = serve()
     code, op = call(
         a.url, "/elastic/scale_out", {"engine_urls": [other.url, f"http://127.0.0.1:{free_port()}"]}

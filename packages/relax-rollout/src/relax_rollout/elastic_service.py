@@ -221,7 +221,7 @@ class ElasticService:
             self._check_free()
             active = len(self.pool.active())
             if n is not None:
-                if self.pool.launch is None:
+                if self.pool.membership.launch is None:
                     raise BadRequest(
                         "num_replicas",
                         "this run has no engine launcher (no --rollout-engines on Ray); add running servers "
@@ -501,7 +501,7 @@ class ElasticService:
             try:
                 if old.kind == "external":
                     m = self.pool.add(old.url, kind="external")
-                elif self.pool.launch is not None:
+                elif self.pool.membership.launch is not None:
                     m = self.pool.spawn(old.kind)
                 else:
                     op.rollback.append(f"could not bring {mid} back: no engine launcher")

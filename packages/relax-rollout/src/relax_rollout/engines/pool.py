@@ -23,8 +23,8 @@ some — while the rollout manager keeps seeing one ``RolloutEngine``. The pool 
 
 Member states: ``joining`` (receiving the current weights), ``active``, ``draining``, ``removed``,
 ``failed``. Ids (``e0``, ``e1``, ...) are never reused. Members and how they join, drain, fail and leave
-are :mod:`relax_rollout.engines.pool_members` (the pool's base class); sending requests and weights over
-them is here.
+are :mod:`relax_rollout.engines.pool_members` (a part of the pool, sharing its :class:`PoolState`); sending
+requests and weights over them is here.
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ from relax_rollout.engines.pool_members import (
     NoActiveEngine,
     PoolError,
     PoolMembership,
+    PoolState,
     describe,
 )
 from relax_rollout.engines.wire import (
+    ServerClient,
     ServerError,
     generate_body,
     min_tokens,
@@ -82,7 +84,7 @@ class _Round:
     error: BaseException | None = None
 
 
-class EnginePool(PoolMembership):
+class EnginePool(ServerClient):
     """A :class:`~relax_rollout.engines.base.RolloutEngine` over HTTP engine servers.
 
     ``urls``: start-up engines already serving (kind ``startup``, protected); more join with :meth:`add`,
@@ -94,7 +96,7 @@ class EnginePool(PoolMembership):
     kept for newcomers (default: a temporary directory owned by the pool, deleted by :meth:`close`); it
     must be readable by every engine (same host or a shared filesystem)."""
 
-    FEATURES = PoolMembership.FEATURES | {"stream"}
+    FEATURES = ServerClient.FEATURES | {"stream"}
     """The servers' features, and "stream": ``generate(..., on_token=...)`` reads their ``/generate`` as a
     stream (:mod:`~relax_rollout.engines.wire_stream`)."""
 
@@ -116,32 +118,20 @@ class EnginePool(PoolMembership):
         **_ignored: Any,  # model_path, dtype, eos/pad ids: the servers own their model
     ) -> None:
         super().__init__(token, timeout_s, retries, retry_backoff_s)
-        self.join_timeout_s = join_timeout_s
-        self.launch, self.kill = launch, kill
-        self.on_failure, self.on_removed = on_failure, on_removed
         self._own_dir = weights_dir is None
         self.weights_root = Path(weights_dir or tempfile.mkdtemp(prefix="relax-pool-weights-"))
         self.weights_root.mkdir(parents=True, exist_ok=True)
-        self.weights_path: str | None = None
-        """The directory holding the current weights (None until the first update)."""
-        self._version: int | None = None
-        self._members: dict[str, Member] = {}
-        self._next_id = 0
-        self._cond = threading.Condition(threading.RLock())
-        self._weights_lock = threading.RLock()  # updates and joins are serialised
+        self.state = PoolState()
+        """The members and current weights, shared with :attr:`membership`."""
         self._exec = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="relax-pool")
-        self._stats = {
-            "requests": 0,
-            "prompts": 0,
-            "reissued_prompts": 0,
-            "failures": 0,
-            "aborts_reissued": 0,
-            "busy_retries": 0,
-        }
+        self.membership = PoolMembership(
+            self.state, self, self._exec, join_timeout_s, launch, kill, on_failure, on_removed
+        )
+        """Who is in the pool: joins, drains, failures, restarts (:mod:`~relax_rollout.engines.pool_members`)."""
         if isinstance(urls, str):
             urls = [urls]
         for url in urls or []:
-            self.add(url, kind="startup", protected=True)
+            self.membership.add(url, kind="startup", protected=True)
 
     def _wait_busy(self, prompts: int, since: float | None, err: BaseException) -> float:
         """Members at their request bound refused ``prompts`` prompts: pause, then they are asked again;
@@ -153,8 +143,8 @@ class EnginePool(PoolMembership):
                 f"every engine refused {prompts} prompt(s) as busy for {BUSY_TIMEOUT_S:.0f} s ({err}); "
                 "raise the engines' --max-queued-requests or send fewer requests at once"
             )
-        with self._cond:
-            self._stats["busy_retries"] += prompts
+        with self.state.cond:
+            self.state.stats["busy_retries"] += prompts
         time.sleep(BUSY_BACKOFF_S)
         return since
 
@@ -162,8 +152,8 @@ class EnginePool(PoolMembership):
     @property
     def weight_version(self) -> int:
         """The version every active member holds (the last update's; before any, the members' own)."""
-        with self._cond:
-            return self._version if self._version is not None else 0
+        with self.state.cond:
+            return self.state.version if self.state.version is not None else 0
 
     def generate(
         self,
@@ -187,12 +177,14 @@ class EnginePool(PoolMembership):
         mins = min_tokens(params, len(prompts))
         results: list[GenerateOutput | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
-        with self._cond:
-            self._stats["prompts"] += len(prompts)
+        with self.state.cond:
+            self.state.stats["prompts"] += len(prompts)
         rounds, busy_since = 0, None
         while todo:
             rounds += 1
-            if rounds > 4 + 2 * max(1, self._next_id):  # every round retires a member: cannot loop forever
+            if rounds > 4 + 2 * max(
+                1, self.state.next_id
+            ):  # every round retires a member: cannot loop forever
                 raise PoolError(f"{len(todo)} prompt(s) still unanswered after {rounds - 1} re-issues")
             chunks = self._assign(todo, len(prompts))
             futs = [
@@ -224,9 +216,9 @@ class EnginePool(PoolMembership):
             else:
                 busy_since = None
             if again:
-                with self._cond:
-                    self._stats["reissued_prompts"] += len(again)
-                    self._stats["aborts_reissued"] += aborted
+                with self.state.cond:
+                    self.state.stats["reissued_prompts"] += len(again)
+                    self.state.stats["aborts_reissued"] += aborted
                 logger.info("re-issuing %d prompt(s) on the remaining engines", len(again))
             todo = sorted(again)
         return answered(results)
@@ -245,14 +237,14 @@ class EnginePool(PoolMembership):
                 if e.status < 500:  # the request itself is wrong: no other member will take it
                     r.error = r.error or e
                     continue
-                self._fail(m, e)
+                self.membership.fail(m, e)
                 r.again, r.failed = r.again + idx, r.failed + 1
                 continue
             except (OSError, ValueError, KeyError) as e:  # died, hung, or answered garbage
-                self._fail(m, e)
+                self.membership.fail(m, e)
                 r.again, r.failed = r.again + idx, r.failed + 1
                 continue
-            with self._cond:
+            with self.state.cond:
                 going = m.state in ("draining", "removed")
                 m.served += sum(o.finish_reason != "abort" or not going for o in outs)
             for i, o in zip(idx, outs):
@@ -268,19 +260,19 @@ class EnginePool(PoolMembership):
         prompts than members — streaming sends one per response — goes to those with the fewest in
         flight; it went to the first member, always); counts them in flight at once (so a drain that
         starts now waits for them)."""
-        with self._cond:
+        with self.state.cond:
             live = sorted(
-                (m for m in self._members.values() if m.state == "active"), key=lambda m: m.inflight
+                (m for m in self.state.members.values() if m.state == "active"), key=lambda m: m.inflight
             )
             if not live:
                 raise NoActiveEngine(
-                    f"no active engine left for {len(todo)} of {total} prompt(s): {self._summary()}"
+                    f"no active engine left for {len(todo)} of {total} prompt(s): {self.membership.summary()}"
                 )
             size = -(-len(todo) // len(live))
             chunks = [(m, todo[i : i + size]) for m, i in zip(live, range(0, len(todo), size))]
             for m, idx in chunks:
                 m.inflight += len(idx)
-            self._stats["requests"] += len(chunks)
+            self.state.stats["requests"] += len(chunks)
             return chunks
 
     def _send(
@@ -311,16 +303,16 @@ class EnginePool(PoolMembership):
                 raise ValueError(f"{m.url} answered {len(outs)} outputs for {len(prompts)} prompts")
             return outs
         finally:
-            with self._cond:
+            with self.state.cond:
                 m.inflight -= len(prompts)
-                self._cond.notify_all()
+                self.state.cond.notify_all()
 
     def update_weights(self, tensors: dict[str, Any], version: int, flush_cache: bool = True) -> None:
         """Keep ``tensors`` as the current weights (for newcomers) and load them on every serving member.
         ``flush_cache=False`` while members hold requests paused in place (SGLang refuses the flush then);
         an update refused only because the last requests were still being cleared is sent again
         (:func:`~relax_rollout.engines.wire.retry_flush_refused`)."""
-        with self._weights_lock:
+        with self.state.weights_lock:
             tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.weights_root))
             final = self.weights_root / f"v{version}-{uuid.uuid4().hex[:8]}"
             try:
@@ -329,8 +321,8 @@ class EnginePool(PoolMembership):
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            with self._cond:
-                targets = [m for m in self._members.values() if m.state in ("active", "draining")]
+            with self.state.cond:
+                targets = [m for m in self.state.members.values() if m.state in ("active", "draining")]
             body = disk_update_request(str(final), version, flush_cache=flush_cache)
             futs = [
                 (
@@ -347,17 +339,17 @@ class EnginePool(PoolMembership):
             for m, fut in futs:
                 try:
                     fut.result()
-                    with self._cond:
+                    with self.state.cond:
                         m.weight_version = version
                 except (OSError, ValueError, ServerError) as e:
-                    self._fail(m, e)
+                    self.membership.fail(m, e)
                     errors.append(f"{m.id} ({m.url}): {describe(e)}")
             if targets and len(errors) == len(targets):  # none took it: the previous version stays
                 shutil.rmtree(final, ignore_errors=True)
                 raise PoolError(f"no engine loaded weight version {version}: {'; '.join(errors)}")
-            previous, self.weights_path = self.weights_path, str(final)
-            with self._cond:
-                self._version = version
+            previous, self.state.weights_path = self.state.weights_path, str(final)
+            with self.state.cond:
+                self.state.version = version
             self._drop_owned(previous)
 
     def _drop_owned(self, path: str | None) -> None:
@@ -370,11 +362,11 @@ class EnginePool(PoolMembership):
         loaded with ``/update_weights_from_disk``): record it as the pool's version. ``path``: a directory a
         newcomer can load that version from (the pool never deletes it); None: newcomers cannot be synced,
         so they fail to join (rather than serve older weights) until the next update that leaves a path."""
-        with self._weights_lock:
-            previous, self.weights_path = self.weights_path, path
-            with self._cond:
-                self._version = version
-                for m in self._members.values():
+        with self.state.weights_lock:
+            previous, self.state.weights_path = self.state.weights_path, path
+            with self.state.cond:
+                self.state.version = version
+                for m in self.state.members.values():
                     if m.state in ("active", "draining"):
                         m.weight_version = version
             if previous != path:
@@ -383,7 +375,7 @@ class EnginePool(PoolMembership):
     def weights_checksum(self) -> str:
         """The active members' checksum (a relax extension); they must agree."""
         sums: dict[str, str] = {}
-        for m in self.active():
+        for m in self.membership.active():
             try:
                 sums[m.id] = self.request(m.url, "/weights_checksum")["checksum"]
             except ServerError as e:
@@ -393,30 +385,88 @@ class EnginePool(PoolMembership):
                     ) from e
                 raise
         if not sums:
-            raise NoActiveEngine(f"no active engine to ask for a checksum: {self._summary()}")
+            raise NoActiveEngine(f"no active engine to ask for a checksum: {self.membership.summary()}")
         if len(set(sums.values())) != 1:
             raise RuntimeError(f"pool engines hold different weights: {sums}")
         return next(iter(sums.values()))
+
+    # -- membership: :attr:`membership`'s calls, for the pool's users ------------------------------
+    def get(self, member_id: str) -> Member:
+        return self.membership.get(member_id)
+
+    def members(self, include_removed: bool = False) -> list[dict[str, Any]]:
+        return self.membership.members(include_removed)
+
+    def active(self) -> list[Member]:
+        return self.membership.active()
+
+    def find(self, url: str) -> Member | None:
+        return self.membership.find(url)
+
+    def add(
+        self,
+        url: str,
+        kind: str = "external",
+        handle: Any = None,
+        protected: bool = False,
+        node: str | None = None,
+    ) -> Member:
+        return self.membership.add(url, kind, handle, protected, node)
+
+    def spawn(self, kind: str = "ray_native", protected: bool = False, node: str | None = None) -> Member:
+        return self.membership.spawn(kind, protected, node)
+
+    def start(self, n: int) -> list[Member]:
+        return self.membership.start(n)
+
+    def remove(
+        self,
+        member_id: str,
+        drain_timeout_s: float = 30.0,
+        force: bool = True,
+        cancel: threading.Event | None = None,
+    ) -> Member:
+        return self.membership.remove(member_id, drain_timeout_s, force, cancel)
+
+    def reactivate(self, member_id: str) -> Member:
+        return self.membership.reactivate(member_id)
+
+    def restart(self, member_id: str) -> Member:
+        return self.membership.restart(member_id)
+
+    def mark_failed(self, member_id: str, reason: str) -> Member:
+        return self.membership.mark_failed(member_id, reason)
+
+    def retire(self, member_id: str, replaced_by: str | None = None) -> Member:
+        return self.membership.retire(member_id, replaced_by)
+
+    def health(self) -> dict[str, bool]:
+        return self.membership.health()
+
+    @property
+    def weights_path(self) -> str | None:
+        """The directory a newcomer loads the current weights from (None: none)."""
+        return self.state.weights_path
 
     # -- extras ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counters: requests (chunks sent), prompts, reissued_prompts (of which aborts_reissued came back
         aborted from a drained engine), failures (members marked failed); members by state."""
-        with self._cond:
-            out: dict[str, Any] = dict(self._stats)
+        with self.state.cond:
+            out: dict[str, Any] = dict(self.state.stats)
             for s in STATES:
-                out[f"engines_{s}"] = sum(m.state == s for m in self._members.values())
-            out["weight_version"] = self._version
+                out[f"engines_{s}"] = sum(m.state == s for m in self.state.members.values())
+            out["weight_version"] = self.state.version
             return out
 
     def close(self, kill: bool = False) -> None:
         """Stop the pool's threads; ``kill``: also end every launched engine. Deletes its own weights dir."""
         self._exec.shutdown(wait=False, cancel_futures=True)
         if kill:
-            with self._cond:
-                handles = [m.handle for m in self._members.values() if m.state != "removed"]
+            with self.state.cond:
+                handles = [m.handle for m in self.state.members.values() if m.state != "removed"]
             for h in handles:
-                self._kill(h)
+                self.membership.kill_engine(h)
         if self._own_dir:
             shutil.rmtree(self.weights_root, ignore_errors=True)
 

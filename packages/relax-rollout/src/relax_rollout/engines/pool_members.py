@@ -91,46 +91,74 @@ def check_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-class PoolMembership(ServerClient):
-    """The membership half of :class:`~relax_rollout.engines.pool.EnginePool` (its base class): the
-    attributes below are set by ``EnginePool.__init__``."""
+STATS = ("requests", "prompts", "reissued_prompts", "failures", "aborts_reissued", "busy_retries")
+"""The pool's counters (:meth:`~relax_rollout.engines.pool.EnginePool.stats`)."""
 
-    join_timeout_s: float
-    launch: Callable[..., tuple[str, Any]] | None
-    """``launch()`` or ``launch(node)`` → (url, handle): see :class:`~relax_rollout.engines.pool.EnginePool`."""
-    kill: Callable[[Any], None] | None
-    on_failure: Callable[[Member], None] | None
-    on_removed: Callable[[Member], None] | None
-    weights_path: str | None
-    _version: int | None
-    _members: dict[str, Member]
-    _next_id: int
-    _cond: threading.Condition
-    _weights_lock: Any  # an RLock: weight updates and joins are serialised
-    _exec: ThreadPoolExecutor
-    _stats: dict[str, int]
+
+@dataclass
+class PoolState:
+    """What the pool's two parts share — its members and the weights a newcomer joins with — under one
+    condition: :class:`PoolMembership` changes who is in, :class:`~relax_rollout.engines.pool.EnginePool`
+    sends requests and weights to them."""
+
+    cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.RLock()))
+    members: dict[str, Member] = field(default_factory=dict)
+    next_id: int = 0
+    weights_lock: Any = field(default_factory=threading.RLock)
+    """Weight updates and joins are serialised (a newcomer never misses an update)."""
+    version: int | None = None
+    """The version every active member holds (None before the first member or update)."""
+    weights_path: str | None = None
+    """The directory holding the current weights, for newcomers (None: none to give them)."""
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATS, 0))
+
+
+class PoolMembership:
+    """Who is in an engine pool and how they join, drain, fail, restart and leave: a part of
+    :class:`~relax_rollout.engines.pool.EnginePool`, given the pool's shared ``state``, its HTTP ``client``
+    and ``executor``; the launcher and callbacks as the pool's docstring says."""
+
+    def __init__(
+        self,
+        state: PoolState,
+        client: ServerClient,
+        executor: ThreadPoolExecutor,
+        join_timeout_s: float,
+        launch: Callable[..., tuple[str, Any]] | None = None,
+        kill: Callable[[Any], None] | None = None,
+        on_failure: Callable[[Member], None] | None = None,
+        on_removed: Callable[[Member], None] | None = None,
+    ) -> None:
+        self.state, self.client, self.executor = state, client, executor
+        self.join_timeout_s = join_timeout_s
+        self.launch = launch
+        """``launch()`` or ``launch(node)`` → (url, handle): see :class:`~relax_rollout.engines.pool.EnginePool`."""
+        self.kill = kill
+        self.on_failure, self.on_removed = on_failure, on_removed
 
     def get(self, member_id: str) -> Member:
-        with self._cond:
-            if member_id not in self._members:
-                raise PoolError(f"unknown engine {member_id!r}; known: {sorted(self._members)}")
-            return self._members[member_id]
+        with self.state.cond:
+            if member_id not in self.state.members:
+                raise PoolError(f"unknown engine {member_id!r}; known: {sorted(self.state.members)}")
+            return self.state.members[member_id]
 
     def members(self, include_removed: bool = False) -> list[dict[str, Any]]:
         """Every member as a dict (id, url, kind, state, protected, inflight, weight_version, created,
         served, error, replaced_by), oldest first; removed ones only with ``include_removed``."""
-        with self._cond:
-            return [m.to_dict() for m in self._members.values() if include_removed or m.state != "removed"]
+        with self.state.cond:
+            return [
+                m.to_dict() for m in self.state.members.values() if include_removed or m.state != "removed"
+            ]
 
     def active(self) -> list[Member]:
-        with self._cond:
-            return [m for m in self._members.values() if m.state == "active"]
+        with self.state.cond:
+            return [m for m in self.state.members.values() if m.state == "active"]
 
     def find(self, url: str) -> Member | None:
         """The member (not removed) serving ``url``."""
         url = url.rstrip("/")
-        with self._cond:
-            for m in self._members.values():
+        with self.state.cond:
+            for m in self.state.members.values():
                 if m.url == url and m.state != "removed":
                     return m
         return None
@@ -153,40 +181,40 @@ class PoolMembership(ServerClient):
             url = check_url(url)
         except ValueError as e:
             raise PoolError(f"engine url {e}") from None
-        with self._cond:
+        with self.state.cond:
             other = self.find(url)
             if other is not None and other.state != "failed":
                 raise PoolError(f"{url} is already in the pool as {other.id} ({other.state})")
             m = Member(
-                id=f"e{self._next_id}", url=url, kind=kind, protected=protected, handle=handle, node=node
+                id=f"e{self.state.next_id}", url=url, kind=kind, protected=protected, handle=handle, node=node
             )
-            self._next_id += 1
-            self._members[m.id] = m
+            self.state.next_id += 1
+            self.state.members[m.id] = m
             if other is not None:  # a failed engine at this URL came back: the new member replaces it
                 other.state, other.replaced_by = "removed", m.id
         try:
             self._wait_healthy(m)
-            with self._weights_lock:  # no update may slip in between the sync and the activation
-                if self.weights_path is not None:
-                    self.request(
+            with self.state.weights_lock:  # no update may slip in between the sync and the activation
+                if self.state.weights_path is not None:
+                    self.client.request(
                         m.url,
                         "/update_weights_from_disk",
-                        {"model_path": self.weights_path, "weight_version": str(self._version)},
+                        {"model_path": self.state.weights_path, "weight_version": str(self.state.version)},
                     )
-                info = model_info(m.url, self.token, self.join_timeout_s)
+                info = model_info(m.url, self.client.token, self.join_timeout_s)
                 got = version_number(info.get("weight_version"))
-                with self._cond:
-                    if self._version is None:  # the first member sets the pool's version
-                        self._version = got
-                    if got != self._version:
+                with self.state.cond:
+                    if self.state.version is None:  # the first member sets the pool's version
+                        self.state.version = got
+                    if got != self.state.version:
                         raise PoolError(
                             f"{url} holds weight version {got} after the sync, the pool serves "
-                            f"{self._version}"
+                            f"{self.state.version}"
                         )
                     m.weight_version, m.state = got, "active"
-                    self._cond.notify_all()
+                    self.state.cond.notify_all()
         except Exception as e:
-            with self._cond:
+            with self.state.cond:
                 m.state, m.error = "removed", f"join failed: {describe(e)}"
             if isinstance(e, PoolError):
                 raise
@@ -198,7 +226,7 @@ class PoolMembership(ServerClient):
         deadline = time.monotonic() + self.join_timeout_s
         while True:
             try:
-                http_json(m.url, "/health", None, self.token, min(10.0, self.join_timeout_s))
+                http_json(m.url, "/health", None, self.client.token, min(10.0, self.join_timeout_s))
                 return
             except (ConnectionError, ServerError) as e:  # not listening yet, or 503 while warming up
                 if isinstance(e, ServerError) and e.status < 500 or time.monotonic() > deadline:
@@ -214,12 +242,12 @@ class PoolMembership(ServerClient):
         try:
             return self.add(url, kind=kind, handle=handle, protected=protected, node=node)
         except Exception:
-            self._kill(handle)
+            self.kill_engine(handle)
             raise
 
     def start(self, n: int) -> list[Member]:
         """Launch ``n`` protected start-up engines concurrently."""
-        futs = [self._exec.submit(self.spawn, "startup", True) for _ in range(n)]
+        futs = [self.executor.submit(self.spawn, "startup", True) for _ in range(n)]
         return [f.result() for f in futs]
 
     def remove(
@@ -233,14 +261,14 @@ class PoolMembership(ServerClient):
         ``drain_timeout_s``, then (``force``) are aborted and come back to be re-issued elsewhere (without
         ``force``: :class:`DrainTimeout`, and it is active again). Setting ``cancel`` during the drain
         makes it active again and raises :class:`Cancelled`. The last active member is never removed."""
-        with self._cond:
+        with self.state.cond:
             m = self.get(member_id)
             if m.state == "removed":
                 raise PoolError(f"engine {member_id} is already removed")
             if m.state == "joining":
                 raise PoolError(f"engine {member_id} is still joining; remove it once it is active")
             if m.state == "active" and not any(
-                o.state == "active" for o in self._members.values() if o is not m
+                o.state == "active" for o in self.state.members.values() if o is not m
             ):
                 raise PoolError(f"engine {member_id} is the last active engine; the pool never removes it")
             was_active = m.state in ("active", "draining")
@@ -251,50 +279,50 @@ class PoolMembership(ServerClient):
                 left = deadline - time.monotonic()
                 if cancel is not None and cancel.is_set():
                     m.state = "active"
-                    self._cond.notify_all()
+                    self.state.cond.notify_all()
                     raise Cancelled(f"the drain of engine {member_id} was cancelled; it is active again")
                 if left <= 0:
                     break
-                self._cond.wait(min(left, 0.05))
+                self.state.cond.wait(min(left, 0.05))
             pending = m.inflight if was_active else 0
         if pending:
             if not force:
-                with self._cond:
+                with self.state.cond:
                     m.state = "active"
-                    self._cond.notify_all()
+                    self.state.cond.notify_all()
                 raise DrainTimeout(
                     f"engine {member_id} still had {pending} request(s) in flight after {drain_timeout_s}s; "
                     "it is active again (use force to abort them and re-issue them elsewhere)"
                 )
             logger.info("engine %s: aborting %d in-flight request(s) after the drain time-out", m.id, pending)
             try:
-                self.request(m.url, "/abort_request", {"abort_all": True}, timeout_s=10.0)
+                self.client.request(m.url, "/abort_request", {"abort_all": True}, timeout_s=10.0)
             except (OSError, ServerError) as e:
                 logger.warning("engine %s: abort_request failed (%s)", m.id, describe(e))
-            with self._cond:  # the aborted requests come back (and are re-issued) before it goes away
-                self._cond.wait_for(lambda: m.inflight == 0, timeout=max(10.0, drain_timeout_s))
-        with self._cond:
+            with self.state.cond:  # the aborted requests come back (and are re-issued) before it goes away
+                self.state.cond.wait_for(lambda: m.inflight == 0, timeout=max(10.0, drain_timeout_s))
+        with self.state.cond:
             m.state = "removed"
-            self._cond.notify_all()
-        self._kill(m.handle)
+            self.state.cond.notify_all()
+        self.kill_engine(m.handle)
         self._notify(self.on_removed, m)
         logger.info("engine %s (%s) removed", m.id, m.url)
         return m
 
     def reactivate(self, member_id: str) -> Member:
         """Put a draining member back to active (a cancelled scale-in)."""
-        with self._cond:
+        with self.state.cond:
             m = self.get(member_id)
             if m.state != "draining":
                 raise PoolError(f"engine {member_id} is {m.state}, not draining")
             m.state = "active"
-            self._cond.notify_all()
+            self.state.cond.notify_all()
             return m
 
     def restart(self, member_id: str) -> Member:
         """Replace a (failed) launched member in place: kill its process, launch a new one with the current
         weights and the same ``protected`` flag (a new id). The old member ends ``removed``."""
-        with self._cond:
+        with self.state.cond:
             old = self.get(member_id)
             if old.kind == "external":
                 raise PoolError(
@@ -305,14 +333,14 @@ class PoolMembership(ServerClient):
             if self.launch is None:
                 raise PoolError("this pool has no engine launcher: cannot restart engines")
             if old.state in ("active", "draining") and not any(
-                o.state == "active" for o in self._members.values() if o is not old
+                o.state == "active" for o in self.state.members.values() if o is not old
             ):
                 logger.warning("restarting %s, the last active engine: requests wait for the new one", old.id)
             old.state, old.error = "failed", old.error or "restarted"
-            self._cond.notify_all()
-        self._kill(old.handle)
+            self.state.cond.notify_all()
+        self.kill_engine(old.handle)
         new = self.spawn(kind=old.kind, protected=old.protected, node=old.node)
-        with self._cond:
+        with self.state.cond:
             old.state, old.replaced_by = "removed", new.id
         logger.info("engine %s restarted as %s (%s)", old.id, new.id, new.url)
         return new
@@ -321,21 +349,22 @@ class PoolMembership(ServerClient):
         """Mark a member failed from outside (its process was seen to exit): it gets no more requests, and
         ``on_failure`` is called as for a failure the pool saw itself. A no-op for a failed or removed one."""
         m = self.get(member_id)
-        self._fail(m, RuntimeError(reason))
+        self.fail(m, RuntimeError(reason))
         return m
 
     def retire(self, member_id: str, replaced_by: str | None = None) -> Member:
         """Mark a failed member removed (replaced by ``replaced_by``, e.g. a restarted process)."""
-        with self._cond:
+        with self.state.cond:
             m = self.get(member_id)
             if m.state not in ("failed", "removed"):
                 raise PoolError(f"engine {member_id} is {m.state}: only a failed engine is retired")
             m.state = "removed"
             m.replaced_by = replaced_by or m.replaced_by
-            self._cond.notify_all()
+            self.state.cond.notify_all()
             return m
 
-    def _kill(self, handle: Any) -> None:
+    def kill_engine(self, handle: Any) -> None:
+        """End a launched engine (``kill(handle)``); a failure is logged, not raised: it may be dead already."""
         if handle is not None and self.kill is not None:
             try:
                 self.kill(handle)
@@ -349,35 +378,37 @@ class PoolMembership(ServerClient):
             except Exception:  # noqa: BLE001 — a callback must not break the pool
                 logger.exception("pool callback %s failed for %s", cb, m.id)
 
-    def _fail(self, m: Member, err: BaseException) -> None:
-        with self._cond:
+    def fail(self, m: Member, err: BaseException) -> None:
+        """Mark ``m`` failed for ``err`` (no more requests), once, and call ``on_failure``."""
+        with self.state.cond:
             if m.state in ("failed", "removed"):
                 return
             if m.state == "draining":  # it was going away anyway: no failure to report
                 return
             m.state, m.error = "failed", describe(err)
-            self._stats["failures"] += 1
-            self._cond.notify_all()
+            self.state.stats["failures"] += 1
+            self.state.cond.notify_all()
         logger.warning("engine %s (%s) failed: %s", m.id, m.url, m.error)
         self._notify(self.on_failure, m)
 
     def health(self) -> dict[str, bool]:
         """Probe every active or draining member's ``/health`` (a failing one is marked failed)."""
         ok: dict[str, bool] = {}
-        with self._cond:
-            targets = [m for m in self._members.values() if m.state in ("active", "draining")]
+        with self.state.cond:
+            targets = [m for m in self.state.members.values() if m.state in ("active", "draining")]
         for m in targets:
             try:
-                http_json(m.url, "/health", None, self.token, 10.0)
+                http_json(m.url, "/health", None, self.client.token, 10.0)
                 ok[m.id] = True
             except (OSError, ServerError) as e:
-                self._fail(m, e)
+                self.fail(m, e)
                 ok[m.id] = False
         return ok
 
-    def _summary(self) -> str:
+    def summary(self) -> str:
+        """Every member's id and state (and why it failed), for an error message."""
         parts = []
-        for m in self._members.values():
+        for m in self.state.members.values():
             why = f" ({m.error})" if m.error and m.state in ("failed", "removed") else ""
             parts.append(f"{m.id} {m.state}{why}")
         return "; ".join(parts) or "the pool has no engines"

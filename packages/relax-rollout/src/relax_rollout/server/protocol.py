@@ -272,7 +272,7 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     if not isinstance(body, dict):
         raise BadRequest("body", "must be a JSON object")
     prompts, single = _prompts(body, tokenizer, max_text_chars)
-    stream = _flag(body, "stream", body.get("stream") or False)
+    stream = _flag("stream", body.get("stream") or False)
     sp = body.get("sampling_params")
     if isinstance(sp, list):
         if len(sp) != len(prompts):
@@ -282,7 +282,7 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
         parsed = [parse_sampling(sp, least_new=0)] * len(prompts)
     params = [SamplingParams(**{**p.__dict__, "min_new_tokens": m}) for p, m in parsed]
     rids = _rids(body.get("rid"), len(prompts), single)
-    return_logprob = _flag(body, "return_logprob", body.get("return_logprob", False))
+    return_logprob = _flag("return_logprob", body.get("return_logprob", False))
     top = body.get("top_logprobs_num")
     if isinstance(top, list):
         if len(top) != len(prompts):
@@ -297,11 +297,11 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
             SamplingParams(**{**p.__dict__, "top_logprobs": k, "input_logprobs": 0 <= s < len(x)})
             for p, k, s, x in zip(params, tops, starts, prompts)
         ]
-    text_in_logprobs = _flag(body, "return_text_in_logprobs", body.get("return_text_in_logprobs", False))
+    text_in_logprobs = _flag("return_text_in_logprobs", body.get("return_text_in_logprobs", False))
     for key in MEDIA_FIELDS:
         if _has_media(body.get(key)):
             raise BadRequest(key, "media inputs are not supported by this server (it serves text models)")
-    routed = _flag(body, "return_routed_experts", body.get("return_routed_experts", False))
+    routed = _flag("return_routed_experts", body.get("return_routed_experts", False))
     start = _num(body, "routed_experts_start_len", "body", int, 0, lo=0)
     if routed and any(start > len(p) for p in prompts):
         raise BadRequest("routed_experts_start_len", f"must be ≤ the prompt length (got {start})")
@@ -324,8 +324,8 @@ def parse_generate(body: Any, tokenizer: Any, max_text_chars: int | None = None)
     )
 
 
-def _flag(body: dict, key: str, value: Any) -> bool:
-    """``body[key]``'s value (``value``, its default applied) when it is a boolean."""
+def _flag(key: str, value: Any) -> bool:
+    """A request field's ``value`` (its default applied) when it is a boolean; else the 400 naming ``key``."""
     if not isinstance(value, bool):
         raise BadRequest(key, f"must be a boolean (got {value!r})")
     return value

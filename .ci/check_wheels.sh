@@ -19,9 +19,8 @@ trap 'rm -rf "$tmp"' EXIT
 
 check() {  # check VENV MODULE [STAGE]: the Python checks below, run in VENV
   "$1/bin/python" - "$2" "${3:-}" <<'PY'
-import importlib, importlib.util, sys, tempfile
+import importlib, importlib.util, pkgutil, sys, tempfile
 mod, stage = sys.argv[1], sys.argv[2]
-import pkgutil
 m = importlib.import_module(mod)
 modules = [mod] + [i.name for i in pkgutil.walk_packages(m.__path__, mod + ".")]
 for name in modules:  # every module of the wheel, not only its top package (#52)

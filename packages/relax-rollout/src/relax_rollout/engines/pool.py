@@ -206,21 +206,20 @@ class EnginePool(ServerClient):
                 for m, idx in chunks
             ]
             r = self._collect(futs, results)
-            again, aborted, busy, failed = r.again, r.aborted, r.busy, r.failed
             if r.error is not None:
                 raise r.error
-            if busy:
+            if r.busy:
                 assert r.busy_err is not None, "a member's refusal counts busy prompts"
-                busy_since = self._wait_busy(busy, busy_since, r.busy_err)
-                rounds -= 0 if failed else 1  # (busy members retire nothing: bounded in time instead)
+                busy_since = self._wait_busy(r.busy, busy_since, r.busy_err)
+                rounds -= 0 if r.failed else 1  # (busy members retire nothing: bounded in time instead)
             else:
                 busy_since = None
-            if again:
+            if r.again:
                 with self.state.cond:
-                    self.state.stats["reissued_prompts"] += len(again)
-                    self.state.stats["aborts_reissued"] += aborted
-                logger.info("re-issuing %d prompt(s) on the remaining engines", len(again))
-            todo = sorted(again)
+                    self.state.stats["reissued_prompts"] += len(r.again)
+                    self.state.stats["aborts_reissued"] += r.aborted
+                logger.info("re-issuing %d prompt(s) on the remaining engines", len(r.again))
+            todo = sorted(r.again)
         return answered(results)
 
     def _collect(self, futs: list, results: list[GenerateOutput | None]) -> _Round:

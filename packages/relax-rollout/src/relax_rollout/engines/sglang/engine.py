@@ -265,28 +265,22 @@ class SGLangEngine:
         lora: dict[str, Any] | None,
     ) -> None:
         """The engine's parts, each owning its state: servers, adapters, launcher, lifecycle, weights."""
-        num_engines, request_timeout_s, host, tp_size = (
-            len(slots),
-            self.request_timeout_s,
-            self.host,
-            self.tp_size,
-        )
         pool = EnginePool(
             token=self.token,
-            timeout_s=request_timeout_s,
-            join_timeout_s=max(60.0, request_timeout_s / 10),
+            timeout_s=self.request_timeout_s,
+            join_timeout_s=max(60.0, self.request_timeout_s / 10),
             weights_dir=weights_dir,
             on_failure=log_pool_failure,
         )
-        executor = ThreadPoolExecutor(max_workers=max(4, 2 * num_engines), thread_name_prefix="relax-sglang")
+        executor = ThreadPoolExecutor(max_workers=max(4, 2 * len(slots)), thread_name_prefix="relax-sglang")
         self.servers = SGLangServers(
             slots=slots,
             pool=pool,
             executor=executor,
             weight_update=weight_update,
-            tp_size=tp_size,
+            tp_size=self.tp_size,
             token=self.token,
-            request_timeout_s=request_timeout_s,
+            request_timeout_s=self.request_timeout_s,
         )
         """The servers and the state the engine shares with its lifecycle and weight updates
         (:mod:`relax_rollout.engines.sglang.state`); every request goes through ``servers.call``."""
@@ -296,7 +290,14 @@ class SGLangEngine:
         if lora is not None:
             self.adapters = SGLangAdapters(s, lora, lambda v: self.weights.check_version(v))
         self.launcher = Launcher(
-            self._command, host, self.env, self.token, s.lock, lambda: s.closed, s.stop, self._shared_paths
+            self._command,
+            self.host,
+            self.env,
+            self.token,
+            s.lock,
+            lambda: s.closed,
+            s.stop,
+            self._shared_paths,
         )
         self.launcher.spans_nodes = any(slot.node is not None for slot in s.slots)
         self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)

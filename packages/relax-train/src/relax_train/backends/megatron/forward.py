@@ -1,6 +1,6 @@
 """The megatron backend's forward: micro-batches through megatron's forward-backward schedule (1F1B under
 pipeline parallelism), with context / sequence parallelism, media inputs and routing replay, and the
-log-probs computed from its logits. A mixin of :class:`~relax_train.backends.megatron.backend.MegatronBackend`,
+log-probs computed from its logits. A part of :class:`~relax_train.backends.megatron.backend.MegatronBackend`,
 apart so the weights, the optimizer step and the checkpoints read on their own. Rows, log-probs and routing
 replay are computed by the functions the torch backend uses too (:mod:`relax_train.backends.logprobs`,
 :mod:`relax_train.backends.replay`), on megatron's logits.
@@ -9,7 +9,6 @@ replay are computed by the functions the torch backend uses too (:mod:`relax_tra
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,13 +16,11 @@ import torch
 import torch.distributed as dist
 
 from relax_core import sample
-from relax_core.config import RelaxConfig
-from relax_core.offload import onloaded
-from relax_train.backends.logprobs import TokenScorer, pad_rows, response_positions
-from relax_train.backends.megatron.layout import MegatronLayout
+from relax_train.backends.logprobs import pad_rows, response_positions
+from relax_train.backends.megatron.net import MegatronNet
 from relax_train.backends.megatron.startup import compute_dtype
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
-from relax_train.backends.replay import ReplayCounts, routing_replay
+from relax_train.backends.replay import routing_replay
 
 
 def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
@@ -31,45 +28,36 @@ def _contributes_nothing(idx, logp, *rest) -> torch.Tensor:
 
 
 class MegatronForward:
-    """The forward step, the schedule and ``compute_log_probs`` (mixed into MegatronBackend)."""
+    """The forward step, the schedule and ``compute_log_probs`` over a :class:`MegatronNet` (the policy
+    backend's part; the critic's value backend runs its rows through :meth:`forward_rows` and
+    :meth:`schedule` too)."""
 
-    cfg: RelaxConfig
-    model: Any
-    mcfg: Any
-    layout: MegatronLayout
-    front: Any
-    device: torch.device | None
-    tp: int
-    cp: int
-    pp: int
-    pre: bool
-    pad_token_id: int
-    scorer: TokenScorer
-    routing: Any
-    onload: Callable[[], int]  # (HostTurns')
-    _r3: ReplayCounts
+    def __init__(self, net: MegatronNet) -> None:
+        self.net = net
 
     # -- forward ------------------------------------------------------------------------------------
     def _autocast(self):
-        dtype = compute_dtype(self.cfg)
+        dtype = compute_dtype(self.net.cfg)
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cuda" if self.device is not None else "cpu", dtype=dtype)
+        return torch.autocast("cuda" if self.net.device is not None else "cpu", dtype=dtype)
 
     def _replay(self, samples: dict[str, list], idx: list[int], width: int, cols: torch.Tensor):
         """Routing replay around a micro-batch's forward (:func:`routing_replay`), counted in training."""
-        counts = self._r3 if self.model.training else None
-        return routing_replay(self.routing, self.cfg.algo.routing_replay, samples, idx, width, counts, cols)
+        counts = self.net.r3 if self.net.model.training else None
+        return routing_replay(
+            self.net.routing, self.net.cfg.algo.routing_replay, samples, idx, width, counts, cols
+        )
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, S, V/tp] vocab-parallel logits -> [B, S, vocab] (all ranks of the TP group, padding cut)."""
-        if self.tp > 1:
+        if self.net.tp > 1:
             from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
             logits = gather_from_tensor_model_parallel_region(logits)
-        return logits[..., : self.layout.vocab_size]
+        return logits[..., : self.net.layout.vocab_size]
 
-    def _step_fn(self, samples: dict[str, list], with_entropy: bool, on_logp):
+    def step_fn(self, samples: dict[str, list], with_entropy: bool, on_logp):
         """Megatron's ``forward_step_func``: one micro-batch (a list of sample indices) through the model;
         its loss function turns the logits into response log-probs and hands them to ``on_logp``, which
         returns the micro-batch's loss."""
@@ -78,14 +66,14 @@ class MegatronForward:
             idx, real = next(data_iterator)
             # a stand-in (see _my_micro) goes through the model and back, contributing nothing
             use = on_logp if real else _contributes_nothing
-            ids, _, plens, rlens = pad_rows(samples, idx, self.pad_token_id)
-            dev = self.device or torch.device("cpu")
-            if self.cp > 1:
+            ids, _, plens, rlens = pad_rows(samples, idx, self.net.pad_token_id)
+            dev = self.net.device or torch.device("cpu")
+            if self.net.cp > 1:
                 return self._cp_step(model, samples, idx, ids, plens, rlens, with_entropy, use, dev, real)
             out, ids = self.forward_rows(model, samples, idx, ids, dev, real)
 
             def loss_func(output):
-                logp, valid, _, ent = self.scorer.response_logp(
+                logp, valid, _, ent = self.net.scorer.response_logp(
                     self._full_vocab(output), ids, plens, rlens, with_entropy
                 )
                 loss = use(idx, logp, valid, rlens, ent)
@@ -108,20 +96,20 @@ class MegatronForward:
         (media inputs and routing replay included): the model's output and the rows as fed (padded to a
         multiple of TP under sequence parallelism). Also the megatron critic's forward
         (:mod:`~relax_train.backends.megatron.value`)."""
-        if self.mcfg.sequence_parallel and ids.shape[1] % self.tp:  # SP splits the sequence over TP
-            ids = self._pad_to(ids, -(-ids.shape[1] // self.tp) * self.tp)
+        if self.net.mcfg.sequence_parallel and ids.shape[1] % self.net.tp:  # SP splits the sequence over TP
+            ids = self._pad_to(ids, -(-ids.shape[1] // self.net.tp) * self.net.tp)
         width = ids.shape[1]
         pos = torch.arange(width, device=dev).unsqueeze(0).expand(len(idx), -1)
         causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=dev), 1)[None, None]
         cols = self._sp_shard(torch.arange(width))
         replay = self._replay(samples, idx, width, cols) if real else contextlib.nullcontext()
         with self._autocast(), replay:
-            if self.front is not None:
+            if self.net.front is not None:
                 return self._mm_forward(model, samples, idx, ids, None, causal, dev), ids
             return model(input_ids=ids.to(dev), position_ids=pos, attention_mask=causal), ids
 
     def _pad_to(self, ids: torch.Tensor, width: int) -> torch.Tensor:
-        padded = torch.full((ids.shape[0], width), self.pad_token_id, dtype=ids.dtype)
+        padded = torch.full((ids.shape[0], width), self.net.pad_token_id, dtype=ids.dtype)
         padded[:, : ids.shape[1]] = ids
         return padded
 
@@ -131,40 +119,42 @@ class MegatronForward:
         ``loc`` (None: all of them)."""
         from relax_core.mm import collate_mm, token_types
 
+        front = self.net.front
+        assert front is not None, "a media forward runs on a multimodal model only"
         items = [samples[sample.MM][i] for i in idx] if sample.MM in samples else [None] * len(idx)
         lengths = [len(samples[sample.TOKENS][i]) for i in idx]
         media = collate_mm(items) if any(items) else {}
         types = token_types(items, lengths, ids.shape[1], left=False)
-        if self.pre:
-            emb, pos, additions = self.front.inputs(ids, media, types, lengths, dev)
+        if self.net.pre:
+            emb, pos, additions = front.inputs(ids, media, types, lengths, dev)
         else:  # a later pipeline stage: hidden states come from the previous one
             emb, additions = None, []
-            pos = self.front.positions(ids, types, lengths, media).to(dev)
+            pos = front.positions(ids, types, lengths, media).to(dev)
         if loc is not None:
             cut = loc.to(dev)
             pos, additions = pos[:, :, cut], [a[:, cut] for a in additions]
             emb = emb[:, cut] if emb is not None else None
-        sp = self.mcfg.sequence_parallel
-        self.front.additions = [self.front.decoder_input(a, sp) for a in additions]
+        sp = self.net.mcfg.sequence_parallel
+        front.additions = [front.decoder_input(a, sp) for a in additions]
         try:
             return model(
                 input_ids=(ids if loc is None else ids[:, loc]).to(dev),
                 position_ids=pos,
                 attention_mask=mask,
-                decoder_input=self.front.decoder_input(emb, sp) if emb is not None else None,
+                decoder_input=front.decoder_input(emb, sp) if emb is not None else None,
             )
         finally:
-            self.front.additions = None
+            front.additions = None
 
     def _sp_shard(self, cols: torch.Tensor) -> torch.Tensor:
         """The positions (of ``cols``, the rows' positions this rank feeds the model) whose tokens this rank's
         MoE routers see: under sequence parallelism its contiguous share of them, else all. What routing
         replay's records are cut to."""
-        if not (self.mcfg.sequence_parallel and self.tp > 1):
+        if not (self.net.mcfg.sequence_parallel and self.net.tp > 1):
             return cols
         from megatron.core import parallel_state as ps
 
-        n = len(cols) // self.tp
+        n = len(cols) // self.net.tp
         r = ps.get_tensor_model_parallel_rank()
         return cols[r * n : (r + 1) * n]
 
@@ -181,16 +171,16 @@ class MegatronForward:
         )
 
         group = ps.get_context_parallel_group()
-        multiple = 2 * self.cp * (self.tp if self.mcfg.sequence_parallel else 1)
+        multiple = 2 * self.net.cp * (self.net.tp if self.net.mcfg.sequence_parallel else 1)
         width = -(-ids.shape[1] // multiple) * multiple
         padded = self._pad_to(ids, width)
-        loc = local_positions(width, self.cp, ps.get_context_parallel_rank())
-        order = gathered_positions(width, self.cp)
+        loc = local_positions(width, self.net.cp, ps.get_context_parallel_rank())
+        order = gathered_positions(width, self.net.cp)
         masked = (order[None, :] > loc[:, None])[None, None].to(dev)  # causal, in global positions
         pos = loc.to(dev).unsqueeze(0).expand(len(idx), -1)
         replay = self._replay(samples, idx, width, self._sp_shard(loc)) if real else contextlib.nullcontext()
         with self._autocast(), replay:
-            if self.front is not None:
+            if self.net.front is not None:
                 out = self._mm_forward(model, samples, idx, padded, loc, masked, dev)
             else:
                 out = model(input_ids=padded[:, loc].to(dev), position_ids=pos, attention_mask=masked)
@@ -198,7 +188,7 @@ class MegatronForward:
         def loss_func(output):
             # the token each position predicts (the last one predicts padding: never a response token)
             targets = torch.cat([padded[:, 1:], padded[:, -1:]], dim=1)[:, loc].to(dev)
-            logp, ent = self.scorer.token_logp(self._full_vocab(output), targets, with_entropy)
+            logp, ent = self.net.scorer.token_logp(self._full_vocab(output), targets, with_entropy)
             logp = gather_token_values(logp, order, group)
             ent = gather_token_values(ent, order, group) if ent is not None else None
             rows, cols, valid = response_positions(plens, rlens, width, logp.device)
@@ -231,7 +221,7 @@ class MegatronForward:
         get_forward_backward_func()(
             forward_step_func=step,
             data_iterator=iter(mine),
-            model=[self.model],
+            model=[self.net.model],
             num_microbatches=len(mine),
             seq_length=0,  # variable_seq_lengths: shapes travel with each micro-batch
             micro_batch_size=max(len(m) for m, _ in mine),
@@ -239,14 +229,13 @@ class MegatronForward:
         )
 
     @torch.no_grad()
-    @onloaded
     def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
         from megatron.core import parallel_state as ps
 
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.net.model.training
+        self.net.model.eval()
         n = len(samples[sample.TOKENS])
-        micro = plan_micro_batches(sample_lengths(samples), list(range(n)), self.cfg.train)
+        micro = plan_micro_batches(sample_lengths(samples), list(range(n)), self.net.cfg.train)
         out: dict[int, np.ndarray] = {}
 
         def keep(idx, logp, valid, rlens, ent):
@@ -254,22 +243,22 @@ class MegatronForward:
                 out[i] = logp[k, :r].float().cpu().numpy().astype(np.float32)
             return logp.sum() * 0.0
 
-        self.schedule(self._step_fn(samples, False, keep), micro, forward_only=True)
-        self.model.train(was_training)
+        self.schedule(self.step_fn(samples, False, keep), micro, forward_only=True)
+        self.net.model.train(was_training)
         if ps.get_data_parallel_world_size() > 1:  # each replica computed its micro-batches
             parts: list[Any] = [None] * ps.get_data_parallel_world_size()
             dist.all_gather_object(parts, out, group=ps.get_data_parallel_group())
             out = {i: v for part in parts for i, v in part.items()}
-        out = self._from_last_stage(out)  # (the last stage computed them)
+        out = self.from_last_stage(out)  # (the last stage computed them)
         return [out[i] for i in range(n)]
 
-    def _from_last_stage(self, value: Any) -> Any:
+    def from_last_stage(self, value: Any) -> Any:
         """Under pipeline parallelism, the last stage's ``value`` on every stage."""
-        if self.pp == 1:
+        if self.net.pp == 1:
             return value
         from megatron.core import parallel_state as ps
 
         box = [value]
         group = ps.get_pipeline_model_parallel_group()
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.pp - 1), group=group)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.net.pp - 1), group=group)
         return box[0]

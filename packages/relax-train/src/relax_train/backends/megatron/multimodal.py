@@ -17,7 +17,7 @@ decoder, and where it goes here:
 * DeepStack: features of early vision layers are added to the hidden states after the first decoder
   layers, at the media positions (forward hooks on those layers).
 
-Gradients: the vision tower's parameters are replicated, so :meth:`MegatronBackend.clip_and_step`
+Gradients: the vision tower's parameters are replicated, so :func:`~relax_train.backends.megatron.training.clip_and_step`
 treats them like the norms: summed over CP ranks (each back-propagates its own tokens) and over
 data-parallel replicas (each its micro-batches; one whose rows have no media adds zeros), counted once in
 the gradient norm.

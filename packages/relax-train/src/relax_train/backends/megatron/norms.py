@@ -5,7 +5,7 @@ refuses ``sequence_parallel`` — so ``--sequence-parallel`` (the VL recipe sets
 without those libraries. Under sequence parallelism a norm sees only this TP rank's share of the tokens,
 so its weight's gradient is partial: the norm here is ``torch.nn.RMSNorm`` with its weight marked
 ``sequence_parallel`` (as Apex's and TE's norms mark theirs), and the backend sums such gradients over the
-tensor-parallel group before the step (:meth:`MegatronBackend.clip_and_step`).
+tensor-parallel group before the step (:func:`~relax_train.backends.megatron.training.clip_and_step`).
 """
 
 from __future__ import annotations

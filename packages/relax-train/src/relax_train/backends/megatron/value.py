@@ -1,14 +1,15 @@
 """The critic's value model on megatron-core: PPO's learned V(s) for ``--advantage-estimator gae`` with
 ``--train-backend megatron``.
 
-Why its own class, holding a policy backend rather than being one: the value model is the policy's decoder
-(a megatron-core ``GPTModel`` built, loaded from HF weights and run exactly as
+Why its own class, holding the policy backend's parts rather than being one: the value model is the
+policy's decoder (a megatron-core ``GPTModel`` built, loaded from HF weights and run exactly as
 :class:`~relax_train.backends.megatron.backend.MegatronBackend` builds, loads and runs it) whose output
 layer is a scalar head (hidden -> 1) instead of the vocabulary; everything else a policy backend offers
-(log-probs, HF weights for the rollout, the policy loss) means nothing for it. So it builds a frozen
-:class:`MegatronBackend`, swaps its output layer for :class:`ScalarHead`, and reuses that backend's
-start-up, micro-batch forward (``forward_rows``), megatron schedule, gradient reductions and clipping
-(``clip_and_step``) and offload, with an AdamW of its own at ``--critic-lr``. The loss is
+(log-probs, HF weights for the rollout, the policy loss) means nothing for it. So it builds the policy's
+:class:`~relax_train.backends.megatron.net.MegatronNet` and holds the parts it needs — the weights in HF
+names, the micro-batch forward (``forward_rows``) and megatron schedule, the gradient reductions and
+clipping (:func:`~relax_train.backends.megatron.training.clip_and_step`) — swaps the output layer for
+:class:`ScalarHead`, and steps an AdamW of its own at ``--critic-lr``. The loss is
 :func:`~relax_train.algorithms.value_loss.clipped_value_loss`, the same the torch value backend fits.
 
 V(s_t) for response token t is the head on the final (normed) hidden state at position
@@ -31,11 +32,12 @@ import torch.distributed as dist
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
-from relax_core.offload import HostOffload, onloaded
+from relax_core.offload import onloaded
 from relax_train.algorithms.value_loss import clipped_value_loss
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
+from relax_train.backends.megatron.training import clip_and_step
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
-from relax_train.backends.state import restore_trainer_state, trainer_state
+from relax_train.backends.state import HostTurns, restore_trainer_state, trainer_state
 from relax_train.backends.step import build_adamw
 from relax_train.backends.value import CRITIC_DIR, META_FILE, OPTIMIZER_FILE
 
@@ -102,9 +104,12 @@ class ScalarHead(torch.nn.Module):
             return torch.nn.functional.linear(hidden.float(), self.weight, self.bias), None
 
 
-class MegatronValueBackend:
+class MegatronValueBackend(HostTurns):
     """The ``ValueBackend`` protocol (``compute_values``, ``train_values``, checkpoints, offload) over a
-    megatron-core decoder with a :class:`ScalarHead`."""
+    megatron-core decoder with a :class:`ScalarHead`: the policy backend's net, weights and forward parts,
+    its gradient reductions and clipping (:func:`clip_and_step`), an AdamW of its own."""
+
+    optimizer: torch.optim.Optimizer
 
     def __init__(self, config: RelaxConfig, model_path: str) -> None:
         """``model_path``: a text causal LM (its trunk gets a zero head) or a critic checkpoint's ``critic/``
@@ -112,8 +117,10 @@ class MegatronValueBackend:
         from transformers import AutoConfig
 
         from relax_train.backends.megatron import multimodal as mm
-        from relax_train.backends.megatron.backend import MegatronBackend
+        from relax_train.backends.megatron.forward import MegatronForward
+        from relax_train.backends.megatron.net import build_net
         from relax_train.backends.megatron.startup import load_hf_state
+        from relax_train.backends.megatron.weights import MegatronWeights
 
         check_value_parallelism(config)
         if mm.is_multimodal(AutoConfig.from_pretrained(model_path)):
@@ -123,22 +130,28 @@ class MegatronValueBackend:
             )
         self.cfg, self.model_path = config, model_path
         hf, head = _split_head(load_hf_state(model_path))
-        # the trunk as the policy backend builds and loads it; frozen: no AdamW over its vocabulary layer
-        self._trunk = MegatronBackend(config, model_path, trainable=False, hf_state=_with_lm_head_stub(hf))
-        self._trunk.routing = None  # (routing replay replays the policy's routes: not the critic's)
-        self.model = self._trunk.model
-        self.head = ScalarHead(self._trunk.layout.hidden_size)
+        # the trunk as the policy backend builds and loads it; routing replay replays the policy's routes,
+        # not the critic's
+        self.net = build_net(config, model_path)
+        self.net.routing = None
+        trunk = dict(_with_lm_head_stub(hf))
+        if self.net.layout.tie_word_embeddings:  # (as the policy backend loads a tied model)
+            trunk.pop("lm_head.weight", None)
+        self.weights = MegatronWeights(self.net)
+        self.weights.load_weights(trunk)
+        self.forward = MegatronForward(self.net)
+        self.model = self.net.model
+        self.head = ScalarHead(self.net.layout.hidden_size)
         with torch.no_grad():
             for name, value in head.items():
                 getattr(self.head, name).copy_(value.reshape(getattr(self.head, name).shape))
-        if self._trunk.device is not None:
-            self.head.to(self._trunk.device)
+        if self.net.device is not None:
+            self.head.to(self.net.device)
         self.model.output_layer = self.head
         self.model.requires_grad_(True)
         self.optimizer_settings = config.train.model_copy(update={"lr": config.critic_lr})
         """The critic's AdamW settings (the run's, with --critic-lr)."""
         self.optimizer = build_adamw(self.model.parameters(), self.optimizer_settings)
-        self._trunk.optimizer = self.optimizer  # what its clip-and-step steps and its offload moves
         self.version = 0
 
     # -- forward ------------------------------------------------------------------------------------
@@ -146,13 +159,13 @@ class MegatronValueBackend:
         """Megatron's ``forward_step_func`` for values: one micro-batch through the model; its loss function
         hands the response tokens' values [B, Rmax] (with which are real, and the response lengths) to
         ``on_values``, which returns the micro-batch's loss."""
-        trunk = self._trunk
+        net = self.net
 
         def step(data_iterator, model):
             idx, real = next(data_iterator)
-            ids, _, plens, rlens = pad_rows(samples, idx, trunk.pad_token_id)
-            dev = trunk.device or torch.device("cpu")
-            out, ids = trunk.forward_rows(model, samples, idx, ids, dev, real)
+            ids, _, plens, rlens = pad_rows(samples, idx, net.pad_token_id)
+            dev = net.device or torch.device("cpu")
+            out, ids = self.forward.forward_rows(model, samples, idx, ids, dev, real)
 
             def loss_func(output: torch.Tensor):
                 rows, cols, valid = response_positions(plens, rlens, ids.shape[1], output.device)
@@ -184,7 +197,7 @@ class MegatronValueBackend:
                 out[i] = values[k, :r].cpu().numpy().astype(np.float32)
             return values.sum() * 0.0
 
-        self._trunk.schedule(self._step_fn(samples, keep), self._micro(samples, list(range(n))), True)
+        self.forward.schedule(self._step_fn(samples, keep), self._micro(samples, list(range(n))), True)
         self.model.train(was_training)
         if ps.get_data_parallel_world_size() > 1:  # each replica computed its micro-batches
             parts: list[Any] = [None] * ps.get_data_parallel_world_size()
@@ -238,8 +251,8 @@ class MegatronValueBackend:
                 idx = list(range(start, min(n, start + gbs)))
                 total = float(sum(float(np.sum(samples[sample.LOSS_MASK][i])) for i in idx)) or 1.0
                 self.optimizer.zero_grad(set_to_none=True)
-                self._trunk.schedule(self._step_fn(samples, fit(total)), self._micro(samples, idx), False)
-                norm = self._trunk.clip_and_step()  # (a non-finite one: the update is skipped)
+                self.forward.schedule(self._step_fn(samples, fit(total)), self._micro(samples, idx), False)
+                norm = clip_and_step(self.net, self.optimizer)  # (a non-finite one: the update is skipped)
                 grad_norm += norm
                 skipped += not math.isfinite(norm)
                 n_opt += 1
@@ -257,27 +270,14 @@ class MegatronValueBackend:
             "nonfinite_updates_skipped": float(skipped),
         }
 
-    # -- device memory ------------------------------------------------------------------------------
-    @property
-    def _host(self) -> HostOffload | None:
-        return self._trunk._host
-
-    def offload(self) -> int:
-        """Weights, gradients and AdamW's moments to host memory (the trunk backend's offload). Bytes freed."""
-        return self._trunk.offload()
-
-    def onload(self) -> int:
-        """Bring back what :meth:`offload` moved (0 when nothing is offloaded). Bytes."""
-        return self._trunk.onload()
-
     # -- checkpoints --------------------------------------------------------------------------------
     def _hf_weights(self) -> dict[str, torch.Tensor]:
         """The trunk in HF names (the converter's, as the policy exports it) and the head as ``score.*``:
         the weights of a ``*ForTokenClassification`` with one label, what the torch value backend loads."""
         from relax_train.backends.megatron.convert import megatron_to_hf
 
-        trunk, layout = self._trunk, self._trunk.layout
-        state = trunk.to_global(
+        layout = self.net.layout
+        state = self.weights.to_global(
             {
                 n: p.detach().cpu()
                 for n, p in self.model.named_parameters()
@@ -297,18 +297,17 @@ class MegatronValueBackend:
         """Put ``critic/``'s weights (trunk in HF names, head as ``score.*``) into the model, exactly."""
         from relax_train.backends.megatron.convert import hf_to_megatron_rank
 
-        trunk = self._trunk
         hf, head = _split_head(hf)
         if set(head) != {"weight", "bias"}:
             raise ValueError(
                 f"critic weights without a whole head (score.weight, score.bias): {sorted(head)}"
             )
-        if trunk.layout.tie_word_embeddings:  # (as the policy backend loads a tied model)
+        if self.net.layout.tie_word_embeddings:  # (as the policy backend loads a tied model)
             hf.pop("lm_head.weight", None)
         else:
             hf = _with_lm_head_stub(hf)
-        local = trunk.to_local(
-            hf_to_megatron_rank(hf, trunk.layout, tp_rank=0, ep_rank=0, tp_size=1, ep_size=1)
+        local = self.weights.to_local(
+            hf_to_megatron_rank(hf, self.net.layout, tp_rank=0, ep_rank=0, tp_size=1, ep_size=1)
         )
         local.update({f"output_layer.{n}": v for n, v in head.items()})
         params = dict(self.model.named_parameters())
@@ -376,5 +375,4 @@ class MegatronValueBackend:
 
     def close(self) -> None:
         """Drop the model and optimizer (the process group stays: other roles of the process may use it)."""
-        self._trunk.optimizer = None
-        del self.optimizer, self.model, self._trunk
+        del self.optimizer, self.model, self.net, self.forward, self.weights

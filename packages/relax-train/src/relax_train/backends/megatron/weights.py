@@ -1,23 +1,21 @@
 """The megatron backend's weights in HF names: this rank's shards loaded from full HF weights, and every
-weight gathered back to rank 0 (for the rollout engines, the evaluator and HF exports). A mixin of
-:class:`~relax_train.backends.megatron.backend.MegatronBackend`, apart so the model's forward and training
-read on their own; the name mapping and tensor layouts are :mod:`~relax_train.backends.megatron.convert`'s.
+weight gathered back to rank 0 (for the rollout engines, the evaluator and HF exports). A part of
+:class:`~relax_train.backends.megatron.backend.MegatronBackend` (and of the critic's value backend), apart so
+the model's forward and training read on their own; the name mapping and tensor layouts are :mod:`~relax_train.backends.megatron.convert`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from relax_core.config import RelaxConfig
 from relax_core.hf_files import copy_serving_files
-from relax_core.offload import onloaded
 from relax_train.backends.megatron import multimodal as mm
-from relax_train.backends.megatron.convert import MegatronLayout, hf_to_megatron_rank, megatron_to_hf
+from relax_train.backends.megatron.convert import hf_to_megatron_rank, megatron_to_hf
+from relax_train.backends.megatron.net import MegatronNet
 
 # The TE layer spec fuses the input / pre-MLP RMSNorm into the following linear (the converter's
 # names); the local spec (no Transformer Engine: CPU, or GPUs without TE) keeps separate norms.
@@ -29,46 +27,31 @@ _LAYER = "decoder.layers."
 
 
 class MegatronWeights:
-    """Load / gather / export of HF-named weights (mixed into MegatronBackend); it uses the backend's model,
-    layout, parallel sizes and pipeline stage."""
+    """Load / gather / export of HF-named weights of a :class:`MegatronNet` (the policy backend's and the
+    critic's part)."""
 
-    cfg: RelaxConfig
-    model_path: str
-    model: Any
-    mcfg: Any
-    layout: MegatronLayout
-    front: Any
-    tp: int
-    ep: int
-    pp: int
-    pre: bool
-    post: bool
-    version: int
-    _layer_offset: int
-    onload: Callable[[], int]  # (HostTurns')
+    def __init__(self, net: MegatronNet) -> None:
+        self.net = net
+        self._hf_eval: Any = None
+        """The HF model :meth:`eval_model` fills (built on its first call)."""
 
     # -- layout -------------------------------------------------------------------------------------
-    def _offset(self) -> int:
-        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-        return int(get_transformer_layer_offset(self.mcfg)) if self.pp > 1 else 0
-
     def to_local(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Converter (TE-spec, global-layer) names -> this stage's module names."""
-        n_local = len(self.model.decoder.layers)
+        n_local = len(self.net.model.decoder.layers)
         out: dict[str, torch.Tensor] = {}
         for name, value in state.items():
             for te, local in _TE_TO_LOCAL:
                 name = name.replace(te, local)
             if name.startswith(_LAYER):
                 i, rest = name[len(_LAYER) :].split(".", 1)
-                j = int(i) - self._layer_offset
+                j = int(i) - self.net.layer_offset
                 if not 0 <= j < n_local:
                     continue
                 name = f"{_LAYER}{j}.{rest}"
-            elif name.startswith("embedding.") and not self.pre:
+            elif name.startswith("embedding.") and not self.net.pre:
                 continue
-            elif name.startswith(("decoder.final_layernorm", "output_layer")) and not self.post:
+            elif name.startswith(("decoder.final_layernorm", "output_layer")) and not self.net.post:
                 continue
             out[name] = value
         return out
@@ -80,7 +63,7 @@ class MegatronWeights:
                 continue
             if name.startswith(_LAYER):
                 i, rest = name[len(_LAYER) :].split(".", 1)
-                name = f"{_LAYER}{int(i) + self._layer_offset}.{rest}"
+                name = f"{_LAYER}{int(i) + self.net.layer_offset}.{rest}"
             for te, local in _TE_TO_LOCAL:
                 if local in name and (local != ".pre_mlp_layernorm.weight" or not self._moe_layer(name)):
                     name = name.replace(local, te)
@@ -89,30 +72,31 @@ class MegatronWeights:
 
     def _moe_layer(self, name: str) -> bool:
         i = int(name[len(_LAYER) :].split(".", 1)[0])
-        return i in set(self.layout.moe_layers)
+        return i in set(self.net.layout.moe_layers)
 
     # -- weights ------------------------------------------------------------------------------------
-    @onloaded
-    def load_weights(self, tensors: dict[str, Any], version: int) -> None:
+    def load_weights(self, tensors: dict[str, Any]) -> None:
         """Full HF-named weights (the trainer's broadcast, or a checkpoint) -> this rank's shards."""
         from megatron.core import parallel_state as ps
 
         hf = {k: torch.as_tensor(v) for k, v in tensors.items()}
         towers: dict[str, torch.Tensor] = {}
-        if self.front is not None:
-            hf, towers = mm.to_text_names(hf, self.front.family)
+        if self.net.front is not None:
+            hf, towers = mm.to_text_names(hf, self.net.front.family)
         mine = hf_to_megatron_rank(
             hf,
-            self.layout,
+            self.net.layout,
             tp_rank=ps.get_tensor_model_parallel_rank(),
             ep_rank=ps.get_expert_model_parallel_rank(),
-            tp_size=self.tp,
-            ep_size=self.ep,
+            tp_size=self.net.tp,
+            ep_size=self.net.ep,
         )
         local = {**self.to_local(mine), **towers}
-        if self.layout.tie_word_embeddings and self.post and not self.pre:  # the last stage's copy
+        if (
+            self.net.layout.tie_word_embeddings and self.net.post and not self.net.pre
+        ):  # the last stage's copy
             local["output_layer.weight"] = mine["embedding.word_embeddings.weight"]
-        params = dict(self.model.named_parameters())
+        params = dict(self.net.model.named_parameters())
         missing = sorted(set(params) - set(local))
         if missing:
             raise ValueError(
@@ -122,7 +106,6 @@ class MegatronWeights:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(local[name].to(p.dtype))
-        self.version = version
 
     def _gather(self, t: torch.Tensor, group) -> list[torch.Tensor]:
         size = dist.get_world_size(group)
@@ -132,7 +115,6 @@ class MegatronWeights:
         dist.all_gather(parts, t.contiguous(), group=group)
         return parts
 
-    @onloaded
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """Every weight in HF names (the rollout engines' and ActorFwd's format) on rank 0, in the dtype the
         rollout serves (``--dtype``); the other ranks return ``[]`` (they take part in the gathers).
@@ -144,12 +126,14 @@ class MegatronWeights:
 
         from relax_train.backends.megatron.gather import gather_to_rank0
 
-        dtype = getattr(torch, str(self.cfg.model.dtype))
-        pp_group = ps.get_pipeline_model_parallel_group() if self.pp > 1 else None
+        dtype = getattr(torch, str(self.net.cfg.model.dtype))
+        pp_group = ps.get_pipeline_model_parallel_group() if self.net.pp > 1 else None
         # the ranks whose shards reach rank 0: stage by stage, the members of rank 0's pipeline
         keep = dist.get_rank() == 0 if pp_group is None else 0 in dist.get_process_group_ranks(pp_group)
-        state = self.to_global({n: p.detach() for n, p in self.model.named_parameters()})
-        if self.layout.tie_word_embeddings:  # (under PP the last stage's copy of the first stage's embedding)
+        state = self.to_global({n: p.detach() for n, p in self.net.model.named_parameters()})
+        if (
+            self.net.layout.tie_word_embeddings
+        ):  # (under PP the last stage's copy of the first stage's embedding)
             state.pop("output_layer.weight", None)
         # keys: ("tower", HF name) for a media encoder's weight (replicated: not converted), (tp rank, ep
         # rank, name) for an expert's shard, (tp rank, None, name) for a shard every EP rank holds alike
@@ -173,34 +157,34 @@ class MegatronWeights:
                 return []
         else:
             items = [(key, t.to(dtype).cpu()) for key, t in items]
-        grid: list[list[dict[str, torch.Tensor]]] = [[{} for _ in range(self.ep)] for _ in range(self.tp)]
+        grid: list[list[dict[str, torch.Tensor]]] = [
+            [{} for _ in range(self.net.ep)] for _ in range(self.net.tp)
+        ]
         towers: dict[str, torch.Tensor] = {}
         for key, t in items:
             if key[0] == "tower":
                 towers[key[1]] = t
                 continue
             t_rank, e_rank, name = key
-            for e in range(self.ep) if e_rank is None else [e_rank]:
+            for e in range(self.net.ep) if e_rank is None else [e_rank]:
                 grid[t_rank][e][name] = t
-        hf = megatron_to_hf(grid, self.layout, include_tied_lm_head=False)  # as HF names tied params
-        if self.front is not None:  # (the media encoders are replicated: every rank holds all of them)
-            hf = mm.to_hf_names(hf, towers, self.front.family)
+        hf = megatron_to_hf(grid, self.net.layout, include_tied_lm_head=False)  # as HF names tied params
+        if self.net.front is not None:  # (the media encoders are replicated: every rank holds all of them)
+            hf = mm.to_hf_names(hf, towers, self.net.front.family)
         return list(hf.items())
 
-    @onloaded
     def eval_model(self):
         """An HF model with the current weights, for the evaluator (which generates with HF models)."""
         from relax_core.models import load_model
 
-        if getattr(self, "_hf_eval", None) is None:
-            self._hf_eval = load_model(self.model_path).eval()
+        if self._hf_eval is None:
+            self._hf_eval = load_model(self.net.model_path).eval()
         params = dict(self._hf_eval.named_parameters())
         with torch.no_grad():
             for name, value in self.named_weights():
                 params[name].copy_(value)
         return self._hf_eval
 
-    @onloaded
     def export_hf(self, out_dir: str | Path) -> Path:
         """HF safetensors + the source config and tokenizer files (what rollout engines load)."""
         from safetensors.torch import save_file
@@ -209,8 +193,8 @@ class MegatronWeights:
         weights = {k: v.contiguous() for k, v in self.named_weights()}
         if dist.get_rank() == 0:
             out.mkdir(parents=True, exist_ok=True)
-            if self.layout.tie_word_embeddings:
+            if self.net.layout.tie_word_embeddings:
                 weights.pop("lm_head.weight", None)
             save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-            copy_serving_files(self.model_path, out)  # config, tokenizer, processor, generation config
+            copy_serving_files(self.net.model_path, out)  # config, tokenizer, processor, generation config
         return out

@@ -72,7 +72,7 @@ def main() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)
     launch, kill = ray_launcher(model, torch_threads=1)
     pool = EnginePool(launch=launch, kill=kill)
-    pool.start(1)
+    pool.membership.start(1)
     httpd = make_elastic_server(ElasticService(pool, drain_timeout_s=5.0))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     base = "http://{}:{}".format(*httpd.server_address[:2])

@@ -91,7 +91,7 @@ def main(model: str, tmp: str, address: str, real: bool = False) -> dict:
         got["group_size"] = len(eng.weights.group.urls)
         got["changed"] = real or checksum() != before
         got["generated_after"] = len(eng.generate(prompts, greedy))
-        got["served"] = [m["served"] for m in eng.pool.members()]
+        got["served"] = [m["served"] for m in eng.pool.membership.members()]
     finally:
         eng.close()
         ray.shutdown()

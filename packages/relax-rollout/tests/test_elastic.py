@@ -152,7 +152,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
         stop.set()
         t.join(30)
     assert http_json(newcomer.url, "/get_model_info")["weight_version"] == "4"
-    sums = {http_json(m.url, "/weights_checksum")["checksum"] for m in a.pool.active()}
+    sums = {http_json(m.url, "/weights_checksum")["checksum"] for m in a.pool.membership.active()}
     assert len(sums) == 1 and a.pool.weights_checksum() in sums
     assert set(newcomer.state.engine.versions) == {4} and seen == {4}  # never served the old weights
     code, eng = call(a.url, "/elastic/engines")
@@ -186,7 +186,7 @@ def test_scale_out_by_url_joins_with_the_current_weights(api, serve, call, local
     op = wait_op(call, a, op["id"])
     assert op["state"] == "failed" and "could not join" in op["error"]
     assert op["engines_added"] == ["e3"] and op["rollback"] == ["removed e3"]
-    assert [m["id"] for m in a.pool.members()] == ["e0", "e1", "e2"]
+    assert [m["id"] for m in a.pool.membership.members()] == ["e0", "e1", "e2"]
 
 
 def test_scale_out_by_replicas_is_idempotent_by_request_id(api, call):
@@ -202,7 +202,7 @@ def test_scale_out_by_replicas_is_idempotent_by_request_id(api, call):
     assert code == 200 and again["id"] == op["id"] and again["state"] == "succeeded"
     code, err = call(a.url, "/elastic/scale_out", {"num_replicas": 5, "request_id": "grow-1"})
     assert code == 409 and "request_id" in err["message"] and err["operation"] == op["id"]
-    kinds = {m["id"]: (m["kind"], m["protected"], m["weight_version"]) for m in a.pool.members()}
+    kinds = {m["id"]: (m["kind"], m["protected"], m["weight_version"]) for m in a.pool.membership.members()}
     assert kinds == {
         "e0": ("startup", True, 0),
         "e1": ("startup", True, 0),
@@ -217,17 +217,17 @@ def test_scale_out_by_replicas_is_idempotent_by_request_id(api, call):
     code, op = call(a.url, "/elastic/scale_in", {"num_replicas": 2})
     assert code == 202 and op["targets"] == ["e3", "e2"]
     assert wait_op(call, a, op["id"])["state"] == "succeeded"
-    assert all(s.closed for s in a.launched) and len(a.pool.active()) == 2
+    assert all(s.closed for s in a.launched) and len(a.pool.membership.active()) == 2
 
 
 def test_scale_in_with_requests_in_flight_answers_every_prompt(api, serve, call, local):
     a = api(launcher=False)
-    a.pool.add(serve().url)  # e2
-    a.pool.add(serve(delay=0.05).url)  # e3: slow, still generating at the drain time-out
+    a.pool.membership.add(serve().url)  # e2
+    a.pool.membership.add(serve(delay=0.05).url)  # e3: slow, still generating at the drain time-out
     params = SamplingParams(max_new_tokens=40, greedy=True, min_new_tokens=40)
     want = local.generate(PROMPTS, params)
     result = in_background(a.pool.generate, PROMPTS, params)
-    wait_until(lambda: a.pool.get("e3").inflight > 0)
+    wait_until(lambda: a.pool.membership.get("e3").inflight > 0)
     code, op = call(a.url, "/elastic/scale_in", {"num_replicas": 2, "drain_timeout_s": 0.5})
     assert code == 202 and op["targets"] == ["e3", "e2"]
     op = wait_op(call, a, op["id"])
@@ -238,7 +238,7 @@ def test_scale_in_with_requests_in_flight_answers_every_prompt(api, serve, call,
     st = a.pool.stats()
     # e3's 2 prompts were aborted and re-issued (e2's too if it had not finished within 0.5 s)
     assert st["aborts_reissued"] == st["reissued_prompts"] in (2, 4) and st["failures"] == 0
-    assert [m["id"] for m in a.pool.members()] == ["e0", "e1"]
+    assert [m["id"] for m in a.pool.membership.members()] == ["e0", "e1"]
     code, eng = call(a.url, "/elastic/engines?include_removed=true")
     assert code == 200 and [(m["id"], m["state"]) for m in eng["data"]][2:] == [
         ("e2", "removed"),
@@ -283,7 +283,7 @@ def test_validation_errors_are_400_naming_the_field(api, call):
     assert code == 400 and err["param"] == "body" and "not valid JSON" in err["message"]
     assert call(a.url, "/elastic/operations")[1]["data"] == []  # nothing was started
     # the last engine is never removed, even when none is protected
-    a.pool.get("e0").protected = a.pool.get("e1").protected = False
+    a.pool.membership.get("e0").protected = a.pool.membership.get("e1").protected = False
     code, err = call(a.url, "/elastic/scale_in", {"engine_ids": ["e0", "e1"]})
     assert code == 400 and err["param"] == "engine_ids" and "at least 1 must remain" in err["message"]
 
@@ -305,8 +305,8 @@ def test_a_scale_out_on_a_named_node(api, call):
     assert a.nodes == ["10.0.0.2"]
     code, eng = call(a.url, "/elastic/engines")
     assert [m["node"] for m in eng["data"]] == [None, None, "10.0.0.2"]
-    a.pool.restart("e2")
-    assert a.nodes == ["10.0.0.2", "10.0.0.2"] and a.pool.get("e3").node == "10.0.0.2"
+    a.pool.membership.restart("e2")
+    assert a.nodes == ["10.0.0.2", "10.0.0.2"] and a.pool.membership.get("e3").node == "10.0.0.2"
 
 
 def test_a_scale_out_past_the_clusters_room_is_refused_before_anything_launches(api, call):
@@ -342,7 +342,7 @@ def test_conflict_cancel_and_rollback_of_a_scale_out(api, call):
         and done["engines_added"] == ["e2"]
         and done["rollback"] == ["removed e2"]
     )
-    assert [m["id"] for m in a.pool.members()] == ["e0", "e1"] and a.launched[0].closed
+    assert [m["id"] for m in a.pool.membership.members()] == ["e0", "e1"] and a.launched[0].closed
     code, err = call(a.url, f"/elastic/operations/{op['id']}/cancel", {})
     assert code == 409 and "already cancelled" in err["message"]
     assert call(a.url, "/elastic/operations/op-99/cancel", {})[0] == 404
@@ -352,20 +352,20 @@ def test_conflict_cancel_and_rollback_of_a_scale_out(api, call):
 def test_cancel_of_a_scale_in_reactivates_and_re_adds(api, serve, call):
     a = api(launcher=False)
     fast, slow = serve(), serve(delay=0.05)
-    a.pool.add(fast.url)  # e2
-    a.pool.add(slow.url)  # e3
+    a.pool.membership.add(fast.url)  # e2
+    a.pool.membership.add(slow.url)  # e3
     params = SamplingParams(max_new_tokens=60, greedy=True, min_new_tokens=60)
     result = in_background(a.pool.generate, PROMPTS, params)
-    wait_until(lambda: a.pool.get("e3").inflight > 0)
+    wait_until(lambda: a.pool.membership.get("e3").inflight > 0)
     code, op = call(a.url, "/elastic/scale_in", {"engine_urls": [fast.url, slow.url], "drain_timeout_s": 60})
     assert code == 202 and op["targets"] == ["e2", "e3"]
     wait_until(lambda: call(a.url, f"/elastic/operations/{op['id']}")[1]["engines_removed"] == ["e2"])
-    assert a.pool.get("e3").state == "draining"
+    assert a.pool.membership.get("e3").state == "draining"
     code, done = call(a.url, f"/elastic/operations/{op['id']}/cancel", {})
     assert code == 200 and done["state"] == "cancelled"
     assert done["engines_removed"] == ["e2"] and done["engines_added"] == ["e4"]
     assert sorted(done["rollback"]) == ["e2 re-added as e4", "e3 active again"]
-    states = {m["id"]: m["state"] for m in a.pool.members(include_removed=True)}
+    states = {m["id"]: m["state"] for m in a.pool.membership.members(include_removed=True)}
     assert states == {"e0": "active", "e1": "active", "e2": "removed", "e3": "active", "e4": "active"}
     outs = result()  # the drained engine was never aborted: its requests finished there
     assert len(outs) == len(PROMPTS) and all(o.finish_reason == "length" for o in outs)

@@ -201,7 +201,7 @@ class ElasticService:
             return [op.to_dict() for op in self._ops.values()]
 
     def engines(self, include_removed: bool = False) -> list[dict[str, Any]]:
-        return self.pool.members(include_removed)
+        return self.pool.membership.members(include_removed)
 
     def wait(self, op_id: str, timeout_s: float | None = None) -> Operation:
         """Block until the operation is finished (or ``timeout_s``); returns it."""
@@ -219,7 +219,7 @@ class ElasticService:
             n, urls = _int(body, "num_replicas", 1), _urls(body)
             _exactly_one(body, ("num_replicas", "engine_urls"))
             self._check_free()
-            active = len(self.pool.active())
+            active = len(self.pool.membership.active())
             if n is not None:
                 if self.pool.membership.launch is None:
                     raise BadRequest(
@@ -238,7 +238,7 @@ class ElasticService:
                         "(--elastic-max-engines); add nodes or ask for fewer",
                     )
             for i, u in enumerate(urls or []):
-                if (m := self.pool.find(u)) is not None and m.state != "failed":
+                if (m := self.pool.membership.find(u)) is not None and m.state != "failed":
                     raise BadRequest(f"engine_urls[{i}]", f"{u} is already in the pool as {m.id} ({m.state})")
             self._check_node(body.get("node"), n)
             return self._start("scale_out", body, self._run_scale_out), True
@@ -286,7 +286,7 @@ class ElasticService:
     def _victims(
         self, key: str, n: int | None, ids: list[str] | None, urls: list[str] | None
     ) -> list[Member]:
-        active = self.pool.active()
+        active = self.pool.membership.active()
         if key == "num_replicas":
             assert n is not None
             if n > len(active):
@@ -310,13 +310,13 @@ class ElasticService:
             where = f"{key}[{i}]"
             if key == "engine_ids":
                 try:
-                    m = self.pool.get(x)
+                    m = self.pool.membership.get(x)
                 except PoolError:
                     raise BadRequest(
                         where, f"unknown engine {x!r}; GET /elastic/engines lists them"
                     ) from None
             else:
-                found = self.pool.find(x)
+                found = self.pool.membership.find(x)
                 if found is None:
                     raise BadRequest(where, f"no engine serves {x}; GET /elastic/engines lists them")
                 m = found
@@ -434,18 +434,18 @@ class ElasticService:
             for u in urls:
                 if op.cancelling:
                     return
-                m = self.pool.add(u, kind="external")
+                m = self.pool.membership.add(u, kind="external")
                 with self._lock:
                     op.engines_added.append(m.id)
             return
-        need = op.request["num_replicas"] - len(self.pool.active())
+        need = op.request["num_replicas"] - len(self.pool.membership.active())
         errors: list[str] = []
 
         def one() -> None:
             if op.cancelling:
                 return
             try:
-                m = self.pool.spawn("ray_native", node=op.request.get("node"))
+                m = self.pool.membership.spawn("ray_native", node=op.request.get("node"))
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{type(e).__name__}: {e}")
                 return
@@ -468,7 +468,7 @@ class ElasticService:
 
         def one(member_id: str) -> None:
             try:
-                self.pool.remove(member_id, drain, force, cancel=op.cancel_signal)
+                self.pool.membership.remove(member_id, drain, force, cancel=op.cancel_signal)
             except Cancelled:  # the pool made it active again
                 with self._lock:
                     op.rollback.append(f"{member_id} active again")
@@ -491,18 +491,18 @@ class ElasticService:
         if op.kind == "scale_out":
             for mid in list(op.engines_added):
                 try:
-                    self.pool.remove(mid, self.drain_timeout_s, force=True)
+                    self.pool.membership.remove(mid, self.drain_timeout_s, force=True)
                     op.rollback.append(f"removed {mid}")
                 except PoolError as e:
                     op.rollback.append(f"could not remove {mid}: {e}")
             return
         for mid in list(op.engines_removed):
-            old = self.pool.get(mid)
+            old = self.pool.membership.get(mid)
             try:
                 if old.kind == "external":
-                    m = self.pool.add(old.url, kind="external")
+                    m = self.pool.membership.add(old.url, kind="external")
                 elif self.pool.membership.launch is not None:
-                    m = self.pool.spawn(old.kind)
+                    m = self.pool.membership.spawn(old.kind)
                 else:
                     op.rollback.append(f"could not bring {mid} back: no engine launcher")
                     continue
@@ -514,6 +514,6 @@ class ElasticService:
                 f"{mid} replaced by {m.id}" if m.url != old.url else f"{mid} re-added as {m.id}"
             )
         for mid in op.targets:
-            if mid not in op.engines_removed and self.pool.get(mid).state == "draining":
-                self.pool.reactivate(mid)
+            if mid not in op.engines_removed and self.pool.membership.get(mid).state == "draining":
+                self.pool.membership.reactivate(mid)
                 op.rollback.append(f"{mid} active again")

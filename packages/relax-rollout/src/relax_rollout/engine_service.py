@@ -69,7 +69,7 @@ class EngineService:
             weights_dir=str(weights),
         )
         if r.rollout_engines:  # start-up engines, launched concurrently; protected from scale-in
-            self.pool.start(r.rollout_engines)
+            self.pool.membership.start(r.rollout_engines)
         self.elastic_url: str | None = None
         self._httpd = None
         if r.elastic_port is not None:
@@ -113,7 +113,7 @@ class EngineService:
         """Engines this service launched that failed and wait for a restart: [{engine, reason}]."""
         return [
             {"engine": m["id"], "reason": m["error"]}
-            for m in self.pool.members()
+            for m in self.pool.membership.members()
             if m["state"] == "failed" and m["kind"] != "external"
         ]
 
@@ -126,12 +126,12 @@ class EngineService:
             self._restarts[root] = n
         ev = {"engine": member_id, "attempt": n, "at": time.time()}
         if n > self.cfg.run.max_restarts_per_role:
-            self.pool.get(member_id).state = "removed"  # not restarted again: stop asking
+            self.pool.membership.get(member_id).state = "removed"  # not restarted again: stop asking
             ev["action"] = "given_up"
             self.events.append(ev)
             return ev
         t0 = time.perf_counter()
-        new = self.pool.restart(member_id)
+        new = self.pool.membership.restart(member_id)
         with self._lock:
             self._lineage[new.id] = root
         ev.update(action="restart", new_engine=new.id, recovery_s=time.perf_counter() - t0)
@@ -142,7 +142,7 @@ class EngineService:
         """Process id of every active launched engine (fault-injection tests kill them)."""
         import ray
 
-        active = [m for m in self.pool.active() if m.handle is not None]
+        active = [m for m in self.pool.membership.active() if m.handle is not None]
         return dict(zip([m.id for m in active], ray.get([m.handle.pid.remote() for m in active])))
 
     def close(self) -> None:

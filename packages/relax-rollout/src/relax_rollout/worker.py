@@ -354,7 +354,9 @@ class RolloutWorker:
         return self.tracer.get_spans()
 
     def engines(self) -> list[dict[str, Any]]:
-        return self.engine_service.pool.members(include_removed=True) if self.engine_service else []
+        return (
+            self.engine_service.pool.membership.members(include_removed=True) if self.engine_service else []
+        )
 
     def engine_pids(self) -> dict[str, int]:
         return self.engine_service.pids() if self.engine_service is not None else {}

@@ -71,7 +71,7 @@ def test_a_member_at_its_request_bound_is_asked_again_not_failed(tiny_model_dir,
         _same_as_local(pool.generate(PROMPTS[1:3], GREEDY), local, prompts=PROMPTS[1:3])
         holder()
         assert pool.stats()["busy_retries"] >= 2 and pool.stats()["failures"] == 0
-        assert [m["state"] for m in pool.members()] == ["active"]
+        assert [m["state"] for m in pool.membership.members()] == ["active"]
     finally:
         pool.close()
         served.close()
@@ -82,12 +82,12 @@ def test_generate_spreads_over_members_and_equals_one_engine(serve, local):
     pool = EnginePool([s.url for s in servers])
     try:
         assert isinstance(pool, RolloutEngine)
-        assert [m["id"] for m in pool.members()] == ["e0", "e1", "e2"]
+        assert [m["id"] for m in pool.membership.members()] == ["e0", "e1", "e2"]
         assert all(
-            m["kind"] == "startup" and m["protected"] and m["state"] == "active" for m in pool.members()
+            m["kind"] == "startup" and m["protected"] and m["state"] == "active" for m in pool.membership.members()
         )
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
-        served = [m["served"] for m in pool.members()]
+        served = [m["served"] for m in pool.membership.members()]
         assert served == [3, 3, 1] and pool.stats()["requests"] == 3  # contiguous chunks, one per member
         # sampled: the same lengths as one engine (min_new_tokens pins them), per-prompt minima honoured
         p = SamplingParams(max_new_tokens=9, temperature=0.8, min_new_tokens=[9, 0, 9, 0, 9, 0, 9])
@@ -112,7 +112,7 @@ def test_one_prompt_calls_go_to_the_least_loaded_members(serve, local):
         with ThreadPoolExecutor(8) as ex:
             outs = list(ex.map(lambda p: pool.generate([p], GREEDY)[0], PROMPTS + PROMPTS[:1]))
         _same_as_local(outs, local, prompts=PROMPTS + PROMPTS[:1])
-        assert min(m["served"] for m in pool.members()) >= 2  # (4 and 4 unless a call ends early)
+        assert min(m["served"] for m in pool.membership.members()) >= 2  # (4 and 4 unless a call ends early)
     finally:
         pool.close()
 
@@ -124,7 +124,7 @@ def test_member_dying_mid_batch_has_its_prompts_reissued(serve, local):
     try:
         params = SamplingParams(max_new_tokens=30, greedy=True, min_new_tokens=30)
         result = in_background(pool.generate, PROMPTS, params)
-        wait_until(lambda: pool.get("e1").inflight > 0)
+        wait_until(lambda: pool.membership.get("e1").inflight > 0)
         time.sleep(0.1)
         slow.close(abrupt=True)  # the engine process "dies": connections reset, then refused
         outs = result()
@@ -132,11 +132,11 @@ def test_member_dying_mid_batch_has_its_prompts_reissued(serve, local):
         assert all(o.finish_reason == "length" and len(o.token_ids) == 30 for o in outs)
         st = pool.stats()
         assert st["failures"] == 1 and st["reissued_prompts"] == 3 and st["engines_failed"] == 1
-        e1 = pool.get("e1")
+        e1 = pool.membership.get("e1")
         assert e1.state == "failed" and "ConnectionError" in e1.error and e1.inflight == 0
         assert [m.id for m in failed] == ["e1"]
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)  # later batches go to e0 only
-        assert pool.get("e0").served == 7 + 7 and pool.stats()["failures"] == 1
+        assert pool.membership.get("e0").served == 7 + 7 and pool.stats()["failures"] == 1
     finally:
         pool.close()
 
@@ -146,11 +146,11 @@ def test_5xx_marks_member_failed_but_4xx_is_the_callers_error(serve, local):
     pool = EnginePool([good.url, broken.url])
     try:
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
-        assert pool.get("e1").state == "failed" and "HTTP 500" in pool.get("e1").error
-        assert "illegal memory access" in pool.get("e1").error
+        assert pool.membership.get("e1").state == "failed" and "HTTP 500" in pool.membership.get("e1").error
+        assert "illegal memory access" in pool.membership.get("e1").error
         with pytest.raises(ServerError, match="max_new_tokens") as e:
             pool.generate(PROMPTS[:1], SamplingParams(max_new_tokens=-1))
-        assert e.value.status == 400 and pool.get("e0").state == "active"  # not the engine's fault
+        assert e.value.status == 400 and pool.membership.get("e0").state == "active"  # not the engine's fault
     finally:
         pool.close()
 
@@ -159,10 +159,10 @@ def test_no_active_engine_left_raises_and_says_why(serve):
     a, b = serve(), serve()
     pool = EnginePool([a.url, b.url])
     try:
-        pool.remove("e0")
+        pool.membership.remove("e0")
         with pytest.raises(PoolError, match="last active engine"):
-            pool.remove("e1")
-        assert pool.get("e0").state == "removed" and pool.get("e1").state == "active"
+            pool.membership.remove("e1")
+        assert pool.membership.get("e0").state == "removed" and pool.membership.get("e1").state == "active"
         b.close(abrupt=True)
         with pytest.raises(NoActiveEngine, match=r"e0 removed; e1 failed \(ConnectionError"):
             pool.generate(PROMPTS, GREEDY)
@@ -193,7 +193,7 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
         # a newcomer (fresh weights, version 0) gets the current weights before it serves
         c = serve()
         assert http_json(c.url, "/get_model_info")["weight_version"] == "0"
-        m = pool.add(c.url)
+        m = pool.membership.add(c.url)
         assert (m.id, m.kind, m.protected, m.state, m.weight_version) == (
             "e2",
             "external",
@@ -211,7 +211,7 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
         b.close(abrupt=True)
         pool.update_weights(new, 7)
         assert (
-            pool.weight_version == 7 and pool.get("e1").state == "failed" and [x.id for x in failed] == ["e1"]
+            pool.weight_version == 7 and pool.membership.get("e1").state == "failed" and [x.id for x in failed] == ["e1"]
         )
         assert {http_json(s.url, "/get_model_info")["weight_version"] for s in (a, c)} == {"7"}
         # weights that do not fit the model: every server refuses (400, as SGLang answers a failed load,
@@ -219,7 +219,7 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
         with pytest.raises(PoolError, match=r"no engine loaded weight version 8: e0 .*not\.a\.weight.*; e2 "):
             pool.update_weights({"not.a.weight": torch.zeros(1)}, 8)
         assert pool.weight_version == 7 and [p.name[:3] for p in Path(pool.weights_root).iterdir()] == ["v7-"]
-        assert {pool.get(i).state for i in ("e0", "e2")} == {"failed"}
+        assert {pool.membership.get(i).state for i in ("e0", "e2")} == {"failed"}
     finally:
         pool.close()
     assert not Path(pool.weights_root).exists()
@@ -248,21 +248,21 @@ def test_add_checks_the_url_and_reachability(serve):
     pool = EnginePool([a.url], join_timeout_s=0.5)
     try:
         with pytest.raises(PoolError, match="http:// or https://"):
-            pool.add("ftp://127.0.0.1:1")
+            pool.membership.add("ftp://127.0.0.1:1")
         with pytest.raises(PoolError, match="already in the pool as e0"):
-            pool.add(a.url + "/")
+            pool.membership.add(a.url + "/")
         b = serve()
-        pool.add(b.url)
-        pool.get("e1").state = "failed"  # as after a crash; the engine at that URL is back
-        m = pool.add(b.url)
-        assert m.id == "e2" and pool.get("e1").state == "removed" and pool.get("e1").replaced_by == "e2"
+        pool.membership.add(b.url)
+        pool.membership.get("e1").state = "failed"  # as after a crash; the engine at that URL is back
+        m = pool.membership.add(b.url)
+        assert m.id == "e2" and pool.membership.get("e1").state == "removed" and pool.membership.get("e1").replaced_by == "e2"
         from relax_core.net import free_port
 
         with pytest.raises(PoolError, match="could not join"):
-            pool.add(f"http://127.0.0.1:{free_port()}")
-        gone = pool.members(include_removed=True)[-1]
+            pool.membership.add(f"http://127.0.0.1:{free_port()}")
+        gone = pool.membership.members(include_removed=True)[-1]
         assert gone["state"] == "removed" and "join failed" in gone["error"]
-        assert [m["id"] for m in pool.members()] == ["e0", "e2"]
+        assert [m["id"] for m in pool.membership.members()] == ["e0", "e2"]
     finally:
         pool.close()
 
@@ -272,19 +272,19 @@ def test_remove_waits_for_in_flight_requests(serve, local):
     removed, killed = [], []
     pool = EnginePool([fast.url], kill=killed.append, on_removed=removed.append)
     try:
-        pool.add(slow.url, "ray_native", handle="actor-1")
+        pool.membership.add(slow.url, "ray_native", handle="actor-1")
         params = SamplingParams(max_new_tokens=20, greedy=True, min_new_tokens=20)
         result = in_background(pool.generate, PROMPTS, params)
-        wait_until(lambda: pool.get("e1").inflight > 0)
+        wait_until(lambda: pool.membership.get("e1").inflight > 0)
         t0 = time.monotonic()
-        m = pool.remove("e1", drain_timeout_s=20.0)
+        m = pool.membership.remove("e1", drain_timeout_s=20.0)
         assert time.monotonic() - t0 > 0.1  # it waited for the slow engine's requests
         _same_as_local(result(), local, params)
         assert m.state == "removed" and m.served == 3 and pool.stats()["reissued_prompts"] == 0
         assert killed == ["actor-1"] and [x.id for x in removed] == ["e1"]
-        assert [x["id"] for x in pool.members()] == ["e0"]
+        assert [x["id"] for x in pool.membership.members()] == ["e0"]
         with pytest.raises(PoolError, match="already removed"):
-            pool.remove("e1")
+            pool.membership.remove("e1")
     finally:
         pool.close()
 
@@ -293,25 +293,25 @@ def test_remove_aborts_after_the_drain_timeout_and_reissues(serve, local):
     fast, slow = serve(), serve(delay=0.05)
     pool = EnginePool([fast.url])
     try:
-        pool.add(slow.url)
+        pool.membership.add(slow.url)
         params = SamplingParams(max_new_tokens=40, greedy=True, min_new_tokens=40)
         # without force: the drain times out, the member is active again
         result = in_background(pool.generate, PROMPTS, params)
-        wait_until(lambda: pool.get("e1").inflight > 0)
+        wait_until(lambda: pool.membership.get("e1").inflight > 0)
         with pytest.raises(DrainTimeout, match="active again"):
-            pool.remove("e1", drain_timeout_s=0.1, force=False)
-        assert pool.get("e1").state == "active"
+            pool.membership.remove("e1", drain_timeout_s=0.1, force=False)
+        assert pool.membership.get("e1").state == "active"
         _same_as_local(result(), local, params)
         # with force: aborted on e1, re-issued on e0, every prompt answered in full
         result = in_background(pool.generate, PROMPTS, params)
-        wait_until(lambda: pool.get("e1").inflight > 0)
-        pool.remove("e1", drain_timeout_s=0.1, force=True)
+        wait_until(lambda: pool.membership.get("e1").inflight > 0)
+        pool.membership.remove("e1", drain_timeout_s=0.1, force=True)
         outs = result()
         _same_as_local(outs, local, params)
         assert all(o.finish_reason == "length" for o in outs)
         st = pool.stats()
         assert st["aborts_reissued"] == 3 and st["reissued_prompts"] == 3 and st["failures"] == 0
-        assert pool.get("e1").state == "removed"
+        assert pool.membership.get("e1").state == "removed"
     finally:
         pool.close()
 
@@ -331,20 +331,20 @@ def test_restart_replaces_a_failed_member_with_current_weights(serve, local):
 
     pool = EnginePool(launch=launch, kill=kill)
     try:
-        pool.start(2)
-        assert sorted((m["kind"], m["protected"]) for m in pool.members()) == [("startup", True)] * 2
+        pool.membership.start(2)
+        assert sorted((m["kind"], m["protected"]) for m in pool.membership.members()) == [("startup", True)] * 2
         new = {n: w.detach() * 1.5 for n, w in local.named_weights() if n.startswith("lm_head")}
         pool.update_weights(new, 3)
-        victim = pool.active()[1]
+        victim = pool.membership.active()[1]
         victim.handle.close(abrupt=True)
         assert len(pool.generate(PROMPTS, GREEDY)) == len(PROMPTS) and victim.state == "failed"
-        m = pool.restart(victim.id)
+        m = pool.membership.restart(victim.id)
         assert (m.id, m.kind, m.protected, m.state, m.weight_version) == ("e2", "startup", True, "active", 3)
         assert victim.state == "removed" and victim.replaced_by == "e2" and killed == [victim.handle]
         assert http_json(m.url, "/get_model_info")["weight_version"] == "3"
-        assert len({http_json(x.url, "/weights_checksum")["checksum"] for x in pool.active()}) == 1
+        assert len({http_json(x.url, "/weights_checksum")["checksum"] for x in pool.membership.active()}) == 1
         with pytest.raises(PoolError, match="external"):
-            pool.restart(pool.add(serve().url).id)
+            pool.membership.restart(pool.membership.add(serve().url).id)
     finally:
         pool.close()
 
@@ -372,19 +372,19 @@ def test_ray_native_engines_launch_fail_restart_and_kill(ray_cluster, tiny_model
     launch, kill = ray_launcher(tiny_model_dir, "float32", torch_threads=1, num_cpus=0.1)
     pool = EnginePool(launch=launch, kill=kill)
     try:
-        a, b = pool.start(2)
+        a, b = pool.membership.start(2)
         pids = [ray.get(m.handle.pid.remote()) for m in (a, b)]
         assert len(set(pids)) == 2 and os.getpid() not in pids  # each engine is its own process
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
         ray.kill(b.handle, no_restart=True)  # the engine process dies behind the pool's back
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
         assert b.state == "failed" and pool.stats()["failures"] == 1 and pool.stats()["reissued_prompts"] >= 1
-        c = pool.restart(b.id)
+        c = pool.membership.restart(b.id)
         assert c.kind == "startup" and c.protected and ray.get(c.handle.pid.remote()) not in pids
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
-        pool.remove(c.id, drain_timeout_s=5.0)  # kills its process
+        pool.membership.remove(c.id, drain_timeout_s=5.0)  # kills its process
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(c.handle.pid.remote(), timeout=30)
-        assert [m["id"] for m in pool.members()] == [a.id] and pool.get(b.id).replaced_by == c.id
+        assert [m["id"] for m in pool.membership.members()] == [a.id] and pool.membership.get(b.id).replaced_by == c.id
     finally:
         pool.close(kill=True)

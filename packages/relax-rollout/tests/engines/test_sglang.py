@@ -887,11 +887,11 @@ def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local, tin
     try:
         pending = in_background(engine.generate, PROMPTS, GREEDY)
         wait_until(
-            lambda: all(m["inflight"] for m in engine.pool.members()), 30, "requests in flight on both"
+            lambda: all(m["inflight"] for m in engine.pool.membership.members()), 30, "requests in flight on both"
         )
         os.kill(victim["pid"], signal.SIGKILL)
         wait_until(
-            lambda: engine.pool.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure"
+            lambda: engine.pool.membership.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure"
         )
         wait_until(
             lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1,
@@ -906,7 +906,7 @@ def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local, tin
     assert engine.pool.stats()["reissued_prompts"] - before == 2  # the killed engine's half of the batch
     slot = engine.engines()[0]
     assert slot["pid"] != victim["pid"] and not group_alive(victim["pid"]) and "exited" in slot["error"]
-    assert engine.pool.get(victim["member_id"]).state == "removed" and len(engine.urls) == 2
+    assert engine.pool.membership.get(victim["member_id"]).state == "removed" and len(engine.urls) == 2
     engine.check_weight_version(3)  # the newcomer loaded the current weights before serving
     _assert_same(engine.generate(PROMPTS, GREEDY), local.generate(PROMPTS, GREEDY))
 

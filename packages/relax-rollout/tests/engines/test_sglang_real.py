@@ -253,7 +253,7 @@ def test_disk_update_loads_the_checkpoint(real, hf, tmp_path):
     assert_served_by(real, hf, 3)
     with pytest.raises(WeightVersionMismatch, match=r"version 5 expected.*'3'.*'3'"):
         real.check_weight_version(5)
-    e0 = real.pool.active()[0]
+    e0 = real.pool.membership.active()[0]
 
     def load_on_e0(version: str) -> None:  # (sent again while SGLang still clears the last requests)
         body = {"model_path": str(tmp_path), "weight_version": version}
@@ -262,7 +262,7 @@ def test_disk_update_loads_the_checkpoint(real, hf, tmp_path):
     load_on_e0("9")
     with pytest.raises(WeightVersionMismatch, match=r"holds '9'") as exc:
         real.check_weight_version(3)  # names the engine that differs, only it
-    assert e0.url in str(exc.value) and real.pool.active()[1].url not in str(exc.value)
+    assert e0.url in str(exc.value) and real.pool.membership.active()[1].url not in str(exc.value)
     load_on_e0("3")
 
 
@@ -436,7 +436,7 @@ def test_an_engine_refusing_mid_update_is_failed_at_once_with_its_error(real, hf
 
     from relax_rollout.engines.pool_members import PoolError
 
-    refusing, other = [m.url for m in real.pool.active()]
+    refusing, other = [m.url for m in real.pool.membership.active()]
     sent = {"n": 0}
     call = real.servers.call
 
@@ -485,7 +485,7 @@ def test_elastic_scale_out_and_in_with_real_engines(real, hf, tmp_path):
 
     first, second = real.urls
     pool = EnginePool(weights_dir=str(tmp_path / "weights"), timeout_s=120)
-    pool.add(first, kind="startup", protected=True)
+    pool.membership.add(first, kind="startup", protected=True)
     tensors = new_weights(hf, 6)
     pool.update_weights(tensors, 20)
     load(hf, tensors)
@@ -497,15 +497,15 @@ def test_elastic_scale_out_and_in_with_real_engines(real, hf, tmp_path):
         assert model_info(second)["weight_version"] != "20"
         op = http_json(api, "/elastic/scale_out", {"engine_urls": [second]})
         assert svc.wait(op["id"], 120).state == "succeeded", svc.operation(op["id"]).to_dict()
-        assert model_info(second)["weight_version"] == "20" and len(pool.active()) == 2
+        assert model_info(second)["weight_version"] == "20" and len(pool.membership.active()) == 2
         outs = pool.generate(PROMPTS * 4, SamplingParams(max_new_tokens=6, temperature=0.0))
         for prompt, out in zip(PROMPTS * 4, outs):
             assert out.weight_version == 20
             assert out.log_probs == pytest.approx(model_log_probs(hf, prompt, out.token_ids), abs=1e-3)
-        assert all(m["served"] > 0 for m in pool.members())  # both engines served
+        assert all(m["served"] > 0 for m in pool.membership.members())  # both engines served
         op = http_json(api, "/elastic/scale_in", {"engine_urls": [second]})
         assert svc.wait(op["id"], 120).state == "succeeded", svc.operation(op["id"]).to_dict()
-        assert [m.url for m in pool.active()] == [first]
+        assert [m.url for m in pool.membership.active()] == [first]
     finally:
         httpd.shutdown()
         pool.close()

@@ -12,10 +12,10 @@ some — while the rollout manager keeps seeing one ``RolloutEngine``. The pool 
   prompt, or raises :class:`NoActiveEngine` saying what happened to every member.
 - **Every serving member holds the current weights.** ``update_weights`` writes the tensors once to a
   pool-owned directory (one sub-directory per version, replaced atomically, the previous one deleted
-  after the push) that is *kept*: a newcomer (``add``, ``restart``) loads it through
+  after the push) that is *kept*: a newcomer (``membership.add``, ``.restart``) loads it through
   ``/update_weights_from_disk`` and must report the pool's version in ``/model_info`` before it gets
   any request. A member that fails the push is marked failed instead of failing the update.
-- **Scale-in drains.** ``remove`` stops sending to the member, waits for its in-flight requests up to
+- **Scale-in drains.** ``membership.remove`` stops sending to the member, waits for its in-flight requests up to
   the drain time-out, then (``force``) aborts them with ``/abort_request`` — they come back and are
   re-issued elsewhere — and only then reports it removed (``kill(handle)`` for a launched engine, then
   ``on_removed(member)``). The last active member is never removed; start-up members are ``protected``
@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -87,8 +86,8 @@ class _Round:
 class EnginePool(ServerClient):
     """A :class:`~relax_rollout.engines.base.RolloutEngine` over HTTP engine servers.
 
-    ``urls``: start-up engines already serving (kind ``startup``, protected); more join with :meth:`add`,
-    :meth:`spawn` (through ``launch``) or :meth:`start`. ``launch() -> (url, handle)`` starts one engine
+    ``urls``: start-up engines already serving (kind ``startup``, protected); more join through
+    :attr:`membership` (``add``, ``spawn`` through ``launch``, or ``start``). ``launch() -> (url, handle)`` starts one engine
     (e.g. :func:`~relax_rollout.server.served.ray_launcher`), ``launch(node)`` one on the node at that
     address (needed only for a spawn that names a node), ``kill(handle)`` ends one.
     ``on_failure(member)`` and ``on_removed(member)`` are called (from the calling thread, keep them
@@ -388,59 +387,6 @@ class EnginePool(ServerClient):
         if len(set(sums.values())) != 1:
             raise RuntimeError(f"pool engines hold different weights: {sums}")
         return next(iter(sums.values()))
-
-    # -- membership: :attr:`membership`'s calls, for the pool's users ------------------------------
-    def get(self, member_id: str) -> Member:
-        return self.membership.get(member_id)
-
-    def members(self, include_removed: bool = False) -> list[dict[str, Any]]:
-        return self.membership.members(include_removed)
-
-    def active(self) -> list[Member]:
-        return self.membership.active()
-
-    def find(self, url: str) -> Member | None:
-        return self.membership.find(url)
-
-    def add(
-        self,
-        url: str,
-        kind: str = "external",
-        handle: Any = None,
-        protected: bool = False,
-        node: str | None = None,
-    ) -> Member:
-        return self.membership.add(url, kind, handle, protected, node)
-
-    def spawn(self, kind: str = "ray_native", protected: bool = False, node: str | None = None) -> Member:
-        return self.membership.spawn(kind, protected, node)
-
-    def start(self, n: int) -> list[Member]:
-        return self.membership.start(n)
-
-    def remove(
-        self,
-        member_id: str,
-        drain_timeout_s: float = 30.0,
-        force: bool = True,
-        cancel: threading.Event | None = None,
-    ) -> Member:
-        return self.membership.remove(member_id, drain_timeout_s, force, cancel)
-
-    def reactivate(self, member_id: str) -> Member:
-        return self.membership.reactivate(member_id)
-
-    def restart(self, member_id: str) -> Member:
-        return self.membership.restart(member_id)
-
-    def mark_failed(self, member_id: str, reason: str) -> Member:
-        return self.membership.mark_failed(member_id, reason)
-
-    def retire(self, member_id: str, replaced_by: str | None = None) -> Member:
-        return self.membership.retire(member_id, replaced_by)
-
-    def health(self) -> dict[str, bool]:
-        return self.membership.health()
 
     @property
     def weights_path(self) -> str | None:

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        state.destroy_group()
+        state.group.leave()
         httpd.server_close()
     return 0
 

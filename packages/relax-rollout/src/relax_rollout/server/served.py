@@ -78,7 +78,7 @@ class ServedEngine:
         self.closed = True
         self.httpd.shutdown(abrupt=abrupt)
         self.httpd.server_close()
-        self.state.destroy_group()
+        self.state.group.leave()
 
 
 def _node_ip() -> str:

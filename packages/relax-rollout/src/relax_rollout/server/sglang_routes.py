@@ -155,7 +155,7 @@ def update_from_disk(s: EngineServer, body: dict):
 
 
 def init_group(s: EngineServer, body: dict):
-    s.init_group(body)
+    s.group.join(body)
     return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
 
@@ -209,26 +209,26 @@ def update_from_distributed(s: EngineServer, body: dict):
         k: _flag(body, k, d)
         for k, d in (("flush_cache", True), ("abort_all_requests", False), ("torch_empty_cache", False))
     }
-    s.check_group(body.get("group_name"))
+    s.group.check(body.get("group_name"))
     if not s.session:  # SGLang 0.5.23 refuses it outside a session, before joining the broadcast
         return _refused(
             "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
         )
     if flags["abort_all_requests"]:
         s.abort("", abort_all=True)
-    if s.receives_broadcast:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
-        v = s.receive_weights(body, body.get("weight_version") is not None or flags["flush_cache"])
+    if s.group.receives_broadcast:  # SGLang's group: this request's tensors come now, from rank 0's broadcast
+        v = s.group.receive(body, body.get("weight_version") is not None or flags["flush_cache"])
         if v is None:
             return 200, {"success": True, "message": "Succeeded to update parameter online."}
     else:
         timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=0.0)
-        v = s.wait_for_version(body.get("weight_version"), timeout)
+        v = s.group.wait_for_version(body.get("weight_version"), timeout)
     return 200, {"success": True, "message": f"Succeeded to update parameter online. Weight version {v}."}
 
 
 def destroy_group(s: EngineServer, body: dict):
-    s.check_group(body.get("group_name"))
-    s.destroy_group()
+    s.group.check(body.get("group_name"))
+    s.group.leave()
     return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
 
 

@@ -1,5 +1,6 @@
 """The engine server's state: the engine, its tokenizer, the pause gate, the requests in flight and the
-weight group it joined — everything the routes call, and no HTTP.
+weight group it joined (its part :class:`~relax_rollout.server.joined_group.JoinedGroup`) — everything the
+routes call, and no HTTP.
 
 Why a module of its own: the routes (:mod:`.sglang_routes`, :mod:`.extra_routes`, :mod:`.openai_routes`,
 :mod:`.trajectory_routes`) take an :class:`EngineServer` and :mod:`.app` maps paths to them; the state
@@ -31,7 +32,8 @@ from relax_rollout.engines.base import (
     supports,
 )
 from relax_rollout.server import media as chat_media
-from relax_rollout.server import protocol, trajectories
+from relax_rollout.server import trajectories
+from relax_rollout.server.joined_group import JoinedGroup, next_version
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest
 from relax_rollout.server.streaming import GenerationStream, TokenCount
@@ -64,10 +66,6 @@ class EngineServer:
     pause_mode: str = "abort"
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _reqs: dict[str, _Req] = field(default_factory=dict)
-    _receiver: Any = None
-    _pg: Any = None
-    _pending: dict[str, Any] = field(default_factory=dict)
-    _group_name: str | None = None
     session: bool = False
     """A weight-update session is open (``/begin_weight_update`` … ``/end_weight_update``), as SGLang
     requires around ``/update_weights_from_distributed``."""
@@ -90,8 +88,11 @@ class EngineServer:
     context_len: int | None = field(default=None, init=False)
     """The model's context (prompt + generated tokens), where the engine's model config says it."""
     vocab_size: int | None = field(default=None, init=False)
+    group: JoinedGroup = field(init=False)
+    """The weight update group this server joined (``/init_weights_update_group``), if any."""
 
     def __post_init__(self) -> None:
+        self.group = JoinedGroup(self.engine)
         self.metrics.bind(self.served_model_name, lambda: _version_number(self.engine))
         try:
             self._hook_ok = "on_step" in inspect.signature(self.engine.generate).parameters
@@ -320,14 +321,6 @@ class EngineServer:
             return len(hit)
 
     # -- weights ---------------------------------------------------------------------------------
-    def _next_version(self, requested: Any, field_name: str = "weight_version") -> int:
-        if requested is None:
-            return self.engine.weight_version + 1
-        try:
-            return int(requested)
-        except (TypeError, ValueError):
-            raise BadRequest(field_name, f"must be an integer version (got {requested!r})") from None
-
     def update_from_disk(self, model_path: str, version: Any) -> int:
         import torch
         from safetensors.torch import load_file
@@ -344,124 +337,12 @@ class EngineServer:
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(load_file(str(f)))
-        v = self._next_version(version)
+        v = next_version(self.engine, version)
         try:
             self.engine.update_weights(tensors, v)
         except KeyError as e:
             raise BadRequest("model_path", f"checkpoint does not match the served model: {e}") from None
         return v
-
-    def init_group(self, body: dict) -> None:
-        """``/init_weights_update_group``: join rank 0's group as ``rank_offset`` — SGLang's group
-        (:mod:`relax_rollout.engines.weight_group`; each ``/update_weights_from_distributed`` then takes
-        its tensors from a broadcast), or with ``"protocol": "relax_dcs"`` (a relax extension) the
-        trainer's DCS group, whose sender pushes every version."""
-        for key in ("master_address", "master_port", "rank_offset", "world_size"):
-            if key not in body:
-                raise BadRequest(key, "is required")
-        for key in ("master_port", "rank_offset", "world_size"):
-            if not isinstance(body[key], int) or isinstance(body[key], bool):
-                raise BadRequest(key, f"must be an integer (got {body[key]!r})")
-        backend = body.get("backend", "gloo")
-        if backend not in ("gloo", "nccl"):
-            raise BadRequest("backend", f"must be 'gloo' or 'nccl' (got {backend!r})")
-        proto = body.get("protocol", "sglang")
-        if proto not in ("sglang", "relax_dcs"):
-            raise BadRequest("protocol", f"must be 'sglang' (default) or 'relax_dcs' (got {proto!r})")
-        if self._receiver is not None or self._pg is not None:
-            raise BadRequest("group_name", "a weight update group is already initialised; destroy it first")
-        if not 1 <= body["rank_offset"] < body["world_size"]:
-            raise BadRequest(
-                "rank_offset",
-                f"must be in 1..world_size-1 (rank 0 sends; got {body['rank_offset']} of "
-                f"{body['world_size']})",
-            )
-        name = body.get("group_name", "weight_update_group")
-        init = f"tcp://{body['master_address']}:{body['master_port']}"
-        if proto == "sglang":
-            from relax_rollout.engines.weight_group import new_group
-
-            timeout = protocol._num(body, "timeout_s", "body", float, 300.0, lo=1.0)
-            # rendezvous with rank 0 (this server's engine has one rank: tensor parallelism is SGLang's)
-            self._pg = new_group(backend, init, body["world_size"], body["rank_offset"], name, timeout)
-            self._pending = {}
-            self._group_name = name
-            return
-        from relax_core.dcs import WeightReceiver
-
-        try:
-            rcv = WeightReceiver(
-                init, body["world_size"], body["rank_offset"], backend=backend, group_name=name
-            )
-        except ValueError as e:
-            raise BadRequest("rank_offset", str(e)) from None
-        rcv.connect()  # rendezvous with the trainer's WeightSender
-        rcv.start_background(lambda v, t: self.engine.update_weights(t, v))
-        self._receiver = rcv
-        self._group_name = name
-
-    @property
-    def receives_broadcast(self) -> bool:
-        """Joined SGLang's weight group: each ``/update_weights_from_distributed`` takes its tensors from
-        rank 0's broadcast (:meth:`receive_weights`); else (relax DCS, or no group) a background receiver
-        applies the versions pushed and the request waits for its own (:meth:`wait_for_version`)."""
-        return self._pg is not None
-
-    def check_group(self, group_name: Any) -> None:
-        """A request naming a weight update group must name the one this server joined."""
-        if group_name is None or (self._receiver is None and self._pg is None):
-            return
-        if group_name != self._group_name:
-            raise BadRequest(
-                "group_name",
-                f"no weight update group {group_name!r}; this server joined {self._group_name!r}",
-            )
-
-    def receive_weights(self, body: dict, apply: bool) -> int | None:
-        """SGLang's group: take the tensors ``body`` names from rank 0's broadcast. They are applied with
-        the request that carries ``weight_version`` or ``flush_cache`` (``apply``), together with those of
-        the requests before it: MoE experts sent one per expert may span buckets and this engine loads
-        them fused. Returns the version applied, or None while held."""
-        from relax_rollout.engines.weight_group import receive
-
-        names, dtypes, shapes = body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or []
-        try:
-            got = receive(self._pg, names, dtypes, shapes, body.get("load_format"))
-        except ValueError as e:
-            raise BadRequest("dtypes", str(e)) from None
-        self._pending.update(got)
-        if not apply:
-            return None
-        tensors, self._pending = self._pending, {}
-        v = self._next_version(body.get("weight_version"))
-        try:
-            self.engine.update_weights(tensors, v)
-        except KeyError as e:
-            raise BadRequest("names", f"weights do not match the served model: {e}") from None
-        return v
-
-    def wait_for_version(self, version: Any, timeout_s: float) -> int:
-        """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""
-        if self._receiver is None:
-            raise BadRequest("group_name", "no weight update group: call /init_weights_update_group first")
-        want = self._next_version(version)
-        deadline = time.monotonic() + timeout_s
-        while self.engine.weight_version < want:
-            self._receiver.check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"weight version {want} not received within {timeout_s}s")
-            time.sleep(0.01)
-        return self.engine.weight_version
-
-    def destroy_group(self) -> None:
-        if self._receiver is not None:
-            self._receiver.close()
-            self._receiver = None
-        if self._pg is not None:
-            from relax_rollout.engines.weight_group import destroy_group
-
-            destroy_group(self._pg)
-            self._pg, self._pending = None, {}
 
     # -- device memory (colocate: the trainer uses the device between rollouts) --------------------
     def memory(self, body: Any, release: bool) -> None:

@@ -119,6 +119,32 @@ def _checked(
     return model_path, served
 
 
+def _check_weights_reach_nodes(weight_update: str, weights_dir: str | None) -> None:
+    """Engines on other nodes take weights from disk (a directory every node sees) or a broadcast."""
+    if weight_update == "tensor":
+        raise ValueError(
+            "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
+            "other nodes take weights from disk or a broadcast: use weight_update='disk' or "
+            "'distributed'"
+        )
+    if weights_dir is None and weight_update == "disk":
+        raise ValueError(
+            "engines on other nodes load each weight version from the directory this node writes it "
+            "to: give weights_dir, on a filesystem every node sees at the same path"
+        )
+
+
+def _port(base_port: int | None, k: int) -> int | None:
+    return None if base_port is None else base_port + k
+
+
+def _shared_paths(servers: SGLangServers, model_path: str) -> list[str]:
+    """What an engine on another node must see at the same path: the weights directory, the model."""
+    return ([str(servers.pool.weights_root)] if servers.weight_update == "disk" else []) + (
+        [model_path] if os.path.exists(model_path) else []
+    )
+
+
 def _routing(model_path: str, record_routing: bool, env: dict[str, str]) -> RoutingInfo | None:
     """The MoE layout to record expert ids of (``record_routing``); warns of what makes the servers' replies
     other than the engine promises."""
@@ -220,18 +246,16 @@ class SGLangEngine:
         self.routing = _routing(model_path, record_routing, self.env)
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="relax-sglang-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        places = place_engines(num_engines, tp_size, gpu_ids, gpus_per_node)
         slots = [
-            EngineProcess(
-                k,
-                gpus,
-                self.log_dir / f"engine{k}.log",
-                None if base_port is None else base_port + k,
-                node=node,
-            )
-            for k, (node, gpus) in enumerate(place_engines(num_engines, tp_size, gpu_ids, gpus_per_node))
+            EngineProcess(k, gpus, self.log_dir / f"engine{k}.log", _port(base_port, k), node=node)
+            for k, (node, gpus) in enumerate(places)
         ]
         if any(slot.node is not None for slot in slots):
-            self._span_nodes(weight_update, weights_dir)
+            _check_weights_reach_nodes(weight_update, weights_dir)
+            if self.token is None:  # they listen on their node's address, not loopback
+                self.token = secrets.token_urlsafe(24)
+                self.server_args["api_key"] = self.token
         self._inflight: set[str] = set()
         self._assemble(slots, weight_update, weights_dir, lora)
         try:
@@ -239,23 +263,6 @@ class SGLangEngine:
         except BaseException:
             self.close()
             raise
-
-    def _span_nodes(self, weight_update: str, weights_dir: str | None) -> None:
-        """Engines on other nodes: weights reach them from disk or a broadcast, and they need a token."""
-        if weight_update == "tensor":
-            raise ValueError(
-                "weight_update='tensor' hands CUDA tensors to engines on the trainer's node; engines on "
-                "other nodes take weights from disk or a broadcast: use weight_update='disk' or "
-                "'distributed'"
-            )
-        if weights_dir is None and weight_update == "disk":
-            raise ValueError(
-                "engines on other nodes load each weight version from the directory this node writes it "
-                "to: give weights_dir, on a filesystem every node sees at the same path"
-            )
-        if self.token is None:  # they listen on their node's address, not loopback
-            self.token = secrets.token_urlsafe(24)
-            self.server_args["api_key"] = self.token
 
     def _assemble(
         self,
@@ -297,7 +304,7 @@ class SGLangEngine:
             s.lock,
             lambda: s.closed,
             s.stop,
-            self._shared_paths,
+            functools.partial(_shared_paths, s, self.model_path),
         )
         self.launcher.spans_nodes = any(slot.node is not None for slot in s.slots)
         self._finalizer = weakref.finalize(self, stop_processes, self.launcher.procs, 5.0)
@@ -346,12 +353,6 @@ class SGLangEngine:
             self.python,
         )
 
-    def _shared_paths(self) -> list[str]:
-        """What an engine on another node must see at the same path: the weights directory, the model."""
-        return ([str(self.pool.weights_root)] if self.weight_update == "disk" else []) + (
-            [self.model_path] if os.path.exists(self.model_path) else []
-        )
-
     # -- introspection ----------------------------------------------------------------------------
     @property
     def pool(self) -> EnginePool:
@@ -374,7 +375,7 @@ class SGLangEngine:
     @property
     def urls(self) -> list[str]:
         """The URLs of the engines serving now."""
-        return [m.url for m in self.pool.active()]
+        return [m.url for m in self.pool.membership.active()]
 
     def inflight_rids(self) -> set[str]:
         """Request ids sent by :meth:`generate` and not answered yet (what :meth:`abort` can target)."""

@@ -87,7 +87,7 @@ class SGLangLifecycle:
         """Add a ready engine to the pool, paused when the others are."""
         s = self.servers
         assert slot.url is not None
-        member = s.pool.add(slot.url, kind="startup", handle=slot.index, protected=True)
+        member = s.pool.membership.add(slot.url, kind="startup", handle=slot.index, protected=True)
         with s.lock:
             # the others are paused: so is a newcomer. Paused under the lock, before it shows as running: a
             # resume() racing this join either lands first (nothing to pause) or after (it continues the
@@ -113,7 +113,7 @@ class SGLangLifecycle:
             if s.closed or slot.state != "running" or slot.proc is None:
                 return
             rc = slot.proc.poll()
-            member = s.pool.get(slot.member_id) if slot.member_id else None
+            member = s.pool.membership.get(slot.member_id) if slot.member_id else None
             if rc is not None:
                 reason = f"process {slot.proc.pid} exited with code {rc}"
             elif member is not None and member.state == "failed":
@@ -129,7 +129,7 @@ class SGLangLifecycle:
             self.launcher.tail(slot, 10),
         )
         if member is not None:
-            s.pool.mark_failed(member.id, reason)
+            s.pool.membership.mark_failed(member.id, reason)
         threading.Thread(
             target=self.restart, args=(slot, member), name=f"relax-sglang-restart-{slot.index}", daemon=True
         ).start()
@@ -162,7 +162,7 @@ class SGLangLifecycle:
                             slot.state = "waiting"
                         if old is not None:
                             try:
-                                s.pool.retire(old.id)
+                                s.pool.membership.retire(old.id)
                             except PoolError:
                                 pass
                         logger.info(
@@ -194,7 +194,7 @@ class SGLangLifecycle:
                 continue
             if old is not None:
                 try:
-                    s.pool.retire(old.id, replaced_by=slot.member_id)
+                    s.pool.membership.retire(old.id, replaced_by=slot.member_id)
                 except PoolError:
                     pass
             logger.info(

@@ -241,7 +241,7 @@ class SGLangAdapters:
             shapes = check_adapter(tensors, self.config, self._shapes)
             payload = serialize_adapter(tensors)
             body = load_adapter_request(name, self.config, payload, s.tp_size)
-            urls = [m.url for m in s.pool.active()]
+            urls = [m.url for m in s.pool.membership.active()]
             if not urls:
                 raise PoolError(f"no active SGLang engine to load adapter version {version}: {s.describe()}")
             failed = self._each(urls, "/load_lora_adapter_from_tensors", body)
@@ -292,9 +292,9 @@ class SGLangAdapters:
                 f.result()
             except (ServerError, OSError) as x:
                 failed[url] = f"{path} failed: {type(x).__name__}: {x}"
-                m = s.pool.find(url)
+                m = s.pool.membership.find(url)
                 if m is not None and m.state == "active":
-                    s.pool.mark_failed(m.id, failed[url])  # the supervisor restarts it
+                    s.pool.membership.mark_failed(m.id, failed[url])  # the supervisor restarts it
         return failed
 
     def _unload_later(self, a: Adapter) -> None:
@@ -303,7 +303,7 @@ class SGLangAdapters:
         s = self.servers
 
         def unload() -> None:
-            for m in s.pool.active():
+            for m in s.pool.membership.active():
                 try:
                     s.call(m.url, "/unload_lora_adapter", unload_adapter_request(a.name))
                 except Exception as x:  # noqa: BLE001 — a leftover adapter costs memory, not correctness

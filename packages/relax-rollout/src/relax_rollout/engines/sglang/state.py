@@ -64,7 +64,7 @@ class SGLangServers:
     ) -> list[tuple[Member, Any]]:
         """``path`` on every active engine concurrently (``body(i, member)`` for a per-engine body); raises
         the first error after all answered."""
-        members = self.pool.active()
+        members = self.pool.membership.active()
         if not members:
             raise PoolError(f"no active SGLang engine for {path}: {self.describe()}")
         futs = [

@@ -153,6 +153,16 @@ def _abort_collectives(pg: Any) -> None:
         logger.debug("aborting the weight group's collectives: %s", e)
 
 
+def _gpu_shared(device: Any, slots: Iterable[Any]) -> bool:
+    """Whether CUDA ``device`` of this process is one an engine of ``slots`` on this node runs on (colocated)."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    gpu = visible[index] if index < len(visible) else str(index)
+    return any(gpu in slot.gpus for slot in slots if slot.node is None)
+
+
 def served_names(named: Iterable[tuple[str, Any]], prefix: str) -> list[tuple[str, Any]]:
     """The trainer's tensors as the served checkpoint names them: MoE experts one per expert
     (:mod:`relax_rollout.engines.expert_names`), under ``prefix`` (``thinker.`` for a whole Qwen3-Omni)."""
@@ -220,7 +230,7 @@ class SGLangWeights:
         """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
         s = self.servers
         wrong = []
-        members = s.pool.active()
+        members = s.pool.membership.active()
         if not members:
             raise PoolError(f"no active SGLang engine to check weight version {version}: {s.describe()}")
         futs = [(m, s.executor.submit(model_info, m.url, s.token, s.request_timeout_s)) for m in members]
@@ -242,11 +252,11 @@ class SGLangWeights:
         :class:`WeightUpdateFailed` when none took it. ``send(call)``: how each engine's call is made
         (default: once)."""
         pool = self.servers.pool
-        urls = [m.url for m in pool.active()] if urls is None else urls
+        urls = [m.url for m in pool.membership.active()] if urls is None else urls
         failed = self._each(urls, path, body, send)
         if urls and len(failed) == len(urls):
             raise WeightUpdateFailed(f"{path}: no engine took the update ({'; '.join(failed.values())})")
-        if not pool.active():
+        if not pool.membership.active():
             raise PoolError(f"{path}: no engine left serving: {self.servers.describe()}")
 
     def _each(
@@ -273,9 +283,9 @@ class SGLangWeights:
 
     def _engine_failed(self, url: str, reason: str) -> None:
         s = self.servers
-        m = s.pool.find(url)
+        m = s.pool.membership.find(url)
         if m is not None and m.state == "active":
-            s.pool.mark_failed(m.id, reason)  # the supervisor restarts it
+            s.pool.membership.mark_failed(m.id, reason)  # the supervisor restarts it
             return
         for slot in s.slots:  # a restarted engine that was waiting for weights: restart it again
             if slot.url == url and slot.state == "waiting":
@@ -342,7 +352,7 @@ class SGLangWeights:
                 )
             return bodies[key]
 
-        with self._session([m.url for m in s.pool.active()], pause=False) as opened:
+        with self._session([m.url for m in s.pool.membership.active()], pause=False) as opened:
             self._update_all("/update_weights_from_tensor", body, opened)
         self._updated(version, None)
 
@@ -365,7 +375,7 @@ class SGLangWeights:
         host, port = u.hostname, u.port
         if not host or not port:
             raise ValueError(f"init_method must look like 'tcp://HOST:PORT' (got {init_method!r})")
-        n = len(s.pool.active())
+        n = len(s.pool.membership.active())
         if rank < 1 or rank + n * s.tp_size > world_size:
             raise ValueError(
                 f"{n} engines × {s.tp_size} ranks from rank {rank} do not fit a group of {world_size}"
@@ -395,7 +405,7 @@ class SGLangWeights:
         body = distributed_update_request(
             names, dtypes, shapes, version, self.trainer_group, flush_cache, abort_all_requests, load_format
         )
-        with self._session([m.url for m in self.servers.pool.active()], pause=False) as opened:
+        with self._session([m.url for m in self.servers.pool.membership.active()], pause=False) as opened:
             self._update_all("/update_weights_from_distributed", body, opened)
         self._updated(version, None)
 
@@ -418,13 +428,13 @@ class SGLangWeights:
         if not named:
             raise ValueError("a weight update needs at least one tensor")
         device = named[0][1].device
-        if device.type == "cuda" and self._gpu_shared(device):
+        if device.type == "cuda" and _gpu_shared(device, self.servers.slots):
             device = type(device)("cpu")  # NCCL refuses two ranks on one GPU: send from host memory over gloo
         backend = "nccl" if device.type == "cuda" else "gloo"
         parts = wg.buckets(named, self.bucket_bytes)
         with self._lock:
             for attempt in (1, 2):
-                members = {m.url: m for m in s.pool.active()}
+                members = {m.url: m for m in s.pool.membership.active()}
                 waiting = [slot for slot in s.slots if slot.state == "waiting" and slot.url not in members]
                 urls = (*members, *(slot.url for slot in waiting if slot.url is not None))
                 if not urls:
@@ -453,7 +463,7 @@ class SGLangWeights:
                             )
                     break
                 except _GroupBroken as x:
-                    if attempt == 2 or not s.pool.active():
+                    if attempt == 2 or not s.pool.membership.active():
                         raise PoolError(f"weight version {version} could not be broadcast: {x}") from None
                     logger.warning("weight version %d: %s; re-forming the group without it", version, x)
         # the pool takes the version first (restarted engines are admitted at it), the check covers them too:
@@ -466,15 +476,6 @@ class SGLangWeights:
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, x)
                 self._restart_later(slot, f"rejoin after weight version {version} failed: {x}")
         self.check_version(version)
-
-    def _gpu_shared(self, device: Any) -> bool:
-        """Whether CUDA ``device`` of this process is one an engine on this node runs on (colocated)."""
-        import torch
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        gpu = visible[index] if index < len(visible) else str(index)
-        return any(gpu in slot.gpus for slot in self.servers.slots if slot.node is None)
 
     def _form_group(self, urls: tuple[str, ...], backend: str) -> _WeightGroup:
         """The current group if it holds exactly ``urls``; else a new one (the old one destroyed)."""
@@ -556,7 +557,9 @@ class SGLangWeights:
         group, self.group = self.group, None
         if group is None:
             return
-        live = {m.url for m in s.pool.active()} | {slot.url for slot in s.slots if slot.state == "waiting"}
+        live = {m.url for m in s.pool.membership.active()} | {
+            slot.url for slot in s.slots if slot.state == "waiting"
+        }
         futs = [
             s.executor.submit(s.call, url, "/destroy_weights_update_group", {"group_name": group.name}, 30.0)
             for url in group.urls

@@ -443,3 +443,60 @@ def test_no_class_has_more_than_20_methods_counting_its_bases():
     over = {n: k for n, k in counts.items() if k > CLASSES_LEFT.get(n, MAX_METHODS)}
     assert over == {}, "split these into parts that own their state (or, listed, one grew: split first)"
     assert all(counts.get(n, 0) > MAX_METHODS for n in CLASSES_LEFT), "a listed class is small now: drop it"
+
+
+# -- role names come from the registry (#52) --------------------------------------------------------------
+MODEL_KINDS = {"policy", "reference", "teacher"}
+""":attr:`relax_core.role.RoleSpec.model`'s kinds the drivers resolve (a role's own model is any other name)."""
+
+
+def _role_names() -> set[str]:
+    from importlib import metadata
+
+    from relax_core.roles import ROLE_GROUP
+
+    return {ep.name for ep in metadata.entry_points(group=ROLE_GROUP)}
+
+
+def _hard_coded_roles(tree: ast.AST, names: set[str], role_only: set[str]) -> list[tuple[int, str]]:
+    """Comparisons with a name that only a role has, and literal collections of two role names or more."""
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare):
+            for side in [n.left, *n.comparators]:
+                consts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                found += [
+                    (n.lineno, c.value)
+                    for c in consts
+                    if isinstance(c, ast.Constant) and c.value in role_only
+                ]
+        items = (
+            n.elts
+            if isinstance(n, (ast.Tuple, ast.List, ast.Set))
+            else n.keys
+            if isinstance(n, ast.Dict)
+            else []
+        )
+        spelt = {c.value for c in items if isinstance(c, ast.Constant) and c.value in names}
+        if len(spelt) >= 2:
+            found.append((n.lineno, ", ".join(sorted(spelt))))
+    return found
+
+
+def test_no_role_name_is_hard_coded_outside_the_registry():
+    """The drivers, trace, metrics and health know the roles from the registry and each role's spec (its
+    part, its model kind), never by name: relax-core and the app compare no value with a name only a role
+    has (``model == "critic"``) and list no role names (a row order, a list of stateful roles). A role's own
+    package names itself."""
+    from relax_core.role import Part
+
+    names = _role_names()
+    assert {"rollout", "actor", "critic"} <= names, "the installed roles are registered"
+    role_only = names - set(Part.__args__) - MODEL_KINDS
+    found = [
+        (name, *hit)
+        for name, f in _modules().items()
+        if name.split(".")[0] in ("relax_core", "relax_app")
+        for hit in _hard_coded_roles(ast.parse(f.read_text()), names, role_only)
+    ]
+    assert found == [], "take the role from the registry or its RoleSpec, not by its name"

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relax_core.checkpoints import CheckpointNotFound
-from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line, unfixable
+from relax_core.engine_restarts import EngineRestarts
+from relax_core.health import Event, HealthPolicy, Heartbeats, RunFailed, first_line
 from relax_core.optional import import_ray
 from relax_core.ownership import crashed_in_reward, read_record
 from relax_core.placement import NodePlacement
@@ -65,8 +66,8 @@ class AsyncRun:
         self.policy = HealthPolicy(self.cfg.run.max_restarts_per_role, self.cfg.run.max_global_restarts)
         self.beats = Heartbeats(self.cfg.run.heartbeat_interval_s, self.cfg.run.heartbeat_timeout_s)
         self.start_step = 0
-        self._engine_jobs: dict[str, tuple[Any, Event, float]] = {}
-        """Engine restarts asked of the rollout role: id -> (pending ref or None once handled, event, t0)."""
+        self.engine_restarts = EngineRestarts(self.ray, self.policy.events, notifier)
+        """Engine restarts asked of the rollout role."""
         self._nodes: NodePlacement | None = None
         self._recovering: dict[str, tuple[Event, float, Any]] = {}
         """Roles restarted in place and not yet serving: name -> (event, t0, the new actor's first heartbeat)."""
@@ -163,7 +164,7 @@ class AsyncRun:
         if load:
             meta = ray.get(self.trainer.load.remote(load))
             start = rollout_start = int(meta["version"])
-            ray.get([self.roles[n].load_state.remote(load) for n in self.stateful()])
+            ray.get([self.roles[n].load_state.remote(load) for n in self.plan.stateful])
             if resume is not None:  # rollout goes on after the batches the snapshot holds
                 rollout_start = int(resume["next_step"])
                 ray.get(self.rollout.load_data_state.remote(resume["data"]))
@@ -182,10 +183,6 @@ class AsyncRun:
         self._start_loop(self.plan.trainer, start)
         self.start_step = start
         return start
-
-    def stateful(self) -> list[str]:
-        """The consumers that train a model of their own (the critic): they load their state on --load."""
-        return [n for n in self.plan.loops if Restart.STATE in self.plan.roles[n].restart]
 
     def _start_loop(self, name: str, start: int) -> None:
         """Start role ``name``'s loop, as its part runs one: the trainer's (its future is :attr:`done`)
@@ -219,7 +216,7 @@ class AsyncRun:
                 ray.get(ref)
                 failures.append((name, "its loop ended before training finished"))
             except Exception as e:  # noqa: BLE001 - the reason goes to the event and the notification
-                self._stop_if_unfixable(name, e)
+                self.policy.stop_if_unfixable(name, e)
                 failures.append((name, first_line(e, 300)))
         self._recovered()
         if self.cfg.run.health and not failures:
@@ -243,41 +240,9 @@ class AsyncRun:
             except Exception as e:  # noqa: BLE001
                 results[r] = e
             if isinstance(results[r], dict) and results[r].get("failed_engines"):
-                self._restart_engines(results[r]["failed_engines"])
-        self._engine_restarts_done()
+                self.engine_restarts.ask(self.rollout, results[r]["failed_engines"])
+        self.engine_restarts.collect()
         return self.beats.check(set(ready), results, now)
-
-    def _restart_engines(self, failed: list[dict[str, Any]]) -> None:
-        """Engines run in their own processes under the rollout role: ask it to restart failed ones
-        (asynchronously: the supervision loop goes on meanwhile)."""
-        for f in failed:
-            if f["engine"] in self._engine_jobs:
-                continue
-            ev = Event(f"engine {f['engine']}", str(f.get("reason")), "restart", 0)
-            self.policy.events.append(ev)
-            ref = self.rollout.restart_engine.remote(f["engine"])
-            self._engine_jobs[f["engine"]] = (ref, ev, time.perf_counter())
-
-    def _engine_restarts_done(self) -> None:
-        for eid, (ref, ev, t0) in list(self._engine_jobs.items()):
-            if ref is None:
-                continue  # handled already
-            ready, _ = self.ray.wait([ref], timeout=0)
-            if not ready:
-                continue
-            self._engine_jobs[eid] = (None, ev, t0)
-            try:
-                out = self.ray.get(ref)
-                ev.action, ev.attempt = out["action"], int(out["attempt"])
-                ev.recovery_s = time.perf_counter() - t0 if out["action"] == "restart" else None
-            except Exception as e:  # noqa: BLE001 - recorded; the other engines keep serving
-                ev.action, ev.reason = "restart_failed", f"{ev.reason}; restart failed: {e}"
-            self.notifier.restart(ev.attempt, f"rollout {ev.role} ({ev.action}): {ev.reason}")
-
-    def _stop_if_unfixable(self, name: str, e: BaseException) -> None:
-        """Stop the run (``RunFailed``, no restart) when ``name`` failed with a fault no restart fixes."""
-        if fault := unfixable(e):
-            raise self.policy.give_up(name, fault) from None
 
     def handle(self, name: str, reason: str, in_place_possible: bool = True) -> None:
         t0 = time.perf_counter()
@@ -296,7 +261,9 @@ class AsyncRun:
                 ev = self.policy.escalate(ev, str(e))
                 print(f"[relax] health: {e}; {ev.action.replace('_', ' ')}")
             except Exception as e:  # noqa: BLE001 - a second failure while restarting: the bus, the new actor
-                self._stop_if_unfixable(name, e)  # (the new actor refused to start: the data changed, say)
+                self.policy.stop_if_unfixable(
+                    name, e
+                )  # (the new actor refused to start: the data changed, say)
                 why = f"the restart failed: {first_line(e)}"
                 ev = self.policy.escalate(ev, why)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
@@ -305,7 +272,7 @@ class AsyncRun:
                 self.global_restart()
                 break
             except Exception as e:  # noqa: BLE001 - failed again while starting over: another try, or stop
-                self._stop_if_unfixable(name, e)
+                self.policy.stop_if_unfixable(name, e)
                 why = f"the global restart failed: {first_line(e)}"
                 ev = self.policy.decide(name, f"{reason}; {why}", in_place_possible=False)
                 print(f"[relax] health: {why}; {ev.action.replace('_', ' ')}")
@@ -354,7 +321,7 @@ class AsyncRun:
         ray, spec = self.ray, self.plan.roles[name]
         steps = set(spec.restart)
         self._kill(name)
-        ckpt = self._trainer_checkpoint(name) if Restart.CHECKPOINT in steps else None
+        ckpt = _trainer_checkpoint(self.bus, name, self.cfg) if Restart.CHECKPOINT in steps else None
         if Restart.LEASES in steps:
             assert self.bus is not None, "restarts happen while the run (and its bus) is up"
             self.bus.reset_consumer(name, done_if_written=list(spec.writes))
@@ -370,44 +337,12 @@ class AsyncRun:
             except ray.exceptions.RayTaskError as e:  # its journal cannot say where to go on
                 raise _CannotRestartInPlace(f"the {name} cannot go on in place: {e.cause}") from e
         if spec.part == "rollout":
-            self._engine_jobs = {}  # a new rollout process has its own engines
+            self.engine_restarts.jobs = {}  # a new rollout process has its own engines
         if Restart.WEIGHTS in steps:
             version = self.connect_dcs(republish=True)
             if spec.receives_weights:
                 ray.get(new.wait_weights.remote(version))
         self._start_loop(name, start)
-
-    def _trainer_checkpoint(self, consumer: str) -> str | None:
-        """The checkpoint a new trainer (bus consumer ``consumer``) starts from; acks the batches it
-        covers, gives back the rest."""
-        from relax_core.checkpoints import latest_checkpoint
-
-        bus = self.bus
-        assert bus is not None, "restarts happen while the run (and its bus) is up"
-        acked = set(bus.consumed_ids(consumer))
-        ckpt, covered = None, set()
-        if self.cfg.train.save:
-            try:
-                ckpt = latest_checkpoint(
-                    self.cfg.train.save, read_record(self.cfg.run.output_dir).get("run_id")
-                )
-            except FileNotFoundError:
-                ckpt = None
-        if ckpt is not None:
-            state = CheckpointDir(ckpt).run_state()
-            if not isinstance(state.get("trained_ids"), list):
-                raise _CannotRestartInPlace(f"checkpoint {ckpt} does not list its trained samples")
-            covered = set(state["trained_ids"])
-        if not acked <= covered:
-            raise _CannotRestartInPlace(
-                f"{len(acked - covered)} trained samples are not in the last checkpoint "
-                f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
-            )
-        for lease_id, ids in bus.leases(consumer).items():
-            if set(ids) <= covered:  # trained and saved; the process died before acking
-                bus.ack(consumer, lease_id)
-        bus.reset_consumer(consumer)
-        return ckpt
 
     def teardown(self) -> None:
         """Kill every role and the bus: on a Ray cluster the run does not own (tests, notebooks, a shared
@@ -423,35 +358,50 @@ class AsyncRun:
 
     def global_restart(self) -> None:
         """Every role and the bus from scratch, from the last checkpoint (exact resume)."""
-        from relax_core.checkpoints import latest_checkpoint
-
         self.teardown()
         self.nodes.probe()  # (a node that died or was cut off since gets none of the new actors)
-        ckpt = None
-        if self.cfg.train.save:
-            try:
-                ckpt = latest_checkpoint(
-                    self.cfg.train.save, read_record(self.cfg.run.output_dir).get("run_id")
-                )
-            except FileNotFoundError:
-                ckpt = None
+        ckpt = _latest_checkpoint(self.cfg)
         if ckpt is None:  # nothing saved yet: the run starts over, so it forgets what it logged
             log = Path(self.cfg.run.output_dir) / "metrics.jsonl"
             if log.is_file():
                 os.replace(log, log.with_suffix(".before_restart.jsonl"))
         self.start(ckpt)
 
-    def finish_engine_restarts(self, timeout_s: float = 120.0) -> None:
-        """At the end of the run: restart engines that failed since the last heartbeat and wait for the
-        restarts under way, so the run ends with its engines whole and the record complete."""
-        beat = self.ray.get(self.rollout.heartbeat.remote())
-        if beat.get("failed_engines"):
-            self._restart_engines(beat["failed_engines"])
-        pending = [ref for ref, _, _ in self._engine_jobs.values() if ref is not None]
-        if pending:
-            self.ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
-        self._engine_restarts_done()
-
     def events(self) -> list[Event]:
         self._recovered(wait_s=60.0)  # (a role restarted near the end: its recovery still counts)
         return sorted(self.policy.events, key=lambda ev: ev.at)
+
+
+def _latest_checkpoint(cfg: Any) -> str | None:
+    """The run's newest checkpoint under --save (None: none saved, or no --save)."""
+    from relax_core.checkpoints import latest_checkpoint
+
+    if not cfg.train.save:
+        return None
+    try:
+        return latest_checkpoint(cfg.train.save, read_record(cfg.run.output_dir).get("run_id"))
+    except FileNotFoundError:
+        return None
+
+
+def _trainer_checkpoint(bus: RayBus | None, consumer: str, cfg: Any) -> str | None:
+    """The checkpoint a new trainer (bus consumer ``consumer``) starts from; acks the batches it covers,
+    gives back the rest."""
+    assert bus is not None, "restarts happen while the run (and its bus) is up"
+    acked = set(bus.consumed_ids(consumer))
+    ckpt, covered = _latest_checkpoint(cfg), set()
+    if ckpt is not None:
+        state = CheckpointDir(ckpt).run_state()
+        if not isinstance(state.get("trained_ids"), list):
+            raise _CannotRestartInPlace(f"checkpoint {ckpt} does not list its trained samples")
+        covered = set(state["trained_ids"])
+    if not acked <= covered:
+        raise _CannotRestartInPlace(
+            f"{len(acked - covered)} trained samples are not in the last checkpoint "
+            f"({ckpt or 'none: set --save'}); save every step (--save-interval 1) for in-place trainer restarts"
+        )
+    for lease_id, ids in bus.leases(consumer).items():
+        if set(ids) <= covered:  # trained and saved; the process died before acking
+            bus.ack(consumer, lease_id)
+    bus.reset_consumer(consumer)
+    return ckpt

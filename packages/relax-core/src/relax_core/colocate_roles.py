@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from relax_core import run as shared
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.config import RelaxConfig
-from relax_core.role import Restart
 from relax_core.roles import RolePlan, RoleRegistry
 from relax_core.threads import ThreadGovernor
 
@@ -97,9 +96,8 @@ class ColocateRoles:
 
     def _stateful(self) -> list[Any]:
         """The consumers that train a model of their own (the critic)."""
-        return [
-            h for n, h in zip(self.plan.loops, self.helpers) if Restart.STATE in self.plan.roles[n].restart
-        ]
+        stateful = set(self.plan.stateful)
+        return [h for n, h in zip(self.plan.loops, self.helpers) if n in stateful]
 
     def save_states(self, checkpoint: str) -> None:
         """Their state beside the trainer's ``checkpoint`` (one written outside the save schedule)."""

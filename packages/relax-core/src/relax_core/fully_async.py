@@ -72,7 +72,7 @@ def run_fully_async(
             stats = ray.get(run.futures[run.plan.rollout])
             ray.get([run.futures[n] for n in loops])
             if interrupted:  # (the critic's state beside the trainer's checkpoint)
-                ray.get([run.roles[n].save_state.remote(interrupted) for n in run.stateful()])
+                ray.get([run.roles[n].save_state.remote(interrupted) for n in run.plan.stateful])
             if interrupted is None:
 
                 def eval_last(a: Any = actor) -> object:
@@ -85,7 +85,7 @@ def run_fully_async(
         if bar is not None:
             bar.close()
         history = ray.get(actor.get_history.remote())
-        run.finish_engine_restarts()
+        run.engine_restarts.finish(run.rollout)
         audit = _audit(run)
         bus_stats = bus.stats()
         trace_path = None

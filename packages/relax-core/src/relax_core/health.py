@@ -106,6 +106,11 @@ class HealthPolicy:
             f"role {role!r} failed ({reason}); a restart cannot fix this: stopped, with no more tried"
         )
 
+    def stop_if_unfixable(self, role: str, e: BaseException) -> None:
+        """Stop the run (:class:`RunFailed`, no restart) when ``role`` failed with a fault no restart fixes."""
+        if fault := unfixable(e):
+            raise self.give_up(role, fault) from None
+
     def stop_reason(self, ev: Event) -> str:
         return (
             f"role {ev.role!r} failed ({ev.reason}); giving up after {self.max_per_role} in-place restart(s) per "

@@ -29,7 +29,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from relax_core.config import RelaxConfig
-from relax_core.role import RoleSpec, missing_methods
+from relax_core.role import Restart, RoleSpec, missing_methods
 
 if TYPE_CHECKING:
     from relax_bus import Bus
@@ -154,6 +154,12 @@ class RolePlan:
     def loops(self) -> list[str]:
         """The bus consumers besides the trainer, in data order (each runs its own loop)."""
         return [n for n, s in self.roles.items() if s.part == "consumer"]
+
+    @property
+    def stateful(self) -> list[str]:
+        """The consumers that keep a state of their own (:attr:`Restart.STATE`: a model they train, the
+        critic's): the drivers save it with each checkpoint and load it on --load and on a restart."""
+        return [n for n in self.loops if Restart.STATE in self.roles[n].restart]
 
     @property
     def receivers(self) -> list[str]:

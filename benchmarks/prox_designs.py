@@ -26,7 +26,6 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from relax_app.cli_config import config_from_flat
 from relax_app.demo.assets import prepare_demo
 from relax_app.demo.defaults import DEMO_DEFAULTS
 from relax_train.backends.torch_backend import TorchBackend
-from relax_train.roles.actor import ActorWorker
+from relax_train.roles.prox import exact_prox
 
 
 def batch(cfg, tokenizer, prompts: list[str], seed: int) -> dict:
@@ -105,7 +104,7 @@ def main() -> None:
                 d["log_probs_version"] = [trainer.version - 1] * len(d["tokens"])
                 t0 = time.perf_counter()
                 if design == "A":
-                    ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=trainer), d)
+                    exact_prox(cfg, trainer, d)
                 else:  # ActorFwd takes weights v and re-scores the batch; the trainer waits for it
                     actor_fwd.load_weights(dict(trainer.named_weights()), trainer.version)
                     d["log_probs"] = actor_fwd.compute_log_probs(d)

@@ -162,8 +162,7 @@ class _Rollout(_Base):
 
 class _Trainer(_Base):
     run = train = connect_dcs = publish_weights = eval_now = progress = save = load = _Base.close
-    request_stop = get_interrupted = get_history = get_trained_ids = get_trained_prompts = _Base.close
-    get_weight_log = _Base.close
+    request_stop = get_interrupted = get_record = _Base.close
 
     @classmethod
     def spec(cls, cfg, name):

@@ -59,20 +59,21 @@ def run_colocate(
         if bar is not None:
             bar.close()
         live.update(state="finishing", phase=None, force=True)
+        record = actor.get_record()
         if interrupted is None:
-            shared.final_eval(cfg, inputs, actor.get_history(), lambda: actor.eval_now(cfg.train.num_rollout))
+            shared.final_eval(cfg, inputs, record.history, lambda: actor.eval_now(cfg.train.num_rollout))
             if cfg.train.save:
                 actor.save()
         audit = {
-            "trained_ids": actor.get_trained_ids(),
-            "trained_prompts": actor.get_trained_prompts(),
-            "trainer_weights": actor.get_weight_log(),
+            "trained_ids": list(record.trained_ids),
+            "trained_prompts": [list(p) for p in record.trained_prompts],
+            "trainer_weights": dict(record.weight_log),
             "rollout_weights": rollout.get_weight_log(),
             "consumed": {c: r.bus.consumed_ids(c) for c in r.bus_cfg.consumers},
             "prompt_log": rollout.get_prompt_log(),
         }
         result = shared.RunResult(
-            actor.get_history(),
+            record.history,
             time.perf_counter() - t_start,
             rl_wall,
             len(audit["trained_ids"]),

@@ -5,8 +5,7 @@ staleness bound lets it, the roles computing on samples consume them as they com
 whenever a batch is ready and publishes its weights. The driver starts them (from ``--load`` if given),
 then until the trainer's loop ends: passes a stop request on (SIGTERM / SIGINT: the trainer checkpoints
 after its step), lets supervision handle failed roles (:class:`~relax_core.async_run.AsyncRun`), and moves
-the progress bar. Then the final evaluation and the end-of-run checkpoint (a trainer dying inside it: a global
-restart from the previous checkpoint, supervised again), the history and the audit; then it closes the roles.
+the progress bar; then the final evaluation, the end-of-run checkpoint (supervised too), the audit; it closes the roles.
 """
 
 from __future__ import annotations
@@ -19,16 +18,17 @@ from relax_core.async_run import AsyncRun
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.live import LiveStatus
 from relax_core.live_async import AsyncProbe
+from relax_core.role import TrainerRecord
 
 
-def _audit(run: AsyncRun) -> dict[str, Any]:
+def _audit(run: AsyncRun, record: TrainerRecord) -> dict[str, Any]:
     """What the roles did (samples, weight versions, engines, health, placement), for ``summary.json``."""
-    actor, rollout, bus, ray = run.trainer, run.rollout, run.bus, run.ray
+    rollout, bus, ray = run.rollout, run.bus, run.ray
     assert bus is not None
     return {
-        "trained_ids": ray.get(actor.get_trained_ids.remote()),
-        "trained_prompts": ray.get(actor.get_trained_prompts.remote()),
-        "trainer_weights": ray.get(actor.get_weight_log.remote()),
+        "trained_ids": record.trained_ids,
+        "trained_prompts": record.trained_prompts,
+        "trainer_weights": record.weight_log,
         "rollout_weights": ray.get(rollout.get_weight_log.remote()),
         "consumed": {c: bus.consumed_ids(c) for c in run.plan.consumers},
         "prompt_log": ray.get(rollout.get_prompt_log.remote()),
@@ -84,9 +84,9 @@ def run_fully_async(
             break
         if bar is not None:
             bar.close()
-        history = ray.get(actor.get_history.remote())
+        record = ray.get(actor.get_record.remote())
         run.engine_restarts.finish(run.rollout)
-        audit = _audit(run)
+        audit = _audit(run, record)
         bus_stats = bus.stats()
         trace_path = None
         if cfg.run.trace:
@@ -96,7 +96,7 @@ def run_fully_async(
         ray.get(actor.close.remote())
         ray.get([rollout.close.remote()] + [a.close.remote() for a in loops.values()])
         return shared.RunResult(
-            history,
+            record.history,
             time.perf_counter() - t_start,
             rl_wall,
             len(audit["trained_ids"]),

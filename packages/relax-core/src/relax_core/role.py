@@ -13,7 +13,7 @@ weight receiver :class:`ReceivesWeights`, and the one rollout and the one traine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
@@ -164,6 +164,21 @@ class RolloutRole(Role, ReceivesWeights, Protocol):
     def engines(self) -> list[dict[str, Any]]: ...
 
 
+@dataclass
+class TrainerRecord:
+    """What the trainer trained and logged so far: the run's report and its audits read it (exact resume,
+    restarts, weight-sync checks), and a checkpoint carries its ids (a restarted trainer reports the whole run)."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Every logged row (training steps and evaluations), in order."""
+    trained_ids: list[int] = field(default_factory=list)
+    """The bus ids of every trained sample."""
+    trained_prompts: list[list[str]] = field(default_factory=list)
+    """Prompt ids of every trained batch, one list per step."""
+    weight_log: dict[int, str] = field(default_factory=dict)
+    """--verify-weight-sync: each weight version's checksum as sent."""
+
+
 class TrainerRole(Role, Protocol):
     """The one trainer: trains a batch per step, publishes weights, evaluates, checkpoints."""
 
@@ -189,10 +204,8 @@ class TrainerRole(Role, Protocol):
 
     def request_stop(self, checkpoint_dir: str) -> None: ...
     def get_interrupted(self) -> str | None: ...
-    def get_history(self) -> list[dict[str, Any]]: ...
-    def get_trained_ids(self) -> list[int]: ...
-    def get_trained_prompts(self) -> list[list[str]]: ...
-    def get_weight_log(self) -> dict[int, str]: ...
+    def get_record(self) -> TrainerRecord:
+        """What it trained and logged so far (a copy where it runs in another process)."""
 
 
 def protocols(spec: RoleSpec) -> list[type]:

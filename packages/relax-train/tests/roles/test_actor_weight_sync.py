@@ -84,7 +84,7 @@ def test_a_failed_background_broadcast_fails_the_next_step_without_the_health_ma
     tolerant.weights.send, tolerant.weights.overlap = broken, True
     tolerant.publish_weights()
     tolerant.backend.train_step(_samples())  # under the health manager: counted, the group re-formed
-    assert tolerant.dcs_failures == 1 and tolerant.backend.version == 1
+    assert tolerant.weights.failures == 1 and tolerant.backend.version == 1
     tolerant.close()
 
 
@@ -158,11 +158,10 @@ def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older
     recomputed before the update. Both checked against a recomputation: the update equals the one made
     with π_prox computed exactly beforehand. A sample scored at version 3 keeps ActorFwd's work, and with
     ``--no-exact-proximal-policy`` nothing is touched (the lag is reported)."""
-    from types import SimpleNamespace
-
     import numpy as np
 
     from relax_train.backends.torch_backend import TorchBackend
+    from relax_train.roles.prox import exact_prox
 
     def backend(cfg):
         b = TorchBackend(cfg, tiny_model_dir)
@@ -181,7 +180,7 @@ def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older
         d["log_probs"][stale] = np.zeros_like(d["log_probs"][stale])  # another policy's values
         d["log_probs_version"][stale] = 1
         b = backend(cfg)
-        m = ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=b), d)
+        m = exact_prox(cfg, b, d)
         assert m["train/actor_fwd_lag_max"] == 2.0
         assert d["log_probs_version"] == [3, 3]
         if stale == 0:
@@ -199,5 +198,5 @@ def test_pi_prox_is_the_trainer_s_policy_for_samples_actor_fwd_scored_with_older
 
     cfg.algo.exact_proximal_policy = False
     d = {**exact, "log_probs_version": [3, 1]}
-    m = ActorWorker._exact_prox(SimpleNamespace(cfg=cfg, backend=backend(cfg)), d)
+    m = exact_prox(cfg, backend(cfg), d)
     assert m == {"train/prox_lag_max": 2.0, "train/actor_fwd_lag_max": 2.0}

@@ -8,6 +8,7 @@ policy (:mod:`.prox`), the step's metrics (:mod:`.metrics`) and checkpoints (:mo
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -17,24 +18,22 @@ from typing import TYPE_CHECKING, Any
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.metrics import MetricsService
-from relax_core.role import Restart, RoleSpec
+from relax_core.role import Restart, RoleSpec, TrainerRecord
 from relax_core.roles import TRAINER_CONSUMER
 from relax_core.roofline import ModelShape, matmul_peak, step_roofline
 from relax_core.sample import ADVANTAGES
 from relax_core.trace import Tracer
 from relax_core.weight_sync import Send, WeightPublisher
-from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
-from relax_train.roles.actor_checkpoint import ActorCheckpoints
+from relax_train.roles.actor_checkpoint import TrainerCheckpoints
+from relax_train.roles.actor_step import StepTrainer
 from relax_train.roles.base import DeviceTurns, set_threads
 from relax_train.roles.metrics import step_metrics
-from relax_train.roles.prox import exact_prox
-from relax_train.roles.stream import Taken, streams_training, train_as_it_arrives
 
 if TYPE_CHECKING:
     from relax_bus import Bus
 
 
-class ActorWorker(ActorCheckpoints, DeviceTurns):
+class ActorWorker(DeviceTurns):
     """The trainer: takes a rollout batch, updates the policy, publishes weights, evaluates, logs."""
 
     @classmethod
@@ -85,17 +84,20 @@ class ActorWorker(ActorCheckpoints, DeviceTurns):
                     "installed under the relax.evaluators entry points; relax-rollout registers `greedy`)"
                 )
             self.evaluate = evaluator(cfg, model_path, eval_path)
-        self.weight_log: dict[int, str] = {}
+        self.record = TrainerRecord()
+        """What it trained and logged so far (the run's report and audits: :meth:`get_record`)."""
         self.weights = WeightPublisher(
             cfg.run,
             lambda: (self.backend.named_weights(), self.backend.version),
             send_weights,
-            self._log_weights if cfg.run.verify_weight_sync else None,
+            functools.partial(_log_checksum, self.record.weight_log) if cfg.run.verify_weight_sync else None,
         )
-        self.history: list[dict[str, Any]] = []
-        self.trained_ids: list[int] = []
-        self.trained_prompts: list[list[str]] = []
-        """Prompt ids of every trained batch, one list per step (for audits: exact resume, restarts)."""
+        self.steps = StepTrainer(cfg, bus, self.backend, self.tracer, self.weights.lock)
+        """The step on a batch: take, finish, train (:mod:`.actor_step`)."""
+        self.checkpoints = TrainerCheckpoints(
+            cfg, bus, self.backend, self.tracer, self.record, self.wait_weight_sync
+        )
+        """Save and load of its state, and the fully-async bus snapshot (:mod:`.actor_checkpoint`)."""
         self.out = Path(cfg.run.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
@@ -124,72 +126,20 @@ class ActorWorker(ActorCheckpoints, DeviceTurns):
         optimizer writes the weights that broadcast reads). Returns the seconds waited."""
         return self.weights.fence()
 
-    @property
-    def dcs_failures(self) -> int:
-        """Broadcasts that failed because a receiver died (the health manager re-forms the group)."""
-        return self.weights.failures
-
-    def _log_weights(self, named: list, version: int) -> None:
-        from relax_core.dcs import checksum
-
-        self.weight_log[version] = checksum(named)
-
-    # -- one step ------------------------------------------------------------------------------
-    def _exact_prox(self, d: dict[str, Any]) -> dict[str, float]:
-        """π_prox at this step's weights for samples ActorFwd scored with older ones (:func:`.prox.exact_prox`)."""
-        return exact_prox(self.cfg, self.backend, d)
-
-    _beat: float = 0.0
-
-    def _alive(self) -> None:
-        """Mark progress (or an idle poll) for :meth:`heartbeat`."""
-        self._beat = time.monotonic()
-
     def heartbeat(self) -> dict[str, Any]:
         """For the health manager: seconds since the trainer last made progress (or polled idle)."""
         return {
             "pid": os.getpid(),
-            "age_s": time.monotonic() - self._beat if self._beat else 0.0,
+            "age_s": time.monotonic() - self.steps.beat if self.steps.beat else 0.0,
             "version": self.backend.version,
         }
 
-    def _take_batch(self, step: int):
-        from relax_bus import BusTimeout, ConsumerReset
-
-        while True:  # poll, so the heartbeat shows a live trainer while it waits for data
-            self._beat = time.monotonic()
-            try:
-                return self.bus.get(
-                    TRAINER_CONSUMER,
-                    n=self.cfg.samples_per_rollout,
-                    fields=None,
-                    trainer_version=step,
-                    timeout=1.0,
-                    # streaming rollout puts later steps' groups while step k's tail generates: take step k
-                    partition=f"step{step}" if self.cfg.rollout.streaming_rollout else None,
-                )
-            except (BusTimeout, ConsumerReset):
-                continue
-
     def train(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        if streams_training(self.cfg, self.backend):  # streaming rollout: parts as they arrive
-            batch, metrics, waited = train_as_it_arrives(
-                step,
-                cfg=self.cfg,
-                bus=self.bus,
-                backend=self.backend,
-                tracer=self.tracer,
-                lock=self.weights.lock,
-                exact_prox=self._exact_prox,
-                alive=self._alive,
-            )
-            t1, d = t0 + waited, batch.data
-        else:
-            batch, metrics, t1 = self._train_whole(step)
-            d = batch.data
-        self.trained_ids.extend(batch.ids)
-        self.trained_prompts.append([str(p) for p in d.get("prompt_id", [])])
+        batch, metrics, t1 = self.steps.train(step, t0)
+        d = batch.data
+        self.record.trained_ids.extend(batch.ids)
+        self.record.trained_prompts.append([str(p) for p in d.get(sample.PROMPT_ID, [])])
         t2 = time.perf_counter()
         with self.tracer.span("weight_sync", step=step):
             self.publish_weights()
@@ -235,49 +185,26 @@ class ActorWorker(ActorCheckpoints, DeviceTurns):
         for lease_id in batch.lease_ids:
             self.bus.ack(TRAINER_CONSUMER, lease_id)
         if saved is not None:
-            self.save_bus(saved)
+            self.checkpoints.save_bus(saved)
         return metrics
-
-    def _train_whole(self, step: int) -> tuple[Taken, dict[str, Any], float]:
-        """One step on a whole batch taken from the bus: the batch, its metrics, and when it was taken."""
-        with self.tracer.span("wait_for_data", step=step):
-            got = self._take_batch(step)
-        t1 = time.perf_counter()
-        batch = Taken(got.ids, got.data, [got.lease_id], [time.time()] * len(got.ids))
-        d = batch.data
-        if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
-            a = self.cfg.algo
-            d[sample.ADVANTAGES] = finish_batch_advantages(
-                a.advantage_estimator,
-                d[sample.ADVANTAGES],
-                a.normalize_advantages_std,
-                d[sample.LOSS_MASK],
-            )
-        # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
-        with self.tracer.span("train", step=step, n=len(batch)), self.weights.lock:
-            prox = self._exact_prox(d)
-            if step < self.cfg.critic.critic_warmup and self.cfg.uses_critic:
-                metrics = self._critic_warmup()
-            else:
-                metrics = {f"train/{k}": v for k, v in self.backend.train_step(d).items()}
-        metrics.update(prox)
-        return batch, metrics, t1
-
-    def _critic_warmup(self) -> dict[str, float]:
-        """A step of --critic-warmup: the critic trains on the batch (it did when valuing it), the policy
-        does not; its version still counts the step, so versions stay rollout steps for staleness."""
-        self.backend.version += 1
-        return {"train/critic_warmup": 1.0}
 
     def run(self, start_step: int, num_steps: int) -> list[dict[str, Any]]:
         for step in range(start_step, num_steps):
             self.train(step)
             if self._stop_dir is not None and step + 1 < num_steps:  # asked to stop: checkpoint, end early
                 self.interrupted_at = self.save(self._stop_dir)
-                self.save_bus(self.interrupted_at)
+                self.checkpoints.save_bus(self.interrupted_at)
                 break
         self.wait_weight_sync()  # the last weights reach every receiver before the run reports done
-        return self.history
+        return self.record.history
+
+    def save(self, path: str | None = None) -> str:
+        """A checkpoint of this version under ``path`` (default ``--save``); its path."""
+        return self.checkpoints.save(path)
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume from a checkpoint; its ``version`` with its run state."""
+        return self.checkpoints.load(path)
 
     _stop_dir: str | None = None
     interrupted_at: str | None = None
@@ -299,23 +226,14 @@ class ActorWorker(ActorCheckpoints, DeviceTurns):
         return acc
 
     def log(self, metrics: dict[str, Any]) -> None:
-        self.history.append(metrics)
+        self.record.history.append(metrics)
         self.metrics.log(metrics, metrics["step"])
 
     def progress(self) -> int:
         return self.backend.version
 
-    def get_history(self) -> list[dict[str, Any]]:
-        return self.history
-
-    def get_weight_log(self) -> dict[int, str]:
-        return dict(self.weight_log)
-
-    def get_trained_ids(self) -> list[int]:
-        return list(self.trained_ids)
-
-    def get_trained_prompts(self) -> list[list[str]]:
-        return [list(p) for p in self.trained_prompts]
+    def get_record(self) -> TrainerRecord:
+        return self.record
 
     def get_spans(self) -> list[dict[str, Any]]:
         return self.tracer.get_spans()
@@ -325,6 +243,13 @@ class ActorWorker(ActorCheckpoints, DeviceTurns):
         if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
             self.backend.close()
         self.metrics.close()
+
+
+def _log_checksum(log: dict[int, str], named: list, version: int) -> None:
+    """--verify-weight-sync: the checksum of each version as sent, for the run's audit."""
+    from relax_core.dcs import checksum
+
+    log[version] = checksum(named)
 
 
 def _cpu() -> bool:

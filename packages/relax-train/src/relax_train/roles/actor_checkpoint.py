@@ -2,8 +2,9 @@
 
 A checkpoint holds the backend's weights and optimizer, what was trained so far (sample and prompt ids, for
 audits and restarts), the rollout's data position and, in fully-async mode, the samples generated but not
-trained yet (the layout: :class:`relax_core.resume.CheckpointDir`). A mixin of :class:`~relax_train.roles.actor.ActorWorker`, apart so the training step reads on
-its own; it uses the trainer's backend, bus, tracer, output folder and history.
+trained yet (the layout: :class:`relax_core.resume.CheckpointDir`). A part of
+:class:`~relax_train.roles.actor.ActorWorker`, apart so the training step reads on its own; it is given the
+trainer's backend, bus, tracer and record.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from relax_core.checkpoints import save_atomically
 from relax_core.config import RelaxConfig
 from relax_core.ownership import read_record
 from relax_core.resume import CheckpointDir, Journal
+from relax_core.role import TrainerRecord
 from relax_core.trace import Tracer
 
 if TYPE_CHECKING:
@@ -28,21 +30,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class ActorCheckpoints:
-    """Save / load of the trainer's state and the fully-async bus snapshot (mixed into ActorWorker)."""
+class TrainerCheckpoints:
+    """Save / load of the trainer's state and the fully-async bus snapshot (a part of ActorWorker)."""
 
-    cfg: RelaxConfig
-    bus: Bus
-    backend: Any
-    tracer: Tracer
-    out: Path
-    history: list[dict[str, Any]]
-    trained_ids: list[int]
-    trained_prompts: list[list[str]]
-    wait_weight_sync: Callable[[], float]
-
-    def data_state(self, step: int) -> dict[str, int] | None:
-        return self.data_states([step])[step]
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        bus: Bus,
+        backend: Any,
+        tracer: Tracer,
+        record: TrainerRecord,
+        fence: Callable[[], float],
+    ) -> None:
+        """``record``: the trainer's (a load puts back its ids and history); ``fence``: waits for a weight
+        broadcast still reading the weights (a load overwrites them)."""
+        self.cfg, self.bus, self.backend, self.tracer = cfg, bus, backend, tracer
+        self.record, self.fence = record, fence
+        self.out = Path(cfg.run.output_dir)
 
     def data_states(self, steps: list[int]) -> dict[int, dict[str, int] | None]:
         """Where the rollout's prompts stood when each rollout step began: from the rollout journal alone,
@@ -83,7 +87,7 @@ class ActorCheckpoints:
         if root is None:
             raise ValueError("no checkpoint directory: pass a path or set --save DIR")
         target = CheckpointDir.for_step(root, v).path
-        data = self.data_state(v)
+        data = self.data_states([v])[v]
         run = read_record(self.cfg.run.output_dir)  # (its id and data fingerprint go into the checkpoint)
         if (
             target.is_dir()
@@ -94,7 +98,8 @@ class ActorCheckpoints:
 
         def write(tmp: Path) -> None:
             self.backend.save_checkpoint(tmp)
-            CheckpointDir(tmp).write_run_state(list(self.trained_ids), self.trained_prompts, data, run)
+            ids, prompts = list(self.record.trained_ids), self.record.trained_prompts
+            CheckpointDir(tmp).write_run_state(ids, prompts, data, run)
 
         with self.tracer.span("save", version=v):  # whole, or not there (a kill mid-save)
             save_atomically(target, write)
@@ -106,21 +111,21 @@ class ActorCheckpoints:
 
         The trained ids and prompts come back from the checkpoint and the history from this run's
         metrics.jsonl (rows up to the checkpoint's step): a restarted trainer reports the whole run."""
-        self.wait_weight_sync()  # (no broadcast may be reading the weights the checkpoint overwrites)
+        self.fence()  # (no broadcast may be reading the weights the checkpoint overwrites)
         meta = self.backend.load_checkpoint(path)
         v = int(meta["version"])
         state = CheckpointDir(path).run_state()
         if isinstance(state.get("trained_ids"), list):
-            self.trained_ids = [int(i) for i in state["trained_ids"]]
-            self.trained_prompts = [list(p) for p in state.get("trained_prompts", [])]
+            self.record.trained_ids = [int(i) for i in state["trained_ids"]]
+            self.record.trained_prompts = [list(p) for p in state.get("trained_prompts", [])]
         log = self.out / "metrics.jsonl"
-        if log.is_file() and not self.history:
+        if log.is_file() and not self.record.history:
             rows = _json_lines(log)
             kept: dict[tuple, dict] = {}
             for r in rows:  # the latest row per (step, kind): a re-done step replaces the lost one
                 if int(r.get("step", -1)) <= v:
                     kept[(int(r["step"]), "rollout/reward_mean" in r)] = r
-            self.history = [kept[k] for k in sorted(kept)]
+            self.record.history = [kept[k] for k in sorted(kept)]
         return {**meta, **state}
 
 

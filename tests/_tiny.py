@@ -91,7 +91,7 @@ def stream_in_process(
         )
     )
     worker = RolloutWorker(cfg, bus, model_path, prompt_path)
-    weights = {n: p.detach().clone() for n, p in worker.engine.named_weights()}
+    weights = {n: p.detach().clone() for n, p in worker.generation.engine.named_weights()}
     done = in_background(worker.run, 0)
     taken: list[dict] = []
     try:

@@ -267,12 +267,12 @@ def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, apply_chat_template=None))
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
-    worker.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
+    worker.generation.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
     worker.produce(0)
     b = bus.get("c", 16, timeout=5)
     for tokens, plen, turns in zip(b.data["tokens"], b.data["prompt_len"], b.data["turns"]):
         text = worker.tokenizer.decode(tokens[:plen])
-        assert "<|im_start|>" not in text and worker._encode(text) == list(tokens[:plen])
+        assert "<|im_start|>" not in text and worker.prompts.encode(text) == list(tokens[:plen])
         assert turns == 2  # the calculator's result came back as a templated turn
 
 
@@ -309,7 +309,7 @@ def test_an_episode_starts_from_a_rows_chat_messages(tiny_run_inputs, tmp_path):
     cfg = build_config(None, flags)
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, str(data))
-    worker.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
+    worker.generation.engine = ScriptedEngine(worker.tokenizer, ["calc: 1+1", "2"])
     worker.produce(0)
     b = bus.get("c", 16, timeout=5)
     for tokens, plen in zip(b.data["tokens"], b.data["prompt_len"]):
@@ -328,7 +328,7 @@ def test_an_environment_that_cannot_be_built_ends_its_samples_not_the_run(tiny_r
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path="relax_core.env:BrokenEnv"))
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
-    worker.engine = ScriptedEngine(worker.tokenizer, ["12"])
+    worker.generation.engine = ScriptedEngine(worker.tokenizer, ["12"])
     worker.produce(0)
     b = bus.get("c", 16, timeout=5)
     assert b.data["finish_reason"] == ["env_error"] * 16 and b.data["turns"] == [1] * 16
@@ -368,7 +368,7 @@ def test_an_environment_s_non_finite_reward_is_a_counted_bad_return(tiny_run_inp
     cfg = build_config(None, _flags(tiny_run_inputs, tmp_path, env_path=f"{__name__}:InfiniteRewardEnv"))
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
-    worker.engine = ScriptedEngine(worker.tokenizer, ["12"])
+    worker.generation.engine = ScriptedEngine(worker.tokenizer, ["12"])
     worker.produce(0)
     b = bus.get("c", 16, timeout=5)
     assert b.data["reward"] == [0.0] * 16 and all(math.isfinite(r) for r in b.data["reward"])

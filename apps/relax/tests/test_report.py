@@ -44,7 +44,7 @@ def test_summary_counts_reward_failures_by_reason_and_unlabeled_samples(tmp_path
         samples=4,
         mode="colocate",
         max_staleness=0,
-        rollout_stats=worker.get_stats(),
+        rollout_stats=worker.get_record().stats,
     )
     (tmp_path / "run").mkdir(exist_ok=True)  # (the rollout role journals there already)
     summary = write_report(cfg, result)

@@ -191,7 +191,7 @@ def test_ray_interleavings(ray_session, policy, fast_local, ops, tmp_path):
         return bus
 
     try:
-        run_ops(make, make, ops, policy, tmp_path, lambda bus, dt: bus.advance_clock(dt))
+        run_ops(make, make, ops, policy, tmp_path, lambda bus, dt: bus.link.advance_clock(dt))
     finally:
         for b in made:
             b.kill()

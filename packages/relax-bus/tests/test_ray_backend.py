@@ -121,7 +121,7 @@ def test_large_payloads_go_through_object_store_and_snapshot(ray_session, tmp_pa
         assert other.stats()["live"] == 0
     bus.ack("train", taken.lease_id)
     assert bus.stats()["bytes_out"] > 16 * 4096 * 8
-    assert isinstance(again.controller_actor, ray_session.actor.ActorHandle)  # (fault tests kill it)
+    assert isinstance(again.link.controller, ray_session.actor.ActorHandle)  # (fault tests kill it)
     again.kill()
     bus.kill()
 
@@ -139,8 +139,8 @@ def test_same_node_fast_path_and_ray_path_see_one_bus(ray_session):
     cfg = BusConfig(consumers={"fwd": ConsumerSpec(), "train": ConsumerSpec(required_fields=["log_probs"])})
     fast = RayBus.create(cfg, name="relax-bus-transports")
     slow = RayBus.from_name("relax-bus-transports", fast_local=False)
-    assert (fast.transport, slow.transport) == ("local", "ray")
-    shm = fast._local_info["shm_dir"]
+    assert (fast.link.transport, slow.link.transport) == ("local", "ray")
+    shm = fast.link.local_info["shm_dir"]
     toks = [np.arange(4096, dtype=np.int64) + i for i in range(16)]  # 512 KiB: above inline_bytes
     ids = fast.put([{"input_ids": t, "meta": {"k": i}} for i, t in enumerate(toks[:8])])
     ids += slow.put([{"input_ids": t, "meta": {"k": i + 8}} for i, t in enumerate(toks[8:])])
@@ -161,7 +161,7 @@ def test_same_node_fast_path_and_ray_path_see_one_bus(ray_session):
     fast.ack("train", train.lease_id)
     _wait_until(lambda: os.listdir(shm) == [])  # every sample acked by every consumer: files unlinked
     assert np.array_equal(train.data["input_ids"][0], toks[ids.index(train.ids[0])])  # still mapped: valid
-    address = fast._local_info["address"]
+    address = fast.link.local_info["address"]
     fast.kill()
     assert not os.path.exists(shm) and not os.path.exists(address)
     assert local.remove_leftovers() == 0
@@ -185,7 +185,7 @@ def test_fast_path_on_a_node_without_tmpfs(ray_session, monkeypatch):
     remote = ray_session.remote(max_concurrency=256)(NoShmController)
     monkeypatch.setitem(ray_backend._CLASSES, "controller", remote)
     bus = RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
-    assert bus.transport == "local" and bus._local_info["shm_dir"] is None
+    assert bus.link.transport == "local" and bus.link.local_info["shm_dir"] is None
     toks = [np.arange(4096, dtype=np.int64) + i for i in range(8)]  # 256 KiB: above inline_bytes
     ids = bus.put([{"input_ids": t} for t in toks])
     got = bus.get("c", 8)
@@ -203,7 +203,7 @@ def test_fast_path_socket_needs_the_bus_secret(ray_session):
     from multiprocessing.connection import Client
 
     bus = RayBus.create(BusConfig(consumers={"c": ConsumerSpec()}))
-    address = bus._local_info["address"]
+    address = bus.link.local_info["address"]
     assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
     with pytest.raises(AuthenticationError):
         Client(address, family="AF_UNIX", authkey=b"not the secret")

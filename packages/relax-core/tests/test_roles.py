@@ -150,7 +150,7 @@ class _Base:
 
 class _Rollout(_Base):
     run = produce = reset_journal = seed_journal = load_data_state = recover = restart_engine = _Base.close
-    set_weights = release_memory = resume_memory = get_stats = get_weight_log = get_prompt_log = _Base.close
+    set_weights = release_memory = resume_memory = get_record = _Base.close
     engines = connect_dcs = wait_weights = weight_version = _Base.close
 
     @classmethod

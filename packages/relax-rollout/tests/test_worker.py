@@ -57,7 +57,7 @@ def test_produce_writes_one_scored_batch(tiny_model_dir, prompt_file):
     assert set(data["reward"]) <= {0.0, 1.0}
     assert set(data["rollout_step"]) == {0}
     # the batch's generation speed, on each sample (the trainer logs it as rollout/tokens_per_s)
-    gen_s = worker.get_stats()["generate_s"]
+    gen_s = worker.get_record().stats["generate_s"]
     assert gen_s > 0
     assert data["rollout_tokens_per_s"] == [pytest.approx(sum(data["response_len"]) / gen_s)] * n
     for i in range(n):
@@ -73,13 +73,13 @@ def test_produce_writes_one_scored_batch(tiny_model_dir, prompt_file):
     for g, pid, toks, plen in zip(groups, data["prompt_id"], data["tokens"], data["prompt_len"]):
         by_group.setdefault(g, set()).add((pid, tuple(toks[:plen])))
     assert all(len(v) == 1 for v in by_group.values())
-    stats = worker.get_stats()
+    stats = worker.get_record().stats
     assert stats["samples"] == n and stats["skipped_rows"] == 1
 
 
 def test_policy_version_follows_weight_updates(tiny_model_dir, prompt_file):
     cfg, bus, worker = make_worker(tiny_model_dir, prompt_file, n_samples_per_prompt=2)
-    name, p = worker.engine.named_weights()[0]
+    name, p = worker.generation.engine.named_weights()[0]
     worker.set_weights({name: p.detach().clone()}, version=3)
     assert worker.weight_version() == 3
     worker.produce(step=1)
@@ -98,11 +98,11 @@ def test_correct_answer_scores_one(tiny_model_dir, prompt_file, monkeypatch):
 
     def fake_generate(prompts, params):
         return [
-            GenerateOutput(answer, [-0.5] * len(answer), "stop", worker.engine.weight_version)
+            GenerateOutput(answer, [-0.5] * len(answer), "stop", worker.generation.engine.weight_version)
             for _ in prompts
         ]
 
-    monkeypatch.setattr(worker.engine, "generate", fake_generate)
+    monkeypatch.setattr(worker.generation.engine, "generate", fake_generate)
     worker.produce(step=0)
     data = bus.get("advantages", 3, timeout=5, partial=True).data
     rewards = {text: r for text, r in zip(data["response_text"], data["reward"])}
@@ -130,7 +130,7 @@ def test_a_rollout_restarted_between_two_steps_draws_the_next_prompts(tiny_model
     first.reset_journal()
     for step in range(3):
         first.produce(step)
-    expected = [p for _, p in first.get_prompt_log()]
+    expected = [p for _, p in first.get_record().prompt_log]
     first.reset_journal()
     dead = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)
     for step in range(2):
@@ -138,12 +138,12 @@ def test_a_rollout_restarted_between_two_steps_draws_the_next_prompts(tiny_model
     new = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)  # (dead's process is gone)
     assert new.recover() == 2
     new.produce(2)
-    assert [p for _, p in new.get_prompt_log()] == expected
+    assert [p for _, p in new.get_record().prompt_log] == expected
 
 
 def test_recover_without_the_data_position_refuses(tiny_model_dir, prompt_file, tmp_path):
     worker = _journaled_worker(tiny_model_dir, prompt_file, tmp_path)
-    worker.journal.write_text(json.dumps({"put": 0, "prompts": ["r0"]}) + "\n")  # an old journal
+    worker.journal.path.write_text(json.dumps({"put": 0, "prompts": ["r0"]}) + "\n")  # an old journal
     with pytest.raises(RuntimeError, match="no data position for step 1"):
         worker.recover()
 
@@ -173,7 +173,7 @@ def test_a_reward_that_kills_its_process_is_a_counted_failure_with_process_isola
     assert all(f.startswith("worker process died") or "exit" in f for f in data["reward_failure"]), data[
         "reward_failure"
     ][:2]
-    assert worker.get_stats()["reward"]["crashed"] == cfg.samples_per_rollout
+    assert worker.get_record().stats["reward"]["crashed"] == cfg.samples_per_rollout
 
 
 def test_a_prompt_past_the_context_is_skipped_and_counted_not_generated(tiny_model_dir, tmp_path):
@@ -182,10 +182,10 @@ def test_a_prompt_past_the_context_is_skipped_and_counted_not_generated(tiny_mod
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg, bus, worker = make_worker(tiny_model_dir, str(path), rollout_batch_size=2, n_samples_per_prompt=1)
-    assert worker.context_len == 128
+    assert worker.prompts.context_len == 128
     worker.produce(step=0)
     data = bus.get("advantages", 2, timeout=5).data
     assert all(len(t) < 128 for t in data["tokens"])  # only the short prompt, drawn twice
-    stats = worker.get_stats()
+    stats = worker.get_record().stats
     assert stats["long_prompt_rows"] >= 1
     assert any("exceed the model's context of 128 tokens" in m for m in stats["skipped_examples"])

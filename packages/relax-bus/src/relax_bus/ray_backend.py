@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
@@ -55,52 +56,132 @@ def _actor(kind: str) -> Any:
     return _CLASSES[kind]
 
 
-class RayBus:
-    """Same methods as :class:`~relax_bus.DataBus`, backed by Ray actors. Picklable."""
+class RayLink:
+    """How a :class:`RayBus` reaches its actors: the controller, the storage units and, on the controller's
+    node, the fast path (a Unix socket and shared-memory files). Picklable: the fast-path client is made
+    again in each process that uses it."""
 
     def __init__(
         self,
         controller: Any,
         units: list[Any],
-        config: dict[str, Any],
         inline_bytes: int = INLINE_BYTES,
         payload_owner: str = "unit",
         local_info: dict[str, Any] | None = None,
     ) -> None:
         if payload_owner not in ("unit", "producer"):
             raise ValueError(f"payload_owner must be 'unit' or 'producer' (got {payload_owner!r})")
-        self._controller = controller
-        self._units = units
-        self._config_dict = config
-        self.config = BusConfig.model_validate(config)
+        self.controller = controller
+        """The controller actor's handle: its process holds every sample's metadata, so killing it is how a
+        fault test takes the bus down (``ray.kill(bus.link.controller)``)."""
+        self.units = units
         self.inline_bytes = inline_bytes
         self.payload_owner = payload_owner
-        self._local_info = local_info
+        self.local_info = local_info
         self._rr = itertools.count()
+        self._local_pid: int | None = None
+        self._local_client: LocalClient | None = None
 
-    def __reduce__(self) -> tuple[type[RayBus], tuple[Any, ...]]:
-        args = (self._controller, self._units, self._config_dict, self.inline_bytes, self.payload_owner)
-        return (RayBus, (*args, self._local_info))
+    def __reduce__(self) -> tuple[type[RayLink], tuple[Any, ...]]:
+        return (
+            RayLink,
+            (self.controller, self.units, self.inline_bytes, self.payload_owner, self.local_info),
+        )
 
     @property
-    def _local(self) -> LocalClient | None:
+    def local(self) -> LocalClient | None:
         """This process's fast-path client (``local.py``), or None off the controller's node. Cached per process."""
         from relax_bus import local
 
-        pid = getattr(self, "_local_pid", None)
-        if pid != os.getpid():
-            self._local_client, self._local_pid = local.client_for(self._local_info), os.getpid()
+        if self._local_pid != os.getpid():
+            self._local_client, self._local_pid = local.client_for(self.local_info), os.getpid()
         return self._local_client
 
     @property
-    def _shm_dir(self) -> str | None:
+    def shm_dir(self) -> str | None:
         """The controller node's directory for payload files; None without the fast path or without tmpfs."""
-        return self._local_info["shm_dir"] if self._local_info else None
+        return self.local_info["shm_dir"] if self.local_info else None
 
     @property
     def transport(self) -> str:
         """``"local"`` (socket + shared memory) in a process on the controller's node, else ``"ray"``."""
-        return "local" if self._local is not None else "ray"
+        return "local" if self.local is not None else "ray"
+
+    def wait(self, ref: Any) -> Any:
+        """``ref``'s result; a failure in the controller or a unit re-raised as itself (not Ray's wrapper)."""
+        ray = _ray()
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
+
+    def call(self, method: Callable[Concatenate[DataBus, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run DataBus ``method`` in the controller (typed against DataBus; only its name travels)."""
+        if self.local is not None:
+            result = self.local.call("call", method.__name__, *args, **kwargs)
+        else:
+            result = self.wait(self.controller.call.remote(method.__name__, *args, **kwargs))
+        return cast(R, result)  # the controller's DataBus ran ``method``: its result is an R
+
+    def ship(
+        self,
+        rows: list[Row],
+        head: tuple[Any, ...],
+        unit_method: str,
+        controller_method: str,
+        tail: tuple[Any, ...],
+    ) -> Any:
+        """Send prepared rows (and their block, if large) by the configured route; returns the result."""
+        from relax_bus.blocks import pack
+
+        fast = self.local
+        block, rows, where = pack(rows, self.inline_bytes, concat=fast is None)
+        if block is None:
+            if fast is not None:
+                return fast.call(controller_method, *head, rows, where, None, *tail)
+            return self.wait(
+                getattr(self.controller, controller_method).remote(*head, rows, where, None, *tail)
+            )
+        shm = self.shm_dir
+        if fast is not None and shm:
+            from relax_bus.local import write_block
+
+            # From here the controller owns the file: it unlinks it when the samples go, or at once if the
+            # call fails (the rows pointing at it are dropped); a file orphaned by a broken connection goes
+            # with the bus's directory at kill().
+            path = write_block(shm, block)
+            return fast.call(controller_method, *head, rows, where, path, *tail)
+        if fast is not None:  # no tmpfs on this node: the block takes the object store
+            block = {f: ("cat", np.concatenate(c[1]), c[2]) if c[0] == "cat" else c for f, c in block.items()}
+        if self.payload_owner == "producer":
+            refs = [_ray().put(block)]
+            ref = getattr(self.controller, controller_method).remote(*head, rows, where, refs, *tail)
+        else:
+            unit = self.units[next(self._rr) % len(self.units)]
+            ref = getattr(unit, unit_method).remote(*head, rows, where, block, *tail)
+        return self.wait(ref)
+
+    def load_snapshot(self, path: str | Path) -> None:
+        """Fill this bus, fresh from ``create`` (no put or get yet), with a snapshot's state. The controller
+        reads ``path`` itself (a directory on its node), so payloads never pass through this process."""
+        self.wait(self.controller.load.remote(str(Path(path).resolve()), self.inline_bytes))
+
+    def advance_clock(self, seconds: float) -> None:
+        """Tests only: move lease deadlines (bus created with ``manual_clock=True``)."""
+        self.wait(self.controller.advance_clock.remote(seconds))
+
+
+@dataclass(eq=False)
+class RayBus:
+    """Same methods as :class:`~relax_bus.DataBus`, backed by Ray actors (reached through :attr:`link`).
+    Picklable. Made by :meth:`create`, :meth:`from_name` or :meth:`restore`."""
+
+    link: RayLink
+    """The controller, the storage units and the fast path (and tests' ``link.advance_clock``)."""
+    config: BusConfig
 
     @classmethod
     def create(
@@ -144,7 +225,7 @@ class RayBus:
         )
         _ray().get([u.attach.remote(controller) for u in units])
         local_info = _ray().get(controller.handles.remote())[2]
-        return cls(controller, units, cfg.model_dump(), inline_bytes, payload_owner, local_info)
+        return cls(RayLink(controller, units, inline_bytes, payload_owner, local_info), cfg)
 
     @classmethod
     def from_name(
@@ -156,7 +237,8 @@ class RayBus:
         controller = ray.get_actor(name, namespace=namespace)
         config, units, local_info = ray.get(controller.handles.remote())
         local_info = local_info if fast_local else None
-        return cls(controller, units, config, payload_owner=payload_owner, local_info=local_info)
+        link = RayLink(controller, units, payload_owner=payload_owner, local_info=local_info)
+        return cls(link, BusConfig.model_validate(config))
 
     @classmethod
     def restore(cls, path: str | Path, name: str | None = None, **create_options: Any) -> RayBus:
@@ -165,76 +247,8 @@ class RayBus:
         from relax_bus import snapshot as _snapshot
 
         bus = cls.create(_snapshot.read(path).config, name=name, **create_options)
-        bus.load_snapshot(path)
+        bus.link.load_snapshot(path)
         return bus
-
-    def load_snapshot(self, path: str | Path) -> None:
-        """Fill this bus, fresh from ``create`` (no put or get yet), with a snapshot's state. The controller
-        reads ``path`` itself (a directory on its node), so payloads never pass through this process."""
-        self._wait(self._controller.load.remote(str(Path(path).resolve()), self.inline_bytes))
-
-    @property
-    def controller_actor(self) -> Any:
-        """The controller actor's handle: its process holds every sample's metadata, so killing it is how a
-        fault test takes the bus down (``ray.kill(bus.controller_actor)``)."""
-        return self._controller
-
-    # ------------------------------------------------------------------ plumbing
-    def _wait(self, ref: Any) -> Any:
-        ray = _ray()
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise
-
-    def _call(self, method: Callable[Concatenate[DataBus, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run DataBus ``method`` in the controller (typed against DataBus; only its name travels)."""
-        if self._local is not None:
-            result = self._local.call("call", method.__name__, *args, **kwargs)
-        else:
-            result = self._wait(self._controller.call.remote(method.__name__, *args, **kwargs))
-        return cast(R, result)  # the controller's DataBus ran ``method``: its result is an R
-
-    def _ship(
-        self,
-        rows: list[Row],
-        head: tuple[Any, ...],
-        unit_method: str,
-        controller_method: str,
-        tail: tuple[Any, ...],
-    ) -> Any:
-        """Send prepared rows (and their block, if large) by the configured route; returns the result."""
-        from relax_bus.blocks import pack
-
-        fast = self._local
-        block, rows, where = pack(rows, self.inline_bytes, concat=fast is None)
-        if block is None:
-            if fast is not None:
-                return fast.call(controller_method, *head, rows, where, None, *tail)
-            return self._wait(
-                getattr(self._controller, controller_method).remote(*head, rows, where, None, *tail)
-            )
-        shm = self._shm_dir
-        if fast is not None and shm:
-            from relax_bus.local import write_block
-
-            # From here the controller owns the file: it unlinks it when the samples go, or at once if the
-            # call fails (the rows pointing at it are dropped); a file orphaned by a broken connection goes
-            # with the bus's directory at kill().
-            path = write_block(shm, block)
-            return fast.call(controller_method, *head, rows, where, path, *tail)
-        if fast is not None:  # no tmpfs on this node: the block takes the object store
-            block = {f: ("cat", np.concatenate(c[1]), c[2]) if c[0] == "cat" else c for f, c in block.items()}
-        if self.payload_owner == "producer":
-            refs = [_ray().put(block)]
-            ref = getattr(self._controller, controller_method).remote(*head, rows, where, refs, *tail)
-        else:
-            unit = self._units[next(self._rr) % len(self._units)]
-            ref = getattr(unit, unit_method).remote(*head, rows, where, block, *tail)
-        return self._wait(ref)
 
     # ------------------------------------------------------------------ the DataBus API
     def put(
@@ -245,12 +259,12 @@ class RayBus:
         ids: list[int] | None = None,
     ) -> list[int]:
         rows = prepare_samples(self.config, samples)
-        put_ids: list[int] = self._ship(rows, (), "put", "put_block", (partition, timeout, ids))
+        put_ids: list[int] = self.link.ship(rows, (), "put", "put_block", (partition, timeout, ids))
         return put_ids
 
     def add_fields(self, ids: list[int], fields: dict[str, list[Any]]) -> None:
         ids = list(ids)
-        self._ship(prepare_fields(ids, fields), (ids,), "add", "add_block", ())
+        self.link.ship(prepare_fields(ids, fields), (ids,), "add", "add_block", ())
 
     def get(
         self,
@@ -274,68 +288,66 @@ class RayBus:
         }
         batch: Batch
         where: Wire
-        if self._local is not None and self._shm_dir:  # (without tmpfs the controller has no files to give)
+        if (
+            self.link.local is not None and self.link.shm_dir
+        ):  # (without tmpfs the controller has no files to give)
             from relax_bus.local import read_block
 
             paths: dict[int, str]
-            batch, where, paths = self._local.call("get_local", consumer, n, **kwargs)
+            batch, where, paths = self.link.local.call("get_local", consumer, n, **kwargs)
             from_wire(batch.data, where, {bid: read_block(p) for bid, p in paths.items()})
             return batch
-        batch, where, refs = self._wait(self._controller.get.remote(consumer, n, **kwargs))
+        batch, where, refs = self.link.wait(self.link.controller.get.remote(consumer, n, **kwargs))
         from_wire(batch.data, where, fetch(refs))
         return batch
 
     def ack(self, consumer: str, lease_id: int) -> None:
-        return self._call(DataBus.ack, consumer, lease_id)
+        return self.link.call(DataBus.ack, consumer, lease_id)
 
     def nack(self, consumer: str, lease_id: int) -> None:
-        return self._call(DataBus.nack, consumer, lease_id)
+        return self.link.call(DataBus.nack, consumer, lease_id)
 
     def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
-        return self._call(DataBus.reset_consumer, consumer, done_if_written)
+        return self.link.call(DataBus.reset_consumer, consumer, done_if_written)
 
     def leases(self, consumer: str) -> dict[int, list[int]]:
-        return self._call(DataBus.leases, consumer)
+        return self.link.call(DataBus.leases, consumer)
 
     def set_trainer_version(self, version: int) -> None:
-        return self._call(DataBus.set_trainer_version, version)
+        return self.link.call(DataBus.set_trainer_version, version)
 
     @property
     def trainer_version(self) -> int:
         version: int
-        if self._local is not None:
-            version = self._local.call("trainer_version")
+        if self.link.local is not None:
+            version = self.link.local.call("trainer_version")
         else:
-            version = self._wait(self._controller.trainer_version.remote())
+            version = self.link.wait(self.link.controller.trainer_version.remote())
         return version
 
     def admit(self, step: int, timeout: float | None = None) -> int:
-        return self._call(DataBus.admit, step, timeout=timeout)
+        return self.link.call(DataBus.admit, step, timeout=timeout)
 
     def close(self) -> None:
-        return self._call(DataBus.close)
+        return self.link.call(DataBus.close)
 
     @property
     def closed(self) -> bool:
-        closed: bool = self._call(DataBus.stats)["closed"]
+        closed: bool = self.link.call(DataBus.stats)["closed"]
         return closed
 
     def stats(self) -> dict[str, Any]:
-        return self._call(DataBus.stats)
+        return self.link.call(DataBus.stats)
 
     def metrics(self, prefix: str = "bus/") -> dict[str, float]:
-        return self._call(DataBus.metrics, prefix)
+        return self.link.call(DataBus.metrics, prefix)
 
     def consumed_ids(self, consumer: str) -> list[int]:
-        return self._call(DataBus.consumed_ids, consumer)
+        return self.link.call(DataBus.consumed_ids, consumer)
 
     def snapshot(self, path: str | Path) -> Path:
         """Write the bus state to ``path`` (a directory on the controller's node; same format as DataBus)."""
-        return Path(self._wait(self._controller.snapshot.remote(str(Path(path).resolve()))))
-
-    def advance_clock(self, seconds: float) -> None:
-        """Tests only: move lease deadlines (bus created with ``manual_clock=True``)."""
-        self._wait(self._controller.advance_clock.remote(seconds))
+        return Path(self.link.wait(self.link.controller.snapshot.remote(str(Path(path).resolve()))))
 
     def kill(self) -> None:
         """Stop the controller and storage units (frees every payload; from the controller's node, also
@@ -343,8 +355,8 @@ class RayBus:
         from relax_bus import local
 
         ray = _ray()
-        for a in [self._controller, *self._units]:
+        for a in [self.link.controller, *self.link.units]:
             ray.kill(a)
-        if self._local is not None and self._local_info is not None:
-            local.remove_dir(self._local_info["shm_dir"])
-            local.unlink(self._local_info["address"])
+        if self.link.local is not None and self.link.local_info is not None:
+            local.remove_dir(self.link.local_info["shm_dir"])
+            local.unlink(self.link.local_info["address"])

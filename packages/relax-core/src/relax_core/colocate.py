@@ -59,7 +59,7 @@ def run_colocate(
         if bar is not None:
             bar.close()
         live.update(state="finishing", phase=None, force=True)
-        record = actor.get_record()
+        record, rolled = actor.get_record(), rollout.get_record()
         if interrupted is None:
             shared.final_eval(cfg, inputs, record.history, lambda: actor.eval_now(cfg.train.num_rollout))
             if cfg.train.save:
@@ -68,9 +68,9 @@ def run_colocate(
             "trained_ids": list(record.trained_ids),
             "trained_prompts": [list(p) for p in record.trained_prompts],
             "trainer_weights": dict(record.weight_log),
-            "rollout_weights": rollout.get_weight_log(),
+            "rollout_weights": rolled.weight_log,
             "consumed": {c: r.bus.consumed_ids(c) for c in r.bus_cfg.consumers},
-            "prompt_log": rollout.get_prompt_log(),
+            "prompt_log": rolled.prompt_log,
         }
         result = shared.RunResult(
             record.history,
@@ -79,7 +79,7 @@ def run_colocate(
             len(audit["trained_ids"]),
             "colocate",
             0,
-            rollout.get_stats(),
+            rolled.stats,
             r.bus.stats(),
             audit,
             interrupted_at=interrupted,

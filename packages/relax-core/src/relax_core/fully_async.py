@@ -25,13 +25,14 @@ def _audit(run: AsyncRun, record: TrainerRecord) -> dict[str, Any]:
     """What the roles did (samples, weight versions, engines, health, placement), for ``summary.json``."""
     rollout, bus, ray = run.rollout, run.bus, run.ray
     assert bus is not None
+    rolled = ray.get(rollout.get_record.remote())
     return {
         "trained_ids": record.trained_ids,
         "trained_prompts": record.trained_prompts,
         "trainer_weights": record.weight_log,
-        "rollout_weights": ray.get(rollout.get_weight_log.remote()),
+        "rollout_weights": rolled.weight_log,
         "consumed": {c: bus.consumed_ids(c) for c in run.plan.consumers},
-        "prompt_log": ray.get(rollout.get_prompt_log.remote()),
+        "prompt_log": rolled.prompt_log,
         "health": [vars(e) for e in run.events()],
         "engines": ray.get(rollout.engines.remote()),
         "placement": {**run.nodes.placed, "bus": run.nodes.driver_address},
@@ -87,7 +88,6 @@ def run_fully_async(
         record = ray.get(actor.get_record.remote())
         run.engine_restarts.finish(run.rollout)
         audit = _audit(run, record)
-        bus_stats = bus.stats()
         trace_path = None
         if cfg.run.trace:
             spans = ray.get([r.get_spans.remote() for r in [rollout, *loops.values(), actor]])
@@ -103,7 +103,7 @@ def run_fully_async(
             "fully_async",
             cfg.run.max_staleness,
             stats,
-            bus_stats,
+            bus.stats(),
             audit,
             trace_path,
             interrupted,

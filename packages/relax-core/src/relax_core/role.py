@@ -158,9 +158,9 @@ class RolloutRole(Role, ReceivesWeights, Protocol):
     def set_weights(self, tensors: dict[str, Any], version: int) -> None: ...
     def release_memory(self) -> None: ...
     def resume_memory(self, tags: list[str] | None = None) -> None: ...
-    def get_stats(self) -> dict[str, Any]: ...
-    def get_weight_log(self) -> dict[int, str]: ...
-    def get_prompt_log(self) -> list[tuple[int, list[str]]]: ...
+    def get_record(self) -> RolloutRecord:
+        """What it did so far (a copy where it runs in another process)."""
+
     def engines(self) -> list[dict[str, Any]]: ...
 
 
@@ -177,6 +177,18 @@ class TrainerRecord:
     """Prompt ids of every trained batch, one list per step."""
     weight_log: dict[int, str] = field(default_factory=dict)
     """--verify-weight-sync: each weight version's checksum as sent."""
+
+
+@dataclass
+class RolloutRecord:
+    """What the rollout did so far, for the run's report and audits."""
+
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Its counters: samples put, seconds generating / scoring / waiting, rows skipped, the reward's."""
+    weight_log: dict[int, str] = field(default_factory=dict)
+    """--verify-weight-sync: each weight version's checksum as loaded by the engine."""
+    prompt_log: list[tuple[int, list[str]]] = field(default_factory=list)
+    """(step, prompt row ids) of every batch put on the bus, in order."""
 
 
 class TrainerRole(Role, Protocol):

@@ -50,11 +50,10 @@ class _Group:
 
 
 class StreamOwner(Protocol):
-    """What the stream uses of its rollout role (:class:`~relax_rollout.worker.RolloutWorker`): its public
-    parts only; the journal and the heartbeat are handed to :class:`GroupStream` apart."""
+    """What the stream drives: the rollout role's steps (:class:`~relax_rollout.steps.RolloutSteps`), whose
+    parts it uses; the journal and the heartbeat are handed to :class:`GroupStream` apart."""
 
     cfg: Any
-    engine: RolloutEngine
     stats: dict[str, Any]
     prompts: Any
     """:class:`~relax_rollout.prompts.Prompts`: draws each step's prompts, keeps the prompt log."""
@@ -63,6 +62,9 @@ class StreamOwner(Protocol):
     samples: Any
     """:class:`~relax_rollout.samples.SampleWriter`: scores a group and puts it on the bus."""
     tracer: Any
+
+    @property
+    def engine(self) -> RolloutEngine: ...
 
     def admit(self, step: int) -> None: ...
 

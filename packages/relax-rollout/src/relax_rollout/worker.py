@@ -15,23 +15,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from relax_bus import Bus
-from relax_bus.staleness import StalenessBound
 from relax_core.config import RelaxConfig
-from relax_core.resume import Journal, JournalEntry
-from relax_core.role import Restart, RoleSpec
+from relax_core.resume import Journal
+from relax_core.role import Restart, RoleSpec, RolloutRecord
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
 from relax_rollout.engines.base import RolloutEngine
-from relax_rollout.generation import Generated, Generation
+from relax_rollout.generation import Generation
 from relax_rollout.prompts import Prompts
 from relax_rollout.rewards import build_scorer
 from relax_rollout.samples import SampleWriter
+from relax_rollout.steps import RolloutSteps
 
 if TYPE_CHECKING:
     from relax_rollout.streaming import GroupStream
@@ -99,56 +98,51 @@ class RolloutWorker:
         _check_data(cfg, prompt_path)  # (a restarted rollout re-reads the file: the run's, or refused)
         self.prompts = Prompts(cfg, self.tokenizer, model_path, prompt_path, self.stats)
         self.scorer = build_scorer(cfg)
-        self._cond = threading.Condition()
         self.weights = WeightSubscriber(
-            cfg.run, lambda v, t: self.set_weights(t, v), lambda: self.engine.weight_version, "rollout"
+            cfg.run,
+            lambda v, t: self.set_weights(t, v),
+            lambda: self.generation.engine.weight_version,
+            "rollout",
         )
         self.weight_log: dict[int, str] = {}
-        self._beat = 0.0
         # Every batch's start (prompt position) and landing on the bus are journaled: the trainer's
         # checkpoints read the data position there, and a rollout role restarted under the health manager
         # continues with exactly the prompts that were not put yet; there (fully async), samples get ids
         # fixed by their step, so a batch re-sent after a crash is refused (DuplicateIds).
-        self._journal = Journal.for_run(cfg)
+        self.journal = Journal.for_run(cfg)
+        """The restart journal (:class:`~relax_core.resume.Journal`; its ``path`` None: not journaled)."""
         restartable = cfg.run.mode == "fully_async" and cfg.run.health
         self.samples = SampleWriter(cfg, bus, self.tokenizer, self.scorer, self.tracer, restartable)
         self.generation = Generation(
             cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score
         )
-
-    @property
-    def engine(self) -> RolloutEngine:
-        """The rollout engine (an ``EnginePool`` with engine processes); it generates in :attr:`generation`."""
-        return self.generation.engine
-
-    @engine.setter
-    def engine(self, engine: RolloutEngine) -> None:
-        self.generation.engine = engine
-
-    @property
-    def journal(self) -> Path | None:
-        """The restart journal's file (None: not journaled)."""
-        return self._journal.path
-
-    @property
-    def context_len(self) -> int | None:
-        return self.prompts.context_len
-
-    def _encode(self, prompt: str) -> list[int]:
-        return self.prompts.encode(prompt)
+        """Each batch's generation; its ``engine`` is the rollout engine."""
+        self.steps = RolloutSteps(
+            cfg,
+            bus,
+            self.journal,
+            self.prompts,
+            self.generation,
+            self.samples,
+            self.tracer,
+            self.weights,
+            self.stats,
+        )
+        """Each step's admission, generation and bus write, journaled (:mod:`.steps`)."""
 
     # -- weights -------------------------------------------------------------------------------
     _stream: GroupStream | None = None  # the streaming loop (--streaming-rollout), while it runs
 
     def set_weights(self, tensors: dict[str, Any], version: int) -> None:
+        engine = self.generation.engine
         if self._stream is not None:  # between decode steps (or once the responses in flight end)
             self._stream.update_weights(tensors, version)
         else:
-            self.engine.update_weights(tensors, version)
+            engine.update_weights(tensors, version)
         if self.cfg.run.verify_weight_sync:
-            self.weight_log[version] = self.engine.weights_checksum()
-        with self._cond:
-            self._cond.notify_all()
+            self.weight_log[version] = engine.weights_checksum()
+        with self.steps.loaded:
+            self.steps.loaded.notify_all()
 
     # -- device memory (colocate with offload) ----------------------------------------------------
     _released: frozenset[str] = frozenset()
@@ -157,13 +151,14 @@ class RolloutWorker:
         """Give the engine's device memory (weights, KV cache, graphs) back while the trainer runs."""
         from relax_rollout.engines.base import MEMORY_TAGS, ReleasesMemory
 
-        if not isinstance(self.engine, ReleasesMemory):
+        engine = self.generation.engine
+        if not isinstance(engine, ReleasesMemory):
             raise ValueError(
                 f"--offload: the {self.cfg.rollout.rollout_backend} rollout engine cannot release its device "
                 "memory; use --no-offload (or the torch / sglang engine)"
             )
         with self.tracer.span("release_memory"):
-            self.engine.release_memory(None)
+            engine.release_memory(None)
         self._released = frozenset(MEMORY_TAGS)
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
@@ -174,7 +169,7 @@ class RolloutWorker:
         if todo:
             with self.tracer.span("resume_memory", tags=",".join(todo)):
                 # (released only by release_memory, which checked the engine can)
-                cast(ReleasesMemory, self.engine).resume_memory(todo)
+                cast(ReleasesMemory, self.generation.engine).resume_memory(todo)
             self._released = self._released - set(todo)
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
@@ -187,7 +182,7 @@ class RolloutWorker:
 
     def heartbeat(self) -> dict[str, Any]:
         """For the health manager: seconds since the loop last made progress (or polled idle)."""
-        age = time.monotonic() - self._beat if self._beat else 0.0
+        age = time.monotonic() - self.steps.beat if self.steps.beat else 0.0
         failed = self.engine_service.failed() if self.engine_service is not None else []
         return {"pid": os.getpid(), "age_s": age, "failed_engines": failed}
 
@@ -197,44 +192,17 @@ class RolloutWorker:
         return self.engine_service.restart(member_id)
 
     def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    def weights_checksum(self) -> str:
-        return self.engine.weights_checksum()
-
-    def get_weight_log(self) -> dict[int, str]:
-        return dict(self.weight_log)
+        return self.generation.engine.weight_version
 
     # -- producing -----------------------------------------------------------------------------
     def produce(self, step: int) -> dict[str, float]:
         """Generate, score and put one rollout batch (step ``step``); returns timing stats."""
-        return self._finish(self._collect(step))
+        return self.steps.finish(self.steps.collect(step))
 
     def load_data_state(self, state: dict[str, int] | None) -> None:
         """Continue from data position ``state`` (None: the data's start)."""
         if state is not None:
             self.prompts.iterator.load_state_dict(state)
-
-    def get_prompt_log(self) -> list[tuple[int, list[str]]]:
-        """(step, prompt row ids) of every batch put on the bus, in order."""
-        return list(self.prompts.prompt_log)
-
-    def _collect(self, step: int) -> Generated:
-        """One batch generated (and, with dynamic sampling, scored and filtered)."""
-        self._journal.log(JournalEntry.begin(step, self.prompts.begin(step)))
-        out = self.generation.batch(step)
-        # where the next step begins: a process killed before it began restarts from here
-        self._journal.log(JournalEntry.drawn(step, self.prompts.iterator.state_dict()))
-        return out
-
-    def _finish(self, gen: Generated) -> dict[str, float]:
-        """Score a generated batch (unless dynamic sampling already did), put it on the bus and log it."""
-        n, reward_s = self.samples.put(gen)
-        self.prompts.prompt_log.append((gen.step, [row.row_id for row in gen.rows]))
-        self._journal.log(JournalEntry.put(gen.step, [row.row_id for row in gen.rows]))
-        self.stats["samples"] += n
-        self.stats["reward_s"] += reward_s
-        return {"generate_s": gen.generate_s, "reward_s": reward_s}
 
     def run(self, start_step: int = 0) -> dict[str, float]:
         """Fully-async loop until the bus closes: admission by staleness, wait for fresh-enough
@@ -249,19 +217,19 @@ class RolloutWorker:
         if self.cfg.rollout.streaming_rollout:  # prompt groups one at a time (relax_rollout.streaming)
             from relax_rollout.streaming import GroupStream
 
-            self._stream = GroupStream(self, self._journal, lambda: setattr(self, "_beat", time.monotonic()))
+            self._stream = GroupStream(self.steps, self.journal, self.steps.alive)
             try:
                 self._stream.run(start_step)
             finally:
                 self._stream = None
-            return self.get_stats()
+            return self.get_record().stats
         handoff: queue.Queue = queue.Queue(maxsize=1)
         failure: list[BaseException] = []
 
         def finisher() -> None:
             while (pending := handoff.get()) is not None:
                 try:
-                    self._finish(pending)
+                    self.steps.finish(pending)
                 except BusClosed:
                     return
                 except BaseException as exc:  # surfaced by the generating loop
@@ -273,10 +241,10 @@ class RolloutWorker:
         step = start_step
         try:
             while not failure:
-                self.admit(step)
-                pending = self._collect(step)
+                self.steps.admit(step)
+                pending = self.steps.collect(step)
                 while thread.is_alive():
-                    self._beat = time.monotonic()  # (waiting for the previous batch's scoring and put)
+                    self.steps.alive()  # (waiting for the previous batch's scoring and put)
                     try:
                         handoff.put(pending, timeout=0.5)
                         break
@@ -292,63 +260,36 @@ class RolloutWorker:
                 pass
         if failure:
             raise failure[0]
-        return self.get_stats()
-
-    def admit(self, step: int) -> None:
-        """Wait until step ``step`` may begin: the bus admits it (the staleness bound) and, with the
-        ``wait`` policy, the engine holds weights of version ``step - max_staleness`` or newer. Polls, so
-        the heartbeat shows a live loop while back-pressure holds it; the seconds count as ``wait_s``."""
-        from relax_bus import BusTimeout
-
-        t0 = time.perf_counter()
-        while True:
-            self._beat = time.monotonic()
-            try:
-                self.bus.admit(step, timeout=1.0)
-                break
-            except BusTimeout:
-                continue
-        run = self.cfg.run
-        need = StalenessBound(run.max_staleness, run.staleness_policy).admit_version(step)
-        with self._cond:
-            while self.engine.weight_version < need:
-                self._beat = time.monotonic()
-                if not run.health:  # (under the health manager a broken group is re-formed)
-                    self.weights.check()
-                self._cond.wait(0.5)
-        self.stats["wait_s"] += time.perf_counter() - t0
+        return self.get_record().stats
 
     # -- journal (restart in place) ---------------------------------------------------------------
     def reset_journal(self) -> None:
         """A fresh run (or a global restart from a checkpoint): forget the previous process's batches."""
-        self._journal.reset()
+        self.journal.reset()
 
     def seed_journal(self, begun: dict[str, dict], next_step: int) -> None:
         """Resumed from a checkpoint with a bus snapshot: the steps before ``next_step`` are on the bus
         already (put by the previous run); record where each began, for later checkpoints and restarts."""
-        self._journal.seed(begun, next_step, self.prompts.iterator.state_dict())
+        self.journal.seed(begun, next_step, self.prompts.iterator.state_dict())
 
     def recover(self) -> int:
         """After the previous rollout process died: load the journal and return the first step that is
         not on the bus yet (its prompts come next, as they would have)."""
-        got = self._journal.recover()
+        got = self.journal.recover()
         if got.state is not None:
             self.prompts.iterator.load_state_dict(got.state)
         self.prompts.prompt_log = got.prompt_log
         return got.start
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_record(self) -> RolloutRecord:
         p = self.prompts
-        return {
+        stats = {
             **self.stats,
             "skipped_rows": len(p.skipped_rows),
             "reward": self.scorer.stats(),
             "skipped_examples": p.skipped_rows[:5] + p.bad_media[:5],
         }
-
-    def get_bad_media(self) -> list[str]:
-        """One message per skipped media row (sample, file, reason, what to do)."""
-        return list(self.prompts.bad_media)
+        return RolloutRecord(stats, dict(self.weight_log), list(p.prompt_log))
 
     def get_spans(self) -> list[dict[str, Any]]:
         return self.tracer.get_spans()
@@ -358,18 +299,14 @@ class RolloutWorker:
             self.engine_service.pool.membership.members(include_removed=True) if self.engine_service else []
         )
 
-    def engine_pids(self) -> dict[str, int]:
-        return self.engine_service.pids() if self.engine_service is not None else {}
-
-    def elastic_url(self) -> str | None:
-        return self.engine_service.elastic_url if self.engine_service is not None else None
-
     def close(self) -> None:
         self.scorer.close()  # (--reward-isolation process: its worker processes)
         self.weights.close()
         if self.engine_service is not None:
             self.engine_service.close()
-        elif callable(close := getattr(self.engine, "close", None)):  # an engine owning processes (sglang)
+        elif callable(
+            close := getattr(self.generation.engine, "close", None)
+        ):  # an engine owning processes (sglang)
             close()
         if getattr(self, "_gpus", None) is not None:  # the engines' GPUs, now free for another run
             import ray

@@ -316,11 +316,12 @@ def signal_role_after(
                 break
             time.sleep(0.01)
         if role == "bus":  # the bus controller actor: its state is the run's data
-            ray.kill(controller.async_run.bus.controller_actor, no_restart=True)
+            ray.kill(controller.async_run.bus.link.controller, no_restart=True)
             out["pid"], out["at"] = "bus", time.time()
             return
         if role == "engine":
-            pids = ray.get(controller.async_run.roles["rollout"].engine_pids.remote())
+            rollout = controller.async_run.roles["rollout"]
+            pids = ray.get(rollout.__ray_call__.remote(lambda w: w.engine_service.pids()))
             out["engine"], pid = sorted(pids.items())[0]
         else:
             pid = ray.get(controller.async_run.roles[role].heartbeat.remote())["pid"]

@@ -108,7 +108,7 @@ def test_receivers_get_every_version_exactly_over_dcs(tiny_model_dir, tmp_path, 
     receiver.join(30)
     receiver.check()
     assert sorted(got) == [0, 1, 2, 3]
-    assert got == worker.weight_log  # bitwise the weights of each version, none torn by a later step
+    assert got == worker.record.weight_log  # bitwise the weights of each version, none torn by a later step
 
 
 def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):

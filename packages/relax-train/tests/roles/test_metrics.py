@@ -38,7 +38,7 @@ def test_actor_worker_logs_through_the_metrics_service(tiny_model_dir, tmp_path,
     assert worker.metrics.names == ["jsonl", "tensorboard"]  # the broken one dropped, the run goes on
     worker.close()
 
-    assert worker.history == rows
+    assert worker.record.history == rows
     assert [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] == rows
     assert "metrics sink 'broken' failed" in caplog.text
     acc = EventAccumulator(str(out / "tensorboard"))
@@ -67,7 +67,7 @@ def test_resuming_reads_the_history_past_a_torn_last_line(tiny_model_dir, tmp_pa
         f.write('{"step": 1, "train/lo')  # the row being written when the process died
     again = ActorWorker(cfg, bus=None, model_path=tiny_model_dir)
     assert again.load(saved)["version"] == 0
-    assert again.history == rows
+    assert again.record.history == rows
     assert "metrics.jsonl line 3 is not JSON" in caplog.text
     again.close()
 

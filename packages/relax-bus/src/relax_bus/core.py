@@ -31,9 +31,9 @@ from relax_bus import snapshot as _snapshot
 from relax_bus.config import BusConfig
 from relax_bus.errors import BusError, ConsumerReset, StaleSampleError
 from relax_bus.ledger import Ledger, sample_version
-from relax_bus.prepare import Row, grouped_consumers, prepare_fields, prepare_samples, versioned_consumers
+from relax_bus.prepare import grouped_consumers, prepare_fields, prepare_samples, versioned_consumers
 from relax_bus.samplers import SAMPLERS, in_order
-from relax_bus.state import Batch, BusState, Lease, Sample, SavedConsumer, SavedSample
+from relax_bus.state import Batch, BusState, Lease, ManualClock, Sample, SavedConsumer, SavedSample
 from relax_bus.values import Schema
 
 RESERVED_FIELDS = ("group_id", "policy_version", "group_size")
@@ -47,11 +47,15 @@ class DataBus:
 
     def __init__(self, config: BusConfig | dict[str, Any], clock: Callable[[], float] | None = None) -> None:
         self.config = cfg = config if isinstance(config, BusConfig) else BusConfig.model_validate(config)
-        self._ledger = Ledger(cfg, clock or time.monotonic, grouped_consumers(cfg))
-        self._cond = self._ledger.cond  # (the ledger's: the bus's one lock, held for every ledger call)
+        self.ledger = Ledger(
+            cfg, clock or time.monotonic, grouped_consumers(cfg), Schema(cfg.fields, RESERVED_FIELDS)
+        )
+        """Its state and the mechanics on it; the Ray controller hands it rows its clients prepared."""
+        self._cond = self.ledger.cond  # (the ledger's: the bus's one lock, held for every ledger call)
+        if isinstance(clock, ManualClock):  # (a test's clock that jumps wakes the waiters to re-check)
+            clock.watch(self._cond)
         self._next_lease = 0
         self._trainer_version = 0
-        self._schema = Schema(cfg.fields, RESERVED_FIELDS)
         self._versioned = versioned_consumers(cfg)
         self._staleness_hist: dict[int, int] = {}
 
@@ -67,91 +71,11 @@ class DataBus:
 
         Ids are assigned in increasing order unless ``ids`` gives them (unique, never used on this bus).
         """
-        return self.put_rows(prepare_samples(self.config, samples), partition, timeout, ids)
-
-    def put_rows(
-        self,
-        rows: list[Row],
-        partition: str = "default",
-        timeout: float | None = None,
-        ids: list[int] | None = None,
-    ) -> list[int]:
-        """``put`` of already prepared rows (used by the Ray controller, whose clients prepare them)."""
-        if not isinstance(partition, str) or not partition:
-            raise BusError(f"put: partition must be a non-empty str, got {partition!r}")
-        cap = self.config.capacity
-        if len(rows) > cap:
-            raise BusError(
-                f"put of {len(rows)} samples can never fit: capacity is {cap}; split the batch or raise "
-                "BusConfig.capacity"
-            )
-        with self._cond:
-            self._ledger.check_open()
-            self._ledger.check_ids(ids, len(rows))
-            new_sigs = self._schema.check_rows([r.sigs for r in rows], "sample {}")
-            self._ledger.check_groups(rows)
-            if self._ledger.wait_for(
-                lambda: len(self._ledger.samples) + len(rows) <= cap, timeout, "put", f"put of {len(rows)}"
-            ):  # schema, groups and ids may have changed while waiting
-                new_sigs = self._schema.check_rows([r.sigs for r in rows], "sample {}")
-                self._ledger.check_groups(rows)
-            ids = self._ledger.check_ids(ids, len(rows))
-            self._schema.commit(new_sigs)
-            for sid, row in zip(ids, rows):
-                f = row.fields
-                s = Sample(
-                    sid,
-                    partition,
-                    f,
-                    set(self._ledger.consumers),
-                    f.get("group_id"),
-                    f.get("group_size"),
-                    f.get("policy_version"),
-                    row.lengths,
-                    row.size,
-                )
-                self._ledger.samples[sid] = s
-                if self._ledger.grouped:
-                    self._ledger.groups.setdefault(s.group_id, []).append(sid)
-                for st in self._ledger.consumers.values():
-                    st.available.add(sid)
-                self._ledger.counts["bytes_in"] += row.size
-            self._ledger.mark_used(ids)
-            self._ledger.depth[partition] = self._ledger.depth.get(partition, 0) + len(ids)
-            self._ledger.counts["puts"] += 1
-            self._ledger.counts["samples_put"] += len(ids)
-            self._cond.notify_all()
-            return ids
+        return self.ledger.put_rows(prepare_samples(self.config, samples), partition, timeout, ids)
 
     def add_fields(self, ids: list[int], fields: dict[str, list[Any]]) -> None:
         """Write new fields on live samples (e.g. ``log_probs``); wakes consumers waiting for them. Write-once."""
-        self.add_rows(list(ids), prepare_fields(ids, fields))
-
-    def add_rows(self, ids: list[int], rows: list[Row]) -> None:
-        """``add_fields`` of already prepared rows (one per id)."""
-        with self._cond:
-            self._ledger.check_open()
-            limit = self.config.max_sample_bytes
-            for sid, row in zip(ids, rows):
-                s = self._ledger.live(sid)
-                for name in row.fields:
-                    if name in s.fields:
-                        raise BusError(
-                            f"field {name!r} is already set on sample id {sid}; fields are write-once"
-                        )
-                if limit is not None and s.size + row.size > limit:
-                    raise BusError(
-                        f"sample id {sid} would be {s.size + row.size} bytes with {sorted(row.fields)}, over "
-                        f"BusConfig.max_sample_bytes={limit}"
-                    )
-            self._schema.commit(self._schema.check_rows([r.sigs for r in rows], "sample id {}", ids))
-            for sid, row in zip(ids, rows):
-                s = self._ledger.samples[sid]
-                s.fields.update(row.fields)
-                s.lengths.update(row.lengths)
-                s.size += row.size
-                self._ledger.counts["bytes_in"] += row.size
-            self._cond.notify_all()
+        self.ledger.add_rows(list(ids), prepare_fields(ids, fields))
 
     def admit(self, step: int, timeout: float | None = None) -> int:
         """Staleness gate for the producer of rollout step ``step`` (0-based; the trainer consumes step k at version k).
@@ -163,11 +87,11 @@ class DataBus:
         """
         if not isinstance(step, int) or step < 0:
             raise BusError(f"admit: step must be an int >= 0 (got {step!r})")
-        need = self._ledger.staleness.admit_version(step)
+        need = self.ledger.staleness.admit_version(step)
         with self._cond:
-            self._ledger.check_open()
-            if self._ledger.staleness.gates_producers:
-                self._ledger.wait_for(
+            self.ledger.check_open()
+            if self.ledger.staleness.gates_producers:
+                self.ledger.wait_for(
                     lambda: self._trainer_version >= need, timeout, "admit", f"admit({step})"
                 )
             return self._trainer_version
@@ -176,7 +100,7 @@ class DataBus:
     def set_trainer_version(self, version: int) -> None:
         """Report that the trainer finished ``version`` updates; wakes ``admit`` waiters. Monotonic."""
         with self._cond:
-            self._ledger.check_open()
+            self.ledger.check_open()
             if version < self._trainer_version:
                 raise BusError(
                     f"trainer version must not decrease (is {self._trainer_version}, got {version})"
@@ -207,11 +131,11 @@ class DataBus:
         if not isinstance(n, int) or n < 1:
             raise BusError(f"get: n must be an int >= 1 (got {n!r})")
         with self._cond:
-            self._ledger.check_open()
-            st = self._ledger.consumer(consumer)
+            self.ledger.check_open()
+            st = self.ledger.consumer(consumer)
             sampler = SAMPLERS[st.spec.sampler]
             options = st.spec.sampler_options
-            bound = self._ledger.staleness
+            bound = self.ledger.staleness
             enforce = st.spec.enforce_staleness and bound.bounded
             chosen: list[int] = []
             resets = st.resets
@@ -225,18 +149,18 @@ class DataBus:
                         f"get({consumer!r}) was waiting when {consumer!r} was reset (its process died): it takes "
                         "nothing, its samples go to the restarted consumer; a live caller gets again"
                     )
-                self._ledger.expire_leases()
+                self.ledger.expire_leases()
                 t = self._trainer_version if trainer_version is None else trainer_version
                 if enforce and bound.drops:
-                    self._ledger.drop_stale(consumer, st, t)
+                    self.ledger.drop_stale(consumer, st, t)
                 limit = n if sampler is in_order else None  # in id order: stop scanning at n
-                refs = self._ledger.ready_refs(st, limit, partition)
+                refs = self.ledger.ready_refs(st, limit, partition)
                 chosen = sampler(refs, n, partial, self.config.group_size, **options)
                 return bool(chosen)
 
-            self._ledger.wait_for(satisfied, timeout, "get", f"get({consumer!r}, n={n})")
+            self.ledger.wait_for(satisfied, timeout, "get", f"get({consumer!r}, n={n})")
             t = self._trainer_version if trainer_version is None else trainer_version
-            samples = [self._ledger.samples[i] for i in chosen]
+            samples = [self.ledger.samples[i] for i in chosen]
             if enforce:
                 stale = [s.id for s in samples if bound.is_stale(sample_version(s), t)]
                 if stale:
@@ -244,17 +168,17 @@ class DataBus:
                         f"samples {stale[:8]} are older than max_staleness={self.config.max_staleness} at "
                         f"trainer version {t}; producers must call admit(step) before generating"
                     )
-            data = self._ledger.columns(samples, fields)
+            data = self.ledger.columns(samples, fields)
             lease_id = self._next_lease
             self._next_lease += 1
             timeout_s = self.config.lease_timeout_s
-            deadline = None if timeout_s is None else self._ledger.clock() + timeout_s
-            self._ledger.leases[lease_id] = Lease(consumer, chosen, deadline)
+            deadline = None if timeout_s is None else self.ledger.clock() + timeout_s
+            self.ledger.leases[lease_id] = Lease(consumer, chosen, deadline)
             st.available.difference_update(chosen)
             st.delivered += len(chosen)
             st.gets += 1
-            self._ledger.counts["gets"] += 1
-            self._ledger.counts["bytes_out"] += sum(s.size for s in samples)
+            self.ledger.counts["gets"] += 1
+            self.ledger.counts["bytes_out"] += sum(s.size for s in samples)
             if enforce:
                 for s in samples:
                     lag = bound.lag(sample_version(s), t)
@@ -266,20 +190,20 @@ class DataBus:
     def ack(self, consumer: str, lease_id: int) -> None:
         """Acknowledge a batch; samples every consumer has acked are evicted (freeing capacity)."""
         with self._cond:
-            self._ledger.check_open()
-            lease = self._ledger.take_lease(consumer, lease_id)
-            st = self._ledger.consumers[consumer]
+            self.ledger.check_open()
+            lease = self.ledger.take_lease(consumer, lease_id)
+            st = self.ledger.consumers[consumer]
             st.acked += len(lease.ids)
             st.acked_ids.extend(lease.ids)
             for sid in lease.ids:
-                self._ledger.release(sid, consumer)
+                self.ledger.release(sid, consumer)
             self._cond.notify_all()
 
     def nack(self, consumer: str, lease_id: int) -> None:
         """Give a batch back; its samples are delivered again to this consumer."""
         with self._cond:
-            self._ledger.check_open()
-            self._ledger.redeliver(self._ledger.take_lease(consumer, lease_id))
+            self.ledger.check_open()
+            self.ledger.redeliver(self.ledger.take_lease(consumer, lease_id))
             self._cond.notify_all()
 
     def reset_consumer(self, consumer: str, done_if_written: list[str] | None = None) -> int:
@@ -293,40 +217,40 @@ class DataBus:
         A ``get`` of the dead process still waiting here (in the bus, or in the bus actor the call reached)
         raises :class:`ConsumerReset` instead of taking samples: they would sit in a lease nobody acks."""
         with self._cond:
-            self._ledger.check_open()
-            st = self._ledger.consumer(consumer)
+            self.ledger.check_open()
+            st = self.ledger.consumer(consumer)
             st.resets += 1
             mine = [
-                self._ledger.leases.pop(k)
-                for k, ls in list(self._ledger.leases.items())
+                self.ledger.leases.pop(k)
+                for k, ls in list(self.ledger.leases.items())
                 if ls.consumer == consumer
             ]
             again = 0
             need = done_if_written or []
             for lease in mine:
                 written = [
-                    bool(need) and all(f in self._ledger.samples[i].fields for f in need) for i in lease.ids
+                    bool(need) and all(f in self.ledger.samples[i].fields for f in need) for i in lease.ids
                 ]
                 done = [i for i, w in zip(lease.ids, written) if w]
                 redo = [i for i, w in zip(lease.ids, written) if not w]
                 st.acked += len(done)
                 st.acked_ids.extend(done)
                 for sid in done:
-                    self._ledger.release(sid, consumer)
-                self._ledger.redeliver(Lease(consumer, redo, None))
+                    self.ledger.release(sid, consumer)
+                self.ledger.redeliver(Lease(consumer, redo, None))
                 again += len(redo)
             if done_if_written:  # also samples waiting for it (a bus restored from a snapshot saves
                 # leases as not delivered): written ones count as acked, never computed twice
                 done = [
                     i
                     for i in st.available
-                    if all(f in self._ledger.samples[i].fields for f in done_if_written)
+                    if all(f in self.ledger.samples[i].fields for f in done_if_written)
                 ]
                 for sid in done:
                     st.available.discard(sid)
                     st.acked += 1
                     st.acked_ids.append(sid)
-                    self._ledger.release(sid, consumer)
+                    self.ledger.release(sid, consumer)
             self._cond.notify_all()
             return again
 
@@ -334,35 +258,29 @@ class DataBus:
         """Batches ``consumer`` holds and has not acked: ``{lease_id: sample ids}``. After the consumer's
         process died, a supervisor acks those its last checkpoint covers and resets the rest."""
         with self._cond:
-            self._ledger.consumer(consumer)
-            return {k: list(ls.ids) for k, ls in self._ledger.leases.items() if ls.consumer == consumer}
+            self.ledger.consumer(consumer)
+            return {k: list(ls.ids) for k, ls in self.ledger.leases.items() if ls.consumer == consumer}
 
     # ------------------------------------------------------------------ lifecycle and introspection
     def close(self) -> None:
         """Wake every waiter with BusClosed; later calls raise BusClosed (stats stay readable). Idempotent."""
         with self._cond:
-            self._ledger.closed = True
+            self.ledger.closed = True
             self._cond.notify_all()
 
     @property
     def closed(self) -> bool:
-        return self._ledger.closed
-
-    def wake(self) -> None:
-        """Have every blocked call re-check what it waits for, after a change the bus cannot see: a test's
-        :class:`ManualClock` moved past lease deadlines (the Ray controller's ``advance_clock``)."""
-        with self._cond:
-            self._cond.notify_all()
+        return self.ledger.closed
 
     def consumed_ids(self, consumer: str) -> list[int]:
         """Ids acked by ``consumer``, in ack order (for tests and audits)."""
         with self._cond:
-            return list(self._ledger.consumer(consumer).acked_ids)
+            return list(self.ledger.consumer(consumer).acked_ids)
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges; cheap enough to poll. ``metrics()`` flattens them for a logger."""
         with self._cond:
-            self._ledger.expire_leases()
+            self.ledger.expire_leases()
             consumers = {
                 name: {
                     "delivered": st.delivered,
@@ -372,27 +290,27 @@ class DataBus:
                     "gets": st.gets,
                     "available": len(st.available),
                     "in_flight": sum(
-                        len(ls.ids) for ls in self._ledger.leases.values() if ls.consumer == name
+                        len(ls.ids) for ls in self.ledger.leases.values() if ls.consumer == name
                     ),
                 }
-                for name, st in self._ledger.consumers.items()
+                for name, st in self.ledger.consumers.items()
             }
             return {
-                "live": len(self._ledger.samples),
+                "live": len(self.ledger.samples),
                 "capacity": self.config.capacity,
-                "depth": dict(self._ledger.depth),
+                "depth": dict(self.ledger.depth),
                 "consumers": consumers,
                 "trainer_version": self._trainer_version,
-                "closed": self._ledger.closed,
-                **self._ledger.counts,
+                "closed": self.ledger.closed,
+                **self.ledger.counts,
                 "redelivered": sum(c["redelivered"] for c in consumers.values()),
-                "put_wait_s": self._ledger.wait_s["put"],
-                "get_wait_s": self._ledger.wait_s["get"],
-                "admit_wait_s": self._ledger.wait_s["admit"],
-                "waiting": dict(self._ledger.waiting),
+                "put_wait_s": self.ledger.wait_s["put"],
+                "get_wait_s": self.ledger.wait_s["get"],
+                "admit_wait_s": self.ledger.wait_s["admit"],
+                "waiting": dict(self.ledger.waiting),
                 "staleness_hist": dict(sorted(self._staleness_hist.items())),
                 "oldest_policy_version": min(
-                    (s.version for s in self._ledger.samples.values() if s.version is not None), default=None
+                    (s.version for s in self.ledger.samples.values() if s.version is not None), default=None
                 ),
             }
 
@@ -406,9 +324,9 @@ class DataBus:
         flight count as not delivered. Field values are the bus's own objects, not copies."""
         with self._cond:
             consumers = {}
-            for name, st in self._ledger.consumers.items():
+            for name, st in self.ledger.consumers.items():
                 available = set(st.available)
-                for ls in self._ledger.leases.values():
+                for ls in self.ledger.leases.values():
                     if ls.consumer == name:
                         available.update(ls.ids)  # in flight = not delivered
                 consumers[name] = SavedConsumer(
@@ -423,18 +341,18 @@ class DataBus:
                 )
             samples = [
                 SavedSample(s.id, s.partition, dict(s.fields), sorted(s.waiting), dict(s.lengths), s.size)
-                for s in sorted(self._ledger.samples.values(), key=lambda s: s.id)
+                for s in sorted(self.ledger.samples.values(), key=lambda s: s.id)
             ]
             return BusState(
                 config=self.config,
                 samples=samples,
                 consumers=consumers,
-                next_id=self._ledger.next_id,
-                unused_ids=[list(h) for h in self._ledger.holes],
+                next_id=self.ledger.next_id,
+                unused_ids=[list(h) for h in self.ledger.holes],
                 next_lease=self._next_lease,
                 trainer_version=self._trainer_version,
-                schema=dict(self._schema.sigs),
-                counts=dict(self._ledger.counts),
+                schema=dict(self.ledger.schema.sigs),
+                counts=dict(self.ledger.counts),
                 staleness_hist=dict(self._staleness_hist),
             )
 
@@ -442,14 +360,14 @@ class DataBus:
         """Carry on from ``state`` (of :meth:`state_dict` or a snapshot). This bus must be fresh (no put or
         get yet) and have the state's consumers: build it with ``DataBus(state.config)``."""
         with self._cond:
-            self._ledger.check_open()
-            if self._ledger.counts["puts"] or self._ledger.counts["gets"]:
+            self.ledger.check_open()
+            if self.ledger.counts["puts"] or self.ledger.counts["gets"]:
                 raise BusError(
                     "load_state_dict needs a fresh bus (no put or get yet): build DataBus(state.config)"
                 )
-            if set(state.consumers) != set(self._ledger.consumers):
+            if set(state.consumers) != set(self.ledger.consumers):
                 raise BusError(
-                    f"the state has consumers {sorted(state.consumers)}, this bus {sorted(self._ledger.consumers)}: "
+                    f"the state has consumers {sorted(state.consumers)}, this bus {sorted(self.ledger.consumers)}: "
                     "build the bus with DataBus(state.config)"
                 )
             for d in state.samples:
@@ -465,23 +383,23 @@ class DataBus:
                     dict(d.lengths),
                     d.size,
                 )
-                self._ledger.samples[s.id] = s
-                self._ledger.depth[s.partition] = self._ledger.depth.get(s.partition, 0) + 1
-                if self._ledger.grouped:
-                    self._ledger.groups.setdefault(s.group_id, []).append(s.id)
+                self.ledger.samples[s.id] = s
+                self.ledger.depth[s.partition] = self.ledger.depth.get(s.partition, 0) + 1
+                if self.ledger.grouped:
+                    self.ledger.groups.setdefault(s.group_id, []).append(s.id)
             for name, c in state.consumers.items():
-                st = self._ledger.consumers[name]
+                st = self.ledger.consumers[name]
                 st.available = set(c.available)
                 st.dropped_groups = dict(c.dropped_groups)
                 st.acked_ids = list(c.acked_ids)
                 st.delivered, st.acked, st.redelivered = c.delivered, c.acked, c.redelivered
                 st.dropped_stale, st.gets = c.dropped_stale, c.gets
-            self._ledger.next_id = state.next_id
-            self._ledger.holes = [list(h) for h in state.unused_ids]
+            self.ledger.next_id = state.next_id
+            self.ledger.holes = [list(h) for h in state.unused_ids]
             self._next_lease = state.next_lease
             self._trainer_version = state.trainer_version
-            self._schema.sigs.update(state.schema)
-            self._ledger.counts.update(state.counts)
+            self.ledger.schema.sigs.update(state.schema)
+            self.ledger.counts.update(state.counts)
             self._staleness_hist.update(state.staleness_hist)
             self._cond.notify_all()
 

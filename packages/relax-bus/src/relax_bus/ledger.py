@@ -1,5 +1,5 @@
 """The ledger behind :class:`~relax_bus.DataBus`: its state and the mechanics on it, every method called with
-the bus lock (:attr:`Ledger.cond`) held.
+the bus lock (:attr:`Ledger.cond`) held (``put_rows`` and ``add_rows`` take it themselves).
 
 Apart from ``core.py`` so the bus's public methods read as the contract (what each call waits for, what it
 changes) while the mechanics live here: waiting, readiness, leases, staleness drops, eviction. The bus holds a
@@ -20,6 +20,7 @@ from relax_bus.prepare import Row
 from relax_bus.samplers import SampleRef
 from relax_bus.staleness import StalenessBound
 from relax_bus.state import ConsumerState, Lease, Sample
+from relax_bus.values import Schema
 
 COUNTS = (
     *("puts", "samples_put", "gets", "bytes_in", "bytes_out", "dropped_stale", "leases_expired"),
@@ -33,8 +34,12 @@ class Ledger:
     drops, waiting and eviction. :class:`~relax_bus.DataBus` holds one and calls it with its condition
     (:attr:`cond`) held; the ledger owns every field it reads."""
 
-    def __init__(self, config: BusConfig, clock: Callable[[], float], grouped: list[str]) -> None:
+    def __init__(
+        self, config: BusConfig, clock: Callable[[], float], grouped: list[str], schema: Schema
+    ) -> None:
         self.config = config
+        self.schema = schema
+        """Each field's kind, dtype and shape, as first written (later writes must agree)."""
         self.clock = clock
         """Times lease deadlines (a test's manual clock)."""
         self.time: Callable[[], float] = time.monotonic
@@ -59,6 +64,86 @@ class Ledger:
         self.counts = dict.fromkeys(COUNTS, 0)
         self.wait_s = {"put": 0.0, "get": 0.0, "admit": 0.0}
         self.waiting = {"put": 0, "get": 0, "admit": 0}
+
+    def put_rows(
+        self,
+        rows: list[Row],
+        partition: str = "default",
+        timeout: float | None = None,
+        ids: list[int] | None = None,
+    ) -> list[int]:
+        """:meth:`DataBus.put` of prepared rows (the Ray controller's clients prepare them); takes the lock."""
+        if not isinstance(partition, str) or not partition:
+            raise BusError(f"put: partition must be a non-empty str, got {partition!r}")
+        cap = self.config.capacity
+        if len(rows) > cap:
+            raise BusError(
+                f"put of {len(rows)} samples can never fit: capacity is {cap}; split the batch or raise "
+                "BusConfig.capacity"
+            )
+        with self.cond:
+            self.check_open()
+            self.check_ids(ids, len(rows))
+            new_sigs = self.schema.check_rows([r.sigs for r in rows], "sample {}")
+            self.check_groups(rows)
+            if self.wait_for(
+                lambda: len(self.samples) + len(rows) <= cap, timeout, "put", f"put of {len(rows)}"
+            ):  # schema, groups and ids may have changed while waiting
+                new_sigs = self.schema.check_rows([r.sigs for r in rows], "sample {}")
+                self.check_groups(rows)
+            ids = self.check_ids(ids, len(rows))
+            self.schema.commit(new_sigs)
+            for sid, row in zip(ids, rows):
+                f = row.fields
+                s = Sample(
+                    sid,
+                    partition,
+                    f,
+                    set(self.consumers),
+                    f.get("group_id"),
+                    f.get("group_size"),
+                    f.get("policy_version"),
+                    row.lengths,
+                    row.size,
+                )
+                self.samples[sid] = s
+                if self.grouped:
+                    self.groups.setdefault(s.group_id, []).append(sid)
+                for st in self.consumers.values():
+                    st.available.add(sid)
+                self.counts["bytes_in"] += row.size
+            self.mark_used(ids)
+            self.depth[partition] = self.depth.get(partition, 0) + len(ids)
+            self.counts["puts"] += 1
+            self.counts["samples_put"] += len(ids)
+            self.cond.notify_all()
+            return ids
+
+    def add_rows(self, ids: list[int], rows: list[Row]) -> None:
+        """:meth:`DataBus.add_fields` of prepared rows (one per id); takes the lock."""
+        with self.cond:
+            self.check_open()
+            limit = self.config.max_sample_bytes
+            for sid, row in zip(ids, rows):
+                s = self.live(sid)
+                for name in row.fields:
+                    if name in s.fields:
+                        raise BusError(
+                            f"field {name!r} is already set on sample id {sid}; fields are write-once"
+                        )
+                if limit is not None and s.size + row.size > limit:
+                    raise BusError(
+                        f"sample id {sid} would be {s.size + row.size} bytes with {sorted(row.fields)}, over "
+                        f"BusConfig.max_sample_bytes={limit}"
+                    )
+            self.schema.commit(self.schema.check_rows([r.sigs for r in rows], "sample id {}", ids))
+            for sid, row in zip(ids, rows):
+                s = self.samples[sid]
+                s.fields.update(row.fields)
+                s.lengths.update(row.lengths)
+                s.size += row.size
+                self.counts["bytes_in"] += row.size
+            self.cond.notify_all()
 
     def check_groups(self, rows: list[Row]) -> None:
         if not self.grouped:

@@ -2,7 +2,7 @@
 :class:`~relax_bus.RayBus`, so that roles, loaders and runners can be typed against either.
 
 Structural (``typing.Protocol``): neither backend inherits from it. Only members both have, with the same
-signatures, belong here; backend-only calls (``DataBus.put_rows``/``state_dict``, ``RayBus.kill``, its
+signatures, belong here; backend-only calls (``DataBus.state_dict``, its ``ledger``, ``RayBus.kill``, its
 ``link``) are reached through the concrete class.
 """
 

@@ -90,7 +90,7 @@ class StorageUnit:
 
 # DataBus methods a RayBus reaches another way (get and the puts: payloads travel as blocks; restore) or
 # not at all (a state holds payload locations, meaningless outside the controller: snapshot() fetches them)
-_NOT_CALLABLE = frozenset({"restore", "put_rows", "add_rows", "get", "state_dict", "load_state_dict"})
+_NOT_CALLABLE = frozenset({"restore", "ledger", "get", "state_dict", "load_state_dict"})
 
 
 class Controller:
@@ -153,13 +153,13 @@ class Controller:
         timeout: float | None,
         ids: list[int] | None,
     ) -> list[int]:
-        """put_rows whose payload values sit in one block (``where``: field -> rows)."""
-        return self.bus.put_rows(self._located(rows, where, payload), partition, timeout, ids)
+        """``ledger.put_rows`` whose payload values sit in one block (``where``: field -> rows)."""
+        return self.bus.ledger.put_rows(self._located(rows, where, payload), partition, timeout, ids)
 
     def add_block(
         self, ids: list[int], rows: list[Row], where: dict[str, list[int]], payload: list[Any] | str | None
     ) -> None:
-        return self.bus.add_rows(ids, self._located(rows, where, payload))
+        return self.bus.ledger.add_rows(ids, self._located(rows, where, payload))
 
     def get(self, consumer: str, n: int, **kwargs: Any) -> tuple[Batch, Wire, dict[int, Any]]:
         """A batch whose block values are replaced by locations, plus the ObjectRefs of those blocks."""
@@ -202,8 +202,7 @@ class Controller:
     def advance_clock(self, seconds: float) -> None:
         """Tests only (``create(..., manual_clock=True)``): move lease deadlines forward."""
         assert self.clock is not None, "advance_clock needs a bus created with manual_clock=True"
-        self.clock.advance(seconds)
-        self.bus.wake()
+        self.clock.advance(seconds)  # (the bus watches its clock: its waiters re-check)
 
     def snapshot(self, path: str) -> str:
         """Same format as DataBus.snapshot; payloads are fetched out of the object store first."""

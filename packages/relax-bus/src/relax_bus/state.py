@@ -7,6 +7,7 @@ locks and no behaviour beyond bookkeeping.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,12 +62,21 @@ class ManualClock:
 
     def __init__(self) -> None:
         self.now = 0.0
+        self.watchers: list[threading.Condition] = []
+        """Conditions to notify when it moves: a bus's waiters re-check lease deadlines (:meth:`watch`)."""
 
     def __call__(self) -> float:
         return self.now
 
+    def watch(self, cond: threading.Condition) -> None:
+        """Notify ``cond`` at every :meth:`advance` (a bus built on this clock watches it)."""
+        self.watchers.append(cond)
+
     def advance(self, seconds: float) -> None:
         self.now += seconds
+        for cond in self.watchers:
+            with cond:
+                cond.notify_all()
 
 
 @dataclass

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from relax_core.registry import Registry
+
 USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
        relax status RUN_DIR | relax watch RUN_DIR | relax summary RUN_DIR
        relax eval CKPT [--data FILE.jsonl] | relax export CKPT OUT
@@ -38,15 +40,20 @@ USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
 """
 
 
-COMMANDS = {
-    "--version": "relax_app.info:version_main",
-    "status": "relax_app.watch:status_main",
-    "watch": "relax_app.watch:watch_main",
-    "summary": "relax_app.info:summary_main",
-    "eval": "relax_app.checkpoint_tools:eval_main",
-    "export": "relax_app.checkpoint_tools:export_main",
-}
-"""Command -> ``"module:function"`` taking the rest of the command line, returning the exit code."""
+COMMANDS = Registry(
+    "command",
+    "relax.commands",
+    {
+        "--version": "relax_app.info:version_main",
+        "status": "relax_app.watch:status_main",
+        "watch": "relax_app.watch:watch_main",
+        "summary": "relax_app.info:summary_main",
+        "eval": "relax_app.checkpoint_tools:eval_main",
+        "export": "relax_app.checkpoint_tools:export_main",
+    },
+)
+"""Command -> ``"module:function"`` taking the rest of the command line, returning the exit code (another
+package adds a command under the ``relax.commands`` entry points)."""
 
 
 def error_kinds() -> list[tuple[tuple[type[BaseException], ...], int, str]]:
@@ -88,10 +95,7 @@ def _command(argv: list[str]) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command in COMMANDS:  # (each imports what it needs: `relax status` loads no torch)
-        import importlib
-
-        module, _, attr = COMMANDS[command].partition(":")
-        return getattr(importlib.import_module(module), attr)(rest)
+        return int(COMMANDS.load(command)(rest))
     if command == "prepare-data":
         from relax_app.recipes.loaders import main as prepare_data
 

@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from relax_core.config import RelaxConfig
 from relax_core.optional import TENSORBOARD_INSTALL
+from relax_core.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +51,17 @@ class MetricsSink(Protocol):
 
 SinkFactory = Callable[[RelaxConfig, Path], MetricsSink]
 
-SINKS: dict[str, str | SinkFactory] = {
-    "jsonl": "relax_core.metrics:JsonlSink",
-    "tensorboard": "relax_core.metrics:TensorBoardSink",
-    "wandb": "relax_core.metrics:WandbSink",
-    "clearml": "relax_core.metrics:ClearMLSink",
-}
-"""Sink name -> ``"module:Class"`` or a factory ``(cfg, output_dir) -> MetricsSink``."""
+SINKS = Registry(
+    "metrics sink",
+    "relax.metrics_sinks",
+    {
+        "jsonl": "relax_core.metrics:JsonlSink",
+        "tensorboard": "relax_core.metrics:TensorBoardSink",
+        "wandb": "relax_core.metrics:WandbSink",
+        "clearml": "relax_core.metrics:ClearMLSink",
+    },
+)
+"""Sink name -> a factory ``(cfg, output_dir) -> MetricsSink`` (``"module:Class"``, or one put in by code)."""
 
 _EVENT_FILES = itertools.count()
 
@@ -235,13 +240,7 @@ def sink_names(cfg: RelaxConfig) -> list[str]:
 
 def build_sink(name: str, cfg: RelaxConfig, output_dir: Path) -> MetricsSink:
     """The sink registered as ``name`` in :data:`SINKS`, built for this run."""
-    try:
-        target = SINKS[name]
-    except KeyError:
-        raise ValueError(f"unknown metrics sink {name!r}; known: {', '.join(SINKS)}") from None
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
+    target: SinkFactory = SINKS.load(name)
     return target(cfg, Path(output_dir))
 
 

@@ -3,7 +3,7 @@
 The registry: the packages that hold roles register them as Python entry points, group ``relax.roles``
 (``rollout`` in relax-rollout's pyproject.toml; ``actor``, ``actor_fwd``, ``reference``, ``teacher``,
 ``critic``, ``advantages`` in relax-train's), and the evaluator the trainer runs under ``relax.evaluators``
-(``greedy``, relax-rollout's). relax-core loads them with :mod:`importlib.metadata`, so it names no class
+(``greedy``, relax-rollout's). relax-core loads them through a :class:`~relax_core.registry.Registry` (:data:`ROLES`), so it names no class
 of the packages above it (relax-core depends on neither) and adding a role is one class (with its
 :meth:`~relax_core.role.Role.spec`) plus one entry point line. A registry can also be passed in
 (:meth:`RoleRegistry.with_role`: a test's role, a notebook's), through
@@ -25,10 +25,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from relax_core.config import RelaxConfig
+from relax_core.registry import Registry
 from relax_core.role import Restart, RoleSpec, missing_methods
 
 if TYPE_CHECKING:
@@ -65,34 +65,16 @@ class RoleRegistry:
         return replace(self, classes={**self.classes, name: role})
 
 
+ROLES = Registry("role", ROLE_GROUP)
+"""The installed roles (relax-rollout and relax-train register theirs as entry points)."""
+EVALUATORS = Registry("evaluator", EVALUATOR_GROUP)
+"""The installed evaluator factories."""
+
+
 @functools.cache
 def _installed() -> RoleRegistry:
-    classes: dict[str, type[Any]] = {}
-    where: dict[str, str] = {}
-    for ep in sorted(metadata.entry_points(group=ROLE_GROUP), key=lambda e: (_dist(e), e.name)):
-        if ep.name in classes:
-            raise RuntimeError(
-                f"role {ep.name!r} is registered twice ({where[ep.name]} and {ep.value} from {_dist(ep)}): "
-                f"uninstall one of the packages registering `{ep.name}` under the {ROLE_GROUP} entry points"
-            )
-        classes[ep.name], where[ep.name] = _load(ep), f"{ep.value} from {_dist(ep)}"
-    evaluators = {ep.name: ep for ep in metadata.entry_points(group=EVALUATOR_GROUP)}
-    evaluator = _load(evaluators[EVALUATOR]) if EVALUATOR in evaluators else None
-    return RoleRegistry(classes, evaluator)
-
-
-def _dist(ep: metadata.EntryPoint) -> str:
-    return ep.dist.name if ep.dist is not None else ""
-
-
-def _load(ep: metadata.EntryPoint) -> Any:
-    try:
-        return ep.load()
-    except ImportError as e:
-        raise ImportError(
-            f"{ep.group} entry point {ep.name} = {ep.value} (from {_dist(ep)}) does not import ({e}): "
-            "reinstall that package (`uv sync` in a checkout)"
-        ) from e
+    evaluator = EVALUATORS.load(EVALUATOR) if EVALUATOR in EVALUATORS else None
+    return RoleRegistry({name: ROLES.load(name) for name in ROLES}, evaluator)
 
 
 @dataclass

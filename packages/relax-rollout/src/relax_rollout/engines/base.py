@@ -1,14 +1,15 @@
 """The rollout-engine protocol, its registry and factory.
 
-Engines are looked up by name in a plain dict of dotted paths and imported only when built, so choosing
-``torch`` never imports SGLang and vice versa.
+Engines are looked up by name in a :class:`~relax_core.registry.Registry` of dotted paths and imported only
+when built, so choosing ``torch`` never imports SGLang and vice versa.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from relax_core.registry import Registry
 
 CONSTRAINT_KINDS = ("json_schema", "regex", "tool_calls")
 """What a :class:`Constraint` may force the output to be."""
@@ -215,17 +216,19 @@ class PausesGeneration(Protocol):
     def resume(self) -> None: ...
 
 
-ENGINES: dict[str, str] = {
-    "torch": "relax_rollout.engines.torch_engine:TorchEngine",
-    "external": "relax_rollout.engines.external:ExternalEngine",
-    "sglang": "relax_rollout.engines.sglang:SGLangEngine",
-}
+ENGINES = Registry(
+    "--rollout-backend",
+    "relax.rollout_engines",
+    {
+        "torch": "relax_rollout.engines.torch_engine:TorchEngine",
+        "external": "relax_rollout.engines.external:ExternalEngine",
+        "sglang": "relax_rollout.engines.sglang:SGLangEngine",
+    },
+)
+"""The rollout engines (another package adds one under the ``relax.rollout_engines`` entry points)."""
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Build the engine registered as ``name``; heavy backends are imported here, not before."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown --rollout-backend {name!r}; available: {sorted(ENGINES)}")
-    module, _, attr = ENGINES[name].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    return cls(**kwargs)
+    engine: RolloutEngine = ENGINES.load(name)(**kwargs)
+    return engine

@@ -1,13 +1,18 @@
-"""The training-backend protocol, its registry and factory (dotted paths, imported only when built)."""
+"""The training-backend protocol, its registry (:class:`~relax_core.registry.Registry`: imported only when
+built) and factory."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from relax_core.registry import Registry
+
+MEGATRON_HINT = "megatron-core: pip install 'relax-train[megatron]'"
+"""What a megatron backend needs where megatron-core is not installed."""
 
 
 class StreamedUpdate(Protocol):
@@ -77,26 +82,16 @@ class TrainBackend(Protocol):
         """Bring back what ``offload`` moved (a no-op when nothing is offloaded); bytes moved."""
 
 
-BACKENDS: dict[str, str] = {
-    "torch": "relax_train.backends.torch_backend:TorchBackend",
-    "megatron": "relax_train.backends.megatron.group:build_megatron",
-}
-
-
-def registered(registry: dict[str, str], name: str, what: str) -> Callable[..., Any]:
-    """The class (or factory) ``registry`` names for ``name``, its module imported only now; ``what``: the
-    registry's name in errors (the flag that chose it)."""
-    if name not in registry:
-        raise ValueError(f"unknown {what} {name!r}; available: {sorted(registry)}")
-    module, _, attr = registry[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as e:
-        if name == "megatron" and (e.name or "").startswith("megatron"):
-            raise ImportError(
-                f"{what} megatron needs megatron-core: pip install 'relax-train[megatron]'"
-            ) from e
-        raise
+BACKENDS = Registry(
+    "--train-backend",
+    "relax.train_backends",
+    {
+        "torch": "relax_train.backends.torch_backend:TorchBackend",
+        "megatron": "relax_train.backends.megatron.group:build_megatron",
+    },
+    hints={"megatron": MEGATRON_HINT},
+)
+"""The training backends (another package adds one under the ``relax.train_backends`` entry points)."""
 
 
 def build_backend(
@@ -104,7 +99,7 @@ def build_backend(
 ) -> TrainBackend:
     """The ``name`` backend built with ``kwargs``; ``before_update``: its :attr:`TrainBackend.before_update`
     (the trainer's fence), handed over here so that no role sets it on a backend afterwards."""
-    backend = registered(BACKENDS, name, "--train-backend")(**kwargs)
+    backend = BACKENDS.load(name)(**kwargs)
     if before_update is not None:
         backend.before_update = before_update
     return backend

@@ -27,7 +27,9 @@ import torch
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
+from relax_core.registry import Registry
 from relax_train.algorithms.value_loss import clipped_value_loss
+from relax_train.backends.base import MEGATRON_HINT
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
 from relax_train.backends.state import HostTurns
@@ -76,17 +78,21 @@ class ValueBackend(Protocol):
         """Bring back what :meth:`offload` moved (a no-op when nothing is offloaded); bytes moved."""
 
 
-VALUE_BACKENDS: dict[str, str] = {
-    "torch": "relax_train.backends.value:TorchValueBackend",
-    "megatron": "relax_train.backends.megatron.value:MegatronValueBackend",
-}
+VALUE_BACKENDS = Registry(
+    "value backend (--train-backend)",
+    "relax.value_backends",
+    {
+        "torch": "relax_train.backends.value:TorchValueBackend",
+        "megatron": "relax_train.backends.megatron.value:MegatronValueBackend",
+    },
+    hints={"megatron": MEGATRON_HINT},
+)
+"""The critic's value backends, by the run's --train-backend."""
 
 
 def build_value_backend(name: str, **kwargs: Any) -> ValueBackend:
     """The ``name`` value backend built with ``kwargs`` (its module imported only now)."""
-    from relax_train.backends.base import registered
-
-    return registered(VALUE_BACKENDS, name, "value backend (--train-backend)")(**kwargs)
+    return VALUE_BACKENDS.load(name)(**kwargs)
 
 
 def _text_config(path: Path) -> dict[str, Any]:

@@ -244,10 +244,7 @@ def test_no_dotted_path_string_reaches_across_layers():
 
 
 # -- the sample schema ------------------------------------------------------------------------------------
-SHARED_NAMES = {
-    *("tokens", "reward", "mm", "finish_reason", "turns", "log_probs", "routed_experts", "prompt_id"),
-    *("advantages", "env_error"),
-}
+SHARED_NAMES = {"tokens", "reward", "mm", "finish_reason", "routed_experts", "advantages", "env_error"}
 """Schema fields whose names also name other things (HTTP bodies, OpenAI replies, engine outputs, a role, a
 stop reason): readers use the constants, but a string of these names is not necessarily a sample field."""
 

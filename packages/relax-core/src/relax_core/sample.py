@@ -13,7 +13,8 @@ own). Only the roles of a Relax run read this module.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypedDict
+from collections.abc import Mapping
+from typing import Any, Final, TypedDict, cast
 
 import numpy as np
 
@@ -78,6 +79,9 @@ VALUES_VERSION: Final = "values_version"
 """Critic: its version when it computed the values (the batches it had trained on)."""
 RETURNS: Final = "returns"
 """Advantages with GAE: the critic's targets, advantage + value per response token (0 off the model's)."""
+PROX_FROM_FORWARD: Final = "prox_from_forward"
+"""The trainer, on its own batch (never on the bus): per sample, whether π_prox is the training forward's own
+log-probs (:func:`relax_train.roles.prox.exact_prox`)."""
 CRITIC_UPDATE: Final = "critic_update"
 """Critic: the metrics of its last update before it computed these values (value loss, clip fraction,
 gradient norm; a dict of floats), so the trainer logs the critic's training, whichever process it runs in."""
@@ -138,8 +142,77 @@ class CriticFields(TypedDict, total=False):
     critic_update: dict[str, float]
 
 
-class TrainSample(RolloutSample, ForwardFields, AdvantageFields, CriticFields, total=False):
+class TrainerFields(TypedDict, total=False):
+    """What the trainer sets on its own batch before an update (not put on the bus)."""
+
+    prox_from_forward: bool
+
+
+class TrainSample(RolloutSample, ForwardFields, AdvantageFields, CriticFields, TrainerFields, total=False):
     """A sample as the trainer reads it: everything above."""
+
+
+class TrainBatch(TypedDict, total=False):
+    """A batch as the training side reads it: :class:`TrainSample`'s fields as columns, one entry per sample
+    (``batch[TOKENS][i]``). What every backend and trainer-side role takes; built once from the bus's batch
+    (:func:`train_batch`). Indexed with this module's constants, so the type checker knows each column's type."""
+
+    tokens: list[np.ndarray]
+    prompt_len: list[int]
+    response_len: list[int]
+    loss_mask: list[np.ndarray]
+    rollout_log_probs: list[np.ndarray]
+    routed_experts: list[Any]
+    mm: list[Any]
+    reward: list[float]
+    reward_failure: list[str]
+    policy_version: list[int]
+    token_versions: list[np.ndarray]
+    group_id: list[str]
+    prompt_id: list[Any]
+    rollout_step: list[int]
+    finish_reason: list[str]
+    turns: list[int]
+    env_error: list[str]
+    generated_at: list[float]
+    response_text: list[str]
+    rollout_tokens_per_s: list[float]
+    ds_dropped_groups: list[int]
+    ds_extra_rounds: list[int]
+    ds_unfilled_groups: list[int]
+    log_probs: list[np.ndarray]
+    log_probs_version: list[int]
+    ref_log_probs: list[np.ndarray]
+    ref_log_probs_version: list[int]
+    teacher_log_probs: list[np.ndarray]
+    teacher_log_probs_version: list[int]
+    advantages: list[np.ndarray]
+    shaped_reward: list[float]
+    values: list[np.ndarray]
+    values_version: list[int]
+    returns: list[np.ndarray]
+    critic_update: list[dict[str, float]]
+    prox_from_forward: list[bool]
+
+
+def train_batch(columns: Mapping[str, list[Any]], need: tuple[str, ...] = (TOKENS, PROMPT_LEN)) -> TrainBatch:
+    """The bus's columns (``Batch.data``) as a :class:`TrainBatch`: the same lists, no copy. A missing ``need``
+    column or columns of unequal length are refused, naming them. A column of no schema field (a new role's
+    own) rides along, untyped."""
+    missing = [name for name in need if name not in columns]
+    if missing:
+        raise ValueError(
+            f"batch lacks the columns {missing} (of {sorted(columns)}): a role upstream did not write them"
+        )
+    sizes = {name: len(col) for name, col in columns.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"batch columns differ in length: {sizes}")
+    return cast(TrainBatch, columns)  # (the schema's fields, typed; any others ride along)
+
+
+def columns(batch: TrainBatch) -> Mapping[str, list[Any]]:
+    """``batch`` as plain columns, for code that goes over every field (a sub-batch, parts joined)."""
+    return cast(Mapping[str, list[Any]], batch)
 
 
 VERSION_OF: dict[str, str] = {

@@ -20,7 +20,7 @@ import numpy as np
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_rollout.engines import SamplingParams
-from relax_rollout.engines.base import GenerateOutput, RolloutEngine
+from relax_rollout.engines.base import EpisodeResult, GenerateOutput, RolloutEngine
 from relax_rollout.prompts import Prompts, messages_of
 
 if TYPE_CHECKING:
@@ -216,16 +216,20 @@ class Generation:
         for ep in episodes:
             assert ep.stop_reason is not None, "run_episodes ends every episode with a reason"
             self.stats[f"stop/{ep.stop_reason}"] = self.stats.get(f"stop/{ep.stop_reason}", 0) + 1
-            extra = {
-                sample.LOSS_MASK: ep.mask,
-                "turns": ep.turns,
-                "env_reward": ep.info.get("reward"),
-                "env_reward_error": ep.info.get("reward_error"),
-                sample.ENV_ERROR: str(ep.info.get("error", ep.info.get("reset_error", ""))),
-            }
+            result = EpisodeResult(
+                loss_mask=ep.mask,
+                turns=ep.turns,
+                env_reward=ep.info.get("reward"),
+                env_reward_error=ep.info.get("reward_error"),
+                env_error=str(ep.info.get("error", ep.info.get("reset_error", ""))),
+            )
             outs.append(
                 GenerateOutput(
-                    ep.tokens[ep.prompt_len :], ep.log_probs, ep.stop_reason, ep.weight_version, extra
+                    ep.tokens[ep.prompt_len :],
+                    ep.log_probs,
+                    ep.stop_reason,
+                    ep.weight_version,
+                    episode=result,
                 )
             )
         mms = [ep.mm for ep in episodes]
@@ -310,6 +314,4 @@ def _truncated(out: GenerateOutput, n: int) -> GenerateOutput:
 def model_tokens(outs: list[GenerateOutput]) -> int:
     """Tokens the engine generated for ``outs``: a multi-turn episode's model tokens (its loss mask), not
     what the environment and the chat template added."""
-    return int(
-        sum(sum(o.extra[sample.LOSS_MASK]) if sample.LOSS_MASK in o.extra else len(o.token_ids) for o in outs)
-    )
+    return int(sum(sum(o.episode.loss_mask) if o.episode else len(o.token_ids) for o in outs))

@@ -47,10 +47,12 @@ class SampleWriter:
         from relax_rewards import RewardResult
 
         for i, o in enumerate(outs):  # an environment's own reward wins over --rm-type
-            if o.extra.get("env_reward_error"):  # (checked on the environment's time-limited thread)
-                results[i] = self.scorer.fail("bad_return", o.extra["env_reward_error"])
-            elif o.extra.get("env_reward") is not None:
-                results[i] = RewardResult(float(o.extra["env_reward"]))
+            if o.episode is None:
+                continue
+            if o.episode.env_reward_error:  # (checked on the environment's time-limited thread)
+                results[i] = self.scorer.fail("bad_return", o.episode.env_reward_error)
+            elif o.episode.env_reward is not None:
+                results[i] = RewardResult(float(o.episode.env_reward))
         return results, time.perf_counter() - t1
 
     def samples(self, gen: Generated, results: list) -> list[RolloutSample]:
@@ -87,8 +89,8 @@ class SampleWriter:
                 s[sample.ROUTED_EXPERTS] = o.extra[sample.ROUTED_EXPERTS]
             if self.cfg.rollout.streaming_rollout:
                 s[sample.TOKEN_VERSIONS] = np.asarray(o.token_versions or [], dtype=np.int32)
-            if sample.TURNS in o.extra:
-                s[sample.TURNS], s[sample.ENV_ERROR] = o.extra[sample.TURNS], o.extra[sample.ENV_ERROR]
+            if o.episode is not None:
+                s[sample.TURNS], s[sample.ENV_ERROR] = o.episode.turns, o.episode.env_error
             s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
             s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
             samples.append(s)
@@ -97,7 +99,7 @@ class SampleWriter:
     def _loss_mask(self, o: Any) -> np.ndarray:
         """1 per response token the loss trains on: 0 on what an environment added, and with
         --mask-offpolicy-in-partial-rollout on the tokens sampled before the response's last version."""
-        mask = np.asarray(o.extra.get(sample.LOSS_MASK, [1.0] * len(o.token_ids)), dtype=np.float32)
+        mask = np.asarray(o.episode.loss_mask if o.episode else [1.0] * len(o.token_ids), dtype=np.float32)
         if self.cfg.rollout.mask_offpolicy_in_partial_rollout and o.token_versions:
             versions = np.asarray(o.token_versions)
             mask = mask * (versions == versions.max()).astype(np.float32)

@@ -55,6 +55,15 @@ def test_every_backend_class_has_the_protocols_methods(cls):
         assert hasattr(cls, name), f"{cls.__name__} does not declare TrainBackend.{name}"
 
 
+def test_the_protocol_takes_the_typed_batch():
+    """A backend reads the samples as a :class:`relax_core.sample.TrainBatch` (typed columns), and so does every
+    backend class, so the type checker sees each field a backend reads."""
+    for cls in [TrainBackend, *_classes()]:
+        for name in ("compute_log_probs", "train_step"):
+            ann = inspect.signature(getattr(cls, name)).parameters["samples"].annotation
+            assert ann == "TrainBatch", f"{cls.__name__}.{name}(samples: {ann})"
+
+
 def test_backends_share_components_not_a_base_class():
     """The megatron backend holds the torch backend's loss and step code as components; it is not a
     TorchBackend (an ``isinstance`` check once sent it down the torch backend's streamed path)."""

@@ -79,6 +79,23 @@ class SamplingParams:
 
 
 @dataclass
+class EpisodeResult:
+    """What a multi-turn episode adds to its response (:func:`relax_rollout.multiturn.run_episodes`): the
+    response is the model's turns with what the environment and the chat template put between them."""
+
+    loss_mask: list[float]
+    """1 per response token the model sampled, 0 on what the environment and the template added."""
+    turns: int
+    """The model's turns."""
+    env_reward: float | None = None
+    """The environment's own reward (it wins over --rm-type), or None."""
+    env_reward_error: str | None = None
+    """Why the environment's reward could not be read (a failure score is given instead), or None."""
+    env_error: str = ""
+    """The environment's error (a reset or step that raised), or ""."""
+
+
+@dataclass
 class GenerateOutput:
     token_ids: list[int]
     """Generated tokens, including the EOS/stop token when one was produced."""
@@ -89,6 +106,7 @@ class GenerateOutput:
     e.g. a server's /abort_request or /pause_generation; the tokens so far are kept)."""
     weight_version: int
     extra: dict[str, Any] = field(default_factory=dict)
+    """What an engine adds (``routed_experts`` with routing replay, a server's ``rid``)."""
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """With ``SamplingParams.top_logprobs`` = k: per generated token, the k most likely ``(token_id,
     log-prob)`` pairs, most likely first, under the distribution ``log_probs`` are of. None: not asked for,
@@ -107,6 +125,9 @@ class GenerateOutput:
     """Per generated token, the weight version of the forward that sampled it: a response that went on
     across a weight update (an in-place pause) has two or more (SGLang's ``meta_info.weight_versions``
     spans). None: the engine does not say, every token is ``weight_version``'s."""
+
+    episode: EpisodeResult | None = None
+    """A multi-turn episode's mask, turns and environment outcome (None: one model turn)."""
 
     @property
     def oldest_version(self) -> int:

@@ -16,12 +16,11 @@ Source: Schulman et al. 2016, *High-Dimensional Continuous Control Using General
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_core.sample import TrainBatch
 from relax_train.algorithms.kl_reward import token_kl
 
 
@@ -88,7 +87,7 @@ def gae_batch(
     return [a for a, _ in out], [r for _, r in out]
 
 
-def gae_fields(cfg: RelaxConfig, d: dict[str, Any], values: list[np.ndarray]) -> tuple[list, list]:
+def gae_fields(cfg: RelaxConfig, d: TrainBatch, values: list[np.ndarray]) -> tuple[list, list]:
     """(advantages, returns) of a batch ``d`` under the critic's ``values``: GAE (γ = --gamma, λ = --lambd)
     over each response's model tokens, on token-level rewards (the outcome reward on the last model token,
     −β·kl_t on each with --kl-in-reward). The Critic computes its training targets and the Advantages

@@ -10,6 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from relax_core.registry import Registry
+from relax_core.sample import TrainBatch
 
 MEGATRON_HINT = "megatron-core: pip install 'relax-train[megatron]'"
 """What a megatron backend needs where megatron-core is not installed."""
@@ -18,7 +19,7 @@ MEGATRON_HINT = "megatron-core: pip install 'relax-train[megatron]'"
 class StreamedUpdate(Protocol):
     """One optimizer step fed part by part as a batch arrives (:mod:`relax_train.backends.streamed`)."""
 
-    def add(self, part: dict[str, list]) -> None:
+    def add(self, part: TrainBatch) -> None:
         """Forward and backward of ``part`` (samples as ``train_step`` takes them); gradients accumulate."""
 
     def finish(self) -> dict[str, float]:
@@ -48,10 +49,10 @@ class TrainBackend(Protocol):
     """Whether :meth:`streamed_step` works here: the trainer trains a streamed batch part by part as it
     arrives only then (:func:`relax_train.roles.stream.streams_training`), else it takes the batch whole."""
 
-    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_log_probs(self, samples: TrainBatch) -> list[np.ndarray]:
         """Each sample's per-response-token log-probs under the current weights (no gradient)."""
 
-    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_step(self, samples: TrainBatch) -> dict[str, float]:
         """One optimizer step (or several: ``--num-steps-per-rollout``) on the batch; the step's metrics."""
 
     def streamed_step(self, n_seqs: int) -> StreamedUpdate:

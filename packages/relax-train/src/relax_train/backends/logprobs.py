@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from relax_core.models import MASKED_LOGIT
-from relax_core.sample import PROMPT_LEN, TOKENS
+from relax_core.sample import PROMPT_LEN, TOKENS, TrainBatch
 from relax_train.algorithms.losses import entropy_from_logits
 
 
 def pad_rows(
-    samples: dict[str, list], idx: list[int], pad_token_id: int
+    samples: TrainBatch, idx: list[int], pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
     """Samples ``idx`` as right-padded rows: (token ids [B, S], attention mask [B, S], prompt lengths,
     response lengths)."""

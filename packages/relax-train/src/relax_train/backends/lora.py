@@ -17,6 +17,7 @@ import torch
 
 from relax_core import lora as core
 from relax_core.config import RelaxConfig
+from relax_core.sample import TrainBatch
 
 
 def wraps(cfg: RelaxConfig, model_path: str, trainable: bool, adapter: bool | None) -> bool:
@@ -122,7 +123,7 @@ class BaseView:
         """The trainer's routing replay (R3): the base computes under the same recorded experts."""
         return self.backend.routing
 
-    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_log_probs(self, samples: TrainBatch) -> list[np.ndarray]:
         """Each sample's response log-probs under the base model (the adapters off for this call only)."""
         with self.backend.model.disable_adapter():
             return self.backend.compute_log_probs(samples)

@@ -24,9 +24,12 @@ from relax_core.sample import (
     ADVANTAGES,
     LOG_PROBS,
     LOSS_MASK,
+    PROX_FROM_FORWARD,
     REF_LOG_PROBS,
     ROLLOUT_LOG_PROBS,
     TEACHER_LOG_PROBS,
+    TrainBatch,
+    columns,
 )
 from relax_train.algorithms.aggregation import aggregate_loss, entropy_bonus
 from relax_train.algorithms.correction import mismatch_metrics, truncated_is_weights
@@ -76,11 +79,11 @@ class PolicyLoss:
         self.algo = cfg.algo
         self.max_response_len = cfg.rollout.rollout_max_response_len
 
-    def start(self, samples: dict[str, list]) -> StepStats:
+    def start(self, samples: TrainBatch) -> StepStats:
         """The statistics of a step over ``samples`` (whose fields choose the loss's terms), all zero."""
         a = self.algo
         # π_prox: ActorFwd's log-probs, or (``prox_from_forward``) the training forward's own, or both
-        has_prox = LOG_PROBS in samples or "prox_from_forward" in samples
+        has_prox = LOG_PROBS in samples or PROX_FROM_FORWARD in samples
         distill = a.distill_mode if TEACHER_LOG_PROBS in samples else None
         stats = StepStats(
             loss_fn=POLICY_LOSSES[a.policy_loss],
@@ -111,7 +114,7 @@ class PolicyLoss:
         return truncated_is_weights(prox, behav, mask, level, mode, None, a.tis_cap)
 
     def micro_loss(
-        self, samples, idx, logp, valid, ent, total_tokens: float, n_seqs: int, stats: StepStats
+        self, samples: TrainBatch, idx, logp, valid, ent, total_tokens: float, n_seqs: int, stats: StepStats
     ) -> torch.Tensor:
         """The loss of one micro-batch (a summand of the optimizer batch's loss) from its response-token
         log-probs; its statistics are added to ``stats``."""
@@ -119,14 +122,14 @@ class PolicyLoss:
         width, dev = logp.shape[1], logp.device
 
         def padded(key: str) -> torch.Tensor:
-            return padded_field(samples[key], idx, width).to(dev)
+            return padded_field(columns(samples)[key], idx, width).to(dev)
 
         if stats.old_key is None:  # π_prox is the weights this forward runs with, for every sample
             old = logp.detach()
         else:
             old = padded(stats.old_key)
-            if "prox_from_forward" in samples:  # ... for these samples (see relax_train.roles.prox)
-                live = torch.tensor([bool(samples["prox_from_forward"][i]) for i in idx], device=dev)
+            if PROX_FROM_FORWARD in samples:  # ... for these samples (see relax_train.roles.prox)
+                live = torch.tensor([bool(samples[PROX_FROM_FORWARD][i]) for i in idx], device=dev)
                 old = torch.where(live[:, None], logp.detach(), old)
         behav = padded(ROLLOUT_LOG_PROBS) if stats.has_behav else old
         adv = padded(ADVANTAGES)

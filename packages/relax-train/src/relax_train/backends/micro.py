@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from relax_core import sample
 from relax_core.config_sections import TrainConfig
+from relax_core.sample import TrainBatch
 
 
 def plan_micro_batches(lengths: Sequence[int], idx: list[int], train: TrainConfig) -> list[list[int]]:
@@ -31,6 +32,6 @@ def plan_micro_batches(lengths: Sequence[int], idx: list[int], train: TrainConfi
     return out
 
 
-def sample_lengths(samples: dict[str, list]) -> list[int]:
+def sample_lengths(samples: TrainBatch) -> list[int]:
     """Token count of each sample of a bus column dict."""
     return [len(t) for t in samples[sample.TOKENS]]

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from relax_core import sample
+from relax_core.sample import TrainBatch
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ReplayCounts:
 def routing_replay(
     routing: Any,
     enabled: bool,
-    samples: dict[str, list],
+    samples: TrainBatch,
     idx: list[int],
     width: int,
     counts: ReplayCounts | None,

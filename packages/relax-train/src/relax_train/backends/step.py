@@ -20,7 +20,7 @@ import torch
 
 from relax_core.config import RelaxConfig
 from relax_core.config_sections import TrainConfig
-from relax_core.sample import LOSS_MASK, TOKENS
+from relax_core.sample import LOSS_MASK, TOKENS, TrainBatch
 from relax_train.backends.loss import PolicyLoss, StepStats, step_metrics
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
 
@@ -69,7 +69,7 @@ def update_if_finite(
     return True
 
 
-ForwardBackward = Callable[[dict[str, list], list[list[int]], float, int, StepStats], float]
+ForwardBackward = Callable[[TrainBatch, list[list[int]], float, int, StepStats], float]
 """``(samples, micro-batches, the optimizer batch's token count, its sequence count, stats) -> summed loss``:
 forward and backward of every micro-batch of one optimizer step (gradients accumulate)."""
 
@@ -92,7 +92,7 @@ class StepRunner:
     stepped: Callable[[], None]
     metrics: Callable[..., dict[str, float]] = step_metrics
 
-    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_step(self, samples: TrainBatch) -> dict[str, float]:
         """One rollout batch: one or more optimizer steps of --global-batch-size samples each; the metrics."""
         n = len(samples[TOKENS])
         gbs = min(self.cfg.effective_global_batch_size, n)

@@ -31,6 +31,7 @@ from relax_core.sample import (
     ROLLOUT_LOG_PROBS,
     TEACHER_LOG_PROBS,
     TOKENS,
+    TrainBatch,
 )
 from relax_train.backends.loss import StepStats
 from relax_train.backends.micro import plan_micro_batches, sample_lengths
@@ -75,7 +76,7 @@ class StreamedStep:
         runner.optimizer.zero_grad(set_to_none=True)
         runner.model.train()
 
-    def add(self, part: dict[str, list]) -> None:
+    def add(self, part: TrainBatch) -> None:
         """Forward and backward of ``part`` (samples as ``train_step`` takes them), micro-batch by
         micro-batch; the gradients accumulate."""
         n = len(part[TOKENS])
@@ -112,7 +113,7 @@ class StreamedStep:
         return r.finish(self.stats, loss, norm, 1, not math.isfinite(norm))
 
 
-def streamed_train_step(backend: Any, parts: list[dict[str, list]]) -> dict[str, float]:
+def streamed_train_step(backend: Any, parts: list[TrainBatch]) -> dict[str, float]:
     """``parts`` of one batch through the backend's streamed step (what the trainer does as they arrive)."""
     step = backend.streamed_step(sum(len(p[TOKENS]) for p in parts))
     for part in parts:

@@ -26,6 +26,7 @@ import torch
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
+from relax_core.sample import TrainBatch
 from relax_train.backends import lora
 from relax_train.backends.logprobs import TokenScorer, pad_rows
 from relax_train.backends.loss import PolicyLoss, StepStats
@@ -125,7 +126,7 @@ class TorchBackend(HostTurns):
             )
 
     # -- forward -------------------------------------------------------------------------------
-    def _media(self, samples: dict[str, list], idx: list[int], ids: torch.Tensor) -> dict[str, Any]:
+    def _media(self, samples: TrainBatch, idx: list[int], ids: torch.Tensor) -> dict[str, Any]:
         """Multimodal inputs of a micro-batch (``mm`` field: media tensors + prompt token types), batched
         as the rollout engine batches them (``relax_core.mm``); {} for text."""
         items = [samples[sample.MM][i] for i in idx] if sample.MM in samples else []
@@ -139,7 +140,7 @@ class TorchBackend(HostTurns):
             extra["mm_token_type_ids"] = token_types(items, lengths, ids.shape[1], left=False)
         return extra
 
-    def _response_logp(self, samples, idx, with_entropy=False):
+    def _response_logp(self, samples: TrainBatch, idx: list[int], with_entropy: bool = False):
         """Padded [B, Rmax] log-probs of each response token (and entropies), plus response lengths."""
         ids, mask, plens, rlens = pad_rows(samples, idx, self.pad_token_id)
         counts = self._r3 if self.model.training else None  # (train_step's metrics: r3_*)
@@ -159,7 +160,7 @@ class TorchBackend(HostTurns):
 
     @torch.no_grad()
     @onloaded
-    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_log_probs(self, samples: TrainBatch) -> list[np.ndarray]:
         """Per-sample float32 log-probs of the response tokens under the current weights."""
         was_training = self.model.training
         self.model.eval()
@@ -174,7 +175,7 @@ class TorchBackend(HostTurns):
 
     # -- training ------------------------------------------------------------------------------
     @onloaded
-    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_step(self, samples: TrainBatch) -> dict[str, float]:
         """One rollout batch: one or more optimizer steps of --global-batch-size samples each, with the
         losses of :class:`~relax_train.backends.loss.PolicyLoss` (:class:`~relax_train.backends.step.StepRunner`)."""
         if self.steps is None:

@@ -28,6 +28,7 @@ from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
 from relax_core.registry import Registry
+from relax_core.sample import TrainBatch
 from relax_train.algorithms.value_loss import clipped_value_loss
 from relax_train.backends.base import MEGATRON_HINT
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
@@ -59,10 +60,10 @@ class ValueBackend(Protocol):
     version: int
     """Critic updates taken: +1 per :meth:`train_values` call (restored by :meth:`load_checkpoint`)."""
 
-    def compute_values(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_values(self, samples: TrainBatch) -> list[np.ndarray]:
         """Each sample's float32 V(s_t), one per response token (no gradient)."""
 
-    def train_values(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_values(self, samples: TrainBatch) -> dict[str, float]:
         """--critic-epochs passes of clipped value-loss steps over the batch; the metrics (unprefixed)."""
 
     def save_checkpoint(self, path: str | Path) -> None:
@@ -206,9 +207,7 @@ class TorchValueBackend(HostTurns):
         self.version = 0
 
     # -- forward -------------------------------------------------------------------------------
-    def _values(
-        self, samples: dict[str, list], idx: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def _values(self, samples: TrainBatch, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Padded [B, Rmax] float32 V(s_t) of each response token of samples ``idx`` (the head on the
         position before the token), which are real tokens, and the response lengths."""
         ids, mask, plens, rlens = pad_rows(samples, idx, self.pad_token_id)
@@ -219,7 +218,7 @@ class TorchValueBackend(HostTurns):
 
     @torch.no_grad()
     @onloaded
-    def compute_values(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_values(self, samples: TrainBatch) -> list[np.ndarray]:
         """Per-sample float32 V(s_t) of the response tokens under the current weights (eval mode)."""
         was_training = self.model.training
         self.model.eval()
@@ -234,7 +233,7 @@ class TorchValueBackend(HostTurns):
 
     # -- training ------------------------------------------------------------------------------
     @onloaded
-    def train_values(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_values(self, samples: TrainBatch) -> dict[str, float]:
         """--critic-epochs passes over the batch, each a sweep of optimizer steps of
         --critic-global-batch-size samples: the clipped value loss (--value-clip, --value-loss-coef) over the
         LOSS_MASK tokens, normalised by the optimizer batch's LOSS_MASK token count, gradients accumulated

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.roles import TRAINER_CONSUMER
+from relax_core.sample import TrainBatch, train_batch
 from relax_core.trace import Tracer
 from relax_train.algorithms.advantages import BATCH_NORMALISED, finish_batch_advantages
 from relax_train.roles.prox import exact_prox
 from relax_train.roles.stream import Taken, streams_training, train_as_it_arrives
 
 if TYPE_CHECKING:
-    from relax_bus import Bus
+    from relax_bus import Batch, Bus
 
 
 class StepTrainer:
@@ -54,11 +55,11 @@ class StepTrainer:
             return batch, metrics, t0 + waited
         return self._whole(step)
 
-    def exact_prox(self, d: dict[str, Any]) -> dict[str, float]:
+    def exact_prox(self, d: TrainBatch) -> dict[str, float]:
         """π_prox at this step's weights for samples ActorFwd scored with older ones (:func:`.prox.exact_prox`)."""
         return exact_prox(self.cfg, self.backend, d)
 
-    def _take(self, step: int):
+    def _take(self, step: int) -> Batch:
         from relax_bus import BusTimeout, ConsumerReset
 
         while True:  # poll, so the heartbeat shows a live trainer while it waits for data
@@ -81,7 +82,7 @@ class StepTrainer:
         with self.tracer.span("wait_for_data", step=step):
             got = self._take(step)
         t1 = time.perf_counter()
-        batch = Taken(got.ids, got.data, [got.lease_id], [time.time()] * len(got.ids))
+        batch = Taken(got.ids, train_batch(got.data), [got.lease_id], [time.time()] * len(got.ids))
         d = batch.data
         if self.cfg.algo.advantage_estimator in BATCH_NORMALISED:  # whitened over the batch trained on
             a = self.cfg.algo

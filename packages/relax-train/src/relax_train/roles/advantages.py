@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.role import Restart, RoleSpec
-from relax_core.sample import ADVANTAGES, REF_LOG_PROBS, RETURNS, REWARD, VALUES
+from relax_core.sample import ADVANTAGES, REF_LOG_PROBS, RETURNS, REWARD, VALUES, train_batch
 from relax_core.trace import Tracer
 from relax_train.algorithms import compute_advantages
 from relax_train.algorithms.gae import gae_fields
@@ -47,13 +47,13 @@ class AdvantagesWorker(BusLoop):
         self.batch_size = cfg.samples_per_rollout
 
     def handle(self, batch) -> None:
-        d = batch.data
+        d = train_batch(batch.data)
         a = self.cfg.algo
         if self.cfg.uses_critic:  # (whitened by the trainer over the batch it trains on, as REINFORCE++)
             adv, returns = gae_fields(self.cfg, d, d[sample.VALUES])
             self.bus.add_fields(batch.ids, {sample.ADVANTAGES: adv, sample.RETURNS: returns})
             return
-        rewards = d[sample.REWARD]
+        rewards: Any = d[sample.REWARD]  # (per sample; KL-shaped below, an array)
         fields: dict[str, Any] = {}
         if a.uses_reference and a.kl_in_reward:
             rewards = kl_shaped_sequence_rewards(

@@ -32,7 +32,7 @@ from relax_core.checkpoints import other_run, problem
 from relax_core.config import RelaxConfig
 from relax_core.resume import RUN_STATE
 from relax_core.role import Restart, RoleSpec
-from relax_core.sample import REF_LOG_PROBS, REWARD, TOKENS, VALUES, VALUES_VERSION
+from relax_core.sample import REF_LOG_PROBS, REWARD, TOKENS, VALUES, VALUES_VERSION, columns, train_batch
 from relax_core.trace import Tracer
 from relax_train.algorithms.gae import gae_fields
 from relax_train.roles.base import BusLoop, DeviceTurns, set_threads
@@ -100,7 +100,7 @@ class CriticWorker(BusLoop, DeviceTurns):
 
     # -- one batch -----------------------------------------------------------------------------------
     def handle(self, batch) -> None:
-        d = batch.data
+        d = train_batch(batch.data)
         with self._lock:
             values = self.backend.compute_values(d)
             version = self.backend.version
@@ -116,7 +116,7 @@ class CriticWorker(BusLoop, DeviceTurns):
         _, returns = gae_fields(self.cfg, d, values)
         keep = (sample.TOKENS, sample.PROMPT_LEN, sample.RESPONSE_LEN, sample.LOSS_MASK)
         for i in range(len(values)):
-            row = {k: d[k][i] for k in keep}
+            row = {k: columns(d)[k][i] for k in keep}
             row[VALUES], row[sample.RETURNS] = values[i], returns[i]
             self._pending.append(row)
         while len(self._pending) >= self.cfg.samples_per_rollout:

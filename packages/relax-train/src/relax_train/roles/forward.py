@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.role import Restart, RoleSpec
-from relax_core.sample import TOKENS
+from relax_core.sample import TOKENS, train_batch
 from relax_core.trace import Tracer
 from relax_core.weight_sync import WeightSubscriber
 from relax_train.roles.base import BusLoop, DeviceTurns, set_threads
@@ -109,7 +109,7 @@ class ForwardWorker(BusLoop, DeviceTurns):
 
     def handle(self, batch) -> None:
         with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
-            lp = self.backend.compute_log_probs(batch.data)
+            lp = self.backend.compute_log_probs(train_batch(batch.data))
             version = self.backend.version
         self.bus.add_fields(batch.ids, {self.field: lp, sample.VERSION_OF[self.field]: [version] * len(lp)})
 

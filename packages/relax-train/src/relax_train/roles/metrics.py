@@ -14,9 +14,10 @@ import numpy as np
 
 from relax_bus import StalenessBound
 from relax_core import sample
+from relax_core.sample import TrainBatch, columns
 
 
-def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
+def rollout_metrics(d: TrainBatch) -> dict[str, float]:
     """``rollout/*`` of one trained batch, from its samples' fields (both modes: the trainer logs them).
 
     Per rollout step values (``rollout_tokens_per_s``, dynamic sampling's counters) are repeated on that
@@ -40,7 +41,7 @@ def rollout_metrics(d: dict[str, list]) -> dict[str, float]:
         (sample.DS_UNFILLED_GROUPS, None),
         (sample.ROLLOUT_TOKENS_PER_S, "tokens_per_s"),
     ):
-        values = [v for v in d.get(key, ()) if v is not None]
+        values = [v for v in columns(d).get(key, ()) if v is not None]
         if values:  # one value per rollout step, repeated on its samples
             out[f"rollout/{name or key}"] = float(np.mean(values))
     turns = [(t, f) for t, f in zip(d.get(sample.TURNS, ()), d[sample.FINISH_REASON]) if t is not None]
@@ -66,7 +67,7 @@ def logp_absdiff(log_probs, rollout_log_probs, loss_masks=None) -> float | None:
 
 
 def step_metrics(
-    d: dict[str, Any],
+    d: TrainBatch,
     step: int,
     samples: int,
     *,
@@ -123,7 +124,7 @@ def step_metrics(
     return metrics
 
 
-def critic_metrics(d: dict[str, Any], step: int) -> dict[str, float]:
+def critic_metrics(d: TrainBatch, step: int) -> dict[str, float]:
     """``critic/*`` of a batch trained with GAE: the fit of the values its advantages came from (explained
     variance, over the model's tokens), their means and the raw (not yet whitened) advantages', how many
     versions the values lag the trainer's step, and the Critic's last update before it valued these samples

@@ -13,6 +13,7 @@ from typing import Any
 
 from relax_core import sample
 from relax_core.config import RelaxConfig
+from relax_core.sample import TrainBatch, columns, train_batch
 from relax_train.backends.base import TrainBackend
 
 
@@ -21,7 +22,7 @@ def _per_sample(values: Any, n: int) -> bool:
     return hasattr(values, "__len__") and not isinstance(values, (str, bytes, dict)) and len(values) == n
 
 
-def exact_prox(cfg: RelaxConfig, backend: TrainBackend, d: dict[str, Any]) -> dict[str, float]:
+def exact_prox(cfg: RelaxConfig, backend: TrainBackend, d: TrainBatch) -> dict[str, float]:
     """Make ``log_probs`` (π_prox, what decoupled PPO and TIS correct towards and the ratio is clipped
     against) the trainer's policy at this step, as AReaL and slime have it.
 
@@ -46,7 +47,7 @@ def exact_prox(cfg: RelaxConfig, backend: TrainBackend, d: dict[str, Any]) -> di
         if backend.stochastic_forward:
             d[sample.LOG_PROBS], d[sample.LOG_PROBS_VERSION] = backend.compute_log_probs(d), [now] * n
             return {"train/prox_recomputed_frac": 1.0, "train/prox_from_forward_frac": 0.0}
-        d["prox_from_forward"] = [True] * n
+        d[sample.PROX_FROM_FORWARD] = [True] * n
         return {"train/prox_recomputed_frac": 0.0, "train/prox_from_forward_frac": 1.0}
     if sample.LOG_PROBS_VERSION not in d or sample.LOG_PROBS not in d:
         return {}
@@ -69,11 +70,11 @@ def exact_prox(cfg: RelaxConfig, backend: TrainBackend, d: dict[str, Any]) -> di
             list(d[sample.LOG_PROBS_VERSION]),
         )
         if later:
-            sub = {k: [vals[i] for i in later] for k, vals in d.items() if _per_sample(vals, n)}
-            for i, lp in zip(later, backend.compute_log_probs(sub)):
+            sub = {k: [vals[i] for i in later] for k, vals in columns(d).items() if _per_sample(vals, n)}
+            for i, lp in zip(later, backend.compute_log_probs(train_batch(sub))):
                 d[sample.LOG_PROBS][i] = lp
         live = set(stale) - set(later)
-        d["prox_from_forward"] = [i in live for i in range(n)]
+        d[sample.PROX_FROM_FORWARD] = [i in live for i in range(n)]
         for i in stale:
             d[sample.LOG_PROBS_VERSION][i] = now
         out["train/prox_recomputed_frac"] = len(later) / n

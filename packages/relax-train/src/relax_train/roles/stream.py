@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.roles import TRAINER_CONSUMER
+from relax_core.sample import TrainBatch, columns, train_batch
 from relax_core.trace import Tracer
 from relax_train.algorithms.advantages import BATCH_NORMALISED
 from relax_train.backends.base import TrainBackend
@@ -37,7 +38,7 @@ class Taken:
     """What a step trained on: its samples' bus ids, their fields (one list per field), its leases."""
 
     ids: list[int]
-    data: dict[str, list[Any]]
+    data: TrainBatch
     lease_ids: list[int]
     taken_at: list[float] | None = None
     """Per sample, when the trainer got it from the bus (wall clock, s)."""
@@ -66,7 +67,7 @@ def train_as_it_arrives(
     backend: TrainBackend,
     tracer: Tracer,
     lock: AbstractContextManager[Any],
-    exact_prox: Callable[[dict[str, Any]], dict[str, float]],
+    exact_prox: Callable[[TrainBatch], dict[str, float]],
     alive: Callable[[], None],
 ) -> tuple[Taken, dict[str, Any], float]:
     """Step ``step``'s batch, part by part from ``bus`` (partition ``step<k>``), into one optimizer step of
@@ -81,7 +82,7 @@ def train_as_it_arrives(
     update = backend.streamed_step(per)
     ids: list[int] = []
     leases: list[int] = []
-    parts: list[dict[str, list[Any]]] = []
+    parts: list[TrainBatch] = []
     taken_at: list[float] = []
     prox: list[tuple[int, dict[str, float]]] = []
     waited = 0.0
@@ -104,10 +105,11 @@ def train_as_it_arrives(
         taken_at.extend([time.time()] * len(batch))
         ids.extend(batch.ids)
         leases.append(batch.lease_id)
+        part = train_batch(batch.data)
         with tracer.span("train_part", step=step, n=len(batch)):
-            prox.append((len(batch), exact_prox(batch.data)))
-            update.add(batch.data)
-        parts.append(batch.data)
+            prox.append((len(batch), exact_prox(part)))
+            update.add(part)
+        parts.append(part)
     # the lock: a re-formed DCS group re-sends the weights between steps, never mid-update
     with tracer.span("optimizer_step", step=step), lock:
         metrics = {f"train/{k}": v for k, v in update.finish().items()}
@@ -116,15 +118,15 @@ def train_as_it_arrives(
     return Taken(ids, _joined(parts), leases, taken_at), metrics, waited
 
 
-def _joined(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+def _joined(parts: list[TrainBatch]) -> TrainBatch:
     """The parts' fields as one batch's; a field only some parts carry (``prox_from_forward``, set where
     π_prox was stale) is False elsewhere for that flag, None for any other."""
     keys = list(dict.fromkeys(k for p in parts for k in p))
-    out = {}
+    out: dict[str, list[Any]] = {}
     for k in keys:
-        fill = False if k == "prox_from_forward" else None
-        out[k] = [x for p in parts for x in p.get(k, [fill] * len(p[sample.TOKENS]))]
-    return out
+        fill = False if k == sample.PROX_FROM_FORWARD else None
+        out[k] = [x for p in parts for x in columns(p).get(k, [fill] * len(p[sample.TOKENS]))]
+    return train_batch(out)
 
 
 def _merged(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:

@@ -57,6 +57,7 @@ import torch
 
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
+from relax_core.sample import TrainBatch
 from relax_train.backends.loss import PolicyLoss
 from relax_train.backends.megatron.checkpoints import MegatronCheckpoints
 from relax_train.backends.megatron.forward import MegatronForward
@@ -118,11 +119,11 @@ class MegatronBackend(HostTurns):
     # -- the protocol, each call handed to the part that does it ----------------------------------
     @torch.no_grad()
     @onloaded
-    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_log_probs(self, samples: TrainBatch) -> list[np.ndarray]:
         return self.forward.compute_log_probs(samples)
 
     @onloaded
-    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_step(self, samples: TrainBatch) -> dict[str, float]:
         return self.training.train_step(samples)
 
     def streamed_step(self, n_seqs: int):

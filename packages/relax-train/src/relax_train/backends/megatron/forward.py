@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from relax_core import sample
+from relax_core.sample import TrainBatch
 from relax_train.backends.logprobs import pad_rows, response_positions
 from relax_train.backends.megatron.net import MegatronNet
 from relax_train.backends.megatron.startup import compute_dtype
@@ -42,7 +43,7 @@ class MegatronForward:
             return contextlib.nullcontext()
         return torch.autocast("cuda" if self.net.device is not None else "cpu", dtype=dtype)
 
-    def _replay(self, samples: dict[str, list], idx: list[int], width: int, cols: torch.Tensor):
+    def _replay(self, samples: TrainBatch, idx: list[int], width: int, cols: torch.Tensor):
         """Routing replay around a micro-batch's forward (:func:`routing_replay`), counted in training."""
         counts = self.net.r3 if self.net.model.training else None
         return routing_replay(
@@ -57,7 +58,7 @@ class MegatronForward:
             logits = gather_from_tensor_model_parallel_region(logits)
         return logits[..., : self.net.layout.vocab_size]
 
-    def step_fn(self, samples: dict[str, list], with_entropy: bool, on_logp):
+    def step_fn(self, samples: TrainBatch, with_entropy: bool, on_logp):
         """Megatron's ``forward_step_func``: one micro-batch (a list of sample indices) through the model;
         its loss function turns the logits into response log-probs and hands them to ``on_logp``, which
         returns the micro-batch's loss."""
@@ -86,7 +87,7 @@ class MegatronForward:
     def forward_rows(
         self,
         model,
-        samples: dict[str, list],
+        samples: TrainBatch,
         idx: list[int],
         ids: torch.Tensor,
         dev: torch.device,
@@ -113,7 +114,7 @@ class MegatronForward:
         padded[:, : ids.shape[1]] = ids
         return padded
 
-    def _mm_forward(self, model, samples, idx, ids, loc, mask, dev):
+    def _mm_forward(self, model, samples: TrainBatch, idx, ids, loc, mask, dev):
         """Qwen3-VL / Omni: the decoder on embeddings with the media features in place, 3-D positions and the
         DeepStack additions, built on the full (padded) rows ``ids`` and cut to this CP rank's positions
         ``loc`` (None: all of them)."""
@@ -158,7 +159,9 @@ class MegatronForward:
         r = ps.get_tensor_model_parallel_rank()
         return cols[r * n : (r + 1) * n]
 
-    def _cp_step(self, model, samples, idx, ids, plens, rlens, with_entropy, on_logp, dev, real=True):
+    def _cp_step(
+        self, model, samples: TrainBatch, idx, ids, plens, rlens, with_entropy, on_logp, dev, real=True
+    ):
         """One micro-batch under context parallelism: this rank's two chunks of every (padded) row go
         through the model, attending to the keys of the whole CP group; its per-token log-probs (and
         entropies) are gathered into whole rows, from which every CP rank computes the same loss."""
@@ -229,7 +232,7 @@ class MegatronForward:
         )
 
     @torch.no_grad()
-    def compute_log_probs(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_log_probs(self, samples: TrainBatch) -> list[np.ndarray]:
         from megatron.core import parallel_state as ps
 
         was_training = self.net.model.training

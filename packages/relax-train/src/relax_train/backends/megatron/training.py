@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relax_core.sample import TrainBatch
 from relax_train.backends.loss import PolicyLoss, step_metrics
 from relax_train.backends.megatron.forward import MegatronForward
 from relax_train.backends.megatron.net import MegatronNet
@@ -61,7 +62,7 @@ class MegatronTraining:
             metrics=self._step_metrics,
         )
 
-    def train_step(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_step(self, samples: TrainBatch) -> dict[str, float]:
         if self.steps is None:
             raise RuntimeError(FROZEN)
         # the loss and its statistics exist on the last stage (the norm on all)
@@ -105,7 +106,7 @@ class MegatronTraining:
             c.replayed, c.differ, c.expected = (float(v) for v in every)
         return c.take_metrics()
 
-    def _forward_backward(self, samples, micro, total_tokens, n_seqs, acc) -> float:
+    def _forward_backward(self, samples: TrainBatch, micro, total_tokens, n_seqs, acc) -> float:
         total = [0.0]
 
         def loss(idx, logp, valid, rlens, ent):

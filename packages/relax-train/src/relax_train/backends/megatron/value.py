@@ -33,6 +33,7 @@ import torch.distributed as dist
 from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.offload import onloaded
+from relax_core.sample import TrainBatch
 from relax_train.algorithms.value_loss import clipped_value_loss
 from relax_train.backends.logprobs import pad_rows, padded_field, response_positions
 from relax_train.backends.megatron.training import clip_and_step
@@ -155,7 +156,7 @@ class MegatronValueBackend(HostTurns):
         self.version = 0
 
     # -- forward ------------------------------------------------------------------------------------
-    def _step_fn(self, samples: dict[str, list], on_values):
+    def _step_fn(self, samples: TrainBatch, on_values):
         """Megatron's ``forward_step_func`` for values: one micro-batch through the model; its loss function
         hands the response tokens' values [B, Rmax] (with which are real, and the response lengths) to
         ``on_values``, which returns the micro-batch's loss."""
@@ -178,12 +179,12 @@ class MegatronValueBackend(HostTurns):
 
         return step
 
-    def _micro(self, samples: dict[str, list], idx: list[int]) -> list[list[int]]:
+    def _micro(self, samples: TrainBatch, idx: list[int]) -> list[list[int]]:
         return plan_micro_batches(sample_lengths(samples), idx, self.cfg.train)
 
     @torch.no_grad()
     @onloaded
-    def compute_values(self, samples: dict[str, list]) -> list[np.ndarray]:
+    def compute_values(self, samples: TrainBatch) -> list[np.ndarray]:
         """V(s_t) for every response token of every sample (float32, one per token), no gradients."""
         from megatron.core import parallel_state as ps
 
@@ -207,7 +208,7 @@ class MegatronValueBackend(HostTurns):
 
     # -- training -----------------------------------------------------------------------------------
     @onloaded
-    def train_values(self, samples: dict[str, list]) -> dict[str, float]:
+    def train_values(self, samples: TrainBatch) -> dict[str, float]:
         """Fit the values to ``samples``' RETURNS: --critic-epochs passes, each optimizer steps of
         --critic-global-batch-size samples, on the clipped value loss (VALUES: the values the batch was
         scored with) token-averaged over each step's LOSS_MASK tokens. The version counts up by one."""

@@ -397,6 +397,8 @@ def test_no_class_reads_state_another_class_sets():
 
 
 MAX_METHODS = 20
+
+
 def _methods_by_class() -> dict[str, int]:
     """Methods of each class of ours, counting those of its bases that are ours (mixins and base classes):
     the surface a reader of the class has to know. Protocols are contracts, not counted."""

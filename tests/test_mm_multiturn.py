@@ -256,7 +256,9 @@ def test_row_and_reset_media_open_the_episode(ckpt, data, tmp_path, monkeypatch)
         assert (np.asarray(toks[:plen]) == image_id).sum() == (np.asarray(toks) == image_id).sum() > 0
         assert reason == ("env_error" if err else "env_done")
     assert bad == 2  # every other reset failed, the others opened with two images
-    assert len(worker.generation.engine.mm[0]) == 4 and all(x is not None for x in worker.generation.engine.mm[0])
+    assert len(worker.generation.engine.mm[0]) == 4 and all(
+        x is not None for x in worker.generation.engine.mm[0]
+    )
 
 
 ZOOM = dict(env_path=GUIDED, apply_chat_template=True, max_turns=3, max_total_tokens=80)

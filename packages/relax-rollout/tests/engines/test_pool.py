@@ -84,7 +84,8 @@ def test_generate_spreads_over_members_and_equals_one_engine(serve, local):
         assert isinstance(pool, RolloutEngine)
         assert [m["id"] for m in pool.membership.members()] == ["e0", "e1", "e2"]
         assert all(
-            m["kind"] == "startup" and m["protected"] and m["state"] == "active" for m in pool.membership.members()
+            m["kind"] == "startup" and m["protected"] and m["state"] == "active"
+            for m in pool.membership.members()
         )
         _same_as_local(pool.generate(PROMPTS, GREEDY), local)
         served = [m["served"] for m in pool.membership.members()]
@@ -211,7 +212,9 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
         b.close(abrupt=True)
         pool.update_weights(new, 7)
         assert (
-            pool.weight_version == 7 and pool.membership.get("e1").state == "failed" and [x.id for x in failed] == ["e1"]
+            pool.weight_version == 7
+            and pool.membership.get("e1").state == "failed"
+            and [x.id for x in failed] == ["e1"]
         )
         assert {http_json(s.url, "/get_model_info")["weight_version"] for s in (a, c)} == {"7"}
         # weights that do not fit the model: every server refuses (400, as SGLang answers a failed load,
@@ -255,7 +258,11 @@ def test_add_checks_the_url_and_reachability(serve):
         pool.membership.add(b.url)
         pool.membership.get("e1").state = "failed"  # as after a crash; the engine at that URL is back
         m = pool.membership.add(b.url)
-        assert m.id == "e2" and pool.membership.get("e1").state == "removed" and pool.membership.get("e1").replaced_by == "e2"
+        assert (
+            m.id == "e2"
+            and pool.membership.get("e1").state == "removed"
+            and pool.membership.get("e1").replaced_by == "e2"
+        )
         from relax_core.net import free_port
 
         with pytest.raises(PoolError, match="could not join"):
@@ -332,7 +339,9 @@ def test_restart_replaces_a_failed_member_with_current_weights(serve, local):
     pool = EnginePool(launch=launch, kill=kill)
     try:
         pool.membership.start(2)
-        assert sorted((m["kind"], m["protected"]) for m in pool.membership.members()) == [("startup", True)] * 2
+        assert (
+            sorted((m["kind"], m["protected"]) for m in pool.membership.members()) == [("startup", True)] * 2
+        )
         new = {n: w.detach() * 1.5 for n, w in local.named_weights() if n.startswith("lm_head")}
         pool.update_weights(new, 3)
         victim = pool.membership.active()[1]
@@ -385,6 +394,8 @@ def test_ray_native_engines_launch_fail_restart_and_kill(ray_cluster, tiny_model
         pool.membership.remove(c.id, drain_timeout_s=5.0)  # kills its process
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(c.handle.pid.remote(), timeout=30)
-        assert [m["id"] for m in pool.membership.members()] == [a.id] and pool.membership.get(b.id).replaced_by == c.id
+        assert [m["id"] for m in pool.membership.members()] == [a.id] and pool.membership.get(
+            b.id
+        ).replaced_by == c.id
     finally:
         pool.close(kill=True)

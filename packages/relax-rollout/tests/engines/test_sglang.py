@@ -887,11 +887,15 @@ def test_killed_engine_is_restarted_and_its_requests_reissued(engine, local, tin
     try:
         pending = in_background(engine.generate, PROMPTS, GREEDY)
         wait_until(
-            lambda: all(m["inflight"] for m in engine.pool.membership.members()), 30, "requests in flight on both"
+            lambda: all(m["inflight"] for m in engine.pool.membership.members()),
+            30,
+            "requests in flight on both",
         )
         os.kill(victim["pid"], signal.SIGKILL)
         wait_until(
-            lambda: engine.pool.membership.get(victim["member_id"]).state in ("failed", "removed"), 60, "the failure"
+            lambda: engine.pool.membership.get(victim["member_id"]).state in ("failed", "removed"),
+            60,
+            "the failure",
         )
         wait_until(
             lambda: engine.engines()[0]["state"] == "running" and engine.engines()[0]["restarts"] == 1,

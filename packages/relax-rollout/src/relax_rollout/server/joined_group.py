@@ -24,6 +24,19 @@ def next_version(engine: RolloutEngine, requested: Any, field_name: str = "weigh
         raise BadRequest(field_name, f"must be an integer version (got {requested!r})") from None
 
 
+def apply_weights(
+    engine: RolloutEngine, tensors: dict[str, Any], requested: Any, field_name: str, what: str
+) -> int:
+    """Load ``tensors`` into ``engine`` at their version (:func:`next_version` of ``requested``); a name the
+    served model lacks is a 400 on ``field_name`` saying ``what`` does not match it. The version applied."""
+    v = next_version(engine, requested)
+    try:
+        engine.update_weights(tensors, v)
+    except KeyError as e:
+        raise BadRequest(field_name, f"{what} does not match the served model: {e}") from None
+    return v
+
+
 class JoinedGroup:
     """The group this server joined, if any, and the weights held back until a request applies them."""
 
@@ -119,12 +132,7 @@ class JoinedGroup:
         if not apply:
             return None
         tensors, self._pending = self._pending, {}
-        v = next_version(self.engine, body.get("weight_version"))
-        try:
-            self.engine.update_weights(tensors, v)
-        except KeyError as e:
-            raise BadRequest("names", f"weights do not match the served model: {e}") from None
-        return v
+        return apply_weights(self.engine, tensors, body.get("weight_version"), "names", "the weights")
 
     def wait_for_version(self, version: Any, timeout_s: float) -> int:
         """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""

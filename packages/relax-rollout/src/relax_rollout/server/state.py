@@ -33,7 +33,7 @@ from relax_rollout.engines.base import (
 )
 from relax_rollout.server import media as chat_media
 from relax_rollout.server import trajectories
-from relax_rollout.server.joined_group import JoinedGroup, next_version
+from relax_rollout.server.joined_group import JoinedGroup, apply_weights
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest
 from relax_rollout.server.streaming import GenerationStream, TokenCount
@@ -337,12 +337,7 @@ class EngineServer:
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(load_file(str(f)))
-        v = next_version(self.engine, version)
-        try:
-            self.engine.update_weights(tensors, v)
-        except KeyError as e:
-            raise BadRequest("model_path", f"checkpoint does not match the served model: {e}") from None
-        return v
+        return apply_weights(self.engine, tensors, version, "model_path", "checkpoint")
 
     # -- device memory (colocate: the trainer uses the device between rollouts) --------------------
     def memory(self, body: Any, release: bool) -> None:

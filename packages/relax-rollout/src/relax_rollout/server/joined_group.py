@@ -25,15 +25,15 @@ def next_version(engine: RolloutEngine, requested: Any, field_name: str = "weigh
 
 
 def apply_weights(
-    engine: RolloutEngine, tensors: dict[str, Any], requested: Any, field_name: str, what: str
+    engine: RolloutEngine, tensors: dict[str, Any], requested: Any, field_name: str, mismatch: str
 ) -> int:
     """Load ``tensors`` into ``engine`` at their version (:func:`next_version` of ``requested``); a name the
-    served model lacks is a 400 on ``field_name`` saying ``what`` does not match it. The version applied."""
+    served model lacks is a 400 on ``field_name`` that says ``mismatch``. The version applied."""
     v = next_version(engine, requested)
     try:
         engine.update_weights(tensors, v)
     except KeyError as e:
-        raise BadRequest(field_name, f"{what} does not match the served model: {e}") from None
+        raise BadRequest(field_name, f"{mismatch}: {e}") from None
     return v
 
 
@@ -132,7 +132,9 @@ class JoinedGroup:
         if not apply:
             return None
         tensors, self._pending = self._pending, {}
-        return apply_weights(self.engine, tensors, body.get("weight_version"), "names", "the weights")
+        return apply_weights(
+            self.engine, tensors, body.get("weight_version"), "names", "weights do not match the served model"
+        )
 
     def wait_for_version(self, version: Any, timeout_s: float) -> int:
         """DCS pushes the weights itself (a background receiver); this waits until ``version`` is applied."""

@@ -337,7 +337,9 @@ class EngineServer:
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             tensors.update(load_file(str(f)))
-        return apply_weights(self.engine, tensors, version, "model_path", "checkpoint")
+        return apply_weights(
+            self.engine, tensors, version, "model_path", "checkpoint does not match the served model"
+        )
 
     # -- device memory (colocate: the trainer uses the device between rollouts) --------------------
     def memory(self, body: Any, release: bool) -> None:

@@ -139,7 +139,8 @@ def test_actor_fwd_never_computes_on_half_loaded_weights(tmp_path):
     bus = SimpleNamespace(add_fields=lambda ids, fields: written.update(fields))
     fwd = ForwardWorker(_cfg(tmp_path), bus, "actor_fwd", "unused", backend=Backend())
     t = threading.Thread(
-        target=fwd.handle, args=(SimpleNamespace(data={"tokens": [[1], [2]]}, ids=["a", "b"]),)
+        target=fwd.handle,
+        args=(SimpleNamespace(data={"tokens": [[1], [2]], "prompt_len": [1, 1]}, ids=["a", "b"]),),
     )
     t.start()
     started.wait(5)

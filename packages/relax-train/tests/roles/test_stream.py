@@ -60,7 +60,7 @@ class _Bus:
         if self.calls == 1:
             raise BusTimeout("nothing yet")
         ids = [2 * self.calls - 4, 2 * self.calls - 3]
-        data = {"tokens": [[1, 2], [3]], "advantages": [[1.0], [0.0]]}
+        data = {"tokens": [[1, 2], [3]], "prompt_len": [1, 1], "advantages": [[1.0], [0.0]]}
         return _Batch(ids, self.calls, data)
 
 

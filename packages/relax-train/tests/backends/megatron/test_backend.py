@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,7 @@ class _Ranks:
             self.procs = [
                 subprocess.Popen(
                     [sys.executable, str(WORKER), "--serve"],
+                    start_new_session=True,  # (its own process group: close() ends what a rank started too)
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log.open("w"),
@@ -179,10 +181,14 @@ class _Ranks:
             raise AssertionError(f"ranks answered {answers}:\n" + "\n".join(e[-4000:] for e in errors))
 
     def close(self) -> None:
+        """End every rank and whatever it started (megatron's and torch's helper processes, which a rank
+        killed alone leaves running, parented to init)."""
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
         self.procs = []
 
 

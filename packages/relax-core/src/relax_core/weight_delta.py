@@ -1,0 +1,229 @@
+"""Weight sync that sends only what changed: each bucket of a new version against the version the receiver
+holds (#53's codec; the DCS mode that uses it comes next).
+
+Why: between two RL steps most bf16 weights do not change at all and the others change in few bits, so a
+bucket's difference is mostly zeros. Encodings of one bucket (its raw bytes: one dtype, elements of
+``itemsize`` bytes):
+
+- ``full``: the bucket's bytes — the first sync, a receiver that (re-)joined, after a version gap or a
+  refused delta, every N versions.
+- ``xor``: new XOR base, zstd-compressed (runs of zero bytes cost almost nothing).
+- ``sparse``: the indices (uint32) of the elements that changed and their new values, zstd-compressed.
+
+The encoder keeps the smallest (``full`` too, where a delta does not pay). Nothing is rounded: decoding
+gives the new bytes exactly.
+
+Integrity: a delta names its version, the base version it applies to, its bucket's index and the version's
+bucket count, and the checksum (BLAKE2b, 128 bits) of the bucket's bytes after it is applied.
+:class:`DeltaReceiver` applies a version's buckets to copies and commits them only when every bucket arrived
+in order and checked; a delta on another base, a bucket out of order or twice, a checksum that differs, or a
+version left incomplete (its sender killed mid-version) raise :class:`DeltaRefused`, naming what, and leave
+the last complete version in place: the receiver then asks for a full sync. Never a silently wrong weight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Encoding = Literal["full", "xor", "sparse"]
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+class DeltaRefused(ValueError):
+    """A delta the receiver will not apply (what and why in the message); its last complete version stays."""
+
+
+def bucket_checksum(data: np.ndarray) -> str:
+    """BLAKE2b-128 of a bucket's bytes: what a receiver's copy must hash to after a delta."""
+    return hashlib.blake2b(np.ascontiguousarray(data).view(np.uint8).data, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class BucketDelta:
+    """One bucket of one version, encoded against ``base_version`` (None: ``full``, against nothing)."""
+
+    version: int
+    base_version: int | None
+    index: int
+    """The bucket's place in its version (0 .. count - 1): buckets arrive in order."""
+    count: int
+    encoding: Encoding
+    itemsize: int
+    nbytes: int
+    """The bucket's size, decoded."""
+    payload: bytes
+    checksum: str
+    """:func:`bucket_checksum` of the bucket after it is applied."""
+
+
+def _compress(data: bytes, level: int) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level).compress(data)
+
+
+def _decompress(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(data)
+
+
+def encode_bucket(
+    new: np.ndarray,
+    base: np.ndarray | None,
+    *,
+    version: int,
+    base_version: int | None,
+    index: int,
+    count: int,
+    itemsize: int,
+    level: int = 1,
+) -> BucketDelta:
+    """``new`` (a bucket's bytes, uint8) as the smallest of a full copy and its deltas against ``base`` (the
+    receiver's copy of that bucket at ``base_version``; None: full only)."""
+    new = np.ascontiguousarray(new).view(np.uint8).reshape(-1)
+    checksum = bucket_checksum(new)
+    candidates: list[tuple[Encoding, bytes]] = [("full", new.tobytes())]
+    if base is not None:
+        base = np.ascontiguousarray(base).view(np.uint8).reshape(-1)
+        if base.nbytes != new.nbytes:
+            raise ValueError(
+                f"bucket {index}: {new.nbytes} bytes now, {base.nbytes} in the base: send it full"
+            )
+        candidates.append(("xor", _compress(np.bitwise_xor(new, base).tobytes(), level)))
+        words, was = new.view(_UINT[itemsize]), base.view(_UINT[itemsize])
+        changed = np.flatnonzero(words != was).astype(np.uint32)
+        packed = np.uint32(len(changed)).tobytes() + changed.tobytes() + words[changed].tobytes()
+        candidates.append(("sparse", _compress(packed, level)))
+    encoding, payload = min(candidates, key=lambda c: len(c[1]))
+    return BucketDelta(
+        version,
+        None if encoding == "full" else base_version,
+        index,
+        count,
+        encoding,
+        itemsize,
+        new.nbytes,
+        payload,
+        checksum,
+    )
+
+
+def decode_bucket(delta: BucketDelta, base: np.ndarray | None) -> np.ndarray:
+    """The bucket's new bytes (a new array; ``base`` is not written), checked against the delta's checksum."""
+    if delta.encoding == "full":
+        out = np.frombuffer(delta.payload, dtype=np.uint8).copy()
+    else:
+        if base is None:
+            raise DeltaRefused(f"version {delta.version} bucket {delta.index}: a delta, and no base held")
+        out = np.ascontiguousarray(base).view(np.uint8).reshape(-1).copy()
+        raw = _decompress(delta.payload)
+        if delta.encoding == "xor":
+            np.bitwise_xor(out, np.frombuffer(raw, dtype=np.uint8), out=out)
+        else:
+            n = int(np.frombuffer(raw[:4], dtype=np.uint32)[0])
+            idx = np.frombuffer(raw[4 : 4 + 4 * n], dtype=np.uint32)
+            vals = np.frombuffer(raw[4 + 4 * n :], dtype=_UINT[delta.itemsize])
+            out.view(_UINT[delta.itemsize])[idx] = vals
+    if out.nbytes != delta.nbytes or bucket_checksum(out) != delta.checksum:
+        raise DeltaRefused(
+            f"version {delta.version} bucket {delta.index}: the result's checksum differs from the sender's "
+            f"(a {delta.encoding} delta on a base other than version {delta.base_version}'s bytes)"
+        )
+    return out
+
+
+@dataclass
+class DeltaSender:
+    """The sender's side: what each receiver holds is the last version it sent (all receivers of a group
+    take every version), so each new version is encoded against that one; a full sync when asked (a
+    receiver joined, re-joined or refused one) and every ``full_every`` versions."""
+
+    full_every: int = 50
+    level: int = 1
+    """zstd's level (1: fast; the payload is mostly zeros)."""
+    held: list[np.ndarray] | None = None
+    held_version: int | None = None
+    since_full: int = 0
+    full_asked: bool = True
+
+    def ask_full(self) -> None:
+        """The next version goes full (a receiver is new, came back, or refused a delta)."""
+        self.full_asked = True
+
+    def encode(self, version: int, buckets: list[np.ndarray], itemsizes: list[int]) -> list[BucketDelta]:
+        """Version ``version``'s buckets (uint8 views of each bucket's bytes) as deltas, or full."""
+        full = (
+            self.full_asked
+            or self.held is None
+            or len(self.held) != len(buckets)
+            or self.since_full + 1 >= self.full_every
+        )
+        out = [
+            encode_bucket(
+                b,
+                None if full or self.held is None else self.held[i],
+                version=version,
+                base_version=None if full else self.held_version,
+                index=i,
+                count=len(buckets),
+                itemsize=itemsizes[i],
+                level=self.level,
+            )
+            for i, b in enumerate(buckets)
+        ]
+        self.held = [np.ascontiguousarray(b).view(np.uint8).reshape(-1).copy() for b in buckets]
+        self.held_version, self.full_asked = version, False
+        self.since_full = 0 if full else self.since_full + 1
+        return out
+
+
+@dataclass
+class DeltaReceiver:
+    """The receiver's side: the last complete version's buckets, and the version in progress (applied to
+    copies, committed all at once)."""
+
+    version: int | None = None
+    buckets: list[np.ndarray] = field(default_factory=list)
+    _pending: list[np.ndarray] = field(default_factory=list)
+    _pending_version: int | None = None
+
+    def apply(self, delta: BucketDelta) -> list[np.ndarray] | None:
+        """Take one bucket of a version; the version's buckets once it is complete (then :attr:`version`
+        is it), else None. Refuses (:class:`DeltaRefused`) what does not fit; what it held stays."""
+        in_progress = delta.version == self._pending_version and bool(self._pending)
+        if delta.index == 0 and not in_progress:  # a version begins (an unfinished one before it is dropped)
+            self._pending, self._pending_version = [], delta.version
+        elif not in_progress or delta.index != len(self._pending):
+            twice = delta.version == self.version or (in_progress and delta.index < len(self._pending))
+            expected = len(self._pending), self._pending_version
+            self._pending, self._pending_version = [], None  # (the stream broke: that version is dropped)
+            raise DeltaRefused(
+                f"version {delta.version} bucket {delta.index} came {'twice' if twice else 'out of order'} "
+                f"(expected bucket {expected[0]} of version {expected[1]}): ask for a full sync"
+            )
+        if delta.encoding != "full" and delta.base_version != self.version:
+            self._pending, self._pending_version = [], None
+            raise DeltaRefused(
+                f"version {delta.version} bucket {delta.index} is a delta on version {delta.base_version}; this "
+                f"receiver holds {self.version}: ask for a full sync"
+            )
+        base = (
+            self.buckets[delta.index]
+            if delta.encoding != "full" and delta.index < len(self.buckets)
+            else None
+        )
+        try:
+            self._pending.append(decode_bucket(delta, base))
+        except DeltaRefused:
+            self._pending, self._pending_version = [], None
+            raise
+        if len(self._pending) < delta.count:
+            return None
+        self.buckets, self.version = self._pending, delta.version
+        self._pending, self._pending_version = [], None
+        return self.buckets

@@ -290,10 +290,14 @@ def test_tensor_parallel_megatron_roles_run_as_rank_groups(kv2_inputs, kv2_torch
     2``; CPU processes here): the trainer, ActorFwd and the reference each run as a rank group with TP=2;
     every sample flowed through each role once, the rollout engine held exactly the trainer's weights
     (checksums over the HF-named tensors megatron exported) after every sync, and step 1 matches the torch
-    backend's."""
-    cfg, result = _run(kv2_inputs, tmp_path / "tp2", "--fully-async", "--max-staleness", "0", *TP2)
+    backend's. The weights go as deltas (``--weight-sync-delta``, #53): bitwise the same (the checksums),
+    fewer bytes on the wire than the versions weigh."""
+    flags = ["--fully-async", "--max-staleness", "0", "--weight-sync-delta", *TP2]
+    cfg, result = _run(kv2_inputs, tmp_path / "tp2", *flags)
     _check_flow(cfg, result, max_staleness=0)
     _assert_same_first_step(result, kv2_torch_colocate)
+    steps = [h for h in result.history if "train/loss" in h]
+    assert any(h["perf/weight_sync_sent_bytes"] < h["perf/weight_sync_bytes"] for h in steps)  # (fp32 here)
 
 
 DP2_ZERO = ["--train-backend", "megatron", "--actor-num-gpus-per-node", "2", "--use-distributed-optimizer"]

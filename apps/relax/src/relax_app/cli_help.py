@@ -115,6 +115,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "partial_rollout",
         "mask_offpolicy_in_partial_rollout",
         "weight_sync_transport",
+        "weight_sync_delta",
+        "weight_sync_full_every",
         "weight_sync_backend",
         "overlap_weight_sync",
         "verify_weight_sync",

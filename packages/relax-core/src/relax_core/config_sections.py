@@ -488,6 +488,14 @@ class RunConfig(Section):
     the trainer trains on, the health manager restarts the receiver and re-forms the group). A receiver
     cut off the network mid-sync holds the trainer this long. Lower it on a flaky network, raise it when a
     sync of a large model takes longer."""
+    weight_sync_delta: bool = False
+    """Fully async with ``broadcast``: send each weight version as its difference from the last (per bucket:
+    the changed bytes XOR-ed or as indices and values, zstd-compressed, whichever is smaller), full on a
+    receiver's first sync, when one asks (it joined, or a delta did not check) and every
+    ``weight_sync_full_every`` versions. Bitwise the same weights; pays in bf16 at small learning rates
+    (BENCHMARKS.md, "Delta weight sync")."""
+    weight_sync_full_every: int = Field(50, ge=1)
+    """With ``weight_sync_delta``: a full sync every this many versions."""
     weight_sync_backend: Literal["gloo", "nccl"] = "gloo"
     """Where the buckets live: ``gloo``, host memory (works everywhere; GPU weights are copied to the host);
     ``nccl``, GPU memory (an NCCL broadcast, or CUDA IPC with ``ipc``): every role of the group needs a

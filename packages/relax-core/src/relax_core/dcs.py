@@ -43,10 +43,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
+from relax_core.dcs_delta import encode_version, header_of, payload, receive_version
 from relax_core.dcs_transport import (
     Endpoint,
     SharedBuckets,
 )
+from relax_core.weight_delta import DeltaReceiver, DeltaSender
 
 if TYPE_CHECKING:
     import torch
@@ -86,8 +88,11 @@ def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
 class SyncStats:
     version: int
     num_bytes: int
+    """Bytes sent (with delta sync: the deltas' payloads)."""
     num_buckets: int
     seconds: float
+    full_bytes: int | None = None
+    """With delta sync: the version's whole size (``num_bytes`` of a full sync)."""
 
 
 class _Bucket(TypedDict):
@@ -142,9 +147,19 @@ class WeightSender:
         group_name: str = "relax_dcs",
         transport: str = "broadcast",
         device: str | None = None,
+        delta: bool = False,
+        full_every: int = 50,
     ):
+        """``delta``: each version as its difference from the last (:mod:`relax_core.dcs_delta`; broadcast
+        transport only), full every ``full_every`` versions and when a receiver asks."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0 (got {bucket_bytes})")
+        if delta and transport != "broadcast":
+            raise ValueError(
+                "delta weight sync is for the broadcast transport (ipc maps the weights: nothing to save)"
+            )
+        self._codec = DeltaSender(full_every) if delta else None
+        self._full_asked = 0
         self._ep = Endpoint(init_method, world_size, 0, backend, timeout_s, group_name, transport, device)
         self._shared = SharedBuckets(self._ep.device) if transport == "ipc" else None
         self._abandoned = False
@@ -166,6 +181,8 @@ class WeightSender:
             backend=run.weight_sync_backend,
             transport=run.weight_sync_transport,
             timeout_s=run.weight_sync_timeout_s,
+            delta=run.weight_sync_delta,
+            full_every=run.weight_sync_full_every,
         )
 
     def connect(self) -> None:
@@ -208,25 +225,51 @@ class WeightSender:
         self._layout = layout
         if self._shared is not None:
             return self._share(tensors, layout, changed, version, t0)
+        if self._codec is not None:
+            return self._send_deltas(tensors, layout, changed, version, t0)
         self._publish({"version": version, "num_buckets": len(layout), "layout": layout if changed else None})
         num_bytes = 0
         for bucket in layout:
             with torch.no_grad():
                 parts = [_as_bytes(tensors[name]).to(self._ep.device) for name, _, _ in bucket["params"]]
                 flat = torch.cat(parts) if len(parts) > 1 else parts[0]  # root only reads it
-            try:
-                self._ep.bcast(flat)
-            except RuntimeError as e:
-                if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
-                    raise
-                raise SyncTimeout(
-                    f"DCS: version {version} waited {self._ep.timeout} for a receiver in a bucket broadcast "
-                    f"(one is cut off the network, stopped or dead); the group must be re-formed. A sync "
-                    f"that is only slow needs a longer --weight-sync-timeout-s. ({e})"
-                ) from e
+            self._bcast(flat, version)
             num_bytes += flat.numel()
         self._last_version = version
         self.last_stats = SyncStats(version, num_bytes, len(layout), time.perf_counter() - t0)
+        return self.last_stats
+
+    def _bcast(self, flat: torch.Tensor, version: int) -> None:
+        try:
+            self._ep.bcast(flat)
+        except RuntimeError as e:
+            if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+                raise
+            raise SyncTimeout(
+                f"DCS: version {version} waited {self._ep.timeout} for a receiver in a bucket broadcast "
+                f"(one is cut off the network, stopped or dead); the group must be re-formed. A sync "
+                f"that is only slow needs a longer --weight-sync-timeout-s. ({e})"
+            ) from e
+
+    def _send_deltas(
+        self, tensors: dict[str, torch.Tensor], layout: list[_Bucket], changed: bool, version: int, t0: float
+    ) -> SyncStats:
+        """Delta sync: every bucket as its delta against the last version (full where due or asked)."""
+        import torch
+
+        assert self._codec is not None
+        with torch.no_grad():
+            flats = [torch.cat([_as_bytes(tensors[n]).cpu() for n, _, _ in b["params"]]) for b in layout]
+        deltas, self._full_asked = encode_version(
+            self._codec, self._ep.store, self._full_asked, flats, [b["dtype"] for b in layout], version
+        )
+        header = {"version": version, "num_buckets": len(layout), "layout": layout if changed else None}
+        self._publish({**header, "delta": header_of(deltas)})
+        for d in deltas:
+            self._bcast(payload(d).to(self._ep.device), version)
+        self._last_version = version
+        sent, full = sum(len(d.payload) for d in deltas), sum(f.numel() for f in flats)
+        self.last_stats = SyncStats(version, sent, len(layout), time.perf_counter() - t0, full)
         return self.last_stats
 
     def _share(
@@ -333,6 +376,8 @@ class WeightReceiver:
             raise ValueError("rank 0 is the WeightSender; receivers use ranks 1..world_size-1")
         self._ep = Endpoint(init_method, world_size, rank, backend, timeout_s, group_name, transport, device)
         self._shared = SharedBuckets(self._ep.device) if transport == "ipc" else None
+        self._codec = DeltaReceiver()
+        """Delta sync: the last complete version's buckets (the base of the next delta)."""
         self._layout: list[_Bucket] | None = None
         self._seq = 0
         self._latest = -1
@@ -396,26 +441,36 @@ class WeightReceiver:
 
         if self._ep.pg is None:
             raise RuntimeError("WeightReceiver.receive() before connect()")
-        header = self._wait_header()
-        if header is None or header["version"] == SHUTDOWN_VERSION:
-            return None
-        t0 = time.perf_counter()
-        if header["layout"] is not None:
-            self._layout = header["layout"]
-        if self._layout is None or len(self._layout) != header["num_buckets"]:
-            raise RuntimeError("DCS protocol error: no parameter layout for this version")
-        if self._shared is not None:
-            return self._map_shared(self._shared, self._layout, header, t0)
-        out: dict[str, torch.Tensor] = {}
-        num_bytes = 0
-        for bucket in self._layout:
-            flat = torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self._ep.device)
-            self._ep.bcast(flat)
-            out.update(_unpack(bucket, flat))
-            num_bytes += flat.numel()
-        self._latest = header["version"]
-        self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
-        return self._latest, out, lambda: None
+        while True:  # (a delta version this receiver refused is skipped: it waits for the full one)
+            header = self._wait_header()
+            if header is None or header["version"] == SHUTDOWN_VERSION:
+                return None
+            t0 = time.perf_counter()
+            if header["layout"] is not None:
+                self._layout = header["layout"]
+            if self._layout is None or len(self._layout) != header["num_buckets"]:
+                raise RuntimeError("DCS protocol error: no parameter layout for this version")
+            if self._shared is not None:
+                return self._map_shared(self._shared, self._layout, header, t0)
+            out: dict[str, torch.Tensor] = {}
+            if "delta" in header:
+                ep = self._ep
+                committed = receive_version(ep.bcast, ep.store, ep.device, self._codec, header)
+                if committed is None:
+                    continue
+                flats = [torch.from_numpy(b).to(ep.device) for b in committed]
+                num_bytes = sum(m[2] for m in header["delta"])
+            else:
+                flats = []
+                for bucket in self._layout:
+                    flats.append(torch.empty(bucket["nbytes"], dtype=torch.uint8, device=self._ep.device))
+                    self._ep.bcast(flats[-1])
+                num_bytes = sum(f.numel() for f in flats)
+            for bucket, flat in zip(self._layout, flats):
+                out.update(_unpack(bucket, flat))
+            self._latest = header["version"]
+            self.last_stats = SyncStats(self._latest, num_bytes, len(self._layout), time.perf_counter() - t0)
+            return self._latest, out, lambda: None
 
     def _map_shared(
         self, shared: SharedBuckets, layout: list[_Bucket], header: dict[str, Any], t0: float

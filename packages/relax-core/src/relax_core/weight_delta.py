@@ -161,6 +161,7 @@ class DeltaSender:
             self.full_asked
             or self.held is None
             or len(self.held) != len(buckets)
+            or any(h.nbytes != np.asarray(b).nbytes for h, b in zip(self.held, buckets))
             or self.since_full + 1 >= self.full_every
         )
         out = [

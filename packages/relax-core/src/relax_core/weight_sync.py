@@ -116,6 +116,13 @@ class WeightPublisher:
         return waited
 
     @property
+    def sent_bytes(self) -> int | None:
+        """Bytes the last finished DCS sync put on the wire (with ``--weight-sync-delta``: its deltas, next
+        to :attr:`published_bytes`, the whole version); None before one or without DCS."""
+        stats = self._sender.last_stats if self._sender is not None else None
+        return stats.num_bytes if stats is not None else None
+
+    @property
     def in_flight(self) -> bool:
         return self._inflight is not None
 

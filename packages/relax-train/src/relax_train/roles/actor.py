@@ -160,6 +160,8 @@ class ActorWorker(DeviceTurns):
             )
         )
         metrics["perf/weight_sync_bytes"] = float(self.weights.published_bytes)
+        if (sent := self.weights.sent_bytes) is not None:  # (DCS: with --weight-sync-delta, the deltas)
+            metrics["perf/weight_sync_sent_bytes"] = float(sent)
         if self._shape is not None:
             metrics.update(step_roofline(self._shape, d, t2 - t1, self.peak))
         interval = self.cfg.run.eval_interval

@@ -127,3 +127,15 @@ def _ready_receiver_main(init_method: str, world_size: int, rank: int, queue) ->
     recv.connect()
     recv.start_background(lambda version, tensors: None)
     recv.join(timeout=600)
+
+
+def connect_all(sender, receivers) -> None:
+    """The rendezvous of a group whose members share this process: the receivers connect from threads."""
+    import threading
+
+    threads = [threading.Thread(target=r.connect) for r in receivers]
+    for t in threads:
+        t.start()
+    sender.connect()
+    for t in threads:
+        t.join()

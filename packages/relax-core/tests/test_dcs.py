@@ -18,6 +18,7 @@ from dcs_workers import (  # noqa: E402
     VERSIONS,
     _ready_receiver_main,
     _receiver_main,
+    connect_all,
     make_params,
     run_exchange,
 )
@@ -91,15 +92,6 @@ def test_in_process_threads_and_version_checks():
     recv.close()
 
 
-def _connect_all(sender, receivers):
-    threads = [threading.Thread(target=r.connect) for r in receivers]
-    for t in threads:
-        t.start()
-    sender.connect()
-    for t in threads:
-        t.join()
-
-
 def test_a_dead_member_fails_fast_and_the_group_is_re_formed():
     """What the health manager relies on: a broadcast to a dead receiver errors at once (no hang until the
     time-out), a surviving receiver's loop ends with an error once the sender drops the group, and the
@@ -125,7 +117,7 @@ def test_a_dead_member_fails_fast_and_the_group_is_re_formed():
     init_method = f"tcp://127.0.0.1:{free_port()}"
     newcomer = WeightReceiver(init_method, 2, 1, timeout_s=60)
     sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60)
-    _connect_all(sender, [newcomer])
+    connect_all(sender, [newcomer])
     got = []
     newcomer.start_background(lambda v, ts: got.append((v, checksum(ts.items()))))
     sender.broadcast(make_params(2), version=2)  # the version the failed broadcast carried
@@ -211,7 +203,7 @@ def test_ipc_broadcast_returns_only_after_every_receiver_read_the_buffers():
     init_method = f"tcp://127.0.0.1:{free_port()}"
     recv = WeightReceiver(init_method, 2, 1, timeout_s=30, transport="ipc")
     sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=30, transport="ipc")
-    _connect_all(sender, [recv])
+    connect_all(sender, [recv])
     release, seen = threading.Event(), []
 
     def slow(version, tensors):
@@ -238,7 +230,7 @@ def test_ipc_abandon_releases_a_sender_waiting_for_a_dead_receiver():
     init_method = f"tcp://127.0.0.1:{free_port()}"
     silent = WeightReceiver(init_method, 2, 1, timeout_s=60, transport="ipc")  # joins, never reads
     sender = WeightSender(init_method, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60, transport="ipc")
-    _connect_all(sender, [silent])
+    connect_all(sender, [silent])
     failed = []
 
     def send():

@@ -5,7 +5,8 @@ the sender's next version repairs it."""
 
 from __future__ import annotations
 
-import threading
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,9 @@ torch = pytest.importorskip("torch")
 from relax_core.dcs import WeightReceiver, WeightSender, checksum  # noqa: E402
 from relax_core.dcs_delta import FULL_KEY  # noqa: E402
 from relax_core.net import free_port  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dcs_workers import connect_all  # noqa: E402
 
 
 def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -38,12 +42,7 @@ def group():
     init = f"tcp://127.0.0.1:{free_port()}"
     sender = WeightSender(init, 3, bucket_bytes=16 << 10, timeout_s=60, delta=True, full_every=1000)
     receivers = [WeightReceiver(init, 3, r, timeout_s=60) for r in (1, 2)]
-    threads = [threading.Thread(target=r.connect) for r in receivers]
-    for t in threads:
-        t.start()
-    sender.connect()
-    for t in threads:
-        t.join()
+    connect_all(sender, receivers)
     seen: list[list[tuple[int, str]]] = [[], []]
     for k, r in enumerate(receivers):
         r.start_background(lambda v, ts, k=k: seen[k].append((v, checksum(ts.items()))))

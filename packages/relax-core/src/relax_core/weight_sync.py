@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
 from typing import Any
 
 NamedWeights = list[tuple[str, Any]]
@@ -38,9 +39,13 @@ class WeightPublisher:
         weights: Callable[[], tuple[NamedWeights, int]],
         send: Send | None = None,
         on_published: Callable[[NamedWeights, int], None] | None = None,
+        alive: Callable[[], None] | None = None,
     ) -> None:
+        """``alive()``: called every half second while :meth:`fence` waits (the trainer's heartbeat: waiting
+        for a broadcast is not a hang; a broadcast that hangs fails at --weight-sync-timeout-s)."""
         self.run, self.weights, self.send = run, weights, send
         self.on_published = on_published
+        self.alive = alive
         """Called with every version published (``--verify-weight-sync``: the trainer's checksum log)."""
         self.overlap = False
         """Send from a background thread (DCS with ``overlap_weight_sync``); never in colocate mode,
@@ -107,6 +112,10 @@ class WeightPublisher:
         if fut is None:
             return 0.0
         t0 = time.perf_counter()
+        while not fut.done():  # (a receiver cut off holds it until the group is re-formed or it times out)
+            if self.alive is not None:
+                self.alive()
+            wait([fut], timeout=0.5)
         try:
             fut.result()
         except RuntimeError as e:

@@ -3,6 +3,7 @@ while step k+1 computes, and step k+1's optimizer waits for it (the fence) befor
 broadcast reads; receivers get exactly the weights of every version, over a real DCS group."""
 
 import threading
+import time
 
 import pytest
 
@@ -54,9 +55,12 @@ def test_next_step_waits_for_the_broadcast_before_its_optimizer_writes(tiny_mode
     before = checksum(worker.backend.named_weights())
     worker.publish_weights()  # returns at once: the broadcast runs in the background
     assert sending.wait(10) and not sent
+    worker.steps.alive()  # (a trainer that has taken its batch)
     step = in_background(worker.backend.train_step, _samples())
     wait_until(lambda: not worker.weights.in_flight, what="the optimizer reaching the fence")
     assert step.thread.is_alive()  # forward and backward done; the optimizer waits for the broadcast
+    time.sleep(1.2)  # waiting at the fence is not a hang: the heartbeat stays fresh (a receiver cut off
+    assert worker.heartbeat()["age_s"] < 1.0  # holds a broadcast until the group is re-formed)
     assert checksum(worker.backend.named_weights()) == before  # nothing written while it reads
     release.set()
     step()

@@ -91,6 +91,7 @@ class ActorWorker(DeviceTurns):
             lambda: (self.backend.named_weights(), self.backend.version),
             send_weights,
             functools.partial(_log_checksum, self.record.weight_log) if cfg.run.verify_weight_sync else None,
+            alive=lambda: self.steps.alive(),  # (waiting for a broadcast at the fence is not a hang)
         )
         self.steps = StepTrainer(cfg, bus, self.backend, self.tracer, self.weights.lock)
         """The step on a batch: take, finish, train (:mod:`.actor_step`)."""

@@ -337,7 +337,7 @@ class AsyncRun:
             except ray.exceptions.RayTaskError as e:  # its journal cannot say where to go on
                 raise _CannotRestartInPlace(f"the {name} cannot go on in place: {e.cause}") from e
         if spec.part == "rollout":
-            self.engine_restarts.jobs = {}  # a new rollout process has its own engines
+            self.engine_restarts.forget()  # (a new rollout process has its own engines)
         if Restart.WEIGHTS in steps:
             version = self.connect_dcs(republish=True)
             if spec.receives_weights:

@@ -21,6 +21,10 @@ class EngineRestarts:
         self.jobs: dict[str, tuple[Any, Event, float]] = {}
         """engine id -> (pending ref, or None once handled; its event; when asked)."""
 
+    def forget(self) -> None:
+        """A new rollout process has engines of its own: the restarts asked of the old one are moot."""
+        self.jobs = {}
+
     def ask(self, rollout: Any, failed: list[dict[str, Any]]) -> None:
         """Ask the ``rollout`` role's actor to restart each of ``failed`` (its heartbeat's ``failed_engines``)
         not already asked for."""

@@ -173,6 +173,16 @@ def test_fully_async_flow(tiny_run_inputs, tmp_path):
     assert all(h["train/prox_from_forward_frac"] == 1 and h["train/prox_gap_max"] == 0 for h in steps)
     # with one step of slack rollout really runs ahead: some trained samples are one version old
     assert any(h["train/staleness_max"] == 1 for h in result.history if "train/loss" in h)
+    # #53: each step logs its sync's broadcast seconds and the engine's longest pause for an update (the
+    # rollout's engine loaded versions as it generated), and `relax status` shows the last one
+    assert all(h["perf/weight_sync_broadcast_s"] > 0 and "perf/weight_pause_s" in h for h in steps)
+    assert any(h["perf/weight_pause_s"] > 0 for h in steps)
+    from relax_app.watch import render
+    from relax_core.live import read_status
+
+    status = read_status(cfg.run.output_dir)
+    assert status.weight_sync is not None and status.weight_sync.step == steps[-1]["step"]
+    assert f"weight sync v{steps[-1]['step']}: " in render(status)
     # and the timeline shows it: every role worked, and two roles worked at the same time
     spans = _spans(result)
     assert {s["role"] for s in spans} == {"rollout", "reference", "advantages", "actor"}

@@ -78,3 +78,39 @@ def test_a_finished_run_s_clock_stops_and_a_waiting_sample_past_the_bound_is_sai
     assert "oldest waiting v4 (1 behind the trainer)  dropped" in render(
         running.model_copy(update={"bus": ok})
     )
+
+
+def test_the_last_weight_sync_shows_its_bytes_on_the_wire_its_time_and_the_engines_pause(tmp_path):
+    """#53: the trainer's ``perf/weight_*`` of its last step (metrics.jsonl) reach status.json and the view:
+    with delta sync the bytes sent beside the version's, the broadcast's seconds, the longest engine pause."""
+    import json
+    from types import SimpleNamespace
+
+    from relax_core.live import LiveStatus, read_status
+
+    run = SimpleNamespace(output_dir=str(tmp_path), mode="fully_async", max_staleness=1, trace=False)
+    live = LiveStatus(SimpleNamespace(run=run, train=SimpleNamespace(num_rollout=4)))
+    rows = [
+        {"step": 1, "rollout/reward_mean": 0.1, "perf/weight_sync_bytes": 3.28e6, "perf/weight_sync_s": 0.2},
+        {
+            "step": 2,
+            "rollout/reward_mean": 0.2,
+            "perf/weight_sync_bytes": 3.28e6,
+            "perf/weight_sync_s": 0.001,
+            "perf/weight_sync_sent_bytes": 1.2e5,
+            "perf/weight_sync_broadcast_s": 0.05,
+            "perf/weight_pause_s": 0.004,
+        },
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    live.update(force=True)
+    sync = read_status(tmp_path).weight_sync
+    assert sync is not None and (sync.step, sync.sent_bytes, sync.seconds, sync.pause_s) == (
+        2,
+        1.2e5,
+        0.05,
+        0.004,
+    )
+    assert "weight sync v2: 0.120 MB of 3.28 MB (3.7%) in 0.050s, engine pause 0.004s" in render(
+        read_status(tmp_path)
+    )

@@ -115,3 +115,64 @@ def test_a_corrupted_payload_fails_its_checksum_and_is_refused(synced):
     with pytest.raises(DeltaRefused, match="checksum differs"):
         receiver.apply(bad)
     assert receiver.version == 1 and _held(receiver) == before
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_sparse_deltas_round_trip_far_gaps_large_steps_and_sign_flips(itemsize):
+    """What the compact form escapes: gaps of 255 elements and more, steps past a signed byte, the bits'
+    difference wrapping (a weight crossing zero flips its sign bit): every one decodes exactly."""
+    from relax_core.weight_delta import decode_bucket, encode_bucket
+
+    rng = np.random.default_rng(itemsize)
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
+    base = rng.integers(0, np.iinfo(dtype).max, size=20_000, dtype=dtype, endpoint=True)
+    new = base.copy()
+    near = rng.choice(len(new), 300, replace=False)
+    new[near] += dtype(1)  # one unit in the last place (wrapping at the top)
+    new[[0, 5_000, 19_999]] ^= dtype(1 << (8 * itemsize - 1))  # sign flips, a gap of 5,000 and the last
+    new[rng.choice(len(new), 20, replace=False)] = rng.integers(0, 1 << 8 * min(itemsize, 4) - 1, 20)
+    delta = encode_bucket(
+        new.view(np.uint8),
+        base.view(np.uint8),
+        version=1,
+        base_version=0,
+        index=0,
+        count=1,
+        itemsize=itemsize,
+    )
+    assert delta.encoding == "sparse"
+    assert np.array_equal(decode_bucket(delta, base.view(np.uint8)), new.view(np.uint8))
+
+
+def test_one_ulp_changes_cost_well_under_a_byte_each():
+    """The shape of an AdamW step in bf16 (5% of the weights move one unit in the last place, up or down):
+    under 4% of the full bytes (indices + values cost 3 bytes a change: 7.5%)."""
+    from relax_core.weight_delta import encode_bucket
+
+    rng = np.random.default_rng(0)
+    base = torch.randn(1_000_000).mul(0.02).to(torch.bfloat16).view(torch.int16).numpy()
+    moved = rng.random(base.size) < 0.05
+    new = base + np.where(moved, rng.choice(np.array([-1, 1], dtype=np.int16), base.size), 0).astype(np.int16)
+    delta = encode_bucket(
+        new.view(np.uint8), base.view(np.uint8), version=1, base_version=0, index=0, count=1, itemsize=2
+    )
+    assert delta.encoding == "sparse" and len(delta.payload) < 0.04 * new.nbytes
+
+
+def test_a_delta_that_does_not_pay_is_given_up_once_with_a_warning(caplog):
+    """fp32 weights at a high lr: every element changes; after 3 such versions the sender says so, once,
+    and sends every later version full (which the receiver takes as any full sync)."""
+    weights, sender, receiver = _model(), DeltaSender(), DeltaReceiver()
+    fp32 = [w.contiguous().view(torch.uint8).reshape(-1).numpy() for w in weights]
+    encodings = []
+    with caplog.at_level("WARNING", logger="relax_core.weight_delta"):
+        for v in range(8):
+            _step(weights, 2e-4, v)
+            deltas = sender.encode(v, [b.copy() for b in fp32], [4, 4])
+            for d in deltas:
+                receiver.apply(d)
+            assert all(np.array_equal(a, b) for a, b in zip(receiver.buckets, fp32))
+            encodings.append({d.encoding for d in deltas})
+    warned = [r.getMessage() for r in caplog.records if "does not pay" in r.getMessage()]
+    assert sender.gave_up and len(warned) == 1 and "drop --weight-sync-delta" in warned[0]
+    assert encodings[0] == {"full"} and encodings[1] != {"full"} and encodings[4:] == [{"full"}] * 4

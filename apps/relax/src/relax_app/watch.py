@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from relax_core.live import FINAL_STATES, BusStatus, RunStatus, read_status
+from relax_core.live import FINAL_STATES, BusStatus, RunStatus, WeightSyncStatus, read_status
 
 
 def _num(x: float | None, fmt: str = ".3f") -> str:
@@ -62,6 +62,8 @@ def render(s: RunStatus, now: float | None = None) -> str:
             f"bus depth {b.depth}  {_oldest(s, b)}  dropped stale {b.dropped_stale}"
             + (f"  ready: {waiting}" if waiting else "")
         )
+    if s.weight_sync is not None:
+        lines.append(_sync(s.weight_sync))
     if s.roles:
         lines.append(f"{'role':<12}{'state':<16}{'version':>8}{'idle s':>9}{'restarts':>10}  pid")
         for name, r in s.roles.items():
@@ -75,6 +77,17 @@ def render(s: RunStatus, now: float | None = None) -> str:
     if s.message:
         lines.append(s.message)
     return "\n".join(lines)
+
+
+def _sync(w: WeightSyncStatus) -> str:
+    """The last weight sync: what went on the wire of the version's bytes, how long, the engines' pause."""
+    mb = f"{w.bytes / 1e6:.2f} MB"
+    sent = (
+        mb
+        if w.sent_bytes is None or w.sent_bytes == w.bytes
+        else (f"{w.sent_bytes / 1e6:.3f} MB of {mb} ({100 * w.sent_bytes / max(w.bytes, 1.0):.1f}%)")
+    )
+    return f"weight sync v{w.step}: {sent} in {w.seconds:.3f}s, engine pause {w.pause_s:.3f}s"
 
 
 def _clock(s: RunStatus, now: float) -> str:

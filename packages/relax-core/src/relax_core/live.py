@@ -74,6 +74,21 @@ class BusStatus(BaseModel):
     """Samples the rollout has put on the bus since the run started."""
 
 
+class WeightSyncStatus(BaseModel):
+    """The last training step's weight sync, as the trainer logged it (``perf/weight_*`` in metrics.jsonl)."""
+
+    step: int
+    """The step whose weights these were (its version)."""
+    bytes: float
+    """The version's whole size."""
+    sent_bytes: float | None = None
+    """What DCS put on the wire (with ``--weight-sync-delta``: the deltas); None without DCS."""
+    seconds: float
+    """The sync's seconds: DCS's broadcast where there is one, else the trainer's publish."""
+    pause_s: float = 0.0
+    """The longest an engine stood still for one update (the rollout's batches the step trained)."""
+
+
 class RunStatus(BaseModel):
     """``<output_dir>/status.json``: the whole run at one moment."""
 
@@ -113,6 +128,7 @@ class RunStatus(BaseModel):
     eval_step: int | None = None
     roles: dict[str, RoleStatus] = Field(default_factory=dict)
     bus: BusStatus | None = None
+    weight_sync: WeightSyncStatus | None = None
     restarts: int = 0
     """Restarts the health manager made (in place and global)."""
     message: str | None = None
@@ -146,6 +162,7 @@ class MetricsTail:
         """(time, samples) of every training step logged."""
         self.reward: float | None = None
         self.eval: tuple[int, float] | None = None
+        self.sync: WeightSyncStatus | None = None
         self.last_step = 0
         """The last training step logged."""
 
@@ -171,6 +188,14 @@ class MetricsTail:
                 self.steps.append((float(row.get("time", time.time())), float(row.get("perf/samples", 0))))
             if "eval/accuracy" in row:
                 self.eval = (int(row["step"]), row["eval/accuracy"])
+            if "perf/weight_sync_bytes" in row:
+                self.sync = WeightSyncStatus(
+                    step=int(row.get("step", 0)),
+                    bytes=row["perf/weight_sync_bytes"],
+                    sent_bytes=row.get("perf/weight_sync_sent_bytes"),
+                    seconds=row.get("perf/weight_sync_broadcast_s", row.get("perf/weight_sync_s", 0.0)),
+                    pause_s=row.get("perf/weight_pause_s", 0.0),
+                )
 
     def recent_rate(self) -> float | None:
         last = self.steps[-self.RECENT - 1 :]
@@ -219,6 +244,7 @@ class LiveStatus:
         s.step = max(s.step, self.tail.last_step)  # (the trainer's heartbeat may be a moment behind its log)
         s.reward_mean = self.tail.reward
         s.eval_step, s.eval_accuracy = self.tail.eval or (None, None)
+        s.weight_sync = self.tail.sync
         s.samples_per_s_recent = self.tail.recent_rate()
         if self._t_train is not None and now > self._t_train:
             s.samples_per_s = s.samples_trained / (now - self._t_train)

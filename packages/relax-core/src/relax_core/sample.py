@@ -54,6 +54,9 @@ GENERATED_AT: Final = "generated_at"
 RESPONSE_TEXT: Final = "response_text"
 """The decoded response (multi-turn: the last model turn)."""
 ROLLOUT_TOKENS_PER_S: Final = "rollout_tokens_per_s"
+WEIGHT_PAUSE_S: Final = "weight_pause_s"
+"""The longest time an engine stood still for one weight update since the rollout's previous batch was put
+(seconds; 0: no update, or an engine that does not measure it), on every sample of the batch."""
 DS_DROPPED_GROUPS: Final = "ds_dropped_groups"
 DS_EXTRA_ROUNDS: Final = "ds_extra_rounds"
 DS_UNFILLED_GROUPS: Final = "ds_unfilled_groups"
@@ -110,6 +113,7 @@ class RolloutSample(TypedDict, total=False):
     generated_at: float
     response_text: str
     rollout_tokens_per_s: float
+    weight_pause_s: float
     ds_dropped_groups: int
     ds_extra_rounds: int
     ds_unfilled_groups: int
@@ -177,6 +181,7 @@ class TrainBatch(TypedDict, total=False):
     generated_at: list[float]
     response_text: list[str]
     rollout_tokens_per_s: list[float]
+    weight_pause_s: list[float]
     ds_dropped_groups: list[int]
     ds_extra_rounds: list[int]
     ds_unfilled_groups: list[int]

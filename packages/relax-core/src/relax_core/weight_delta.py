@@ -8,10 +8,16 @@ bucket's difference is mostly zeros. Encodings of one bucket (its raw bytes: one
 - ``full``: the bucket's bytes — the first sync, a receiver that (re-)joined, after a version gap or a
   refused delta, every N versions.
 - ``xor``: new XOR base, zstd-compressed (runs of zero bytes cost almost nothing).
-- ``sparse``: the indices (uint32) of the elements that changed and their new values, zstd-compressed.
+- ``sparse``: where the elements changed and by how much, zstd-compressed: the gaps between changed
+  elements' indices (a byte each, 255 escaping to a uint32), and each change as the difference of the
+  element's bits read as an unsigned integer (a signed byte; -128 escaping to the new element). Why that
+  and not indices + values (its first form: 1.8 bytes per changed bf16 element): an AdamW step moves a bf16
+  weight by one unit in the last place or not at all, so the difference is +-1 and the gaps are small, and
+  both compress to about half a byte per change (``benchmarks/weight_delta.py``).
 
-The encoder keeps the smallest (``full`` too, where a delta does not pay). Nothing is rounded: decoding
-gives the new bytes exactly.
+The encoder keeps the smallest (``full`` too, where a delta does not pay); ``xor`` is tried only when the
+``sparse`` one is over a tenth of the bucket (below that it never won in the benchmark, and it costs a
+compression of the whole bucket). Nothing is rounded: decoding gives the new bytes exactly.
 
 Integrity: a delta names its version, the base version it applies to, its bucket's index and the version's
 bucket count, and the checksum (BLAKE2b, 128 bits) of the bucket's bytes after it is applied.
@@ -24,6 +30,7 @@ the last complete version in place: the receiver then asks for a full sync. Neve
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,6 +38,11 @@ import numpy as np
 
 Encoding = Literal["full", "xor", "sparse"]
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+logger = logging.getLogger(__name__)
+_ESCAPE_GAP, _ESCAPE_STEP = 255, -128
+_XOR_TRIED_ABOVE = 0.1
+"""``xor`` is tried only when ``sparse`` is over this share of the bucket's bytes."""
 
 
 class DeltaRefused(ValueError):
@@ -72,6 +84,43 @@ def _decompress(data: bytes) -> bytes:
     return zstandard.ZstdDecompressor().decompress(data)
 
 
+def _sparse(words: np.ndarray, was: np.ndarray, itemsize: int, level: int) -> bytes:
+    """The ``sparse`` payload: counts (changes, escaped gaps, escaped steps, the first frame's bytes), then
+    the gaps' frame, then one frame of the escaped gaps, the steps and the escaped elements."""
+    idx = np.flatnonzero(words != was)
+    gaps = np.diff(idx, prepend=-1)
+    far = gaps >= _ESCAPE_GAP
+    steps = (words[idx] - was[idx]).view(_INT[itemsize])  # (wraps: the bits' difference, read signed)
+    near = (steps > _ESCAPE_STEP) & (steps <= 127)
+    first = _compress(np.where(far, _ESCAPE_GAP, gaps).astype(np.uint8).tobytes(), level)
+    rest = (
+        gaps[far].astype(np.uint32).tobytes()
+        + np.where(near, steps, _ESCAPE_STEP).astype(np.int8).tobytes()
+        + words[idx[~near]].tobytes()
+    )
+    counts = np.array([len(idx), int(far.sum()), int((~near).sum()), len(first)], dtype=np.uint32)
+    return counts.tobytes() + first + _compress(rest, level)
+
+
+def _apply_sparse(out: np.ndarray, raw_payload: bytes, itemsize: int) -> None:
+    """Write a ``sparse`` payload's changes into ``out`` (the base's words, a copy)."""
+    n, n_far, n_esc, first = (int(c) for c in np.frombuffer(raw_payload[:16], dtype=np.uint32))
+    gaps = np.frombuffer(_decompress(raw_payload[16 : 16 + first]), dtype=np.uint8).astype(np.int64)
+    rest = _decompress(raw_payload[16 + first :])
+    far = np.frombuffer(rest[: 4 * n_far], dtype=np.uint32)
+    steps = np.frombuffer(rest[4 * n_far : 4 * n_far + n], dtype=np.int8)
+    escaped = np.frombuffer(rest[4 * n_far + n :], dtype=_UINT[itemsize])
+    if len(gaps) != n or len(escaped) != n_esc:
+        raise DeltaRefused(f"a sparse delta of {n} changes carries {len(gaps)} gaps, {len(escaped)} escapes")
+    gaps[gaps == _ESCAPE_GAP] = far
+    idx = np.cumsum(gaps) - 1
+    near = steps != _ESCAPE_STEP
+    if n and idx[-1] >= len(out):
+        raise DeltaRefused(f"a sparse delta changes element {idx[-1]} of a bucket of {len(out)}")
+    out[idx[near]] = out[idx[near]] + steps[near].astype(_INT[itemsize]).view(_UINT[itemsize])
+    out[idx[~near]] = escaped
+
+
 def encode_bucket(
     new: np.ndarray,
     base: np.ndarray | None,
@@ -94,11 +143,10 @@ def encode_bucket(
             raise ValueError(
                 f"bucket {index}: {new.nbytes} bytes now, {base.nbytes} in the base: send it full"
             )
-        candidates.append(("xor", _compress(np.bitwise_xor(new, base).tobytes(), level)))
         words, was = new.view(_UINT[itemsize]), base.view(_UINT[itemsize])
-        changed = np.flatnonzero(words != was).astype(np.uint32)
-        packed = np.uint32(len(changed)).tobytes() + changed.tobytes() + words[changed].tobytes()
-        candidates.append(("sparse", _compress(packed, level)))
+        candidates.append(("sparse", _sparse(words, was, itemsize, level)))
+        if len(candidates[-1][1]) > _XOR_TRIED_ABOVE * new.nbytes:
+            candidates.append(("xor", _compress(np.bitwise_xor(new, base).tobytes(), level)))
     encoding, payload = min(candidates, key=lambda c: len(c[1]))
     return BucketDelta(
         version,
@@ -121,14 +169,15 @@ def decode_bucket(delta: BucketDelta, base: np.ndarray | None) -> np.ndarray:
         if base is None:
             raise DeltaRefused(f"version {delta.version} bucket {delta.index}: a delta, and no base held")
         out = np.ascontiguousarray(base).view(np.uint8).reshape(-1).copy()
-        raw = _decompress(delta.payload)
-        if delta.encoding == "xor":
-            np.bitwise_xor(out, np.frombuffer(raw, dtype=np.uint8), out=out)
-        else:
-            n = int(np.frombuffer(raw[:4], dtype=np.uint32)[0])
-            idx = np.frombuffer(raw[4 : 4 + 4 * n], dtype=np.uint32)
-            vals = np.frombuffer(raw[4 + 4 * n :], dtype=_UINT[delta.itemsize])
-            out.view(_UINT[delta.itemsize])[idx] = vals
+        try:
+            if delta.encoding == "xor":
+                np.bitwise_xor(out, np.frombuffer(_decompress(delta.payload), dtype=np.uint8), out=out)
+            else:
+                _apply_sparse(out.view(_UINT[delta.itemsize]), delta.payload, delta.itemsize)
+        except Exception as e:  # (zstd's error, a short buffer, an index out of range: not a payload of ours)
+            raise DeltaRefused(
+                f"version {delta.version} bucket {delta.index}: its {delta.encoding} payload does not decode ({e})"
+            ) from e
     if out.nbytes != delta.nbytes or bucket_checksum(out) != delta.checksum:
         raise DeltaRefused(
             f"version {delta.version} bucket {delta.index}: the result's checksum differs from the sender's "
@@ -146,10 +195,18 @@ class DeltaSender:
     full_every: int = 50
     level: int = 1
     """zstd's level (1: fast; the payload is mostly zeros)."""
+    gives_up_above: float = 0.5
+    """A delta version costing over this share of the full bytes does not pay (fp32 weights, a high lr:
+    nearly every element changes); after ``gives_up_after`` such versions in a row the sender says so once
+    and sends full from then on (:attr:`gave_up`)."""
+    gives_up_after: int = 3
     held: list[np.ndarray] | None = None
     held_version: int | None = None
     since_full: int = 0
     full_asked: bool = True
+    not_paying: int = 0
+    """Delta versions in a row that cost over ``gives_up_above`` of the full bytes."""
+    gave_up: bool = False
 
     def ask_full(self) -> None:
         """The next version goes full (a receiver is new, came back, or refused a delta)."""
@@ -163,6 +220,7 @@ class DeltaSender:
             or len(self.held) != len(buckets)
             or any(h.nbytes != np.asarray(b).nbytes for h, b in zip(self.held, buckets))
             or self.since_full + 1 >= self.full_every
+            or self.gave_up
         )
         out = [
             encode_bucket(
@@ -180,7 +238,23 @@ class DeltaSender:
         self.held = [np.ascontiguousarray(b).view(np.uint8).reshape(-1).copy() for b in buckets]
         self.held_version, self.full_asked = version, False
         self.since_full = 0 if full else self.since_full + 1
+        if not full:
+            self._count_pay(sum(len(d.payload) for d in out), sum(d.nbytes for d in out))
         return out
+
+    def _count_pay(self, sent: int, whole: int) -> None:
+        """Give up on deltas after ``gives_up_after`` versions in a row that did not pay, saying so once."""
+        self.not_paying = self.not_paying + 1 if sent > self.gives_up_above * whole else 0
+        if self.not_paying >= self.gives_up_after and not self.gave_up:
+            self.gave_up = True
+            logger.warning(
+                "delta weight sync does not pay here: the last %d versions' deltas cost over %.0f%% of the full "
+                "bytes (%.0f%% the last; fp32 weights or a high lr change nearly every element), so every "
+                "version goes full from now on; drop --weight-sync-delta for this run's settings",
+                self.not_paying,
+                100 * self.gives_up_above,
+                100 * sent / max(whole, 1),
+            )
 
 
 @dataclass

@@ -125,11 +125,11 @@ class WeightPublisher:
         return waited
 
     @property
-    def sent_bytes(self) -> int | None:
-        """Bytes the last finished DCS sync put on the wire (with ``--weight-sync-delta``: its deltas, next
-        to :attr:`published_bytes`, the whole version); None before one or without DCS."""
-        stats = self._sender.last_stats if self._sender is not None else None
-        return stats.num_bytes if stats is not None else None
+    def last_sync(self) -> Any:
+        """The last finished DCS sync's :class:`~relax_core.dcs.SyncStats` (bytes put on the wire — with
+        ``--weight-sync-delta`` the deltas, next to :attr:`published_bytes`, the whole version — and the
+        broadcast's seconds); None before one or without DCS."""
+        return self._sender.last_stats if self._sender is not None else None
 
     @property
     def in_flight(self) -> bool:

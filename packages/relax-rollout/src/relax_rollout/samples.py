@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -26,11 +27,21 @@ logger = logging.getLogger(__name__)
 
 class SampleWriter:
     """Scores generated batches with ``scorer`` and puts their samples on ``bus``. ``journaled``: under the
-    health manager, samples get ids fixed by their step, so a batch re-sent after a restart is refused."""
+    health manager, samples get ids fixed by their step, so a batch re-sent after a restart is refused.
+    ``pause()``: the longest weight-update pause of the engine since its last call (0.0: none)."""
 
-    def __init__(self, cfg: RelaxConfig, bus: Bus, tokenizer: Any, scorer: Any, tracer: Any, journaled: bool):
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        bus: Bus,
+        tokenizer: Any,
+        scorer: Any,
+        tracer: Any,
+        journaled: bool,
+        pause: Callable[[], float] = lambda: 0.0,
+    ):
         self.cfg, self.bus, self.tokenizer, self.scorer = cfg, bus, tokenizer, scorer
-        self.tracer, self.journaled = tracer, journaled
+        self.tracer, self.journaled, self.pause = tracer, journaled, pause
 
     def score(self, gen: Generated) -> tuple[list, float]:
         """Rewards of a generated batch (and its decoded texts, kept in ``gen.texts``), and the seconds spent."""
@@ -63,6 +74,7 @@ class SampleWriter:
         assert texts is not None, "a batch is scored (its texts decoded) before its samples are built"
         # generation speed of the whole batch (dropped dynamic-sampling groups included), on every sample
         tokens_per_s = gen.generated_tokens / max(gen.generate_s, 1e-9)
+        pause = self.pause()  # (the engine's, since the last batch: on each of this one's samples)
         media = gen.media or [None] * len(outs)
         samples: list[RolloutSample] = []
         for i, (o, res) in enumerate(zip(outs, results)):
@@ -93,6 +105,7 @@ class SampleWriter:
                 s[sample.TURNS], s[sample.ENV_ERROR] = o.episode.turns, o.episode.env_error
             s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
             s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
+            s[sample.WEIGHT_PAUSE_S] = pause
             samples.append(s)
         return samples
 

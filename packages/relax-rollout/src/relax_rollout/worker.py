@@ -26,6 +26,7 @@ from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
 from relax_rollout.engines.base import RolloutEngine
+from relax_rollout.engines.pauses import longest_pause
 from relax_rollout.generation import Generation
 from relax_rollout.prompts import Prompts
 from relax_rollout.rewards import build_scorer
@@ -112,7 +113,15 @@ class RolloutWorker:
         self.journal = Journal.for_run(cfg)
         """The restart journal (:class:`~relax_core.resume.Journal`; its ``path`` None: not journaled)."""
         restartable = cfg.run.mode == "fully_async" and cfg.run.health
-        self.samples = SampleWriter(cfg, bus, self.tokenizer, self.scorer, self.tracer, restartable)
+        self.samples = SampleWriter(
+            cfg,
+            bus,
+            self.tokenizer,
+            self.scorer,
+            self.tracer,
+            restartable,
+            pause=lambda: longest_pause(self.generation.engine),
+        )
         self.generation = Generation(
             cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score
         )

@@ -183,6 +183,8 @@ def test_update_weights_reaches_members_and_newcomers(serve, local):
         }
         pool.update_weights(new, 5)
         assert pool.weight_version == 5 and pool.weights_checksum() != before
+        pauses = pool.pauses.drain()  # each member's load, timed as its pause (#53)
+        assert [v for v, _ in pauses] == [5, 5] and all(s > 0 for _, s in pauses)
         for s in (a, b):
             assert http_json(s.url, "/get_model_info")["weight_version"] == "5"
         kept = [p.name for p in Path(pool.weights_root).iterdir()]

@@ -185,6 +185,23 @@ def test_update_weights_changes_outputs_and_version(tiny_model_dir):
     assert torch.equal(dict(eng.named_weights())["lm_head.weight"], new["lm_head.weight"])
 
 
+def test_each_weight_update_is_timed_as_the_engines_pause(tiny_model_dir):
+    """#53: the time an update holds the engine (no step runs meanwhile) is its pause, per version; the
+    rollout drains the longest since its last batch (``longest_pause``), an engine without pauses gives 0."""
+    from relax_rollout.engines.pauses import longest_pause
+
+    eng = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS], pad_token_id=0)
+    new = {n: p.detach().clone() for n, p in eng.named_weights()}
+    eng.update_weights(new, version=2)
+    eng.update_weights(new, version=3)
+    got = eng.pauses.drain()
+    assert [v for v, _ in got] == [2, 3] and all(s > 0 for _, s in got)
+    assert eng.pauses.drain() == []
+    eng.update_weights(new, version=4)
+    assert longest_pause(eng) > 0 and longest_pause(eng) == 0.0
+    assert longest_pause(object()) == 0.0
+
+
 def test_update_weights_unknown_name_raises(tiny_model_dir):
     eng = TorchEngine(model_path=tiny_model_dir, eos_token_ids=[EOS])
     with pytest.raises(KeyError, match="not.a.weight"):

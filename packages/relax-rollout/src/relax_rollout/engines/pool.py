@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_rollout.engines.base import GenerateOutput, SamplingParams, TokenDelta, answered
+from relax_rollout.engines.pauses import WeightPauses
 from relax_rollout.engines.pool_members import (
     STATES,
     Member,
@@ -121,6 +122,8 @@ class EnginePool(ServerClient):
         self.weights_root = Path(weights_dir or tempfile.mkdtemp(prefix="relax-pool-weights-"))
         self.weights_root.mkdir(parents=True, exist_ok=True)
         self.state = PoolState()
+        self.pauses = WeightPauses()
+        """Each member's pause for each weight update (:mod:`relax_rollout.engines.pauses`)."""
         """The members and current weights, shared with :attr:`membership`."""
         self._exec = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="relax-pool")
         self.membership = PoolMembership(
@@ -322,11 +325,12 @@ class EnginePool(ServerClient):
             with self.state.cond:
                 targets = [m for m in self.state.members.values() if m.state in ("active", "draining")]
             body = disk_update_request(str(final), version, flush_cache=flush_cache)
+            load = "/update_weights_from_disk"
             futs = [
                 (
                     m,
                     self._exec.submit(
-                        retry_flush_refused, partial(self.request, m.url, "/update_weights_from_disk", body)
+                        self._paused, version, retry_flush_refused, partial(self.request, m.url, load, body)
                     ),
                 )
                 for m in targets
@@ -349,6 +353,12 @@ class EnginePool(ServerClient):
             with self.state.cond:
                 self.state.version = version
             self._drop_owned(previous)
+
+    def _paused(self, version: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, one member's load, timed as that engine's pause (SGLang's scheduler loads from disk
+        between two steps of its loop: it generates nothing meanwhile)."""
+        with self.pauses.timed(version):
+            return fn(*args)
 
     def _drop_owned(self, path: str | None) -> None:
         """Delete a weights directory the pool wrote (never one it was given by :meth:`adopt_weights`)."""

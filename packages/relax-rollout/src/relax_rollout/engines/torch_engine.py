@@ -33,6 +33,7 @@ from relax_core.models import MASKED_LOGIT, media_token_ids
 from relax_core.offload import HostOffload
 from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, TokenDelta, memory_tags
 from relax_rollout.engines.decode_rows import DecodeRows, left_padded
+from relax_rollout.engines.pauses import WeightPauses
 
 
 class TorchEngine:
@@ -85,6 +86,8 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.weight_version = 0
         self._lock = threading.Lock()
+        self.pauses = WeightPauses()
+        """How long each weight update held generation (:mod:`relax_rollout.engines.pauses`)."""
         self._host = HostOffload("rollout engine")
         self.released: set[str] = set()
         """Memory tags given back (:meth:`release_memory`); generation waits for :meth:`resume_memory`."""
@@ -135,7 +138,7 @@ class TorchEngine:
         anything is copied)."""
         from relax_rollout.engines.expert_names import fuse_experts
 
-        with self._lock, torch.no_grad():
+        with self._lock, self.pauses.timed(version), torch.no_grad():  # (no step runs while it is held)
             self._check_weights("updating the weights")
             if self.adapter is not None:
                 self.adapter.load({n: torch.as_tensor(v) for n, v in tensors.items()})

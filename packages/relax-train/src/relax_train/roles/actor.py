@@ -161,8 +161,9 @@ class ActorWorker(DeviceTurns):
             )
         )
         metrics["perf/weight_sync_bytes"] = float(self.weights.published_bytes)
-        if (sent := self.weights.sent_bytes) is not None:  # (DCS: with --weight-sync-delta, the deltas)
-            metrics["perf/weight_sync_sent_bytes"] = float(sent)
+        if (sync := self.weights.last_sync) is not None:  # (DCS: with --weight-sync-delta, the deltas)
+            metrics["perf/weight_sync_sent_bytes"] = float(sync.num_bytes)
+            metrics["perf/weight_sync_broadcast_s"] = sync.seconds
         if self._shape is not None:
             metrics.update(step_roofline(self._shape, d, t2 - t1, self.peak))
         interval = self.cfg.run.eval_interval

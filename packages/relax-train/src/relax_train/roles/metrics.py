@@ -98,6 +98,10 @@ def step_metrics(
             "perf/weight_sync_s": weight_sync_s,
             # the time this step's optimizer waited for the previous step's overlapped broadcast
             "perf/weight_sync_wait_s": weight_sync_wait_s,
+            # the longest an engine stood still for one weight update, over the batch's rollout batches
+            "perf/weight_pause_s": float(
+                max((p for p in columns(d).get(sample.WEIGHT_PAUSE_S, ()) if p), default=0.0)
+            ),
             "perf/samples": float(samples),
             "time": time.time(),
         }

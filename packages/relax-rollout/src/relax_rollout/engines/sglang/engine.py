@@ -291,6 +291,8 @@ class SGLangEngine:
         )
         """The servers and the state the engine shares with its lifecycle and weight updates
         (:mod:`relax_rollout.engines.sglang.state`); every request goes through ``servers.call``."""
+        self.pauses = pool.pauses
+        """Each engine's pause for each weight update (the pool's: every path records there)."""
         s = self.servers
         self.adapters: SGLangAdapters | None = None
         """The LoRA adapter versions the servers hold (with ``lora``; :mod:`~relax_rollout.engines.sglang.lora`)."""

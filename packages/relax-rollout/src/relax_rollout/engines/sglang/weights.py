@@ -44,6 +44,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -292,7 +293,7 @@ class SGLangWeights:
                 self._restart_later(slot, reason)
 
     @contextlib.contextmanager
-    def _session(self, urls: list[str], pause: bool) -> Iterator[list[str]]:
+    def _session(self, urls: list[str], pause: bool, version: int | None = None) -> Iterator[list[str]]:
         """A weight-update session on every engine of ``urls``; yields those that opened it.
 
         SGLang (0.5.23) loads ``/update_weights_from_distributed`` and ``/update_weights_from_tensor`` only
@@ -301,9 +302,11 @@ class SGLangWeights:
         cache freed, and go on with the new weights after ``/continue_generation``), unless the caller
         paused already: SGLang releases its update lock between two requests, so a bucketed update would
         otherwise let requests decode on half-updated weights under the old version label, and its cache
-        flush fails while requests run."""
+        flush fails while requests run. The time from the pause to the continue is the engines' pause for
+        ``version`` (the pool's ``pauses``)."""
         paused = pause and self.servers.paused is None
         failed: dict[str, str] = {}
+        t0 = time.perf_counter()
         try:
             if paused:
                 failed |= self._each(urls, "/pause_generation", pause_request("retract"))
@@ -317,6 +320,8 @@ class SGLangWeights:
         finally:
             if paused:
                 self._each([u for u in urls if u not in failed], "/continue_generation", {})
+                if version is not None:
+                    self.servers.pool.pauses.add(version, time.perf_counter() - t0)
 
     def _updated(self, version: int, path: str | None) -> None:
         self.check_version(version)
@@ -442,7 +447,7 @@ class SGLangWeights:
                 try:
                     group = self._form_group(urls, backend)
                     flush = self._may_flush()
-                    with self._session(list(group.urls), pause=True) as opened:
+                    with self._session(list(group.urls), pause=True, version=version) as opened:
                         if len(opened) < len(group.urls):  # one left: the broadcast would wait for it
                             self._drop_group()
                             raise _GroupBroken("an engine did not open the weight-update session")

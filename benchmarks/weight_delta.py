@@ -1,12 +1,13 @@
-"""Delta weight sync's codec (#53, first part): bytes per sync, full vs delta, on real training steps.
+"""Delta weight sync's codec (#53): bytes per sync, full vs delta, on real training steps.
 
-    uv run python benchmarks/weight_delta.py [--layers 4] [--steps 30] [--lrs 1e-6,1e-5,2e-4]
+    uv run python benchmarks/weight_delta.py [--shapes demo,52m] [--steps 100] [--lrs 1e-6,1e-5,2e-4]
 
-The trainer is the real TorchBackend (AdamW, one torch thread) on a Qwen3-architecture model built from
-config (hidden 512, --layers layers, vocabulary 2000; 4 layers: ~15M parameters); each step trains 8
-sequences of 64 tokens (weight_sync.py's batch). After each step its weights, as they are sent (HF names,
-in bf16 — the default --dtype — and in fp32), go through relax_core.weight_delta: one bucket per tensor, the
-first version full, every later one against the last. Per lr and dtype: the median (min-max) over the steps
+The trainer is the real TorchBackend (float32 weights, AdamW, one torch thread) on a Qwen3-architecture model
+built from config (weight_delta_sync.py's shapes: ``demo``, the CPU demo's, 0.8M parameters; ``52m``, hidden
+1024, 4 layers); each step trains a fresh batch of 8 random sequences of 64 tokens (weight_delta_sync.py's:
+an RL batch changes every step). After each step its weights, as they are sent (HF names, cast to bf16 as a
+mixed-precision trainer sends them, and in fp32), go through relax_core.weight_delta: one bucket per tensor,
+the first version full, every later one against the last. Per lr and dtype: the median (min-max) over the steps
 of the delta's bytes as a share of the full bytes, of the elements changed, and of the encode and decode
 seconds; every decoded version is checked bitwise against the trainer's. Expected: bf16 at lr <= 1e-5
 changes a few percent of elements (AdamW moves every weight by ~lr, below bf16's resolution for most), so
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from weight_sync import build_model, samples  # (the same model and batch as the weight-sync benchmark)
+from weight_delta_sync import SHAPES, batch, build_model  # (the same models and batches as the live one)
+
+from relax_core.weight_delta import DeltaSender
 
 
 def _buckets(named: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> list[np.ndarray]:
@@ -36,7 +39,13 @@ def _spread(xs: list[float], fmt: str = "{:.4f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
-def run(model: str, lr: float, steps: int, tmp: str) -> dict[str, dict[str, list[float]]]:
+def _falls_back(shares: list[float]) -> bool:
+    """Whether a run's sender would give up on deltas (DeltaSender's default: 3 in a row over half)."""
+    over = [x > DeltaSender.gives_up_above for x in shares]
+    return any(all(over[i : i + DeltaSender.gives_up_after]) for i in range(len(over) - 2))
+
+
+def run(model: str, vocab: int, lr: float, steps: int, tmp: str) -> dict[str, dict[str, list[float]]]:
     from relax_core.config import RelaxConfig
     from relax_core.weight_delta import DeltaReceiver, DeltaSender
     from relax_train.backends import build_backend
@@ -49,15 +58,14 @@ def run(model: str, lr: float, steps: int, tmp: str) -> dict[str, dict[str, list
         }
     )
     backend = build_backend("torch", config=cfg, model_path=model)
-    batch = samples(8)
     codecs = {
-        "bf16": (torch.bfloat16, DeltaSender(full_every=10**9), DeltaReceiver()),
-        "fp32": (torch.float32, DeltaSender(full_every=10**9), DeltaReceiver()),
+        "bf16": (torch.bfloat16, DeltaSender(full_every=10**9, gives_up_after=10**9), DeltaReceiver()),
+        "fp32": (torch.float32, DeltaSender(full_every=10**9, gives_up_after=10**9), DeltaReceiver()),
     }
     out: dict[str, dict[str, list[float]]] = {k: {} for k in codecs}
     for v in range(steps + 1):
         if v:
-            backend.train_step(batch)
+            backend.train_step(batch(v, vocab))
         named = [(n, t) for n, t in backend.model.named_parameters()]
         for kind, (dtype, sender, receiver) in codecs.items():
             buckets = _buckets(named, dtype)
@@ -83,13 +91,14 @@ def run(model: str, lr: float, steps: int, tmp: str) -> dict[str, dict[str, list
             rows.setdefault("encode_s", []).append(t1 - t0)
             rows.setdefault("decode_s", []).append(t2 - t1)
             rows.setdefault("full_mb", []).append(full / 1e6)
+
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--shapes", default="demo,52m")
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lrs", default="1e-6,1e-5,2e-4")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -102,15 +111,18 @@ def main() -> None:
     )
     print(f"# before: {machine_state()}")
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(Path(tmp) / "model", args.layers)
-        for lr in [float(x) for x in args.lrs.split(",")]:
-            res = run(model, lr, args.steps, tmp)
-            for kind, rows in res.items():
-                print(
-                    f"lr {lr:g} {kind}: full {rows['full_mb'][0]:.1f} MB; delta bytes share {_spread(rows['bytes_share'])}; "
-                    f"elements changed {_spread(rows['changed_share'])}; encode s {_spread(rows['encode_s'], '{:.3f}')}; "
-                    f"decode s {_spread(rows['decode_s'], '{:.3f}')}; every version bitwise equal"
-                )
+        for shape in args.shapes.split(","):
+            model = build_model(Path(tmp) / shape, shape)
+            for lr in [float(x) for x in args.lrs.split(",")]:
+                res = run(model, SHAPES[shape]["vocab_size"], lr, args.steps, tmp)
+                for kind, rows in res.items():
+                    print(
+                        f"{shape} lr {lr:g} {kind}: full {rows['full_mb'][0]:.1f} MB; delta bytes share "
+                        f"{_spread(rows['bytes_share'])}; elements changed {_spread(rows['changed_share'])}; "
+                        f"encode s {_spread(rows['encode_s'], '{:.3f}')}; decode s {_spread(rows['decode_s'], '{:.3f}')}; "
+                        f"every version bitwise equal; a run falls back to full: {_falls_back(rows['bytes_share'])}",
+                        flush=True,
+                    )
     print(f"# after: {machine_state()}")
 
 

@@ -217,15 +217,19 @@ class Mode:
 class Driver:
     """Starts workers inside nodes and talks to them over their stdin/stdout."""
 
-    def __init__(self, cluster, logdir: Path, layers: int, timeout_s: float) -> None:
+    def __init__(
+        self, cluster, logdir: Path, layers: int, timeout_s: float, script: Path = Path(__file__)
+    ) -> None:
+        """``script``: what the workers run (``script --worker SPEC``; weight_delta_sync.py's are its own)."""
         self.cluster, self.logdir, self.layers, self.timeout_s = cluster, logdir, layers, timeout_s
+        self.script = script.resolve()
         self.procs: dict[str, Proc] = {}
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.version = 0
 
     def start(self, name: str, node: int, spec: dict) -> None:
         log = self.logdir / f"{name}.log"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+        argv = [sys.executable, str(self.script), "--worker", json.dumps(spec)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         p = subprocess.Popen(
             self.cluster.nodes[node].exec_argv(argv),
@@ -258,7 +262,7 @@ class Driver:
     def receiver(self, name: str, node: int, groups: list[dict]) -> None:
         self.start(name, node, {"role": "receiver", "groups": groups})
 
-    def _next(self, what: str) -> tuple[str, list[str]]:
+    def next_line(self, what: str) -> tuple[str, list[str]]:
         try:
             name, line = self.lines.get(timeout=self.timeout_s)
         except queue.Empty:
@@ -274,7 +278,7 @@ class Driver:
     def wait_ready(self, senders: list[str]) -> None:
         left = set(senders)
         while left:
-            name, f = self._next(f"the groups to form ({sorted(left)} not connected)")
+            name, f = self.next_line(f"the groups to form ({sorted(left)} not connected)")
             if f[0] == "ready":
                 left.discard(name)
 
@@ -287,7 +291,7 @@ class Driver:
             self.procs[sender].popen.stdin.flush()
         starts, done, got = [], {}, {}
         while len(starts) < len(mode.sends) or len(done) < len(mode.expect):
-            name, f = self._next(f"version {v} ({mode.label}, {mode.path})")
+            name, f = self.next_line(f"version {v} ({mode.label}, {mode.path})")
             if f[0] == "sent" and int(f[1]) == v:
                 starts.append(float(f[2]))
             elif f[0] == "got" and int(f[2]) == v:

@@ -173,12 +173,15 @@ class RolloutConfig(Section):
     when SGLang's pins clash with the trainer's (``tools/sglang-cpu/setup.sh`` builds one for a CPU)."""
     sglang_env: dict[str, str] = Field(default_factory=dict)
     """Environment variables for the SGLang processes, e.g. '{SGLANG_USE_CPU_ENGINE: "1"}' on a CPU."""
-    sglang_weight_update: Literal["disk", "distributed", "tensor"] = "disk"
+    sglang_weight_update: Literal["disk", "distributed", "tensor", "delta"] = "disk"
     """How new weights reach the SGLang engines: ``disk``, safetensors written once per version and loaded
     by every engine (a restarted engine loads them too; on several nodes under the output directory,
     which every node must see); ``distributed``, broadcast by the rollout role on SGLang's weight group
     (NCCL from GPU weights, gloo from host memory), no disk and no shared directory, bucketed; ``tensor``,
-    CUDA-IPC handles to engines on the rollout role's GPUs (colocated)."""
+    CUDA-IPC handles to engines on the rollout role's GPUs (colocated); ``delta``, each version as its
+    difference from the one the engines hold, to SGLang's custom loader (``relax_rollout.sglang_delta_loader``,
+    registered at launch), engines on the rollout role's host; the first version, a restarted or new
+    engine's and every 50th go full."""
     rollout_engines: int = Field(0, ge=0)
     """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
     0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed

@@ -157,7 +157,7 @@ class SGLangLifecycle:
                 if self.restore is not None:  # the base weights never change: only the adapters
                     self.restore(slot, self.join)
                 elif s.pool.weights_path is None and s.pool.weight_version != self.initial_version:
-                    if s.weight_update == "distributed":  # the next update re-forms the group with it
+                    if s.weight_update in ("distributed", "delta"):  # the next update takes it in
                         with s.lock:
                             slot.state = "waiting"
                         if old is not None:

@@ -1,12 +1,10 @@
-"""How the ``sglang`` engine's servers get new weights: through disk, as CUDA tensors, or over SGLang's
-weight group, then checked; an engine that does not take an update is failed and restarted.
+"""How the ``sglang`` engine's servers get new weights: through disk, as CUDA tensors, over SGLang's weight
+group or as deltas, then checked; an engine that does not take an update is failed and restarted.
 
-Why apart from :mod:`relax_rollout.engines.sglang.engine`: the three paths share one contract (every serving
-engine holds the new version, or is failed; a restarted engine gets weights known to be whole) and most of
-their mechanics (weight-update sessions, failures, collectives that must not wait for a peer that refused),
-which have nothing to do with launching processes or generating. :class:`SGLangWeights` is that contract,
-one object per engine (``engine.weights``), acting on the engine's
-:class:`~relax_rollout.engines.sglang.state.SGLangServers`.
+Why apart from the engine: the paths share one contract (every serving engine holds the new version, or is
+failed; a restarted engine gets weights known to be whole) and their mechanics (sessions, failures,
+collectives that must not wait for a peer that refused). :class:`SGLangWeights` is that contract, one per
+engine (``engine.weights``), acting on its :class:`~relax_rollout.engines.sglang.state.SGLangServers`.
 
 - **Disk** (default): the pool writes safetensors once, every engine loads them with
   ``/update_weights_from_disk``; the directory is kept so a restarted engine loads it before serving.
@@ -22,12 +20,13 @@ one object per engine (``engine.weights``), acting on the engine's
   retried once on the others.
 - **Tensor** (colocated trainer): ``/update_weights_from_tensor`` with SGLang's ``serialized_named_tensors``,
   one base64 ``ForkingPickler`` payload per TP rank, CUDA tensors travelling as IPC handles.
+- **Delta** (``weight_update="delta"``, #53): each version as its difference from the one the engines hold,
+  by ``/update_weights_from_tensor`` to SGLang's custom loader (:mod:`relax_rollout.engines.sglang.delta`),
+  in the same paused session, restarted engines waiting for it as with distributed.
 - **A caller that broadcasts itself**: ``connect_dcs`` (engine ``k`` joins ``/init_weights_update_group``
-  as ranks ``rank + k*tp ...``), then ``from_distributed`` (names, dtypes, shapes) while it broadcasts.
-  SGLang's receiver takes each request's tensors from a ``broadcast(src=0)`` on the group, which is not
-  relax DCS's protocol (a store header, then buckets): a trainer's DCS ``WeightSender`` reaches SGLang
-  through the rollout role, which broadcasts on with ``weight_update="distributed"``; our engine server can
-  also join DCS itself (``connect_dcs(..., protocol="relax_dcs")``).
+  as ranks ``rank + k*tp ...``), then ``from_distributed`` (names, dtypes, shapes) while it broadcasts: a
+  trainer's DCS ``WeightSender`` (a store header, then buckets: not SGLang's protocol) reaches SGLang through
+  the rollout role, which broadcasts on; our engine server can join DCS itself (``protocol="relax_dcs"``).
 
 After every update each engine's ``/model_info`` ``weight_version`` must equal the new version, else
 :class:`WeightVersionMismatch` names the engines. Weights that came as tensors, or from a caller's
@@ -56,6 +55,7 @@ from relax_core.net import free_port
 from relax_rollout.engines.expert_names import unfuse_experts
 from relax_rollout.engines.pool_members import PoolError
 from relax_rollout.engines.processes import EngineProcess
+from relax_rollout.engines.sglang.delta import SGLangDeltas
 from relax_rollout.engines.sglang.state import SGLangServers
 from relax_rollout.engines.wire import ServerError, model_info, pause_request, retry_flush_refused
 from relax_rollout.engines.wire_weights import (
@@ -164,6 +164,12 @@ def _gpu_shared(device: Any, slots: Iterable[Any]) -> bool:
     return any(gpu in slot.gpus for slot in slots if slot.node is None)
 
 
+def _may_flush(servers: SGLangServers) -> bool:
+    """Whether an update may flush SGLang's cache: not while requests are held paused in place (they still
+    use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
+    return servers.paused != "in_place"
+
+
 def served_names(named: Iterable[tuple[str, Any]], prefix: str) -> list[tuple[str, Any]]:
     """The trainer's tensors as the served checkpoint names them: MoE experts one per expert
     (:mod:`relax_rollout.engines.expert_names`), under ``prefix`` (``thinker.`` for a whole Qwen3-Omni)."""
@@ -206,6 +212,8 @@ class SGLangWeights:
         self.group: _WeightGroup | None = None
         """``weight_update="distributed"``: the group this process broadcasts on, formed lazily."""
         self._lock = threading.Lock()
+        self.deltas = SGLangDeltas(bucket_bytes) if servers.weight_update == "delta" else None
+        """``weight_update="delta"``: the codec of the versions the engines hold."""
 
     def update(self, tensors: dict[str, Any], version: int) -> None:
         """Push ``tensors`` as ``version`` by the engine's ``weight_update`` and check the engines."""
@@ -213,25 +221,23 @@ class SGLangWeights:
         if mode == "tensor":
             self.from_tensor(list(tensors.items()), version)
             return
-        if mode == "distributed":
+        if mode in ("distributed", "delta"):
             self._update_distributed(self.served_names(tensors.items()), version)
             return
-        pool.update_weights(dict(self.served_names(tensors.items())), version, flush_cache=self._may_flush())
+        pool.update_weights(
+            dict(self.served_names(tensors.items())), version, flush_cache=_may_flush(self.servers)
+        )
         self.check_version(version)
-
-    def _may_flush(self) -> bool:
-        """Whether an update may flush SGLang's cache: not while requests are held paused in place (they
-        still use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
-        return self.servers.paused != "in_place"
 
     def served_names(self, named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         return served_names(named, self.prefix)
 
-    def check_version(self, version: int) -> None:
-        """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version``."""
+    def check_version(self, version: int, skip: Iterable[str] = ()) -> None:
+        """Every serving engine's ``/model_info`` must report ``weight_version`` == ``version`` (``skip``: those
+        that refused a delta and serve their last complete version)."""
         s = self.servers
         wrong = []
-        members = s.pool.membership.active()
+        members = [m for m in s.pool.membership.active() if m.url not in set(skip)]
         if not members:
             raise PoolError(f"no active SGLang engine to check weight version {version}: {s.describe()}")
         futs = [(m, s.executor.submit(model_info, m.url, s.token, s.request_timeout_s)) for m in members]
@@ -331,7 +337,9 @@ class SGLangWeights:
     def from_disk(self, model_path: str, version: int, abort_all_requests: bool = False) -> None:
         """Every engine loads the checkpoint directory ``model_path`` (readable by them) as ``version``; a
         restarted engine loads it too (the directory is the caller's and is never deleted)."""
-        body = disk_update_request(model_path, version, abort_all_requests, flush_cache=self._may_flush())
+        body = disk_update_request(
+            model_path, version, abort_all_requests, flush_cache=_may_flush(self.servers)
+        )
         self._update_all("/update_weights_from_disk", body, send=retry_flush_refused)
         self._updated(version, model_path)
 
@@ -421,12 +429,12 @@ class SGLangWeights:
         self.servers.call_all("/destroy_weights_update_group", {"group_name": self.trainer_group})
         self.trainer_group = None
 
-    # -- our broadcast (weight_update="distributed") ------------------------------------------------------
+    # -- our broadcast (weight_update="distributed", or "delta") ----------------------------------------------
     def _update_distributed(self, named: list[tuple[str, Any]], version: int) -> None:
         """Broadcast ``named`` to every serving engine (and every restarted one waiting for weights) on the
-        weight group, bucket by bucket (``flattened_bucket``; the version goes with the last bucket). The
-        group is re-formed when the engines changed; an engine that fails meanwhile is marked failed (the
-        supervisor restarts it) and the update is retried once on the others."""
+        weight group in ``flattened_bucket`` buckets (the version with the last), re-formed when the engines
+        changed; an engine failing meanwhile is marked failed and the update retried once on the others.
+        With ``deltas``: to the same engines through the loader instead (:meth:`SGLangDeltas.send`)."""
         from relax_rollout.engines import weight_group as wg
 
         s = self.servers
@@ -437,6 +445,7 @@ class SGLangWeights:
             device = type(device)("cpu")  # NCCL refuses two ranks on one GPU: send from host memory over gloo
         backend = "nccl" if device.type == "cuda" else "gloo"
         parts = wg.buckets(named, self.bucket_bytes)
+        refused: dict[str, str] = {}
         with self._lock:
             for attempt in (1, 2):
                 members = {m.url: m for m in s.pool.membership.active()}
@@ -444,9 +453,13 @@ class SGLangWeights:
                 urls = (*members, *(slot.url for slot in waiting if slot.url is not None))
                 if not urls:
                     raise PoolError(f"no engine to update: {s.describe()}")
+                if self.deltas is not None:  # (weight_update="delta": no group, the loader's requests)
+                    paused = functools.partial(self._session, pause=True, version=version)
+                    refused = self.deltas.send(named, version, [*urls], s, paused, self._update_all, waiting)
+                    break
                 try:
                     group = self._form_group(urls, backend)
-                    flush = self._may_flush()
+                    flush = _may_flush(self.servers)
                     with self._session(list(group.urls), pause=True, version=version) as opened:
                         if len(opened) < len(group.urls):  # one left: the broadcast would wait for it
                             self._drop_group()
@@ -474,13 +487,13 @@ class SGLangWeights:
         # the pool takes the version first (restarted engines are admitted at it), the check covers them too:
         # when a refusal had failed every engine, only restarted ones hold the new weights
         s.pool.adopt_weights(version, None)
-        for slot in waiting:  # restarted engines hold the new weights now: they serve again
+        for slot in [w for w in waiting if w.url not in refused]:  # restarted ones hold it now: they serve
             try:
                 self._rejoin(slot)
             except Exception as x:  # noqa: BLE001 — restarted again, within max_restarts
                 logger.warning("engine %d did not rejoin after the update: %s", slot.index, x)
                 self._restart_later(slot, f"rejoin after weight version {version} failed: {x}")
-        self.check_version(version)
+        self.check_version(version, skip=refused)
 
     def _form_group(self, urls: tuple[str, ...], backend: str) -> _WeightGroup:
         """The current group if it holds exactly ``urls``; else a new one (the old one destroyed)."""

@@ -22,6 +22,7 @@ from relax_core.config import RelaxConfig
 from relax_core.resume import Journal
 from relax_core.role import Restart, RoleSpec, RolloutRecord
 from relax_core.trace import Tracer
+from relax_core.weight_audit import WeightAudit
 from relax_core.weight_sync import WeightSubscriber
 from relax_rollout.engine_factory import build_from_config, engine_kwargs
 from relax_rollout.engine_service import EngineService, uses_pool
@@ -150,6 +151,7 @@ class RolloutWorker:
             engine.update_weights(tensors, version)
         if self.cfg.run.verify_weight_sync:
             self.weight_log[version] = engine.weights_checksum()
+            WeightAudit(self.cfg.run.output_dir, "rollout").log(version, self.weight_log[version])
         with self.steps.loaded:
             self.steps.loaded.notify_all()
 

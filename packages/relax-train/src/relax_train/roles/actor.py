@@ -23,6 +23,7 @@ from relax_core.roles import TRAINER_CONSUMER
 from relax_core.roofline import ModelShape, matmul_peak, step_roofline
 from relax_core.sample import ADVANTAGES
 from relax_core.trace import Tracer
+from relax_core.weight_audit import WeightAudit
 from relax_core.weight_sync import Send, WeightPublisher
 from relax_train.roles.actor_checkpoint import TrainerCheckpoints
 from relax_train.roles.actor_step import StepTrainer
@@ -90,7 +91,9 @@ class ActorWorker(DeviceTurns):
             cfg.run,
             lambda: (self.backend.named_weights(), self.backend.version),
             send_weights,
-            functools.partial(_log_checksum, self.record.weight_log) if cfg.run.verify_weight_sync else None,
+            functools.partial(_log_checksum, self.record.weight_log, WeightAudit(cfg.run.output_dir, "actor"))
+            if cfg.run.verify_weight_sync
+            else None,
             alive=lambda: self.steps.alive(),  # (waiting for a broadcast at the fence is not a hang)
         )
         self.steps = StepTrainer(cfg, bus, self.backend, self.tracer, self.weights.lock)
@@ -249,11 +252,12 @@ class ActorWorker(DeviceTurns):
         self.metrics.close()
 
 
-def _log_checksum(log: dict[int, str], named: list, version: int) -> None:
-    """--verify-weight-sync: the checksum of each version as sent, for the run's audit."""
+def _log_checksum(log: dict[int, str], audit: WeightAudit, named: list, version: int) -> None:
+    """--verify-weight-sync: the checksum of each version as sent, for the run's audit (and on disk)."""
     from relax_core.dcs import checksum
 
     log[version] = checksum(named)
+    audit.log(version, log[version])
 
 
 def _cpu() -> bool:

@@ -15,6 +15,7 @@ from relax_core.config import RelaxConfig
 from relax_core.role import Restart, RoleSpec
 from relax_core.sample import TOKENS, train_batch
 from relax_core.trace import Tracer
+from relax_core.weight_audit import WeightAudit
 from relax_core.weight_sync import WeightSubscriber
 from relax_train.roles.base import BusLoop, DeviceTurns, set_threads
 
@@ -105,6 +106,7 @@ class ForwardWorker(BusLoop, DeviceTurns):
             self.backend.routing = None
         self._weights_lock = threading.Lock()
         """Held by a forward pass and by a weight load: a forward never reads half-loaded weights."""
+        self.audit = WeightAudit(cfg.run.output_dir, role) if cfg.run.verify_weight_sync else None
         self.weights = WeightSubscriber(cfg.run, self._load_weights, lambda: self.backend.version, role)
 
     def handle(self, batch) -> None:
@@ -116,6 +118,10 @@ class ForwardWorker(BusLoop, DeviceTurns):
     def _load_weights(self, version: int, tensors: dict[str, Any]) -> None:
         with self._weights_lock:
             self.backend.load_weights(tensors, version)
+            if self.audit is not None:  # (--verify-weight-sync: what it holds now, as the trainer sums it)
+                from relax_core.dcs import checksum
+
+                self.audit.log(version, checksum(self.backend.named_weights()))
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's weight broadcast; called again when the health manager re-forms the group."""

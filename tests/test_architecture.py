@@ -328,6 +328,7 @@ def test_no_function_grows_past_80_lines():
 ROLLOUT_LAYERS = {  # a module of relax_rollout: the layer it is in; bottom to top
     "engines": 0,  # the engine library: torch, SGLang, external servers, the pool
     "engine_factory": 0,
+    "sglang_delta_loader": 0,  # (the engines' loader inside SGLang: at the top, so SGLang imports it alone)
     "turns": 0,  # token-exact turns, media prompts, the HTTP layer: what serving and the role share
     "media_prompts": 0,
     "http_api": 0,

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 _receiver: Any = None
 """This process's DeltaReceiver (created at the first call)."""
 _loaded: dict[int, str] = {}
-"""Each bucket's checksum as last handed to the model: a bucket that did not change is not loaded again."""
+"""Each bucket's checksum as last handed to the model: a bucket that did not change since is not loaded again
+(until a full sync, which loads them all)."""
 
 
 def _rank() -> int:
@@ -107,6 +108,8 @@ def load(model: Any, named_tensors: list[tuple[str, Any]]) -> None:
             return
         if committed is not None:  # (the last bucket's header carries the version's layouts and checksums)
             layouts = h["layouts"]
+            if h["full"]:  # a full sync loads every bucket (it repairs weights another path wrote)
+                _loaded.clear()
             fresh = [i for i, b in enumerate(committed) if _loaded.get(i) != h["checksums"][i]]
             model.load_weights([t for i in fresh for t in _tensors(committed[i], layouts[i])])
             _loaded.update({i: h["checksums"][i] for i in fresh})

@@ -77,7 +77,8 @@ class SGLangDeltas:
                 "checksum": d.checksum,
             }
             if d.index == d.count - 1:
-                h |= {"layouts": layouts, "checksums": [x.checksum for x in deltas]}
+                full = all(x.base_version is None for x in deltas)  # (a full sync: every bucket loaded)
+                h |= {"layouts": layouts, "checksums": [x.checksum for x in deltas], "full": full}
             out.append((h, torch.frombuffer(bytearray(d.payload), dtype=torch.uint8)))
         return out
 
@@ -169,3 +170,16 @@ def loader_env(env: dict[str, str]) -> dict[str, str]:
         return dict(env)
     old = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     return {**env, "PYTHONPATH": os.pathsep.join([*roots, *([old] if old else [])])}
+
+
+def delta_launch(
+    weight_update: str, server_args: dict[str, Any], env: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The launch flags and environment of SGLang servers: with ``weight_update="delta"`` our loader
+    registered (``--custom-weight-loader``) and importable (:func:`loader_env`); as given otherwise."""
+    if weight_update != "delta":
+        return server_args, env
+    return {
+        **server_args,
+        "custom_weight_loader": server_args.get("custom_weight_loader", [LOADER]),
+    }, loader_env(env)

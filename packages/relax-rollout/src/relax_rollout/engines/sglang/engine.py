@@ -62,7 +62,7 @@ from relax_rollout.engines.processes import (
     place_engines,
     stop_processes,
 )
-from relax_rollout.engines.sglang.delta import LOADER, loader_env
+from relax_rollout.engines.sglang.delta import delta_launch
 from relax_rollout.engines.sglang.lifecycle import SGLangLifecycle, log_pool_failure
 from relax_rollout.engines.sglang.lora import Adapter, SGLangAdapters, lora_server_args
 from relax_rollout.engines.sglang.state import SGLangServers
@@ -229,9 +229,7 @@ class SGLangEngine:
             self.server_args = lora_server_args(lora, self.server_args)
         flag_args(self.server_args)  # reject reserved flags now, not in a child process
         self.launch_cmd, self.python, self.env = launch_cmd, python, dict(env or {})
-        if weight_update == "delta":  # SGLang imports our loader: registered, and importable from its env
-            self.server_args.setdefault("custom_weight_loader", [LOADER])
-            self.env = loader_env(self.env)
+        self.server_args, self.env = delta_launch(weight_update, self.server_args, self.env)
         self.startup_timeout_s, self.max_restarts = startup_timeout_s, max_restarts
         self.poll_interval_s, self.shutdown_grace_s = poll_interval_s, shutdown_grace_s
         self.request_timeout_s = request_timeout_s

@@ -453,7 +453,7 @@ class SGLangWeights:
                 urls = (*members, *(slot.url for slot in waiting if slot.url is not None))
                 if not urls:
                     raise PoolError(f"no engine to update: {s.describe()}")
-                if self.deltas is not None:  # (weight_update="delta": no group, the loader's requests)
+                if self.deltas is not None and s.weight_update == "delta":  # (the loader, not a group)
                     paused = functools.partial(self._session, pause=True, version=version)
                     refused = self.deltas.send(named, version, [*urls], s, paused, self._update_all, waiting)
                     break

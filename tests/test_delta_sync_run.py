@@ -1,5 +1,5 @@
 """#53's done-when on a real run: a fully-async run of 100 weight versions in bf16 with delta weight sync
-(``--weight-sync-delta``), the rollout and ActorFwd receiving over DCS. ``--verify-weight-sync`` logs every
+(``--weight-sync-delta``), the rollout (streaming, partial rollout) and ActorFwd receiving over DCS. ``--verify-weight-sync`` logs every
 version's checksum as the trainer sent it and as each receiver loaded it (``relax_core.weight_audit``: on
 disk, so the record survives the roles' restarts); every version a receiver held is bitwise the trainer's,
 through a rollout killed and restarted (it re-joins the group: its first version is full, then deltas)
@@ -33,6 +33,8 @@ def test_a_hundred_versions_by_delta_are_bitwise_the_trainers_through_restarts(t
         out,
         "--fully-async",
         "--weight-sync-delta",
+        "--streaming-rollout",
+        "--partial-rollout",
         dtype="bfloat16",
         lr=1e-5,
         num_rollout=STEPS,
@@ -68,3 +70,7 @@ def test_a_hundred_versions_by_delta_are_bitwise_the_trainers_through_restarts(t
     shares = [r["perf/weight_sync_sent_bytes"] / r["perf/weight_sync_bytes"] for r in steps]
     assert sum(s < 0.2 for s in shares) >= STEPS * 0.8, shares  # mostly deltas, a few percent of the bytes
     assert sum(s >= 1.0 for s in shares) >= 3  # the first, and after each restart: full
+    # partial rollout went on across versions, within the staleness bound on each sample's oldest token
+    assert all(r["train/staleness_max"] <= 1 for r in steps) and any(
+        r["rollout/responses_across_updates"] for r in steps
+    )

@@ -493,10 +493,12 @@ class RunConfig(Section):
     sync of a large model takes longer."""
     weight_sync_delta: bool = False
     """Fully async with ``broadcast``: send each weight version as its difference from the last (per bucket:
-    the changed bytes XOR-ed or as indices and values, zstd-compressed, whichever is smaller), full on a
-    receiver's first sync, when one asks (it joined, or a delta did not check) and every
-    ``weight_sync_full_every`` versions. Bitwise the same weights; pays in bf16 at small learning rates
-    (BENCHMARKS.md, "Delta weight sync")."""
+    gap-coded changes or XOR, zstd-compressed, whichever is smaller), full on a receiver's first sync, when
+    one asks (it joined, or a delta did not check) and every ``weight_sync_full_every`` versions. Bitwise the
+    same weights. Pays in bf16 at small learning rates (a few percent of the bytes at lr <= 1e-5) where bytes
+    are time (a link slower than the encode: across nodes); off by default because on one node the encode
+    costs more than the bytes save, and float32 weights change in every element (the run then says so and
+    sends full). BENCHMARKS.md, "Delta weight sync"."""
     weight_sync_full_every: int = Field(50, ge=1)
     """With ``weight_sync_delta``: a full sync every this many versions."""
     weight_sync_backend: Literal["gloo", "nccl"] = "gloo"

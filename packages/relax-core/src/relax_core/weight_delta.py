@@ -136,7 +136,7 @@ def encode_bucket(
     receiver's copy of that bucket at ``base_version``; None: full only)."""
     new = np.ascontiguousarray(new).view(np.uint8).reshape(-1)
     checksum = bucket_checksum(new)
-    candidates: list[tuple[Encoding, bytes]] = [("full", new.tobytes())]
+    candidates: list[tuple[Encoding, bytes]] = []
     if base is not None:
         base = np.ascontiguousarray(base).view(np.uint8).reshape(-1)
         if base.nbytes != new.nbytes:
@@ -147,7 +147,11 @@ def encode_bucket(
         candidates.append(("sparse", _sparse(words, was, itemsize, level)))
         if len(candidates[-1][1]) > _XOR_TRIED_ABOVE * new.nbytes:
             candidates.append(("xor", _compress(np.bitwise_xor(new, base).tobytes(), level)))
-    encoding, payload = min(candidates, key=lambda c: len(c[1]))
+    encoding, payload = min(candidates, key=lambda c: len(c[1]), default=("full", b""))
+    if encoding != "full" and len(payload) >= new.nbytes:  # (a delta no smaller than the bucket)
+        encoding = "full"
+    if encoding == "full":  # (copied only where it goes: a bucket's bytes are most of a version's)
+        payload = new.tobytes()
     return BucketDelta(
         version,
         None if encoding == "full" else base_version,

@@ -101,3 +101,20 @@ def test_a_receiver_whose_base_went_wrong_refuses_keeps_its_version_and_a_full_s
     _wait([seen[1]], 4)
     assert seen[0] == [(v, versions[v]) for v in range(5)]
     assert seen[1] == [(v, versions[v]) for v in (0, 1, 2, 4)]  # version 3 refused, never a wrong weight
+
+
+def test_where_deltas_do_not_pay_the_sender_falls_back_to_plain_full_syncs(group):
+    """fp32 weights at a high lr change in every element: after 3 such deltas the sender gives up and sends
+    plain full versions (no delta header, no checksums to compute), which every receiver takes bitwise."""
+    sender, receivers, seen = group
+    master, sent = _weights(), []
+    for v in range(8):
+        _step(master, v, lr=2e-4)
+        named = [(n, t.clone()) for n, t in master.items()]  # (fp32: what is sent is the master itself)
+        stats = sender.broadcast(named, v)
+        sent.append((v, checksum(named), stats.full_bytes))
+    _wait(seen, 8)
+    for got in seen:
+        assert got == [(v, c) for v, c, _ in sent]
+    assert sender._codec.gave_up
+    assert [full is None for _, _, full in sent] == [False] * 4 + [True] * 4  # plain syncs after the 4th

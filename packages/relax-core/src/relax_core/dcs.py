@@ -225,7 +225,7 @@ class WeightSender:
         self._layout = layout
         if self._shared is not None:
             return self._share(tensors, layout, changed, version, t0)
-        if self._codec is not None:
+        if self._codec is not None and not self._codec.gave_up:  # (given up: plain full syncs, no checksums)
             return self._send_deltas(tensors, layout, changed, version, t0)
         self._publish({"version": version, "num_buckets": len(layout), "layout": layout if changed else None})
         num_bytes = 0

@@ -3,18 +3,20 @@ loader), side by side: bytes, update time and the engine's pause (#53). One comm
 
     uv run python benchmarks/sglang_weight_delta.py [--steps 20] [--lr 1e-5] [--layers 8]
 
-Two :class:`~relax_rollout.engines.sglang.SGLangEngine`\\ s of one real SGLang 0.5.23 server each on this CPU
-(float32 parameters, torch-native kernels; the venv of ``bash tools/sglang-cpu/setup.sh``) serve the same
-Qwen3-architecture model built from config (sglang_weight_update.py's: hidden 512, --layers layers,
+One :class:`~relax_rollout.engines.sglang.SGLangEngine` of one real SGLang 0.5.23 server on this CPU (float32
+parameters, torch-native kernels; the venv of ``bash tools/sglang-cpu/setup.sh``; launched for delta, its
+loader registered) serves a Qwen3-architecture model built from config (sglang_weight_update.py's: hidden 512, --layers layers,
 vocabulary 2000; 8 layers: 26M parameters). The trainer is the real TorchBackend (float32, AdamW, one torch
-thread) training a fresh RL-like batch each step (weight_delta_sync.py's); each version goes to the servers in
-bfloat16, as a mixed-precision trainer sends it: to one with ``weight_update="distributed"`` (every byte,
-64 MB buckets broadcast over gloo on 127.0.0.1, generation paused around it), to the other with
-``weight_update="delta"`` (each bucket's delta against the version it holds, ``/update_weights_from_tensor``
-to the loader, generation paused around it), in alternating order. Per update: the bytes sent, the seconds
-until the server reports the version, and its pause (``/pause_generation`` to ``/continue_generation``:
-``engine.pauses``). After every version both servers' own checksums of their parameters (``/weights_checker``)
-must be equal: the delta path serves bitwise what the full one does. Version 0 (full for both) is untimed.
+thread) training a fresh RL-like batch each step (weight_delta_sync.py's); each version goes to the server
+twice, in bfloat16 as a mixed-precision trainer sends it, in alternating order: ``weight_update=
+"distributed"`` (every byte, 64 MB buckets broadcast over gloo on 127.0.0.1, generation paused around it) and
+``"delta"`` (each bucket's delta against the last version sent that way, ``/update_weights_from_tensor`` to
+the loader, generation paused around it). One server for both: a second one, idle, takes CPU from this
+2-core machine (measured: it tripled the delta's pause, whose decode is CPU work). Per update: the bytes
+sent, the seconds until the server reports the version, and its pause (``/pause_generation`` to
+``/continue_generation``: ``engine.pauses``). The server's own checksum of its parameters
+(``/weights_checker``) after the delta must equal the one after the full update of the same version: the
+delta path serves bitwise what the full one does. Version 0 (full both ways) is untimed.
 
 Expected: delta sends a few percent of the bytes at lr 1e-5; the update and the pause shrink by what the
 transfer cost, less the encode (here) and the decode and load (in the server).
@@ -75,46 +77,44 @@ def main() -> None:
         )
         trainer = build_backend("torch", config=cfg, model_path=model)
         launch = {**sglang_cpu.engine_kwargs(python), "startup_timeout_s": 600, "gpu_ids": ["0"]}
-        engines = {
-            m: SGLangEngine(
-                model,
-                num_engines=1,
-                weight_update=m,
-                log_dir=f"{tmp}/logs-{m}",
-                bucket_bytes=64 << 20,
-                request_timeout_s=600,
-                **launch,
-            )
-            for m in MODES
-        }
+        eng = SGLangEngine(
+            model,
+            num_engines=1,
+            weight_update="delta",
+            log_dir=f"{tmp}/logs",
+            bucket_bytes=64 << 20,
+            request_timeout_s=600,
+            **launch,
+        )
         try:
             for v in range(args.steps + 1):
                 if v:
                     trainer.train_step(batch(v, 2000))
                 named = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in trainer.named_weights()}
                 full = sum(t.numel() * t.element_size() for t in named.values())
+                sums = {}
                 for m in MODES if v % 2 == 0 else MODES[::-1]:
-                    eng = engines[m]
+                    eng.weight_update = m
                     eng.pauses.drain()
                     t0 = time.perf_counter()
                     eng.update_weights(dict(named), v)
                     dt = time.perf_counter() - t0
                     (_, pause), *_ = eng.pauses.drain()
+                    print(f"# version {v} {m}: update {dt:.3f} s, pause {pause:.3f} s", flush=True)
+                    sums[m] = _checksum(eng)
                     if v:
                         deltas = eng.weights.deltas
                         rows[m]["bytes"].append(deltas.last_sent if m == "delta" and deltas else full)
                         rows[m]["update_s"].append(dt)
                         rows[m]["pause_s"].append(pause)
-                sums = {m: _checksum(engines[m]) for m in MODES}
                 if len(set(sums.values())) != 1:
-                    raise RuntimeError(f"version {v}: the servers' parameters differ: {sums}")
+                    raise RuntimeError(f"version {v}: the server's parameters differ by the path: {sums}")
         finally:
-            for eng in engines.values():
-                eng.close()
+            eng.close()
     print(f"# after: {machine_state()}")
     print(
         f"# {args.steps} versions after an untimed full one, lr {args.lr:g}, {full / 1e6:.1f} MB a version in "
-        "bfloat16; both servers' parameter checksums equal after every version\n"
+        "bfloat16; the server's parameter checksum the same after either path, every version\n"
     )
     print("| update | bytes sent / full | update s | engine pause s |")
     print("|---|---|---|---|")

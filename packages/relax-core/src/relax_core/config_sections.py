@@ -181,7 +181,9 @@ class RolloutConfig(Section):
     CUDA-IPC handles to engines on the rollout role's GPUs (colocated); ``delta``, each version as its
     difference from the one the engines hold, to SGLang's custom loader (``relax_rollout.sglang_delta_loader``,
     registered at launch), engines on the rollout role's host; the first version, a restarted or new
-    engine's and every 50th go full."""
+    engine's and every 50th go full. Bitwise; on one node it pauses SGLang longer than ``distributed`` (the
+    decode runs in SGLang's scheduler: BENCHMARKS.md), so it is for a slow rollout-to-server link; across
+    nodes the bytes to save are the trainer's, ``--weight-sync-delta``."""
     rollout_engines: int = Field(0, ge=0)
     """Engine processes launched on the Ray cluster (``ray_native``) and driven over HTTP through one pool;
     0 runs the engine inside the rollout role (the default). With engines in their own processes, a crashed

@@ -61,25 +61,12 @@ MODES = ("full", "delta")
 
 def build_model(root: Path, shape: str) -> str:
     """A Qwen3-architecture model of ``shape`` (:data:`SHAPES`), seeded, saved under ``root``."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from weight_sync import build_model as qwen3
 
     s = SHAPES[shape]
-    cfg = Qwen3Config(
-        vocab_size=s["vocab_size"],
-        hidden_size=s["hidden_size"],
-        intermediate_size=s["intermediate_size"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv"],
-        head_dim=s["hidden_size"] // s["heads"],
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
+    return qwen3(
+        root, s["layers"], s["hidden_size"], s["intermediate_size"], s["heads"], s["kv"], s["vocab_size"]
     )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).save_pretrained(root)
-    return str(root)
 
 
 def batch(step: int, vocab: int) -> dict[str, list]:

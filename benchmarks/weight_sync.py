@@ -57,17 +57,27 @@ def _receiver(init: str, world: int, rank: int, transport: str = "broadcast", de
     recv.close()
 
 
-def build_model(root: Path, layers: int) -> str:
+def build_model(
+    root: Path,
+    layers: int,
+    hidden: int = 512,
+    intermediate: int = 1536,
+    heads: int = 8,
+    kv: int = 4,
+    vocab: int = 2000,
+) -> str:
+    """A seeded Qwen3-architecture model from config under ``root`` (by default hidden 512: ~26M parameters
+    at 8 layers)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
-        vocab_size=2000,
-        hidden_size=512,
-        intermediate_size=1536,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hidden // heads,
         tie_word_embeddings=True,
         pad_token_id=0,
         eos_token_id=1,

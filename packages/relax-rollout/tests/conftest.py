@@ -14,6 +14,16 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    """The tiny checkpoint in transformers, float32, in this process: what a served model's log-probs must be
+    (a module's own: the real-SGLang tests load weights into it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
 def local(tiny_model_dir):
     """A TorchEngine on the tiny checkpoint, in this process: what a served engine must answer like."""
     from relax_rollout.engines.torch_engine import TorchEngine

@@ -35,13 +35,6 @@ BOUNDS = {"max_running_requests": 8, "max_queued_requests": 8}
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def real(tiny_model_dir, sglang_python, tmp_path_factory):
     eng = SGLangEngine(
         tiny_model_dir,

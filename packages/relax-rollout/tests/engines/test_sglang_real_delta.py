@@ -29,18 +29,6 @@ pytestmark = [pytest.mark.real_sglang, pytest.mark.integration]
 
 EOS_ID = VOCAB.index(EOS)
 PROMPTS = [[5, 6, 7], [12, 3]]
-UNFUSED = [
-    "model.norm.weight",
-    "model.layers.0.input_layernorm.weight",
-    "model.layers.1.mlp.down_proj.weight",
-]
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ import base64
 import json
 import logging
 import pickle
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ class SGLangDeltas:
         self.bucket_bytes = bucket_bytes
         self.codec = DeltaSender(full_every=full_every)
         self.report_dir = Path(tempfile.mkdtemp(prefix="relax-sglang-delta-"))
+        weakref.finalize(self, shutil.rmtree, self.report_dir, True)  # (gone with the engine)
         self.urls: tuple[str, ...] = ()
         """The engines the last version went to (another set: the next version goes full)."""
         self.last_sent = 0

@@ -18,7 +18,9 @@ scheduler would die), and it records the request's ``weight_version`` on any ret
 buckets with no version, and this loader writes what it holds (``{"version": ..., "refused": ...}``) to the
 report path the header names (one per engine and TP rank, on the engine's host, which is the rollout's for
 this path); the rollout reads it and sets the version label (``/update_weight_version``) only where the
-version was committed, and asks for a full sync where it was refused.
+version was committed, and asks for a full sync where it was refused. A ``load_weights`` that fails on a
+committed version (a name the model lacks) is not caught: its weights are half-loaded, so the server stops
+and is restarted, as after SGLang's own failed loads.
 
 Imports only numpy, torch and :mod:`relax_core.weight_delta`: it runs in SGLang's environment.
 """

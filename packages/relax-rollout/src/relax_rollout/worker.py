@@ -107,6 +107,8 @@ class RolloutWorker:
             "rollout",
         )
         self.weight_log: dict[int, str] = {}
+        self.audit = WeightAudit(cfg.run.output_dir, "rollout") if cfg.run.verify_weight_sync else None
+        """--verify-weight-sync: each version's checksum as loaded, on disk (:mod:`relax_core.weight_audit`)."""
         # Every batch's start (prompt position) and landing on the bus are journaled: the trainer's
         # checkpoints read the data position there, and a rollout role restarted under the health manager
         # continues with exactly the prompts that were not put yet; there (fully async), samples get ids
@@ -149,9 +151,9 @@ class RolloutWorker:
             self._stream.update_weights(tensors, version)
         else:
             engine.update_weights(tensors, version)
-        if self.cfg.run.verify_weight_sync:
+        if self.audit is not None:  # (--verify-weight-sync)
             self.weight_log[version] = engine.weights_checksum()
-            WeightAudit(self.cfg.run.output_dir, "rollout").log(version, self.weight_log[version])
+            self.audit.log(version, self.weight_log[version])
         with self.steps.loaded:
             self.steps.loaded.notify_all()
 

@@ -102,7 +102,7 @@ class SGLangDeltas:
         if fresh:
             self.codec.ask_full()
         entries = self.entries(named, version, urls)
-        flush = servers.paused != "in_place"
+        flush = servers.may_flush
         refused: dict[str, str] = {}
         with session(urls) as opened:
             for u in opened:

@@ -39,7 +39,7 @@ class SGLangServers:
     executor: ThreadPoolExecutor
     """Where requests to several engines run concurrently."""
     weight_update: str
-    """How weights reach the engines: ``disk``, ``tensor`` or ``distributed``."""
+    """How weights reach the engines: ``disk``, ``tensor``, ``distributed`` or ``delta``."""
     tp_size: int
     """GPUs (tensor-parallel ranks) per engine."""
     token: str | None = None
@@ -54,6 +54,12 @@ class SGLangServers:
     """The mode generation is paused in (``abort``, ``retract``, ``in_place``), None while it runs."""
     closed: bool = False
     """Whether the engine was closed (nothing is started or restarted any more)."""
+
+    @property
+    def may_flush(self) -> bool:
+        """Whether a weight update may flush SGLang's cache: not while requests are held paused in place
+        (they still use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
+        return self.paused != "in_place"
 
     def call(self, url: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         """``path`` on the engine at ``url`` (one retry of a reset connection), its JSON reply."""

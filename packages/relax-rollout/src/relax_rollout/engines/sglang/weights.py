@@ -164,12 +164,6 @@ def _gpu_shared(device: Any, slots: Iterable[Any]) -> bool:
     return any(gpu in slot.gpus for slot in slots if slot.node is None)
 
 
-def _may_flush(servers: SGLangServers) -> bool:
-    """Whether an update may flush SGLang's cache: not while requests are held paused in place (they still
-    use it, and SGLang refuses the update's flush: HTTP 400, measured)."""
-    return servers.paused != "in_place"
-
-
 def served_names(named: Iterable[tuple[str, Any]], prefix: str) -> list[tuple[str, Any]]:
     """The trainer's tensors as the served checkpoint names them: MoE experts one per expert
     (:mod:`relax_rollout.engines.expert_names`), under ``prefix`` (``thinker.`` for a whole Qwen3-Omni)."""
@@ -225,7 +219,7 @@ class SGLangWeights:
             self._update_distributed(self.served_names(tensors.items()), version)
             return
         pool.update_weights(
-            dict(self.served_names(tensors.items())), version, flush_cache=_may_flush(self.servers)
+            dict(self.served_names(tensors.items())), version, flush_cache=self.servers.may_flush
         )
         self.check_version(version)
 
@@ -338,7 +332,7 @@ class SGLangWeights:
         """Every engine loads the checkpoint directory ``model_path`` (readable by them) as ``version``; a
         restarted engine loads it too (the directory is the caller's and is never deleted)."""
         body = disk_update_request(
-            model_path, version, abort_all_requests, flush_cache=_may_flush(self.servers)
+            model_path, version, abort_all_requests, flush_cache=self.servers.may_flush
         )
         self._update_all("/update_weights_from_disk", body, send=retry_flush_refused)
         self._updated(version, model_path)
@@ -459,7 +453,7 @@ class SGLangWeights:
                     break
                 try:
                     group = self._form_group(urls, backend)
-                    flush = _may_flush(self.servers)
+                    flush = self.servers.may_flush
                     with self._session(list(group.urls), pause=True, version=version) as opened:
                         if len(opened) < len(group.urls):  # one left: the broadcast would wait for it
                             self._drop_group()

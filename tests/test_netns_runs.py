@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from _tiny import run_flags
 
+from relax_core.weight_audit import read_audit
 from relax_testing import netns
 from relax_testing.http_calls import call, scrape, series
 from relax_testing.netns_driver import after_step, drive, last_step, stop
@@ -128,17 +129,28 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     3 joins by URL, both serve with the current weights, and a scale-in while generating removes them; the
     run loses no sample and sees no failure; the REST errors are the documented ones (401, 400, 404, 409),
     a retried request id gets the same operation, and an engine's and the pool's metrics move. The run is
-    longer than the scenario, which stops it. (Where this runs, it stands in for the one-node
-    ``tests/test_elastic_run.py``.)"""
+    longer than the scenario, which stops it. The weights go by delta sync in bf16 (#53): every version the
+    engines held, the joined ones' included, is bitwise the trainer's. (Where this runs, it stands in for the
+    one-node ``tests/test_elastic_run.py``.)"""
     out, seen = tmp_path / "elastic", {}
     elastic = dict(rollout_engines=1, elastic_port=0, elastic_host="node", elastic_token=TOKEN)
     run = dict(num_rollout=100000, eval_interval=100000, save_interval=100000, drain_timeout_s=0.2)
+    delta = dict(dtype="bfloat16", lr=1e-5, verify_weight_sync=True)  # (#53: delta sync to joining engines)
     flags = _flags(
-        tiny_run_inputs, out, "--fully-async", "--role-nodes", "rollout=10.77.0.2", **run, **elastic
+        tiny_run_inputs,
+        out,
+        "--fully-async",
+        "--weight-sync-delta",
+        "--role-nodes",
+        "rollout=10.77.0.2",
+        **run,
+        **elastic,
+        **delta,
     )
     far = cluster.nodes[2]
     serve = [sys.executable, "-m", "relax_rollout.server", "--model", tiny_run_inputs.model_path]
     serve += ["--host", far.ip, "--port", "0", "--token", TOKEN, "--torch-threads", "1"]
+    serve += ["--dtype", "bfloat16"]  # (the run's: an engine in another dtype holds other bytes)
 
     def scenario(out: Path) -> None:
         # the engine server on node 3 starts meanwhile (CI seconds); it joins by URL below
@@ -154,6 +166,7 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
             seen["again"] = _call(base, "POST", "/elastic/scale_out", body)  # a client's retry
             url = next(ln for ln in ext.stdout if "listening on" in ln).strip().rsplit(" ", 1)[-1]
             seen["external"] = _op(base, {"engine_urls": [url]})
+            seen["joined_at"] = last_step(out)
             scrapes = [scrape(url + "/metrics", TOKEN)]  # a Prometheus scrape of an engine, as load comes
             k = last_step(out)
             after_step(out, k + 2)  # the three engines serve
@@ -192,6 +205,24 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     ids = record["audit"]["trained_ids"]
     assert len(ids) == len(set(ids)) == 8 * len(trained)
     assert not record["audit"]["health"], record["audit"]["health"]
+    _check_delta_sync_to_every_engine(out, seen["joined_at"], len(trained))
+
+
+def _check_delta_sync_to_every_engine(out: Path, joined_at: int, steps: int) -> None:
+    """#53 with elastic engines: the weights went by delta (--weight-sync-delta) and every version the
+    rollout loaded — once the engines joined, the pool's checksum, which all its active engines must agree
+    on — is bitwise the trainer's, the versions after the join included."""
+    audit = read_audit(out)
+    sent, held = audit["actor"], audit["rollout"]
+    assert set(held) <= set(sent) and max(held) >= joined_at + 2, (sorted(held), joined_at)
+    wrong = sorted(v for v, c in held.items() if c != sent[v])
+    assert not wrong, f"versions the engines held that differ from the trainer's: {wrong}"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    shares = [
+        r["perf/weight_sync_sent_bytes"] / r["perf/weight_sync_bytes"] for r in rows if "train/loss" in r
+    ]
+    # the first full, then deltas (a full one every --weight-sync-full-every versions)
+    assert shares[0] >= 1.0 and sum(s < 0.5 for s in shares) >= 0.9 * steps, shares
 
 
 def _faulty_run(cluster, inputs, out: Path, fault, **flags) -> dict:

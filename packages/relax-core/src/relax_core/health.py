@@ -151,6 +151,8 @@ class Heartbeats:
                 out = results.get(ref)
                 if isinstance(out, BaseException):
                     failed.append((role, f"heartbeat failed: {first_line(out)}"))
+                elif isinstance(out, dict) and out.get("error"):  # (alive, and unable to go on: say why)
+                    failed.append((role, str(out["error"])))
                 elif isinstance(out, dict) and out.get("age_s", 0.0) > self.timeout_s:
                     failed.append(
                         (

@@ -159,6 +159,10 @@ class WeightSubscriber:
     ) -> None:
         self.run, self.apply, self.held, self.name = run, apply, held, name
         self._receiver: Any = None
+        self.load_error: str | None = None
+        """Why this role could not load the last version it received (its receiver stopped there). The
+        role's heartbeat reports it: under the health manager a receiver that stopped is otherwise taken for
+        a broken group, and the role would wait for weights forever while its loop looks alive."""
 
     def connect_dcs(self, init_method: str, world_size: int, rank: int) -> None:
         """Join the trainer's broadcast as ``rank``; called again when the health manager re-forms it."""
@@ -168,7 +172,18 @@ class WeightSubscriber:
             self._receiver.close(timeout_s=5.0)
         self._receiver = WeightReceiver.for_run(self.run, init_method, world_size, rank)
         self._receiver.connect()
-        self._receiver.start_background(self.apply)
+        self.load_error = None
+        self._receiver.start_background(self._load)
+
+    def _load(self, version: int, tensors: dict[str, Any]) -> None:
+        """``apply``, keeping what failed in :attr:`load_error` (then re-raised: the receiver stops)."""
+        from relax_core.health import first_line
+
+        try:
+            self.apply(version, tensors)
+        except Exception as e:
+            self.load_error = f"{self.name} could not load weight version {version}: {first_line(e)}"
+            raise
 
     def check(self) -> None:
         """Raise what broke the background receiver, if anything did (without the health manager a dead

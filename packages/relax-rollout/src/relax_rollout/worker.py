@@ -197,7 +197,7 @@ class RolloutWorker:
         """For the health manager: seconds since the loop last made progress (or polled idle)."""
         age = time.monotonic() - self.steps.beat if self.steps.beat else 0.0
         failed = self.engine_service.failed() if self.engine_service is not None else []
-        return {"pid": os.getpid(), "age_s": age, "failed_engines": failed}
+        return {"pid": os.getpid(), "age_s": age, "failed_engines": failed, "error": self.weights.load_error}
 
     def restart_engine(self, member_id: str) -> dict[str, Any]:
         """Health manager: replace a failed engine process (it gets the current weights first)."""

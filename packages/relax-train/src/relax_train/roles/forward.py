@@ -109,6 +109,10 @@ class ForwardWorker(BusLoop, DeviceTurns):
         self.audit = WeightAudit(cfg.run.output_dir, role) if cfg.run.verify_weight_sync else None
         self.weights = WeightSubscriber(cfg.run, self._load_weights, lambda: self.backend.version, role)
 
+    def heartbeat(self) -> dict[str, Any]:
+        """The loop's progress, and why the last weights could not be loaded, if they could not."""
+        return {**super().heartbeat(), "error": self.weights.load_error}
+
     def handle(self, batch) -> None:
         with self._weights_lock:  # (the receiver thread loads new weights only between two forwards)
             lp = self.backend.compute_log_probs(train_batch(batch.data))

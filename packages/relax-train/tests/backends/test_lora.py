@@ -137,3 +137,25 @@ def test_moe_expert_adapters_train(tmp_path):
     fwd.load_weights(dict(be.named_weights()), be.version)
     for a, b in zip(fwd.compute_log_probs(samples()), be.compute_log_probs(samples())):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_adapter_on_the_lm_head_counts_in_the_log_probs_and_trains(tiny_model_dir):
+    """``--lora-target-modules`` naming ``lm_head``: the chunked scoring read the head's base weight alone,
+    so log-probs left the head's adapter out and it never got a gradient."""
+    cfg = lora_cfg(tiny_model_dir, lora_target_modules=["q_proj", "v_proj", "lm_head"])
+    be = TorchBackend(cfg, tiny_model_dir, trainable=False, adapter=True)
+    with torch.no_grad():
+        for n, p in be.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    s = samples()
+    got = be.compute_log_probs(s)
+    for tokens, n_prompt, lp in zip(s["tokens"], s["prompt_len"], got):
+        with torch.no_grad():
+            logits = be.model(input_ids=torch.as_tensor(tokens[None, :-1])).logits[0].float()
+        want = torch.log_softmax(logits, -1)[n_prompt - 1 :].gather(1, torch.as_tensor(tokens[n_prompt:])[:, None])
+        np.testing.assert_allclose(lp, want[:, 0].numpy(), atol=1e-5)
+    trainer = TorchBackend(cfg, tiny_model_dir)
+    trainer.train_step(samples())
+    head = [p for n, p in trainer.model.named_parameters() if "lm_head.lora_B" in n]
+    assert head and all(bool(p.abs().sum() > 0) for p in head)  # (B starts at 0: it moved)

@@ -143,3 +143,29 @@ def test_check_targets_refuses_what_peft_cannot_adapt_and_tied_embeddings(tiny_d
             L.check_targets(tied, LoraConfig(lora_rank=8, **flags))
     L.check_targets(tied, LoraConfig(lora_rank=8))  # (all-linear: peft leaves the output layer out)
     L.check_targets(tied, LoraConfig(lora_rank=8, lora_target_modules=["q_proj", "down_proj"]))
+
+
+def test_an_adapter_on_a_tied_head_is_served_unmerged_as_trained(tiny_dir, tmp_path):
+    """Merged into the weight the LM head shares with the input embeddings, an adapter on the head changed
+    the embeddings too: the engine sampled from another model than the trainer's (relax-tinker's sampling
+    log-probs were 0.01-0.02 nats per token off its trainer's). Such an adapter is served unmerged."""
+    import json
+    import shutil
+
+    from relax_core.models import load_model
+
+    tied = tmp_path / "tied"
+    shutil.copytree(tiny_dir, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "lm_head"]}
+    trained = L.wrap(load_model(tied), lora)
+    _train_adapters(trained)
+    served = L.wrap(load_model(tied), lora)
+    serving = L.MergedServing(served)
+    assert not serving.merged
+    serving.load(L.adapter_state(trained))
+    with torch.no_grad():
+        torch.testing.assert_close(served(X).logits, trained(X).logits, atol=1e-6, rtol=1e-6)
+    untied = L.MergedServing(L.wrap(load_model(tiny_dir), lora))
+    assert untied.merged  # (nothing shared: merged, as before)

@@ -281,6 +281,10 @@ class MergedServing:
     Exact across updates: each update restores the base weights from a host copy before merging the new
     adapter (unmerging would subtract the old delta in floating point, and the error would add up over a
     run). The copy is of the adapted layers' own weights, in host memory: device memory is as without LoRA.
+
+    Not merged (:attr:`merged` False) where an adapted weight is shared with another module — an adapter on
+    the LM head of a model whose input embeddings are tied to it: merging would change the embeddings too,
+    so the engine would sample from another model than the trainer's; peft's unmerged forward is served.
     """
 
     def __init__(self, model: Any) -> None:
@@ -293,8 +297,13 @@ class MergedServing:
             if isinstance(m, BaseTunerLayer)
             for name, _ in m.get_base_layer().named_parameters(recurse=False)
         ]
+        uses: dict[int, int] = {}
+        for _, p in model.named_parameters(remove_duplicate=False):
+            uses[id(p)] = uses.get(id(p), 0) + 1
+        self.merged = all(uses.get(id(getattr(o, n)), 1) == 1 for o, n in self._owners)
         self._base = [getattr(owner, name).detach().to("cpu", copy=True) for owner, name in self._owners]
-        model.merge_adapter()
+        if self.merged:
+            model.merge_adapter()
 
     def load(self, tensors: dict[str, Any]) -> None:
         """Serve the adapter update ``tensors`` (wire format; validated whole before anything changes)."""
@@ -302,6 +311,9 @@ class MergedServing:
 
         check_adapter_update(self.model, tensors)
         with torch.no_grad():
+            if not self.merged:
+                _copy_adapter(self.model, tensors)
+                return
             self.model.unmerge_adapter()
             for (owner, name), base in zip(self._owners, self._base):
                 getattr(owner, name).copy_(base)

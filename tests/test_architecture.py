@@ -23,6 +23,10 @@ LAYERS = {  # package: the relax packages it may import
     "relax_core": {"relax_bus"},
     "relax_rollout": {"relax_bus", "relax_core", "relax_rewards", "relax_multimodal"},
     "relax_train": {"relax_bus", "relax_core"},
+    "relax_tinker": {
+        "relax_core",
+        "relax_rollout",
+    },  # (the Tinker API: our engines behind another front door)
     "relax_testing": {  # dev only: the tests' helpers, above every shipped package (the app's CLI included)
         "relax_bus",
         "relax_core",

@@ -153,7 +153,9 @@ def test_an_adapter_on_the_lm_head_counts_in_the_log_probs_and_trains(tiny_model
     for tokens, n_prompt, lp in zip(s["tokens"], s["prompt_len"], got):
         with torch.no_grad():
             logits = be.model(input_ids=torch.as_tensor(tokens[None, :-1])).logits[0].float()
-        want = torch.log_softmax(logits, -1)[n_prompt - 1 :].gather(1, torch.as_tensor(tokens[n_prompt:])[:, None])
+        want = torch.log_softmax(logits, -1)[n_prompt - 1 :].gather(
+            1, torch.as_tensor(tokens[n_prompt:])[:, None]
+        )
         np.testing.assert_allclose(lp, want[:, 0].numpy(), atol=1e-5)
     trainer = TorchBackend(cfg, tiny_model_dir)
     trainer.train_step(samples())

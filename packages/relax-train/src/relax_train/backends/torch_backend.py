@@ -316,6 +316,6 @@ def _trunk_and_head(model: Any, chunk: int) -> tuple[Any, Any] | None:
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if decoder is None or head is None or getattr(head, "bias", None) is not None:
         return None
-    if hasattr(head, "base_layer"):  # an adapter on the head (peft's layer): its weight alone scores without it
+    if hasattr(head, "base_layer"):  # (an adapter on the head: its base weight alone would leave it out)
         return None
     return decoder, head

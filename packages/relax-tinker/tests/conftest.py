@@ -20,17 +20,18 @@ def tiny_model(tmp_path_factory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tinker") / "model"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def tinker_env():
+    """The SDK wants a key starting ``tml-`` (our server on loopback takes any); no telemetry."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TINKER_API_KEY", "tml-relax-tests")
+    mp.setenv("TINKER_TELEMETRY", "0")
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory, monkeypatch_module):
-    monkeypatch_module.setenv("TINKER_API_KEY", "tml-relax-tests")
-    monkeypatch_module.setenv("TINKER_TELEMETRY", "0")
+def server(tiny_model, tmp_path_factory):
     s = Server(tiny_model, tmp_path_factory.mktemp("ckpt"))
     yield s
     s.close()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()

@@ -3,7 +3,9 @@ tinker_cookbook.recipes.math_rl.train`` with only its own command-line arguments
 model as ``model_name``, sizes, a loss we serve) trains LoRA RL on its ``arithmetic`` environment for 30 steps,
 and its reward rises. The model is a tiny Qwen3 warmed up on the task's format (answer, then the format's
 stop sequence in half of the examples): the recipe's reward marks an answer without that stop -0.1, and RL
-learns to end with it."""
+learns to end with it. The sampler is Relax's engine server in a process of its own, each adapter snapshot
+broadcast to it over DCS; the recipe's own per-step comparison of the sampler's and the trainer's log-probs
+of the same tokens shows they agree."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ STEPS = 30
 @pytest.mark.integration
 def test_the_cookbooks_math_rl_recipe_runs_unmodified_and_its_reward_rises(tiny_model, tmp_path):
     model = warm_start(tiny_model, str(tmp_path / "warm"))
-    server = Server(model, tmp_path / "checkpoints")
+    server = Server(model, tmp_path / "checkpoints", sampler="process")  # (adapters go to it over DCS)
     log = tmp_path / "math_rl"
     args = [
         f"base_url={server.url}",

@@ -164,3 +164,31 @@ def test_off_loopback_a_token_is_required(tiny_model, tmp_path):
         assert denied.status_code == 401 and allowed.status_code == 200 and allowed.json()["session_id"]
     finally:
         s.close()
+
+
+def test_the_sampler_in_a_process_of_its_own_takes_adapters_over_dcs_and_fails_alone(tiny_model, tmp_path):
+    s = Server(tiny_model, tmp_path, sampler="process")
+    try:
+        tc = tinker.ServiceClient(base_url=s.url).create_lora_training_client(base_model=tiny_model, rank=4)
+        data = _datums(tc.get_tokenizer(), arithmetic_texts(4, seed=5))
+        _train(tc, data, 2)
+        sampler = tc.save_weights_and_get_sampling_client()
+        prompt = types.ModelInput.from_ints(data[0].model_input.to_ints()[:12])
+        out = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, temperature=1.0)).result()
+        # what it sampled, scored by the trainer: the same log-probs (the adapter arrived whole)
+        for seq in out.sequences:
+            tokens = prompt.to_ints() + seq.tokens
+            d = types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:]},
+            )
+            scored = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+            assert np.allclose(scored[-len(seq.tokens) :], seq.logprobs, atol=1e-5)
+        engine = next(iter(s.service.sampling.samplers.values())).engine
+        engine.proc.kill()
+        engine.proc.wait()
+        with pytest.raises(tinker.RequestFailedError, match="engine server exited"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
+        assert _train(tc, data, 1)  # the training client serves on
+    finally:
+        s.close()

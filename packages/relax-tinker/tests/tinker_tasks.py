@@ -8,12 +8,12 @@ import threading
 class Server:
     """A :class:`~relax_tinker.service.TinkerService` served on a free port by a thread."""
 
-    def __init__(self, model: str, root, token: str | None = None) -> None:
+    def __init__(self, model: str, root, token: str | None = None, sampler: str = "local") -> None:
         from relax_rollout.http_api import Served
         from relax_tinker.server import build_app
         from relax_tinker.service import TinkerService
 
-        self.service = TinkerService(model, root)
+        self.service = TinkerService(model, root, sampler=sampler)
         self.served = Served(build_app(self.service, token))
         host, port = self.served.server_address[:2]
         self.url = f"http://{host}:{port}"

@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token", default=os.environ.get("RELAX_TINKER_TOKEN"), help="required off loopback")
     ap.add_argument("--root", default=None, help="where checkpoints go (default: a new temporary directory)")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument(
+        "--sampler",
+        choices=("process", "local"),
+        default="process",
+        help="process: each adapter's engine server runs apart, taking snapshots over DCS; local: in this process",
+    )
     ap.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -34,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.torch_threads)
     root = Path(args.root or tempfile.mkdtemp(prefix="relax-tinker-"))
-    service = TinkerService(args.model, root, tuple(args.name), args.dtype)
+    service = TinkerService(args.model, root, tuple(args.name), args.dtype, args.sampler)
     served = Served(build_app(service, args.token), args.host, args.port)
     host, port = served.server_address[:2]
     print(f"relax tinker-serve: checkpoints in {root}; listening on http://{host}:{port}", flush=True)

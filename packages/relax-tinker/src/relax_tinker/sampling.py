@@ -76,14 +76,27 @@ class _Request:
     future: Future = field(default_factory=Future)
 
 
-class Sampler:
-    """A torch engine for one adapter configuration (``lora``: peft's config dict; None: the base model) and
-    the thread that batches its requests."""
+def build_engine(kind: str, model_path: str, lora: dict[str, Any] | None, dtype: str = "float32") -> Any:
+    """A sampler's engine for one adapter configuration (``lora``: peft's config dict; None: the base
+    model): ``process``, the engine server in a process of its own taking adapters over DCS; ``local``, the
+    torch engine in this process taking them by a copy."""
+    if kind == "process":
+        from relax_tinker.engine_process import ProcessEngine
 
-    def __init__(self, model_path: str, lora: dict[str, Any] | None, dtype: str = "float32") -> None:
+        return ProcessEngine(model_path, lora, dtype)
+    if kind == "local":
         from relax_rollout.engines.torch_engine import TorchEngine
 
-        self.engine = TorchEngine(model_path=model_path, lora=lora, dtype=dtype)
+        return TorchEngine(model_path=model_path, lora=lora, dtype=dtype)
+    raise ValueError(f"sampler {kind!r}: 'process' or 'local'")
+
+
+class Sampler:
+    """An engine for one adapter configuration and the thread that batches its requests."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        """The torch engine in this process, or :class:`~relax_tinker.engine_process.ProcessEngine`."""
         self.loaded: str | None = None
         """The session whose adapter the engine holds now."""
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -103,6 +116,8 @@ class Sampler:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if hasattr(self.engine, "close"):
+            self.engine.close()
 
     def _take(self) -> list[_Request] | None:
         first = self._queue.get()

@@ -11,7 +11,7 @@ from typing import Any
 
 from relax_tinker.adapters import Adapters
 from relax_tinker.checkpoints import UserError, checkpoint_dir, parse_path
-from relax_tinker.sampling import SampleParams, Sampler, Snapshot
+from relax_tinker.sampling import SampleParams, Sampler, Snapshot, build_engine
 
 
 class SamplingSessions:
@@ -19,11 +19,12 @@ class SamplingSessions:
         self,
         model_path: str,
         dtype: str,
+        engine: str,
         adapters: Adapters,
         check_base: Callable[[str | None], None],
         track: Callable[[Future], str],
     ) -> None:
-        self.model_path, self.dtype, self.adapters = model_path, dtype, adapters
+        self.model_path, self.dtype, self.engine, self.adapters = model_path, dtype, engine, adapters
         self.check_base, self.track = check_base, track
         self.snapshots: dict[str, Snapshot] = {}
         self.samplers: dict[str | None, Sampler] = {}
@@ -58,7 +59,9 @@ class SamplingSessions:
             if snap.model_id is not None:
                 c = self.adapters.config(snap.model_id)
                 lora = {"r": c.r, "lora_alpha": c.lora_alpha, "target_modules": sorted(c.target_modules)}
-            self.samplers[snap.model_id] = Sampler(self.model_path, lora, self.dtype)
+            self.samplers[snap.model_id] = Sampler(
+                build_engine(self.engine, self.model_path, lora, self.dtype)
+            )
         return self.samplers[snap.model_id]
 
     def sample(self, body: dict[str, Any]) -> tuple[str, list[str]]:

@@ -43,15 +43,23 @@ class TinkerService:
     """The API's state and operations on one base model (``model_path``, also served as ``names``)."""
 
     def __init__(
-        self, model_path: str, root: Path, names: tuple[str, ...] = (), dtype: str = "float32"
+        self,
+        model_path: str,
+        root: Path,
+        names: tuple[str, ...] = (),
+        dtype: str = "float32",
+        sampler: str = "process",
     ) -> None:
+        """``sampler``: where sampling runs (:func:`relax_tinker.sampling.build_engine`)."""
         self.model_path, self.root, self.dtype = model_path, Path(root), dtype
         self.names = {model_path, str(Path(model_path).resolve()), *names}
         self.adapters = Adapters(model_path, dtype)
         self.sessions: dict[str, dict[str, Any]] = {}
         self.models: dict[str, TrainingModel] = {}
         self.futures: dict[str, Future] = {}
-        self.sampling = SamplingSessions(model_path, dtype, self.adapters, self.check_base, self._track)
+        self.sampling = SamplingSessions(
+            model_path, dtype, sampler, self.adapters, self.check_base, self._track
+        )
         """The sampling sessions (a part of its own: :mod:`relax_tinker.sampling_sessions`)."""
 
     # -- sessions -----------------------------------------------------------------------------------

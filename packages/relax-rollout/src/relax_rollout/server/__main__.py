@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         help="generation requests (/generate, /v1/chat/completions, /v1/completions) admitted at once, "
         "running or waiting for the engine; one more is refused at once with HTTP 503 and Retry-After "
         "(default 256; 0: no bound)",
+    )
+    ap.add_argument(
+        "--lora",
+        default=None,
+        help="serve the model with a LoRA adapter: peft's config as JSON (r, lora_alpha, target_modules); "
+        "weight updates then carry the adapter's tensors (B = 0 until the first)",
     )
     args = ap.parse_args(argv)
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
@@ -58,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    routing = {"record_routing": True} if args.enable_return_routed_experts else {}
+    routing: dict[str, Any] = {"record_routing": True} if args.enable_return_routed_experts else {}
+    if args.lora:
+        try:
+            routing["lora"] = json.loads(args.lora)
+        except json.JSONDecodeError as e:
+            ap.error(f"--lora: not JSON ({e})")
     engine = build_engine(
         args.engine,
         model_path=args.model,

@@ -78,10 +78,13 @@ class EventStream:
     the next token); an error raised after the first event ends the stream with the event
     ``{"error": <the server's error body>}`` (what SGLang sends; OpenAI clients raise it)."""
 
-    events: Iterable[dict]
+    events: Iterable[Any]
     on_close: Callable[[], None] | None = None
     """Called once the stream ends, whether sent whole, failed, or the client left (from the event loop:
     it must not block), e.g. to abort the generation behind it so its engine rows are freed."""
+    named: bool = False
+    """Events are ``(name, data)`` pairs, each sent with its ``event:`` line, and no ``[DONE]`` ends the
+    stream (Anthropic's Messages API: its clients dispatch on the event's name)."""
 
 
 @dataclass
@@ -364,13 +367,21 @@ class JsonApi:
                 try:
                     event = step.result()
                 except Exception as e:  # noqa: BLE001 — the stream began: its end says what went wrong
-                    event = {"error": self._failure(e, what, "")[1]}
-                    await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
+                    failure = self._failure(e, what, "")[1]
+                    event = {"error": failure}
+                    if events.named:
+                        event = (
+                            "error",
+                            {"type": "error", "error": {"type": "api_error", "message": str(failure)}},
+                        )
+                    body = _sse(event, events.named)
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                     break
                 if event is end:
                     break
-                await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+                body = _sse(event, events.named)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b"" if events.named else b"data: [DONE]\n\n"})
         finally:
             if gone is not None:
                 gone.cancel()
@@ -412,7 +423,9 @@ def _nesting(raw: bytes) -> int:
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
-def _sse(event: Any) -> bytes:
+def _sse(event: Any, named: bool = False) -> bytes:
+    if named:  # (name, data)
+        return f"event: {event[0]}\n".encode() + b"data: " + json.dumps(event[1]).encode() + b"\n\n"
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m relax_rollout.server", description=__doc__)
     ap.add_argument("--model", required=True, help="HF checkpoint directory (weights + tokenizer)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --token)")
@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         help="serve the model with a LoRA adapter: peft's config as JSON (r, lora_alpha, target_modules); "
         "weight updates then carry the adapter's tensors (B = 0 until the first)",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         ap.error(f"--max-queued-requests: must be 0 (no bound) or more (got {args.max_queued_requests})")

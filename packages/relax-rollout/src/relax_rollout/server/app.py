@@ -16,7 +16,13 @@ from urllib.parse import unquote
 from relax_rollout import http_api
 from relax_rollout.engines.base import MemoryReleased
 from relax_rollout.http_api import check_bind
-from relax_rollout.server import extra_routes, openai_routes, sglang_routes, trajectory_routes
+from relax_rollout.server import (
+    extra_routes,
+    messages_routes,
+    openai_routes,
+    sglang_routes,
+    trajectory_routes,
+)
 from relax_rollout.server.protocol import BadRequest, NotFound, error_body
 from relax_rollout.server.state import EngineServer
 
@@ -38,6 +44,7 @@ GENERATE_ROUTES = {
     ("POST", "/generate"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/messages"),
 }
 """The routes that generate: admission control (``max_queued_requests``) bounds them; every other route
 (health, metrics, model info, weights, pause) is never refused by it."""
@@ -81,6 +88,7 @@ ROUTES = {
 # Routes that also read headers, path or query parameters: (method, full-match pattern, route(s, body, req)).
 REQUEST_ROUTES = [
     ("POST", re.compile(r"/v1/chat/completions"), openai_routes.chat_completions),
+    ("POST", re.compile(r"/v1/messages"), messages_routes.messages),  # (Anthropic's Messages API)
     ("GET", re.compile(r"/metrics"), extra_routes.metrics),  # (reads Accept: OpenMetrics or text 0.0.4)
     ("GET", re.compile(r"/relax/trajectories"), trajectory_routes.trajectory_list),
     ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), trajectory_routes.trajectory_get),

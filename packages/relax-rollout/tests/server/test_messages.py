@@ -1,0 +1,121 @@
+"""Anthropic's Messages API (``/v1/messages``) on the engine server, driven by the real ``anthropic`` client:
+text, tool use and tool results, streaming events, errors in Anthropic's shape, and one tool conversation
+recorded through Messages and through Chat Completions as the same tokens and loss masks (#55)."""
+
+import pytest
+
+anthropic = pytest.importorskip("anthropic")
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+TOOLS = [
+    {
+        "name": "add",
+        "description": "a + b",
+        "input_schema": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    }
+]
+ASK = [{"role": "user", "content": "What is 1+2? Use the tools."}]
+
+
+@pytest.fixture
+def scripted_server(tool_model_dir, scripted, serve):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tool_model_dir)
+
+    def start(replies=()):
+        return serve(scripted(tool_model_dir, replies), tok)
+
+    return start
+
+
+def _client(url: str):
+    return anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+
+
+def _tool_turns(client, headers=None):
+    """A tool conversation: the call, its result, the answer."""
+    first = client.messages.create(model="m", max_tokens=64, messages=ASK, tools=TOOLS, extra_headers=headers)
+    use = next(b for b in first.content if b.type == "tool_use")
+    turn = [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]
+    result = [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]
+    history = [*ASK, {"role": "assistant", "content": turn}, {"role": "user", "content": result}]
+    second = client.messages.create(
+        model="m", max_tokens=64, messages=history, tools=TOOLS, extra_headers=headers
+    )
+    return first, second
+
+
+def test_a_tool_conversation_through_the_anthropic_client(scripted_server):
+    client = _client(scripted_server([CALL, "The answer is 3"]))
+    first, second = _tool_turns(client)
+    assert first.stop_reason == "tool_use" and first.role == "assistant" and first.type == "message"
+    use = next(b for b in first.content if b.type == "tool_use")
+    assert (use.name, use.input) == ("add", {"a": 1, "b": 2})
+    assert second.stop_reason == "end_turn" and [b.text for b in second.content] == ["The answer is 3"]
+    assert second.usage.input_tokens > first.usage.input_tokens and second.usage.output_tokens > 0
+
+
+def test_streaming_events_build_the_same_message(scripted_server):
+    client = _client(scripted_server(["Hello there", CALL]))
+    with client.messages.stream(model="m", max_tokens=32, messages=ASK) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert (
+        text == "Hello there" and final.content[0].text == "Hello there" and final.stop_reason == "end_turn"
+    )
+    with client.messages.stream(model="m", max_tokens=64, messages=ASK, tools=TOOLS) as stream:
+        final = stream.get_final_message()
+    use = next(b for b in final.content if b.type == "tool_use")
+    assert final.stop_reason == "tool_use" and use.input == {"a": 1, "b": 2}
+
+
+def test_errors_come_in_anthropics_shape_naming_the_field(scripted_server):
+    client = _client(scripted_server())
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=8, messages=ASK, extra_body={"top_k": 5})
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+    assert "top_k" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError, match="messages\\[0\\].content\\[0\\]"):
+        client.messages.create(
+            model="m",
+            max_tokens=8,
+            messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}],
+        )
+
+
+def test_one_conversation_through_messages_and_chat_is_the_same_tokens_and_masks(
+    scripted_server, call, tool_model_dir
+):
+    import openai
+
+    url = scripted_server([CALL, "The answer is 3", CALL, "The answer is 3"])
+    _tool_turns(_client(url), {"X-Relax-Session": "via-messages"})
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]},
+        }
+        for t in TOOLS
+    ]
+    session = {"X-Relax-Session": "via-chat"}
+    first = chat.chat.completions.create(model="m", messages=ASK, tools=tools, extra_headers=session)
+    c = first.choices[0].message.tool_calls[0]
+    sent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+        ],
+    }
+    history = [*ASK, sent, {"role": "tool", "tool_call_id": c.id, "content": "3"}]
+    chat.chat.completions.create(model="m", messages=history, tools=tools, extra_headers=session)
+    _, by_messages = call(url, "/relax/trajectories/via-messages")
+    _, by_chat = call(url, "/relax/trajectories/via-chat")
+    assert by_messages["num_calls"] == by_chat["num_calls"] == 2
+    assert by_messages["tokens"] == by_chat["tokens"] and by_messages["loss_mask"] == by_chat["loss_mask"]

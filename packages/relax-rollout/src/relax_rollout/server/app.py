@@ -20,6 +20,7 @@ from relax_rollout.server import (
     extra_routes,
     messages_routes,
     openai_routes,
+    responses_routes,
     sglang_routes,
     trajectory_routes,
 )
@@ -45,6 +46,7 @@ GENERATE_ROUTES = {
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/messages"),
+    ("POST", "/v1/responses"),
 }
 """The routes that generate: admission control (``max_queued_requests``) bounds them; every other route
 (health, metrics, model info, weights, pause) is never refused by it."""
@@ -89,6 +91,7 @@ ROUTES = {
 REQUEST_ROUTES = [
     ("POST", re.compile(r"/v1/chat/completions"), openai_routes.chat_completions),
     ("POST", re.compile(r"/v1/messages"), messages_routes.messages),  # (Anthropic's Messages API)
+    ("POST", re.compile(r"/v1/responses"), responses_routes.responses),  # (OpenAI's Responses API)
     ("GET", re.compile(r"/metrics"), extra_routes.metrics),  # (reads Accept: OpenMetrics or text 0.0.4)
     ("GET", re.compile(r"/relax/trajectories"), trajectory_routes.trajectory_list),
     ("GET", re.compile(r"/relax/trajectories/(?P<session>[^/]+)"), trajectory_routes.trajectory_get),

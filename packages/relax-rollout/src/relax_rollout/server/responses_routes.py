@@ -1,0 +1,305 @@
+"""OpenAI's Responses API (``POST /v1/responses``) on the engine server: a request is translated into the chat
+route's (:func:`~relax_rollout.server.openai_routes.chat_completions`) and its answer back, as the Messages
+API is (:mod:`.messages_routes`): one generation, tool-call parsing and session recording for the three
+protocols, so an agent session records the same tokens and loss masks through any of them (#55).
+
+What maps to what: ``instructions`` → a system message; ``input`` (a string, or items: messages with
+``input_text`` / ``output_text`` parts, ``function_call`` and ``function_call_output``) → chat messages, the
+function calls of one turn gathered into one assistant message; ``tools`` of type ``function`` → function
+tools; ``tool_choice``; ``text.format`` (``json_schema`` / ``json_object``) → ``response_format``;
+``max_output_tokens`` → ``max_tokens``. ``previous_response_id`` continues a stored response: the server
+keeps each response's conversation (:class:`ResponseStore`: at most :data:`KEEP` of them, for
+:data:`TTL_S`; ``store: false`` keeps none). Streaming sends the protocol's events (``response.created`` …
+``response.completed``) once the response is generated, not token by token. Errors are OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from relax_rollout.http_api import EventStream, Request
+from relax_rollout.server import openai_routes
+from relax_rollout.server.protocol import BadRequest, NotFound
+from relax_rollout.server.state import EngineServer
+
+KEEP = 1024
+TTL_S = 3600.0
+
+
+class ResponseStore:
+    """Each stored response's conversation (chat messages, its own reply last) and tools, bounded and
+    expiring: what ``previous_response_id`` continues."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, rid: str, messages: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._items[rid] = (time.monotonic(), messages)
+            while len(self._items) > KEEP:
+                self._items.popitem(last=False)
+
+    def get(self, rid: str) -> list[dict[str, Any]]:
+        with self._lock:
+            item = self._items.get(rid)
+            if item is None or time.monotonic() - item[0] > TTL_S:
+                self._items.pop(rid, None)
+                raise NotFound(
+                    f"previous_response_id {rid!r}: no such response here (expired, not stored or never made)"
+                )
+            return list(item[1])
+
+
+STORES: dict[int, ResponseStore] = {}
+"""One store per engine server (keyed by the server state's id: the state holds no field for it)."""
+_STORES_LOCK = threading.Lock()
+
+
+def _store(s: EngineServer) -> ResponseStore:
+    with _STORES_LOCK:
+        return STORES.setdefault(id(s), ResponseStore())
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(where, "must be a string or a list of content parts")
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise BadRequest(f"{where}[{i}]", f"a {kind!r} part is not served here (input_text, output_text)")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _items(items: Any) -> list[dict[str, Any]]:
+    """``input`` as chat messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise BadRequest("input", "must be a string or a list of items")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            role = "system" if item.get("role") == "developer" else item.get("role")
+            if role not in ("user", "assistant", "system"):
+                raise BadRequest(f"input[{i}].role", "must be 'user', 'assistant', 'system' or 'developer'")
+            out.append({"role": role, "content": _content(item.get("content", ""), f"input[{i}].content")})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output", ""))}
+            )
+        else:
+            raise BadRequest(
+                f"input[{i}].type",
+                f"{kind!r} items are not served here (message, function_call, function_call_output)",
+            )
+    return out
+
+
+def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise BadRequest(f"tools[{i}].type", f"{kind!r} tools are not served here (function tools only)")
+        fn = {
+            "name": t.get("name"),
+            "description": t.get("description", ""),
+            "parameters": t.get("parameters") or {},
+        }
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat request a Responses request is, after ``history`` (a previous response's conversation)."""
+    if "input" not in body:
+        raise BadRequest("input", "is required")
+    messages = list(history)
+    if body.get("instructions"):  # (a new request's instructions replace the previous ones)
+        messages = [m for m in messages if m["role"] != "system"]
+        messages.insert(0, {"role": "system", "content": str(body["instructions"])})
+    chat: dict[str, Any] = {
+        "model": body.get("model", "default"),
+        "messages": messages + _items(body["input"]),
+    }
+    for ours, theirs in (
+        ("max_tokens", "max_output_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+    ):
+        if body.get(theirs) is not None:
+            chat[ours] = body[theirs]
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    elif choice is not None:
+        chat["tool_choice"] = choice
+    fmt = (body.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        chat["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name", "output"), "schema": fmt.get("schema") or {}},
+        }
+    elif fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    return chat
+
+
+def from_chat(out: dict[str, Any], body: dict[str, Any], rid: str) -> dict[str, Any]:
+    """A ``chat.completion`` as a ``response``."""
+    choice = out["choices"][0]
+    msg = choice["message"]
+    items: list[dict[str, Any]] = []
+    if msg.get("content"):
+        text = {"type": "output_text", "text": msg["content"], "annotations": []}
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [text],
+            }
+        )
+    for call in msg.get("tool_calls") or []:
+        fn = call["function"]
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call["id"],
+                "name": fn["name"],
+                "arguments": fn["arguments"],
+                "status": "completed",
+            }
+        )
+    cut = choice["finish_reason"] == "length"
+    usage = out["usage"]
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "model": body.get("model", "default"),
+        "output": items,
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "previous_response_id": body.get("previous_response_id"),
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        },
+        **{k: out[k] for k in ("metadata", "prompt_token_ids") if k in out},  # (our extensions, as on chat)
+    }
+
+
+def responses(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
+    """``POST /v1/responses``."""
+    history = _store(s).get(body["previous_response_id"]) if body.get("previous_response_id") else []
+    chat = to_chat(body, history)
+    _, out = openai_routes.chat_completions(s, chat, req)
+    rid = f"resp_{uuid.uuid4().hex}"
+    response = from_chat(out, body, rid)
+    if body.get("store", True):
+        _store(s).put(rid, chat["messages"] + [out["choices"][0]["message"]])
+    if body.get("stream"):
+        return 200, EventStream(_events(response), named=True)
+    return 200, response
+
+
+def _events(response: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A generated response as the Responses stream's events."""
+    seq = iter(range(1 << 30))
+
+    def event(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+        return kind, {"type": kind, "sequence_number": next(seq), **fields}
+
+    start = {**response, "status": "in_progress", "output": []}
+    yield event("response.created", response=start)
+    yield event("response.in_progress", response=start)
+    for i, item in enumerate(response["output"]):
+        if item["type"] == "message":
+            text = item["content"][0]
+            yield event(
+                "response.output_item.added",
+                output_index=i,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            yield event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=i,
+                content_index=0,
+                part={**text, "text": ""},
+            )
+            yield event(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=i,
+                content_index=0,
+                delta=text["text"],
+                logprobs=[],
+            )
+            yield event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=i,
+                content_index=0,
+                text=text["text"],
+                logprobs=[],
+            )
+            yield event(
+                "response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=text
+            )
+        else:
+            yield event(
+                "response.output_item.added",
+                output_index=i,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
+            yield event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=i,
+                delta=item["arguments"],
+            )
+            yield event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=i,
+                arguments=item["arguments"],
+                name=item["name"],
+            )
+        yield event("response.output_item.done", output_index=i, item=item)
+    yield event(
+        "response.completed" if response["status"] == "completed" else "response.incomplete",
+        response=response,
+    )

@@ -1,0 +1,143 @@
+"""OpenAI's Responses API (``/v1/responses``) on the engine server, driven by the real ``openai`` client:
+text, function calls and their outputs, ``previous_response_id``, streaming events, errors; and one tool
+conversation through Chat Completions, Responses and Messages recorded as the same tokens and masks (#55)."""
+
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
+TOOLS = [{"type": "function", "name": "add", "description": "a + b", "parameters": SCHEMA}]
+ASK = "What is 1+2? Use the tools."
+
+
+@pytest.fixture
+def scripted_server(tool_model_dir, scripted, serve):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tool_model_dir)
+
+    def start(replies=()):
+        return serve(scripted(tool_model_dir, replies), tok)
+
+    return start
+
+
+def _client(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+
+def _tool_turns(client, headers=None, chain: bool = False):
+    first = client.responses.create(
+        model="m", input=[{"role": "user", "content": ASK}], tools=TOOLS, extra_headers=headers
+    )
+    call = next(o for o in first.output if o.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+    if chain:  # the server keeps the conversation
+        return first, client.responses.create(
+            model="m", previous_response_id=first.id, input=[result], tools=TOOLS, extra_headers=headers
+        )
+    given = {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": '{"a": 1, "b": 2}',
+    }
+    history = [{"role": "user", "content": ASK}, given, result]
+    return first, client.responses.create(model="m", input=history, tools=TOOLS, extra_headers=headers)
+
+
+def test_a_tool_conversation_through_the_openai_client_and_previous_response_id(scripted_server):
+    client = _client(scripted_server([CALL, "The answer is 3", CALL, "The answer is 3"]))
+    for chain in (False, True):
+        first, second = _tool_turns(client, chain=chain)
+        call = next(o for o in first.output if o.type == "function_call")
+        assert (
+            first.status == "completed"
+            and call.name == "add"
+            and json.loads(call.arguments) == {"a": 1, "b": 2}
+        )
+        assert (
+            second.output_text == "The answer is 3" and second.usage.input_tokens > first.usage.input_tokens
+        )
+    with pytest.raises(openai.NotFoundError, match="previous_response_id"):
+        client.responses.create(model="m", previous_response_id="resp_nope", input="hi")
+
+
+def test_streaming_events_and_a_cut_response(scripted_server):
+    client = _client(scripted_server(["Hello there", "a long reply that is cut"]))
+    with client.responses.stream(model="m", input="hi") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "Hello there" and final.output_text == "Hello there"
+    cut = client.responses.create(model="m", input="hi", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+
+
+def test_what_is_not_served_is_refused_naming_the_field(scripted_server):
+    client = _client(scripted_server())
+    with pytest.raises(openai.BadRequestError, match="tools\\[0\\].type"):
+        client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
+    with pytest.raises(openai.BadRequestError, match="input\\[0\\].content\\[0\\]"):
+        client.responses.create(
+            model="m", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]
+        )
+
+
+def test_one_conversation_through_the_three_protocols_is_the_same_tokens_and_masks(scripted_server, call):
+    url = scripted_server([CALL, "The answer is 3"] * 3)
+    _tool_turns(_client(url), {"X-Relax-Session": "via-responses"})
+    chat = _client(url)
+    tools = [
+        {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+        for t in TOOLS
+    ]
+    session = {"X-Relax-Session": "via-chat"}
+    ask = [{"role": "user", "content": ASK}]
+    first = chat.chat.completions.create(model="m", messages=ask, tools=tools, extra_headers=session)
+    c = first.choices[0].message.tool_calls[0]
+    sent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+        ],
+    }
+    chat.chat.completions.create(
+        model="m",
+        messages=[*ask, sent, {"role": "tool", "tool_call_id": c.id, "content": "3"}],
+        tools=tools,
+        extra_headers=session,
+    )
+    msgs = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    a_tools = [{"name": "add", "description": "a + b", "input_schema": SCHEMA}]
+    head = {"X-Relax-Session": "via-messages"}
+    m1 = msgs.messages.create(model="m", max_tokens=64, messages=ask, tools=a_tools, extra_headers=head)
+    use = next(b for b in m1.content if b.type == "tool_use")
+    turn = [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": use.id, "name": "add", "input": use.input}],
+        }
+    ]
+    result = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]}]
+    msgs.messages.create(
+        model="m", max_tokens=64, messages=[*ask, *turn, *result], tools=a_tools, extra_headers=head
+    )
+    got = {
+        name: call(url, f"/relax/trajectories/{name}")[1]
+        for name in ("via-chat", "via-responses", "via-messages")
+    }
+    tokens = {n: t["tokens"] for n, t in got.items()}
+    masks = {n: t["loss_mask"] for n, t in got.items()}
+    assert all(t["num_calls"] == 2 for t in got.values())
+    assert tokens["via-chat"] == tokens["via-responses"] == tokens["via-messages"]
+    assert masks["via-chat"] == masks["via-responses"] == masks["via-messages"] and 0 in masks["via-chat"]

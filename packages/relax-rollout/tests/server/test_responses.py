@@ -141,3 +141,35 @@ def test_one_conversation_through_the_three_protocols_is_the_same_tokens_and_mas
     assert all(t["num_calls"] == 2 for t in got.values())
     assert tokens["via-chat"] == tokens["via-responses"] == tokens["via-messages"]
     assert masks["via-chat"] == masks["via-responses"] == masks["via-messages"] and 0 in masks["via-chat"]
+
+
+TWO_CALLS = (
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
+
+
+def test_the_openai_agents_sdk_runs_a_two_tool_agent_unmodified(scripted_server):
+    agents = pytest.importorskip("agents")
+    url = scripted_server([TWO_CALLS, "It is 3, and sunny in Oslo."])
+    ran: list[tuple[str, dict]] = []
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """a + b"""
+        ran.append(("add", {"a": a, "b": b}))
+        return a + b
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(("get_weather", {"city": city}))
+        return "sunny"
+
+    agents.set_tracing_disabled(True)  # (its traces would go to OpenAI's servers: not reachable here)
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    model = agents.OpenAIResponsesModel(model="m", openai_client=client)
+    agent = agents.Agent(name="calc", instructions="Use the tools.", tools=[add, get_weather], model=model)
+    result = agents.Runner.run_sync(agent, "What is 1+2, and the weather in Oslo?")
+    assert sorted(ran) == [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]
+    assert result.final_output == "It is 3, and sunny in Oslo."

@@ -73,11 +73,15 @@ def test_a_tool_conversation_through_the_openai_client_and_previous_response_id(
 
 
 def test_streaming_events_and_a_cut_response(scripted_server):
-    client = _client(scripted_server(["Hello there", "a long reply that is cut"]))
+    client = _client(scripted_server(["Hello there", CALL, "a long reply that is cut"]))
     with client.responses.stream(model="m", input="hi") as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == "Hello there" and final.output_text == "Hello there"
+    with client.responses.stream(model="m", input=ASK, tools=TOOLS) as stream:  # (a call: whole, at the end)
+        final = stream.get_final_response()
+    call = next(o for o in final.output if o.type == "function_call")
+    assert json.loads(call.arguments) == {"a": 1, "b": 2}
     cut = client.responses.create(model="m", input="hi", max_output_tokens=2)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
 
@@ -173,3 +177,22 @@ def test_the_openai_agents_sdk_runs_a_two_tool_agent_unmodified(scripted_server)
     result = agents.Runner.run_sync(agent, "What is 1+2, and the weather in Oslo?")
     assert sorted(ran) == [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]
     assert result.final_output == "It is 3, and sunny in Oslo."
+
+
+def test_a_real_engine_streams_the_text_token_by_token(chat_model_dir, serve):
+    from transformers import AutoTokenizer
+
+    from relax_rollout.engines.torch_engine import TorchEngine
+
+    tok = AutoTokenizer.from_pretrained(chat_model_dir)
+    engine = TorchEngine(
+        model_path=chat_model_dir, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+    )
+    client = _client(serve(engine, tok))
+    events = list(client.responses.create(model="m", input="1+2=", max_output_tokens=8, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    last = events[-1]  # (cut at 8 tokens: "response.incomplete", as OpenAI's API ends such a stream)
+    assert last.type in ("response.completed", "response.incomplete") and [
+        e.sequence_number for e in events
+    ] == list(range(len(events)))
+    assert len(deltas) > 1 and "".join(deltas) == last.response.output_text

@@ -10,7 +10,7 @@ tools; ``tool_choice``; ``text.format`` (``json_schema`` / ``json_object``) → 
 ``max_output_tokens`` → ``max_tokens``. ``previous_response_id`` continues a stored response: the server
 keeps each response's conversation (:class:`ResponseStore`: at most :data:`KEEP` of them, for
 :data:`TTL_S`; ``store: false`` keeps none). Streaming sends the protocol's events (``response.created`` …
-``response.completed``) once the response is generated, not token by token. Errors are OpenAI's shape.
+``response.completed``), the text token by token. Errors are OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -225,81 +225,107 @@ def responses(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
     """``POST /v1/responses``."""
     history = _store(s).get(body["previous_response_id"]) if body.get("previous_response_id") else []
     chat = to_chat(body, history)
+    if body.get("stream"):
+        chat["stream"], chat["stream_options"] = True, {"include_usage": True}
     _, out = openai_routes.chat_completions(s, chat, req)
     rid = f"resp_{uuid.uuid4().hex}"
-    response = from_chat(out, body, rid)
-    if body.get("store", True):
-        _store(s).put(rid, chat["messages"] + [out["choices"][0]["message"]])
-    if body.get("stream"):
-        return 200, EventStream(_events(response), named=True)
-    return 200, response
+
+    def keep(message: dict[str, Any]) -> None:
+        if body.get("store", True):
+            _store(s).put(rid, chat["messages"] + [message])
+
+    if isinstance(out, EventStream):
+        return 200, EventStream(_events(out, body, rid, keep), out.on_close, named=True)
+    keep(out["choices"][0]["message"])
+    return 200, from_chat(out, body, rid)
 
 
-def _events(response: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A generated response as the Responses stream's events."""
+class _Assembly:
+    """The chat stream's pieces gathered into the chat answer they make (what ``from_chat`` reads)."""
+
+    def __init__(self) -> None:
+        self.text, self.finish = "", "stop"
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def add(self, call: dict[str, Any]) -> None:
+        """A streamed piece of a tool call (its id and name first, its arguments in parts)."""
+        blank = {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+        entry = self.calls.setdefault(call.get("index", 0), blank)
+        entry["id"] = call.get("id") or entry["id"]
+        fn = call.get("function") or {}
+        entry["function"]["name"] = fn.get("name") or entry["function"]["name"]
+        entry["function"]["arguments"] += fn.get("arguments") or ""
+
+    def message(self) -> dict[str, Any]:
+        calls = [self.calls[k] for k in sorted(self.calls)]
+        return {"role": "assistant", "content": self.text or None, **({"tool_calls": calls} if calls else {})}
+
+    def chat(self) -> dict[str, Any]:
+        return {"choices": [{"message": self.message(), "finish_reason": self.finish}], "usage": self.usage}
+
+
+def _events(
+    chunks: EventStream, body: dict[str, Any], rid: str, keep: Any
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The chat stream's chunks as the Responses stream's events, the text token by token; the whole
+    response (``response.completed``) at the end, when it is also stored."""
     seq = iter(range(1 << 30))
 
     def event(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
         return kind, {"type": kind, "sequence_number": next(seq), **fields}
 
-    start = {**response, "status": "in_progress", "output": []}
+    got, text_id = _Assembly(), f"msg_{uuid.uuid4().hex}"
+    start = {**from_chat(got.chat(), body, rid), "status": "in_progress", "output": []}
     yield event("response.created", response=start)
     yield event("response.in_progress", response=start)
+    where = {"item_id": text_id, "output_index": 0, "content_index": 0}
+    for chunk in chunks.events:
+        got.usage = chunk.get("usage") or got.usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            got.finish = choice.get("finish_reason") or got.finish
+            if delta.get("content"):
+                if not got.text:
+                    item = {
+                        "type": "message",
+                        "id": text_id,
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    }
+                    yield event("response.output_item.added", output_index=0, item=item)
+                    part = {"type": "output_text", "text": "", "annotations": []}
+                    yield event("response.content_part.added", **where, part=part)
+                got.text += delta["content"]
+                yield event("response.output_text.delta", **where, delta=delta["content"], logprobs=[])
+            for call in delta.get("tool_calls") or []:
+                got.add(call)
+    keep(got.message())
+    response = from_chat(got.chat(), body, rid)
+    yield from _closing(event, response, text_id)
+
+
+def _closing(event: Any, response: dict[str, Any], text_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The end of a streamed response: each output item done (a call's arguments, parsed from the whole
+    reply, sent whole), then the response."""
     for i, item in enumerate(response["output"]):
         if item["type"] == "message":
-            text = item["content"][0]
-            yield event(
-                "response.output_item.added",
-                output_index=i,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            yield event(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=i,
-                content_index=0,
-                part={**text, "text": ""},
-            )
-            yield event(
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=i,
-                content_index=0,
-                delta=text["text"],
-                logprobs=[],
-            )
-            yield event(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=i,
-                content_index=0,
-                text=text["text"],
-                logprobs=[],
-            )
-            yield event(
-                "response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=text
-            )
+            item["id"] = text_id
+            text, where = item["content"][0], {"item_id": text_id, "output_index": i, "content_index": 0}
+            yield event("response.output_text.done", **where, text=text["text"], logprobs=[])
+            yield event("response.content_part.done", **where, part=text)
         else:
-            yield event(
-                "response.output_item.added",
-                output_index=i,
-                item={**item, "status": "in_progress", "arguments": ""},
-            )
-            yield event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=i,
-                delta=item["arguments"],
-            )
+            added = {**item, "status": "in_progress", "arguments": ""}
+            yield event("response.output_item.added", output_index=i, item=added)
+            where = {"item_id": item["id"], "output_index": i}
+            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
             yield event(
                 "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=i,
+                **where,
                 arguments=item["arguments"],
                 name=item["name"],
             )
         yield event("response.output_item.done", output_index=i, item=item)
-    yield event(
-        "response.completed" if response["status"] == "completed" else "response.incomplete",
-        response=response,
-    )
+    done = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    yield event(done, response=response)

@@ -255,7 +255,16 @@ def test_multi_turn_rl_runs_in_both_modes(tiny_run_inputs, chatty, tmp_path, mod
         assert 1 <= r["rollout/turns_mean"] <= 2 and r["rollout/tokens_per_s"] > 0
         ends = {k: v for k, v in r.items() if k.startswith("rollout/stop/")}
         assert sum(ends.values()) == cfg.samples_per_rollout, ends
+        latency = [r[f"rollout/turn_s_p{q}"] for q in (50, 90, 95, 99)]  # (#55: per-turn latency)
+        assert 0 < latency[0] <= latency[1] <= latency[2] <= latency[3], latency
     assert sum(r.get("rollout/stop/max_turns", 0) for r in logged) > 0
+    # ... and what `relax watch` shows of them
+    from relax_app.watch import render
+    from relax_core.live import read_status
+
+    status = read_status(Path(cfg.run.output_dir))
+    assert status.agent is not None and status.agent.step == 3
+    assert "episodes v3:" in render(status) and "turn s p50" in render(status)
 
 
 def test_without_the_chat_template_the_first_prompt_is_the_single_turn_one(tiny_run_inputs, tmp_path):

@@ -40,8 +40,11 @@ def test_tool_failures_become_observations_the_model_can_read():
         "<tool_call>{not json}</tool_call>": "malformed tool call",
     }
     for response, expect in cases.items():
-        obs, done, _ = env.step(response)
+        obs, done, info = env.step(response)
         assert expect in obs["content"] and obs["content"].startswith("error:")
+    assert (info["tool_calls"], info["tool_errors"]) == (4, 4)  # (counted for the run's error rate)
+    _, _, info = env.step(call("weather", city="x"))
+    assert (info["tool_calls"], info["tool_errors"]) == (5, 4)
     env.close()
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from relax_core.live import FINAL_STATES, BusStatus, RunStatus, WeightSyncStatus, read_status
+from relax_core.live import FINAL_STATES, AgentStatus, BusStatus, RunStatus, WeightSyncStatus, read_status
 
 
 def _num(x: float | None, fmt: str = ".3f") -> str:
@@ -64,6 +64,8 @@ def render(s: RunStatus, now: float | None = None) -> str:
         )
     if s.weight_sync is not None:
         lines.append(_sync(s.weight_sync))
+    if s.agent is not None:
+        lines.append(_agent(s.agent))
     if s.roles:
         lines.append(f"{'role':<12}{'state':<16}{'version':>8}{'idle s':>9}{'restarts':>10}  pid")
         for name, r in s.roles.items():
@@ -88,6 +90,19 @@ def _sync(w: WeightSyncStatus) -> str:
         else (f"{w.sent_bytes / 1e6:.3f} MB of {mb} ({100 * w.sent_bytes / max(w.bytes, 1.0):.1f}%)")
     )
     return f"weight sync v{w.step}: {sent} in {w.seconds:.3f}s, engine pause {w.pause_s:.3f}s"
+
+
+def _agent(a: AgentStatus) -> str:
+    """The last step's episodes: turns, how they ended, the turn latency, the tool calls that failed."""
+    stops = ", ".join(f"{k} {v:g}" for k, v in sorted(a.stops.items(), key=lambda kv: -kv[1]))
+    line = f"episodes v{a.step}: {a.turns_mean:.1f} turns, ended {stops or '-'}"
+    if a.turn_s:
+        line += "; turn s " + " ".join(
+            f"{k} {a.turn_s[k]:.3f}" for k in ("p50", "p90", "p95", "p99") if k in a.turn_s
+        )
+    if a.tool_call_error_rate is not None:
+        line += f"; tool calls failed {100 * a.tool_call_error_rate:.1f}%"
+    return line
 
 
 def _clock(s: RunStatus, now: float) -> str:

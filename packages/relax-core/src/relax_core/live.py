@@ -89,6 +89,35 @@ class WeightSyncStatus(BaseModel):
     """The longest an engine stood still for one update (the rollout's batches the step trained)."""
 
 
+class AgentStatus(BaseModel):
+    """The last training step's multi-turn episodes, as the trainer logged them (``rollout/turns_mean``,
+    ``rollout/stop/*``, ``rollout/turn_s_p*``, ``rollout/tool_call_error_rate``)."""
+
+    step: int
+    turns_mean: float
+    stops: dict[str, float] = {}
+    """Episodes per stop reason (``env_done``, ``max_turns``, ``engine_length``, ``env_error``, ...)."""
+    turn_s: dict[str, float] = {}
+    """Per-turn generation latency percentiles: ``p50``, ``p90``, ``p95``, ``p99`` (seconds)."""
+    tool_call_error_rate: float | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> AgentStatus:
+        return cls(
+            step=int(row.get("step", 0)),
+            turns_mean=row["rollout/turns_mean"],
+            stops={
+                k.removeprefix("rollout/stop/"): v for k, v in row.items() if k.startswith("rollout/stop/")
+            },
+            turn_s={
+                k.removeprefix("rollout/turn_s_"): v
+                for k, v in row.items()
+                if k.startswith("rollout/turn_s_")
+            },
+            tool_call_error_rate=row.get("rollout/tool_call_error_rate"),
+        )
+
+
 class RunStatus(BaseModel):
     """``<output_dir>/status.json``: the whole run at one moment."""
 
@@ -129,6 +158,8 @@ class RunStatus(BaseModel):
     roles: dict[str, RoleStatus] = Field(default_factory=dict)
     bus: BusStatus | None = None
     weight_sync: WeightSyncStatus | None = None
+    agent: AgentStatus | None = None
+    """Multi-turn runs: the last step's episodes (turns, stop reasons, turn latency, tool-call errors)."""
     restarts: int = 0
     """Restarts the health manager made (in place and global)."""
     message: str | None = None
@@ -163,6 +194,7 @@ class MetricsTail:
         self.reward: float | None = None
         self.eval: tuple[int, float] | None = None
         self.sync: WeightSyncStatus | None = None
+        self.agent: AgentStatus | None = None
         self.last_step = 0
         """The last training step logged."""
 
@@ -188,6 +220,8 @@ class MetricsTail:
                 self.steps.append((float(row.get("time", time.time())), float(row.get("perf/samples", 0))))
             if "eval/accuracy" in row:
                 self.eval = (int(row["step"]), row["eval/accuracy"])
+            if "rollout/turns_mean" in row:
+                self.agent = AgentStatus.from_row(row)
             if "perf/weight_sync_bytes" in row:
                 self.sync = WeightSyncStatus(
                     step=int(row.get("step", 0)),
@@ -245,6 +279,7 @@ class LiveStatus:
         s.reward_mean = self.tail.reward
         s.eval_step, s.eval_accuracy = self.tail.eval or (None, None)
         s.weight_sync = self.tail.sync
+        s.agent = self.tail.agent
         s.samples_per_s_recent = self.tail.recent_rate()
         if self._t_train is not None and now > self._t_train:
             s.samples_per_s = s.samples_trained / (now - self._t_train)

@@ -49,6 +49,13 @@ ROLLOUT_STEP: Final = "rollout_step"
 FINISH_REASON: Final = "finish_reason"
 TURNS: Final = "turns"
 ENV_ERROR: Final = "env_error"
+TURN_S: Final = "turn_s"
+"""Multi-turn: float32, one per model turn, the seconds of the generation that made it (the latency an
+agent sees per turn)."""
+TOOL_CALLS: Final = "tool_calls"
+"""Multi-turn with a tool environment: the tool calls the model made in the episode."""
+TOOL_ERRORS: Final = "tool_errors"
+"""... and how many of them failed (malformed, an unknown tool, bad arguments, the tool raised or timed out)."""
 GENERATED_AT: Final = "generated_at"
 """Streaming rollout: when the group's last response ended (wall clock, seconds)."""
 RESPONSE_TEXT: Final = "response_text"
@@ -110,6 +117,9 @@ class RolloutSample(TypedDict, total=False):
     finish_reason: str
     turns: int
     env_error: str
+    turn_s: np.ndarray
+    tool_calls: int
+    tool_errors: int
     generated_at: float
     response_text: str
     rollout_tokens_per_s: float
@@ -178,6 +188,9 @@ class TrainBatch(TypedDict, total=False):
     finish_reason: list[str]
     turns: list[int]
     env_error: list[str]
+    turn_s: list[np.ndarray]
+    tool_calls: list[int]
+    tool_errors: list[int]
     generated_at: list[float]
     response_text: list[str]
     rollout_tokens_per_s: list[float]

@@ -31,6 +31,8 @@ class ToolEnv:
     def __init__(self, prompt: str, label: Any, metadata: dict[str, Any] | None = None) -> None:
         self.prompt, self.label, self.metadata = prompt, label, metadata or {}
         self.calls = 0
+        self.errors = 0
+        """Tool calls that failed (their result says ``error: ...``)."""
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="relax-tool")
 
     def parse(self, response: str) -> tuple[str, dict[str, Any]] | None:
@@ -76,12 +78,14 @@ class ToolEnv:
 
     def step(self, response: str) -> tuple[Any, bool, dict[str, Any]]:
         call = self.parse(response)
+        counts = {"tool_calls": self.calls, "tool_errors": self.errors}
         if call is None:
-            return None, True, {"reward": float(self.score(response)), "tool_calls": self.calls}
+            return None, True, {"reward": float(self.score(response)), **counts}
         self.calls += 1
         result = self.run_tool(*call)
+        self.errors += result.startswith("error: ")
         done = self.calls >= self.max_calls
-        info = {"tool_calls": self.calls, **({"reward": 0.0} if done else {})}
+        info = {"tool_calls": self.calls, "tool_errors": self.errors, **({"reward": 0.0} if done else {})}
         return {"name": call[0], "content": result}, done, info
 
     def format_observation(self, observation: Any) -> list[dict[str, Any]]:

@@ -222,6 +222,9 @@ class Generation:
                 env_reward=ep.info.get("reward"),
                 env_reward_error=ep.info.get("reward_error"),
                 env_error=str(ep.info.get("error", ep.info.get("reset_error", ""))),
+                turn_s=ep.turn_s,
+                tool_calls=int(ep.info.get("tool_calls") or 0),
+                tool_errors=int(ep.info.get("tool_errors") or 0),
             )
             outs.append(
                 GenerateOutput(

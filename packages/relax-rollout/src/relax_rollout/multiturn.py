@@ -28,6 +28,7 @@ placeholder run), ending the episode with ``token_budget``. Text-only observatio
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,8 @@ class Episode:
     mask: list[float] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     turns: int = 0
+    turn_s: list[float] = field(default_factory=list)
+    """Per model turn, the seconds of the generation that made it (a batch's, shared by its episodes)."""
     stop_reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     weight_version: int = 0
@@ -131,8 +134,11 @@ def run_episodes(
         while active:
             mm = [ep.mm for ep in active]
             extra = {"mm": mm} if any(m is not None for m in mm) else {}
+            t0 = time.perf_counter()
             outs = engine.generate([ep.tokens for ep in active], params, **extra)
+            took = time.perf_counter() - t0
             for ep, out in zip(active, outs):
+                ep.turn_s.append(took)
                 _take_turn(
                     ep, out, tokenizer, eos, max_turns, max_total_tokens, pools[id(ep)], step_timeout_s, media
                 )

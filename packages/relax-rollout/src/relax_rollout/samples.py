@@ -103,6 +103,8 @@ class SampleWriter:
                 s[sample.TOKEN_VERSIONS] = np.asarray(o.token_versions or [], dtype=np.int32)
             if o.episode is not None:
                 s[sample.TURNS], s[sample.ENV_ERROR] = o.episode.turns, o.episode.env_error
+                s[sample.TURN_S] = np.asarray(o.episode.turn_s, dtype=np.float32)
+                s[sample.TOOL_CALLS], s[sample.TOOL_ERRORS] = o.episode.tool_calls, o.episode.tool_errors
             s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
             s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
             s[sample.WEIGHT_PAUSE_S] = pause

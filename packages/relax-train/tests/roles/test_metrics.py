@@ -100,6 +100,33 @@ def test_rollout_metrics_of_a_multi_turn_batch():
     assert not any(k.startswith(("rollout/stop/", "rollout/turns")) for k in rollout_metrics(single))
 
 
+def test_agent_metrics_give_turn_latency_percentiles_and_the_tool_call_error_rate():
+    """#55: per-turn latency over every turn of the batch, and failed tool calls over all tool calls."""
+    import numpy as np
+
+    from relax_train.roles.metrics import rollout_metrics
+
+    d = {
+        "reward": [1.0, 0.0],
+        "response_len": [4, 8],
+        "finish_reason": ["env_done", "max_turns"],
+        "reward_failure": ["", ""],
+        "group_id": ["0:0", "0:0"],
+        "rollout_step": [0, 0],
+        "turns": [1, 3],
+        "turn_s": [np.array([0.1], np.float32), np.array([0.2, 0.3, 0.4], np.float32)],
+        "tool_calls": [0, 4],
+        "tool_errors": [0, 1],
+    }
+    m = rollout_metrics(d)
+    turns = [0.1, 0.2, 0.3, 0.4]
+    for q in (50, 90, 95, 99):
+        assert m[f"rollout/turn_s_p{q}"] == pytest.approx(float(np.percentile(turns, q)))
+    assert m["rollout/tool_call_error_rate"] == 0.25 and m["rollout/tool_calls_mean"] == 2.0
+    no_tools = rollout_metrics({**d, "tool_calls": [0, 0], "tool_errors": [0, 0]})
+    assert "rollout/tool_call_error_rate" not in no_tools  # (no calls: no rate, not 0)
+
+
 def test_streaming_metrics_count_interruptions_and_the_time_from_a_groups_end_to_training():
     """From ``token_versions``: responses that went on across updates, their interruptions (version
     changes inside a response, a skipped version counting once) and the widest spread; from

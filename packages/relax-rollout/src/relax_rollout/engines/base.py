@@ -93,6 +93,12 @@ class EpisodeResult:
     """Why the environment's reward could not be read (a failure score is given instead), or None."""
     env_error: str = ""
     """The environment's error (a reset or step that raised), or ""."""
+    turn_s: list[float] = field(default_factory=list)
+    """Per model turn, the seconds of the generation that made it."""
+    tool_calls: int = 0
+    """Tool calls the model made (a tool environment's ``info["tool_calls"]``; 0 for others)."""
+    tool_errors: int = 0
+    """Of those, the ones that failed (``info["tool_errors"]``)."""
 
 
 @dataclass

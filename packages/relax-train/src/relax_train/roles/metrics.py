@@ -49,6 +49,22 @@ def rollout_metrics(d: TrainBatch) -> dict[str, float]:
         out["rollout/turns_mean"] = float(np.mean([t for t, _ in turns]))
         for _, reason in turns:
             out[f"rollout/stop/{reason}"] = out.get(f"rollout/stop/{reason}", 0.0) + 1.0
+        out.update(agent_metrics(d))
+    return out
+
+
+def agent_metrics(d: TrainBatch) -> dict[str, float]:
+    """Multi-turn batches: per-turn latency percentiles (``rollout/turn_s_p50`` .. ``_p99``) and the share of
+    tool calls that failed (``rollout/tool_call_error_rate``, where the environment counts them)."""
+    out: dict[str, float] = {}
+    per_turn = [x for v in d.get(sample.TURN_S, ()) if v is not None for x in np.asarray(v).tolist()]
+    if per_turn:
+        for q in (50, 90, 95, 99):
+            out[f"rollout/turn_s_p{q}"] = float(np.percentile(per_turn, q))
+    calls = sum(c or 0 for c in d.get(sample.TOOL_CALLS, ()))
+    if calls:
+        out["rollout/tool_calls_mean"] = calls / max(len(d.get(sample.TOOL_CALLS, ())), 1)
+        out["rollout/tool_call_error_rate"] = sum(e or 0 for e in d.get(sample.TOOL_ERRORS, ())) / calls
     return out
 
 

@@ -192,3 +192,38 @@ def test_the_sampler_in_a_process_of_its_own_takes_adapters_over_dcs_and_fails_a
         assert _train(tc, data, 1)  # the training client serves on
     finally:
         s.close()
+
+
+def test_a_training_client_made_from_a_saved_state_computes_what_the_saved_one_did(
+    trained, client, tiny_model
+):
+    tc, data, _ = trained
+    before = [o["logprobs"].tolist() for o in tc.forward(data[:2], "cross_entropy").result().loss_fn_outputs]
+    path = tc.save_state("resume-me").result().path
+    again = client.create_training_client_from_state_with_optimizer(path)
+    after = [
+        o["logprobs"].tolist() for o in again.forward(data[:2], "cross_entropy").result().loss_fn_outputs
+    ]
+    assert after == before
+    assert _train(again, data, 2, lr=1e-3)  # (its optimizer state came along: it steps)
+
+
+def test_old_results_are_dropped_beyond_the_bound(server, monkeypatch):
+    from concurrent.futures import Future
+
+    import relax_tinker.service as service
+
+    monkeypatch.setattr(service, "KEEP_RESULTS", 3)
+    svc = server.service
+    kept = dict(svc.futures)
+    try:
+        svc.futures.clear()
+        done = []
+        for _ in range(5):
+            f: Future = Future()
+            f.set_result({})
+            done.append(svc._track(f))
+        assert list(svc.futures) == done[-3:]
+    finally:
+        svc.futures.clear()
+        svc.futures.update(kept)

@@ -3,8 +3,9 @@ sessions, checkpoints and the futures every long call returns.
 
 Each training client's calls run on a thread of its own, one at a time in the order they came (the SDK sends
 ``forward_backward`` and ``optim_step`` back to back and waits for both); a call's result, or its error, is
-kept under a request id until the client retrieves it (:class:`Futures`). Checkpoints are directories under
-``root`` named by their ``tinker://`` path, in peft's adapter format.
+kept under a request id for the client to retrieve (the newest :data:`KEEP_RESULTS` finished ones: a
+long run must not keep every result). Checkpoints are directories under ``root`` named by their
+``tinker://`` path, in peft's adapter format.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from relax_tinker.checkpoints import SCHEME, UserError, checkpoint_dir, list_che
 from relax_tinker.sampling import Snapshot
 from relax_tinker.sampling_sessions import SamplingSessions
 from relax_tinker.wire import ForwardBackwardCall, encode_forward_output
+
+KEEP_RESULTS = 4096
+"""Finished calls whose results stay retrievable (older ones are dropped; a poll for one is told so)."""
 
 
 @dataclass
@@ -77,6 +81,10 @@ class TinkerService:
     def _track(self, fut: Future) -> str:
         rid = uuid.uuid4().hex
         self.futures[rid] = fut
+        if len(self.futures) > KEEP_RESULTS:  # (dicts keep insertion order: the oldest finished go first)
+            done = [k for k, f in self.futures.items() if f.done()]
+            for k in done[: len(self.futures) - KEEP_RESULTS]:
+                del self.futures[k]
         return rid
 
     def _run(self, model_id: str, fn: Any, *args: Any) -> str:

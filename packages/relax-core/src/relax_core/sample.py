@@ -52,9 +52,9 @@ ENV_ERROR: Final = "env_error"
 TURN_S: Final = "turn_s"
 """Multi-turn: float32, one per model turn, the seconds of the generation that made it (the latency an
 agent sees per turn)."""
-TOOL_CALLS: Final = "tool_calls"
+TOOL_CALL_COUNT: Final = "tool_call_count"
 """Multi-turn with a tool environment: the tool calls the model made in the episode."""
-TOOL_ERRORS: Final = "tool_errors"
+TOOL_CALL_ERRORS: Final = "tool_call_errors"
 """... and how many of them failed (malformed, an unknown tool, bad arguments, the tool raised or timed out)."""
 GENERATED_AT: Final = "generated_at"
 """Streaming rollout: when the group's last response ended (wall clock, seconds)."""
@@ -118,8 +118,8 @@ class RolloutSample(TypedDict, total=False):
     turns: int
     env_error: str
     turn_s: np.ndarray
-    tool_calls: int
-    tool_errors: int
+    tool_call_count: int
+    tool_call_errors: int
     generated_at: float
     response_text: str
     rollout_tokens_per_s: float
@@ -189,8 +189,8 @@ class TrainBatch(TypedDict, total=False):
     turns: list[int]
     env_error: list[str]
     turn_s: list[np.ndarray]
-    tool_calls: list[int]
-    tool_errors: list[int]
+    tool_call_count: list[int]
+    tool_call_errors: list[int]
     generated_at: list[float]
     response_text: list[str]
     rollout_tokens_per_s: list[float]

@@ -104,7 +104,10 @@ class SampleWriter:
             if o.episode is not None:
                 s[sample.TURNS], s[sample.ENV_ERROR] = o.episode.turns, o.episode.env_error
                 s[sample.TURN_S] = np.asarray(o.episode.turn_s, dtype=np.float32)
-                s[sample.TOOL_CALLS], s[sample.TOOL_ERRORS] = o.episode.tool_calls, o.episode.tool_errors
+                s[sample.TOOL_CALL_COUNT], s[sample.TOOL_CALL_ERRORS] = (
+                    o.episode.tool_calls,
+                    o.episode.tool_errors,
+                )
             s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
             s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
             s[sample.WEIGHT_PAUSE_S] = pause

@@ -115,15 +115,15 @@ def test_agent_metrics_give_turn_latency_percentiles_and_the_tool_call_error_rat
         "rollout_step": [0, 0],
         "turns": [1, 3],
         "turn_s": [np.array([0.1], np.float32), np.array([0.2, 0.3, 0.4], np.float32)],
-        "tool_calls": [0, 4],
-        "tool_errors": [0, 1],
+        "tool_call_count": [0, 4],
+        "tool_call_errors": [0, 1],
     }
     m = rollout_metrics(d)
     turns = [0.1, 0.2, 0.3, 0.4]
     for q in (50, 90, 95, 99):
         assert m[f"rollout/turn_s_p{q}"] == pytest.approx(float(np.percentile(turns, q)))
     assert m["rollout/tool_call_error_rate"] == 0.25 and m["rollout/tool_calls_mean"] == 2.0
-    no_tools = rollout_metrics({**d, "tool_calls": [0, 0], "tool_errors": [0, 0]})
+    no_tools = rollout_metrics({**d, "tool_call_count": [0, 0], "tool_call_errors": [0, 0]})
     assert "rollout/tool_call_error_rate" not in no_tools  # (no calls: no rate, not 0)
 
 

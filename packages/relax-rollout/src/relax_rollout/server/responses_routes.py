@@ -8,62 +8,22 @@ What maps to what: ``instructions`` → a system message; ``input`` (a string, o
 function calls of one turn gathered into one assistant message; ``tools`` of type ``function`` → function
 tools; ``tool_choice``; ``text.format`` (``json_schema`` / ``json_object``) → ``response_format``;
 ``max_output_tokens`` → ``max_tokens``. ``previous_response_id`` continues a stored response: the server
-keeps each response's conversation (:class:`ResponseStore`: at most :data:`KEEP` of them, for
-:data:`TTL_S`; ``store: false`` keeps none). Streaming sends the protocol's events (``response.created`` …
+keeps each response's conversation (:class:`~relax_rollout.server.response_store.ResponseStore`: a
+bounded number, for an hour; ``store: false`` keeps none). Streaming sends the protocol's events (``response.created`` …
 ``response.completed``), the text token by token. Errors are OpenAI's shape.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 from relax_rollout.http_api import EventStream, Request
 from relax_rollout.server import openai_routes
-from relax_rollout.server.protocol import BadRequest, NotFound
+from relax_rollout.server.protocol import BadRequest
 from relax_rollout.server.state import EngineServer
-
-KEEP = 1024
-TTL_S = 3600.0
-
-
-class ResponseStore:
-    """Each stored response's conversation (chat messages, its own reply last) and tools, bounded and
-    expiring: what ``previous_response_id`` continues."""
-
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[float, list[dict[str, Any]]]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, rid: str, messages: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._items[rid] = (time.monotonic(), messages)
-            while len(self._items) > KEEP:
-                self._items.popitem(last=False)
-
-    def get(self, rid: str) -> list[dict[str, Any]]:
-        with self._lock:
-            item = self._items.get(rid)
-            if item is None or time.monotonic() - item[0] > TTL_S:
-                self._items.pop(rid, None)
-                raise NotFound(
-                    f"previous_response_id {rid!r}: no such response here (expired, not stored or never made)"
-                )
-            return list(item[1])
-
-
-STORES: dict[int, ResponseStore] = {}
-"""One store per engine server (keyed by the server state's id: the state holds no field for it)."""
-_STORES_LOCK = threading.Lock()
-
-
-def _store(s: EngineServer) -> ResponseStore:
-    with _STORES_LOCK:
-        return STORES.setdefault(id(s), ResponseStore())
 
 
 def _content(content: Any, where: str) -> str:
@@ -223,7 +183,7 @@ def from_chat(out: dict[str, Any], body: dict[str, Any], rid: str) -> dict[str, 
 
 def responses(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
     """``POST /v1/responses``."""
-    history = _store(s).get(body["previous_response_id"]) if body.get("previous_response_id") else []
+    history = s.responses.get(body["previous_response_id"]) if body.get("previous_response_id") else []
     chat = to_chat(body, history)
     if body.get("stream"):
         chat["stream"], chat["stream_options"] = True, {"include_usage": True}
@@ -232,7 +192,7 @@ def responses(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
 
     def keep(message: dict[str, Any]) -> None:
         if body.get("store", True):
-            _store(s).put(rid, chat["messages"] + [message])
+            s.responses.put(rid, chat["messages"] + [message])
 
     if isinstance(out, EventStream):
         return 200, EventStream(_events(out, body, rid, keep), out.on_close, named=True)

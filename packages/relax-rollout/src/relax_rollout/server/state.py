@@ -36,6 +36,7 @@ from relax_rollout.server import trajectories
 from relax_rollout.server.joined_group import JoinedGroup, apply_weights
 from relax_rollout.server.metrics import ServerMetrics
 from relax_rollout.server.protocol import BadRequest
+from relax_rollout.server.response_store import ResponseStore
 from relax_rollout.server.streaming import GenerationStream, TokenCount
 
 CHATML = (
@@ -73,6 +74,8 @@ class EngineServer:
     """Agent trajectories of chat sessions (built with the tokenizer)."""
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     """Prometheus metrics (``GET /metrics``)."""
+    responses: ResponseStore = field(default_factory=ResponseStore)
+    """OpenAI Responses' stored conversations (``previous_response_id``)."""
     media: chat_media.ChatMedia | None = None
     """Images in chat calls (``image_url`` parts): built for a Qwen-VL/Omni model (see ``server.media``)."""
     max_queued_requests: int | None = MAX_QUEUED_REQUESTS

@@ -61,10 +61,10 @@ def agent_metrics(d: TrainBatch) -> dict[str, float]:
     if per_turn:
         for q in (50, 90, 95, 99):
             out[f"rollout/turn_s_p{q}"] = float(np.percentile(per_turn, q))
-    calls = sum(c or 0 for c in d.get(sample.TOOL_CALLS, ()))
+    calls = sum(c or 0 for c in d.get(sample.TOOL_CALL_COUNT, ()))
     if calls:
-        out["rollout/tool_calls_mean"] = calls / max(len(d.get(sample.TOOL_CALLS, ())), 1)
-        out["rollout/tool_call_error_rate"] = sum(e or 0 for e in d.get(sample.TOOL_ERRORS, ())) / calls
+        out["rollout/tool_calls_mean"] = calls / max(len(d.get(sample.TOOL_CALL_COUNT, ())), 1)
+        out["rollout/tool_call_error_rate"] = sum(e or 0 for e in d.get(sample.TOOL_CALL_ERRORS, ())) / calls
     return out
 
 

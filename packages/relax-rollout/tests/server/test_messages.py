@@ -119,3 +119,18 @@ def test_one_conversation_through_messages_and_chat_is_the_same_tokens_and_masks
     _, by_chat = call(url, "/relax/trajectories/via-chat")
     assert by_messages["num_calls"] == by_chat["num_calls"] == 2
     assert by_messages["tokens"] == by_chat["tokens"] and by_messages["loss_mask"] == by_chat["loss_mask"]
+
+
+def test_a_reply_ended_by_one_of_the_stop_sequences_says_which():
+    from relax_rollout.server.messages_routes import from_chat
+
+    def chat(finish, matched):
+        choice = {"message": {"content": "12"}, "finish_reason": finish, "matched_stop": matched}
+        return {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+
+    by_stop = from_chat(chat("stop", "\n\nUser:"), "m", ["\n\nUser:"])
+    assert (by_stop["stop_reason"], by_stop["stop_sequence"]) == ("stop_sequence", "\n\nUser:")
+    by_eos = from_chat(chat("stop", 2), "m", ["\n\nUser:"])  # (an EOS token id)
+    assert (by_eos["stop_reason"], by_eos["stop_sequence"]) == ("end_turn", None)
+    cut = from_chat(chat("length", None), "m", [])
+    assert cut["stop_reason"] == "max_tokens" and cut["usage"] == {"input_tokens": 5, "output_tokens": 2}

@@ -160,6 +160,10 @@ def from_chat(out: dict[str, Any], model: str, stops: list[str]) -> dict[str, An
             }
         )
     reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
+    matched = choice.get("matched_stop")
+    stopped_by = matched if reason == "end_turn" and isinstance(matched, str) and matched in stops else None
+    if stopped_by is not None:  # (one of the request's stop_sequences, not EOS)
+        reason = "stop_sequence"
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -167,7 +171,7 @@ def from_chat(out: dict[str, Any], model: str, stops: list[str]) -> dict[str, An
         "model": model,
         "content": content,
         "stop_reason": reason,
-        "stop_sequence": None,
+        "stop_sequence": stopped_by,
         "usage": {
             "input_tokens": out["usage"]["prompt_tokens"],
             "output_tokens": out["usage"]["completion_tokens"],

@@ -203,15 +203,18 @@ def test_a_killed_bus_controller_restarts_the_run_from_its_checkpoint_and_loses_
 ):
     """The bus's state is the run's data. Its controller killed: the role that notices is restarted, and
     that restart fails on the dead bus (it crashed the run with ConnectionRefusedError / ActorDiedError);
-    now it escalates to a global restart from the last checkpoint, and the run trains exactly the
-    uninterrupted run's prompts."""
+    now it escalates to a global restart from the last checkpoint (at once, or once the in-place restarts
+    run out), and the run trains exactly the uninterrupted run's prompts."""
     c = Controller(_cfg(tiny_run_inputs, tmp_path / "bus"), tiny_run_inputs)
     kill = signal_role_after(c, 2, "bus")
     result = c.run()
     assert "pid" in kill, "the bus was never killed (the run ended first)"
     events = result.audit["health"]
     assert events and events[-1]["action"] == "global_restart", events
-    assert "restart failed" in events[-1]["reason"] or events[0]["action"] == "global_restart", events
+    # the restart in place fails on the dead bus at once ("restart failed"), or — where the new actor comes
+    # up before Ray has marked the bus dead (seen once in CI) — its loop fails on it until the in-place
+    # restarts run out: a global restart either way, after in-place restarts only
+    assert all(e["action"] == "restart" for e in events[:-1]), events
     assert _trained_prompts(result) == _trained_prompts(uninterrupted)
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
 

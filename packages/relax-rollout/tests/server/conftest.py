@@ -129,3 +129,17 @@ def backend_cfg():
             "rollout": {"rollout_temperature": 1.0, "rollout_batch_size": 1, "n_samples_per_prompt": 2},
         }
     )
+
+
+@pytest.fixture
+def tool_server(tool_model_dir, scripted, serve):
+    """``start(replies) -> URL``: a server on the tool-capable tiny Qwen3 whose engine replies with scripted
+    texts (the protocol tests: Messages, Responses)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tool_model_dir)
+
+    def start(replies=()):
+        return serve(scripted(tool_model_dir, replies), tok)
+
+    return start

@@ -21,18 +21,6 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is 1+2? Use the tools."}]
 
 
-@pytest.fixture
-def scripted_server(tool_model_dir, scripted, serve):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tool_model_dir)
-
-    def start(replies=()):
-        return serve(scripted(tool_model_dir, replies), tok)
-
-    return start
-
-
 def _client(url: str):
     return anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
 
@@ -50,8 +38,8 @@ def _tool_turns(client, headers=None):
     return first, second
 
 
-def test_a_tool_conversation_through_the_anthropic_client(scripted_server):
-    client = _client(scripted_server([CALL, "The answer is 3"]))
+def test_a_tool_conversation_through_the_anthropic_client(tool_server):
+    client = _client(tool_server([CALL, "The answer is 3"]))
     first, second = _tool_turns(client)
     assert first.stop_reason == "tool_use" and first.role == "assistant" and first.type == "message"
     use = next(b for b in first.content if b.type == "tool_use")
@@ -60,8 +48,8 @@ def test_a_tool_conversation_through_the_anthropic_client(scripted_server):
     assert second.usage.input_tokens > first.usage.input_tokens and second.usage.output_tokens > 0
 
 
-def test_streaming_events_build_the_same_message(scripted_server):
-    client = _client(scripted_server(["Hello there", CALL]))
+def test_streaming_events_build_the_same_message(tool_server):
+    client = _client(tool_server(["Hello there", CALL]))
     with client.messages.stream(model="m", max_tokens=32, messages=ASK) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -74,8 +62,8 @@ def test_streaming_events_build_the_same_message(scripted_server):
     assert final.stop_reason == "tool_use" and use.input == {"a": 1, "b": 2}
 
 
-def test_errors_come_in_anthropics_shape_naming_the_field(scripted_server):
-    client = _client(scripted_server())
+def test_errors_come_in_anthropics_shape_naming_the_field(tool_server):
+    client = _client(tool_server())
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="m", max_tokens=8, messages=ASK, extra_body={"top_k": 5})
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
@@ -89,11 +77,11 @@ def test_errors_come_in_anthropics_shape_naming_the_field(scripted_server):
 
 
 def test_one_conversation_through_messages_and_chat_is_the_same_tokens_and_masks(
-    scripted_server, call, tool_model_dir
+    tool_server, call, tool_model_dir
 ):
     import openai
 
-    url = scripted_server([CALL, "The answer is 3", CALL, "The answer is 3"])
+    url = tool_server([CALL, "The answer is 3", CALL, "The answer is 3"])
     _tool_turns(_client(url), {"X-Relax-Session": "via-messages"})
     chat = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     tools = [

@@ -19,18 +19,6 @@ TOOLS = [{"type": "function", "name": "add", "description": "a + b", "parameters
 ASK = "What is 1+2? Use the tools."
 
 
-@pytest.fixture
-def scripted_server(tool_model_dir, scripted, serve):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tool_model_dir)
-
-    def start(replies=()):
-        return serve(scripted(tool_model_dir, replies), tok)
-
-    return start
-
-
 def _client(url: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
 
@@ -55,8 +43,8 @@ def _tool_turns(client, headers=None, chain: bool = False):
     return first, client.responses.create(model="m", input=history, tools=TOOLS, extra_headers=headers)
 
 
-def test_a_tool_conversation_through_the_openai_client_and_previous_response_id(scripted_server):
-    client = _client(scripted_server([CALL, "The answer is 3", CALL, "The answer is 3"]))
+def test_a_tool_conversation_through_the_openai_client_and_previous_response_id(tool_server):
+    client = _client(tool_server([CALL, "The answer is 3", CALL, "The answer is 3"]))
     for chain in (False, True):
         first, second = _tool_turns(client, chain=chain)
         call = next(o for o in first.output if o.type == "function_call")
@@ -72,8 +60,8 @@ def test_a_tool_conversation_through_the_openai_client_and_previous_response_id(
         client.responses.create(model="m", previous_response_id="resp_nope", input="hi")
 
 
-def test_streaming_events_and_a_cut_response(scripted_server):
-    client = _client(scripted_server(["Hello there", CALL, "a long reply that is cut"]))
+def test_streaming_events_and_a_cut_response(tool_server):
+    client = _client(tool_server(["Hello there", CALL, "a long reply that is cut"]))
     with client.responses.stream(model="m", input="hi") as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
@@ -86,8 +74,8 @@ def test_streaming_events_and_a_cut_response(scripted_server):
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
 
 
-def test_what_is_not_served_is_refused_naming_the_field(scripted_server):
-    client = _client(scripted_server())
+def test_what_is_not_served_is_refused_naming_the_field(tool_server):
+    client = _client(tool_server())
     with pytest.raises(openai.BadRequestError, match="tools\\[0\\].type"):
         client.responses.create(model="m", input="hi", tools=[{"type": "web_search"}])
     with pytest.raises(openai.BadRequestError, match="input\\[0\\].content\\[0\\]"):
@@ -96,8 +84,8 @@ def test_what_is_not_served_is_refused_naming_the_field(scripted_server):
         )
 
 
-def test_one_conversation_through_the_three_protocols_is_the_same_tokens_and_masks(scripted_server, call):
-    url = scripted_server([CALL, "The answer is 3"] * 3)
+def test_one_conversation_through_the_three_protocols_is_the_same_tokens_and_masks(tool_server, call):
+    url = tool_server([CALL, "The answer is 3"] * 3)
     _tool_turns(_client(url), {"X-Relax-Session": "via-responses"})
     chat = _client(url)
     tools = [
@@ -153,9 +141,9 @@ TWO_CALLS = (
 )
 
 
-def test_the_openai_agents_sdk_runs_a_two_tool_agent_unmodified(scripted_server):
+def test_the_openai_agents_sdk_runs_a_two_tool_agent_unmodified(tool_server):
     agents = pytest.importorskip("agents")
-    url = scripted_server([TWO_CALLS, "It is 3, and sunny in Oslo."])
+    url = tool_server([TWO_CALLS, "It is 3, and sunny in Oslo."])
     ran: list[tuple[str, dict]] = []
 
     @agents.function_tool

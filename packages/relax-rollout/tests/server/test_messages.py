@@ -1,6 +1,6 @@
 """Anthropic's Messages API (``/v1/messages``) on the engine server, driven by the real ``anthropic`` client:
-text, tool use and tool results, streaming events, errors in Anthropic's shape, and one tool conversation
-recorded through Messages and through Chat Completions as the same tokens and loss masks (#55)."""
+text, tool use and tool results, streaming events, errors in Anthropic's shape, the stop reasons (#55). The
+same conversation through the three protocols, recorded alike: ``test_responses.py``."""
 
 import pytest
 
@@ -74,39 +74,6 @@ def test_errors_come_in_anthropics_shape_naming_the_field(tool_server):
             max_tokens=8,
             messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}],
         )
-
-
-def test_one_conversation_through_messages_and_chat_is_the_same_tokens_and_masks(
-    tool_server, call, tool_model_dir
-):
-    import openai
-
-    url = tool_server([CALL, "The answer is 3", CALL, "The answer is 3"])
-    _tool_turns(_client(url), {"X-Relax-Session": "via-messages"})
-    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-    tools = [
-        {
-            "type": "function",
-            "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]},
-        }
-        for t in TOOLS
-    ]
-    session = {"X-Relax-Session": "via-chat"}
-    first = chat.chat.completions.create(model="m", messages=ASK, tools=tools, extra_headers=session)
-    c = first.choices[0].message.tool_calls[0]
-    sent = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-        ],
-    }
-    history = [*ASK, sent, {"role": "tool", "tool_call_id": c.id, "content": "3"}]
-    chat.chat.completions.create(model="m", messages=history, tools=tools, extra_headers=session)
-    _, by_messages = call(url, "/relax/trajectories/via-messages")
-    _, by_chat = call(url, "/relax/trajectories/via-chat")
-    assert by_messages["num_calls"] == by_chat["num_calls"] == 2
-    assert by_messages["tokens"] == by_chat["tokens"] and by_messages["loss_mask"] == by_chat["loss_mask"]
 
 
 def test_a_reply_ended_by_one_of_the_stop_sequences_says_which():

@@ -70,7 +70,7 @@ def test_a_hundred_versions_by_delta_are_bitwise_the_trainers_through_restarts(t
     shares = [r["perf/weight_sync_sent_bytes"] / r["perf/weight_sync_bytes"] for r in steps]
     assert sum(s < 0.2 for s in shares) >= STEPS * 0.8, shares  # mostly deltas, a few percent of the bytes
     assert sum(s >= 1.0 for s in shares) >= 3  # the first, and after each restart: full
-    # partial rollout went on across versions, within the staleness bound on each sample's oldest token
-    assert all(r["train/staleness_max"] <= 1 for r in steps) and any(
-        r["rollout/responses_across_updates"] for r in steps
-    )
+    # partial rollout on, within the staleness bound on each sample's oldest token; whether a response went
+    # on across an update is up to timing with this tiny model (CI once saw none in 100 steps: as
+    # tests/test_streaming.py says; the exact per-token versions across an update: test_continuous.py)
+    assert all(r["train/staleness_max"] <= 1 for r in steps)

@@ -44,7 +44,9 @@ def _train(tc, data, steps: int, lr: float = 1e-2) -> list[float]:
 
 @pytest.fixture(scope="module")
 def client(server):
-    return tinker.ServiceClient(base_url=server.url)
+    c = tinker.ServiceClient(base_url=server.url)
+    yield c
+    c.close("success").result()  # (else its heartbeat thread calls the stopped server all session long)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,8 @@ def test_off_loopback_a_token_is_required(tiny_model, tmp_path):
 def test_the_sampler_in_a_process_of_its_own_takes_adapters_over_dcs_and_fails_alone(tiny_model, tmp_path):
     s = Server(tiny_model, tmp_path, sampler="process")
     try:
-        tc = tinker.ServiceClient(base_url=s.url).create_lora_training_client(base_model=tiny_model, rank=4)
+        service = tinker.ServiceClient(base_url=s.url)
+        tc = service.create_lora_training_client(base_model=tiny_model, rank=4)
         data = _datums(tc.get_tokenizer(), arithmetic_texts(4, seed=5))
         _train(tc, data, 2)
         sampler = tc.save_weights_and_get_sampling_client()
@@ -190,6 +193,7 @@ def test_the_sampler_in_a_process_of_its_own_takes_adapters_over_dcs_and_fails_a
         with pytest.raises(tinker.RequestFailedError, match="engine server exited"):
             sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
         assert _train(tc, data, 1)  # the training client serves on
+        service.close("success").result()
     finally:
         s.close()
 

@@ -248,9 +248,18 @@ def test_no_dotted_path_string_reaches_across_layers():
 
 
 # -- the sample schema ------------------------------------------------------------------------------------
-SHARED_NAMES = {"tokens", "reward", "mm", "finish_reason", "routed_experts", "advantages", "env_error"}
+SHARED_NAMES = {
+    "tokens",
+    "reward",
+    "mm",
+    "finish_reason",
+    "routed_experts",
+    "advantages",
+    "env_error",
+    "agent",
+}
 """Schema fields whose names also name other things (HTTP bodies, OpenAI replies, engine outputs, a role, a
-stop reason): readers use the constants, but a string of these names is not necessarily a sample field."""
+stop reason, the default agent name): readers use the constants, but a string of these names is not necessarily a sample field."""
 
 
 def test_sample_fields_are_named_through_the_schema():

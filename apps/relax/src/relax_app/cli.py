@@ -21,6 +21,8 @@ USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
   relax train                       run the CPU demo (tiny Qwen3 model, arithmetic task, GRPO)
   relax train --omni-demo           the omni-modal CPU demo (tiny Qwen3-Omni thinker; image, video and
                                     audio multiple-choice questions mixed in every batch)
+  relax train --agent-demo          an agent written with Anthropic's SDK (the Messages API) trained
+                                    fully async through Relax's engine server (--agent-path)
   relax train my_run.yaml --lr 1e-6 your own run: YAML config plus command-line overrides
   relax train --lora-rank 8         LoRA RL: adapters trained and synced alone (TRL's --use_peft
                                     --lora_r 8, veRL's model.lora_rank, slime's --use-lora;
@@ -110,21 +112,29 @@ def _command(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in rest):
         from relax_app.cli_config import help_text
         from relax_app.cli_help import wrap_columns
+        from relax_app.demo.agent_demo import AGENT_DEFAULTS
         from relax_app.demo.defaults import DEMO_DEFAULTS
         from relax_app.demo.omni import OMNI_DEFAULTS
 
-        demos = {"demo": DEMO_DEFAULTS, "omni demo": OMNI_DEFAULTS}
+        demos = {"demo": DEMO_DEFAULTS, "omni demo": OMNI_DEFAULTS, "agent demo": AGENT_DEFAULTS}
         print(wrap_columns(USAGE) + "\n" + help_text(demos=demos))  # (to the terminal's width)
         return 0
     from relax_app.cli_config import ConfigError, build_config, config_files
     from relax_app.recipes import shipped_configs
 
     yaml_path = None  # (config files are read where they stand: bare *.yaml arguments and --config FILE)
-    overrides = shipped_configs([a for a in rest if a != "--omni-demo"])
-    omni = "--omni-demo" in rest
+    overrides = shipped_configs([a for a in rest if a not in ("--omni-demo", "--agent-demo")])
+    omni, agent = "--omni-demo" in rest, "--agent-demo" in rest
     try:
         defaults = None
-        if omni:
+        if agent:
+            import os
+
+            from relax_app.demo.agent_demo import AGENT_DEFAULTS, prepare_agent_demo
+
+            model, data, held_out = prepare_agent_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
+            defaults = {**AGENT_DEFAULTS, "prompt_data": data, "eval_data": held_out, "hf_checkpoint": model}
+        elif omni:
             import os
 
             from relax_app.demo.omni import OMNI_DEFAULTS, prepare_omni_demo

@@ -102,6 +102,9 @@ def _agent(a: AgentStatus) -> str:
         )
     if a.tool_call_error_rate is not None:
         line += f"; tool calls failed {100 * a.tool_call_error_rate:.1f}%"
+    for name, m in sorted(a.agents.items()):  # (multi-agent runs: one line per agent)
+        line += f"\n  agent {name}: reward {m.get('reward_mean', float('nan')):.3f}"
+        line += f", staleness {m.get('staleness_mean', float('nan')):.2f}, {m.get('turns_mean', 0):.1f} turns"
     return line
 
 

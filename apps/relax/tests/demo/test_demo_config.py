@@ -77,3 +77,33 @@ def test_the_demo_with_lora_takes_loras_learning_rate_unless_one_is_given(monkey
     assert main(["train", *argv]) == 0
     (cfg,) = seen
     assert cfg.train.lr == lr and cfg.lora.enabled == bool(argv)
+
+
+def test_the_agent_demo_trains_the_messages_agent_fully_async(monkeypatch):
+    """`relax train --agent-demo`: its own assets (chat-format warm start), the Anthropic-SDK agent, fully
+    async; any flag still overrides (here the two-agent demo)."""
+    import relax_app.demo.agent_demo as agent_demo
+    import relax_app.train as launch
+    from relax_app.cli import main
+
+    seen = []
+    monkeypatch.setattr(agent_demo, "prepare_agent_demo", lambda cache: ("M", "TRAIN", "HELD_OUT"))
+    monkeypatch.setattr(launch, "check_inputs", lambda cfg: [])
+    monkeypatch.setattr(launch, "train", seen.append)
+    assert main(["train", "--agent-demo"]) == 0
+    assert (
+        main(
+            ["train", "--agent-demo", "--agent-path", agent_demo.TWO_AGENTS, "--agents", "solver", "checker"]
+        )
+        == 0
+    )
+    one, two = seen
+    assert (one.agent.agent_path, one.agent.agents) == (agent_demo.MESSAGES_AGENT, ["agent"])
+    assert (one.model.hf_checkpoint, one.data.prompt_data, one.data.eval_data) == ("M", "TRAIN", "HELD_OUT")
+    assert (
+        one.run.mode == "fully_async"
+        and one.data.apply_chat_template
+        and one.run.output_dir == "runs/agent-demo"
+    )
+    assert (two.agent.agent_path, two.agent.agents) == (agent_demo.TWO_AGENTS, ["solver", "checker"])
+    assert two.samples_per_rollout == 2 * one.samples_per_rollout

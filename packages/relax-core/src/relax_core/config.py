@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
+from relax_core.config_agents import AgentConfig
 from relax_core.config_checks import check
 from relax_core.config_critic import GAE, CriticConfig
 from relax_core.config_lora import LoraConfig
@@ -33,6 +34,7 @@ class RelaxConfig(Section):
     algo: AlgoConfig = AlgoConfig()
     lora: LoraConfig = LoraConfig()
     critic: CriticConfig = CriticConfig()
+    agent: AgentConfig = AgentConfig()
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
@@ -47,7 +49,11 @@ class RelaxConfig(Section):
 
     @property
     def samples_per_rollout(self) -> int:
-        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+        """Samples of one rollout step: a prompt's n responses, or with --agent-path n episodes of each agent."""
+        per_prompt = self.rollout.n_samples_per_prompt
+        if self.agent.agent_path:
+            per_prompt *= len(self.agent.agents)
+        return self.rollout.rollout_batch_size * per_prompt
 
     @property
     def effective_global_batch_size(self) -> int:

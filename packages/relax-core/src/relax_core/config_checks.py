@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from relax_core.config_agents import DEFAULT_AGENT, AgentConfig
 from relax_core.config_lora import LoraConfig
 from relax_core.config_sections import (
     DataConfig,
@@ -30,6 +31,7 @@ class Sections(Protocol):
     train: TrainConfig
     run: RunConfig
     lora: LoraConfig
+    agent: AgentConfig
 
 
 def check(cfg: Sections) -> None:
@@ -38,6 +40,7 @@ def check(cfg: Sections) -> None:
     _check_lora(cfg)
     _check_training(cfg)
     _check_placement(cfg)
+    _check_agent(cfg)
     if (cfg.data.prompt_data is None) != (cfg.model.hf_checkpoint is None):
         raise ValueError(
             "--prompt-data and --hf-checkpoint go together: give both for your own run, or neither "
@@ -175,6 +178,7 @@ def _check_streaming(cfg: Sections) -> None:
         for flag, on in (
             ("--dynamic-sampling", r.dynamic_sampling),
             ("--env-path", r.env_path is not None),
+            ("--agent-path", cfg.agent.agent_path is not None),
             ("--multimodal-keys", bool(cfg.data.multimodal_keys)),
         )
         if on
@@ -183,6 +187,28 @@ def _check_streaming(cfg: Sections) -> None:
         raise ValueError(
             "--streaming-rollout streams single-turn text groups in --fully-async runs"
             + (f"; it does not combine with {', '.join(off)} yet" if off else ": add --fully-async")
+        )
+
+
+def _check_agent(cfg: Sections) -> None:
+    """--agent-path: the agent's own calls are the rollout, so what drives generation itself is refused."""
+    a, r = cfg.agent, cfg.rollout
+    if a.agent_path is None:
+        if a.agents != [DEFAULT_AGENT]:
+            raise ValueError("--agents names the agents of --agent-path's episodes: add --agent-path")
+        return
+    clash = [
+        flag
+        for flag, on in (
+            ("--env-path", r.env_path is not None),
+            ("--dynamic-sampling", r.dynamic_sampling),
+            ("--multimodal-keys", bool(cfg.data.multimodal_keys)),
+        )
+        if on
+    ]
+    if clash:
+        raise ValueError(
+            f"--agent-path runs your agent's own episodes; it does not combine with {', '.join(clash)}"
         )
 
 

@@ -100,10 +100,18 @@ class AgentStatus(BaseModel):
     turn_s: dict[str, float] = {}
     """Per-turn generation latency percentiles: ``p50``, ``p90``, ``p95``, ``p99`` (seconds)."""
     tool_call_error_rate: float | None = None
+    agents: dict[str, dict[str, float]] = {}
+    """Multi-agent runs (--agents): per agent its ``reward_mean``, ``staleness_mean``, ``turns_mean``, ..."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> AgentStatus:
+        agents: dict[str, dict[str, float]] = {}
+        for k, v in row.items():
+            if k.startswith("rollout/agent/"):
+                name, _, metric = k.removeprefix("rollout/agent/").partition("/")
+                agents.setdefault(name, {})[metric] = v
         return cls(
+            agents=agents,
             step=int(row.get("step", 0)),
             turns_mean=row["rollout/turns_mean"],
             stops={

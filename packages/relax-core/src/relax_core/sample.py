@@ -56,6 +56,9 @@ TOOL_CALL_COUNT: Final = "tool_call_count"
 """Multi-turn with a tool environment: the tool calls the model made in the episode."""
 TOOL_CALL_ERRORS: Final = "tool_call_errors"
 """... and how many of them failed (malformed, an unknown tool, bad arguments, the tool raised or timed out)."""
+AGENT: Final = "agent"
+"""Agent runs (--agent-path): which of the episode's agents (--agents) made this sample's turns; each agent's
+samples form groups of their own."""
 GENERATED_AT: Final = "generated_at"
 """Streaming rollout: when the group's last response ended (wall clock, seconds)."""
 RESPONSE_TEXT: Final = "response_text"
@@ -120,6 +123,7 @@ class RolloutSample(TypedDict, total=False):
     turn_s: np.ndarray
     tool_call_count: int
     tool_call_errors: int
+    agent: str
     generated_at: float
     response_text: str
     rollout_tokens_per_s: float
@@ -191,6 +195,7 @@ class TrainBatch(TypedDict, total=False):
     turn_s: list[np.ndarray]
     tool_call_count: list[int]
     tool_call_errors: list[int]
+    agent: list[str]
     generated_at: list[float]
     response_text: list[str]
     rollout_tokens_per_s: list[float]

@@ -1,9 +1,9 @@
 """The rollout role's generation of one batch: n responses per prompt from the engine, as one result.
 
-Why a room of its own: a batch is generated three ways — single-turn (:meth:`Generation.generate`),
+Why a room of its own: a batch is generated four ways — single-turn (:meth:`Generation.generate`),
 DAPO dynamic sampling (:meth:`Generation.filtered`, rounds of generation scored inline and filtered
-by group), agentic multi-turn episodes (:meth:`Generation.episodes`, one environment per sample) — and
-all three hand the same :class:`Generated` to sample assembly (``samples.py``), which does not need to
+by group), agentic multi-turn episodes (:meth:`Generation.episodes`, one environment per sample), the
+user's own agents (:meth:`Generation.agent_episodes`, ``agents.py``) — and all four hand the same :class:`Generated` to sample assembly (``samples.py``), which does not need to
 know which way it came. The sampling seeds and the long-tail draw are functions of (seed, step, round)
 only, so a resumed or restarted rollout generates a step exactly as the lost one would have.
 """
@@ -25,6 +25,7 @@ from relax_rollout.prompts import Prompts, messages_of
 
 if TYPE_CHECKING:
     from relax_core.data import PromptRow
+    from relax_rollout.agents import AgentHost
     from relax_rollout.multiturn import Episode
 
 
@@ -72,9 +73,12 @@ class Generation:
         tracer: Any,
         stats: dict[str, Any],
         score: Callable[[Generated], tuple[list, float]],
+        agents: AgentHost | None = None,
     ):
         self.cfg, self.engine, self.tokenizer, self.prompts = cfg, engine, tokenizer, prompts
-        self.tracer, self.stats, self.score = tracer, stats, score
+        self.tracer, self.stats, self.score, self.agents = tracer, stats, score, agents
+        self.alive: Callable[[], None] = lambda: None
+        """Called while a long batch runs (agent episodes), so the health manager sees the role alive."""
 
     def batch(self, step: int) -> Generated:
         """Step ``step``'s batch, filtered by dynamic sampling when it is on."""
@@ -135,6 +139,8 @@ class Generation:
         n = r.n_samples_per_prompt
         if r.env_path:
             return self.episodes(step, round_)
+        if self.agents is not None:
+            return self.agent_episodes(step)
         rows, enc = self.prompts.batch()
         prompts = [ids for ids, _ in enc for _ in range(n)]
         media = [mm for _, mm in enc for _ in range(n)] if self.prompts.mm is not None else None
@@ -245,6 +251,27 @@ class Generation:
             model_tokens(outs),
             media=mms if any(m is not None for m in mms) else None,
             texts=[ep.model_text[-1] if ep.model_text else "" for ep in episodes],
+        )
+
+    def agent_episodes(self, step: int) -> Generated:
+        """One batch of --agent-path episodes (``agents.py``): n per prompt, each agent's samples a group of
+        their own, so the batch's ``rows`` repeat each row once per agent (what ``samples.py`` reads)."""
+        assert self.agents is not None, "agent episodes need --agent-path"
+        rows = self.prompts.batch()[0]
+        t0 = time.perf_counter()
+        with self.tracer.span("generate", step=step):
+            got = self.agents.run(step, rows, self.alive)
+        gen_s = time.perf_counter() - t0
+        self.stats["generate_s"] += gen_s
+        outs = [a.out for a in got]
+        return Generated(
+            step,
+            [row for row in rows for _ in self.agents.agents],
+            [a.prompt for a in got],
+            outs,
+            gen_s,
+            model_tokens(outs),
+            texts=[a.text for a in got],
         )
 
     def _start_episode(

@@ -61,7 +61,7 @@ class SampleWriter:
             if o.episode is None:
                 continue
             if o.episode.env_reward_error:  # (checked on the environment's time-limited thread)
-                results[i] = self.scorer.fail("bad_return", o.episode.env_reward_error)
+                results[i] = self.scorer.fail(o.episode.failure, o.episode.env_reward_error)
             elif o.episode.env_reward is not None:
                 results[i] = RewardResult(float(o.episode.env_reward))
         return results, time.perf_counter() - t1
@@ -108,6 +108,8 @@ class SampleWriter:
                     o.episode.tool_calls,
                     o.episode.tool_errors,
                 )
+                if o.episode.agent:
+                    s[sample.AGENT] = o.episode.agent
             s.update(gen.extra)  # (dynamic sampling's counters; streaming's generated_at)
             s[sample.ROLLOUT_TOKENS_PER_S] = tokens_per_s
             s[sample.WEIGHT_PAUSE_S] = pause

@@ -35,6 +35,7 @@ from relax_rollout.samples import SampleWriter
 from relax_rollout.steps import RolloutSteps
 
 if TYPE_CHECKING:
+    from relax_rollout.agents import AgentServer
     from relax_rollout.streaming import GroupStream
 
 
@@ -125,8 +126,18 @@ class RolloutWorker:
             restartable,
             pause=lambda: longest_pause(self.generation.engine),
         )
+        self.agent_server: AgentServer | None = None
+        """--agent-path: the engine served on 127.0.0.1 to the agents (:mod:`relax_rollout.agents`)."""
+        agents = None
+        if cfg.agent.agent_path:
+            from relax_rollout.agents import AgentHost, AgentServer
+
+            self.agent_server = AgentServer(cfg, engine, self.tokenizer, model_path)
+            agents = AgentHost(
+                cfg, self.agent_server.state, self.agent_server.base_url, self.tokenizer, self.stats
+            )
         self.generation = Generation(
-            cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score
+            cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score, agents
         )
         """Each batch's generation; its ``engine`` is the rollout engine."""
         self.steps = RolloutSteps(
@@ -141,6 +152,7 @@ class RolloutWorker:
             self.stats,
         )
         """Each step's admission, generation and bus write, journaled (:mod:`.steps`)."""
+        self.generation.alive = self.steps.alive
 
     # -- weights -------------------------------------------------------------------------------
     _stream: GroupStream | None = None  # the streaming loop (--streaming-rollout), while it runs
@@ -149,6 +161,8 @@ class RolloutWorker:
         engine = self.generation.engine
         if self._stream is not None:  # between decode steps (or once the responses in flight end)
             self._stream.update_weights(tensors, version)
+        elif self.agent_server is not None:  # (the same, for the agents' calls)
+            self.agent_server.update_weights(tensors, version)
         else:
             engine.update_weights(tensors, version)
         if self.audit is not None:  # (--verify-weight-sync)
@@ -313,6 +327,10 @@ class RolloutWorker:
         )
 
     def close(self) -> None:
+        if self.generation.agents is not None:
+            self.generation.agents.close()
+        if self.agent_server is not None:
+            self.agent_server.close()
         self.scorer.close()  # (--reward-isolation process: its worker processes)
         self.weights.close()
         if self.engine_service is not None:

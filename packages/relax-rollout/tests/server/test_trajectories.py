@@ -206,3 +206,26 @@ def test_errors_name_what_to_fix(url, call, client):
     before = call(url, "/relax/trajectories")[1]["data"]
     assert chat(client, [{"role": "user", "content": "1+2="}])["relax"] is None
     assert call(url, "/relax/trajectories")[1]["data"] == before
+
+
+def test_a_session_taken_for_training_is_closed_returned_and_retired(tok):
+    """``take`` (what an --agent-path rollout does once an episode ends): every trajectory of the session, the
+    open one closed, each call's latency; the session is forgotten and a later call naming it is refused
+    with a 400 naming the header (an agent still running after its episode timed out)."""
+    from relax_rollout.engines.base import GenerateOutput
+    from relax_rollout.server.protocol import BadRequest
+    from relax_rollout.server.trajectories import TrajectoryRecorder
+
+    rec = TrajectoryRecorder(tok)
+    first = [{"role": "user", "content": "hi"}]
+    for messages in (first, [{"role": "user", "content": "rewritten"}]):  # (the second starts trajectory 1)
+        with rec.turn("7:0:1/agent", messages) as t:
+            t.record(GenerateOutput([tok.eos_token_id], [-0.1], "stop", 3), "")
+    got = rec.take("7:0:1/agent")
+    assert [t["index"] for t in got] == [0, 1]
+    assert [t["stop_reason"] for t in got] == ["history_rewritten", "closed_by_client"]
+    assert got[1]["weight_versions"] == [3] and len(got[1]["call_s"]) == 1 and got[1]["call_s"][0] >= 0
+    with pytest.raises(BadRequest, match="has ended") as e:
+        rec.turn("7:0:1/agent", first).__enter__()
+    assert e.value.field == "X-Relax-Session"
+    assert rec.take("never-called") == [] and rec.sessions() == []

@@ -99,6 +99,10 @@ class EpisodeResult:
     """Tool calls the model made (a tool environment's ``info["tool_calls"]``; 0 for others)."""
     tool_errors: int = 0
     """Of those, the ones that failed (``info["tool_errors"]``)."""
+    failure: str = "bad_return"
+    """The reward failure ``env_reward_error`` is counted as (an agent's: ``agent_error``, ``agent_timeout``)."""
+    agent: str = ""
+    """Agent runs (--agent-path): the agent whose turns these are."""
 
 
 @dataclass

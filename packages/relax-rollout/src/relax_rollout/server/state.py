@@ -86,6 +86,10 @@ class EngineServer:
     the same name bounds its scheduler's waiting queue only (beside ``--max-running-requests``) and refuses
     with 503 "The request queue is full." (0.5.23; 429 before); this server has no running bound of its own,
     so it bounds both together."""
+    sampling: tuple[float, float] | None = None
+    """(temperature, top_p) every request is sampled at, whatever it asks: an agent run's server
+    (``relax_rollout.agents``) samples at --rollout-temperature / --rollout-top-p, the distribution the
+    trainer scores the recorded tokens under. None: each request's own."""
     no_media: str = field(default="", init=False)
     """Why chat images are refused (when ``media`` is None)."""
     context_len: int | None = field(default=None, init=False)
@@ -203,6 +207,9 @@ class EngineServer:
         ``streaming``: the client reads a stream (SGLang's ``is_streaming`` metrics label)."""
         self.check_features(params, fields)
         params = self.check_fits(prompts, params, max_new_given)
+        if self.sampling is not None:
+            t, top_p = self.sampling
+            params = [SamplingParams(**{**p.__dict__, "temperature": t, "top_p": top_p}) for p in params]
         reqs = [_Req(r) for r in rids]
         with self._cond:
             for r in reqs:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ SESSION_HEADER = "X-Relax-Session"
 # says such things. The suffix after the turn does not depend on the reply for templates that do not branch
 # on the reply's text.
 _PLACEHOLDER = "RELAXREPLYPLACEHOLDER"
+RETIRED_KEPT = 100_000
+"""Names of sessions taken for training (:meth:`TrajectoryRecorder.take`) remembered to refuse late calls."""
 
 
 def render_prompt(tokenizer: Any, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
@@ -134,6 +137,8 @@ class Trajectory:
     weight_versions: list[int] = field(default_factory=list)
     completion_spans: list[list[int]] = field(default_factory=list)
     """Per call, [start, end) of its completion in ``tokens``."""
+    call_s: list[float] = field(default_factory=list)
+    """Per call, the seconds from its arrival to its reply (the latency the agent saw, queueing included)."""
     model_ended: bool = False
     """The last completion ends with the end-of-turn token (else the template's suffix supplies it)."""
     template_kwargs: dict = field(default_factory=dict)
@@ -189,6 +194,7 @@ class Trajectory:
             sample.ROLLOUT_LOG_PROBS: list(self.rollout_log_probs),
             "weight_versions": list(self.weight_versions),
             "completion_spans": [list(s) for s in self.completion_spans],
+            "call_s": list(self.call_s),
             "messages": [dict(m) for m in self.messages],
         }
 
@@ -221,11 +227,18 @@ class TrajectoryRecorder:
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
         self._closed: deque[tuple[str, int]] = deque()
+        self._retired: dict[str, None] = {}  # (insertion-ordered: the oldest names are forgotten first)
 
     def turn(self, session: str, messages: list[dict], template_kwargs: dict | None = None) -> Turn:
         """``with recorder.turn(name, messages) as t:`` generate from ``t.prompt_ids``, then ``t.record``.
         ``template_kwargs``: the call's arguments of the chat template (``tools``, ...)."""
         with self._lock:
+            if session in self._retired:
+                raise BadRequest(
+                    SESSION_HEADER,
+                    f"session {session!r} has ended (its episode finished or timed out and was trained on): "
+                    "an agent must not call the model for an episode after it returned",
+                )
             sess = self._sessions.setdefault(session, _Session())
         return Turn(self, sess, session, messages, template_kwargs or {}, self._lock, self._close)
 
@@ -239,7 +252,8 @@ class TrajectoryRecorder:
         self._closed.append((traj.session, traj.index))
         while len(self._closed) > self.keep_closed:
             name, i = self._closed.popleft()
-            self._sessions[name].trajectories.pop(i, None)
+            if (sess := self._sessions.get(name)) is not None:  # (a session taken is gone already)
+                sess.trajectories.pop(i, None)
 
     def _session(self, session: str) -> _Session:
         with self._lock:
@@ -284,6 +298,28 @@ class TrajectoryRecorder:
                 t.reward = reward
             return t.summary()
 
+    def take(self, session: str, wait_s: float = 30.0) -> list[dict]:
+        """Every trajectory of ``session`` (JSON, oldest first; the open one closed ``closed_by_client``), and
+        the session retired: it is forgotten and later calls naming it are refused. Waits up to ``wait_s``
+        for a call in flight (then takes what is recorded). An unknown session has none: ``[]``."""
+        with self._lock:
+            sess = self._sessions.get(session)
+            self._retired[session] = None
+            while len(self._retired) > RETIRED_KEPT:
+                del self._retired[next(iter(self._retired))]
+        if sess is None:
+            return []
+        locked = sess.lock.acquire(timeout=wait_s)
+        try:
+            with self._lock:
+                if (t := sess.open()) is not None:
+                    self._close(t, "closed_by_client")
+                self._sessions.pop(session, None)
+                return [t.to_json() for _, t in sorted(sess.trajectories.items())]
+        finally:
+            if locked:
+                sess.lock.release()
+
     def sessions(self) -> list[dict]:
         with self._lock:
             return [
@@ -314,6 +350,7 @@ class Turn:
         self.prompt_ids: list[int] = []
 
     def __enter__(self) -> Turn:
+        self.t0 = time.perf_counter()
         self._sess.lock.acquire()
         try:
             self._plan()
@@ -374,6 +411,7 @@ class Turn:
             t.add_call(
                 gap, list(out.token_ids), out.log_probs, out.finish_reason, out.oldest_version, rec.eos_id
             )
+            t.call_s.append(time.perf_counter() - self.t0)
             message = {"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)
             t.messages = [dict(m) for m in self.messages] + [message]
             return t.summary()

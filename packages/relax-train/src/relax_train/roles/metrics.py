@@ -50,6 +50,25 @@ def rollout_metrics(d: TrainBatch) -> dict[str, float]:
         for _, reason in turns:
             out[f"rollout/stop/{reason}"] = out.get(f"rollout/stop/{reason}", 0.0) + 1.0
         out.update(agent_metrics(d))
+    if sample.AGENT in d:
+        out.update(per_agent_metrics(d))
+    return out
+
+
+def per_agent_metrics(d: TrainBatch) -> dict[str, float]:
+    """Multi-agent runs (--agents): each agent's reward, response length and turns, as
+    ``rollout/agent/<name>/...``; its staleness is added by :func:`step_metrics`."""
+    out: dict[str, float] = {}
+    names = d[sample.AGENT]
+    for name in sorted(set(names)):
+        rows = [i for i, a in enumerate(names) if a == name]
+        out[f"rollout/agent/{name}/reward_mean"] = float(np.mean([d[sample.REWARD][i] for i in rows]))
+        out[f"rollout/agent/{name}/response_len_mean"] = float(
+            np.mean([d[sample.RESPONSE_LEN][i] for i in rows])
+        )
+        turns = d.get(sample.TURNS)
+        if turns is not None:
+            out[f"rollout/agent/{name}/turns_mean"] = float(np.mean([turns[i] for i in rows]))
     return out
 
 
@@ -122,6 +141,10 @@ def step_metrics(
             "time": time.time(),
         }
     )
+    if sample.AGENT in d:  # each agent's samples' staleness (an agent whose episodes run longer lags more)
+        for name in sorted(set(d[sample.AGENT])):
+            lags = [x for x, a in zip(staleness, d[sample.AGENT]) if a == name]
+            metrics[f"rollout/agent/{name}/staleness_mean"] = float(np.mean(lags))
     if sample.TOKEN_VERSIONS in d:  # streaming rollout: responses that went on across weight updates
         spread = [int(np.max(v)) - int(np.min(v)) if len(v) else 0 for v in d[sample.TOKEN_VERSIONS]]
         cuts = [int(np.count_nonzero(np.diff(np.asarray(v)))) for v in d[sample.TOKEN_VERSIONS]]

@@ -24,9 +24,10 @@ def test_train_help_says_which_defaults_the_demos_override(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--rollout-max-response-len (default 512; demo: 6; omni demo: 6)" in out
-    assert "--lr / --learning-rate (default 1e-06; demo: 0.0002; omni demo: 0.001)" in out
-    assert "--weight-decay (default 0.01; demo: 0.0; omni demo: 0.0)" in out
+    assert "--rollout-max-response-len (default 512; demo: 6; omni demo: 6; agent demo: 6)" in out
+    assert "--lr / --learning-rate (default 1e-06; demo: 0.0002; omni demo: 0.001; agent demo: 0.0002)" in out
+    assert "--weight-decay (default 0.01; demo: 0.0; omni demo: 0.0; agent demo: 0.0)" in out
+    assert "--agent-path (default None; agent demo: 'relax_app.demo.agents:messages_agent')" in out
 
 
 @pytest.mark.parametrize("width", [40, 60, 80, 100, 150])

@@ -124,24 +124,14 @@ def _command(argv: list[str]) -> int:
 
     yaml_path = None  # (config files are read where they stand: bare *.yaml arguments and --config FILE)
     overrides = shipped_configs([a for a in rest if a not in ("--omni-demo", "--agent-demo")])
-    omni, agent = "--omni-demo" in rest, "--agent-demo" in rest
+    omni = "--omni-demo" in rest
     try:
-        defaults = None
-        if agent:
-            import os
-
-            from relax_app.demo.agent_demo import AGENT_DEFAULTS, prepare_agent_demo
-
-            model, data, held_out = prepare_agent_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
-            defaults = {**AGENT_DEFAULTS, "prompt_data": data, "eval_data": held_out, "hf_checkpoint": model}
-        elif omni:
-            import os
-
-            from relax_app.demo.omni import OMNI_DEFAULTS, prepare_omni_demo
-
-            model, data = prepare_omni_demo(os.environ.get("RELAX_CACHE_DIR", ".relax_cache"))
-            defaults = {**OMNI_DEFAULTS, "prompt_data": data, "hf_checkpoint": model}
-        elif not config_files(overrides) and not any(a.startswith("--prompt-data") for a in overrides):
+        defaults = _built_demo("--agent-demo" in rest, omni)
+        if (
+            defaults is None
+            and not config_files(overrides)
+            and not any(a.startswith("--prompt-data") for a in overrides)
+        ):
             from relax_app.demo.defaults import DEMO_DEFAULTS
 
             defaults = DEMO_DEFAULTS
@@ -174,6 +164,24 @@ def _command(argv: list[str]) -> int:
         return 2
     train(cfg)  # (what stops it is said in one line by main's error boundary)
     return 0
+
+
+def _built_demo(agent: bool, omni: bool) -> dict[str, object] | None:
+    """The settings of `--agent-demo` / `--omni-demo`, their assets built (and cached) first; else None."""
+    import os
+
+    cache = os.environ.get("RELAX_CACHE_DIR", ".relax_cache")
+    if agent:
+        from relax_app.demo.agent_demo import AGENT_DEFAULTS, prepare_agent_demo
+
+        model, data, held_out = prepare_agent_demo(cache)
+        return {**AGENT_DEFAULTS, "prompt_data": data, "eval_data": held_out, "hf_checkpoint": model}
+    if omni:
+        from relax_app.demo.omni import OMNI_DEFAULTS, prepare_omni_demo
+
+        model, data = prepare_omni_demo(cache)
+        return {**OMNI_DEFAULTS, "prompt_data": data, "hf_checkpoint": model}
+    return None
 
 
 if __name__ == "__main__":

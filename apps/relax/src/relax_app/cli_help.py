@@ -165,6 +165,7 @@ FALLBACK = {
     "train": "training",
     "algo": "algorithm",
     "run": "other run settings",
+    "agent": "your own agents (--agent-path)",
 }
 """Config section -> the help section of its fields that :data:`SECTIONS` does not name."""
 

@@ -32,6 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax_core import sample
 from relax_core.config import RelaxConfig
 from relax_core.env import resolve
 from relax_rollout.engines.base import EpisodeResult, GenerateOutput
@@ -266,11 +267,13 @@ class AgentHost:
             result.env_reward_error, result.failure = (message or "no call was made", kind or "no_calls")
         else:
             t = trajectories[-1]
-            plen = int(t["prompt_len"])
-            ids, response = list(t["tokens"][:plen]), list(t["tokens"][plen:])
+            plen = int(t[sample.PROMPT_LEN])
+            ids, response = list(t[sample.TOKENS][:plen]), list(t[sample.TOKENS][plen:])
             finish = "length" if t["finish_reasons"][-1] == "length" and not kind else reason
-            out = GenerateOutput(response, list(t["rollout_log_probs"]), finish, min(t["weight_versions"]))
-            result = EpisodeResult(list(t["loss_mask"]), len(t["finish_reasons"]), env_error=message)
+            out = GenerateOutput(
+                response, list(t[sample.ROLLOUT_LOG_PROBS]), finish, min(t["weight_versions"])
+            )
+            result = EpisodeResult(list(t[sample.LOSS_MASK]), len(t["finish_reasons"]), env_error=message)
             result.turn_s = list(t["call_s"])
             result.tool_calls = sum(len(m.get("tool_calls") or ()) for m in t["messages"])
             if kind:

@@ -35,7 +35,7 @@ from relax_rollout.samples import SampleWriter
 from relax_rollout.steps import RolloutSteps
 
 if TYPE_CHECKING:
-    from relax_rollout.agents import AgentServer
+    from relax_rollout.agents import AgentHost, AgentServer
     from relax_rollout.streaming import GroupStream
 
 
@@ -126,16 +126,8 @@ class RolloutWorker:
             restartable,
             pause=lambda: longest_pause(self.generation.engine),
         )
-        self.agent_server: AgentServer | None = None
+        self.agent_server, agents = _agents(cfg, engine, self.tokenizer, model_path, self.stats)
         """--agent-path: the engine served on 127.0.0.1 to the agents (:mod:`relax_rollout.agents`)."""
-        agents = None
-        if cfg.agent.agent_path:
-            from relax_rollout.agents import AgentHost, AgentServer
-
-            self.agent_server = AgentServer(cfg, engine, self.tokenizer, model_path)
-            agents = AgentHost(
-                cfg, self.agent_server.state, self.agent_server.base_url, self.tokenizer, self.stats
-            )
         self.generation = Generation(
             cfg, engine, self.tokenizer, self.prompts, self.tracer, self.stats, self.samples.score, agents
         )
@@ -344,6 +336,18 @@ class RolloutWorker:
 
             ray.util.remove_placement_group(self._gpus)
             self._gpus = None
+
+
+def _agents(
+    cfg: RelaxConfig, engine: RolloutEngine, tokenizer: Any, model_path: str, stats: dict[str, Any]
+) -> tuple[AgentServer | None, AgentHost | None]:
+    """--agent-path: the engine served to the agents, and what runs them (None, None without it)."""
+    if not cfg.agent.agent_path:
+        return None, None
+    from relax_rollout.agents import AgentHost, AgentServer
+
+    server = AgentServer(cfg, engine, tokenizer, model_path)
+    return server, AgentHost(cfg, server.state, server.base_url, tokenizer, stats)
 
 
 def _check_data(cfg: RelaxConfig, prompt_path: str) -> None:

@@ -89,3 +89,11 @@ def test_a_reply_ended_by_one_of_the_stop_sequences_says_which():
     assert (by_eos["stop_reason"], by_eos["stop_sequence"]) == ("end_turn", None)
     cut = from_chat(chat("length", None), "m", [])
     assert cut["stop_reason"] == "max_tokens" and cut["usage"] == {"input_tokens": 5, "output_tokens": 2}
+
+
+@pytest.mark.parametrize("tools", [[None], 5, ["f"]])
+def test_malformed_tools_are_a_400_in_anthropics_shape_not_a_500(tool_server, call, tools):
+    """What the no-500 fuzzing found (``"tools": [null]`` was a 500)."""
+    body = {"model": "m", "max_tokens": 4, "messages": ASK, "tools": tools}
+    status, out = call(tool_server(), "/v1/messages", body)
+    assert status == 400 and out["type"] == "error" and "tools" in out["error"]["message"], out

@@ -66,6 +66,50 @@ VALID: dict[tuple[str, str], list[dict]] = {
             "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": NESTED}},
         },
     ],
+    ("POST", "/v1/messages"): [  # (Anthropic's Messages API: every kind of block it takes, and a stream)
+        {"model": "m", "max_tokens": 2, "messages": USER, "system": "Be brief.", "stop_sequences": ["3"]},
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "tools": [{"name": "f", "input_schema": NESTED}],
+            "tool_choice": {"type": "tool", "name": "f"},
+            "messages": [
+                *USER,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"p": 1}}],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "3"}]},
+            ],
+        },
+        {"model": "m", "max_tokens": 2, "messages": USER, "stream": True},
+    ],
+    ("POST", "/v1/responses"): [  # (OpenAI's Responses API: items, function calls, a format, a stream)
+        {"model": "m", "input": "What is 1+2?", "max_output_tokens": 2, "instructions": "Be brief."},
+        {
+            "model": "m",
+            "max_output_tokens": 8,
+            "tools": [{"type": "function", "name": "f", "parameters": NESTED}],
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "What is 1+2?"}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": '{"p": 1}'},
+                {"type": "function_call_output", "call_id": "c", "output": "3"},
+            ],
+        },
+        {
+            "model": "m",
+            "input": "x",
+            "max_output_tokens": 8,
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": NESTED}},
+        },
+        {
+            "model": "m",
+            "input": "x",
+            "max_output_tokens": 2,
+            "stream": True,
+            "previous_response_id": "resp_0",
+        },
+    ],
     ("POST", "/tokenize"): [{"prompt": "1+2=", "add_special_tokens": False}],
     ("POST", "/detokenize"): [{"tokens": [3, 12, 4]}],
     ("POST", "/abort_request"): [{"rid": "nothing"}],

@@ -184,3 +184,20 @@ def test_a_real_engine_streams_the_text_token_by_token(chat_model_dir, serve):
         e.sequence_number for e in events
     ] == list(range(len(events)))
     assert len(deltas) > 1 and "".join(deltas) == last.response.output_text
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"model": "m", "input": "x", "previous_response_id": ["r"]}, "previous_response_id"),
+        ({"model": "m", "input": "x", "tools": [None]}, "tools[0]"),
+        ({"model": "m", "input": "x", "tools": 5}, "tools"),
+        ({"model": "m", "input": "x", "text": "json"}, "text"),
+        ({"model": "m", "input": "x", "text": {"format": 1}}, "text.format"),
+    ],
+)
+def test_malformed_fields_are_a_400_naming_them_not_a_500(tool_server, call, body, field):
+    """What the no-500 fuzzing found (a 500 each before): a 400 in OpenAI's error shape naming the field."""
+    status, out = call(tool_server(), "/v1/responses", body)
+    assert status == 400 and out["error"]["param"] == field, out
+    assert out["error"]["type"] == "invalid_request_error"

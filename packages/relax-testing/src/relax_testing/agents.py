@@ -26,7 +26,7 @@ def messages_two_turns(task: Any) -> float:
     import anthropic
 
     client = anthropic.Anthropic(base_url=task.base_url, api_key=task.api_key, default_headers=task.headers())
-    messages: list[dict[str, Any]] = [{"role": "user", "content": str(task.prompt)}]
+    messages: list[Any] = [{"role": "user", "content": str(task.prompt)}]
     for _ in range(2):
         reply = client.messages.create(
             model="default", max_tokens=task.max_tokens, messages=messages, extra_body={"temperature": 0.3}

@@ -21,7 +21,7 @@ from typing import Any
 
 from relax_rollout.http_api import EventStream, Request
 from relax_rollout.server import openai_routes
-from relax_rollout.server.protocol import BadRequest
+from relax_rollout.server.protocol import BadRequest, objects
 from relax_rollout.server.state import EngineServer
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -110,6 +110,8 @@ def _tool_choice(choice: Any) -> Any:
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat request a Messages request is (a field that cannot be served is refused by name)."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "must be a JSON object (a Messages API request)")
     for field in ("model", "max_tokens", "messages"):
         if field not in body:
             raise BadRequest(field, "is required")
@@ -135,7 +137,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                     "parameters": t.get("input_schema") or {},
                 },
             }
-            for t in body["tools"]
+            for t in objects(body["tools"], "tools")
         ]
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
@@ -187,6 +189,10 @@ def messages(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
         status, out = openai_routes.chat_completions(s, chat, req)
     except BadRequest as e:
         return 400, error(str(e))
+    if status != 200:  # (the chat route's own error body)
+        return status, error(
+            str(out.get("message", out)), "invalid_request_error" if status < 500 else "api_error"
+        )
     if isinstance(out, EventStream):
         return 200, EventStream(_events(out, body["model"]), out.on_close, named=True)
     return status, from_chat(out, body["model"], chat.get("stop") or [])

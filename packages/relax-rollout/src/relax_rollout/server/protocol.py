@@ -75,6 +75,16 @@ class NotFound(LookupError):
         return error_dict(str(self), "NotFound", code=404)
 
 
+def objects(value: Any, where: str) -> list[dict[str, Any]]:
+    """``value`` as a list of JSON objects, or a 400 naming the field (or the element) that is not one."""
+    if not isinstance(value, list):
+        raise BadRequest(where, f"must be a list of objects (got {type(value).__name__})")
+    for i, v in enumerate(value):
+        if not isinstance(v, dict):
+            raise BadRequest(f"{where}[{i}]", f"must be an object (got {type(v).__name__})")
+    return value
+
+
 def error_dict(message: str, kind: str, **fields: Any) -> dict:
     """SGLang's error body (``ErrorResponse``): ``fields`` (``param``, ``code``, ...) follow in their order."""
     return {"object": "error", "message": message, "type": kind, **fields}

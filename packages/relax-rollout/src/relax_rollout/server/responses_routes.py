@@ -22,7 +22,7 @@ from typing import Any
 
 from relax_rollout.http_api import EventStream, Request
 from relax_rollout.server import openai_routes
-from relax_rollout.server.protocol import BadRequest
+from relax_rollout.server.protocol import BadRequest, NotFound, objects
 from relax_rollout.server.state import EngineServer
 
 
@@ -91,8 +91,19 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _object(value: Any, where: str) -> dict[str, Any]:
+    """``value`` (the field ``where``) as an object, {} when absent, else a 400 naming it."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(where, f"must be an object (got {type(value).__name__})")
+    return value
+
+
 def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat request a Responses request is, after ``history`` (a previous response's conversation)."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "must be a JSON object (a Responses API request)")
     if "input" not in body:
         raise BadRequest("input", "is required")
     messages = list(history)
@@ -111,13 +122,13 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
         if body.get(theirs) is not None:
             chat[ours] = body[theirs]
     if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = _tools(objects(body["tools"], "tools"))
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     elif choice is not None:
         chat["tool_choice"] = choice
-    fmt = (body.get("text") or {}).get("format") or {}
+    fmt = _object(_object(body.get("text"), "text").get("format"), "text.format")
     if fmt.get("type") == "json_schema":
         chat["response_format"] = {
             "type": "json_schema",
@@ -182,12 +193,34 @@ def from_chat(out: dict[str, Any], body: dict[str, Any], rid: str) -> dict[str, 
 
 
 def responses(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
-    """``POST /v1/responses``."""
-    history = s.responses.get(body["previous_response_id"]) if body.get("previous_response_id") else []
-    chat = to_chat(body, history)
+    """``POST /v1/responses``; what is wrong with a request is answered in OpenAI's error shape."""
+    try:
+        return _respond(s, body, req)
+    except (BadRequest, NotFound) as e:
+        return _error(e.body())
+
+
+def _error(b: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Our error body (SGLang's, flat) as OpenAI's: ``{"error": {"message", "type", "param", "code"}}``."""
+    code = int(b.get("code") or 400)
+    kind = "invalid_request_error" if code < 500 else "server_error"
+    return code, {
+        "error": {"message": b.get("message", ""), "type": kind, "param": b.get("param"), "code": None}
+    }
+
+
+def _respond(s: EngineServer, body: dict, req: Request) -> tuple[int, Any]:
+    prev = body.get("previous_response_id") if isinstance(body, dict) else None
+    if prev is not None and not isinstance(prev, str):
+        raise BadRequest(
+            "previous_response_id", f"must be a response's id, a string (got {type(prev).__name__})"
+        )
+    chat = to_chat(body, s.responses.get(prev) if prev else [])
     if body.get("stream"):
         chat["stream"], chat["stream_options"] = True, {"include_usage": True}
-    _, out = openai_routes.chat_completions(s, chat, req)
+    status, out = openai_routes.chat_completions(s, chat, req)
+    if status != 200:
+        return _error(out)
     rid = f"resp_{uuid.uuid4().hex}"
 
     def keep(message: dict[str, Any]) -> None:

@@ -133,7 +133,8 @@ class EngineServer:
         """As SGLang validates a request, before any work (the engine failed on these with a 500, or worked
         minutes on a prompt it could not hold): a 400 naming the prompt for token ids outside the vocabulary,
         a prompt that fills the context, or a named ``max_new_tokens`` that does not fit after the prompt; a
-        default ``max_new_tokens`` is cut to the room left. Returns the params to generate with."""
+        default ``max_new_tokens`` is cut to the room left. Returns the params to generate with (at
+        :attr:`sampling`'s temperature and top-p where that is set)."""
         out = list(params)
         for i, (ids, p) in enumerate(zip(prompts, params)):
             where = "input_ids" if len(prompts) == 1 else f"input_ids[{i}]"
@@ -152,6 +153,9 @@ class EngineServer:
                     f"{ctx} tokens: shorten the prompt or lower max_new_tokens",
                 )
             out[i] = SamplingParams(**{**p.__dict__, "max_new_tokens": ctx - len(ids)})
+        if self.sampling is not None:  # (an agent run's server: the trainer's temperature and top-p)
+            t, top_p = self.sampling
+            out = [SamplingParams(**{**p.__dict__, "temperature": t, "top_p": top_p}) for p in out]
         return out
 
     def check_features(self, params: list[SamplingParams], fields: dict[str, str] | None = None) -> None:
@@ -207,9 +211,6 @@ class EngineServer:
         ``streaming``: the client reads a stream (SGLang's ``is_streaming`` metrics label)."""
         self.check_features(params, fields)
         params = self.check_fits(prompts, params, max_new_given)
-        if self.sampling is not None:
-            t, top_p = self.sampling
-            params = [SamplingParams(**{**p.__dict__, "temperature": t, "top_p": top_p}) for p in params]
         reqs = [_Req(r) for r in rids]
         with self._cond:
             for r in reqs:

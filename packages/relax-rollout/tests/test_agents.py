@@ -166,3 +166,4 @@ def test_an_async_agent_runs(tiny_model_dir, prompt_file):
     d = bus.get("advantages", 2, timeout=5).data
     assert d[sample.REWARD] == [0.5, 0.5] and set(d[sample.FINISH_REASON]) <= {"agent_done", "length"}
     assert [len(v) for v in agents.SEEN.values()] == [1, 1]
+    assert d[sample.TOOL_CALL_ERRORS] == [1, 1]  # (task.tool_failed())

@@ -62,6 +62,14 @@ class AgentTask:
     the tokens under it)."""
     api_key: str = "relax"
     """Any non-empty key (SDKs want one; the server on 127.0.0.1 takes generation calls without)."""
+    tool_errors: dict[str, int] = field(default_factory=dict, compare=False)
+    """Failed tool calls per agent, as the agent reported them (:meth:`tool_failed`)."""
+
+    def tool_failed(self, agent: str | None = None) -> None:
+        """Count one of ``agent``'s tool calls as failed (the model's call was malformed, named no tool, or
+        the tool raised): the run's ``rollout/tool_call_error_rate`` is these over the calls the model made."""
+        name = self.agents[0] if agent is None else agent
+        self.tool_errors[name] = self.tool_errors.get(name, 0) + 1
 
     @property
     def openai_base_url(self) -> str:
@@ -276,6 +284,7 @@ class AgentHost:
             result = EpisodeResult(list(t[sample.LOSS_MASK]), len(t["finish_reasons"]), env_error=message)
             result.turn_s = list(t["call_s"])
             result.tool_calls = sum(len(m.get("tool_calls") or ()) for m in t["messages"])
+            result.tool_errors = task.tool_errors.get(agent, 0)
             if kind:
                 result.env_reward_error, result.failure = message, kind
             else:

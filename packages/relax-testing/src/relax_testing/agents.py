@@ -108,5 +108,6 @@ async def async_agent(task: Any) -> float:
         model="default", messages=task.messages, max_tokens=task.max_tokens, extra_headers=task.headers()
     )
     _saw(task.session(), r.choices[0].message.content or "")
+    task.tool_failed()  # (as an agent whose tool raised would: counted on the sample)
     await client.close()
     return 0.5

@@ -167,3 +167,15 @@ def test_an_async_agent_runs(tiny_model_dir, prompt_file):
     assert d[sample.REWARD] == [0.5, 0.5] and set(d[sample.FINISH_REASON]) <= {"agent_done", "length"}
     assert [len(v) for v in agents.SEEN.values()] == [1, 1]
     assert d[sample.TOOL_CALL_ERRORS] == [1, 1]  # (task.tool_failed())
+
+
+def test_the_time_out_counts_from_an_episode_s_start_not_its_wait_for_a_thread(tiny_model_dir, prompt_file):
+    """One thread (--agent-concurrency 1), four episodes of 0.6 s each, --agent-timeout-s 1.5: the last one
+    starts 1.8 s after the batch did, and still has its 1.5 s (it timed out, waiting, before)."""
+    cfg, bus, worker = _worker(tiny_model_dir, prompt_file, "slow", agent_concurrency=1, agent_timeout_s=1.5)
+    try:
+        worker.produce(0)
+    finally:
+        worker.close()
+    d = bus.get("advantages", 4, timeout=5).data
+    assert d[sample.REWARD] == [1.0] * 4 and "agent_timeout" not in d[sample.FINISH_REASON]

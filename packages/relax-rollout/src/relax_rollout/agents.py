@@ -106,8 +106,9 @@ class AgentSample:
 @dataclass
 class _Episode:
     task: AgentTask
-    future: Future
-    started: float = field(default_factory=time.monotonic)
+    future: Future | None = None
+    started: float | None = None
+    """When the agent function began (None while the episode waits for a thread: not timed yet)."""
 
 
 def load_agent(path: str) -> Callable[[AgentTask], Any]:
@@ -225,15 +226,22 @@ class AgentHost:
             max_tokens=r.rollout_max_response_len,
             temperature=r.rollout_temperature,
         )
-        return _Episode(task, self.pool.submit(_call, self.fn, task))
+        ep = _Episode(task)
+        ep.future = self.pool.submit(self._begin, ep)
+        return ep
+
+    def _begin(self, ep: _Episode) -> Any:
+        ep.started = time.monotonic()
+        return _call(self.fn, ep.task)
 
     def _wait(
         self, ep: _Episode, alive: Callable[[], None]
     ) -> tuple[dict[str, float | None], tuple[str, str]]:
         """(reward per agent, (failure kind, message) or ("", "")) once the episode ended or timed out."""
         limit = self.cfg.agent.agent_timeout_s
+        assert ep.future is not None, "an episode is waited for once started"
         while True:
-            left = limit - (time.monotonic() - ep.started)
+            left = limit if ep.started is None else limit - (time.monotonic() - ep.started)
             try:
                 value = ep.future.result(timeout=max(0.0, min(0.5, left)))
                 break

@@ -110,7 +110,9 @@ def test_generates_the_model_s_log_probs_and_stops_on_stop_ids(real, hf):
 
 def test_tokens_stream_from_sglang_and_through_our_server(real, tiny_model_dir):
     """SGLang's streamed ``/generate`` read token by token (``on_token``), and served on by our engine
-    server: the official client's streamed chat gets the text in several chunks, as the whole reply."""
+    server: the official client's streamed chat gets the text in several chunks, as the whole reply; one
+    greedy conversation through Chat Completions, Responses and Messages (the ``openai`` and ``anthropic``
+    clients) gets one reply, recorded as the same tokens and loss mask."""
     from transformers import AutoTokenizer
 
     from relax_rollout.server import EngineServer, make_server
@@ -123,10 +125,13 @@ def test_tokens_stream_from_sglang_and_through_our_server(real, tiny_model_dir):
         assert len(mine) > 1 and [t for d in mine for t in d.token_ids] == out.token_ids
         assert [x for d in mine for x in d.log_probs] == out.log_probs
     openai = pytest.importorskip("openai")
-    httpd = make_server(EngineServer(real, AutoTokenizer.from_pretrained(tiny_model_dir)), "127.0.0.1", 0)
+    anthropic = pytest.importorskip("anthropic")
+    state = EngineServer(real, AutoTokenizer.from_pretrained(tiny_model_dir))
+    httpd = make_server(state, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x")
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
         ask = {"model": "default", "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 8}
         ask |= {"temperature": 0, "extra_body": {"min_tokens": 8}}
         whole = client.chat.completions.create(**ask).choices[0].message.content
@@ -136,6 +141,34 @@ def test_tokens_stream_from_sglang_and_through_our_server(real, tiny_model_dir):
             if c.choices
         ]
         assert len([t for t in texts if t]) > 1 and "".join(t or "" for t in texts) == whole
+        # the Responses and Messages APIs with SGLang behind (#55): one greedy reply, recorded alike
+        user, greedy = [{"role": "user", "content": "1+2="}], {"temperature": 0}
+        chat = client.chat.completions.create(
+            model="default",
+            messages=user,
+            max_tokens=8,
+            temperature=0,
+            extra_headers={"X-Relax-Session": "c"},
+        )
+        resp = client.responses.create(
+            model="default",
+            input="1+2=",
+            max_output_tokens=8,
+            temperature=0,
+            extra_headers={"X-Relax-Session": "r"},
+        )
+        msg = anthropic.Anthropic(base_url=base, api_key="x").messages.create(
+            model="default",
+            max_tokens=8,
+            messages=user,
+            extra_body=greedy,
+            extra_headers={"X-Relax-Session": "m"},
+        )
+        said = "".join(b.text for b in msg.content if b.type == "text")
+        assert resp.output_text == said == (chat.choices[0].message.content or "")
+        recorded = [state.recorder.get(s) for s in ("c", "r", "m")]
+        for key in ("tokens", "loss_mask", "prompt_len"):
+            assert recorded[0][key] == recorded[1][key] == recorded[2][key], key
     finally:
         httpd.shutdown()
         httpd.server_close()

@@ -111,3 +111,15 @@ async def async_agent(task: Any) -> float:
     task.tool_failed()  # (as an agent whose tool raised would: counted on the sample)
     await client.close()
     return 0.5
+
+
+def slow(task: Any) -> float:
+    """0.6 s of the agent's own work, then one call."""
+    import openai
+
+    time.sleep(0.6)
+    client = openai.OpenAI(base_url=task.openai_base_url, api_key=task.api_key, max_retries=0)
+    client.chat.completions.create(
+        model="default", messages=task.messages, max_tokens=task.max_tokens, extra_headers=task.headers()
+    )
+    return 1.0

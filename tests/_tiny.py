@@ -41,6 +41,34 @@ def mm_task(*media: str) -> dict[str, Any]:
     return dict(multimodal_keys=keys, multimodal_options=MM_BUDGET, metadata_key="metadata", rm_type=REWARD)
 
 
+def mm_dataset(root: Path, tasks: tuple[str, ...], n_per_task: int = 4) -> str:
+    """The demo's multimodal task (``relax_app.demo.mm_task``) for ``tasks`` under ``root``, as a jsonl path."""
+    from relax_app.demo.mm_task import write_mm_dataset
+
+    return str(write_mm_dataset(root / "-".join(tasks), n_per_task=n_per_task, seed=0, tasks=tasks))
+
+
+def mm_checkpoint(root: Path, family: str) -> str:
+    """A tiny random-weight ``family`` model (qwen2_5_vl, qwen3_vl, qwen3_omni) with a tokenizer trained on
+    the multimodal task's words, built once under ``root``."""
+    from relax_app.demo.mm_models import build_tiny_mm_model, extend_tokenizer
+    from relax_app.demo.tokenizer import train_tokenizer
+
+    out = Path(root) / f"ckpt-{family}"
+    if not (out / "config.json").exists():
+        texts = [
+            "What colour is the shape? Which way does the dot move? Which tone is higher?",
+            "Answer: A",
+            "Answer: B",
+            "Answer: C",
+            "Answer: D",
+            "red green blue yellow left right",
+        ]
+        tok = extend_tokenizer(train_tokenizer(texts * 20, vocab_size=300), family)
+        build_tiny_mm_model(family, tok, out_dir=out, seed=0)
+    return str(out)
+
+
 def run_flags(inputs, output_dir: str | Path, *extra: str, **flags) -> list[str]:
     """The command line of a tiny run: ``inputs``' prompts and checkpoint (a ``RunInputs``), :data:`TINY_STEP`,
     :data:`TINY_OPTIM` and :data:`QUIET`, ``flags`` over them; then ``--output-dir output_dir`` and ``extra`` as

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny import mm_task, run_flags
+from _tiny import mm_checkpoint, mm_dataset, mm_task, run_flags
 
 from relax_app.cli_config import build_config
 
@@ -33,31 +33,6 @@ FAMILY_TASKS = {
 @pytest.fixture(scope="module")
 def mm_root(tmp_path_factory):
     return tmp_path_factory.mktemp("mm")
-
-
-def _dataset(root, tasks, n_per_task=4):
-    from relax_app.demo.mm_task import write_mm_dataset
-
-    return str(write_mm_dataset(root / "-".join(tasks), n_per_task=n_per_task, seed=0, tasks=tasks))
-
-
-def _checkpoint(root, family):
-    from relax_app.demo.mm_models import build_tiny_mm_model, extend_tokenizer
-    from relax_app.demo.tokenizer import train_tokenizer
-
-    out = root / f"ckpt-{family}"
-    if not (out / "config.json").exists():
-        texts = [
-            "What colour is the shape? Which way does the dot move? Which tone is higher?",
-            "Answer: A",
-            "Answer: B",
-            "Answer: C",
-            "Answer: D",
-            "red green blue yellow left right",
-        ]
-        tok = extend_tokenizer(train_tokenizer(texts * 20, vocab_size=300), family)
-        build_tiny_mm_model(family, tok, out_dir=out, seed=0)
-    return str(out)
 
 
 def _cfg(ckpt, data, out_dir, *flags):
@@ -78,7 +53,7 @@ def test_rollout_log_probs_equal_trainer_log_probs(mm_root, tmp_path, family, mo
     from relax_train.backends.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
-    ckpt, data = _checkpoint(mm_root, family), _dataset(mm_root, (modality,))
+    ckpt, data = mm_checkpoint(mm_root, family), mm_dataset(mm_root, (modality,))
     cfg = _cfg(ckpt, data, tmp_path)
     bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
     worker = RolloutWorker(cfg, bus, ckpt, data)
@@ -88,6 +63,27 @@ def test_rollout_log_probs_equal_trainer_log_probs(mm_root, tmp_path, family, mo
     trainer = TorchBackend(cfg, ckpt, trainable=False).compute_log_probs(batch.data)
     for k, (mine, theirs) in enumerate(zip(batch.data["rollout_log_probs"], trainer)):
         assert len(mine) == len(theirs) == batch.data["response_len"][k] > 0
+        np.testing.assert_allclose(mine, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.integration
+def test_qwen3_vl_with_lora_rolls_out_and_scores_as_the_trainer(mm_root, tmp_path):
+    """Qwen3-VL's M-RoPE needs ``mm_token_type_ids``; with LoRA the model is a peft wrapper whose ``forward``
+    takes ``**kwargs``, and the engine and the trainer read the wrapper's signature: neither passed them and
+    the rollout raised (found by `relax ui`'s browser test, #56). Both now look through the wrapper."""
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_rollout.worker import RolloutWorker
+    from relax_train.backends.torch_backend import TorchBackend
+
+    torch.set_num_threads(1)
+    ckpt, data = mm_checkpoint(mm_root, "qwen3_vl"), mm_dataset(mm_root, ("image",))
+    cfg = _cfg(ckpt, data, tmp_path, "--lora-rank", "4")
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    RolloutWorker(cfg, bus, ckpt, data).produce(0)
+    batch = bus.get("c", 6, timeout=5)
+    backend = TorchBackend(cfg, ckpt)
+    assert backend.lora is not None and backend.takes_token_types
+    for mine, theirs in zip(batch.data["rollout_log_probs"], backend.compute_log_probs(batch.data)):
         np.testing.assert_allclose(mine, theirs, atol=1e-4, rtol=0)
 
 
@@ -102,7 +98,7 @@ def test_omni_rl_mixed_batch_runs_in_both_modes(mm_root, tmp_path, mode):
     trains LoRA adapters (#37: on the language model only, the towers frozen; adapters synced alone)."""
     from relax_core.controller import Controller, RunInputs
 
-    ckpt, data = _checkpoint(mm_root, "qwen3_omni"), _dataset(mm_root, ("image", "video", "audio"))
+    ckpt, data = mm_checkpoint(mm_root, "qwen3_omni"), mm_dataset(mm_root, ("image", "video", "audio"))
     steps = 3
     # rows interleave image, video, audio: unshuffled, every batch of 3 prompts holds all three modalities
     cfg = _cfg(ckpt, data, tmp_path / "out", *mode, "--num-rollout", str(steps), "--no-rollout-shuffle")
@@ -140,7 +136,7 @@ def test_multimodal_model_trains_on_a_megatron_rank_group_in_colocate_mode(mm_ro
 
     from relax_core.controller import Controller, RunInputs
 
-    ckpt, data = _checkpoint(mm_root, family), _dataset(mm_root, MEGATRON_SHAPES[family])
+    ckpt, data = mm_checkpoint(mm_root, family), mm_dataset(mm_root, MEGATRON_SHAPES[family])
     common = ["--colocate", "--no-rollout-shuffle", "--kl-coef", "0.01", "--verify-weight-sync"]
     ref = Controller(
         _cfg(ckpt, data, tmp_path / "torch", *common, "--num-rollout", "1"), RunInputs(ckpt, data, None)

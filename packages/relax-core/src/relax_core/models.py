@@ -148,6 +148,16 @@ MASKED_LOGIT = -1e9
 """What a never-sampled token's logit is set to (finite, so entropies stay finite; its probability is 0)."""
 
 
+def forward_takes(model: Any, name: str) -> bool:
+    """Whether ``model``'s forward has the parameter ``name`` (e.g. Qwen3-VL's ``mm_token_type_ids``, which
+    its M-RoPE needs), looking through a peft wrapper: a LoRA model's ``forward`` takes ``**kwargs`` and passes
+    them on, so its own signature does not say what the model under it takes."""
+    import inspect
+
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return name in inspect.signature(base.forward).parameters
+
+
 def media_token_ids(model: Any) -> list[int]:
     """Token ids a multimodal model must never generate: media placeholders and their delimiters.
 

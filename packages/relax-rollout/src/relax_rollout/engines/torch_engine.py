@@ -22,14 +22,13 @@ Constrained decoding (``SamplingParams.constraint``) masks the logits before sam
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from relax_core.models import MASKED_LOGIT, media_token_ids
+from relax_core.models import MASKED_LOGIT, forward_takes, media_token_ids
 from relax_core.offload import HostOffload
 from relax_rollout.engines.base import GenerateOutput, MemoryReleased, SamplingParams, TokenDelta, memory_tags
 from relax_rollout.engines.decode_rows import DecodeRows, left_padded
@@ -92,7 +91,7 @@ class TorchEngine:
         self.released: set[str] = set()
         """Memory tags given back (:meth:`release_memory`); generation waits for :meth:`resume_memory`."""
         self.masked_token_ids = media_token_ids(self.model)  # never sampled (the trainer masks them too)
-        self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
+        self.takes_token_types = forward_takes(self.model, "mm_token_type_ids")
         self.routing = None  # routing replay (R3): record each token's MoE experts, extra["routed_experts"]
         if record_routing:
             from relax_core.routing import install_routing

@@ -14,7 +14,6 @@ peft's adapters and only those train, travel and are saved (:mod:`.lora`).
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -79,7 +78,7 @@ class TorchBackend(HostTurns):
     ) -> None:
         """``adapter`` (LoRA runs, a frozen backend): whether it wraps its model in the adapters to take
         adapter updates; None decides by the model (:func:`relax_train.backends.lora.wraps`)."""
-        from relax_core.models import load_model, media_token_ids
+        from relax_core.models import forward_takes, load_model, media_token_ids
         from relax_core.routing import install_routing
 
         self.cfg = config
@@ -98,7 +97,7 @@ class TorchBackend(HostTurns):
         """(decoder, LM head) where response tokens are scored from hidden states in chunks, else None."""
         forward = self._trunk[0] if self._trunk else self.model
         self._forward = Compiled(forward, "the trainer's forward", config.model.torch_compile)
-        self.takes_token_types = "mm_token_type_ids" in inspect.signature(self.model.forward).parameters
+        self.takes_token_types = forward_takes(self.model, "mm_token_type_ids")
         self.routing = install_routing(self.model)  # MoE blocks: routing replay (R3); None for dense models
         self._r3 = ReplayCounts()
         cfg = self.model.config  # multimodal configs keep text settings in text_config

@@ -76,6 +76,7 @@ class Scorer:
         memory_limit_mb: int | None = None,
         group_reward: str | Callable | None = None,
         breadcrumb: str | os.PathLike | None = None,
+        name: str | None = None,
     ):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 (got {timeout_s})")
@@ -83,6 +84,9 @@ class Scorer:
             raise ValueError(f"max_concurrency must be ≥ 1 (got {max_concurrency})")
         self.reward = reward
         self.default_fn = get_reward(reward)  # fail fast on a typo in the config
+        self.name = name
+        """The registry name a callable ``reward`` stands for (a wrapped one, e.g. delayed): a sample whose
+        ``metadata["rm_type"]`` names it is scored by ``reward`` too, not by the registry's plain one."""
         self.timeout_s = float(timeout_s)
         self.max_concurrency = int(max_concurrency)
         self.fallback_score = float(fallback_score)
@@ -277,7 +281,11 @@ class Scorer:
 
     def _resolve(self, metadata: dict | None) -> Callable | RewardResult:
         rm_type = resolve_reward_type(metadata, self.reward)
-        if rm_type is self.reward or rm_type == self.reward:
+        if (
+            rm_type is self.reward
+            or rm_type == self.reward
+            or (self.name is not None and rm_type == self.name)
+        ):
             return self.default_fn
         try:
             return get_reward(rm_type)

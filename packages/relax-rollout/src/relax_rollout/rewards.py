@@ -24,6 +24,7 @@ def build_scorer(cfg: RelaxConfig):
         isolation=r.reward_isolation,
         memory_limit_mb=r.reward_memory_limit_mb,
         breadcrumb=reward_breadcrumb(cfg.run.output_dir) if r.reward_isolation == "thread" else None,
+        name=r.rm_type,  # (rows naming the run's own reward get its delayed call too)
     )
 
 

@@ -243,6 +243,22 @@ def _check_recovered(record: dict, spread: dict, role: str) -> None:
     assert len(ids) == len(set(ids)) == STEPS * 8
 
 
+def _check_run_explorer(run_dir: Path) -> None:
+    """`relax ui` on this multi-node run's directory (#56): nothing missing, each step's samples, every role's
+    phases on the timeline and the trainer's restart among its events."""
+    from relax_app.ui.data import RunView
+
+    view = RunView(run_dir)
+    overview = view.overview()
+    assert overview["problems"] == [] and overview["sample_steps"] == list(range(1, STEPS + 1)), overview
+    timeline = view.timeline()
+    assert {"actor", "rollout", "advantages"} <= {s["role"] for s in timeline["spans"]}
+    assert [(e["role"], e["action"]) for e in timeline["events"]] == [("actor", "restart")], timeline[
+        "events"
+    ]
+    assert all(g["samples"] for g in view.samples(STEPS)["groups"])
+
+
 def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path):
     """The trainer's node killed after step 1 (its raylet and every process in its namespace): the trainer
     is restarted on the driver's node from its last checkpoint and the run trains exactly the uninterrupted
@@ -256,8 +272,9 @@ def test_a_killed_node_loses_nothing(cluster, spread, tiny_run_inputs, tmp_path)
     # (rewards 2 s late: the last step waits on the rollout, so the kill lands mid-run; without it the last
     # two steps could finish before the kill did, and the trainer died writing its end-of-run checkpoint)
     try:
-        run = _faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill, reward_delay_s=2.0)
+        run = _faulty_run(cluster, tiny_run_inputs, tmp_path / "kill", kill, reward_delay_s=2.0, trace=True)
         _check_recovered(run, spread, "actor")
+        _check_run_explorer(tmp_path / "kill")
     finally:  # (the node back whatever happened: the next tests place roles on it)
         cluster.ray_start(node)
         cluster.wait_for_nodes(3)

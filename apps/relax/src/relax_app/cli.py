@@ -12,7 +12,7 @@ import sys
 from relax_core.registry import Registry
 
 USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
-       relax status RUN_DIR | relax watch RUN_DIR | relax summary RUN_DIR
+       relax status RUN_DIR | relax watch RUN_DIR | relax summary RUN_DIR | relax ui RUN_DIR
        relax eval CKPT [--data FILE.jsonl] | relax export CKPT OUT
        relax prepare-data FORMAT SRC OUT.jsonl
        relax prepare-model omni-thinker SRC DST
@@ -31,6 +31,8 @@ USAGE = """usage: relax train [CONFIG.yaml ...] [--flag value | key=value ...]
   relax watch runs/demo             a running job live: each role's state and weight version, the bus's
                                     depth and staleness, samples/s, reward (`relax status`: one snapshot)
   relax summary runs/demo           a run's outcome in a few lines (while it runs: so far)
+  relax ui runs/demo                the run in a browser, live or finished: curves, each step's samples
+                                    token by token (policy version, mismatch), the roles' timeline
   relax eval CKPT                   a checkpoint's held-out accuracy (the run's eval data, or --data)
   relax export CKPT OUT             a checkpoint as an HF model directory that serves (with its tokenizer)
   relax prepare-data avqa SRC OUT   a public dataset's own file to the jsonl `relax train` reads
@@ -49,6 +51,7 @@ COMMANDS = Registry(
         "--version": "relax_app.info:version_main",
         "status": "relax_app.watch:status_main",
         "watch": "relax_app.watch:watch_main",
+        "ui": "relax_app.ui:ui_main",
         "summary": "relax_app.info:summary_main",
         "eval": "relax_app.checkpoint_tools:eval_main",
         "export": "relax_app.checkpoint_tools:export_main",

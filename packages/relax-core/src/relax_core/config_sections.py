@@ -520,6 +520,10 @@ class RunConfig(Section):
     """Write TensorBoard event files under output_dir/tensorboard."""
     progress: bool = True
     """Show a progress bar."""
+    log_samples: int = Field(32, ge=0)
+    """Samples of each trained step written to output_dir/samples/step_<k>.jsonl (whole groups first; token ids,
+    versions, log-probs, rewards, advantages) for `relax ui`'s rollout browser; 0 writes none. About 40 bytes
+    a response token: 32 samples of 8k tokens are ~10 MB a step."""
     trace: bool = True
     """Write output_dir/trace.json: a timeline of every role's phases (generate, reward, forward,
     advantages, train, weight sync, eval) in the Chrome trace format; open it in https://ui.perfetto.dev or

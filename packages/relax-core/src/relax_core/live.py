@@ -126,6 +126,19 @@ class AgentStatus(BaseModel):
         )
 
 
+class HealthEvent(BaseModel):
+    """A failure the health manager saw and what it did (``relax_core.health.Event``), for `relax ui`'s
+    timeline."""
+
+    role: str
+    reason: str
+    action: str
+    attempt: int
+    at: float
+    """When it was detected (wall clock)."""
+    recovery_s: float | None = None
+
+
 class RunStatus(BaseModel):
     """``<output_dir>/status.json``: the whole run at one moment."""
 
@@ -170,6 +183,8 @@ class RunStatus(BaseModel):
     """Multi-turn runs: the last step's episodes (turns, stop reasons, turn latency, tool-call errors)."""
     restarts: int = 0
     """Restarts the health manager made (in place and global)."""
+    events: list[HealthEvent] = Field(default_factory=list)
+    """The health manager's last failures and actions (at most 100), oldest first."""
     message: str | None = None
     """Why the run stopped or failed; where its checkpoint is."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from relax_core.live import LiveStatus
+from relax_core.live import HealthEvent, LiveStatus
 
 
 class AsyncProbe:
@@ -65,7 +65,12 @@ class AsyncProbe:
                 live.bus(run.bus.stats())
         except Exception:  # noqa: BLE001 - the bus restarting with the run
             pass
-        live.update(step=self.step, restarts=len(run.policy.events))
+        events = sorted(run.policy.events, key=lambda e: e.at)[-100:]
+        live.update(
+            step=self.step,
+            restarts=len(run.policy.events),
+            events=[HealthEvent(**vars(e)) for e in events],
+        )
         self._trace(now)
 
     def _trace(self, now: float) -> None:

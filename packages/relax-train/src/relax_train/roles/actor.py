@@ -22,6 +22,7 @@ from relax_core.role import Restart, RoleSpec, TrainerRecord
 from relax_core.roles import TRAINER_CONSUMER
 from relax_core.roofline import ModelShape, matmul_peak, step_roofline
 from relax_core.sample import ADVANTAGES
+from relax_core.sample_log import SampleLog
 from relax_core.trace import Tracer
 from relax_core.weight_audit import WeightAudit
 from relax_core.weight_sync import Send, WeightPublisher
@@ -106,6 +107,8 @@ class ActorWorker(DeviceTurns):
         self.out.mkdir(parents=True, exist_ok=True)
         # metrics.jsonl, TensorBoard, W&B, ClearML: whichever the config asks for (relax_core.metrics)
         self.metrics = MetricsService.from_config(cfg, self.out)
+        self.sample_log = SampleLog(self.out, cfg.run.log_samples)
+        """Each step's samples for `relax ui` (``samples/step_<k>.jsonl``, from a background thread)."""
         self._shape = ModelShape.from_checkpoint(model_path)  # (None: no FLOP figures, nothing else lost)
         self.peak = matmul_peak(cfg.run.num_cpus or os.cpu_count() or 1) if self._shape and _cpu() else None
         """The machine's matmul peak (probed once per machine, cached): MFU is a share of the whole machine.
@@ -179,6 +182,7 @@ class ActorWorker(DeviceTurns):
         # the bus's own counters next to the roles' (per-partition depths left out: one series per step)
         metrics.update({k: v for k, v in self.bus.metrics().items() if not k.startswith("bus/depth/")})
         self.log(metrics)
+        self.sample_log.write(step + 1, d)
         if (
             self.cfg.train.save
             and self.cfg.train.save_interval
@@ -250,6 +254,7 @@ class ActorWorker(DeviceTurns):
         if callable(getattr(self.backend, "close", None)):  # a megatron rank group: stop its ranks
             self.backend.close()
         self.metrics.close()
+        self.sample_log.close()
 
 
 def _log_checksum(log: dict[int, str], audit: WeightAudit, named: list, version: int) -> None:

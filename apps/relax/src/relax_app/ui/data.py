@@ -145,7 +145,8 @@ class RunView:
         groups: dict[str, dict[str, Any]] = {}
         for i, r in enumerate(rows):
             g = groups.setdefault(
-                str(r.get(sample.GROUP_ID)), {"group_id": r.get(sample.GROUP_ID), "prompt": "", "samples": []}
+                str(r.get(sample.GROUP_ID)),
+                {sample.GROUP_ID: r.get(sample.GROUP_ID), "prompt": "", "samples": []},
             )
             g["prompt"] = g["prompt"] or self._text(r.get("prompt_ids", []))
             g["samples"].append(self._sample(i, r))

@@ -57,7 +57,7 @@ def build_app(run_dir: str | Path, token: str | None = None) -> Any:
         return FileResponse(STATIC / name, media_type=PAGES[name], headers={"Cache-Control": "no-store"})
 
     def media(request: Request) -> Response:
-        path = view.media_file(request.path_params["prompt_id"], _int(request.path_params["k"], "k"))
+        path = view.media_file(request.path_params["row"], _int(request.path_params["k"], "k"))
         if path is None:
             return JSONResponse({"error": "no such media file of that sample"}, status_code=404)
         return FileResponse(path, media_type=media_type(path))
@@ -69,7 +69,7 @@ def build_app(run_dir: str | Path, token: str | None = None) -> Any:
         Route("/api/metrics", api(lambda r: view.metrics(_int(r.query_params.get("after", "0"), "after")))),
         Route("/api/samples/{step}", api(lambda r: view.samples(_int(r.path_params["step"], "step")))),
         Route("/api/timeline", api(lambda r: view.timeline())),
-        Route("/api/media/{prompt_id}/{k}", api(media)),
+        Route("/api/media/{row}/{k}", api(media)),
     ]
     return Starlette(routes=routes)
 

@@ -207,11 +207,11 @@ class AgentHost:
         episodes = [[self._start(step, g, j, row) for j in range(n)] for g, row in enumerate(rows)]
         ends = [[self._wait(ep, alive) for ep in group] for group in episodes]
         out = []
-        for g, row in enumerate(rows):
+        for g in range(len(rows)):
             for agent in self.agents:
                 for j in range(n):
                     rewards, failure = ends[g][j]
-                    out.append(self._sample(episodes[g][j].task, row, agent, rewards, failure))
+                    out.append(self._sample(episodes[g][j].task, agent, rewards, failure))
         return out
 
     def _start(self, step: int, g: int, j: int, row: Any) -> _Episode:
@@ -263,7 +263,6 @@ class AgentHost:
     def _sample(
         self,
         task: AgentTask,
-        row: Any,
         agent: str,
         rewards: dict[str, float | None],
         failure: tuple[str, str],

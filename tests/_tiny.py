@@ -147,3 +147,21 @@ def stream_in_process(
         done(timeout=120)
         worker.close()
     return taken, worker.get_spans()
+
+
+class ScriptedEngine:
+    """Stands in for a model that says the given lines (canonical tokens + EOS), for exact assertions."""
+
+    weight_version = 3
+
+    def __init__(self, tok, lines, finish="stop"):
+        self.tok, self.lines, self.finish, self.calls = tok, list(lines), finish, 0
+
+    def generate(self, prompts, params):
+        from relax_rollout.engines.base import GenerateOutput
+
+        line = self.lines[min(self.calls, len(self.lines) - 1)]
+        self.calls += 1
+        ids = self.tok(line, add_special_tokens=False)["input_ids"]
+        ids = ids + ([self.tok.eos_token_id] if self.finish == "stop" else [])
+        return [GenerateOutput(ids, [-0.5] * len(ids), self.finish, self.weight_version) for _ in prompts]

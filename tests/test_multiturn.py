@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny import run_flags
+from _tiny import ScriptedEngine, run_flags
 
 from relax_core.env import check_environment
-from relax_rollout.engines.base import GenerateOutput, SamplingParams
+from relax_rollout.engines.base import SamplingParams
 from relax_rollout.multiturn import Episode, run_episodes
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
@@ -28,22 +28,6 @@ def tok(tiny_run_inputs):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_run_inputs.model_path)
-
-
-class ScriptedEngine:
-    """Stands in for a model that says the given lines (canonical tokens + EOS), for exact assertions."""
-
-    weight_version = 3
-
-    def __init__(self, tok, lines, finish="stop"):
-        self.tok, self.lines, self.finish, self.calls = tok, list(lines), finish, 0
-
-    def generate(self, prompts, params):
-        line = self.lines[min(self.calls, len(self.lines) - 1)]
-        self.calls += 1
-        ids = self.tok(line, add_special_tokens=False)["input_ids"]
-        ids = ids + ([self.tok.eos_token_id] if self.finish == "stop" else [])
-        return [GenerateOutput(ids, [-0.5] * len(ids), self.finish, self.weight_version) for _ in prompts]
 
 
 class Env:

@@ -135,6 +135,7 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     out, seen = tmp_path / "elastic", {}
     elastic = dict(rollout_engines=1, elastic_port=0, elastic_host="node", elastic_token=TOKEN)
     run = dict(num_rollout=100000, eval_interval=100000, save_interval=100000, drain_timeout_s=0.2)
+    run["trace"] = True  # (the engines' rows on the run's timeline)
     delta = dict(dtype="bfloat16", lr=1e-5, verify_weight_sync=True)  # (#53: delta sync to joining engines)
     flags = _flags(
         tiny_run_inputs,
@@ -206,6 +207,25 @@ def test_the_elastic_api_scales_engines_across_nodes(cluster, tiny_run_inputs, t
     assert len(ids) == len(set(ids)) == 8 * len(trained)
     assert not record["audit"]["health"], record["audit"]["health"]
     _check_delta_sync_to_every_engine(out, seen["joined_at"], len(trained))
+    _check_engines_on_the_timeline(out)
+
+
+def _check_engines_on_the_timeline(out: Path) -> None:
+    """`relax ui`'s timeline (#56): each engine on a row of its own; the two that joined mid-run begin
+    after the run's first trained step and end (drained, removed) before the start-up engine's row does."""
+    from relax_app.ui.data import RunView
+
+    spans = [s for s in RunView(out).timeline()["spans"] if s["role"].startswith("engine ")]
+    rows: dict[str, list[dict]] = {}
+    for s in spans:
+        rows.setdefault(s["args"]["kind"], []).append(s)
+    assert set(rows) == {"startup", "ray_native", "external"}, sorted(rows)
+    first_step = min(s["ts"] + s["dur"] for s in RunView(out).timeline()["spans"] if s["name"] == "train")
+    end = {kind: max(s["ts"] + s["dur"] for s in row) for kind, row in rows.items()}
+    for kind in ("ray_native", "external"):
+        names = [s["name"] for s in sorted(rows[kind], key=lambda s: s["ts"])]
+        assert names[0] == "engine joining" and "engine active" in names, names
+        assert min(s["ts"] for s in rows[kind]) > first_step and end[kind] < end["startup"], (kind, end)
 
 
 def _check_delta_sync_to_every_engine(out: Path, joined_at: int, steps: int) -> None:

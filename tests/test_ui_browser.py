@@ -1,6 +1,6 @@
 """`relax ui` in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by Selenium):
 against a live fully-async run — a tiny Qwen3-VL on the image task, LoRA — then the same directory finished,
-and a PPO run's. Screenshots go to ``$RELAX_TEST_ARTIFACTS`` (else the test's temporary directory); with
+a PPO run's and the omni demo's (image, audio and video samples). Screenshots go to ``$RELAX_TEST_ARTIFACTS`` (else the test's temporary directory); with
 ``RELAX_README_SCREENSHOT=1`` the curves' one is written to ``docs/images/relax-ui.png`` (the README's).
 
 Without Chromium the tests skip, unless ``RELAX_REQUIRE_BROWSER=1`` (CI installs it and sets that)."""
@@ -14,10 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import groupby
 from pathlib import Path
 
 import pytest
-from _tiny import mm_checkpoint, mm_dataset, mm_task, run_flags
+from _tiny import ScriptedEngine, mm_checkpoint, mm_dataset, mm_task, run_flags
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
@@ -208,6 +209,77 @@ def test_a_ppo_run_shows_its_critic(browser, tiny_run_inputs, tmp_path, artifact
         visit(browser, url)
         wait(lambda: chart_points(browser, "critic") == 3, 30)
         browser.save_screenshot(str(artifacts / "ppo-curves.png"))
+        assert console_errors(browser) == []
+    finally:
+        leave(browser, server)
+
+
+@pytest.mark.shared_ray
+def test_the_omni_demo_shows_each_samples_image_audio_and_video(browser, tmp_path, artifacts):
+    """A finished run of the omni demo's task (a tiny Qwen3-Omni thinker; image, video and audio questions in
+    one batch): a step's samples show their image and hold their audio and video, each decoded by the browser
+    (an image's width, a clip's duration), with no console error."""
+    from relax_app.cli_config import build_config
+    from relax_core.controller import Controller, RunInputs
+
+    ckpt, data = mm_checkpoint(tmp_path, "qwen3_omni"), mm_dataset(tmp_path, ("image", "video", "audio"))
+    out = tmp_path / "omni"
+    sizes = dict(rollout_batch_size=3, n_samples_per_prompt=2, micro_batch_size=6, num_rollout=2)
+    flags = run_flags(RunInputs(ckpt, data), out, "--colocate", "--no-rollout-shuffle", **mm_task(), **sizes)
+    Controller(build_config(None, flags), RunInputs(ckpt, data, None)).run()
+    url, server = ui(out)
+    d = browser
+    try:
+        visit(d, url)
+        d.find_element("css selector", 'nav button[data-tab="samples"]').click()
+        wait(lambda: d.find_elements("css selector", "#steps button[data-step]"), 15)[-1].click()
+        for kind in ("img", "audio", "video"):
+            found = wait(lambda k=kind: d.find_elements("css selector", f".media {k}"), 15)[0]
+            check = "naturalWidth > 0" if kind == "img" else "duration > 0"  # (its metadata read)
+            wait(lambda c=check, e=found: d.execute_script(f"return arguments[0].{c}", e), 15)
+        d.save_screenshot(str(artifacts / "omni-samples.png"))
+        assert console_errors(d) == []
+    finally:
+        leave(d, server)
+
+
+@pytest.mark.shared_ray
+def test_a_tool_call_and_its_result_are_marked(browser, tiny_run_inputs, tmp_path):
+    """A calculator episode as a trained sample (the model, scripted, calls the tool, reads its result,
+    answers; the chat template's turns; the sample log's line): `relax ui` tells the call, the tool's result
+    and the answer apart, and so does the page."""
+    from relax_app.cli_config import build_config
+    from relax_app.ui.data import RunView
+    from relax_bus import BusConfig, ConsumerSpec, DataBus
+    from relax_core import sample_log
+    from relax_rollout.worker import RolloutWorker
+
+    calculator = dict(env_path="relax_app.demo.envs:CalculatorEnv", apply_chat_template=True)
+    cfg = build_config(None, run_flags(tiny_run_inputs, tmp_path / "out", max_total_tokens=200, **calculator))
+    bus = DataBus(BusConfig(consumers={"c": ConsumerSpec()}, capacity=100))
+    worker = RolloutWorker(cfg, bus, tiny_run_inputs.model_path, tiny_run_inputs.prompt_path)
+    call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
+    worker.generation.engine = ScriptedEngine(worker.tokenizer, [call, "5"])
+    worker.produce(0)
+    batch = bus.get("c", 16, timeout=5)
+    out = Path(cfg.run.output_dir)
+    (out / "run.json").write_text(json.dumps({"model_path": tiny_run_inputs.model_path}))
+    sample_log.step_path(out, 1).parent.mkdir(parents=True)
+    lines = sample_log.lines(batch.data, 4)
+    sample_log.step_path(out, 1).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    tokens = RunView(out).samples(1)["groups"][0]["samples"][0]["tokens"]
+    parts = [(k, "".join(t["t"] for t in run)) for k, run in groupby(tokens, key=lambda t: t["k"])]
+    assert [k for k, _ in parts] == ["call", "tool", "gen"], parts
+    assert '"calc"' in parts[0][1] and "5" in parts[1][1] and parts[2][1].startswith("5")
+    assert all(t["m"] == (t["k"] in ("gen", "call")) for t in tokens)
+    url, server = ui(out)
+    try:
+        visit(browser, url)
+        browser.find_element("css selector", 'nav button[data-tab="samples"]').click()
+        wait(lambda: browser.find_elements("css selector", "#steps button[data-step]"), 15)[-1].click()
+        first = wait(lambda: browser.find_elements("css selector", ".sample")[:1], 15)[0]
+        shown = [t.get_attribute("data-kind") for t in first.find_elements("css selector", ".tok")]
+        assert shown == [t["k"] for t in tokens]
         assert console_errors(browser) == []
     finally:
         leave(browser, server)

@@ -168,7 +168,7 @@ def test_the_timeline_places_the_health_managers_restarts_on_the_traces_clock(se
     }
     (root / "status.json").write_text(json.dumps(status))
     tl = get(serve(root) + "/api/timeline")[1]
-    assert tl["spans"] == [{"role": "rollout", "name": "generate", "ts": 0.0, "dur": 2e6}]
+    assert tl["spans"] == [{"role": "rollout", "name": "generate", "ts": 0.0, "dur": 2e6, "args": {}}]
     (ev,) = tl["events"]
     assert (
         ev["action"] == "restart"

@@ -311,7 +311,11 @@ class RolloutWorker:
         return RolloutRecord(stats, dict(self.weight_log), list(p.prompt_log))
 
     def get_spans(self) -> list[dict[str, Any]]:
-        return self.tracer.get_spans()
+        """The rollout's phases and, with an engine pool, each engine's life (joined, active, drained)."""
+        spans = self.tracer.get_spans()
+        if self.engine_service is not None and self.tracer.enabled:
+            spans += self.engine_service.pool.membership.spans()
+        return spans
 
     def engines(self) -> list[dict[str, Any]]:
         return (

@@ -401,3 +401,30 @@ def test_ray_native_engines_launch_fail_restart_and_kill(ray_cluster, tiny_model
         ).replaced_by == c.id
     finally:
         pool.close(kill=True)
+
+
+def test_member_spans_give_each_engine_a_timeline_row_from_joining_to_leaving():
+    """#56: every state a member entered is timed (whoever set it), and becomes a span on its own row."""
+    from relax_rollout.engines.pool_members import Member, member_spans
+
+    gone, kept = Member("e1", "http://a:1", "external"), Member("e2", "http://a:2", "ray_native", node="n2")
+    for state in ("active", "draining", "removed"):
+        gone.state = state
+    kept.state = "active"
+    kept.state = "active"  # (no change, no new span)
+    spans = member_spans([gone, kept], now=kept.changes[-1][0] + 5.0)
+    rows = [(s["role"], s["name"]) for s in spans]
+    assert rows == [
+        ("engine e1", "engine joining"),
+        ("engine e1", "engine active"),
+        ("engine e1", "engine draining"),
+        ("engine e2", "engine joining"),
+        ("engine e2", "engine active"),
+    ]
+    assert spans[-1]["dur_ns"] >= 5e9 and spans[-1]["args"] == {
+        "kind": "ray_native",
+        "url": "http://a:2",
+        "node": "n2",
+    }
+    draining = spans[2]  # (ends when it was removed)
+    assert abs((draining["start_ns"] + draining["dur_ns"]) / 1e9 - gone.changes[-1][0]) < 1e-3

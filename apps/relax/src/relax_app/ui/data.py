@@ -157,7 +157,7 @@ class RunView:
 
     def _sample(self, i: int, r: dict[str, Any]) -> dict[str, Any]:
         ids = r.get("response_ids", [])
-        n = len(ids)
+        n, pieces = len(ids), [self._piece(t) for t in ids]
         versions = r.get(sample.TOKEN_VERSIONS) or [r.get(sample.POLICY_VERSION)] * n
         mask = r.get(sample.LOSS_MASK) or [1.0] * n
         ours, theirs = r.get(sample.LOG_PROBS), r.get(sample.ROLLOUT_LOG_PROBS)
@@ -175,8 +175,8 @@ class RunView:
             sample.REWARD_FAILURE: r.get(sample.REWARD_FAILURE) or "",
             sample.PROMPT_ID: r.get(sample.PROMPT_ID),
             "tokens": [
-                {"t": self._piece(t), "v": v, "d": d, "m": int(bool(m))}
-                for t, v, d, m in zip(ids, versions, diff, mask)
+                {"t": piece, "v": v, "d": d, "m": int(bool(m)), "k": k}
+                for piece, v, d, m, k in zip(pieces, versions, diff, mask, token_kinds(pieces, mask))
             ],
             "media": self.media_of(r.get(sample.PROMPT_ID)),
         }
@@ -232,7 +232,8 @@ class RunView:
 
     # -- the timeline -----------------------------------------------------------------------------
     def timeline(self, limit: int = 5000) -> dict[str, Any]:
-        """The roles' phases (``trace.json``, the last ``limit``), their states and the health manager's
+        """The roles' phases (``trace.json``, the last ``limit``; an engine pool's engines each on a row of
+        its own, ``engine <id>``, from joining to leaving), their states and the health manager's
         failures and restarts (``status.json``; each placed on the trace's clock), and the bus depth per step
         (``metrics.jsonl``)."""
         trace, why = _json(self.dir / "trace.json")
@@ -248,6 +249,7 @@ class RunView:
                 "name": e.get("name"),
                 "ts": e["ts"],
                 "dur": e["dur"],
+                "args": {k: v for k, v in (e.get("args") or {}).items() if k != "thread"},
             }
             for e in events
             if isinstance(e, dict)
@@ -272,6 +274,38 @@ class RunView:
         ]
         bus = [{"step": r["step"], "live": r.get("bus/live")} for r in self.metrics() if "bus/live" in r]
         return {"spans": spans, "roles": roles, "events": events, "bus": bus, "problem": why}
+
+
+TOOL_CALL, TOOL_RESULT = ("<tool_call>", "<function="), ("<tool_response>", "<|im_start|>tool")
+"""Text that marks a model turn as a tool call (Qwen's JSON and XML call formats) and an observation as a
+tool's result (Qwen's chat template wraps a ``tool`` message of a conversation with tools in
+``<tool_response>``, others under the role's own header)."""
+
+
+def token_kinds(pieces: list[str], mask: list[Any]) -> list[str]:
+    """Each response token's part of a multi-turn trajectory: ``gen`` (the model's text, trained on),
+    ``call`` (a model turn that calls a tool), ``obs`` (what came back between turns, not trained on: the
+    environment's or user's message with its template) or ``tool`` (an observation that is a tool's result).
+
+    Read from the tokens alone, as every rollout path (environments, tool envs, agents over our server)
+    leaves them: turns are the runs of equal loss mask; a model turn is a call when its text holds a tool
+    call or the observation after it is a tool result (``calc: 2+3`` answered by the calculator)."""
+    runs: list[tuple[int, int, bool]] = []  # (start, end, trained on)
+    for i, m in enumerate(mask):
+        if runs and runs[-1][2] == bool(m) and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1, bool(m))
+        else:
+            runs.append((i, i + 1, bool(m)))
+    text = ["".join(pieces[a:b]) for a, b, _ in runs]
+    tool = [not on and any(t in txt for t in TOOL_RESULT) for (_, _, on), txt in zip(runs, text)]
+    kinds: list[str] = []
+    for j, ((a, b, on), txt) in enumerate(zip(runs, text)):
+        if on:
+            called = any(t in txt for t in TOOL_CALL) or (j + 1 < len(runs) and tool[j + 1])
+            kinds += ["call" if called else "gen"] * (b - a)
+        else:
+            kinds += ["tool" if tool[j] else "obs"] * (b - a)
+    return kinds
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:

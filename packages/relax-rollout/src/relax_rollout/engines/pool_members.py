@@ -48,6 +48,9 @@ class Member:
     id: str
     url: str
     kind: str
+    changes: list[tuple[float, str]] = field(default_factory=list, repr=False)
+    """Every state it entered, with when (``time.time()``): its lane on the run's timeline (``relax ui``).
+    Kept by :meth:`__setattr__`, so no assignment of :attr:`state` anywhere can miss it."""
     state: str = "joining"
     protected: bool = False
     inflight: int = 0
@@ -76,6 +79,11 @@ class Member:
     def to_dict(self) -> dict[str, Any]:
         return {k: copy.copy(getattr(self, k)) for k in self.API_FIELDS}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "state" and self.__dict__.get("state") != value:  # (the first: set by __init__)
+            self.changes.append((time.time(), value))
+        super().__setattr__(name, value)
+
 
 def check_url(url: str) -> str:
     """``http(s)://host[:port]`` without a trailing slash, or ValueError."""
@@ -89,6 +97,31 @@ def check_url(url: str) -> str:
     except ValueError:
         raise ValueError(f"has an invalid port (got {url!r})") from None
     return url.strip().rstrip("/")
+
+
+def member_spans(members: list[Member], now: float | None = None) -> list[dict[str, Any]]:
+    """Each engine's life as spans in :class:`relax_core.trace.Tracer`'s format, a row per engine
+    (``engine <id>``): one span per state it was in (joining, active, draining) until it was removed or
+    failed, or until ``now`` — so the run's timeline shows elastic engines join and leave."""
+    now = time.time() if now is None else now
+    out = []
+    for m in members:
+        changes = list(m.changes)
+        for (t, state), (end, _) in zip(changes, [*changes[1:], (now, "")]):
+            if state in ("removed", "failed"):
+                continue
+            args = {"kind": m.kind, "url": m.url, "node": m.node, "error": m.error}
+            out.append(
+                {
+                    "name": f"engine {state}",
+                    "role": f"engine {m.id}",
+                    "thread": "engine",
+                    "start_ns": int(t * 1e9),
+                    "dur_ns": max(0, int((end - t) * 1e9)),
+                    "args": {k: v for k, v in args.items() if v is not None},
+                }
+            )
+    return out
 
 
 STATS = ("requests", "prompts", "reissued_prompts", "failures", "aborts_reissued", "busy_retries")
@@ -149,6 +182,11 @@ class PoolMembership:
             return [
                 m.to_dict() for m in self.state.members.values() if include_removed or m.state != "removed"
             ]
+
+    def spans(self) -> list[dict[str, Any]]:
+        """Every member's life on the run's timeline (:func:`member_spans`), removed ones included."""
+        with self.state.cond:
+            return member_spans(list(self.state.members.values()))
 
     def active(self) -> list[Member]:
         with self.state.cond:

@@ -147,6 +147,11 @@ async function openStep(step) {
   drawSamples();
 }
 
+const KINDS = {  // relax_app/ui/data.py::token_kinds
+  gen: "the model's text (trained on)", call: "a tool call by the model (trained on)",
+  obs: "observation: the environment's or user's turn (not trained on)", tool: "a tool's result (not trained on)",
+};
+
 function versionColour(v, newest) {
   const lag = Math.max(0, newest - v);
   return `hsl(${(210 + 47 * lag) % 360}, 80%, ${lag ? 80 : 88}%)`;
@@ -161,11 +166,12 @@ function mismatchColour(d) {
 function drawSample(s, newest) {
   const toks = el("div", { class: "tokens" });
   for (const t of s.tokens) {
-    const span = el("span", { class: t.m ? "tok" : "tok env", "data-version": t.v });
+    const kind = t.k || (t.m ? "gen" : "obs");
+    const span = el("span", { class: `tok ${kind}` + (t.m ? "" : " env"), "data-version": t.v, "data-kind": kind });
     span.textContent = t.t;
     const bg = state.colour === "mismatch" ? mismatchColour(t.d) : versionColour(t.v, newest);
     if (t.m) span.style.background = bg;
-    span.title = `policy version ${t.v}` + (t.d == null ? "" : `, |Δ log-prob| ${t.d.toFixed(4)}`) + (t.m ? "" : " (not trained on)");
+    span.title = `${KINDS[kind] || kind} · policy version ${t.v}` + (t.d == null ? "" : `, |Δ log-prob| ${t.d.toFixed(4)}`);
     toks.append(span);
   }
   const media = el("div", { class: "media" });
@@ -208,7 +214,8 @@ async function pollTimeline() {
       width: Math.max(0.5, (s.dur / (t1 - t0)) * (W - 115)), height: lane - 6,
       fill: COLOURS[names.indexOf(s.name) % COLOURS.length] });
     const tip = svg("title", {});
-    tip.textContent = `${s.role}: ${s.name}, ${(s.dur / 1e6).toFixed(3)} s`;
+    const args = Object.entries(s.args || {}).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : v}`);
+    tip.textContent = `${s.role}: ${s.name}, ${(s.dur / 1e6).toFixed(3)} s` + (args.length ? ` (${args.join(", ")})` : "");
     r.append(tip);
     g.append(r);
   }

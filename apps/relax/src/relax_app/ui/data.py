@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import mimetypes
+import os
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,11 @@ class RunView:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.dir = Path(run_dir)
+        self._metrics_lock = threading.Lock()
+        self._metrics_file: tuple[int, int] | None = None
+        """(inode, device) of the metrics file read so far, its bytes read and their rows."""
+        self._metrics_offset = 0
+        self._metrics_rows: list[dict[str, Any]] = []
 
     # -- the run ----------------------------------------------------------------------------------
     def overview(self) -> dict[str, Any]:
@@ -99,21 +106,35 @@ class RunView:
         }
 
     def metrics(self, after: int = 0) -> list[dict[str, Any]]:
-        """The steps' metrics rows after step ``after`` (a line still being written is left for later)."""
+        """The steps' metrics rows after step ``after`` (a line still being written is left for later).
+
+        The file is read from where the last call stopped (the page polls every second; a long run's file
+        is megabytes), and from the start again when it was replaced or cut (a run started over)."""
         path = self.dir / "metrics.jsonl"
-        try:
-            text = path.read_text()
-        except OSError:
-            return []
-        rows = []
-        for line in text.splitlines():
+        with self._metrics_lock:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > after:
-                rows.append(_finite(row))
-        return rows
+                with path.open("rb") as f:
+                    st = os.fstat(f.fileno())
+                    if (st.st_ino, st.st_dev) != self._metrics_file or st.st_size < self._metrics_offset:
+                        self._metrics_file, self._metrics_offset, self._metrics_rows = (
+                            (st.st_ino, st.st_dev),
+                            0,
+                            [],
+                        )
+                    f.seek(self._metrics_offset)
+                    chunk = f.read()
+            except OSError:
+                return []
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # (a line without its newline yet: next time)
+            self._metrics_offset += len(complete)
+            for line in complete.splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int):
+                    self._metrics_rows.append(_finite(row))
+            return [r for r in self._metrics_rows if r["step"] > after]
 
     # -- samples ----------------------------------------------------------------------------------
     @cached_property

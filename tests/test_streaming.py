@@ -185,3 +185,32 @@ def test_the_staleness_bound_holds_on_each_samples_oldest_token_under_random_tim
         if r["name"] == "reward"
         for g in generate
     )
+
+
+@pytest.mark.integration
+def test_a_small_bus_does_not_deadlock_streaming_at_staleness_two(tiny_run_inputs, tmp_path):
+    """Found by `relax plan`'s simulation of the real bus (#57): under streaming the groups of steps k+1
+    and k+2 filled a bus of a step's size while step k's last groups waited to be put, and the trainer,
+    waiting for step k whole, never freed it — every role alive, the run at step 0 for good. The bus now
+    holds every group in flight (``RelaxConfig.bus_samples``). `relax train` in its own process, so a
+    deadlock fails the test by its time-out."""
+    import subprocess
+    import sys
+
+    flags = dict(max_staleness=2, bus_capacity=8, num_rollout=STEPS, long_tail_exact=True, **LONG_TAIL)
+    argv = run_flags(
+        tiny_run_inputs,
+        tmp_path / "out",
+        "--fully-async",
+        "--streaming-rollout",
+        "--partial-rollout",
+        **flags,
+    )
+    cfg = build_config(None, argv)
+    assert cfg.bus_samples == 3 * cfg.samples_per_rollout  # (3 steps' groups in flight at staleness 2)
+    run = subprocess.run(
+        [sys.executable, "-m", "relax_app.cli", "train", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert sum("train/loss" in line for line in lines) == STEPS

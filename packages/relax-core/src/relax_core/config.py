@@ -56,6 +56,25 @@ class RelaxConfig(Section):
         return self.rollout.rollout_batch_size * per_prompt
 
     @property
+    def inflight_groups(self) -> int:
+        """Streaming rollout's prompt groups generating at once (``--max-inflight-groups``; by default a
+        step's for each version the staleness bound lets run ahead)."""
+        r = self.rollout
+        return int(r.max_inflight_groups or r.rollout_batch_size * (self.run.max_staleness + 1))
+
+    @property
+    def bus_samples(self) -> int:
+        """The bus's capacity: ``--bus-capacity``, raised to a step's samples and, under streaming rollout,
+        to every group in flight — a smaller bus fills with later steps' groups while step k's last ones
+        wait to be put, and the trainer, waiting for step k whole, never frees it (a deadlock)."""
+        need = self.samples_per_rollout
+        if self.rollout.streaming_rollout:
+            need = max(
+                need, self.inflight_groups * self.samples_per_rollout // self.rollout.rollout_batch_size
+            )
+        return max(self.run.bus_capacity, need)
+
+    @property
     def effective_global_batch_size(self) -> int:
         return self.train.global_batch_size or self.samples_per_rollout
 

@@ -453,7 +453,8 @@ class RunConfig(Section):
     staleness_policy: Literal["wait", "drop"] = "wait"
     """wait: rollout blocks until the trainer catches up; drop: stale samples are discarded and counted."""
     bus_capacity: int = Field(8192, ge=1)
-    """Maximum live samples on the bus; a full bus applies back-pressure to rollout."""
+    """Maximum live samples on the bus; a full bus applies back-pressure to rollout. Raised to a step's
+    samples, and under --streaming-rollout to every group in flight (a smaller bus would deadlock)."""
     output_dir: str = "runs/relax"
     """Where TensorBoard logs, metrics.jsonl, the plot and the summary are written. A run locks it (and
     --save): a second run on the same directory is refused, naming the first."""

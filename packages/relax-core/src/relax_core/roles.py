@@ -175,7 +175,7 @@ class RolePlan:
         }
         return BusConfig(
             consumers=consumers,
-            capacity=max(cfg.run.bus_capacity, cfg.samples_per_rollout),
+            capacity=cfg.bus_samples,
             max_staleness=cfg.run.max_staleness,
             staleness_policy=cfg.run.staleness_policy,
             group_size=cfg.rollout.n_samples_per_prompt,

@@ -219,12 +219,10 @@ class DeltaSender:
     def encode(self, version: int, buckets: list[np.ndarray], itemsizes: list[int]) -> list[BucketDelta]:
         """Version ``version``'s buckets (uint8 views of each bucket's bytes) as deltas, or full."""
         full = (
-            self.full_asked
+            self.full_due()
             or self.held is None
             or len(self.held) != len(buckets)
             or any(h.nbytes != np.asarray(b).nbytes for h, b in zip(self.held, buckets))
-            or self.since_full + 1 >= self.full_every
-            or self.gave_up
         )
         out = [
             encode_bucket(
@@ -240,11 +238,25 @@ class DeltaSender:
             for i, b in enumerate(buckets)
         ]
         self.held = [np.ascontiguousarray(b).view(np.uint8).reshape(-1).copy() for b in buckets]
+        self.sent(version, full, sum(len(d.payload) for d in out), sum(d.nbytes for d in out))
+        return out
+
+    def full_due(self) -> bool:
+        """The schedule: the next version goes full (asked, none sent yet, every ``full_every``, or deltas
+        given up on)."""
+        return (
+            self.full_asked
+            or self.held_version is None
+            or self.since_full + 1 >= self.full_every
+            or self.gave_up
+        )
+
+    def sent(self, version: int, full: bool, payload: int, whole: int) -> None:
+        """Record version ``version`` as sent (``full`` or a delta of ``payload`` bytes of ``whole``)."""
         self.held_version, self.full_asked = version, False
         self.since_full = 0 if full else self.since_full + 1
         if not full:
-            self._count_pay(sum(len(d.payload) for d in out), sum(d.nbytes for d in out))
-        return out
+            self._count_pay(payload, whole)
 
     def _count_pay(self, sent: int, whole: int) -> None:
         """Give up on deltas after ``gives_up_after`` versions in a row that did not pay, saying so once."""

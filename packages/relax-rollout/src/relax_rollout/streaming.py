@@ -36,6 +36,30 @@ SEED_STRIDE = 65_537
 """Request seeds: a step's sampling seed × this + the sample's index in its step (fewer samples a step)."""
 
 
+def inflight_limit(cfg: Any) -> int:
+    """Prompt groups generating at once (``--max-inflight-groups``; by default a step's for each version
+    the staleness bound lets run ahead); ValueError when a step's groups could not fit together."""
+    r = cfg.rollout
+    limit = cfg.inflight_groups
+    if limit < r.rollout_batch_size:
+        raise ValueError(
+            f"--max-inflight-groups {limit} is below --rollout-batch-size {r.rollout_batch_size}: a "
+            "step's groups must fit in flight together"
+        )
+    return limit
+
+
+def room_for_step(inflight: int, groups: int, limit: int) -> bool:
+    """A step (admitted by the staleness bound) begins only when all its ``groups`` fit in flight."""
+    return inflight + groups <= limit
+
+
+def update_waits_for_responses(cfg: Any) -> bool:
+    """Without ``--partial-rollout`` a weight update waits until the responses in flight end (and none
+    starts meanwhile); with it they go on under the new weights, each token stamped with its version."""
+    return not cfg.rollout.partial_rollout
+
+
 @dataclass
 class _Group:
     step: int
@@ -81,12 +105,7 @@ class GroupStream:
         cfg = worker.cfg
         r = cfg.rollout
         self.n = r.n_samples_per_prompt
-        self.limit = r.max_inflight_groups or r.rollout_batch_size * (cfg.run.max_staleness + 1)
-        if self.limit < r.rollout_batch_size:
-            raise ValueError(
-                f"--max-inflight-groups {self.limit} is below --rollout-batch-size {r.rollout_batch_size}: a "
-                "step's groups must fit in flight together"
-            )
+        self.limit = inflight_limit(cfg)
         engine = worker.engine
         check = getattr(engine, "check_partial_rollout", None)
         if r.partial_rollout and callable(check):  # servers launched by the user: their flags, checked first
@@ -111,7 +130,7 @@ class GroupStream:
 
     # -- weights (from the worker's subscriber thread) ---------------------------------------------
     def update_weights(self, tensors: dict[str, Any], version: int) -> None:
-        partial = self.w.cfg.rollout.partial_rollout
+        partial = not update_waits_for_responses(self.w.cfg)
         if self.batcher is not None:  # between two decode steps; without partial rollout once they end
             self.batcher.update_weights(tensors, version, drain=not partial)
             return
@@ -138,7 +157,7 @@ class GroupStream:
                 w.admit(step)  # the staleness bound and fresh-enough weights
                 t0 = time.perf_counter()
                 with self._cond:  # room for the step's groups
-                    while self.inflight + groups > self.limit and not self.failure:
+                    while not room_for_step(self.inflight, groups, self.limit) and not self.failure:
                         self.beat()
                         self._cond.wait(0.5)
                 w.stats["wait_s"] += time.perf_counter() - t0

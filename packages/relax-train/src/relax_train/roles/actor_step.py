@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from relax_bus import Batch, Bus
 
 
+def take_request(cfg: RelaxConfig, step: int) -> dict[str, Any]:
+    """What the trainer asks the bus for at step ``step`` (``bus.get``'s keywords): the step's whole batch,
+    at trainer version ``step`` (the staleness bound's reference), and under streaming rollout only step
+    ``step``'s partition (later steps' groups land while its tail generates)."""
+    return {
+        "n": cfg.samples_per_rollout,
+        "trainer_version": step,
+        "partition": f"step{step}" if cfg.rollout.streaming_rollout else None,
+    }
+
+
 class StepTrainer:
     """One training step's data flow, over the trainer's bus and backend."""
 
@@ -66,13 +77,7 @@ class StepTrainer:
             self.alive()
             try:
                 return self.bus.get(
-                    TRAINER_CONSUMER,
-                    n=self.cfg.samples_per_rollout,
-                    fields=None,
-                    trainer_version=step,
-                    timeout=1.0,
-                    # streaming rollout puts later steps' groups while step k's tail generates: take step k
-                    partition=f"step{step}" if self.cfg.rollout.streaming_rollout else None,
+                    TRAINER_CONSUMER, fields=None, timeout=1.0, **take_request(self.cfg, step)
                 )
             except (BusTimeout, ConsumerReset):
                 continue

@@ -502,3 +502,51 @@ def test_no_role_name_is_hard_coded_outside_the_registry():
         for hit in _hard_coded_roles(ast.parse(f.read_text()), names, role_only)
     ]
     assert found == [], "take the role from the registry or its RoleSpec, not by its name"
+
+
+def test_the_simulator_drives_the_runs_own_policies_not_copies():
+    """#57: `relax plan`'s simulator drives the run's own policies: the objects the real run calls (a copy
+    would not be ``is`` them), and nothing in the plan package defines a function of a policy's name or
+    computes the staleness bound.
+
+    The simulator's policies are the objects the real run calls (a copy would not be ``is`` them), and
+    nothing in the plan package defines a function of a policy's name or computes the staleness bound."""
+    import ast
+
+    import relax_app.plan.sim as sim
+    import relax_bus
+    import relax_bus.staleness
+    import relax_rollout.streaming
+    import relax_train.roles.actor_step
+    from relax_core import weight_delta
+
+    assert sim.StalenessBound is relax_bus.staleness.StalenessBound
+    assert sim.DataBus is relax_bus.DataBus
+    assert sim.inflight_limit is relax_rollout.streaming.inflight_limit
+    assert sim.room_for_step is relax_rollout.streaming.room_for_step
+    assert sim.update_waits_for_responses is relax_rollout.streaming.update_waits_for_responses
+    assert sim.take_request is relax_train.roles.actor_step.take_request
+    assert sim.DeltaSender is weight_delta.DeltaSender
+    policy_names = {
+        "inflight_limit",
+        "room_for_step",
+        "update_waits_for_responses",
+        "take_request",
+        "admit_version",
+    }
+    policy_names |= {
+        "oldest_allowed",
+        "is_stale",
+        "full_due",
+        "admit",
+        "in_order",
+        "group",
+        "complete_groups",
+    }
+    for path in Path(sim.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defined & policy_names, (path.name, defined & policy_names)
+        assert "max_staleness -" not in path.read_text() and "- max_staleness" not in path.read_text(), (
+            path.name
+        )

@@ -52,6 +52,7 @@ COMMANDS = Registry(
         "status": "relax_app.watch:status_main",
         "watch": "relax_app.watch:watch_main",
         "ui": "relax_app.ui:ui_main",
+        "plan": "relax_app.plan:plan_main",
         "summary": "relax_app.info:summary_main",
         "eval": "relax_app.checkpoint_tools:eval_main",
         "export": "relax_app.checkpoint_tools:export_main",

@@ -1,0 +1,105 @@
+"""`relax plan`'s simulation (#57): the run's own policies on a virtual clock, the cost models, the CLI."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from relax_app.plan import plan_main
+from relax_app.plan.config import load_plan
+from relax_app.plan.report import summarise
+from relax_app.plan.sim import Simulation
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "relax_app" / "plan" / "examples"
+SMALL = {
+    "name": "small",
+    "cluster": {"device": "H100-SXM", "rollout_gpus": 4, "train_gpus": 4},
+    "model": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 32000,
+    },
+    "workload": {"prompts_per_step": 16, "samples_per_prompt": 4, "response": {"mean": 500, "max": 4000}},
+}
+
+
+def _plan(**run):
+    from relax_app.plan.config import PlanConfig
+
+    return PlanConfig.model_validate({**SMALL, "run": run})
+
+
+def test_each_mode_runs_and_asynchrony_overlaps_rollout_with_training():
+    colocate = summarise(Simulation(_plan(mode="colocate")).run())
+    batch = summarise(Simulation(_plan(mode="fully_async", max_staleness=1)).run())
+    stream = Simulation(
+        _plan(mode="fully_async", max_staleness=1, streaming_rollout=True, partial_rollout=True)
+    ).run()
+    assert set(colocate.staleness) == {0}  # on-policy
+    assert max(batch.staleness) == 1 and max(stream.staleness) <= 1  # the bound, from the real bus
+    assert summarise(stream).samples_per_s > colocate.samples_per_s
+    overlapped = any(  # some engine generates while the trainer trains
+        a < t1 and t0 < b
+        for e in stream.engines
+        for a, b in e.busy
+        for t0, t1, _ in stream.pools["train"].busy
+    )
+    assert overlapped
+
+
+def test_streaming_at_staleness_two_completes_with_the_runs_bus():
+    """The deadlock the simulator found (a bus of one step's size under streaming at staleness 2): the run's
+    own bus config now holds every group in flight, so the simulated run completes every step."""
+    o = Simulation(
+        _plan(mode="fully_async", max_staleness=2, streaming_rollout=True, partial_rollout=True)
+    ).run()
+    assert len(o.step_ends) == 6 and max(o.staleness) <= 2
+
+
+def test_lora_and_delta_sync_send_fewer_bytes_than_full():
+    full = summarise(Simulation(_plan(mode="fully_async", max_staleness=1)).run()).sync_gb
+    lora = summarise(Simulation(_plan(mode="fully_async", max_staleness=1, lora_rank=16)).run()).sync_gb
+    delta = Simulation(_plan(mode="fully_async", max_staleness=1, weight_sync_delta=True)).run()
+    sent = [n for *_, n in delta.syncs]
+    assert lora < full / 10
+    assert sent[0] / 1e9 == pytest.approx(full) and all(
+        n < sent[0] / 5 for n in sent[1:]
+    )  # full, then deltas
+
+
+def test_the_128_gpu_example_plans_within_a_minute_with_a_split_and_a_picture(tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert plan_main([str(EXAMPLES / "qwen3-8b-h100-128.yaml"), "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - t0 < 60
+    out = capsys.readouterr().out
+    assert "recommended (fastest first" in out and "rollout 64 / train 64" in out and "idle rollout" in out
+    assert "speed-up over colocate" in out
+    assert (tmp_path / "qwen3-8b-h100-128-timeline.png").stat().st_size > 10_000
+
+
+def test_bad_plans_are_refused_naming_the_file_and_the_field(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: {rollout_gpus: 3, rollout_tp: 2}\nmodel: {hidden_size: 8}\n")
+    assert plan_main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "rollout_tp" in err
+    bad.write_text("cluster: {device: TPU}\nmodel: {}\n")
+    assert plan_main([str(bad)]) == 2 and "H100-SXM" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="mapping of sections"):
+        bad.write_text("- a list")
+        load_plan(bad)
+
+
+def test_help_documents_every_section(capsys):
+    with pytest.raises(SystemExit):
+        plan_main(["--help"])
+    out = capsys.readouterr().out
+    for field in ("cluster.rollout_gpus", "workload.response.kind", "efficiency.train_mfu", "run (default"):
+        assert field in out, field
+    assert "H100 datasheet" in out

@@ -87,7 +87,7 @@ def plan_report(plan: Any, out: Path, recommend_too: bool = True) -> str:
     picture = draw_timeline(outcome, out / f"{plan.name}-timeline.png")
     lines.append(f"  timeline: {picture}")
     if recommend_too:
-        ranked = recommend(plan)
+        ranked, failed = recommend(plan)
         lines.append("  recommended (fastest first, 4 steps each):")
         for cand, s in ranked[:5]:
             c = cand.cluster
@@ -96,5 +96,6 @@ def plan_report(plan: Any, out: Path, recommend_too: bool = True) -> str:
                 f"{s.samples_per_s:.1f} samples/s, step {s.step_s:.1f} s, idle rollout {s.rollout_idle:.0%} "
                 f"train {s.train_idle:.0%}"
             )
+        lines += [f"    could not run: {why}" for why in failed]
     lines.append(f"  ({outcome.events} events, {time.perf_counter() - t0:.1f} s to simulate)")
     return "\n".join(lines)

@@ -37,13 +37,17 @@ class Cluster(BaseModel):
     """The device's figures, with ``device: custom``."""
     rollout_gpus: int = Field(8, ge=1)
     """Devices generating (fully async); colocate runs everything on rollout_gpus + train_gpus."""
-    train_gpus: int = Field(8, ge=1)
-    """Devices training (fully async), ActorFwd and the reference share them."""
+    train_gpus: int = Field(8, ge=0)
+    """Devices training (fully async), ActorFwd and the reference share them (colocate may give 0: all on
+    rollout_gpus)."""
     role_gpus: dict[str, int] = {}
     """Devices of their own for consumer roles (``actor_fwd``, ``reference``), fully async; a role not named
     takes turns with the trainer on ``train_gpus``."""
     rollout_tp: int = Field(1, ge=1)
     """Devices per rollout engine (tensor parallel): rollout_gpus / rollout_tp engines."""
+    engine: Literal["sglang", "torch"] = "sglang"
+    """The rollout engine: ``sglang`` batches continuously; ``torch`` (relax's CPU engine) generates a batch
+    statically (its rows computed until the longest ends) and batches continuously only under streaming."""
     link_gbps: float = Field(400.0, gt=0)
     """The trainer-to-engines link per device, Gbit/s (InfiniBand NDR: 400)."""
     link_latency_s: float = Field(0.05, ge=0)
@@ -67,18 +71,21 @@ class Cluster(BaseModel):
 
 
 class Lengths(BaseModel):
-    """How long responses are: ``fixed``, ``lognormal`` (``mean``, ``sigma``) or ``pareto`` (a long tail:
-    ``mean``, shape ``alpha``), each cut at ``max``."""
+    """How long responses are: ``fixed``, ``lognormal`` (``mean``, ``sigma``), ``pareto`` (a long tail:
+    ``mean``, shape ``alpha``) or ``lomax`` (``scale`` times numpy's Pareto II of shape ``alpha``: what
+    ``--long-tail-min-tokens scale`` draws), each cut at ``max``."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    kind: Literal["fixed", "lognormal", "pareto"] = "lognormal"
+    kind: Literal["fixed", "lognormal", "pareto", "lomax"] = "lognormal"
     mean: float = Field(1000.0, gt=0)
     """Mean tokens before the cut at ``max``."""
     max: int = Field(8192, ge=1)
     sigma: float = Field(1.0, gt=0)
     """Lognormal's sigma (of the log): 1.0 is a wide spread, RL on reasoning tasks."""
     alpha: float = Field(1.5, gt=1)
-    """Pareto's shape: lower is a heavier tail."""
+    """Pareto's and Lomax's shape: lower is a heavier tail."""
+    scale: float = Field(16.0, gt=0)
+    """Lomax's scale (tokens)."""
 
 
 class Workload(BaseModel):
@@ -113,12 +120,16 @@ class PlanConfig(BaseModel):
     run: dict[str, Any] = {}
     """`relax train` settings by flag name (``mode``: colocate or fully_async; ``max_staleness``...)."""
     efficiency: Efficiency = Efficiency()
+    dtype_bytes: int = Field(2, ge=1)
+    """Bytes a weight and a KV-cache element take (bf16: 2; the CPU runs' fp32: 4)."""
     published: dict[str, Any] | None = None
     """A shipped example's published figure (``speedup``, ``source``) to print beside the prediction."""
 
     @model_validator(mode="after")
     def _check(self) -> PlanConfig:
         self.cluster.spec()
+        if self.run.get("mode", "fully_async") != "colocate" and self.cluster.train_gpus < 1:
+            raise ValueError("cluster.train_gpus must be at least 1 when the roles run apart (fully async)")
         if self.cluster.rollout_gpus % self.cluster.rollout_tp:
             raise ValueError(
                 f"cluster.rollout_gpus {self.cluster.rollout_gpus} is not a multiple of rollout_tp "

@@ -83,6 +83,12 @@ class Efficiency(BaseModel):
     decode_step_s: float = Field(0.004, ge=0)
     """Per decode step, what neither bytes nor FLOPs explain: scheduling, sampling, kernel launches (SGLang's
     CUDA-graph decode of a small model: ~3-5 ms a step, its own bench_one_batch). CPU: measured."""
+    decode_row_s: float = Field(0.0, ge=0)
+    """Per decode step and running response, what neither bytes nor FLOPs explain, on one device (a small
+    model on a CPU: sampling, cache updates, small ops; measured). 0 on GPUs (in ``decode_step_s``)."""
+    decode_row_scaling: float = Field(1.0, ge=0, le=1)
+    """How ``decode_row_s`` falls with an engine's devices: as 1 / devices ** this (1: in proportion; a
+    CPU's threads: log2 of a decode step's 1-thread over 2-thread time, measured)."""
     engine_update_s: float = Field(0.5, ge=0)
     """Fixed cost of an engine taking new weights (pause, flush the cache, resume)."""
     kv_share: float = Field(0.85, gt=0, le=1)
@@ -159,7 +165,9 @@ class Costs:
         mem_s = mem / (d.hbm_gbps * 1e9 * e.decode_bw_share)
         flops = s.per_token() * batch + s.layers * 4 * s.heads * s.head_dim * ctx
         comp_s = flops / (gpus * d.peak_tflops * 1e12 * e.decode_mfu)
-        return np.maximum(mem_s, comp_s) + e.decode_step_s
+        return (
+            np.maximum(mem_s, comp_s) + e.decode_step_s + batch * e.decode_row_s / gpus**e.decode_row_scaling
+        )
 
     def prefill_s(self, gpus: int, lengths: list[int]) -> float:
         return forward_flops(self.shape, lengths) / (

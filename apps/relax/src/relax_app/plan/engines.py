@@ -52,6 +52,11 @@ class Engine:
     busy: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) of each stretch it was generating or loading weights."""
     pauses: list[float] = field(default_factory=list)
+    static: bool = False
+    """Static batching (relax's torch engine generating a whole batch): a batch's rows are computed until
+    its longest response ends, and no request joins it meanwhile."""
+    rows: int = 0
+    """Rows of the static batch running."""
     _since: float | None = None
 
     def load(self) -> int:
@@ -60,13 +65,16 @@ class Engine:
     def _context(self) -> int:
         return sum(r.prompt + r.done for r in self.running)
 
+    def _rows(self) -> int:
+        return max(len(self.running), self.rows) if self.static else len(self.running)
+
     def advance(self, now: float) -> None:
         """Decode up to ``now``: the whole steps that fit between the last advance and ``now``."""
         if not self.running or now <= self.t:
             self.t = max(self.t, now) if not self.running else self.t
             return
         left = min(r.length - r.done for r in self.running)
-        times = np.cumsum(self.costs.decode_steps(self.gpus, len(self.running), self._context(), left))
+        times = np.cumsum(self.costs.decode_steps(self.gpus, self._rows(), self._context(), left))
         n = int(np.searchsorted(times, now - self.t + 1e-9, side="right"))  # (float sums: the scheduled end)
         if n:
             for r in self.running:
@@ -78,9 +86,7 @@ class Engine:
         if not self.running:
             return None
         left = min(r.length - r.done for r in self.running)
-        return self.t + float(
-            self.costs.decode_steps(self.gpus, len(self.running), self._context(), left).sum()
-        )
+        return self.t + float(self.costs.decode_steps(self.gpus, self._rows(), self._context(), left).sum())
 
     def finish(self, now: float) -> list[Request]:
         """Advance to ``now`` and take the responses that ended."""
@@ -95,6 +101,8 @@ class Engine:
         self.advance(now)
         self.t = max(self.t, now)
         new: list[Request] = []
+        if self.static and self.running:
+            return  # (a static batch takes no one until it ends)
         while self.queue and len(self.running) + len(new) < self.capacity and self.pending is None:
             r = self.queue.popleft()
             r.version = self.version
@@ -102,6 +110,7 @@ class Engine:
         if new:
             self.t += self.costs.prefill_s(self.gpus, [r.prompt for r in new])
             self.running += new
+            self.rows = len(self.running)
         self._mark(now)
 
     def take_weights(self, now: float, version: int, nbytes: float, in_place: bool) -> None:
@@ -138,14 +147,15 @@ def busy_seconds(spans: list[tuple[float, float]], start: float, end: float) -> 
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
 
 
-def lengths(
-    rng: np.random.Generator, n: int, kind: str, mean: float, cap: int, sigma: float, alpha: float
-) -> Any:
-    """``n`` response lengths of the workload's distribution, cut at ``cap`` (at least 1 token)."""
-    if kind == "fixed":
-        out = np.full(n, mean)
-    elif kind == "lognormal":
-        out = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n)
+def lengths(rng: np.random.Generator, n: int, spec: Any) -> Any:
+    """``n`` response lengths of ``spec`` (a :class:`~relax_app.plan.config.Lengths`), cut at its ``max``
+    (at least 1 token)."""
+    if spec.kind == "lomax":
+        out = np.floor(rng.pareto(spec.alpha, n) * spec.scale)
+    elif spec.kind == "fixed":
+        out = np.full(n, spec.mean)
+    elif spec.kind == "lognormal":
+        out = rng.lognormal(np.log(spec.mean) - spec.sigma**2 / 2, spec.sigma, n)
     else:  # pareto with that mean: x_m * alpha / (alpha - 1) = mean
-        out = (rng.pareto(alpha, n) + 1.0) * mean * (alpha - 1) / alpha
-    return np.clip(np.round(out), 1, cap).astype(int)
+        out = (rng.pareto(spec.alpha, n) + 1.0) * spec.mean * (spec.alpha - 1) / spec.alpha
+    return np.clip(np.round(out), 1, spec.max).astype(int)

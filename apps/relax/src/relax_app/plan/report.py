@@ -78,16 +78,20 @@ def candidates(plan: PlanConfig) -> list[PlanConfig]:
     return out
 
 
-def recommend(plan: PlanConfig, steps: int = 4) -> list[tuple[PlanConfig, Summary]]:
-    """Every candidate simulated over ``steps`` steps, the fastest first."""
-    results = []
+def recommend(plan: PlanConfig, steps: int = 4) -> tuple[list[tuple[PlanConfig, Summary]], list[str]]:
+    """Every candidate simulated over ``steps`` steps, the fastest first; and why each one that could not
+    run did not (a split whose engines cannot hold the model, a deadlock), one line each."""
+    results, failed = [], []
     for cand in candidates(plan):
         short = cand.model_copy(update={"workload": cand.workload.model_copy(update={"steps": steps})})
         try:
             results.append((cand, summarise(Simulation(short).run())))
-        except (RuntimeError, ValueError):
-            continue  # (a split whose engines cannot hold the model: not a candidate)
-    return sorted(results, key=lambda r: -r[1].samples_per_s)
+        except (RuntimeError, ValueError) as e:
+            c = cand.cluster
+            failed.append(
+                f"rollout {c.rollout_gpus} / train {c.train_gpus}, staleness {cand.run['max_staleness']}: {e}"
+            )
+    return sorted(results, key=lambda r: -r[1].samples_per_s), failed
 
 
 def draw_timeline(o: Outcome, path: str | Path, lanes: int = 12) -> Path:

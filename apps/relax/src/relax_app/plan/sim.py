@@ -117,13 +117,21 @@ class Simulation:
         self.bound = StalenessBound(self.cfg.run.max_staleness, self.cfg.run.staleness_policy)
         shape = model_shape(plan.model)
         self.costs = Costs(
-            shape, c.spec(), plan.efficiency, tied_embeddings=bool(plan.model.get("tie_word_embeddings"))
+            shape,
+            c.spec(),
+            plan.efficiency,
+            dtype_bytes=plan.dtype_bytes,
+            tied_embeddings=bool(plan.model.get("tie_word_embeddings")),
         )
         total = c.devices
         rollout_gpus = total if self.colocate else c.rollout_gpus
         per_request = w.prompt_tokens + min(w.response.mean, w.response.max)
         cap = min(MAX_RUNNING, max(1, int(self.costs.kv_capacity_tokens(c.rollout_tp) // per_request)))
-        self.engines = [Engine(i, c.rollout_tp, self.costs, cap) for i in range(rollout_gpus // c.rollout_tp)]
+        static = c.engine == "torch" and not self.cfg.rollout.streaming_rollout
+        self.engines = [
+            Engine(i, c.rollout_tp, self.costs, cap, static=static)
+            for i in range(rollout_gpus // c.rollout_tp)
+        ]
         self.pools = {"train": Pool("train", total if self.colocate else c.train_gpus)}
         if not self.colocate:  # (consumer roles with devices of their own; the others share "train")
             self.pools.update({r: Pool(r, n) for r, n in c.role_gpus.items() if n})
@@ -230,15 +238,7 @@ class Simulation:
     def _begin(self, step: int) -> None:
         w = self.plan.workload
         n = w.samples_per_prompt
-        lens = lengths(
-            self.rng,
-            w.prompts_per_step * n,
-            w.response.kind,
-            w.response.mean,
-            w.response.max,
-            w.response.sigma,
-            w.response.alpha,
-        )
+        lens = lengths(self.rng, w.prompts_per_step * n, w.response)
         self.left[step] = len(lens)
         self.generating = step
         self.inflight += w.prompts_per_step

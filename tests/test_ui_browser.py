@@ -109,6 +109,13 @@ def chart_points(d, title: str) -> int:
     return int(found[0].get_attribute("data-points")) if found else 0
 
 
+def open_last_step(d, url: str) -> None:
+    """Load the page and open the samples of its last logged step."""
+    visit(d, url)
+    d.find_element("css selector", 'nav button[data-tab="samples"]').click()
+    wait(lambda: d.find_elements("css selector", "#steps button[data-step]"), 15)[-1].click()
+
+
 def console_errors(d) -> list[dict]:
     return [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -230,9 +237,7 @@ def test_the_omni_demo_shows_each_samples_image_audio_and_video(browser, tmp_pat
     url, server = ui(out)
     d = browser
     try:
-        visit(d, url)
-        d.find_element("css selector", 'nav button[data-tab="samples"]').click()
-        wait(lambda: d.find_elements("css selector", "#steps button[data-step]"), 15)[-1].click()
+        open_last_step(d, url)
         for kind in ("img", "audio", "video"):
             found = wait(lambda k=kind: d.find_elements("css selector", f".media {k}"), 15)[0]
             check = "naturalWidth > 0" if kind == "img" else "duration > 0"  # (its metadata read)
@@ -274,9 +279,7 @@ def test_a_tool_call_and_its_result_are_marked(browser, tiny_run_inputs, tmp_pat
     assert all(t["m"] == (t["k"] in ("gen", "call")) for t in tokens)
     url, server = ui(out)
     try:
-        visit(browser, url)
-        browser.find_element("css selector", 'nav button[data-tab="samples"]').click()
-        wait(lambda: browser.find_elements("css selector", "#steps button[data-step]"), 15)[-1].click()
+        open_last_step(browser, url)
         first = wait(lambda: browser.find_elements("css selector", ".sample")[:1], 15)[0]
         shown = [t.get_attribute("data-kind") for t in first.find_elements("css selector", ".tok")]
         assert shown == [t["k"] for t in tokens]

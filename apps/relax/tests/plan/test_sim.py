@@ -103,3 +103,10 @@ def test_help_documents_every_section(capsys):
     for field in ("cluster.rollout_gpus", "workload.response.kind", "efficiency.train_mfu", "run (default"):
         assert field in out, field
     assert "H100 datasheet" in out
+
+
+def test_a_shipped_example_runs_by_name(tmp_path, capsys):
+    args = ["relax-qwen3-4b-h800-8", "--out", str(tmp_path), "--no-recommend", "--steps", "3"]
+    assert plan_main(args) == 0
+    out = capsys.readouterr().out
+    assert "published: 1.76x" in out and "speed-up over colocate" in out

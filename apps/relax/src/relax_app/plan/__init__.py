@@ -35,7 +35,10 @@ def config_help() -> str:
     ):
         lines += ["", f"{title}:"] + fields(model, prefix)
     lines += ["", "devices: " + "; ".join(f"{k} ({d.source})" for k, d in DEVICES.items())]
-    lines += ["", "Examples (published setups, the CPU calibration): apps/relax/src/relax_app/plan/examples/"]
+    from relax_app.plan.config import EXAMPLES
+
+    names = ", ".join(sorted(f.stem for f in EXAMPLES.glob("*.yaml")))
+    lines += ["", f"Shipped examples (give the name instead of a file): {names} ({EXAMPLES})"]
     return "\n".join(lines)
 
 
@@ -47,7 +50,7 @@ def plan_main(argv: list[str]) -> int:
         epilog=config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("config", help="the plan's YAML file (sections below)")
+    ap.add_argument("config", help="the plan's YAML file (sections below), or a shipped example's name")
     ap.add_argument("--out", default="runs/plan", help="where the timeline picture goes")
     ap.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the plan's)")
     ap.add_argument("--no-recommend", action="store_true", help="skip the sweep of splits and staleness")

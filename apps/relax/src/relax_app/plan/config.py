@@ -138,8 +138,15 @@ class PlanConfig(BaseModel):
         return self
 
 
+EXAMPLES = Path(__file__).parent / "examples"
+"""The shipped plans (published setups; in the wheel too): `relax plan NAME` runs ``NAME.yaml`` of them."""
+
+
 def load_plan(path: str | Path) -> PlanConfig:
-    """A plan from its YAML file; a ValueError naming the file and the field when it is not one."""
+    """A plan from its YAML file, or a shipped example by name; a ValueError naming the file and the field
+    when it is not one."""
+    if not Path(path).exists() and (EXAMPLES / f"{path}.yaml").is_file():
+        path = EXAMPLES / f"{path}.yaml"
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:

@@ -307,3 +307,17 @@ def test_hung_role_misses_its_heartbeat_and_is_restarted(tiny_run_inputs, tmp_pa
     assert len(result.audit["trained_ids"]) == len(set(result.audit["trained_ids"])) == STEPS * 8
     steps = [h["step"] for h in result.history if "train/loss" in h]
     assert steps == list(range(1, STEPS + 1))
+
+
+@pytest.mark.integration
+def test_a_run_that_makes_no_step_stops_saying_where_it_stands(tiny_run_inputs, tmp_path):
+    """Every role alive, no step trained for --stall-timeout-s (here a reward slower than the time-out
+    stands in for a deadlock, which no longer happens): the run stops with RunStalled naming the flag, the
+    trainer's version and the bus's state, instead of beating its heartbeats for good (#57's deadlock)."""
+    from relax_core.health import RunStalled
+
+    cfg = _cfg(tiny_run_inputs, tmp_path / "stall", "--stall-timeout-s", "2", "--reward-delay-s", "5")
+    with pytest.raises(RunStalled) as info:
+        Controller(cfg, tiny_run_inputs).run()
+    msg = str(info.value)
+    assert "--stall-timeout-s 2" in msg and "trainer is at version 0" in msg and "the bus holds" in msg, msg

@@ -158,3 +158,29 @@ def test_an_unfixable_fault_is_found_in_a_remote_traceback():
     assert unfixable(DataChanged("x")) == "DataChanged: x"
     assert unfixable(RuntimeError("relax_core.ownership.DirectoryInUse: busy")) is None
     assert unfixable(ValueError("the actor died")) is None
+
+
+def test_the_stall_watch_fails_a_run_whose_trainer_makes_no_step():
+    """#57's deadlock beat its heartbeats at step 0 for good: the watch fails such a run, saying where it
+    stands; a step, or a role restarting, starts its clock again; 0 never fires."""
+    import time
+
+    import pytest
+
+    from relax_core.health import RunStalled, StallWatch
+
+    watch = StallWatch(0.05)
+    watch.check(0, False)
+    time.sleep(0.03)
+    watch.check(1, False)  # a step: the clock starts again
+    time.sleep(0.03)
+    watch.check(1, False)
+    time.sleep(0.03)
+    watch.check(1, True)  # a role restarting: again
+    time.sleep(0.06)
+    with pytest.raises(RunStalled, match=r"no step trained .* version 1; the bus holds 16"):
+        watch.check(1, False, lambda: "the bus holds 16")
+    never = StallWatch(0.0)
+    never.check(0, False)
+    time.sleep(0.01)
+    never.check(0, False)

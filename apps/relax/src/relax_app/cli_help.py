@@ -152,6 +152,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "health",
         "heartbeat_interval_s",
         "heartbeat_timeout_s",
+        "stall_timeout_s",
         "max_restarts_per_role",
         "max_global_restarts",
     ),

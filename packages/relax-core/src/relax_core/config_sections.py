@@ -551,6 +551,9 @@ class RunConfig(Section):
     """How often the health manager asks every role for a heartbeat."""
     heartbeat_timeout_s: float = Field(120.0, gt=0.0)
     """A role whose loop made no progress for this long (or does not answer) counts as failed."""
+    stall_timeout_s: float = Field(3600.0, ge=0.0)
+    """Fully async: a run whose trainer makes no step for this long while every role answers its heartbeat
+    stops, saying where it stands (the roles wait on each other: a deadlock no heartbeat shows); 0: never."""
     max_restarts_per_role: int = Field(3, ge=0)
     """In-place restarts allowed per role before the health manager escalates to a global restart."""
     max_global_restarts: int = Field(1, ge=0)

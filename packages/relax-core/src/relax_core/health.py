@@ -11,6 +11,7 @@ died or whose loop raised.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +30,38 @@ def first_line(e: BaseException, limit: int = 200) -> str:
 
 class RunFailed(RuntimeError):
     """The health manager gave up: restarts exhausted. The message says which role, why and how often."""
+
+
+class RunStalled(RunFailed):
+    """No step trained for ``--stall-timeout-s`` while every role answers its heartbeat: the roles wait on
+    each other (a deadlock), which no heartbeat can see. The message says where the run stands."""
+
+
+@dataclass
+class StallWatch:
+    """Fails a run whose trainer makes no step for ``timeout_s`` (0: never): heartbeats show each role's
+    loop alive, not that the run moves — a rollout and a trainer each polling for what the other will never
+    give beat forever (the streaming deadlock #57's simulation found did, at step 0)."""
+
+    timeout_s: float
+    step: int | None = None
+    since: float = field(default_factory=time.monotonic)
+
+    def check(self, step: int, restarting: bool, where: Callable[[], str] | None = None) -> None:
+        """``step``: the trainer's version now; ``restarting``: a role is being restarted (the clock starts
+        again after it); ``where()``: what the message adds (the bus's depth, what each consumer could
+        take). Raises :class:`RunStalled` past the time-out."""
+        now = time.monotonic()
+        if step != self.step or restarting:
+            self.step, self.since = step, now
+            return
+        if self.timeout_s and now - self.since > self.timeout_s:
+            raise RunStalled(
+                f"no step trained for {now - self.since:.0f} s (--stall-timeout-s {self.timeout_s:g}) while every "
+                f"role answers its heartbeat: the roles wait on each other; the trainer is at version {step}"
+                + (f"; {where()}" if where is not None else "")
+                + ". Raise --stall-timeout-s if a step really takes this long"
+            )
 
 
 class Unfixable(RuntimeError):

@@ -16,7 +16,6 @@ from typing import Any
 from relax_core import run as shared
 from relax_core.async_run import AsyncRun
 from relax_core.checkpoints import latest_checkpoint
-from relax_core.health import StallWatch
 from relax_core.live import LiveStatus
 from relax_core.live_async import AsyncProbe
 from relax_core.role import TrainerRecord
@@ -121,7 +120,6 @@ def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar: Any, seen: int, pr
     ends its loop), let supervision handle failed roles, move the progress bar and the live status; returns
     where it stands."""
     ray, asked = run.ray, False
-    watch = StallWatch(run.cfg.run.stall_timeout_s)
     stop.__enter__()
     while True:
         if stop.requested and not asked:
@@ -132,21 +130,10 @@ def _supervise(run: AsyncRun, stop: shared.StopOnSignal, bar: Any, seen: int, pr
             return seen
         run.poll()  # failed roles: restart in place, escalate, or stop with the reason
         probe.tick()
-        watch.check(probe.step, bool(run.restarting()), lambda: _where(run))
         if probe.step > seen:
             if bar is not None:
                 bar.update(probe.step - seen)
             seen = probe.step
-
-
-def _where(run: AsyncRun) -> str:
-    """A stalled run's bus: samples on it, and how many each consumer could take."""
-    try:
-        stats = run.bus.stats() if run.bus is not None else {}
-    except Exception as e:  # noqa: BLE001 - the message goes on without it
-        return f"the bus did not answer ({type(e).__name__})"
-    waiting = stats.get("available", {})
-    return f"the bus holds {stats.get('depth')} samples, of them ready per consumer {waiting}"
 
 
 def _saved_at_end(run: AsyncRun) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from relax_core.health import StallWatch
 from relax_core.live import HealthEvent, LiveStatus
 
 
@@ -29,8 +30,19 @@ class AsyncProbe:
         self._asked: dict[str, tuple[float, Any, Any, Any]] = {}
         """Role -> (when asked, the actor asked, its heartbeat call, its weight-version call or None)."""
         self._last = 0.0
+        self.stall = StallWatch(run.cfg.run.stall_timeout_s)
+        """No step for ``--stall-timeout-s`` while every role answers: the run stops saying where it stands."""
         self._span_calls: tuple[float, list[Any]] | None = None
         """The roles' ``get_spans`` calls under way for the next trace flush: (when asked, the calls)."""
+
+    def where(self) -> str:
+        """Where a stalled run stands (:class:`~relax_core.health.StallWatch`'s message): the samples on the
+        bus, and how many each consumer could take."""
+        try:
+            stats = self.run.bus.stats() if self.run.bus is not None else {}
+        except Exception as e:  # noqa: BLE001 - the message goes on without it
+            return f"the bus did not answer ({type(e).__name__})"
+        return f"the bus holds {stats.get('depth')} samples, of them ready per consumer {stats.get('available', {})}"
 
     def _version_call(self, name: str, actor: Any) -> Any:
         if self.run.plan.roles[name].receives_weights:  # (the rollout, ActorFwd)
@@ -65,6 +77,7 @@ class AsyncProbe:
                 live.bus(run.bus.stats())
         except Exception:  # noqa: BLE001 - the bus restarting with the run
             pass
+        self.stall.check(self.step, bool(restarting), self.where)
         events = sorted(run.policy.events, key=lambda e: e.at)[-100:]
         live.update(
             step=self.step,

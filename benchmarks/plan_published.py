@@ -13,17 +13,16 @@ import time
 from pathlib import Path
 
 from relax_app.plan.config import load_plan
-from relax_app.plan.report import colocate_of, summarise
-from relax_app.plan.sim import Simulation
+from relax_app.plan.report import compare
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "apps" / "relax" / "src" / "relax_app" / "plan" / "examples"
 SENSITIVITY = (1000, 1500, 2000, 3000, 4000)
 
 
 def predict(plan) -> dict:
-    mine, anchor = summarise(Simulation(plan).run()), summarise(Simulation(colocate_of(plan)).run())
+    mine, anchor, speedup = compare(plan)
     return {
-        "speedup": mine.samples_per_s / anchor.samples_per_s,
+        "speedup": speedup,
         "step_s": mine.step_s,
         "colocate_step_s": anchor.step_s,
         "rollout_idle": mine.rollout_idle,

@@ -15,7 +15,6 @@ Every constant is named here with where it comes from; nothing is tuned per case
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -169,14 +168,12 @@ class Costs:
             np.maximum(mem_s, comp_s) + e.decode_step_s + batch * e.decode_row_s / gpus**e.decode_row_scaling
         )
 
-    def prefill_s(self, gpus: int, lengths: list[int]) -> float:
+    def forward_s(self, gpus: int, lengths: list[int]) -> float:
+        """A forward pass over sequences of ``lengths`` on ``gpus``: an engine's prefill, a log-prob pass
+        (ActorFwd, the reference)."""
         return forward_flops(self.shape, lengths) / (
             gpus * self.device.peak_tflops * 1e12 * self.eff.forward_mfu
         )
-
-    def forward_s(self, gpus: int, lengths: list[int]) -> float:
-        """A log-prob pass (ActorFwd, the reference) over sequences of ``lengths`` on ``gpus``."""
-        return self.prefill_s(gpus, lengths)
 
     def train_s(self, gpus: int, lengths: list[int]) -> float:
         return train_flops(self.shape, lengths) / (gpus * self.device.peak_tflops * 1e12 * self.eff.train_mfu)
@@ -189,8 +186,3 @@ class Costs:
         """Colocate's offload + onload per step: weights, gradients' and Adam's fp32 state (16 bytes a
         parameter, spread over the GPUs) out and back."""
         return 2 * self.params * 16 / gpus / (self.eff.colocate_switch_gbps * 1e9)
-
-
-def model_shape(hf_config: dict[str, Any]) -> ModelShape:
-    """The model's sizes from its Hugging Face ``config.json`` fields (``relax_core.roofline``'s reading)."""
-    return ModelShape.from_hf_config(hf_config)

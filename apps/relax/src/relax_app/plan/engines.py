@@ -108,10 +108,10 @@ class Engine:
             r.version = self.version
             new.append(r)
         if new:
-            self.t += self.costs.prefill_s(self.gpus, [r.prompt for r in new])
+            self.t += self.costs.forward_s(self.gpus, [r.prompt for r in new])
             self.running += new
             self.rows = len(self.running)
-        self._mark(now)
+        self.mark(now)
 
     def take_weights(self, now: float, version: int, nbytes: float, in_place: bool) -> None:
         """A new version arrives: loaded now in place, or once the running responses end."""
@@ -125,16 +125,13 @@ class Engine:
         else:
             self.pending = (version, nbytes)
 
-    def _mark(self, now: float) -> None:
-        """Open or close its busy stretch."""
+    def mark(self, now: float) -> None:
+        """Open or close its busy stretch (at ``now``, after its batch changed)."""
         if self.running and self._since is None:
             self._since = now
         elif not self.running and self._since is not None:
             self.busy.append((self._since, max(now, self._since)))
             self._since = None
-
-    def idle_at(self, now: float) -> None:
-        self._mark(now)
 
     def close(self, now: float) -> None:
         if self._since is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from relax_app.plan.config import PlanConfig
 from relax_app.plan.engines import busy_seconds
@@ -160,7 +159,7 @@ def colocate_of(plan: PlanConfig) -> PlanConfig:
     return plan.model_copy(update={"run": {**run, "mode": "colocate"}})
 
 
-def compare(plan: PlanConfig) -> dict[str, Any]:
-    """The plan and its colocate anchor: both summaries and the speed-up (throughput ratio)."""
+def compare(plan: PlanConfig) -> tuple[Summary, Summary, float]:
+    """The plan and its colocate anchor simulated: both summaries and the speed-up (throughput ratio)."""
     mine, anchor = summarise(Simulation(plan).run()), summarise(Simulation(colocate_of(plan)).run())
-    return {"plan": mine, "colocate": anchor, "speedup": mine.samples_per_s / anchor.samples_per_s}
+    return mine, anchor, mine.samples_per_s / anchor.samples_per_s

@@ -25,13 +25,14 @@ import numpy as np
 
 from relax_app.cli_config import config_from_flat
 from relax_app.plan.config import PlanConfig
-from relax_app.plan.costs import Costs, model_shape
+from relax_app.plan.costs import Costs
 from relax_app.plan.engines import Engine, Request, lengths
 from relax_bus import BusTimeout, DataBus
 from relax_bus.staleness import StalenessBound
 from relax_bus.state import ManualClock
 from relax_core import sample
 from relax_core.roles import RolePlan
+from relax_core.roofline import ModelShape
 from relax_core.weight_delta import DeltaSender
 from relax_rollout.streaming import inflight_limit, room_for_step, update_waits_for_responses
 from relax_train.roles.actor_step import take_request
@@ -115,7 +116,7 @@ class Simulation:
         self.clock = ManualClock()
         self.bus = DataBus(self.roles.bus_config(), clock=self.clock)
         self.bound = StalenessBound(self.cfg.run.max_staleness, self.cfg.run.staleness_policy)
-        shape = model_shape(plan.model)
+        shape = ModelShape.from_hf_config(plan.model)
         self.costs = Costs(
             shape,
             c.spec(),
@@ -267,7 +268,7 @@ class Simulation:
         if not e.running and e.pending is not None:
             e.take_weights(self.now, *e.pending, in_place=True)
             self.dirty = True
-        e.idle_at(self.now)
+        e.mark(self.now)
         self._replan(e)
 
     def _response_done(self, r: Request) -> None:

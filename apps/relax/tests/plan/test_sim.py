@@ -9,7 +9,7 @@ import pytest
 
 from relax_app.plan import plan_main
 from relax_app.plan.config import load_plan
-from relax_app.plan.report import summarise
+from relax_app.plan.report import colocate_of, phases, summarise
 from relax_app.plan.sim import Simulation
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "relax_app" / "plan" / "examples"
@@ -73,6 +73,35 @@ def test_lora_and_delta_sync_send_fewer_bytes_than_full():
     )  # full, then deltas
 
 
+def test_the_baselines_own_settings_make_its_anchor_recompute_old_log_probs():
+    """A publication's colocate baseline that ran otherwise (veRL's recomputes old log-probs; its async run
+    takes the engines'): ``baseline_run`` applies to the anchor alone, so ActorFwd works only there."""
+    from relax_app.plan.config import PlanConfig
+
+    run = {"mode": "fully_async", "max_staleness": 1, "global_batch_size": 16, "use_actor_fwd": False}
+    plan = PlanConfig.model_validate({**SMALL, "run": run, "baseline_run": {"use_actor_fwd": True}})
+    anchor = colocate_of(plan)
+    assert anchor.run["mode"] == "colocate" and anchor.run["use_actor_fwd"] is True
+    assert phases(Simulation(anchor).run()).get("actor_fwd", 0) > 0
+    assert "actor_fwd" not in phases(Simulation(plan).run())
+
+
+def test_a_prompts_media_count_as_the_runs_preprocessing_counts_them():
+    """Images and audio in tokens by relax_multimodal's own rules (Qwen3-Omni: 32x32 pixels a token, 13
+    tokens an audio second, two markers each), added to the prompt: a longer prompt, a slower step."""
+    from relax_app.plan.config import Media, PlanConfig
+
+    assert Media(images=[(640, 360)]).tokens() == 20 * 11 + 2  # (360 rounds to 352 = 11 x 32)
+    assert Media(audio_s=[10]).tokens() == 130 + 2
+    with pytest.raises(ValueError, match="unknown model family 'gpt'"):
+        Media(model="gpt")
+    media = {"model": "qwen3_omni", "images": [[1280, 720]], "audio_s": [30]}
+    plain = PlanConfig.model_validate({**SMALL, "run": {"mode": "colocate"}})
+    rich = plain.model_copy(update={"workload": plain.workload.model_copy(update={"media": Media(**media)})})
+    assert rich.workload.prompt_total == plain.workload.prompt_total + Media(**media).tokens()
+    assert summarise(Simulation(rich).run()).step_s > summarise(Simulation(plain).run()).step_s
+
+
 def test_the_128_gpu_example_plans_within_a_minute_with_a_split_and_a_picture(tmp_path, capsys):
     t0 = time.perf_counter()
     assert plan_main([str(EXAMPLES / "qwen3-8b-h100-128.yaml"), "--out", str(tmp_path)]) == 0
@@ -100,7 +129,13 @@ def test_help_documents_every_section(capsys):
     with pytest.raises(SystemExit):
         plan_main(["--help"])
     out = capsys.readouterr().out
-    for field in ("cluster.rollout_gpus", "workload.response.kind", "efficiency.train_mfu", "run (default"):
+    sections = (
+        "cluster.rollout_gpus",
+        "workload.response.kind",
+        "workload.media.audio_s",
+        "efficiency.train_mfu",
+    )
+    for field in (*sections, "run (default", "baseline_run (default"):
         assert field in out, field
     assert "H100 datasheet" in out
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 def config_help() -> str:
     """Every field of a plan, by section, with its docstring (what `relax plan --help` prints)."""
-    from relax_app.plan.config import Cluster, Lengths, PlanConfig, Workload
+    from relax_app.plan.config import Cluster, Lengths, Media, PlanConfig, Workload
     from relax_app.plan.costs import DEVICES, Efficiency
 
     def fields(model: type[BaseModel], prefix: str) -> list[str]:
@@ -31,6 +31,7 @@ def config_help() -> str:
         ("cluster", Cluster, "cluster."),
         ("workload", Workload, "workload."),
         ("workload.response", Lengths, "workload.response."),
+        ("workload.media", Media, "workload.media."),
         ("efficiency (one set for every plan; change only with a measurement)", Efficiency, "efficiency."),
     ):
         lines += ["", f"{title}:"] + fields(model, prefix)

@@ -88,6 +88,37 @@ class Lengths(BaseModel):
     """Lomax's scale (tokens)."""
 
 
+class Media(BaseModel):
+    """A prompt's images and audio, counted in tokens as the run's own preprocessing counts them
+    (:mod:`relax_multimodal.specs`: the model family's patch grid, its audio encoder's rate)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model: str = "qwen3_omni"
+    """A model family of ``relax_multimodal.specs.MODELS`` (qwen2_5_vl, qwen3_vl, qwen2_5_omni, qwen3_omni)."""
+    images: list[tuple[int, int]] = []
+    """Each image of a prompt: (width, height) in pixels."""
+    audio_s: list[float] = []
+    """Each audio clip of a prompt, in seconds."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Media:
+        self.tokens()  # (an unknown family or an image it cannot take says so at load)
+        return self
+
+    def tokens(self) -> int:
+        """Tokens the media add to a prompt, their start and end markers included."""
+        from relax_multimodal.specs import get_spec, smart_resize, whisper_frames
+
+        spec = get_spec(self.model)
+        n = 0
+        for width, height in self.images:
+            h, w = smart_resize(height, width, spec.factor)
+            n += spec.tokens_for_grid(1, h // spec.patch_size, w // spec.patch_size) + 2
+        for seconds in self.audio_s:
+            n += spec.audio_tokens(whisper_frames(int(seconds * spec.audio_rate), spec.hop_length)) + 2
+        return n
+
+
 class Workload(BaseModel):
     """What each step generates and trains on."""
 
@@ -95,6 +126,9 @@ class Workload(BaseModel):
     prompts_per_step: int = Field(64, ge=1)
     samples_per_prompt: int = Field(8, ge=1)
     prompt_tokens: int = Field(512, ge=1)
+    """A prompt's text tokens (its template and system prompt included)."""
+    media: Media | None = None
+    """A prompt's images and audio (multimodal runs): their tokens are added to ``prompt_tokens``."""
     response: Lengths = Lengths()
     steps: int = Field(6, ge=2)
     """Steps simulated (the first ones fill the pipeline; the report counts from the second)."""
@@ -104,6 +138,11 @@ class Workload(BaseModel):
     """With ``weight_sync_delta``: the bytes of a delta version against a full one (BENCHMARKS.md, #53: 6.6%
     of bf16 elements change a step at lr 1e-5, their indices and values zstd-compressed ≈ 7%)."""
     seed: int = 0
+
+    @property
+    def prompt_total(self) -> int:
+        """A prompt's tokens: its text and its media's."""
+        return self.prompt_tokens + (self.media.tokens() if self.media else 0)
 
 
 class PlanConfig(BaseModel):
@@ -119,6 +158,10 @@ class PlanConfig(BaseModel):
     workload: Workload = Workload()
     run: dict[str, Any] = {}
     """`relax train` settings by flag name (``mode``: colocate or fully_async; ``max_staleness``...)."""
+    baseline_run: dict[str, Any] = {}
+    """Settings of the colocate run a speed-up is measured against, where it ran differently from ``run``
+    (a publication's baseline: veRL's colocate recomputes old log-probs, ``use_actor_fwd: true``, where its
+    fully-async run takes the engines' own); applied over ``run`` for the colocate anchor."""
     efficiency: Efficiency = Efficiency()
     dtype_bytes: int = Field(2, ge=1)
     """Bytes a weight and a KV-cache element take (bf16: 2; the CPU runs' fp32: 4)."""

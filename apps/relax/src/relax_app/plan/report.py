@@ -59,6 +59,19 @@ def summarise(o: Outcome) -> Summary:
     )
 
 
+def phases(o: Outcome) -> dict[str, float]:
+    """Seconds a step of the steady state spends in each kind of work: ``generate`` (an engine's, on
+    average), and each role's on its devices (``train``, ``actor_fwd``, ``reference``) — the columns
+    publications break a step into (veRL's gen, old_log_prob, update_actor)."""
+    start, end = o.step_ends[0], o.step_ends[-1]
+    steps = len(o.step_ends) - 1
+    out = {"generate": sum(busy_seconds(e.busy, start, end) for e in o.engines) / len(o.engines) / steps}
+    for pool in o.pools.values():
+        for a, b, what in pool.busy:
+            out[what] = out.get(what, 0.0) + busy_seconds([(a, b)], start, end) / steps
+    return out
+
+
 def candidates(plan: PlanConfig) -> list[PlanConfig]:
     """The splits and staleness bounds the recommendation tries: rollout taking 1/4 to 3/4 of the devices
     (whole engines), staleness 0 to 2 (or the plan's), in the plan's mode and streaming setting."""
@@ -150,13 +163,14 @@ def describe(plan: PlanConfig) -> str:
 
 
 def colocate_of(plan: PlanConfig) -> PlanConfig:
-    """The same work in colocate mode on the same devices (the anchor of a speed-up)."""
+    """The same work in colocate mode on the same devices (the anchor of a speed-up), with the baseline's
+    own settings (``baseline_run``) where it ran differently."""
     run = {
         k: v
         for k, v in plan.run.items()
         if k not in ("streaming_rollout", "partial_rollout", "max_staleness")
     }
-    return plan.model_copy(update={"run": {**run, "mode": "colocate"}})
+    return plan.model_copy(update={"run": {**run, **plan.baseline_run, "mode": "colocate"}})
 
 
 def compare(plan: PlanConfig) -> tuple[Summary, Summary, float]:

@@ -126,7 +126,7 @@ class Simulation:
         )
         total = c.devices
         rollout_gpus = total if self.colocate else c.rollout_gpus
-        per_request = w.prompt_tokens + min(w.response.mean, w.response.max)
+        per_request = w.prompt_total + min(w.response.mean, w.response.max)
         cap = min(MAX_RUNNING, max(1, int(self.costs.kv_capacity_tokens(c.rollout_tp) // per_request)))
         static = c.engine == "torch" and not self.cfg.rollout.streaming_rollout
         self.engines = [
@@ -238,13 +238,13 @@ class Simulation:
 
     def _begin(self, step: int) -> None:
         w = self.plan.workload
-        n = w.samples_per_prompt
+        n, prompt = w.samples_per_prompt, w.prompt_total
         lens = lengths(self.rng, w.prompts_per_step * n, w.response)
         self.left[step] = len(lens)
         self.generating = step
         self.inflight += w.prompts_per_step
         for g in range(w.prompts_per_step):
-            reqs = [Request(step, g, j, w.prompt_tokens, int(lens[g * n + j])) for j in range(n)]
+            reqs = [Request(step, g, j, prompt, int(lens[g * n + j])) for j in range(n)]
             self.groups[(step, g)] = reqs
             for r in reqs:
                 e = min(self.engines, key=Engine.load)  # the least loaded engine (the pool's spread)

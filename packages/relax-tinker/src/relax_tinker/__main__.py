@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> None:
         default="process",
         help="process: each adapter's engine server runs apart, taking snapshots over DCS; local: in this process",
     )
+    ap.add_argument(
+        "--snapshots-in-memory",
+        type=int,
+        default=4,
+        help="sampling sessions whose adapters stay in memory; older ones wait on disk under --root",
+    )
     ap.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -40,7 +46,11 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.torch_threads)
     root = Path(args.root or tempfile.mkdtemp(prefix="relax-tinker-"))
-    service = TinkerService(args.model, root, tuple(args.name), args.dtype, args.sampler)
+    if args.snapshots_in_memory < 1:
+        raise ValueError(f"--snapshots-in-memory {args.snapshots_in_memory}: at least 1 (the session in use)")
+    service = TinkerService(
+        args.model, root, tuple(args.name), args.dtype, args.sampler, args.snapshots_in_memory
+    )
     served = Served(build_app(service, args.token), args.host, args.port)
     host, port = served.server_address[:2]
     print(f"relax tinker-serve: checkpoints in {root}; listening on http://{host}:{port}", flush=True)

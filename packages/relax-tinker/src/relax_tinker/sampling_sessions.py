@@ -1,11 +1,20 @@
 """The sampling sessions of a server: snapshots by id, an engine per adapter configuration, requests sent to
 it. A part of its own: it needs the adapters' configurations, the base-model check and the futures table,
-nothing else of the service."""
+nothing else of the service.
+
+A cookbook RL loop saves a sampling snapshot every step and keeps using only the latest, but any old session
+may still be sampled. So the last ``keep`` snapshots' adapters stay in memory and older ones are written to
+``spill_dir`` and read back when a request names them: memory stays bounded over a run of thousands of steps
+(a rank-32 adapter of an 8B model is ~80 MB), and every session stays exact.
+"""
 
 from __future__ import annotations
 
+import shutil
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +32,47 @@ class SamplingSessions:
         adapters: Adapters,
         check_base: Callable[[str | None], None],
         track: Callable[[Future], str],
+        spill_dir: Path,
+        keep: int = 4,
     ) -> None:
+        """``keep``: sessions whose adapters stay in memory; older ones wait in ``spill_dir``."""
         self.model_path, self.dtype, self.engine, self.adapters = model_path, dtype, engine, adapters
         self.check_base, self.track = check_base, track
+        self.spill_dir, self.keep = spill_dir, keep
         self.snapshots: dict[str, Snapshot] = {}
+        """Sessions whose weights are in memory, the least recently used first."""
+        self.spilled: dict[str, tuple[Snapshot, Path]] = {}
+        """Older sessions: the snapshot without its adapter, and the file holding the adapter."""
+        self.made = 0
+        self._lock = threading.Lock()
         self.samplers: dict[str | None, Sampler] = {}
         """One engine per training client (its adapter's configuration), and one (None) for the base model."""
 
     def add(self, snap: Snapshot) -> None:
+        with self._lock:
+            self.made += 1
+            self._hold(snap)
+
+    def _hold(self, snap: Snapshot) -> None:
+        """In memory as the most recent; the least recently used adapter beyond ``keep`` to disk."""
+        self.snapshots.pop(snap.session_id, None)
         self.snapshots[snap.session_id] = snap
+        held = [sid for sid, s in self.snapshots.items() if s.adapter is not None]
+        for sid in held[: max(0, len(held) - self.keep)]:
+            self._spill(self.snapshots.pop(sid))
+
+    def _spill(self, snap: Snapshot) -> None:
+        from safetensors.torch import save_file
+
+        assert snap.adapter is not None
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spill_dir / f"{snap.session_id.replace(':', '_').replace('/', '_')}.safetensors"
+        save_file({k: v.contiguous() for k, v in snap.adapter.items()}, str(path))
+        self.spilled[snap.session_id] = (replace(snap, adapter=None), path)
 
     def create(self, body: dict[str, Any], root: Path, base_model_of: Callable[[str], str]) -> str:
         """A session from a sampler checkpoint (``model_path``) or on the base model."""
-        sid = f"{body['session_id']}:sample:{body.get('sampling_session_seq_id', len(self.snapshots))}"
+        sid = f"{body['session_id']}:sample:{body.get('sampling_session_seq_id', self.made)}"
         if body.get("model_path"):
             from safetensors.torch import load_file
 
@@ -49,9 +86,21 @@ class SamplingSessions:
         return sid
 
     def snapshot(self, sid: str) -> Snapshot:
-        if sid not in self.snapshots:
-            raise UserError(f"unknown sampling session {sid!r}")
-        return self.snapshots[sid]
+        """The session's snapshot with its adapter in memory (read back from disk if it was spilled); a
+        request holds this object, so a later spill cannot take its weights away mid-batch."""
+        from safetensors.torch import load_file
+
+        with self._lock:
+            if sid in self.snapshots:
+                snap = self.snapshots[sid]
+            elif sid in self.spilled:
+                bare, path = self.spilled.pop(sid)
+                snap = replace(bare, adapter=load_file(str(path)))
+                path.unlink(missing_ok=True)
+            else:
+                raise UserError(f"unknown sampling session {sid!r}")
+            self._hold(snap)
+            return snap
 
     def _sampler(self, snap: Snapshot) -> Sampler:
         if snap.model_id not in self.samplers:
@@ -77,6 +126,7 @@ class SamplingSessions:
     def close(self) -> None:
         for s in self.samplers.values():
             s.close()
+        shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
 def _chunk_tokens(chunk: dict[str, Any]) -> list[int]:

@@ -53,8 +53,10 @@ class TinkerService:
         names: tuple[str, ...] = (),
         dtype: str = "float32",
         sampler: str = "process",
+        snapshots_in_memory: int = 4,
     ) -> None:
-        """``sampler``: where sampling runs (:func:`relax_tinker.sampling.build_engine`)."""
+        """``sampler``: where sampling runs (:func:`relax_tinker.sampling.build_engine`);
+        ``snapshots_in_memory``: sampling sessions whose adapters stay in memory (older ones wait on disk)."""
         self.model_path, self.root, self.dtype = model_path, Path(root), dtype
         self.names = {model_path, str(Path(model_path).resolve()), *names}
         self.adapters = Adapters(model_path, dtype)
@@ -62,7 +64,14 @@ class TinkerService:
         self.models: dict[str, TrainingModel] = {}
         self.futures: dict[str, Future] = {}
         self.sampling = SamplingSessions(
-            model_path, dtype, sampler, self.adapters, self.check_base, self._track
+            model_path,
+            dtype,
+            sampler,
+            self.adapters,
+            self.check_base,
+            self._track,
+            self.root / ".sampling-snapshots",
+            snapshots_in_memory,
         )
         """The sampling sessions (a part of its own: :mod:`relax_tinker.sampling_sessions`)."""
 

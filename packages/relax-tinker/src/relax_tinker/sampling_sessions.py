@@ -5,7 +5,8 @@ nothing else of the service.
 A cookbook RL loop saves a sampling snapshot every step and keeps using only the latest, but any old session
 may still be sampled. So the last ``keep`` snapshots' adapters stay in memory and older ones are written to
 ``spill_dir`` and read back when a request names them: memory stays bounded over a run of thousands of steps
-(a rank-32 adapter of every linear layer of Qwen3-8B is 87M parameters: 350 MB in fp32), and every session stays exact.
+(a rank-32 adapter of every linear layer of Qwen3-8B is 87M parameters: 350 MB in fp32), and every session
+stays exact.
 """
 
 from __future__ import annotations

@@ -184,3 +184,34 @@ def test_the_stall_watch_fails_a_run_whose_trainer_makes_no_step():
     never.check(0, False)
     time.sleep(0.01)
     never.check(0, False)
+
+
+def test_a_ray_errors_reason_says_what_was_raised_not_only_where():
+    """Ray's task error opens with where it ran (colour codes and all) and ends with what was raised: the
+    one-line reason is the exception raised there, with where; an actor that died creating says its
+    traceback's last line (before, both said only where — ``ray::RolloutWorker.run()()`` — and no cause)."""
+    import traceback
+
+    import ray.exceptions as rx
+
+    from relax_core.health import first_line
+
+    try:
+        raise ValueError("reward function my_reward raised on sample 12: division by zero")
+    except ValueError as cause:
+        task = rx.RayTaskError(
+            "RolloutWorker.run", traceback.format_exc(), cause, "ray::RolloutWorker.run()", 42, "10.77.0.2"
+        ).as_instanceof_cause()
+    said = first_line(task)
+    assert said.startswith("ValueError: reward function my_reward raised on sample 12: division by zero")
+    assert "ray::RolloutWorker.run()" in said and "\x1b" not in said and "\n" not in said
+    died = RuntimeError(
+        "The actor died because of an error raised in its creation task, ray::Actor.__init__()\n"
+        '  File "actor.py", line 9, in __init__\n'
+        "OSError: [Errno 28] No space left on device: '/ckpt'"
+    )
+    assert first_line(died).endswith(
+        "ray::Actor.__init__(): OSError: [Errno 28] No space left on device: '/ckpt'"
+    )
+    assert first_line(ValueError("one\ntwo")) == "ValueError: one"  # (no traceback: the first line)
+    assert first_line(ValueError("")) == "ValueError: "

@@ -10,6 +10,7 @@ died or whose loop raised.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,11 +22,25 @@ EngineAction = Literal["restart", "given_up", "restart_failed"]
 """What came of an engine restart asked of the rollout role (its ``restart_engine``, or the call failing)."""
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def first_line(e: BaseException, limit: int = 200) -> str:
-    """``Type: first line of the message``: a reason stays one line (a Ray error's message carries a whole
-    remote traceback, and the run's last line must name the failure alone)."""
-    text = str(e).splitlines()
-    return f"{type(e).__name__}: {text[0][:limit] if text else ''}"
+    """``Type: message`` in one line: the run's last line must name the failure alone. A Ray error carries a
+    remote traceback whose first line says only where it ran: a task's error is said by its cause (the
+    exception raised there) and where; an error with a traceback (an actor that died in its creation) by its
+    first line and the traceback's last, the exception. Ray's colour codes are dropped."""
+    lines = [ln for ln in _ANSI.sub("", str(e)).splitlines() if ln.strip()]
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and cause is not e:
+        where = lines[0].split(" (pid=")[0].strip() if lines else ""
+        return f"{first_line(cause, limit)} (in {where})" if where else first_line(cause, limit)
+    if not lines:
+        return f"{type(e).__name__}: "
+    said = f"{type(e).__name__}: {lines[0].strip()[:limit]}"
+    if any(ln.startswith("  File ") for ln in lines[1:]):
+        said += f": {lines[-1].strip()[:limit]}"
+    return said
 
 
 class RunFailed(RuntimeError):

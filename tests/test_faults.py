@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -19,7 +20,7 @@ from _tiny import run_flags
 from relax_app.cli_config import build_config
 from relax_core.checkpoints import latest_checkpoint
 from relax_core.controller import Controller
-from relax_core.health import RunFailed
+from relax_core.health import RunFailed, first_line
 from relax_testing import json_webhook, signal_role_after
 
 pytestmark = pytest.mark.shared_ray  # (tests/conftest.py: one Ray cluster for the runs)
@@ -239,6 +240,10 @@ def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_pa
     assert "'actor_fwd' failed" in msg, msg
     assert "--max-restarts-per-role" in msg and "--max-global-restarts" in msg, msg
     assert not ray.is_initialized()  # the roles are gone with the Ray instance the run started
+    status = json.loads(
+        (out / "status.json").read_text()
+    )  # (what `relax status` shows: the reason, one line)
+    assert status["state"] == "failed" and status["message"] == first_line(info.value, 500), status
     assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "failed")]
     assert received[1][1]["message"].startswith(f"RunFailed: {msg}\n"), received[1][1]["message"]
     assert received[1][1]["type"] == "failure"

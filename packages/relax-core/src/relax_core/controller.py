@@ -17,6 +17,7 @@ from relax_core.async_run import AsyncRun
 from relax_core.colocate import run_colocate
 from relax_core.config import RelaxConfig
 from relax_core.fully_async import run_fully_async
+from relax_core.health import first_line
 from relax_core.live import LiveStatus
 from relax_core.notify import Notifier
 from relax_core.ownership import (
@@ -126,8 +127,7 @@ class Controller:
                         self.async_run = AsyncRun(cfg, self.inputs, notifier, threads, self.roles)
                         result = run_fully_async(self.async_run, self._stop, live)
                 except BaseException as exc:
-                    text = str(exc).strip().splitlines()
-                    live.finish("failed", f"{type(exc).__name__}: {text[0] if text else ''}"[:500])
+                    live.finish("failed", first_line(exc, 500))  # (a Ray error: what was raised, and where)
                     raise
                 if result.interrupted_at:
                     live.finish("stopped", f"stopped by signal; resume with --load {result.interrupted_at}")

@@ -180,6 +180,12 @@ def test_the_stall_watch_fails_a_run_whose_trainer_makes_no_step():
     time.sleep(0.06)
     with pytest.raises(RunStalled, match=r"no step trained .* version 1; the bus holds 16"):
         watch.check(1, False, lambda: "the bus holds 16")
+    restarted = StallWatch(0.05)  # a global restart blocks the driver: the first check after it sees
+    restarted.check(1, False, restarts=0)  # one more health event, and the clock starts again
+    time.sleep(0.06)
+    restarted.check(1, False, restarts=1)
+    time.sleep(0.03)
+    restarted.check(1, False, restarts=1)
     never = StallWatch(0.0)
     never.check(0, False)
     time.sleep(0.01)

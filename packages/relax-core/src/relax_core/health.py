@@ -61,14 +61,19 @@ class StallWatch:
     timeout_s: float
     step: int | None = None
     since: float = field(default_factory=time.monotonic)
+    restarts: int = 0
 
-    def check(self, step: int, restarting: bool, where: Callable[[], str] | None = None) -> None:
+    def check(
+        self, step: int, restarting: bool, where: Callable[[], str] | None = None, restarts: int = 0
+    ) -> None:
         """``step``: the trainer's version now; ``restarting``: a role is being restarted (the clock starts
-        again after it); ``where()``: what the message adds (the bus's depth, what each consumer could
-        take). Raises :class:`RunStalled` past the time-out."""
+        again after it); ``restarts``: the health events so far — a new one starts the clock again too, so
+        a restart that ran while no check could (a global one blocks the driver) is not counted as a stall;
+        ``where()``: what the message adds (the bus's depth, what each consumer could take). Raises
+        :class:`RunStalled` past the time-out."""
         now = time.monotonic()
-        if step != self.step or restarting:
-            self.step, self.since = step, now
+        if step != self.step or restarting or restarts != self.restarts:
+            self.step, self.since, self.restarts = step, now, restarts
             return
         if self.timeout_s and now - self.since > self.timeout_s:
             raise RunStalled(

@@ -77,7 +77,7 @@ class AsyncProbe:
                 live.bus(run.bus.stats())
         except Exception:  # noqa: BLE001 - the bus restarting with the run
             pass
-        self.stall.check(self.step, bool(restarting), self.where)
+        self.stall.check(self.step, bool(restarting), self.where, len(run.policy.events))
         events = sorted(run.policy.events, key=lambda e: e.at)[-100:]
         live.update(
             step=self.step,

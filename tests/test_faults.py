@@ -240,9 +240,8 @@ def test_exhausted_restarts_stop_the_run_with_the_reason(tiny_run_inputs, tmp_pa
     assert "'actor_fwd' failed" in msg, msg
     assert "--max-restarts-per-role" in msg and "--max-global-restarts" in msg, msg
     assert not ray.is_initialized()  # the roles are gone with the Ray instance the run started
-    status = json.loads(
-        (out / "status.json").read_text()
-    )  # (what `relax status` shows: the reason, one line)
+    # (what `relax status` shows: the reason, one line)
+    status = json.loads((out / "status.json").read_text())
     assert status["state"] == "failed" and status["message"] == first_line(info.value, 500), status
     assert _titles(received) == [f"Relax run {out.name} {e}" for e in ("started", "failed")]
     assert received[1][1]["message"].startswith(f"RunFailed: {msg}\n"), received[1][1]["message"]

@@ -34,6 +34,8 @@ def test_memory_holds_the_last_snapshots_and_an_old_one_comes_back_exact(tmp_pat
     assert [s.session_id for s in in_memory] == ["c:sample:4", "c:sample:5"]
     assert len(list((tmp_path / "spill").iterdir())) == 4 and "base" in sessions.snapshots
 
+    info = sessions.describe("c:sample:0")  # what it is: no adapter read back, nothing evicted
+    assert info.version == 0 and info.adapter is None and "c:sample:0" in sessions.spilled
     old = sessions.snapshot("c:sample:0")  # a request on the first session: read back, the same tensors
     assert old.version == 0 and old.model_id == "c"
     for k, v in _adapter(0).items():

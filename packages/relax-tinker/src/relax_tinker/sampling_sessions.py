@@ -86,6 +86,16 @@ class SamplingSessions:
             self.add(Snapshot(sid, body.get("base_model") or self.model_path, 0))
         return sid
 
+    def describe(self, sid: str) -> Snapshot:
+        """The session's snapshot as held, its adapter perhaps on disk: what it is, not weights to sample
+        with (a metadata request reads no spilled adapter back, and evicts none)."""
+        with self._lock:
+            if sid in self.snapshots:
+                return self.snapshots[sid]
+            if sid in self.spilled:
+                return self.spilled[sid][0]
+        raise UserError(f"unknown sampling session {sid!r}")
+
     def snapshot(self, sid: str) -> Snapshot:
         """The session's snapshot with its adapter in memory (read back from disk if it was spilled); a
         request holds this object, so a later spill cannot take its weights away mid-batch."""

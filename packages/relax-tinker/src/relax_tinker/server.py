@@ -186,7 +186,7 @@ def _sampling_routes(service: TinkerService) -> list[tuple[str, Handler, tuple[s
         return {"sampling_session_id": service.create_sampling_session(await _body(request))}
 
     async def sampler(request: Any) -> dict[str, Any]:
-        snap = service.sampling.snapshot(request.path_params["sid"])
+        snap = service.sampling.describe(request.path_params["sid"])
         return {"sampler_id": snap.session_id, "base_model": snap.base_model, "model_path": snap.model_path}
 
     async def asample(request: Any) -> dict[str, Any]:
